@@ -1,0 +1,2 @@
+//! Agent SDK and typed client for reconciled.
+#![forbid(unsafe_code)]

@@ -1,0 +1,2 @@
+//! Numbered store migrations for reconciled.
+#![forbid(unsafe_code)]

@@ -1,0 +1,7 @@
+//! The engine: the pure planner and the machinery that drives its plans.
+
+pub mod plan;
+pub mod transition;
+
+#[cfg(test)]
+mod testkit;

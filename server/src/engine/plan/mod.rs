@@ -1,0 +1,206 @@
+//! The planner: a pure function from (intended graph, current graph) to an
+//! ordered set of Create / Modify / Delete operations.
+//!
+//! It implements the planning rules of DESIGN section 3. No I/O, no clock
+//! (the caller passes "now"), no randomness: the same inputs give the same
+//! plan. The plan is a partial order: each operation lists the operations
+//! that must finish before it ([`PlannedOperation::after`]), and Creates of a
+//! type also wait for the plan's Deletes of that type
+//! ([`Plan::predecessors`]). Operations with no predecessors are ready to
+//! dispatch now; everything else is re-planned as results arrive.
+//!
+//! Cost: the planner looks only at the `seeds` it is given (the items that
+//! changed or are not converged) and at their neighbours through the
+//! dependents indexes, never at the whole graph.
+
+mod assemble;
+mod need;
+mod planner;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use crate::graph::{CurrentGraph, IntendedGraph, ItemRef, OperationKind};
+
+pub use need::pointer_lookup;
+
+/// What the planner needs to know about an item type.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TypeRules {
+    /// JSON Pointers (`/vlan` covers `/vlan/id`) whose change needs a
+    /// recreate; `*` means the type cannot be modified in place.
+    pub recreate_on_change: Vec<String>,
+    /// Ask the agent whether a change needs a recreate before modifying.
+    pub ask_needs_recreate: bool,
+}
+
+/// The planner's view of the world outside the two graphs.
+pub trait PlanEnvironment {
+    /// Recreate rules of `item_type`, if its spec is known.
+    fn type_rules(&self, item_type: &str) -> Option<&TypeRules>;
+    /// Whether a live configurator handles `item_type`.
+    fn has_configurator(&self, item_type: &str) -> bool;
+    /// Now, in unix milliseconds (compared with backoff deadlines).
+    fn now_ms(&self) -> u64;
+}
+
+/// Why an item that needs an operation cannot have it yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WaitReason {
+    /// A dependency is not satisfied.
+    Dependency,
+    /// No live configurator handles the item's type.
+    NoConfigurator,
+    /// A failed operation waits for its retry time.
+    Backoff,
+    /// Another operation must finish first (a dependent's delete, an
+    /// operation in flight on this item or a dependent, a same-type delete).
+    Blocked,
+    /// The last attempt failed with a terminal code; only an intent change
+    /// retries it.
+    TerminalFailure,
+    /// The outcome of the item's last operation is not known.
+    UnknownOutcome,
+}
+
+/// One thing an item waits for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockedBy {
+    /// The item waited for (possibly the item itself).
+    pub item: ItemRef,
+    /// Why, in words: "missing", "not created", "being modified",
+    /// "predicate false: ...", "delete in flight", ...
+    pub why: String,
+}
+
+/// An operation in a plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedOperation {
+    /// The item operated on.
+    pub item: ItemRef,
+    /// What to do.
+    pub kind: OperationKind,
+    /// Indices (in [`Plan::operations`]) of operations that must finish first.
+    pub after: Vec<usize>,
+    /// Part of a Delete + Create pair (a recreate).
+    pub recreate: bool,
+    /// Ask the agent whether the change needs a recreate before modifying.
+    pub ask_needs_recreate: bool,
+    /// The intent generation the operation applies (0: the item left the intent).
+    pub target_generation: u64,
+}
+
+/// An item that needs an operation the service cannot run yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaitingItem {
+    /// The item.
+    pub item: ItemRef,
+    /// The operation it waits to run.
+    pub operation: OperationKind,
+    /// The main reason.
+    pub reason: WaitReason,
+    /// What holds it.
+    pub blocked_by: Vec<BlockedBy>,
+}
+
+/// Why the planner removes an item from current state without an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForgetReason {
+    /// The external item it depends on disappeared, and the dependency says
+    /// that takes the dependent with it (`auto_deleted_by_external`).
+    DeletedWithExternal,
+    /// It never came into existence (its Create failed) and is no longer
+    /// intended.
+    NeverCreated,
+}
+
+/// The result of planning.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Operations in a topological order; ties broken by item identity.
+    pub operations: Vec<PlannedOperation>,
+    /// Items needing an operation that cannot run yet, by identity.
+    pub waiting: Vec<WaitingItem>,
+    /// Items to drop from current state without an operation.
+    pub forget: Vec<(ItemRef, ForgetReason)>,
+    /// Items whose in-flight operation was superseded by an intent change:
+    /// send them a cancel.
+    pub cancel: Vec<ItemRef>,
+    /// Failed items that need nothing any more (their intent went back to
+    /// the applied value): they are created again.
+    pub settle: Vec<ItemRef>,
+    /// Every item this plan found not converged: plan it again next pass.
+    pub unconverged: BTreeSet<ItemRef>,
+    /// For each item type: the plan's Deletes that its Creates wait for.
+    pub type_barriers: BTreeMap<Arc<str>, Vec<usize>>,
+    /// How many items the planner looked at (its cost, for diagnostics).
+    pub examined: usize,
+}
+
+impl Plan {
+    /// All operations that must finish before operation `index`: its own
+    /// `after` list plus, for a Create, the plan's Deletes of the same type.
+    pub fn predecessors(&self, index: usize) -> impl Iterator<Item = usize> + '_ {
+        let operation = &self.operations[index];
+        let barrier = match operation.kind {
+            OperationKind::Create => self.type_barriers.get(&operation.item.item_type),
+            _ => None,
+        };
+        operation.after.iter().copied().chain(
+            barrier
+                .into_iter()
+                .flatten()
+                .copied()
+                .filter(move |&d| d != index),
+        )
+    }
+
+    /// Indices of the operations that can be dispatched now.
+    pub fn ready(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.operations.len()).filter(|&index| self.predecessors(index).next().is_none())
+    }
+
+    /// Whether the plan holds no operation and nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.operations.is_empty() && self.waiting.is_empty() && self.forget.is_empty()
+    }
+
+    /// Counts of the plan's operations by kind: (creates, modifies, deletes).
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let count = |kind| self.operations.iter().filter(|o| o.kind == kind).count();
+        (
+            count(OperationKind::Create),
+            count(OperationKind::Modify),
+            count(OperationKind::Delete),
+        )
+    }
+}
+
+/// Plans the operations that bring `current` toward `intended`, looking at
+/// `seeds` (changed or not yet converged items) and what they affect.
+pub fn plan_operations(
+    intended: &IntendedGraph,
+    current: &CurrentGraph,
+    seeds: &BTreeSet<ItemRef>,
+    environment: &impl PlanEnvironment,
+) -> Plan {
+    planner::Planner::new(intended, current, environment).run(seeds)
+}
+
+/// Plans with every item of both graphs as a seed: a full pass, used at
+/// start-up and by periodic resyncs. Costs O(size of both graphs).
+pub fn plan_everything(
+    intended: &IntendedGraph,
+    current: &CurrentGraph,
+    environment: &impl PlanEnvironment,
+) -> Plan {
+    let seeds: BTreeSet<ItemRef> = intended
+        .iter()
+        .map(|(key, _)| key.clone())
+        .chain(current.iter().map(|(key, _)| key.clone()))
+        .collect();
+    plan_operations(intended, current, &seeds, environment)
+}
+
+#[cfg(test)]
+mod scenarios;

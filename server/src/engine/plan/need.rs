@@ -1,0 +1,166 @@
+//! What one item needs on its own, before looking at its neighbours.
+
+use serde_json::Value;
+
+use super::{PlanEnvironment, TypeRules};
+use crate::graph::{CurrentGraph, CurrentItem, IntendedItem, Item, Properties};
+
+/// The operation an item needs by comparing its intended and current values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Need {
+    /// Converged (or external, or absent from both graphs).
+    Nothing,
+    /// Intended, does not exist.
+    Create,
+    /// Exists, differs, can change in place. `ask`: the type wants to be
+    /// asked whether the change needs a recreate first.
+    Modify { ask: bool },
+    /// Exists, differs in a way that needs Delete + Create.
+    Recreate,
+    /// Exists, no longer intended.
+    Delete,
+}
+
+/// Computes what an item needs from its two values alone.
+pub(super) fn own_need(
+    intended: Option<&IntendedItem>,
+    current: Option<&CurrentItem>,
+    current_graph: &CurrentGraph,
+    environment: &impl PlanEnvironment,
+) -> Need {
+    let is_external = intended.is_some_and(|entry| entry.item.external)
+        || current
+            .and_then(|entry| entry.applied.as_ref())
+            .is_some_and(|applied| applied.external);
+    if is_external {
+        return Need::Nothing;
+    }
+    match (intended, current) {
+        (None, None) => Need::Nothing,
+        (None, Some(current)) => {
+            if current.may_exist() {
+                Need::Delete
+            } else {
+                Need::Nothing
+            }
+        }
+        (Some(_), None) => Need::Create,
+        (Some(intended), Some(current)) => {
+            if !current.may_exist() {
+                return Need::Create;
+            }
+            let Some(applied) = &current.applied else {
+                return Need::Modify { ask: false };
+            };
+            if applied.same_content(&intended.item) {
+                if dependency_was_modified(intended, current, current_graph) {
+                    Need::Recreate
+                } else {
+                    Need::Nothing
+                }
+            } else {
+                change_need(applied, intended, current, environment)
+            }
+        }
+    }
+}
+
+/// Modify or Recreate, for an item whose content changed.
+fn change_need(
+    applied: &Item,
+    intended: &IntendedItem,
+    current: &CurrentItem,
+    environment: &impl PlanEnvironment,
+) -> Need {
+    let Some(rules) = environment.type_rules(&intended.item.item_type) else {
+        return Need::Modify { ask: false };
+    };
+    if change_hits_recreate_paths(rules, applied, &intended.item) {
+        return Need::Recreate;
+    }
+    if rules.ask_needs_recreate {
+        return match current.needs_recreate_answer {
+            Some((generation, true)) if generation == intended.generation => Need::Recreate,
+            Some((generation, false)) if generation == intended.generation => {
+                Need::Modify { ask: false }
+            }
+            _ => Need::Modify { ask: true },
+        };
+    }
+    Need::Modify { ask: false }
+}
+
+/// Whether a property under one of the type's `recreate_on_change` paths
+/// differs between the applied and the intended value.
+fn change_hits_recreate_paths(rules: &TypeRules, applied: &Item, intended: &Item) -> bool {
+    rules.recreate_on_change.iter().any(|path| {
+        if path == "*" {
+            return true;
+        }
+        pointer_lookup(&applied.properties, path) != pointer_lookup(&intended.properties, path)
+    })
+}
+
+/// A `recreate_when_modified` dependency was modified since the item was
+/// created: the item's recorded counter differs from the dependency's.
+fn dependency_was_modified(
+    intended: &IntendedItem,
+    current: &CurrentItem,
+    current_graph: &CurrentGraph,
+) -> bool {
+    intended
+        .item
+        .dependencies
+        .iter()
+        .filter(|dependency| dependency.recreate_when_modified)
+        .any(|dependency| {
+            let Some(required) = current_graph.get(&dependency.requires) else {
+                return false;
+            };
+            let recorded = current
+                .dependency_marks
+                .get(&dependency.requires)
+                .copied()
+                .unwrap_or(0);
+            recorded != required.modifications
+        })
+}
+
+/// Looks up a JSON Pointer (RFC 6901) inside an item's properties.
+/// The empty pointer and `/` address the whole object's first level poorly,
+/// so only pointers that name at least one key are meaningful here.
+pub fn pointer_lookup<'a>(properties: &'a Properties, pointer: &str) -> Option<&'a Value> {
+    let rest = pointer.strip_prefix('/')?;
+    let (first, remainder) = match rest.find('/') {
+        Some(split) => (&rest[..split], &rest[split..]),
+        None => (rest, ""),
+    };
+    let key = first.replace("~1", "/").replace("~0", "~");
+    let value = properties.get(&key)?;
+    if remainder.is_empty() {
+        Some(value)
+    } else {
+        value.pointer(remainder)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn pointers_reach_nested_values_and_escaped_keys() {
+        let properties = json!({"vlan": {"id": 7}, "a/b": 1, "t~x": 2});
+        let properties = properties.as_object().cloned().unwrap_or_default();
+        assert_eq!(pointer_lookup(&properties, "/vlan/id"), Some(&json!(7)));
+        assert_eq!(
+            pointer_lookup(&properties, "/vlan"),
+            Some(&json!({"id": 7}))
+        );
+        assert_eq!(pointer_lookup(&properties, "/a~1b"), Some(&json!(1)));
+        assert_eq!(pointer_lookup(&properties, "/t~0x"), Some(&json!(2)));
+        assert_eq!(pointer_lookup(&properties, "/missing"), None);
+        assert_eq!(pointer_lookup(&properties, "vlan"), None);
+    }
+}

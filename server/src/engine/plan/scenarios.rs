@@ -1,0 +1,777 @@
+//! One scenario per planning rule of DESIGN section 3, written as tables:
+//! the current graph (created by converging it first), the new intent,
+//! scripted configurator outcomes, and the expected operations and states.
+
+use serde_json::json;
+
+use super::{TypeRules, WaitReason};
+use crate::engine::testkit::{World, item, on, parse_ref};
+use crate::graph::{Dependency, Item, ItemState, OperationKind, code};
+
+use OperationKind::{Create, Delete, Modify};
+
+/// A planning scenario.
+struct Case {
+    /// Items intended and created before the scenario starts.
+    current: Vec<Item>,
+    /// The intent submitted next.
+    intended: Vec<Item>,
+    /// Scripted failures: (operation, item, gRPC code).
+    failures: Vec<(OperationKind, &'static str, i32)>,
+    /// The operations agents run, in order.
+    expect: Vec<&'static str>,
+}
+
+impl Case {
+    fn run(self) -> World {
+        let mut world = World::converged(self.current);
+        for (kind, identity, code) in self.failures {
+            world.fail(kind, identity, code);
+        }
+        world.intend(self.intended);
+        world.run_to_quiescence(20);
+        assert_eq!(world.labels(), self.expect, "operations run");
+        world
+    }
+}
+
+fn a() -> Item {
+    item("t/a", json!({}))
+}
+fn b_on_a() -> Item {
+    item("t/b", json!({})).depends_on(on("t/a"))
+}
+fn c_on_b() -> Item {
+    item("t/c", json!({})).depends_on(on("t/b"))
+}
+
+fn state_of(world: &World, identity: &str) -> Option<ItemState> {
+    world.current.get(&parse_ref(identity)).map(|c| c.state)
+}
+
+fn assert_before(world: &World, first: &str, second: &str) {
+    let labels = world.labels();
+    let position = |label: &str| labels.iter().position(|l| l == label);
+    match (position(first), position(second)) {
+        (Some(x), Some(y)) => assert!(x < y, "{first} must run before {second}: {labels:?}"),
+        _ => panic!("expected both {first} and {second} in {labels:?}"),
+    }
+}
+
+// Rule 1 ----------------------------------------------------------------------
+
+#[test]
+fn items_are_created_dependencies_first() {
+    Case {
+        current: vec![],
+        intended: vec![c_on_b(), b_on_a(), a()],
+        failures: vec![],
+        expect: vec!["create t/a", "create t/b", "create t/c"],
+    }
+    .run();
+}
+
+#[test]
+fn a_dependent_waits_while_its_dependency_is_missing_and_goes_ahead_when_it_appears() {
+    let mut world = World::new();
+    world.intend(vec![b_on_a()]);
+    world.run_to_quiescence(5);
+    assert!(world.labels().is_empty());
+    let plan = world.plan();
+    assert_eq!(plan.waiting.len(), 1);
+    assert_eq!(plan.waiting[0].reason, WaitReason::Dependency);
+    assert_eq!(plan.waiting[0].blocked_by[0].item, parse_ref("t/a"));
+    assert_eq!(plan.waiting[0].blocked_by[0].why, "missing");
+
+    world.intend(vec![b_on_a(), a()]);
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["create t/a", "create t/b"]);
+}
+
+#[test]
+fn independent_creates_are_ready_together_in_identity_order() {
+    let mut world = World::new();
+    world.intend(vec![
+        item("t/z", json!({})),
+        item("t/m", json!({})),
+        a(),
+        b_on_a(),
+    ]);
+    let plan = world.plan();
+    let ready: Vec<String> = plan
+        .ready()
+        .map(|i| plan.operations[i].item.to_string())
+        .collect();
+    assert_eq!(ready, ["t/a", "t/m", "t/z"]);
+    let b = plan
+        .operations
+        .iter()
+        .position(|o| o.item == parse_ref("t/b"))
+        .expect("b planned");
+    let a_index = plan
+        .operations
+        .iter()
+        .position(|o| o.item == parse_ref("t/a"))
+        .expect("a planned");
+    assert_eq!(plan.operations[b].after, [a_index]);
+}
+
+// Rule 2 and 7 ----------------------------------------------------------------
+
+#[test]
+fn removed_items_are_deleted_dependents_first() {
+    Case {
+        current: vec![a(), b_on_a(), c_on_b()],
+        intended: vec![],
+        failures: vec![],
+        expect: vec!["delete t/c", "delete t/b", "delete t/a"],
+    }
+    .run();
+}
+
+#[test]
+fn removing_an_item_deletes_its_dependents_first_and_they_stay_pending() {
+    let world = Case {
+        current: vec![a(), b_on_a(), c_on_b()],
+        intended: vec![b_on_a(), c_on_b()],
+        failures: vec![],
+        expect: vec!["delete t/c", "delete t/b", "delete t/a"],
+    }
+    .run();
+    assert_eq!(state_of(&world, "t/b"), None);
+    let plan = world.plan();
+    let waiting: Vec<String> = plan.waiting.iter().map(|w| w.item.to_string()).collect();
+    assert_eq!(waiting, ["t/b", "t/c"]);
+    assert!(
+        plan.waiting
+            .iter()
+            .all(|w| w.reason == WaitReason::Dependency)
+    );
+}
+
+// Rule 3 ----------------------------------------------------------------------
+
+#[test]
+fn a_changed_item_is_modified_in_place_and_dependents_are_untouched() {
+    Case {
+        current: vec![item("t/a", json!({"mtu": 1500})), b_on_a()],
+        intended: vec![item("t/a", json!({"mtu": 9000})), b_on_a()],
+        failures: vec![],
+        expect: vec!["modify t/a"],
+    }
+    .run();
+}
+
+#[test]
+fn relabelling_or_moving_an_item_runs_no_operation() {
+    let mut moved = a();
+    moved.subgraph = "elsewhere".into();
+    moved.label = "new".into();
+    Case {
+        current: vec![a()],
+        intended: vec![moved],
+        failures: vec![],
+        expect: vec![],
+    }
+    .run();
+}
+
+// Rule 4: recreates -------------------------------------------------------------
+
+fn with_rules(world: &mut World, item_type: &str, rules: TypeRules) {
+    world.environment.rules.insert(item_type.into(), rules);
+}
+
+#[test]
+fn a_change_under_a_recreate_path_recreates_the_item_and_its_dependents() {
+    let mut world = World::converged(vec![
+        item("vlan/v", json!({"vlan": {"id": 1}})),
+        item("t/b", json!({})).depends_on(on("vlan/v")),
+        item("t/c", json!({})).depends_on(on("t/b")),
+    ]);
+    with_rules(
+        &mut world,
+        "vlan",
+        TypeRules {
+            recreate_on_change: vec!["/vlan".into()],
+            ask_needs_recreate: false,
+        },
+    );
+    world.intend(vec![
+        item("vlan/v", json!({"vlan": {"id": 2}})),
+        item("t/b", json!({})).depends_on(on("vlan/v")),
+        item("t/c", json!({})).depends_on(on("t/b")),
+    ]);
+    world.run_to_quiescence(10);
+    assert_eq!(
+        world.labels(),
+        [
+            "delete t/c",
+            "delete t/b",
+            "delete vlan/v",
+            "create vlan/v",
+            "create t/b",
+            "create t/c"
+        ]
+    );
+    assert!(world.is_converged());
+}
+
+#[test]
+fn a_change_outside_the_recreate_paths_is_a_modify() {
+    let mut world = World::converged(vec![item(
+        "vlan/v",
+        json!({"vlan": {"id": 1}, "name": "x"}),
+    )]);
+    with_rules(
+        &mut world,
+        "vlan",
+        TypeRules {
+            recreate_on_change: vec!["/vlan/id".into()],
+            ask_needs_recreate: false,
+        },
+    );
+    world.intend(vec![item(
+        "vlan/v",
+        json!({"vlan": {"id": 1}, "name": "y"}),
+    )]);
+    world.run_to_quiescence(10);
+    assert_eq!(world.labels(), ["modify vlan/v"]);
+}
+
+#[test]
+fn a_type_with_a_star_recreate_path_is_never_modified_in_place() {
+    let mut world = World::converged(vec![item("disk/d", json!({"size": 1}))]);
+    with_rules(
+        &mut world,
+        "disk",
+        TypeRules {
+            recreate_on_change: vec!["*".into()],
+            ask_needs_recreate: false,
+        },
+    );
+    world.intend(vec![item("disk/d", json!({"size": 2}))]);
+    world.run_to_quiescence(10);
+    assert_eq!(world.labels(), ["delete disk/d", "create disk/d"]);
+}
+
+#[test]
+fn a_type_that_asks_gets_a_modify_flagged_as_a_question_and_a_yes_recreates() {
+    let mut world = World::converged(vec![item("x/a", json!({"v": 1}))]);
+    with_rules(
+        &mut world,
+        "x",
+        TypeRules {
+            recreate_on_change: vec![],
+            ask_needs_recreate: true,
+        },
+    );
+    world.intend(vec![item("x/a", json!({"v": 2}))]);
+    let plan = world.plan();
+    assert_eq!(plan.operations.len(), 1);
+    assert!(plan.operations[0].ask_needs_recreate);
+
+    // The agent answers "yes": the answer is recorded for this generation.
+    let key = parse_ref("x/a");
+    let mut answered = (**world.current.get(&key).expect("a exists")).clone();
+    answered.needs_recreate_answer = Some((world.generation, true));
+    world.current.insert(key, answered);
+    world.run_to_quiescence(10);
+    assert_eq!(world.labels(), ["delete x/a", "create x/a"]);
+}
+
+#[test]
+fn recreate_when_modified_dependents_are_deleted_before_the_modify_and_created_after() {
+    let dependent = || {
+        item("t/b", json!({})).depends_on(Dependency {
+            recreate_when_modified: true,
+            ..on("t/a")
+        })
+    };
+    Case {
+        current: vec![item("t/a", json!({"v": 1})), dependent()],
+        intended: vec![item("t/a", json!({"v": 2})), dependent()],
+        failures: vec![],
+        expect: vec!["delete t/b", "modify t/a", "create t/b"],
+    }
+    .run();
+}
+
+#[test]
+fn an_external_item_reported_modified_recreates_dependents_that_ask_for_it() {
+    let mut world = World::new();
+    world.report_external("ext/e", json!({"v": 1}));
+    let mut external = item("ext/e", json!({}));
+    external.external = true;
+    let dependent = item("t/b", json!({})).depends_on(Dependency {
+        recreate_when_modified: true,
+        ..on("ext/e")
+    });
+    world.intend(vec![external.clone(), dependent.clone()]);
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["create t/b"]);
+
+    // A report marks the external item modified: its counter moves.
+    let key = parse_ref("ext/e");
+    let mut modified = (**world.current.get(&key).expect("reported")).clone();
+    modified.modifications += 1;
+    world.current.insert(key.clone(), modified);
+    world.dirty.insert(key);
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["create t/b", "delete t/b", "create t/b"]);
+}
+
+// Rule 5 ----------------------------------------------------------------------
+
+#[test]
+fn a_modified_item_whose_new_dependency_is_missing_is_deleted_and_waits() {
+    let world = Case {
+        current: vec![a(), item("t/b", json!({"v": 1}))],
+        intended: vec![
+            a(),
+            item("t/b", json!({"v": 2})).depends_on(on("t/missing")),
+        ],
+        failures: vec![],
+        expect: vec!["delete t/b"],
+    }
+    .run();
+    let plan = world.plan();
+    assert_eq!(plan.waiting.len(), 1);
+    assert_eq!(plan.waiting[0].item, parse_ref("t/b"));
+    assert_eq!(plan.waiting[0].operation, Create);
+}
+
+#[test]
+fn a_modified_item_whose_new_dependency_is_created_in_the_same_plan_waits_for_it() {
+    Case {
+        current: vec![item("t/b", json!({"v": 1}))],
+        intended: vec![a(), item("t/b", json!({"v": 2})).depends_on(on("t/a"))],
+        failures: vec![],
+        expect: vec!["create t/a", "modify t/b"],
+    }
+    .run();
+}
+
+// Rule 6 ----------------------------------------------------------------------
+
+#[test]
+fn a_dependent_whose_predicate_fails_for_the_new_value_is_deleted_first_and_recreated_after() {
+    let dependent = || {
+        item("t/b", json!({})).depends_on(Dependency {
+            must_satisfy: "self.up".into(),
+            ..on("t/a")
+        })
+    };
+    let world = Case {
+        current: vec![item("t/a", json!({"up": true})), dependent()],
+        intended: vec![item("t/a", json!({"up": false})), dependent()],
+        failures: vec![],
+        expect: vec!["delete t/b", "modify t/a"],
+    }
+    .run();
+    let plan = world.plan();
+    assert_eq!(plan.waiting[0].item, parse_ref("t/b"));
+    assert!(
+        plan.waiting[0].blocked_by[0]
+            .why
+            .starts_with("predicate false")
+    );
+
+    let mut world = world;
+    world.intend(vec![item("t/a", json!({"up": true})), dependent()]);
+    world.run_to_quiescence(5);
+    assert_eq!(
+        world.labels(),
+        ["delete t/b", "modify t/a", "modify t/a", "create t/b"]
+    );
+}
+
+// Rule 8: blocking --------------------------------------------------------------
+
+#[test]
+fn a_failed_delete_of_a_dependent_blocks_the_delete_of_its_dependency() {
+    let mut world = Case {
+        current: vec![a(), b_on_a()],
+        intended: vec![],
+        failures: vec![(Delete, "t/b", code::UNAVAILABLE)],
+        expect: vec!["delete t/b"],
+    }
+    .run();
+    let plan = world.plan();
+    let a_wait = plan
+        .waiting
+        .iter()
+        .find(|w| w.item == parse_ref("t/a"))
+        .expect("a waits");
+    assert_eq!(a_wait.reason, WaitReason::Blocked);
+    let b_wait = plan
+        .waiting
+        .iter()
+        .find(|w| w.item == parse_ref("t/b"))
+        .expect("b waits");
+    assert_eq!(b_wait.reason, WaitReason::Backoff);
+
+    // The block ends when the blocking operation succeeds.
+    world.environment.now_ms += 1_000;
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["delete t/b", "delete t/b", "delete t/a"]);
+}
+
+#[test]
+fn a_failed_create_blocks_its_dependents_until_a_retry_succeeds() {
+    let mut world = Case {
+        current: vec![],
+        intended: vec![a(), b_on_a()],
+        failures: vec![(Create, "t/a", code::UNAVAILABLE)],
+        expect: vec!["create t/a"],
+    }
+    .run();
+    assert_eq!(state_of(&world, "t/a"), Some(ItemState::Failed));
+    let plan = world.plan();
+    let b_wait = plan
+        .waiting
+        .iter()
+        .find(|w| w.item == parse_ref("t/b"))
+        .expect("b waits");
+    assert_eq!(b_wait.reason, WaitReason::Dependency);
+    assert_eq!(b_wait.blocked_by[0].why, "not created (backoff)");
+    world.environment.now_ms += 1_000;
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["create t/a", "create t/a", "create t/b"]);
+}
+
+#[test]
+fn a_terminal_failure_stops_retries_until_the_intent_changes() {
+    let mut world = Case {
+        current: vec![],
+        intended: vec![item("t/a", json!({"v": 1}))],
+        failures: vec![(Create, "t/a", code::INVALID_ARGUMENT)],
+        expect: vec!["create t/a"],
+    }
+    .run();
+    world.environment.now_ms += 3_600_000;
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["create t/a"]);
+    assert_eq!(world.plan().waiting[0].reason, WaitReason::TerminalFailure);
+
+    world.intend(vec![item("t/a", json!({"v": 2}))]);
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["create t/a", "create t/a"]);
+}
+
+#[test]
+fn a_create_waits_for_a_failed_modify_of_its_dependency() {
+    let mut world = Case {
+        current: vec![item("t/a", json!({"v": 1}))],
+        intended: vec![item("t/a", json!({"v": 2})), b_on_a()],
+        failures: vec![(Modify, "t/a", code::UNAVAILABLE)],
+        expect: vec!["modify t/a"],
+    }
+    .run();
+    let plan = world.plan();
+    let b_wait = plan
+        .waiting
+        .iter()
+        .find(|w| w.item == parse_ref("t/b"))
+        .expect("b waits");
+    assert_eq!(b_wait.blocked_by[0].why, "being modified (backoff)");
+    world.environment.now_ms += 1_000;
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["modify t/a", "modify t/a", "create t/b"]);
+}
+
+#[test]
+fn a_create_and_a_modify_of_its_dependency_in_one_plan_run_modify_first() {
+    Case {
+        current: vec![item("t/a", json!({"v": 1}))],
+        intended: vec![item("t/a", json!({"v": 2})), b_on_a()],
+        failures: vec![],
+        expect: vec!["modify t/a", "create t/b"],
+    }
+    .run();
+}
+
+#[test]
+fn a_modify_waits_for_operations_in_flight_on_its_dependents() {
+    let mut world = World::converged(vec![
+        item("t/a", json!({"v": 1})),
+        item("t/b", json!({"v": 1})).depends_on(on("t/a")),
+    ]);
+    world.intend(vec![
+        item("t/a", json!({"v": 2})),
+        item("t/b", json!({"v": 2})).depends_on(on("t/a")),
+    ]);
+    // Modify b first and keep it in flight.
+    let b = parse_ref("t/b");
+    world.dispatch(&b, Modify, world.generation);
+    let plan = world.plan();
+    assert!(
+        plan.operations.iter().all(|o| o.item != parse_ref("t/a")),
+        "{plan:?}"
+    );
+    let a_wait = plan
+        .waiting
+        .iter()
+        .find(|w| w.item == parse_ref("t/a"))
+        .expect("a waits");
+    assert_eq!(a_wait.reason, WaitReason::Blocked);
+    assert_eq!(a_wait.blocked_by[0].item, b);
+    world.finish(&b, Modify);
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["modify t/b", "modify t/a"]);
+}
+
+#[test]
+fn creates_wait_for_the_plans_deletes_of_the_same_type() {
+    let world = Case {
+        current: vec![item("port/old", json!({"port": 80}))],
+        intended: vec![item("port/new", json!({"port": 80}))],
+        failures: vec![],
+        expect: vec!["delete port/old", "create port/new"],
+    }
+    .run();
+    assert!(world.is_converged());
+
+    let mut world = World::converged(vec![item("port/old", json!({"port": 80}))]);
+    world.intend(vec![item("port/new", json!({"port": 80}))]);
+    let plan = world.plan();
+    let create = plan
+        .operations
+        .iter()
+        .position(|o| o.kind == Create)
+        .expect("create planned");
+    let delete = plan
+        .operations
+        .iter()
+        .position(|o| o.kind == Delete)
+        .expect("delete planned");
+    assert_eq!(plan.predecessors(create).collect::<Vec<_>>(), [delete]);
+    // While the delete is in flight, the create still waits.
+    let old = parse_ref("port/old");
+    world.dispatch(&old, Delete, 0);
+    let plan = world.plan();
+    assert!(plan.operations.is_empty(), "{plan:?}");
+    assert_eq!(
+        plan.waiting
+            .iter()
+            .find(|w| w.item == parse_ref("port/new"))
+            .map(|w| w.reason),
+        Some(WaitReason::Blocked)
+    );
+}
+
+#[test]
+fn nothing_is_created_against_an_item_planned_for_deletion() {
+    let mut world = World::converged(vec![a()]);
+    world.intend(vec![item("u/b", json!({})).depends_on(on("t/a"))]);
+    world.environment.disconnected.insert("t".into());
+    let plan = world.plan();
+    assert!(plan.operations.is_empty());
+    let b_wait = plan
+        .waiting
+        .iter()
+        .find(|w| w.item == parse_ref("u/b"))
+        .expect("b waits");
+    assert_eq!(b_wait.reason, WaitReason::Dependency);
+    assert_eq!(b_wait.blocked_by[0].why, "planned for deletion");
+}
+
+#[test]
+fn an_intent_change_supersedes_an_in_flight_operation_with_a_cancel() {
+    let mut world = World::new();
+    world.intend(vec![item("t/a", json!({"v": 1}))]);
+    let a_ref = parse_ref("t/a");
+    world.dispatch(&a_ref, Create, world.generation);
+    world.intend(vec![item("t/a", json!({"v": 2}))]);
+    let plan = world.plan();
+    assert_eq!(plan.cancel, [a_ref.clone()]);
+    assert!(plan.operations.is_empty());
+    // The late result is authoritative; the item is then modified.
+    world.finish(&a_ref, Create);
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["create t/a", "modify t/a"]);
+}
+
+#[test]
+fn items_without_a_configurator_wait_and_go_ahead_when_one_connects() {
+    let mut world = World::new();
+    world.environment.disconnected.insert("t".into());
+    world.intend(vec![a()]);
+    world.run_to_quiescence(5);
+    assert_eq!(world.plan().waiting[0].reason, WaitReason::NoConfigurator);
+    world.environment.disconnected.clear();
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["create t/a"]);
+}
+
+#[test]
+fn an_unknown_outcome_blocks_the_item_and_its_dependents_but_never_deletes_them() {
+    let mut world = World::converged(vec![a(), b_on_a()]);
+    let a_ref = parse_ref("t/a");
+    let mut unknown = (**world.current.get(&a_ref).expect("a")).clone();
+    unknown.state = ItemState::Unknown;
+    unknown.unknown_was_created = true;
+    world.current.insert(a_ref.clone(), unknown);
+    world.intend(vec![
+        item("t/a", json!({"v": 2})),
+        item("t/b", json!({"v": 2})).depends_on(on("t/a")),
+    ]);
+    let plan = world.plan();
+    assert!(plan.operations.is_empty(), "{plan:?}");
+    let reasons: Vec<_> = plan
+        .waiting
+        .iter()
+        .map(|w| (w.item.to_string(), w.reason))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("t/a".to_string(), WaitReason::UnknownOutcome),
+            ("t/b".to_string(), WaitReason::Dependency)
+        ]
+    );
+}
+
+// Rule 9: external items ---------------------------------------------------------
+
+fn external(identity: &str) -> Item {
+    let mut external = item(identity, json!({}));
+    external.external = true;
+    external
+}
+
+#[test]
+fn dependents_of_an_external_item_are_created_when_it_appears() {
+    let mut world = World::new();
+    world.intend(vec![
+        external("ext/e"),
+        item("t/b", json!({})).depends_on(on("ext/e")),
+    ]);
+    world.run_to_quiescence(5);
+    assert!(world.labels().is_empty());
+    assert_eq!(
+        world.plan().waiting[0].blocked_by[0].why,
+        "missing (external item not reported)"
+    );
+    world.report_external("ext/e", json!({}));
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["create t/b"]);
+}
+
+#[test]
+fn when_an_external_item_disappears_auto_deleted_dependents_are_dropped_and_others_deleted() {
+    let mut world = World::new();
+    world.report_external("ext/e", json!({}));
+    let intent = vec![
+        external("ext/e"),
+        item("t/auto", json!({})).depends_on(Dependency {
+            auto_deleted_by_external: true,
+            ..on("ext/e")
+        }),
+        item("t/plain", json!({})).depends_on(on("ext/e")),
+        item("t/child", json!({})).depends_on(on("t/auto")),
+    ];
+    world.intend(intent);
+    world.run_to_quiescence(5);
+    assert_eq!(
+        world.labels(),
+        ["create t/auto", "create t/plain", "create t/child"]
+    );
+
+    world.remove_external("ext/e");
+    world.run_to_quiescence(5);
+    assert_eq!(
+        world.labels()[3..],
+        ["delete t/child", "delete t/plain"],
+        "t/auto is dropped without a delete call"
+    );
+    assert_eq!(state_of(&world, "t/auto"), None);
+    assert_eq!(state_of(&world, "t/plain"), None);
+
+    world.report_external("ext/e", json!({}));
+    world.run_to_quiescence(5);
+    assert_eq!(
+        world.labels()[5..],
+        ["create t/auto", "create t/plain", "create t/child"]
+    );
+}
+
+#[test]
+fn external_items_are_never_operated_on() {
+    let mut world = World::new();
+    world.intend(vec![external("ext/e")]);
+    world.run_to_quiescence(5);
+    world.report_external("ext/e", json!({"a": 1}));
+    world.intend(vec![]);
+    world.run_to_quiescence(5);
+    assert!(world.labels().is_empty());
+}
+
+// Rule 10 ----------------------------------------------------------------------
+
+#[test]
+fn recreates_cascade_to_dependents_listed_in_other_subgraphs() {
+    let mut dependent = b_on_a();
+    dependent.subgraph = "other/team".into();
+    let mut world = World::converged(vec![item("t/a", json!({"id": 1})), dependent.clone()]);
+    with_rules(
+        &mut world,
+        "t",
+        TypeRules {
+            recreate_on_change: vec!["/id".into()],
+            ask_needs_recreate: false,
+        },
+    );
+    world.intend(vec![item("t/a", json!({"id": 2})), dependent]);
+    world.run_to_quiescence(5);
+    assert_eq!(
+        world.labels(),
+        ["delete t/b", "delete t/a", "create t/a", "create t/b"]
+    );
+}
+
+// Rule 11 and 12 ---------------------------------------------------------------
+
+#[test]
+fn planning_is_deterministic() {
+    let build = || {
+        let mut world = World::converged(vec![a(), b_on_a(), item("t/x", json!({}))]);
+        world.intend(vec![
+            item("t/a", json!({"v": 1})),
+            item("t/y", json!({})),
+            c_on_b(),
+            b_on_a(),
+        ]);
+        world
+    };
+    assert_eq!(build().plan(), build().plan());
+}
+
+#[test]
+fn equal_graphs_give_an_empty_plan() {
+    let world = World::converged(vec![a(), b_on_a(), c_on_b()]);
+    let plan =
+        crate::engine::plan::plan_everything(&world.intended, &world.current, &world.environment);
+    assert!(plan.is_empty(), "{plan:?}");
+}
+
+#[test]
+fn a_one_item_change_examines_only_its_neighbourhood() {
+    let items: Vec<Item> = (0..2_000)
+        .map(|i| {
+            let base = item(&format!("t/{i:05}"), json!({"v": 0}));
+            if i > 0 {
+                base.depends_on(on(&format!("t/{:05}", i - 1)))
+            } else {
+                base
+            }
+        })
+        .collect();
+    let mut world = World::converged(items.clone());
+    let mut changed = items;
+    changed[1_000].properties.insert("v".into(), json!(1));
+    world.intend(changed);
+    let plan = world.plan();
+    assert_eq!(plan.operations.len(), 1);
+    assert!(plan.examined <= 3, "examined {} items", plan.examined);
+}

@@ -1,0 +1,396 @@
+//! A simulated world for testing the planner: in-memory graphs, scripted
+//! configurator outcomes, and invariant checks at every dispatch.
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+
+use serde_json::json;
+
+use super::plan::{Plan, PlanEnvironment, TypeRules, plan_operations};
+use super::transition::{Completion, apply_bookkeeping, begin_operation, complete_operation};
+use crate::graph::{
+    CurrentGraph, Dependency, InFlight, IntendedGraph, IntendedItem, Item, ItemRef, OperationError,
+    OperationKind, Properties,
+};
+
+/// Builds an item `type/name` from "type/name" with properties.
+pub fn item(identity: &str, properties: serde_json::Value) -> Item {
+    let reference = parse_ref(identity);
+    Item::new(
+        &*reference.item_type,
+        &*reference.name,
+        properties.as_object().cloned().unwrap_or_default(),
+    )
+}
+
+/// Parses "type/name".
+pub fn parse_ref(identity: &str) -> ItemRef {
+    let (item_type, name) = identity.split_once('/').unwrap_or(("t", identity));
+    ItemRef::new(item_type, name)
+}
+
+/// A plain dependency on "type/name".
+pub fn on(identity: &str) -> Dependency {
+    Dependency::on(parse_ref(identity))
+}
+
+/// The world outside the graphs, as the planner sees it.
+#[derive(Default)]
+pub struct TestEnvironment {
+    /// Recreate rules by type.
+    pub rules: HashMap<String, TypeRules>,
+    /// Types with no configurator connected.
+    pub disconnected: HashSet<String>,
+    /// The clock.
+    pub now_ms: u64,
+}
+
+impl PlanEnvironment for TestEnvironment {
+    fn type_rules(&self, item_type: &str) -> Option<&TypeRules> {
+        self.rules.get(item_type)
+    }
+    fn has_configurator(&self, item_type: &str) -> bool {
+        !self.disconnected.contains(item_type)
+    }
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+}
+
+/// One operation the simulated agents ran.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Executed {
+    /// What ran.
+    pub kind: OperationKind,
+    /// On which item.
+    pub item: ItemRef,
+    /// Whether it failed.
+    pub failed: bool,
+}
+
+impl Executed {
+    /// "create t/a" style label.
+    pub fn label(&self) -> String {
+        format!("{} {}", self.kind.as_str(), self.item)
+    }
+}
+
+/// Graphs, environment, scripted outcomes and the log of what ran.
+pub struct World {
+    pub intended: IntendedGraph,
+    pub current: CurrentGraph,
+    pub environment: TestEnvironment,
+    pub generation: u64,
+    pub log: Vec<Executed>,
+    pub dirty: BTreeSet<ItemRef>,
+    scripted: HashMap<(OperationKind, ItemRef), VecDeque<Completion>>,
+    next_op: u64,
+}
+
+impl World {
+    /// An empty world.
+    pub fn new() -> Self {
+        Self {
+            intended: IntendedGraph::default(),
+            current: CurrentGraph::default(),
+            environment: TestEnvironment::default(),
+            generation: 0,
+            log: Vec::new(),
+            dirty: BTreeSet::new(),
+            scripted: HashMap::new(),
+            next_op: 0,
+        }
+    }
+
+    /// A world where `items` are intended and already created.
+    pub fn converged(items: Vec<Item>) -> Self {
+        let mut world = Self::new();
+        world.intend(items);
+        let intended: Vec<_> = world
+            .intended
+            .iter()
+            .map(|(k, e)| (k.clone(), e.clone()))
+            .collect();
+        for (key, entry) in intended {
+            if !entry.item.external {
+                let created =
+                    crate::graph::CurrentItem::created(entry.item.clone(), entry.generation);
+                world.current.insert(key, created);
+            }
+        }
+        world.dirty.clear();
+        assert!(world.is_converged(), "setup is not converged");
+        world
+    }
+
+    /// Replaces the whole intent with `items` (one submit = one generation).
+    pub fn intend(&mut self, items: Vec<Item>) {
+        let generation = self.generation + 1;
+        let mut changed = false;
+        let listed: BTreeSet<ItemRef> = items.iter().map(Item::item_ref).collect();
+        let removed: Vec<ItemRef> = self
+            .intended
+            .iter()
+            .map(|(key, _)| key.clone())
+            .filter(|key| !listed.contains(key))
+            .collect();
+        for key in removed {
+            self.intended.remove(&key);
+            self.dirty.insert(key);
+            changed = true;
+        }
+        for item in items {
+            let key = item.item_ref();
+            let same = self
+                .intended
+                .get(&key)
+                .is_some_and(|entry| entry.item.same_content(&item));
+            if same {
+                continue;
+            }
+            let entry = IntendedItem::compile(item, generation).expect("test predicates compile");
+            self.intended.insert(entry);
+            self.dirty.insert(key);
+            changed = true;
+        }
+        if changed {
+            self.generation = generation;
+        }
+    }
+
+    /// Makes the next `kind` operation on `identity` end with `completion`.
+    pub fn script(&mut self, kind: OperationKind, identity: &str, completion: Completion) {
+        self.scripted
+            .entry((kind, parse_ref(identity)))
+            .or_default()
+            .push_back(completion);
+    }
+
+    /// Makes the next `kind` on `identity` fail with `code`; retryable codes
+    /// may retry after 1 s of simulated time.
+    pub fn fail(&mut self, kind: OperationKind, identity: &str, code: i32) {
+        let error = OperationError {
+            code,
+            message: format!("scripted failure {code}"),
+        };
+        let retry_at_ms = (!error.is_terminal()).then_some(self.environment.now_ms + 1_000);
+        self.script(kind, identity, Completion::Failed { error, retry_at_ms });
+    }
+
+    /// Plans from the dirty set (what the engine would do on a pass).
+    pub fn plan(&self) -> Plan {
+        plan_operations(
+            &self.intended,
+            &self.current,
+            &self.dirty,
+            &self.environment,
+        )
+    }
+
+    /// One dispatch round: plan, apply bookkeeping, then run every ready
+    /// operation to completion in plan order, skipping any that an earlier
+    /// result of the round made unready. Returns the round's plan.
+    pub fn pass(&mut self) -> Plan {
+        let plan = self.plan();
+        self.absorb(&plan);
+        let ready: Vec<usize> = plan.ready().collect();
+        for index in ready {
+            let operation = plan.operations[index].clone();
+            let now = self.plan();
+            let still_ready = now.ready().any(|i| {
+                now.operations[i].item == operation.item && now.operations[i].kind == operation.kind
+            });
+            if still_ready {
+                self.dispatch(&operation.item, operation.kind, operation.target_generation);
+                self.finish(&operation.item, operation.kind);
+            }
+        }
+        plan
+    }
+
+    /// Applies a plan's bookkeeping and remembers what is unconverged.
+    pub fn absorb(&mut self, plan: &Plan) {
+        apply_bookkeeping(&mut self.current, plan);
+        self.dirty = plan.unconverged.clone();
+        for (item, _) in &plan.forget {
+            self.dirty.insert(item.clone());
+            for dependent in self.current.dependents_of(item) {
+                self.dirty.insert(dependent.clone());
+            }
+        }
+    }
+
+    /// Starts `kind` on `item`, checking the ordering invariants first.
+    pub fn dispatch(&mut self, item: &ItemRef, kind: OperationKind, target_generation: u64) {
+        self.check_invariants_before(item, kind);
+        self.next_op += 1;
+        let in_flight = InFlight {
+            kind,
+            op_id: format!("op-{}", self.next_op),
+            attempt: 1,
+            target_generation,
+            started_at_ms: self.environment.now_ms,
+            timeout_ms: 60_000,
+            last_progress_ms: None,
+            cancel_requested: false,
+            target: None,
+        };
+        begin_operation(&mut self.current, &self.intended, item, in_flight);
+        self.dirty.insert(item.clone());
+    }
+
+    /// Finishes the operation in flight on `item` with its scripted outcome
+    /// (success when nothing is scripted).
+    pub fn finish(&mut self, item: &ItemRef, kind: OperationKind) {
+        let completion = self
+            .scripted
+            .get_mut(&(kind, item.clone()))
+            .and_then(VecDeque::pop_front)
+            .unwrap_or(Completion::Done { observed: None });
+        let failed = matches!(completion, Completion::Failed { .. });
+        assert!(complete_operation(&mut self.current, item, completion));
+        self.log.push(Executed {
+            kind,
+            item: item.clone(),
+            failed,
+        });
+        self.dirty.insert(item.clone());
+        let neighbours: Vec<ItemRef> = self
+            .current
+            .dependents_of(item)
+            .chain(self.intended.dependents_of(item))
+            .cloned()
+            .collect();
+        self.dirty.extend(neighbours);
+    }
+
+    /// Runs rounds until one plans no operation (at most `max_rounds`).
+    /// Returns the number of rounds that ran operations.
+    pub fn run_to_quiescence(&mut self, max_rounds: usize) -> usize {
+        for round in 0..max_rounds {
+            let plan = self.pass();
+            if plan.operations.is_empty() {
+                return round;
+            }
+        }
+        let plan = self.plan();
+        panic!(
+            "no quiescence after {max_rounds} rounds; {} operations and {} waiting items remain",
+            plan.operations.len(),
+            plan.waiting.len()
+        );
+    }
+
+    /// Labels of everything executed so far ("create t/a", ...).
+    pub fn labels(&self) -> Vec<String> {
+        self.log.iter().map(Executed::label).collect()
+    }
+
+    /// Whether every intended, non-external item is created with its
+    /// intended value and nothing else exists.
+    pub fn is_converged(&self) -> bool {
+        let intended_ok = self.intended.iter().all(|(key, entry)| {
+            entry.item.external
+                || self.current.get(key).is_some_and(|current| {
+                    current.state == crate::graph::ItemState::Created
+                        && current
+                            .applied
+                            .as_ref()
+                            .is_some_and(|applied| applied.same_content(&entry.item))
+                })
+        });
+        let nothing_extra = self.current.iter().all(|(key, current)| {
+            self.intended.get(key).is_some()
+                || current
+                    .applied
+                    .as_ref()
+                    .is_some_and(|applied| applied.external)
+        });
+        intended_ok && nothing_extra
+    }
+
+    /// Reports an external item (as ReportExternal would).
+    pub fn report_external(&mut self, identity: &str, properties: serde_json::Value) {
+        let mut external = item(identity, properties);
+        external.external = true;
+        let key = external.item_ref();
+        let entry = crate::graph::CurrentItem::created(std::sync::Arc::new(external), 0);
+        self.current.insert(key.clone(), entry);
+        self.mark_changed(&key);
+    }
+
+    /// Removes an external item's report.
+    pub fn remove_external(&mut self, identity: &str) {
+        let key = parse_ref(identity);
+        self.current.remove(&key);
+        self.mark_changed(&key);
+    }
+
+    fn mark_changed(&mut self, key: &ItemRef) {
+        self.dirty.insert(key.clone());
+        let neighbours: Vec<ItemRef> = self
+            .current
+            .dependents_of(key)
+            .chain(self.intended.dependents_of(key))
+            .cloned()
+            .collect();
+        self.dirty.extend(neighbours);
+    }
+
+    /// Ordering invariants checked at every dispatch (property (b)).
+    fn check_invariants_before(&self, item: &ItemRef, kind: OperationKind) {
+        match kind {
+            OperationKind::Create | OperationKind::Modify => {
+                let entry = self
+                    .intended
+                    .get(item)
+                    .expect("operations target intended items");
+                for (index, dependency) in entry.item.dependencies.iter().enumerate() {
+                    let required = self.current.get(&dependency.requires);
+                    assert!(
+                        required.is_some_and(|r| r.is_created() && !r.is_busy()),
+                        "{} {item} dispatched before {} was created: {:?}",
+                        kind.as_str(),
+                        dependency.requires,
+                        required
+                    );
+                    if let (Some(predicate), Some(required)) =
+                        (entry.predicates[index].as_ref(), required)
+                    {
+                        assert_eq!(
+                            predicate.evaluate(&required.effective_properties()),
+                            Ok(true),
+                            "{} {item} dispatched with a false predicate on {}",
+                            kind.as_str(),
+                            dependency.requires
+                        );
+                    }
+                }
+            }
+            OperationKind::Delete => {
+                for dependent in self.current.dependents_of(item) {
+                    let state = self.current.get(dependent);
+                    assert!(
+                        !state.is_some_and(|d| d.may_exist() || d.is_busy()),
+                        "delete {item} dispatched while its dependent {dependent} exists: {state:?}"
+                    );
+                }
+            }
+            OperationKind::Read => {}
+        }
+        assert!(
+            !self.current.get(item).is_some_and(|c| c.is_busy()),
+            "{} {item} dispatched while another operation runs on it",
+            kind.as_str()
+        );
+    }
+}
+
+/// `{}` as properties.
+pub fn no_properties() -> serde_json::Value {
+    json!({})
+}
+
+/// Properties from a JSON value.
+pub fn properties(value: serde_json::Value) -> Properties {
+    value.as_object().cloned().unwrap_or_default()
+}

@@ -1,0 +1,222 @@
+//! The two graphs of a tenant and their dependency indexes.
+//!
+//! Items live in persistent ordered maps (`imbl::OrdMap`): cloning one is
+//! O(1), which is how readers get an immutable snapshot of a tenant while
+//! its owner keeps changing it. The indexes of dependents are only needed by
+//! the owner and the planner, so they are plain hash maps.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use imbl::OrdMap;
+use rustc_hash::FxHashMap;
+
+use super::item::{Item, ItemRef};
+use super::predicate::{Predicate, PredicateError};
+use super::state::CurrentItem;
+
+/// "What depends on X": for every required item, the items requiring it.
+/// Answers in O(degree); entries for dangling targets are kept too, so a
+/// dependent waiting for a missing item is found when it appears.
+#[derive(Clone, Debug, Default)]
+pub struct DependentsIndex {
+    by_required: FxHashMap<ItemRef, BTreeSet<ItemRef>>,
+}
+
+impl DependentsIndex {
+    /// Records that `dependent` requires every item in `required`.
+    pub fn add<'a>(&mut self, dependent: &ItemRef, required: impl Iterator<Item = &'a ItemRef>) {
+        for target in required {
+            self.by_required
+                .entry(target.clone())
+                .or_default()
+                .insert(dependent.clone());
+        }
+    }
+
+    /// Forgets the edges from `dependent` to every item in `required`.
+    pub fn remove<'a>(&mut self, dependent: &ItemRef, required: impl Iterator<Item = &'a ItemRef>) {
+        for target in required {
+            if let Some(dependents) = self.by_required.get_mut(target) {
+                dependents.remove(dependent);
+                if dependents.is_empty() {
+                    self.by_required.remove(target);
+                }
+            }
+        }
+    }
+
+    /// The items that require `target`, in identity order.
+    pub fn dependents_of(&self, target: &ItemRef) -> impl Iterator<Item = &ItemRef> {
+        self.by_required.get(target).into_iter().flatten()
+    }
+}
+
+/// An item of the intended graph with the generation that last changed it
+/// and its compiled predicates (one per dependency, in order).
+#[derive(Clone, Debug)]
+pub struct IntendedItem {
+    /// The intended value.
+    pub item: Arc<Item>,
+    /// The tenant generation that last changed the item's content.
+    pub generation: u64,
+    /// Compiled `must_satisfy` expressions, index-aligned with
+    /// `item.dependencies`.
+    pub predicates: Arc<[Option<Predicate>]>,
+}
+
+impl IntendedItem {
+    /// Compiles the item's predicates. Validation has already parsed them
+    /// for submitted intents; this path serves tests and store loading.
+    pub fn compile(item: Item, generation: u64) -> Result<Self, PredicateError> {
+        let predicates = item
+            .dependencies
+            .iter()
+            .map(|dependency| {
+                if dependency.must_satisfy.is_empty() {
+                    Ok(None)
+                } else {
+                    Predicate::compile(&dependency.must_satisfy).map(Some)
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            item: Arc::new(item),
+            generation,
+            predicates: predicates.into(),
+        })
+    }
+
+    /// The compiled predicate of the dependency on `target`, if it has one.
+    pub fn predicate_on(&self, target: &ItemRef) -> Option<&Predicate> {
+        self.item
+            .dependencies
+            .iter()
+            .position(|dependency| &dependency.requires == target)
+            .and_then(|index| self.predicates.get(index))
+            .and_then(Option::as_ref)
+    }
+}
+
+/// The intended graph: what users asked for.
+#[derive(Clone, Debug, Default)]
+pub struct IntendedGraph {
+    items: OrdMap<ItemRef, Arc<IntendedItem>>,
+    dependents: DependentsIndex,
+}
+
+impl IntendedGraph {
+    /// The intended item with identity `item`.
+    pub fn get(&self, item: &ItemRef) -> Option<&Arc<IntendedItem>> {
+        self.items.get(item)
+    }
+
+    /// Puts `entry` in the graph, replacing (and returning) any previous one.
+    pub fn insert(&mut self, entry: IntendedItem) -> Option<Arc<IntendedItem>> {
+        let key = entry.item.item_ref();
+        let previous = self.remove(&key);
+        self.dependents.add(&key, entry.item.required_items());
+        self.items.insert(key, Arc::new(entry));
+        previous
+    }
+
+    /// Removes and returns the item with identity `item`.
+    pub fn remove(&mut self, item: &ItemRef) -> Option<Arc<IntendedItem>> {
+        let previous = self.items.remove(item)?;
+        self.dependents.remove(item, previous.item.required_items());
+        Some(previous)
+    }
+
+    /// Items whose intended value requires `item`.
+    pub fn dependents_of(&self, item: &ItemRef) -> impl Iterator<Item = &ItemRef> {
+        self.dependents.dependents_of(item)
+    }
+
+    /// An O(1) immutable copy of the items, for readers.
+    pub fn snapshot(&self) -> OrdMap<ItemRef, Arc<IntendedItem>> {
+        self.items.clone()
+    }
+
+    /// The items in identity order.
+    pub fn iter(&self) -> impl Iterator<Item = (&ItemRef, &Arc<IntendedItem>)> {
+        self.items.iter()
+    }
+
+    /// Number of intended items.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether nothing is intended.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+/// The current graph: what exists (or may exist) on the configurators' side.
+#[derive(Clone, Debug, Default)]
+pub struct CurrentGraph {
+    items: OrdMap<ItemRef, Arc<CurrentItem>>,
+    dependents: DependentsIndex,
+}
+
+impl CurrentGraph {
+    /// The current item with identity `item`.
+    pub fn get(&self, item: &ItemRef) -> Option<&Arc<CurrentItem>> {
+        self.items.get(item)
+    }
+
+    /// Puts `entry` in the graph under `key`, replacing (and returning) any
+    /// previous one. Edges follow the applied value's dependencies and those
+    /// of an in-flight Create or Modify.
+    pub fn insert(&mut self, key: ItemRef, entry: CurrentItem) -> Option<Arc<CurrentItem>> {
+        let previous = self.remove(&key);
+        self.dependents.add(&key, current_edges(&entry));
+        self.items.insert(key, Arc::new(entry));
+        previous
+    }
+
+    /// Removes and returns the item with identity `item`.
+    pub fn remove(&mut self, item: &ItemRef) -> Option<Arc<CurrentItem>> {
+        let previous = self.items.remove(item)?;
+        self.dependents.remove(item, current_edges(&previous));
+        Some(previous)
+    }
+
+    /// Items whose applied value (or in-flight target) requires `item`.
+    pub fn dependents_of(&self, item: &ItemRef) -> impl Iterator<Item = &ItemRef> {
+        self.dependents.dependents_of(item)
+    }
+
+    /// An O(1) immutable copy of the items, for readers.
+    pub fn snapshot(&self) -> OrdMap<ItemRef, Arc<CurrentItem>> {
+        self.items.clone()
+    }
+
+    /// The items in identity order.
+    pub fn iter(&self) -> impl Iterator<Item = (&ItemRef, &Arc<CurrentItem>)> {
+        self.items.iter()
+    }
+
+    /// Number of current items.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether the graph is empty.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+/// The edges of a current item: its applied dependencies plus those of the
+/// value an in-flight operation applies (duplicates are harmless).
+fn current_edges(entry: &CurrentItem) -> impl Iterator<Item = &ItemRef> {
+    let applied = entry.applied.iter().flat_map(|item| item.required_items());
+    let target = entry
+        .in_flight
+        .iter()
+        .filter_map(|operation| operation.target.as_ref())
+        .flat_map(|item| item.required_items());
+    applied.chain(target)
+}

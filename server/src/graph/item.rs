@@ -1,0 +1,239 @@
+//! The item model: identities, items, dependencies and their equality.
+
+use std::cmp::Ordering;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// An item's properties: always a JSON object.
+pub type Properties = serde_json::Map<String, serde_json::Value>;
+
+/// The identity of an item within a tenant: `type/name`.
+///
+/// Cloning is cheap (both parts are reference counted), so graphs and plans
+/// pass identities around by value.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ItemRef {
+    /// The item type, e.g. `interface`.
+    pub item_type: Arc<str>,
+    /// The item name, unique within its type.
+    pub name: Arc<str>,
+}
+
+impl ItemRef {
+    /// Builds an identity from a type and a name.
+    pub fn new(item_type: impl AsRef<str>, name: impl AsRef<str>) -> Self {
+        Self {
+            item_type: Arc::from(item_type.as_ref()),
+            name: Arc::from(name.as_ref()),
+        }
+    }
+}
+
+impl Ord for ItemRef {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.item_type
+            .cmp(&other.item_type)
+            .then_with(|| self.name.cmp(&other.name))
+    }
+}
+
+impl PartialOrd for ItemRef {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl fmt::Display for ItemRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.item_type, self.name)
+    }
+}
+
+impl fmt::Debug for ItemRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// A "must exist" edge from a dependent item to the item it requires.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Dependency {
+    /// The required item.
+    pub requires: ItemRef,
+    /// Optional CEL expression over the required item, bound as `self`.
+    /// Empty means the dependency holds as soon as the item is created.
+    pub must_satisfy: String,
+    /// Free text for humans; not part of equality.
+    pub description: String,
+    /// Recreate the dependent whenever the required item is modified.
+    pub recreate_when_modified: bool,
+    /// When the required (external) item disappears, the dependent is gone
+    /// too: drop it from current state without a Delete call.
+    pub auto_deleted_by_external: bool,
+}
+
+impl Dependency {
+    /// A plain dependency on `requires` with no predicate or flags.
+    pub fn on(requires: ItemRef) -> Self {
+        Self {
+            requires,
+            must_satisfy: String::new(),
+            description: String::new(),
+            recreate_when_modified: false,
+            auto_deleted_by_external: false,
+        }
+    }
+
+    /// Equality for planning purposes: the description does not count.
+    fn same_content(&self, other: &Self) -> bool {
+        self.requires == other.requires
+            && self.must_satisfy == other.must_satisfy
+            && self.recreate_when_modified == other.recreate_when_modified
+            && self.auto_deleted_by_external == other.auto_deleted_by_external
+    }
+}
+
+/// A configuration item, as intended by a user or as last applied.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Item {
+    /// The item type; together with `name` the item's identity.
+    pub item_type: String,
+    /// The item name.
+    pub name: String,
+    /// The item's configuration (a JSON object).
+    pub properties: Properties,
+    /// Items that must exist (and satisfy predicates) before this one.
+    pub dependencies: Vec<Dependency>,
+    /// Present only to express an expectation; never operated on.
+    pub external: bool,
+    /// `/`-separated path of the subgraph that lists the item; empty = root.
+    pub subgraph: String,
+    /// Short human label; not part of equality.
+    pub label: String,
+    /// Free text; not part of equality.
+    pub description: String,
+}
+
+impl Item {
+    /// A non-external item with the given identity and properties.
+    pub fn new(
+        item_type: impl Into<String>,
+        name: impl Into<String>,
+        properties: Properties,
+    ) -> Self {
+        Self {
+            item_type: item_type.into(),
+            name: name.into(),
+            properties,
+            ..Self::default()
+        }
+    }
+
+    /// The item's identity.
+    pub fn item_ref(&self) -> ItemRef {
+        ItemRef::new(&self.item_type, &self.name)
+    }
+
+    /// Adds a dependency (builder style, for tests and tools).
+    pub fn depends_on(mut self, dependency: Dependency) -> Self {
+        self.dependencies.push(dependency);
+        self
+    }
+
+    /// The identities this item requires, in declaration order.
+    pub fn required_items(&self) -> impl Iterator<Item = &ItemRef> {
+        self.dependencies.iter().map(|d| &d.requires)
+    }
+
+    /// The dependency on `target`, if any.
+    pub fn dependency_on(&self, target: &ItemRef) -> Option<&Dependency> {
+        self.dependencies.iter().find(|d| &d.requires == target)
+    }
+
+    /// Whether applying `other` over `self` needs an operation: type, name,
+    /// properties, external flag and the set of dependencies (order-insensitive,
+    /// descriptions ignored). Subgraph, label and description do not count.
+    pub fn same_content(&self, other: &Item) -> bool {
+        self.item_type == other.item_type
+            && self.name == other.name
+            && self.external == other.external
+            && self.properties == other.properties
+            && same_dependency_set(&self.dependencies, &other.dependencies)
+    }
+}
+
+/// Order-insensitive comparison of two dependency lists. Validation forbids
+/// two dependencies on one item, so matching by target is exact.
+fn same_dependency_set(left: &[Dependency], right: &[Dependency]) -> bool {
+    left.len() == right.len()
+        && left.iter().all(|l| {
+            right
+                .iter()
+                .any(|r| r.requires == l.requires && r.same_content(l))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn props(value: serde_json::Value) -> Properties {
+        value.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn equality_ignores_dependency_order_labels_and_descriptions() {
+        let a = ItemRef::new("t", "a");
+        let b = ItemRef::new("t", "b");
+        let left = Item::new("t", "x", props(json!({"mtu": 1500})))
+            .depends_on(Dependency::on(a.clone()))
+            .depends_on(Dependency::on(b.clone()));
+        let mut right = Item::new("t", "x", props(json!({"mtu": 1500})))
+            .depends_on(Dependency::on(b))
+            .depends_on(Dependency {
+                description: "other words".into(),
+                ..Dependency::on(a)
+            });
+        right.label = "new label".into();
+        right.subgraph = "moved/elsewhere".into();
+        right.description = "changed".into();
+        assert!(left.same_content(&right));
+    }
+
+    #[test]
+    fn equality_sees_properties_predicates_and_flags() {
+        let a = ItemRef::new("t", "a");
+        let base =
+            Item::new("t", "x", props(json!({"mtu": 1500}))).depends_on(Dependency::on(a.clone()));
+        let mut changed = base.clone();
+        changed.properties.insert("mtu".into(), json!(9000));
+        assert!(!base.same_content(&changed));
+
+        let mut predicate = base.clone();
+        predicate.dependencies[0].must_satisfy = "self.up".into();
+        assert!(!base.same_content(&predicate));
+
+        let mut external = base.clone();
+        external.external = true;
+        assert!(!base.same_content(&external));
+
+        let mut flag = base.clone();
+        flag.dependencies[0].recreate_when_modified = true;
+        assert!(!base.same_content(&flag));
+    }
+
+    #[test]
+    fn identities_order_by_type_then_name() {
+        let mut refs = vec![
+            ItemRef::new("b", "a"),
+            ItemRef::new("a", "z"),
+            ItemRef::new("a", "b"),
+        ];
+        refs.sort();
+        let shown: Vec<String> = refs.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["a/b", "a/z", "b/a"]);
+    }
+}

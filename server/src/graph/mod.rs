@@ -1,0 +1,13 @@
+//! The item model and everything about graphs that needs no I/O: identities,
+//! equality, validation, dependency indexes and `must_satisfy` predicates.
+
+mod graphs;
+mod item;
+pub mod predicate;
+mod state;
+// pub mod validate;
+
+pub use graphs::{CurrentGraph, DependentsIndex, IntendedGraph, IntendedItem};
+pub use item::{Dependency, Item, ItemRef, Properties};
+pub use predicate::{Predicate, PredicateError};
+pub use state::{CurrentItem, InFlight, ItemState, OperationError, OperationKind, code};

@@ -1,0 +1,262 @@
+//! The current state of items: what exists, what is in flight, what failed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::item::{Item, ItemRef, Properties};
+
+/// gRPC codes (`google.rpc.Code`) the engine gives meaning to.
+pub mod code {
+    /// The operation was cancelled.
+    pub const CANCELLED: i32 = 1;
+    /// Bad input: terminal.
+    pub const INVALID_ARGUMENT: i32 = 3;
+    /// The operation ran out of time.
+    pub const DEADLINE_EXCEEDED: i32 = 4;
+    /// The item does not exist (an answer to READ).
+    pub const NOT_FOUND: i32 = 5;
+    /// Not allowed: terminal.
+    pub const PERMISSION_DENIED: i32 = 7;
+    /// The system is not in a state to run it: terminal.
+    pub const FAILED_PRECONDITION: i32 = 9;
+    /// The configurator cannot do this: terminal.
+    pub const UNIMPLEMENTED: i32 = 12;
+    /// Transient trouble, e.g. a lost agent: retryable.
+    pub const UNAVAILABLE: i32 = 14;
+}
+
+/// Where an item of the current graph stands.
+///
+/// `Pending` is never stored: an intended item with no current entry is
+/// pending by definition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ItemState {
+    /// Intended, not created yet.
+    Pending,
+    /// A Create is in flight.
+    Creating,
+    /// A Modify is in flight.
+    Modifying,
+    /// A Delete is in flight.
+    Deleting,
+    /// Exists with the applied value shown.
+    Created,
+    /// The last operation failed.
+    Failed,
+    /// The outcome of an operation is not known.
+    Unknown,
+}
+
+/// The operations the service runs on items.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum OperationKind {
+    /// Bring a new item into existence.
+    Create,
+    /// Change an existing item in place.
+    Modify,
+    /// Remove an item.
+    Delete,
+    /// Ask the agent for the item's actual state.
+    Read,
+}
+
+impl OperationKind {
+    /// Lower-case name for messages and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Create => "create",
+            Self::Modify => "modify",
+            Self::Delete => "delete",
+            Self::Read => "read",
+        }
+    }
+}
+
+/// A failure reported by a configurator, with a gRPC status code.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperationError {
+    /// The `google.rpc.Code` the agent (or the service) reported.
+    pub code: i32,
+    /// What went wrong, in the agent's words.
+    pub message: String,
+}
+
+impl OperationError {
+    /// Terminal codes stop retries until the item's intent changes:
+    /// INVALID_ARGUMENT, FAILED_PRECONDITION, PERMISSION_DENIED, UNIMPLEMENTED.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self.code,
+            code::INVALID_ARGUMENT
+                | code::FAILED_PRECONDITION
+                | code::PERMISSION_DENIED
+                | code::UNIMPLEMENTED
+        )
+    }
+}
+
+/// An operation that was dispatched and has not reported its final outcome.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InFlight {
+    /// What the operation does.
+    pub kind: OperationKind,
+    /// Names one operation on one item toward one target generation.
+    pub op_id: String,
+    /// 1 for the first try, growing with every retry.
+    pub attempt: u32,
+    /// The intent generation the operation applies (0 for deletes of
+    /// items that left the intent).
+    pub target_generation: u64,
+    /// When it was dispatched (unix milliseconds).
+    pub started_at_ms: u64,
+    /// How long the agent has for it.
+    pub timeout_ms: u64,
+    /// Last progress report (unix milliseconds), if any.
+    pub last_progress_ms: Option<u64>,
+    /// Set once the operation's target was superseded and a cancel was sent.
+    pub cancel_requested: bool,
+    /// The value a Create or Modify applies. Its dependencies count as edges
+    /// of the current graph while the operation runs, so nothing it relies
+    /// on is deleted underneath it.
+    pub target: Option<Arc<Item>>,
+}
+
+/// An item of the current graph.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CurrentItem {
+    /// Where the item stands.
+    pub state: ItemState,
+    /// The intended value of the last successful operation; `None` when the
+    /// item has never been created (or its Create is in flight).
+    pub applied: Option<Arc<Item>>,
+    /// The generation of `applied`.
+    pub applied_generation: u64,
+    /// Properties the agent reported with its last DONE or READ.
+    pub observed: Option<Arc<Properties>>,
+    /// The last operation that finished (successfully or not).
+    pub last_operation: Option<OperationKind>,
+    /// The error of the last operation, while the item is failed.
+    pub last_error: Option<OperationError>,
+    /// Failed attempts of the current operation since the last success.
+    pub attempts: u32,
+    /// No new attempt before this time (unix milliseconds).
+    pub next_attempt_at_ms: Option<u64>,
+    /// The intended generation the last failure happened at: a terminal
+    /// failure blocks retries only while the intent is still this one.
+    pub failed_generation: u64,
+    /// The operation in flight, if any.
+    pub in_flight: Option<InFlight>,
+    /// Completed Modifies (and modified reports of external items): the
+    /// counter `recreate_when_modified` dependents compare against.
+    pub modifications: u64,
+    /// For each `recreate_when_modified` dependency: the required item's
+    /// `modifications` when this item was created.
+    pub dependency_marks: BTreeMap<ItemRef, u64>,
+    /// For `Unknown`: whether the item was created before the outcome got lost.
+    pub unknown_was_created: bool,
+    /// Answer of the agent to "does this change need a recreate?", for the
+    /// intent generation it was asked about.
+    pub needs_recreate_answer: Option<(u64, bool)>,
+}
+
+impl CurrentItem {
+    /// A created item holding `applied` at `generation`.
+    pub fn created(applied: Arc<Item>, generation: u64) -> Self {
+        Self {
+            state: ItemState::Created,
+            applied: Some(applied),
+            applied_generation: generation,
+            observed: None,
+            last_operation: Some(OperationKind::Create),
+            last_error: None,
+            attempts: 0,
+            next_attempt_at_ms: None,
+            failed_generation: 0,
+            in_flight: None,
+            modifications: 0,
+            dependency_marks: BTreeMap::new(),
+            unknown_was_created: false,
+            needs_recreate_answer: None,
+        }
+    }
+
+    /// An item whose first Create has been dispatched (no applied value).
+    pub fn creating(in_flight: InFlight) -> Self {
+        Self {
+            state: ItemState::Creating,
+            applied: None,
+            applied_generation: 0,
+            observed: None,
+            last_operation: None,
+            last_error: None,
+            attempts: 0,
+            next_attempt_at_ms: None,
+            failed_generation: 0,
+            in_flight: Some(in_flight),
+            modifications: 0,
+            dependency_marks: BTreeMap::new(),
+            unknown_was_created: false,
+            needs_recreate_answer: None,
+        }
+    }
+
+    /// "Created" for dependency purposes: `Created`, `Modifying`, `Failed`
+    /// after a Modify or Delete, or `Unknown` when it was created before.
+    /// An item whose Create failed does not exist.
+    pub fn is_created(&self) -> bool {
+        match self.state {
+            ItemState::Created | ItemState::Modifying => true,
+            ItemState::Failed => matches!(
+                self.last_operation,
+                Some(OperationKind::Modify | OperationKind::Delete)
+            ),
+            ItemState::Unknown => self.unknown_was_created,
+            ItemState::Pending | ItemState::Creating | ItemState::Deleting => false,
+        }
+    }
+
+    /// Whether the item may exist on the configurator's side, so that it
+    /// must be deleted when it leaves the intent.
+    pub fn may_exist(&self) -> bool {
+        self.is_created() || self.state == ItemState::Deleting
+    }
+
+    /// An operation is running or its outcome is unknown: nothing else may
+    /// run on this item until that settles.
+    pub fn is_busy(&self) -> bool {
+        self.in_flight.is_some() || self.state == ItemState::Unknown
+    }
+
+    /// The last operation failed with a terminal code for the intent
+    /// generation `intended_generation` (0 when the item left the intent).
+    pub fn failed_terminally_at(&self, intended_generation: u64) -> bool {
+        self.state == ItemState::Failed
+            && self.failed_generation == intended_generation
+            && self
+                .last_error
+                .as_ref()
+                .is_some_and(OperationError::is_terminal)
+    }
+
+    /// A failed Modify: blocks Creates and Modifies of dependents.
+    pub fn has_failed_modify(&self) -> bool {
+        self.state == ItemState::Failed && self.last_operation == Some(OperationKind::Modify)
+    }
+
+    /// The properties a predicate sees: observed values laid over applied ones.
+    pub fn effective_properties(&self) -> Properties {
+        let mut properties = self
+            .applied
+            .as_ref()
+            .map(|item| item.properties.clone())
+            .unwrap_or_default();
+        if let Some(observed) = &self.observed {
+            for (key, value) in observed.iter() {
+                properties.insert(key.clone(), value.clone());
+            }
+        }
+        properties
+    }
+}

@@ -1,0 +1,10 @@
+//! reconciled: keeps, for every tenant, an intended and a current graph of
+//! configuration items and drives remote configurators until they match.
+//!
+//! The crate is organised in rooms with one job each:
+//! - [`graph`]: the item model, validation, dependency indexes, predicates (pure).
+//! - [`engine`]: the planner (pure) and the executor around it.
+#![forbid(unsafe_code)]
+
+pub mod engine;
+pub mod graph;

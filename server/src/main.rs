@@ -1,0 +1,5 @@
+//! The `reconciled` server binary.
+
+fn main() {
+    println!("reconciled");
+}

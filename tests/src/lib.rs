@@ -1,0 +1,2 @@
+//! Support code for black-box tests of the reconciled binary.
+#![forbid(unsafe_code)]
