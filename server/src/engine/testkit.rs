@@ -3,13 +3,11 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
-use serde_json::json;
-
 use super::plan::{Plan, PlanEnvironment, TypeRules, plan_operations};
 use super::transition::{Completion, apply_bookkeeping, begin_operation, complete_operation};
 use crate::graph::{
     CurrentGraph, Dependency, InFlight, IntendedGraph, IntendedItem, Item, ItemRef, OperationError,
-    OperationKind, Properties,
+    OperationKind,
 };
 
 /// Builds an item `type/name` from "type/name" with properties.
@@ -383,14 +381,4 @@ impl World {
             kind.as_str()
         );
     }
-}
-
-/// `{}` as properties.
-pub fn no_properties() -> serde_json::Value {
-    json!({})
-}
-
-/// Properties from a JSON value.
-pub fn properties(value: serde_json::Value) -> Properties {
-    value.as_object().cloned().unwrap_or_default()
 }

@@ -227,7 +227,7 @@ mod tests {
 
     #[test]
     fn identities_order_by_type_then_name() {
-        let mut refs = vec![
+        let mut refs = [
             ItemRef::new("b", "a"),
             ItemRef::new("a", "z"),
             ItemRef::new("a", "b"),

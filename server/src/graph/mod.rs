@@ -5,7 +5,7 @@ mod graphs;
 mod item;
 pub mod predicate;
 mod state;
-// pub mod validate;
+pub mod validate;
 
 pub use graphs::{CurrentGraph, DependentsIndex, IntendedGraph, IntendedItem};
 pub use item::{Dependency, Item, ItemRef, Properties};

@@ -1,33 +1,566 @@
-//! TEMPORARY stub (replaced by the real CEL implementation).
+//! `must_satisfy` predicates: CEL expressions over the required item's
+//! properties, bound as `self` (e.g. `self.mtu >= 1500 && self.state == "up"`).
+//!
+//! Built on the `cel` crate (0.15), with its standard environment (macros
+//! such as `has`, `all`, `exists`, functions such as `size`, `matches`).
+//!
+//! Notes on the `cel` crate that shaped this module:
+//! - `self` is an ordinary identifier for its parser (CEL reserves other
+//!   words), so expressions are parsed exactly as written: no rewriting.
+//! - Both its ANTLR parser and its interpreter recurse, and a stack overflow
+//!   aborts the whole process. Debug builds need about 180 KiB of stack per
+//!   bracket level to parse, and about 40 KiB per expression level to
+//!   evaluate. So [`Predicate::compile`] refuses sources over
+//!   [`MAX_PREDICATE_BYTES`] and expression trees deeper than
+//!   [`MAX_PREDICATE_DEPTH`]. It parses a short, flat source on the caller's
+//!   stack and anything else on a short-lived thread with a large stack.
+//!   Within these limits, [`Predicate::evaluate`] fits easily in a 2 MiB
+//!   thread stack (the tokio default).
+//! - `cel::Program` is `Send + Sync`, so a compiled predicate is shared by
+//!   reference counting and evaluated from any thread.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, LazyLock};
+
+use cel::common::ast::{EntryExpr, Expr, IdedExpr};
+use cel::common::types::{
+    CelBool, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString, CelUInt,
+};
+use cel::common::value::Val;
+use cel::{Context, Env, ParseErrors, Program, Value};
+
 use super::item::Properties;
-/// A compiled `must_satisfy` expression.
-#[derive(Clone, Debug)]
+
+/// The longest accepted `must_satisfy` source, in bytes.
+pub const MAX_PREDICATE_BYTES: usize = 4096;
+
+/// The deepest accepted expression tree (an identifier alone is depth 1;
+/// `&&` and `||` chains are balanced, so they add little).
+pub const MAX_PREDICATE_DEPTH: usize = 24;
+
+/// The name the required item's properties are bound to.
+const SUBJECT: &str = "self";
+
+/// Sources at most this long, with at most [`INLINE_MAX_NESTING`] nesting
+/// characters, are parsed on the caller's stack (under 1 MiB even in debug).
+const INLINE_MAX_BYTES: usize = 256;
+
+/// See [`INLINE_MAX_BYTES`].
+const INLINE_MAX_NESTING: usize = 4;
+
+/// Stack of the thread that parses larger sources. Only touched pages are
+/// committed, so this costs address space, not memory.
+const PARSER_STACK_BYTES: usize = 64 << 20;
+
+/// How many parser messages an error quotes.
+const MAX_QUOTED_PARSE_ERRORS: usize = 3;
+
+/// The standard CEL environment, built once (it costs about 0.4 ms).
+static ENVIRONMENT: LazyLock<Arc<Env>> = LazyLock::new(|| Arc::new(Env::stdlib()));
+
+/// A compiled `must_satisfy` expression. Cheap to clone; `Send + Sync`.
+///
+/// Two predicates are equal when their sources are.
+#[derive(Clone)]
 pub struct Predicate {
-    source: String,
+    source: Arc<str>,
+    program: Arc<Program>,
 }
-/// Errors of predicates.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Predicate>();
+};
+
+/// Why a predicate could not be compiled or evaluated.
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum PredicateError {
-    /// Parse error.
-    #[error("parse: {0}")]
-    Parse(String),
+    /// The source is not a valid CEL expression, or is over a size limit.
+    /// `message` says where and what to change.
+    #[error("must_satisfy is not a valid predicate: {message}")]
+    Parse {
+        /// What is wrong and what to do.
+        message: String,
+    },
+    /// Evaluating the expression failed, e.g. it reads a field the required
+    /// item does not have. Upstream, this counts as "not satisfied".
+    #[error(
+        "must_satisfy could not be evaluated: {message}; check that the required item \
+         has the fields the expression reads, or guard optional ones with has(self.field)"
+    )]
+    Evaluation {
+        /// The interpreter's error.
+        message: String,
+    },
+    /// The expression evaluated to something other than a bool.
+    #[error(
+        "must_satisfy evaluated to a {found}, not a bool; make it a condition, \
+         e.g. `self.state == \"up\"` rather than `self.state`"
+    )]
+    NotBoolean {
+        /// The CEL type of the result, e.g. `int`.
+        found: String,
+    },
 }
+
 impl Predicate {
-    /// Compile.
+    /// Parses `source` once, for evaluation any number of times.
+    ///
+    /// Refuses sources longer than [`MAX_PREDICATE_BYTES`] and expressions
+    /// nested deeper than [`MAX_PREDICATE_DEPTH`].
     pub fn compile(source: &str) -> Result<Predicate, PredicateError> {
-        Ok(Self {
-            source: source.into(),
+        if source.len() > MAX_PREDICATE_BYTES {
+            return Err(parse_error(format!(
+                "it is {} bytes long, over the limit of {MAX_PREDICATE_BYTES} bytes; shorten it",
+                source.len()
+            )));
+        }
+        let program = if parses_inline(source) {
+            parse_inline(source)?
+        } else {
+            parse_on_large_stack(source)?
+        };
+        Ok(Predicate {
+            source: Arc::from(source),
+            program: Arc::new(program),
         })
     }
-    /// Evaluate.
+
+    /// Evaluates the expression with `self` bound to `subject`.
+    ///
+    /// A missing field, a type mismatch and the like are
+    /// [`PredicateError::Evaluation`]; a result that is not a bool is
+    /// [`PredicateError::NotBoolean`].
     pub fn evaluate(&self, subject: &Properties) -> Result<bool, PredicateError> {
-        Ok(subject
-            .get(self.source.trim_start_matches("self."))
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false))
+        let mut context = Context::with_env(Arc::clone(&ENVIRONMENT));
+        context.add_variable_as_val(SUBJECT, Box::new(object_to_val(subject)));
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.program.execute(&context)));
+        match outcome {
+            Ok(Ok(Value::Bool(holds))) => Ok(holds),
+            Ok(Ok(other)) => Err(PredicateError::NotBoolean {
+                found: other.type_of().to_string(),
+            }),
+            Ok(Err(error)) => Err(PredicateError::Evaluation {
+                message: error.to_string(),
+            }),
+            Err(_) => Err(PredicateError::Evaluation {
+                message: "the CEL interpreter failed (internal error)".to_owned(),
+            }),
+        }
     }
-    /// Source.
+
+    /// The expression as written.
     pub fn source(&self) -> &str {
         &self.source
+    }
+}
+
+impl fmt::Debug for Predicate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Predicate").field(&self.source()).finish()
+    }
+}
+
+impl PartialEq for Predicate {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+impl Eq for Predicate {}
+
+fn parse_error(message: String) -> PredicateError {
+    PredicateError::Parse { message }
+}
+
+/// Whether `source` is small and flat enough to parse on any thread's stack.
+/// Counts every bracket and `?` (string contents included, so it can only
+/// overestimate): each one may cost the parser a full descent of the grammar.
+fn parses_inline(source: &str) -> bool {
+    let nesting = source
+        .bytes()
+        .filter(|byte| matches!(byte, b'(' | b'[' | b'{' | b'?'))
+        .count();
+    source.len() <= INLINE_MAX_BYTES && nesting <= INLINE_MAX_NESTING
+}
+
+/// Parses on the current stack, turning a parser panic into an error.
+fn parse_inline(source: &str) -> Result<Program, PredicateError> {
+    catch_unwind(|| parse_checked(source)).unwrap_or_else(|_| Err(parser_failure()))
+}
+
+/// Parses on a fresh thread with a large stack. A rejected expression tree
+/// is dropped there too, since dropping it recurses as well.
+fn parse_on_large_stack(source: &str) -> Result<Program, PredicateError> {
+    std::thread::scope(|scope| {
+        let parser = std::thread::Builder::new()
+            .name("cel-parser".to_owned())
+            .stack_size(PARSER_STACK_BYTES)
+            .spawn_scoped(scope, || parse_checked(source))
+            .map_err(|error| {
+                parse_error(format!(
+                    "the server could not start a parser thread ({error}); retry later"
+                ))
+            })?;
+        parser.join().unwrap_or_else(|_| Err(parser_failure()))
+    })
+}
+
+fn parser_failure() -> PredicateError {
+    parse_error("the CEL parser failed on it (internal error); simplify the expression".to_owned())
+}
+
+/// Parses `source` and checks the depth of the resulting tree.
+fn parse_checked(source: &str) -> Result<Program, PredicateError> {
+    let program = ENVIRONMENT
+        .compile(source)
+        .map_err(|errors| describe_parse_errors(&errors))?;
+    if deeper_than(program.expression(), MAX_PREDICATE_DEPTH) {
+        return Err(too_deep());
+    }
+    Ok(program)
+}
+
+fn too_deep() -> PredicateError {
+    parse_error(format!(
+        "it nests deeper than {MAX_PREDICATE_DEPTH} levels; simplify it \
+         (fewer nested calls, brackets or chained operators)"
+    ))
+}
+
+/// One line per parser message (the first few), without the source snippet
+/// the parser draws under each.
+fn describe_parse_errors(errors: &ParseErrors) -> PredicateError {
+    if errors
+        .errors
+        .iter()
+        .any(|e| e.msg.contains("Recursion limit"))
+    {
+        return too_deep();
+    }
+    let mut quoted: Vec<String> = errors
+        .errors
+        .iter()
+        .take(MAX_QUOTED_PARSE_ERRORS)
+        .map(|error| match error.pos {
+            (line, column) if line >= 1 && column >= 0 => {
+                format!("at line {line}, column {column}: {}", error.msg)
+            }
+            _ => error.msg.clone(),
+        })
+        .collect();
+    let left_out = errors.errors.len().saturating_sub(MAX_QUOTED_PARSE_ERRORS);
+    if left_out > 0 {
+        quoted.push(format!("and {left_out} more"));
+    }
+    if quoted.is_empty() {
+        quoted.push("the CEL parser rejected it".to_owned());
+    }
+    parse_error(format!(
+        "{}; write a CEL condition over the required item's properties, \
+         e.g. `self.mtu >= 1500 && self.state == \"up\"`",
+        quoted.join("; ")
+    ))
+}
+
+/// Whether the tree under `root` is deeper than `limit`, found without
+/// recursion.
+fn deeper_than(root: &IdedExpr, limit: usize) -> bool {
+    let mut pending = vec![(root, 1_usize)];
+    while let Some((node, depth)) = pending.pop() {
+        if depth > limit {
+            return true;
+        }
+        push_children(&node.expr, depth + 1, &mut pending);
+    }
+    false
+}
+
+fn push_children<'a>(expr: &'a Expr, depth: usize, pending: &mut Vec<(&'a IdedExpr, usize)>) {
+    match expr {
+        Expr::Call(call) => {
+            pending.extend(call.target.as_deref().map(|target| (target, depth)));
+            pending.extend(call.args.iter().map(|arg| (arg, depth)));
+        }
+        Expr::Comprehension(comprehension) => pending.extend(
+            [
+                &comprehension.iter_range,
+                &comprehension.accu_init,
+                &comprehension.loop_cond,
+                &comprehension.loop_step,
+                &comprehension.result,
+            ]
+            .map(|child| (child, depth)),
+        ),
+        Expr::List(list) => pending.extend(list.elements.iter().map(|e| (e, depth))),
+        Expr::Map(map) => push_entries(&map.entries, depth, pending),
+        Expr::Struct(object) => push_entries(&object.entries, depth, pending),
+        Expr::Select(select) => pending.push((&select.operand, depth)),
+        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
+    }
+}
+
+fn push_entries<'a>(
+    entries: &'a [cel::common::ast::IdedEntryExpr],
+    depth: usize,
+    pending: &mut Vec<(&'a IdedExpr, usize)>,
+) {
+    for entry in entries {
+        match &entry.expr {
+            EntryExpr::StructField(field) => pending.push((&field.value, depth)),
+            EntryExpr::MapEntry(pair) => {
+                pending.push((&pair.key, depth));
+                pending.push((&pair.value, depth));
+            }
+        }
+    }
+}
+
+/// A JSON object as a CEL map whose strings borrow from `object`.
+fn object_to_val(object: &Properties) -> CelMap<'_> {
+    let entries: HashMap<CelMapKey<'_>, Box<dyn Val + '_>> = object
+        .iter()
+        .map(|(key, value)| (CelMapKey::from(key.as_str()), json_to_val(value)))
+        .collect();
+    CelMap::from(entries)
+}
+
+/// A JSON value as a CEL value: null, bool, int (i64), uint (beyond i64),
+/// double, string, list, map.
+fn json_to_val(value: &serde_json::Value) -> Box<dyn Val + '_> {
+    match value {
+        serde_json::Value::Null => Box::new(CelNull),
+        serde_json::Value::Bool(flag) => Box::new(CelBool::from(*flag)),
+        serde_json::Value::Number(number) => number_to_val(number),
+        serde_json::Value::String(text) => Box::new(CelString::from(text.as_str())),
+        serde_json::Value::Array(elements) => {
+            let elements: Vec<Box<dyn Val + '_>> = elements.iter().map(json_to_val).collect();
+            Box::new(CelList::from(elements))
+        }
+        serde_json::Value::Object(object) => Box::new(object_to_val(object)),
+    }
+}
+
+fn number_to_val(number: &serde_json::Number) -> Box<dyn Val + 'static> {
+    if let Some(int) = number.as_i64() {
+        Box::new(CelInt::from(int))
+    } else if let Some(uint) = number.as_u64() {
+        Box::new(CelUInt::from(uint))
+    } else {
+        Box::new(CelDouble::from(number.as_f64().unwrap_or(f64::NAN)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn props(value: serde_json::Value) -> Properties {
+        value.as_object().cloned().unwrap_or_default()
+    }
+
+    fn eval(source: &str, subject: serde_json::Value) -> Result<bool, PredicateError> {
+        Predicate::compile(source)
+            .unwrap_or_else(|error| panic!("{source:?} should compile: {error}"))
+            .evaluate(&props(subject))
+    }
+
+    fn parse_message(source: &str) -> String {
+        match Predicate::compile(source) {
+            Err(PredicateError::Parse { message }) => message,
+            other => panic!("{source:?} should not parse, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn design_example_holds_and_fails() {
+        let source = r#"self.mtu >= 1500 && self.state == "up""#;
+        assert_eq!(eval(source, json!({"mtu": 1500, "state": "up"})), Ok(true));
+        assert_eq!(eval(source, json!({"mtu": 1400, "state": "up"})), Ok(false));
+        assert_eq!(
+            eval(source, json!({"mtu": 9000, "state": "down"})),
+            Ok(false)
+        );
+    }
+
+    #[test]
+    fn self_inside_string_literals_and_as_a_field_name_is_left_alone() {
+        let subject = json!({"name": "self", "self": "self"});
+        assert_eq!(eval(r#"self.name == "self""#, subject.clone()), Ok(true));
+        assert_eq!(eval("self.name == 'self.name'", subject.clone()), Ok(false));
+        assert_eq!(eval("self.self == self.name", subject), Ok(true));
+    }
+
+    #[test]
+    fn nested_fields_lists_and_macros() {
+        let subject = json!({
+            "status": {"link": {"up": true, "speed": 1000}},
+            "addresses": [{"family": "inet", "prefix": 24}, {"family": "inet6", "prefix": 64}],
+            "tags": ["a", "b"],
+            "gateway": null,
+            "ratio": 0.5,
+        });
+        let holds = [
+            "self.status.link.up && self.status.link.speed >= 1000",
+            r#"self.addresses.exists(a, a.family == "inet6" && a.prefix == 64)"#,
+            "size(self.tags) == 2 && 'b' in self.tags",
+            "self.gateway == null",
+            "self.ratio > 0.25 && self.ratio < 1",
+            "has(self.status.link) && !has(self.status.duplex)",
+            r#"self.tags[0].matches("^a$")"#,
+        ];
+        for source in holds {
+            assert_eq!(eval(source, subject.clone()), Ok(true), "{source}");
+        }
+    }
+
+    #[test]
+    fn missing_field_is_an_evaluation_error() {
+        let error = eval("self.mtu >= 1500", json!({"state": "up"})).expect_err("should fail");
+        assert!(
+            matches!(error, PredicateError::Evaluation { .. }),
+            "{error:?}"
+        );
+        let shown = error.to_string();
+        assert!(shown.contains("mtu"), "{shown}");
+        assert!(shown.contains("has(self.field)"), "{shown}");
+    }
+
+    #[test]
+    fn type_mismatch_and_unknown_identifier_are_evaluation_errors() {
+        let mismatch = eval("self.mtu > 'big'", json!({"mtu": 1})).expect_err("should fail");
+        assert!(
+            matches!(mismatch, PredicateError::Evaluation { .. }),
+            "{mismatch:?}"
+        );
+        let unknown = eval("other.mtu > 1", json!({"mtu": 1})).expect_err("should fail");
+        assert!(
+            matches!(unknown, PredicateError::Evaluation { .. }),
+            "{unknown:?}"
+        );
+    }
+
+    #[test]
+    fn non_bool_result_is_an_error_naming_the_type() {
+        assert_eq!(
+            eval("self.mtu + 1", json!({"mtu": 1})),
+            Err(PredicateError::NotBoolean {
+                found: "int".into()
+            })
+        );
+        let error = eval("self.state", json!({"state": "up"})).expect_err("should fail");
+        assert!(error.to_string().contains("not a bool"), "{error}");
+    }
+
+    #[test]
+    fn parse_error_says_where_and_what_to_do() {
+        let message = parse_message("self.mtu >= ");
+        assert!(message.contains("line 1, column"), "{message}");
+        assert!(message.contains("self.mtu >= 1500"), "{message}");
+        assert!(!message.contains('\n'), "{message}");
+        let shown = PredicateError::Parse { message }.to_string();
+        assert!(
+            shown.starts_with("must_satisfy is not a valid predicate"),
+            "{shown}"
+        );
+        parse_message("");
+        parse_message("self.state == 'up");
+    }
+
+    #[test]
+    fn large_integers_keep_their_value() {
+        let subject = json!({"small": -5, "max": i64::MAX, "huge": u64::MAX, "float": 1.5e300});
+        assert_eq!(
+            eval("self.max == 9223372036854775807", subject.clone()),
+            Ok(true)
+        );
+        assert_eq!(
+            eval("self.huge == 18446744073709551615u", subject.clone()),
+            Ok(true)
+        );
+        assert_eq!(eval("self.huge > self.max", subject.clone()), Ok(true));
+        assert_eq!(
+            eval("self.small < 0 && self.float > 1e299", subject.clone()),
+            Ok(true)
+        );
+        let overflow = eval("self.max + 1 > 0", subject).expect_err("should fail");
+        assert!(
+            matches!(overflow, PredicateError::Evaluation { .. }),
+            "{overflow:?}"
+        );
+    }
+
+    #[test]
+    fn too_long_sources_are_refused() {
+        let long = format!("self.a == '{}'", "x".repeat(MAX_PREDICATE_BYTES));
+        let message = parse_message(&long);
+        assert!(
+            message.contains("over the limit of 4096 bytes"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_without_overflowing_the_stack() {
+        let deep_sources = [
+            format!("{}true{}", "(".repeat(200), ")".repeat(200)),
+            format!("{}1 == 1", "1 + ".repeat(1000)),
+            format!("self{} == 1", ".a".repeat(1000)),
+            format!("{}true{}", "[1].all(x, ".repeat(30), ")".repeat(30)),
+            format!("{}1{} == 1", "int(".repeat(40), ")".repeat(40)),
+        ];
+        for source in &deep_sources {
+            let message = parse_message(source);
+            assert!(message.contains("nests deeper than 24"), "{message}");
+        }
+    }
+
+    #[test]
+    fn long_balanced_conditions_are_accepted() {
+        let terms: Vec<String> = (0..100).map(|i| format!("self.a{i} == {i}")).collect();
+        let source = terms.join(" && ");
+        let subject: Properties = (0..100).map(|i| (format!("a{i}"), json!(i))).collect();
+        let predicate = Predicate::compile(&source).expect("a flat conjunction compiles");
+        assert_eq!(predicate.evaluate(&subject), Ok(true));
+    }
+
+    #[test]
+    fn inline_and_large_stack_paths_agree() {
+        let short = "has(self.a) && self.a == 1";
+        let bracketed = "((((((self.a)))))) == 1";
+        assert!(parses_inline(short));
+        assert!(!parses_inline(bracketed));
+        for source in [short, bracketed] {
+            assert_eq!(eval(source, json!({"a": 1})), Ok(true), "{source}");
+        }
+    }
+
+    #[test]
+    fn predicates_are_shared_across_threads() {
+        let predicate = Predicate::compile("self.n > 1").expect("compiles");
+        let results: Vec<bool> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4)
+                .map(|n| {
+                    let predicate = predicate.clone();
+                    scope.spawn(move || predicate.evaluate(&props(json!({"n": n}))))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|handle| handle.join().expect("no panic").expect("evaluates"))
+                .collect()
+        });
+        assert_eq!(results, [false, false, true, true]);
+    }
+
+    #[test]
+    fn debug_and_source_show_the_expression() {
+        let predicate = Predicate::compile("self.up").expect("compiles");
+        assert_eq!(predicate.source(), "self.up");
+        assert_eq!(format!("{predicate:?}"), r#"Predicate("self.up")"#);
+        assert_eq!(predicate, Predicate::compile("self.up").expect("compiles"));
     }
 }

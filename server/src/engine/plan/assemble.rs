@@ -213,8 +213,8 @@ fn order(drafts: Vec<Draft>) -> (Vec<PlannedOperation>, BTreeMap<Arc<str>, Vec<u
             ready.insert(rank(index));
         }
     };
-    for index in 0..drafts.len() {
-        if pending_predecessors[index] == 0 {
+    for (index, pending) in pending_predecessors.iter().enumerate() {
+        if *pending == 0 {
             release(
                 index,
                 &mut ready,

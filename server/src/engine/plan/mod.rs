@@ -204,3 +204,6 @@ pub fn plan_everything(
 
 #[cfg(test)]
 mod scenarios;
+
+#[cfg(test)]
+mod properties;

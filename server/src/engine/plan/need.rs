@@ -28,11 +28,15 @@ pub(super) fn own_need(
     current_graph: &CurrentGraph,
     environment: &impl PlanEnvironment,
 ) -> Need {
-    let is_external = intended.is_some_and(|entry| entry.item.external)
-        || current
+    // External items are never operated on: an intended external item, or
+    // a reported one nobody intends. A reported item that the intent now
+    // manages is taken over (its `external` flag differs: a Modify).
+    let intended_external = intended.is_some_and(|entry| entry.item.external);
+    let unintended_report = intended.is_none()
+        && current
             .and_then(|entry| entry.applied.as_ref())
             .is_some_and(|applied| applied.external);
-    if is_external {
+    if intended_external || unintended_report {
         return Need::Nothing;
     }
     match (intended, current) {

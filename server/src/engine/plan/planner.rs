@@ -157,10 +157,10 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 self.mark_deleting(&item);
             }
             let current = self.current.get(&item).cloned();
-            if let Some(current) = &current {
-                if current.may_exist() {
-                    self.check_existing(&item, current);
-                }
+            if let Some(current) = &current
+                && current.may_exist()
+            {
+                self.check_existing(&item, current);
             }
             let settled = need == Need::Nothing
                 && current
@@ -543,15 +543,14 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         if kind == OperationKind::Modify {
             self.modify_waits_for_dependents(item, &mut after, &mut waits_on_operations);
         }
-        if kind == OperationKind::Create {
-            if let Some(deleting) = self.inflight_deletes_by_type.get(&item.item_type) {
-                if deleting != item {
-                    waits_on_operations.push(BlockedBy {
-                        item: deleting.clone(),
-                        why: "a delete of the same type is in flight".into(),
-                    });
-                }
-            }
+        if kind == OperationKind::Create
+            && let Some(deleting) = self.inflight_deletes_by_type.get(&item.item_type)
+            && deleting != item
+        {
+            waits_on_operations.push(BlockedBy {
+                item: deleting.clone(),
+                why: "a delete of the same type is in flight".into(),
+            });
         }
 
         if !waits_on_dependencies.is_empty() {
@@ -585,13 +584,13 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         blocked_by: &mut Vec<BlockedBy>,
     ) {
         for dependent in self.current.dependents_of(item) {
-            if let Some(current) = self.current.get(dependent) {
-                if current.is_busy() {
-                    blocked_by.push(BlockedBy {
-                        item: dependent.clone(),
-                        why: busy_words(current),
-                    });
-                }
+            if let Some(current) = self.current.get(dependent)
+                && current.is_busy()
+            {
+                blocked_by.push(BlockedBy {
+                    item: dependent.clone(),
+                    why: busy_words(current),
+                });
             }
         }
         let Some(dependents) = self.deletes_before_modify.get(item) else {
@@ -652,10 +651,10 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 unsatisfied("missing", true)
             };
         };
-        if let Some(state) = &current {
-            if state.is_busy() {
-                return unsatisfied(&busy_words(state), false);
-            }
+        if let Some(state) = &current
+            && state.is_busy()
+        {
+            return unsatisfied(&busy_words(state), false);
         }
         if self.needs_change(required) {
             return match self.change_schedules.get(required) {
