@@ -6,5 +6,12 @@
 //! - [`engine`]: the planner (pure) and the executor around it.
 #![forbid(unsafe_code)]
 
+pub mod api;
+pub mod auth;
+pub mod bootstrap;
+pub mod config;
 pub mod engine;
 pub mod graph;
+pub mod server;
+pub mod store;
+pub mod tenant;

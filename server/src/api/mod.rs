@@ -1,0 +1,17 @@
+//! The gRPC edge: the services, conversions between proto and internal
+//! types, and the one place where internal errors become `tonic::Status`.
+//! Proto types stop here; everything inward speaks the engine's own types.
+
+pub mod configurators;
+pub mod context;
+pub mod convert;
+pub mod paging;
+pub mod reconciler;
+pub mod status;
+pub mod tenants;
+pub mod views;
+
+pub use configurators::ConfiguratorsService;
+pub use context::ApiContext;
+pub use reconciler::ReconcilerService;
+pub use tenants::TenantsService;

@@ -1,0 +1,415 @@
+//! The `reconciled.v1.Reconciler` service: intents, graphs, status and
+//! external reports of one tenant.
+
+use std::collections::BTreeSet;
+use std::ops::Bound;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use reconciled_proto::v1;
+use reconciled_proto::v1::reconciler_server::Reconciler;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+use tracing::instrument;
+
+use crate::engine::plan::Plan;
+use crate::graph::validate::{FieldViolation, validate_items, validate_name};
+use crate::graph::{ItemRef, subgraph_contains};
+use crate::tenant::submit::normalize_subgraph;
+use crate::tenant::{ExternalChange, TenantSnapshot, ValidatedSubmit};
+
+use super::context::{ApiContext, invalid};
+use super::convert::{
+    intended_item_to_proto, item_from_proto_at, item_ref_from_proto, item_status, plan_to_proto,
+};
+use super::paging::PageToken;
+use super::status::ApiError;
+use super::views::tenant_status;
+
+/// Operations shown in a plan or an operation log.
+const SHOWN_OPERATIONS: usize = 1_000;
+/// Items per GetGraph page when the request names no size, and the most.
+const DEFAULT_PAGE_SIZE: usize = 500;
+const MAX_PAGE_SIZE: usize = 5_000;
+
+/// The Reconciler service.
+#[derive(Clone)]
+pub struct ReconcilerService {
+    context: ApiContext,
+}
+
+impl ReconcilerService {
+    /// A service over the shared API context.
+    pub fn new(context: ApiContext) -> Self {
+        Self { context }
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<v1::WatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Reconciler for ReconcilerService {
+    #[instrument(skip_all, fields(tenant = %request.get_ref().tenant))]
+    async fn submit_intent(
+        &self,
+        request: Request<v1::SubmitIntentRequest>,
+    ) -> Result<Response<v1::SubmitIntentResponse>, Status> {
+        let caller = self.context.caller(request.metadata())?;
+        let request = request.into_inner();
+        let handle = self.context.tenant(caller, &request.tenant)?;
+        let validated = self.validate_submit(request)?;
+        let outcome = handle.submit(validated).await.map_err(ApiError::from)?;
+        Ok(Response::new(v1::SubmitIntentResponse {
+            generation: outcome.generation,
+            changed: outcome.changed,
+            plan: Some(plan_with_snapshot(
+                &outcome.plan,
+                &handle.snapshots.latest(),
+            )),
+            revision: outcome.revision,
+        }))
+    }
+
+    #[instrument(skip_all, fields(tenant = %request.get_ref().tenant))]
+    async fn reconcile(
+        &self,
+        request: Request<v1::ReconcileRequest>,
+    ) -> Result<Response<v1::ReconcileResponse>, Status> {
+        let caller = self.context.caller(request.metadata())?;
+        let request = request.into_inner();
+        let handle = self.context.tenant(caller, &request.tenant)?;
+        let plan = handle.reconcile().await.map_err(ApiError::from)?;
+        let snapshot = handle.snapshots.latest();
+        let scoped_waiting = plan
+            .waiting
+            .iter()
+            .filter(|waiting| in_scope(&snapshot, &waiting.item, &request.subgraph))
+            .count();
+        let scoped_operations = plan
+            .operations
+            .iter()
+            .filter(|operation| in_scope(&snapshot, &operation.item, &request.subgraph))
+            .count();
+        Ok(Response::new(v1::ReconcileResponse {
+            iterations: 1,
+            converged: scoped_waiting == 0 && scoped_operations == 0,
+            require_rerun: scoped_operations > 0,
+            operation_log: Vec::new(),
+            operations_total: 0,
+            truncated: false,
+            status: Some(tenant_status(&snapshot, Vec::new())),
+        }))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<v1::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let caller = self.context.caller(request.metadata())?;
+        let _handle = self.context.tenant(caller, &request.get_ref().tenant)?;
+        Err(Status::unimplemented(
+            "Watch is not available in this build yet; poll GetStatus / GetGraph, whose replies carry the revision",
+        ))
+    }
+
+    #[instrument(skip_all, fields(tenant = %request.get_ref().tenant))]
+    async fn get_graph(
+        &self,
+        request: Request<v1::GetGraphRequest>,
+    ) -> Result<Response<v1::GetGraphResponse>, Status> {
+        let caller = self.context.caller(request.metadata())?;
+        let request = request.into_inner();
+        let handle = self.context.tenant(caller, &request.tenant)?;
+        let subgraph = normalize_subgraph(&request.subgraph)
+            .map_err(|problem| invalid("subgraph", problem))?;
+        let (snapshot, after) = if request.page_token.is_empty() {
+            (handle.snapshots.latest(), None)
+        } else {
+            let token = PageToken::decode(&request.page_token).ok_or_else(|| {
+                invalid(
+                    "page_token",
+                    "not a page token from GetGraph; omit it to start over",
+                )
+            })?;
+            let snapshot = handle
+                .snapshots
+                .at_revision(token.revision)
+                .ok_or(ApiError::PageTokenExpired)?;
+            (snapshot, Some(token.after))
+        };
+        let view = v1::GraphView::try_from(request.view).unwrap_or(v1::GraphView::Both);
+        let page_size = match request.page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            size => (size as usize).min(MAX_PAGE_SIZE),
+        };
+        Ok(Response::new(graph_page(
+            &snapshot, view, &subgraph, after, page_size,
+        )))
+    }
+
+    #[instrument(skip_all, fields(tenant = %request.get_ref().tenant))]
+    async fn get_status(
+        &self,
+        request: Request<v1::GetStatusRequest>,
+    ) -> Result<Response<v1::GetStatusResponse>, Status> {
+        let caller = self.context.caller(request.metadata())?;
+        let handle = self.context.tenant(caller, &request.get_ref().tenant)?;
+        let snapshot = handle.snapshots.latest();
+        Ok(Response::new(v1::GetStatusResponse {
+            status: Some(tenant_status(&snapshot, Vec::new())),
+        }))
+    }
+
+    #[instrument(skip_all, fields(tenant = %request.get_ref().tenant))]
+    async fn report_external(
+        &self,
+        request: Request<v1::ReportExternalRequest>,
+    ) -> Result<Response<v1::ReportExternalResponse>, Status> {
+        let caller = self.context.caller(request.metadata())?;
+        let request = request.into_inner();
+        let handle = self.context.tenant(caller, &request.tenant)?;
+        let changes = self.validate_reports(request.reports)?;
+        let revision = handle
+            .report_external(changes)
+            .await
+            .map_err(ApiError::from)?;
+        Ok(Response::new(v1::ReportExternalResponse { revision }))
+    }
+}
+
+impl ReconcilerService {
+    /// Converts and validates a SubmitIntent; every problem is reported at
+    /// once with its field path.
+    fn validate_submit(
+        &self,
+        request: v1::SubmitIntentRequest,
+    ) -> Result<ValidatedSubmit, ApiError> {
+        let subgraph = normalize_subgraph(&request.subgraph)
+            .map_err(|problem| invalid("subgraph", problem))?;
+        if request.items.len() > self.context.limits.max_request_items {
+            return Err(invalid(
+                "items",
+                format!(
+                    "{} items are over the limit of {} per request; split the intent into subgraphs",
+                    request.items.len(),
+                    self.context.limits.max_request_items
+                ),
+            ));
+        }
+        let mut violations = Vec::new();
+        let mut items = Vec::with_capacity(request.items.len());
+        for (index, item) in request.items.into_iter().enumerate() {
+            match item_from_proto_at(item, &format!("items[{index}]")) {
+                Ok(item) => items.push(item),
+                Err(mut problems) => violations.append(&mut problems),
+            }
+        }
+        if !violations.is_empty() {
+            return Err(ApiError::invalid_argument(violations));
+        }
+        let predicates =
+            validate_items(&items, &self.context.limits).map_err(ApiError::invalid_argument)?;
+        Ok(ValidatedSubmit {
+            subgraph,
+            items: items.into_iter().zip(predicates).collect(),
+            expected_generation: request.expected_generation,
+            dry_run: request.dry_run,
+        })
+    }
+
+    /// Converts and validates external reports.
+    fn validate_reports(
+        &self,
+        reports: Vec<v1::ExternalReport>,
+    ) -> Result<Vec<ExternalChange>, ApiError> {
+        let mut violations = Vec::new();
+        let mut changes = Vec::with_capacity(reports.len());
+        if reports.len() > self.context.limits.max_request_items {
+            return Err(invalid(
+                "reports",
+                "too many reports in one request; split them",
+            ));
+        }
+        for (index, report) in reports.into_iter().enumerate() {
+            let field = format!("reports[{index}]");
+            match report.change {
+                Some(v1::external_report::Change::Put(item)) => {
+                    let path = format!("{field}.put");
+                    match item_from_proto_at(item, &path) {
+                        Ok(item) => {
+                            if !item.dependencies.is_empty() {
+                                violations.push(FieldViolation::new(
+                                    format!("{path}.dependencies"),
+                                    "external items cannot have dependencies; remove them",
+                                ));
+                                continue;
+                            }
+                            match validate_items(std::slice::from_ref(&item), &self.context.limits)
+                            {
+                                Ok(_) => changes.push(ExternalChange::Put {
+                                    item,
+                                    modified: report.modified,
+                                }),
+                                Err(problems) => {
+                                    violations.extend(problems.into_iter().map(|problem| {
+                                        FieldViolation::new(
+                                            problem.field.replacen("items[0]", &path, 1),
+                                            problem.description,
+                                        )
+                                    }))
+                                }
+                            }
+                        }
+                        Err(mut problems) => violations.append(&mut problems),
+                    }
+                }
+                Some(v1::external_report::Change::Delete(reference)) => {
+                    let item = item_ref_from_proto(reference);
+                    let mut ok = true;
+                    for (part, value) in [("type", &*item.item_type), ("name", &*item.name)] {
+                        if let Err(problem) = validate_name(value, &self.context.limits) {
+                            violations.push(FieldViolation::new(
+                                format!("{field}.delete.{part}"),
+                                format!("the {part} {problem}"),
+                            ));
+                            ok = false;
+                        }
+                    }
+                    if ok {
+                        changes.push(ExternalChange::Delete { item });
+                    }
+                }
+                None => violations.push(FieldViolation::new(
+                    field,
+                    "a report needs either `put` (the item exists) or `delete` (it is gone)",
+                )),
+            }
+        }
+        if violations.is_empty() {
+            Ok(changes)
+        } else {
+            Err(ApiError::invalid_argument(violations))
+        }
+    }
+}
+
+/// A plan as a proto message, waiting items with their full status.
+fn plan_with_snapshot(plan: &Plan, snapshot: &TenantSnapshot) -> v1::Plan {
+    let mut shown = plan_to_proto(plan, SHOWN_OPERATIONS);
+    for (status, waiting) in shown.waiting.iter_mut().zip(&plan.waiting) {
+        *status = item_status(
+            &waiting.item,
+            snapshot.current.get(&waiting.item).map(AsRef::as_ref),
+            snapshot.intended.get(&waiting.item).map(AsRef::as_ref),
+            Some(waiting),
+        );
+    }
+    shown
+}
+
+/// Whether `item` is in subgraph `scope` (by its intended listing; items
+/// that are not intended belong to the root only).
+fn in_scope(snapshot: &TenantSnapshot, item: &ItemRef, scope: &str) -> bool {
+    match snapshot.intended.get(item) {
+        Some(entry) => subgraph_contains(scope, &entry.item.subgraph),
+        None => scope.is_empty(),
+    }
+}
+
+/// One page of a graph listing: the next `page_size` identities after
+/// `after` among intended and current items, filtered by subgraph.
+fn graph_page(
+    snapshot: &Arc<TenantSnapshot>,
+    view: v1::GraphView,
+    subgraph: &str,
+    after: Option<ItemRef>,
+    page_size: usize,
+) -> v1::GetGraphResponse {
+    let lower = match &after {
+        Some(key) => Bound::Excluded(key.clone()),
+        None => Bound::Unbounded,
+    };
+    let with_current = view != v1::GraphView::Intended;
+    let mut keys: BTreeSet<ItemRef> = BTreeSet::new();
+    let mut intended_keys = snapshot
+        .intended
+        .range((lower.clone(), Bound::Unbounded))
+        .map(|(k, _)| k);
+    let mut current_keys = snapshot
+        .current
+        .range((lower, Bound::Unbounded))
+        .map(|(k, _)| k);
+    let mut next_intended = intended_keys.next();
+    let mut next_current = if with_current {
+        current_keys.next()
+    } else {
+        None
+    };
+    let mut last = None;
+    let mut more = false;
+    loop {
+        let key = match (next_intended, next_current) {
+            (None, None) => break,
+            (Some(i), None) => {
+                next_intended = intended_keys.next();
+                i
+            }
+            (None, Some(c)) => {
+                next_current = current_keys.next();
+                c
+            }
+            (Some(i), Some(c)) => {
+                if i <= c {
+                    next_intended = intended_keys.next();
+                    if i == c {
+                        next_current = current_keys.next();
+                    }
+                    i
+                } else {
+                    next_current = current_keys.next();
+                    c
+                }
+            }
+        };
+        if !in_scope(snapshot, key, subgraph) {
+            continue;
+        }
+        if keys.len() == page_size {
+            more = true;
+            break;
+        }
+        keys.insert(key.clone());
+        last = Some(key.clone());
+    }
+    let mut response = v1::GetGraphResponse {
+        revision: snapshot.record.revision,
+        generation: snapshot.record.generation,
+        ..v1::GetGraphResponse::default()
+    };
+    for key in &keys {
+        let intended = snapshot.intended.get(key);
+        if view != v1::GraphView::Current
+            && let Some(entry) = intended
+        {
+            response.intended.push(intended_item_to_proto(entry));
+        }
+        if with_current {
+            response.current.push(item_status(
+                key,
+                snapshot.current.get(key).map(AsRef::as_ref),
+                intended.map(AsRef::as_ref),
+                snapshot.waiting.get(key),
+            ));
+        }
+    }
+    if more && let Some(after) = last {
+        response.next_page_token = PageToken {
+            revision: snapshot.record.revision,
+            after,
+        }
+        .encode();
+    }
+    response
+}

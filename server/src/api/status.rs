@@ -1,0 +1,603 @@
+//! Errors of the API layer and their one mapping to `tonic::Status`
+//! (DESIGN section 8, error table).
+//!
+//! Handlers turn whatever went wrong into an [`ApiError`]; `From<ApiError>
+//! for tonic::Status` picks the gRPC code, writes a message that says what
+//! went wrong and what to do, and attaches the `google.rpc` details
+//! (`BadRequest`, `ErrorInfo`, `QuotaFailure`, `RetryInfo`) that clients
+//! decode with `tonic_types::StatusExt`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::graph::ItemRef;
+use crate::graph::validate::FieldViolation;
+
+/// The `ErrorInfo.domain` of every error this service reports.
+pub const ERROR_DOMAIN: &str = "reconciled.dev";
+
+/// `ErrorInfo.reason` values (UPPER_SNAKE_CASE, part of the API contract).
+pub mod reason {
+    /// The intended graph would contain a dependency cycle.
+    pub const DEPENDENCY_CYCLE: &str = "DEPENDENCY_CYCLE";
+    /// An item of the request is listed in a subgraph the request does not own.
+    pub const ITEM_IN_OTHER_SUBGRAPH: &str = "ITEM_IN_OTHER_SUBGRAPH";
+    /// `expected_generation` did not match the tenant's generation.
+    pub const GENERATION_MISMATCH: &str = "GENERATION_MISMATCH";
+    /// A watch asked for a revision older than the retained event log.
+    pub const REVISION_COMPACTED: &str = "REVISION_COMPACTED";
+    /// An agent spoke a configurator protocol version this server does not.
+    pub const UNSUPPORTED_PROTOCOL: &str = "UNSUPPORTED_PROTOCOL";
+    /// An item type is already handled by another live agent session.
+    pub const TYPE_HELD: &str = "TYPE_HELD";
+}
+
+/// Everything an RPC can fail with, in API terms. Each variant maps to one
+/// row of DESIGN section 8's error table; its `Display` text is the status
+/// message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    /// The request is invalid: `INVALID_ARGUMENT` with a `BadRequest`, plus
+    /// an `ErrorInfo` when `reason` is set.
+    #[error("{}", invalid_argument_message(violations))]
+    InvalidArgument {
+        /// Each problem with its field path, e.g. `items[3].dependencies[0].requires`.
+        violations: Vec<FieldViolation>,
+        /// Machine-readable reason for `ErrorInfo`, e.g. [`reason::DEPENDENCY_CYCLE`].
+        reason: Option<&'static str>,
+        /// `ErrorInfo.metadata` (only sent with a reason).
+        metadata: BTreeMap<String, String>,
+    },
+    /// `NOT_FOUND`. Used alike for things that do not exist and for things
+    /// the caller may not see, so the message reveals neither.
+    #[error(
+        "{what} was not found, or your credentials do not grant access to it; \
+         check the name and the token"
+    )]
+    NotFound {
+        /// What was looked for, e.g. `tenant "acme"`.
+        what: String,
+    },
+    /// `expected_generation` did not match: `FAILED_PRECONDITION` with
+    /// `ErrorInfo{GENERATION_MISMATCH}`.
+    #[error(
+        "tenant generation is {actual} but expected_generation was {expected}; \
+         fetch the graph and resubmit"
+    )]
+    GenerationMismatch {
+        /// The generation the caller expected.
+        expected: u64,
+        /// The tenant's generation.
+        actual: u64,
+    },
+    /// Missing or bad credentials: `UNAUTHENTICATED`.
+    #[error("{message}")]
+    Unauthenticated {
+        /// What is wrong with the credentials and what to send instead.
+        message: String,
+    },
+    /// A limit was hit: `RESOURCE_EXHAUSTED` with a `QuotaFailure`.
+    #[error("quota exceeded for {subject}: {description}")]
+    QuotaExceeded {
+        /// The limit, e.g. `max_request_items`.
+        subject: String,
+        /// What exceeded it and what to do.
+        description: String,
+    },
+    /// A watcher fell too far behind and was dropped: `RESOURCE_EXHAUSTED`
+    /// with a `RetryInfo`.
+    #[error(
+        "the watch fell too far behind the event stream and was closed; \
+         resume it from the last revision received after {} ms",
+        retry_after.as_millis()
+    )]
+    SlowConsumer {
+        /// How long to wait before resuming.
+        retry_after: Duration,
+    },
+    /// A watch asked for a revision whose events are gone: `OUT_OF_RANGE`
+    /// with `ErrorInfo{REVISION_COMPACTED}`.
+    #[error(
+        "revision {requested} is compacted (the oldest revision available is \
+         {compact_revision}); fetch the graph with GetGraph and watch from its revision"
+    )]
+    RevisionCompacted {
+        /// The revision asked for.
+        requested: u64,
+        /// The oldest revision still available.
+        compact_revision: u64,
+    },
+    /// An agent's protocol version is not spoken here: `FAILED_PRECONDITION`
+    /// with `ErrorInfo{UNSUPPORTED_PROTOCOL}`.
+    #[error(
+        "configurator protocol version {requested} is not supported; this server \
+         speaks version {supported}: upgrade or downgrade the agent SDK"
+    )]
+    UnsupportedProtocol {
+        /// The version the agent sent.
+        requested: u32,
+        /// The version this server speaks.
+        supported: u32,
+    },
+    /// An item type is handled by another live agent: `FAILED_PRECONDITION`
+    /// with `ErrorInfo{TYPE_HELD}`.
+    #[error(
+        "item type {item_type:?} is already handled by the live agent {holder:?}; \
+         stop that agent, or wait for its session to expire, then reconnect"
+    )]
+    TypeHeld {
+        /// The contested item type.
+        item_type: String,
+        /// The agent that holds it.
+        holder: String,
+    },
+    /// An item is listed in a subgraph the request does not own:
+    /// `INVALID_ARGUMENT` with `ErrorInfo{ITEM_IN_OTHER_SUBGRAPH}` and a
+    /// `BadRequest` violation at `field`.
+    #[error(
+        "{field}: item {item} is listed in subgraph {subgraph:?}; submit it there, \
+         or remove it from there first"
+    )]
+    ItemInOtherSubgraph {
+        /// Field path of the item in the request, e.g. `items[4]`.
+        field: String,
+        /// The item.
+        item: ItemRef,
+        /// The subgraph that lists it now (empty = root).
+        subgraph: String,
+    },
+    /// A page token refers to a revision that is no longer available:
+    /// `ABORTED`.
+    #[error(
+        "the page token refers to a revision that is no longer available; \
+         restart the listing without a page token"
+    )]
+    PageTokenExpired,
+    /// `ALREADY_EXISTS`.
+    #[error("{what} already exists; pick another name, or use the existing one")]
+    AlreadyExists {
+        /// What exists, e.g. `tenant "acme"`.
+        what: String,
+    },
+    /// The service cannot serve the request now (e.g. shutting down):
+    /// `UNAVAILABLE`, which clients retry.
+    #[error("{message}")]
+    Unavailable {
+        /// What is unavailable and when to retry.
+        message: String,
+    },
+    /// A bug or a broken store: `INTERNAL`. Logged at ERROR when converted.
+    #[error("internal error: {message}; the server logged it, retry later or report it")]
+    Internal {
+        /// A short description without internals beyond what helps the caller.
+        message: String,
+    },
+}
+
+impl ApiError {
+    /// An invalid request with these violations and no `ErrorInfo`.
+    pub fn invalid_argument(violations: Vec<FieldViolation>) -> Self {
+        Self::InvalidArgument {
+            violations,
+            reason: None,
+            metadata: BTreeMap::new(),
+        }
+    }
+
+    /// An invalid request with one violation at `field`.
+    pub fn invalid_field(field: impl Into<String>, description: impl Into<String>) -> Self {
+        Self::invalid_argument(vec![FieldViolation::new(field, description)])
+    }
+
+    /// A dependency cycle: a violation at `field` (the request item that
+    /// closes the cycle) naming the cycle, and
+    /// `ErrorInfo{DEPENDENCY_CYCLE, metadata: {cycle: "a -> b -> a"}}`.
+    /// `cycle` repeats its first item at the end, as `find_cycle` returns it.
+    pub fn dependency_cycle(field: impl Into<String>, cycle: &[ItemRef]) -> Self {
+        let path = cycle
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(" -> ");
+        let description =
+            format!("closes the dependency cycle {path}; remove one of these dependencies");
+        Self::InvalidArgument {
+            violations: vec![FieldViolation::new(field, description)],
+            reason: Some(reason::DEPENDENCY_CYCLE),
+            metadata: BTreeMap::from([("cycle".to_owned(), path)]),
+        }
+    }
+
+    /// An internal error with this message.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::Internal {
+            message: message.into(),
+        }
+    }
+
+    /// The gRPC code this error maps to.
+    pub fn code(&self) -> Code {
+        match self {
+            Self::InvalidArgument { .. } | Self::ItemInOtherSubgraph { .. } => {
+                Code::InvalidArgument
+            }
+            Self::NotFound { .. } => Code::NotFound,
+            Self::GenerationMismatch { .. }
+            | Self::UnsupportedProtocol { .. }
+            | Self::TypeHeld { .. } => Code::FailedPrecondition,
+            Self::Unauthenticated { .. } => Code::Unauthenticated,
+            Self::QuotaExceeded { .. } | Self::SlowConsumer { .. } => Code::ResourceExhausted,
+            Self::RevisionCompacted { .. } => Code::OutOfRange,
+            Self::PageTokenExpired => Code::Aborted,
+            Self::AlreadyExists { .. } => Code::AlreadyExists,
+            Self::Unavailable { .. } => Code::Unavailable,
+            Self::Internal { .. } => Code::Internal,
+        }
+    }
+
+    /// The `google.rpc` details this error carries, if any.
+    fn details(&self) -> Option<ErrorDetails> {
+        match self {
+            Self::InvalidArgument {
+                violations,
+                reason,
+                metadata,
+            } => Some(invalid_argument_details(violations, *reason, metadata)),
+            Self::GenerationMismatch { expected, actual } => Some(error_info(
+                reason::GENERATION_MISMATCH,
+                [
+                    ("expected", expected.to_string()),
+                    ("actual", actual.to_string()),
+                ],
+            )),
+            Self::QuotaExceeded {
+                subject,
+                description,
+            } => Some(ErrorDetails::with_quota_failure_violation(
+                subject.clone(),
+                description.clone(),
+            )),
+            Self::SlowConsumer { retry_after } => {
+                Some(ErrorDetails::with_retry_info(Some(*retry_after)))
+            }
+            Self::RevisionCompacted {
+                requested,
+                compact_revision,
+            } => Some(error_info(
+                reason::REVISION_COMPACTED,
+                [
+                    ("compact_revision", compact_revision.to_string()),
+                    ("requested_revision", requested.to_string()),
+                ],
+            )),
+            Self::UnsupportedProtocol {
+                requested,
+                supported,
+            } => Some(error_info(
+                reason::UNSUPPORTED_PROTOCOL,
+                [
+                    ("requested", requested.to_string()),
+                    ("supported", supported.to_string()),
+                ],
+            )),
+            Self::TypeHeld { item_type, holder } => Some(error_info(
+                reason::TYPE_HELD,
+                [("item_type", item_type.clone()), ("holder", holder.clone())],
+            )),
+            Self::ItemInOtherSubgraph { .. } => Some(self.item_in_other_subgraph_details()),
+            Self::NotFound { .. }
+            | Self::Unauthenticated { .. }
+            | Self::PageTokenExpired
+            | Self::AlreadyExists { .. }
+            | Self::Unavailable { .. }
+            | Self::Internal { .. } => None,
+        }
+    }
+
+    fn item_in_other_subgraph_details(&self) -> ErrorDetails {
+        let Self::ItemInOtherSubgraph {
+            field,
+            item,
+            subgraph,
+        } = self
+        else {
+            return ErrorDetails::new();
+        };
+        let mut details = error_info(
+            reason::ITEM_IN_OTHER_SUBGRAPH,
+            [("item", item.to_string()), ("subgraph", subgraph.clone())],
+        );
+        details.add_bad_request_violation(
+            field.clone(),
+            format!(
+                "item {item} is listed in subgraph {subgraph:?}; submit it there, \
+                 or remove it from there first"
+            ),
+        );
+        details
+    }
+}
+
+impl From<ApiError> for Status {
+    fn from(error: ApiError) -> Self {
+        let code = error.code();
+        let message = error.to_string();
+        if let ApiError::Internal { message: internal } = &error {
+            tracing::error!(error = %internal, "Internal error returned to a client.");
+        }
+        match error.details() {
+            Some(details) => Status::with_error_details(code, message, details),
+            None => Status::new(code, message),
+        }
+    }
+}
+
+/// The status message of an invalid request: the first problem, and how
+/// many more the `BadRequest` details list.
+fn invalid_argument_message(violations: &[FieldViolation]) -> String {
+    match violations {
+        [] => "the request is invalid; check it against the API reference".to_owned(),
+        [only] => format!("invalid request: {}: {}", only.field, only.description),
+        [first, rest @ ..] => format!(
+            "invalid request: {}: {} (and {} more problems, listed in the \
+             BadRequest details)",
+            first.field,
+            first.description,
+            rest.len()
+        ),
+    }
+}
+
+fn invalid_argument_details(
+    violations: &[FieldViolation],
+    reason: Option<&str>,
+    metadata: &BTreeMap<String, String>,
+) -> ErrorDetails {
+    let mut details = ErrorDetails::with_bad_request(
+        violations
+            .iter()
+            .map(|v| tonic_types::FieldViolation::new(v.field.clone(), v.description.clone()))
+            .collect::<Vec<_>>(),
+    );
+    if let Some(reason) = reason {
+        let metadata: HashMap<String, String> = metadata
+            .iter()
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
+        details.set_error_info(reason, ERROR_DOMAIN, metadata);
+    }
+    details
+}
+
+/// Details holding only an `ErrorInfo` in our domain.
+fn error_info<const N: usize>(reason: &str, metadata: [(&str, String); N]) -> ErrorDetails {
+    let metadata: HashMap<String, String> = metadata
+        .into_iter()
+        .map(|(key, value)| (key.to_owned(), value))
+        .collect();
+    ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(error: ApiError) -> Status {
+        Status::from(error)
+    }
+
+    fn reason_of(status: &Status) -> Option<String> {
+        status.get_details_error_info().map(|info| info.reason)
+    }
+
+    fn metadata_of(status: &Status, key: &str) -> Option<String> {
+        status
+            .get_details_error_info()
+            .and_then(|info| info.metadata.get(key).cloned())
+    }
+
+    fn violation_fields(status: &Status) -> Vec<String> {
+        status
+            .get_error_details()
+            .bad_request()
+            .map(|bad| {
+                bad.field_violations
+                    .iter()
+                    .map(|v| v.field.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn invalid_requests_carry_every_field_violation() {
+        let status = status(ApiError::invalid_argument(vec![
+            FieldViolation::new("items[3].dependencies[0].requires", "is missing"),
+            FieldViolation::new("items[4].name", "is empty"),
+        ]));
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(
+            violation_fields(&status),
+            ["items[3].dependencies[0].requires", "items[4].name"]
+        );
+        assert!(
+            status
+                .message()
+                .contains("items[3].dependencies[0].requires")
+        );
+        assert!(status.message().contains("1 more"));
+        assert_eq!(reason_of(&status), None);
+    }
+
+    #[test]
+    fn dependency_cycles_name_the_cycle_in_error_info() {
+        let cycle = [
+            ItemRef::new("t", "a"),
+            ItemRef::new("t", "b"),
+            ItemRef::new("t", "a"),
+        ];
+        let status = status(ApiError::dependency_cycle(
+            "items[1].dependencies[0]",
+            &cycle,
+        ));
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(reason_of(&status).as_deref(), Some("DEPENDENCY_CYCLE"));
+        assert_eq!(
+            status.get_details_error_info().map(|info| info.domain),
+            Some(ERROR_DOMAIN.to_owned())
+        );
+        assert_eq!(
+            metadata_of(&status, "cycle").as_deref(),
+            Some("t/a -> t/b -> t/a")
+        );
+        assert_eq!(violation_fields(&status), ["items[1].dependencies[0]"]);
+    }
+
+    #[test]
+    fn not_found_does_not_say_whether_the_tenant_exists() {
+        let status = status(ApiError::NotFound {
+            what: "tenant \"acme\"".into(),
+        });
+        assert_eq!(status.code(), Code::NotFound);
+        assert!(
+            status
+                .message()
+                .contains("or your credentials do not grant access")
+        );
+        assert!(status.get_error_details_vec().is_empty());
+    }
+
+    #[test]
+    fn generation_mismatch_reports_both_generations() {
+        let status = status(ApiError::GenerationMismatch {
+            expected: 5,
+            actual: 7,
+        });
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert_eq!(
+            status.message(),
+            "tenant generation is 7 but expected_generation was 5; fetch the graph and resubmit"
+        );
+        assert_eq!(reason_of(&status).as_deref(), Some("GENERATION_MISMATCH"));
+        assert_eq!(metadata_of(&status, "expected").as_deref(), Some("5"));
+        assert_eq!(metadata_of(&status, "actual").as_deref(), Some("7"));
+    }
+
+    #[test]
+    fn bad_credentials_are_unauthenticated() {
+        let status = status(ApiError::Unauthenticated {
+            message: "missing authorization metadata; send `authorization: Bearer <token>`".into(),
+        });
+        assert_eq!(status.code(), Code::Unauthenticated);
+        assert!(status.message().contains("Bearer"));
+    }
+
+    #[test]
+    fn quota_failures_name_the_limit() {
+        let status = status(ApiError::QuotaExceeded {
+            subject: "max_request_items".into(),
+            description: "10001 items, over 10000; split the intent into subgraphs".into(),
+        });
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        let violations = status
+            .get_details_quota_failure()
+            .map(|quota| quota.violations)
+            .unwrap_or_default();
+        assert_eq!(violations.len(), 1);
+        assert_eq!(violations[0].subject, "max_request_items");
+    }
+
+    #[test]
+    fn slow_watchers_are_told_when_to_retry() {
+        let status = status(ApiError::SlowConsumer {
+            retry_after: Duration::from_secs(2),
+        });
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert_eq!(
+            status
+                .get_details_retry_info()
+                .and_then(|info| info.retry_delay),
+            Some(Duration::from_secs(2))
+        );
+    }
+
+    #[test]
+    fn compacted_revisions_are_out_of_range_with_the_oldest_revision() {
+        let status = status(ApiError::RevisionCompacted {
+            requested: 3,
+            compact_revision: 40,
+        });
+        assert_eq!(status.code(), Code::OutOfRange);
+        assert_eq!(reason_of(&status).as_deref(), Some("REVISION_COMPACTED"));
+        assert_eq!(
+            metadata_of(&status, "compact_revision").as_deref(),
+            Some("40")
+        );
+    }
+
+    #[test]
+    fn unsupported_protocols_and_held_types_are_failed_preconditions() {
+        let protocol = status(ApiError::UnsupportedProtocol {
+            requested: 2,
+            supported: 1,
+        });
+        assert_eq!(protocol.code(), Code::FailedPrecondition);
+        assert_eq!(
+            reason_of(&protocol).as_deref(),
+            Some("UNSUPPORTED_PROTOCOL")
+        );
+        assert_eq!(metadata_of(&protocol, "supported").as_deref(), Some("1"));
+
+        let held = status(ApiError::TypeHeld {
+            item_type: "vlan".into(),
+            holder: "agent-7".into(),
+        });
+        assert_eq!(held.code(), Code::FailedPrecondition);
+        assert_eq!(reason_of(&held).as_deref(), Some("TYPE_HELD"));
+        assert_eq!(metadata_of(&held, "holder").as_deref(), Some("agent-7"));
+    }
+
+    #[test]
+    fn items_of_other_subgraphs_are_invalid_with_reason_and_field() {
+        let status = status(ApiError::ItemInOtherSubgraph {
+            field: "items[4]".into(),
+            item: ItemRef::new("vlan", "10"),
+            subgraph: "net".into(),
+        });
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(
+            reason_of(&status).as_deref(),
+            Some("ITEM_IN_OTHER_SUBGRAPH")
+        );
+        assert_eq!(metadata_of(&status, "item").as_deref(), Some("vlan/10"));
+        assert_eq!(violation_fields(&status), ["items[4]"]);
+    }
+
+    #[test]
+    fn remaining_errors_map_to_their_codes() {
+        let cases = [
+            (ApiError::PageTokenExpired, Code::Aborted),
+            (
+                ApiError::AlreadyExists {
+                    what: "tenant \"acme\"".into(),
+                },
+                Code::AlreadyExists,
+            ),
+            (
+                ApiError::Unavailable {
+                    message: "the server is shutting down; retry on another replica".into(),
+                },
+                Code::Unavailable,
+            ),
+            (ApiError::internal("store write failed"), Code::Internal),
+        ];
+        for (error, code) in cases {
+            let status = status(error);
+            assert_eq!(status.code(), code);
+            assert!(!status.message().is_empty());
+        }
+    }
+}

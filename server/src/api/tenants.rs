@@ -1,0 +1,151 @@
+//! The `reconciled.v1.Tenants` admin service.
+
+use std::pin::Pin;
+
+use reconciled_proto::v1;
+use reconciled_proto::v1::tenants_server::Tenants;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+use tracing::instrument;
+
+use crate::graph::validate::validate_name;
+
+use super::context::{ApiContext, invalid};
+use super::paging::{decode_text, encode_text};
+use super::status::ApiError;
+use super::views::{limits_from_proto, tenant_to_proto};
+
+/// Tenants per ListTenants page when the request names no size, and the most.
+const DEFAULT_PAGE_SIZE: usize = 100;
+const MAX_PAGE_SIZE: usize = 1_000;
+
+/// The Tenants service.
+#[derive(Clone)]
+pub struct TenantsService {
+    context: ApiContext,
+}
+
+impl TenantsService {
+    /// A service over the shared API context.
+    pub fn new(context: ApiContext) -> Self {
+        Self { context }
+    }
+}
+
+type FleetStream = Pin<Box<dyn Stream<Item = Result<v1::WatchFleetResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Tenants for TenantsService {
+    #[instrument(skip_all, fields(tenant = %request.get_ref().name))]
+    async fn create_tenant(
+        &self,
+        request: Request<v1::CreateTenantRequest>,
+    ) -> Result<Response<v1::CreateTenantResponse>, Status> {
+        let caller = self.context.caller(request.metadata())?;
+        self.context.require_admin(caller)?;
+        let request = request.into_inner();
+        validate_name(&request.name, &self.context.limits)
+            .map_err(|problem| invalid("name", format!("the tenant name {problem}")))?;
+        let (handle, token) = self
+            .context
+            .directory
+            .create(&request.name, limits_from_proto(request.limits))
+            .await
+            .map_err(ApiError::from)?;
+        Ok(Response::new(v1::CreateTenantResponse {
+            tenant: Some(tenant_to_proto(&handle.snapshots.latest())),
+            token,
+        }))
+    }
+
+    #[instrument(skip_all, fields(tenant = %request.get_ref().name))]
+    async fn get_tenant(
+        &self,
+        request: Request<v1::GetTenantRequest>,
+    ) -> Result<Response<v1::Tenant>, Status> {
+        let caller = self.context.caller(request.metadata())?;
+        let handle = self.context.tenant(caller, &request.get_ref().name)?;
+        Ok(Response::new(tenant_to_proto(&handle.snapshots.latest())))
+    }
+
+    async fn list_tenants(
+        &self,
+        request: Request<v1::ListTenantsRequest>,
+    ) -> Result<Response<v1::ListTenantsResponse>, Status> {
+        let caller = self.context.caller(request.metadata())?;
+        self.context.require_admin(caller)?;
+        let request = request.into_inner();
+        let after = if request.page_token.is_empty() {
+            None
+        } else {
+            Some(decode_text(&request.page_token).ok_or_else(|| {
+                invalid(
+                    "page_token",
+                    "not a page token from ListTenants; omit it to start over",
+                )
+            })?)
+        };
+        let page_size = match request.page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            size => (size as usize).min(MAX_PAGE_SIZE),
+        };
+        let mut handles = self.context.directory.list(after.as_deref(), page_size + 1);
+        let more = handles.len() > page_size;
+        handles.truncate(page_size);
+        let next_page_token = match (more, handles.last()) {
+            (true, Some(last)) => encode_text(&last.name),
+            _ => String::new(),
+        };
+        Ok(Response::new(v1::ListTenantsResponse {
+            tenants: handles
+                .iter()
+                .map(|h| tenant_to_proto(&h.snapshots.latest()))
+                .collect(),
+            next_page_token,
+        }))
+    }
+
+    #[instrument(skip_all, fields(tenant = %request.get_ref().name))]
+    async fn delete_tenant(
+        &self,
+        request: Request<v1::DeleteTenantRequest>,
+    ) -> Result<Response<v1::DeleteTenantResponse>, Status> {
+        let caller = self.context.caller(request.metadata())?;
+        self.context.require_admin(caller)?;
+        self.context
+            .directory
+            .delete(&request.get_ref().name)
+            .await
+            .map_err(ApiError::from)?;
+        Ok(Response::new(v1::DeleteTenantResponse {}))
+    }
+
+    #[instrument(skip_all, fields(tenant = %request.get_ref().name))]
+    async fn rotate_token(
+        &self,
+        request: Request<v1::RotateTokenRequest>,
+    ) -> Result<Response<v1::RotateTokenResponse>, Status> {
+        let caller = self.context.caller(request.metadata())?;
+        self.context.require_admin(caller)?;
+        let token = self
+            .context
+            .directory
+            .rotate_token(&request.get_ref().name)
+            .await
+            .map_err(ApiError::from)?;
+        Ok(Response::new(v1::RotateTokenResponse { token }))
+    }
+
+    type WatchFleetStream = FleetStream;
+
+    async fn watch_fleet(
+        &self,
+        request: Request<v1::WatchFleetRequest>,
+    ) -> Result<Response<Self::WatchFleetStream>, Status> {
+        let caller = self.context.caller(request.metadata())?;
+        self.context.require_admin(caller)?;
+        Err(Status::unimplemented(
+            "WatchFleet is not available in this build yet; poll ListTenants for conditions",
+        ))
+    }
+}

@@ -1,0 +1,86 @@
+//! Read-only views of tenant snapshots as proto messages.
+
+use reconciled_proto::v1;
+
+use crate::tenant::conditions::Condition;
+use crate::tenant::{TenantLimits, TenantSnapshot};
+
+use super::convert::timestamp_from_ms;
+
+/// A tenant's status as of a snapshot.
+pub fn tenant_status(
+    snapshot: &TenantSnapshot,
+    connected_item_types: Vec<String>,
+) -> v1::TenantStatus {
+    v1::TenantStatus {
+        tenant: snapshot.record.name.clone(),
+        generation: snapshot.record.generation,
+        observed_generation: snapshot.record.observed_generation,
+        revision: snapshot.record.revision,
+        conditions: snapshot
+            .record
+            .conditions
+            .iter()
+            .map(condition_to_proto)
+            .collect(),
+        items_by_state: snapshot
+            .counts
+            .by_state()
+            .iter()
+            .map(|(state, count)| ((*state).to_string(), *count))
+            .collect(),
+        intended_items: snapshot.intended.len() as u64,
+        operations_in_flight: snapshot.in_flight as u64,
+        connected_item_types,
+    }
+}
+
+/// One condition as a proto message.
+pub fn condition_to_proto(condition: &Condition) -> v1::Condition {
+    let status = if condition.status {
+        v1::ConditionStatus::True
+    } else {
+        v1::ConditionStatus::False
+    };
+    v1::Condition {
+        r#type: condition.kind.as_str().to_string(),
+        status: status.into(),
+        reason: condition.reason.clone(),
+        message: condition.message.clone(),
+        observed_generation: condition.observed_generation,
+        last_transition_time: Some(timestamp_from_ms(condition.last_transition_ms)),
+    }
+}
+
+/// Tenant limits both ways.
+pub fn limits_to_proto(limits: &TenantLimits) -> v1::TenantLimits {
+    v1::TenantLimits {
+        max_items: limits.max_items,
+        max_request_items: limits.max_request_items,
+        max_agents: limits.max_agents,
+        max_watchers: limits.max_watchers,
+        max_operations_in_flight: limits.max_operations_in_flight,
+    }
+}
+
+/// Tenant limits from a request (absent = all server defaults).
+pub fn limits_from_proto(limits: Option<v1::TenantLimits>) -> TenantLimits {
+    let limits = limits.unwrap_or_default();
+    TenantLimits {
+        max_items: limits.max_items,
+        max_request_items: limits.max_request_items,
+        max_agents: limits.max_agents,
+        max_watchers: limits.max_watchers,
+        max_operations_in_flight: limits.max_operations_in_flight,
+    }
+}
+
+/// A tenant with its status.
+pub fn tenant_to_proto(snapshot: &TenantSnapshot) -> v1::Tenant {
+    v1::Tenant {
+        name: snapshot.record.name.clone(),
+        created_at: Some(timestamp_from_ms(snapshot.record.created_at_ms)),
+        limits: Some(limits_to_proto(&snapshot.record.limits)),
+        status: Some(tenant_status(snapshot, Vec::new())),
+    }
+}

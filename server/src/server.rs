@@ -1,0 +1,153 @@
+//! Assembles and runs the server: store, tenants, services, health and
+//! reflection, until SIGTERM.
+
+use std::sync::Arc;
+
+use reconciled_proto::v1::configurators_server::ConfiguratorsServer;
+use reconciled_proto::v1::reconciler_server::ReconcilerServer;
+use reconciled_proto::v1::tenants_server::TenantsServer;
+use tonic_health::ServingStatus;
+use tracing::info;
+
+use crate::api::{ApiContext, ConfiguratorsService, ReconcilerService, TenantsService};
+use crate::auth::AdminToken;
+use crate::bootstrap::{bind, health_and_reflection, serve_until, server_builder, shutdown_signal};
+use crate::config::{Config, MigrateMode};
+use crate::graph::validate::ValidationLimits;
+use crate::store::{MigrationReport, SledOptions, Store, open_and_migrate};
+use crate::tenant::{NoConfigurators, OwnerSettings, TenantDirectory};
+
+/// Service names reported SERVING by the health service.
+const SERVICES: [&str; 3] = [
+    "reconciled.v1.Reconciler",
+    "reconciled.v1.Configurators",
+    "reconciled.v1.Tenants",
+];
+
+fn sled_options(config: &Config) -> SledOptions {
+    SledOptions {
+        cache_capacity_bytes: config.cache_capacity_bytes,
+        max_commit_items: config.max_commit_items,
+        fsync: config.fsync,
+    }
+}
+
+/// Opens the store (applying pending migrations after a backup) and
+/// reports what ran.
+fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    std::fs::create_dir_all(&config.data_dir)?;
+    let (store, report) = open_and_migrate(&config.data_dir, sled_options(config), false)?;
+    log_migrations(&report);
+    Ok(Arc::new(store))
+}
+
+fn log_migrations(report: &MigrationReport) {
+    for migration in &report.applied {
+        info!(
+            version = migration.version,
+            name = migration.name,
+            "Migration applied."
+        );
+    }
+    if let Some(backup) = &report.backup {
+        info!(path = %backup.display(), "Store backed up before migrating.");
+    }
+}
+
+/// Runs the server until SIGTERM or SIGINT.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let admin = Arc::new(AdminToken::load_or_generate(&config)?);
+    let store = open_store(&config)?;
+    let settings = OwnerSettings {
+        configurator_grace: config.configurator_grace,
+        ..OwnerSettings::default()
+    };
+    let directory = TenantDirectory::load(store, Arc::new(NoConfigurators), settings)?;
+    info!(tenants = directory.len(), "Tenants loaded.");
+
+    let context = ApiContext {
+        directory: directory.clone(),
+        admin,
+        limits: ValidationLimits {
+            max_request_items: config.max_request_items,
+            max_item_bytes: config.max_item_bytes,
+            ..ValidationLimits::default()
+        },
+    };
+    let limit = config.max_message_bytes;
+    let reconciler = ReconcilerServer::new(ReconcilerService::new(context.clone()))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    let tenants = TenantsServer::new(TenantsService::new(context.clone()))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+    let configurators = ConfiguratorsServer::new(ConfiguratorsService::new(context))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+
+    let (reporter, health, reflection_v1, reflection_v1alpha) = health_and_reflection()?;
+    for service in SERVICES {
+        reporter
+            .set_service_status(service, ServingStatus::Serving)
+            .await;
+    }
+    let listener = bind(config.listen).await?;
+    let addr = listener.local_addr()?;
+    let router = server_builder()
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(reconciler)
+        .add_service(tenants)
+        .add_service(configurators);
+
+    info!(%addr, data_dir = %config.data_dir.display(), "Listening.");
+    println!("reconciled listening on {addr}");
+    let shutdown = async move {
+        shutdown_signal().await;
+        reporter
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        for service in SERVICES {
+            reporter
+                .set_service_status(service, ServingStatus::NotServing)
+                .await;
+        }
+    };
+    serve_until(router, listener, shutdown, config.shutdown_grace).await?;
+    directory.stop_all();
+    Ok(())
+}
+
+/// `reconciled migrate`: shows (`--status`, `--dry-run`) or applies the
+/// store's pending migrations; returns a report for humans.
+pub fn migrate(config: &Config, mode: MigrateMode) -> anyhow::Result<String> {
+    std::fs::create_dir_all(&config.data_dir)?;
+    let dry_run = !matches!(mode, MigrateMode::Apply);
+    let (_store, report) = open_and_migrate(&config.data_dir, sled_options(config), dry_run)?;
+    let before = &report.before;
+    let mut text = format!(
+        "schema version: {} (this build knows up to {})\n",
+        before.current_version, before.latest_version
+    );
+    for applied in &before.applied {
+        text.push_str(&format!(
+            "applied: {:04} {}\n",
+            applied.version, applied.name
+        ));
+    }
+    for pending in &before.pending {
+        let verb = if dry_run { "would run" } else { "ran" };
+        text.push_str(&format!(
+            "{verb}: {:04} {}\n",
+            pending.version, pending.name
+        ));
+    }
+    if before.pending.is_empty() {
+        text.push_str("nothing to do\n");
+    }
+    if let Some(backup) = &report.backup {
+        text.push_str(&format!("backup: {}\n", backup.display()));
+    }
+    Ok(text)
+}

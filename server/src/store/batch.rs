@@ -1,0 +1,106 @@
+//! Batches of writes that commit atomically.
+
+use crate::store::StoreError;
+
+/// The largest value a store accepts, in bytes (64 KiB).
+///
+/// Keeping values small keeps every record inside sled's log segments (never
+/// in its unsynced blob files) and bounds the cost of a rewrite.
+pub const MAX_VALUE_BYTES: usize = 64 * 1024;
+
+/// One write of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Write {
+    /// Sets `key` to `value`.
+    Put {
+        /// The key to set.
+        key: Vec<u8>,
+        /// Its new value, at most [`MAX_VALUE_BYTES`].
+        value: Vec<u8>,
+    },
+    /// Removes `key` (a no-op if it is absent).
+    Delete {
+        /// The key to remove.
+        key: Vec<u8>,
+    },
+}
+
+/// Writes applied atomically together, in order (a later write to the same
+/// key wins).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriteBatch {
+    writes: Vec<Write>,
+    bytes: usize,
+}
+
+impl WriteBatch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a put of `value` at `key`.
+    pub fn put(&mut self, key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> &mut Self {
+        let (key, value) = (key.into(), value.into());
+        self.bytes += key.len() + value.len();
+        self.writes.push(Write::Put { key, value });
+        self
+    }
+
+    /// Adds a delete of `key`.
+    pub fn delete(&mut self, key: impl Into<Vec<u8>>) -> &mut Self {
+        let key = key.into();
+        self.bytes += key.len();
+        self.writes.push(Write::Delete { key });
+        self
+    }
+
+    /// The number of writes.
+    pub fn len(&self) -> usize {
+        self.writes.len()
+    }
+
+    /// True if the batch holds no write.
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+
+    /// The total size of the keys and values, in bytes.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The writes, in order.
+    pub fn writes(&self) -> &[Write] {
+        &self.writes
+    }
+
+    /// Takes the writes out, in order.
+    pub fn into_writes(self) -> Vec<Write> {
+        self.writes
+    }
+
+    /// Checks the limits every store enforces before anything is written.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        for write in &self.writes {
+            if let Write::Put { key, value } = write
+                && value.len() > MAX_VALUE_BYTES
+            {
+                return Err(StoreError::ValueTooLarge {
+                    key: printable_key(key),
+                    size: value.len(),
+                    limit: MAX_VALUE_BYTES,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Renders a binary key for an error message, shortened to 64 bytes.
+pub(crate) fn printable_key(key: &[u8]) -> String {
+    const SHOWN: usize = 64;
+    let shown = &key[..key.len().min(SHOWN)];
+    let ellipsis = if key.len() > SHOWN { "..." } else { "" };
+    format!("\"{}{ellipsis}\"", shown.escape_ascii())
+}

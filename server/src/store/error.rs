@@ -1,0 +1,69 @@
+//! The errors of every store backend.
+
+use std::path::PathBuf;
+
+use reconciled_migrations::MigrationError;
+
+/// Why a store operation failed.
+///
+/// Cloneable (it carries messages, not backend errors) so that one failed
+/// group commit can answer each of its waiters.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// A put's value is over [`MAX_VALUE_BYTES`](crate::store::MAX_VALUE_BYTES).
+    #[error(
+        "value of {size} bytes for key {key} is over the {limit}-byte limit; nothing of its \
+         batch was written: split the record into smaller ones"
+    )]
+    ValueTooLarge {
+        /// The key, escaped for display.
+        key: String,
+        /// The value's size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The store could not be opened.
+    #[error(
+        "cannot open the store at {path}: {message}; check that the directory exists and is \
+         writable, and that no other reconciled process is using it"
+    )]
+    Open {
+        /// The store directory.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The backend failed a read or a write; nothing of a failed write was applied.
+    #[error(
+        "the store failed to {operation}: {message}; check the disk (free space, permissions, \
+         health) and the logs, then retry"
+    )]
+    Backend {
+        /// What the store was doing.
+        operation: &'static str,
+        /// What the backend reported.
+        message: String,
+    },
+    /// The commit writer has stopped, so nothing more can be written.
+    #[error(
+        "the store's commit writer has stopped, so the write was not made; reconciled is \
+         shutting down or the writer failed: see the logs and restart reconciled"
+    )]
+    Closed,
+    /// A backup could not be written.
+    #[error(
+        "cannot back up the store to {path}: {message}; choose a path that does not exist yet, \
+         on a disk with enough free space"
+    )]
+    Backup {
+        /// The backup target.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// Planning or applying schema migrations failed.
+    #[error("{0}")]
+    Migration(#[from] MigrationError),
+}

@@ -1,0 +1,71 @@
+//! Persistence: a narrow key-value [`Store`] trait and its backends.
+//!
+//! The trait has no backend types in it, so that the embedded sled backend
+//! ([`SledStore`]) can later be joined by a distributed one. Engine tests use
+//! [`InMemoryStore`]. The key layout lives in [`keys`]; schema migrations are
+//! applied by [`open_and_migrate`].
+//!
+//! Every commit is atomic. A commit is acknowledged only once durable: for
+//! sled that means applied, flushed *and* fsynced by the group-commit writer.
+
+mod batch;
+mod commit;
+#[cfg(test)]
+mod conformance;
+mod error;
+pub mod keys;
+mod memory;
+mod migrate;
+mod sled_files;
+mod sled_store;
+mod writer;
+
+use std::path::Path;
+
+pub use batch::{MAX_VALUE_BYTES, Write, WriteBatch};
+pub use commit::CommitHandle;
+pub use error::StoreError;
+pub use memory::InMemoryStore;
+pub use migrate::{MigrationAdapter, MigrationReport, open_and_migrate};
+pub use sled_store::{SledOptions, SledStore};
+pub use writer::CommitStats;
+
+/// A key and its value, as scans return them.
+pub type Record = (Vec<u8>, Vec<u8>);
+
+/// A key-value store with ordered prefix scans and atomic, durable batches.
+///
+/// Implementations must reject a batch holding a value over
+/// [`MAX_VALUE_BYTES`] as a whole, and must acknowledge a commit only once it
+/// survives a power loss.
+pub trait Store: Send + Sync + 'static {
+    /// Reads one key.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Keys starting with `prefix`, in key order, strictly after `start_after`
+    /// when given, at most `limit` of them, with their values.
+    fn scan(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError>;
+
+    /// Queues a batch for the group-commit writer. The batch is applied
+    /// atomically; the handle resolves once it is durable or has failed.
+    /// Dropping the handle does not cancel the commit.
+    fn commit(&self, batch: WriteBatch) -> CommitHandle;
+
+    /// Blocking variant of [`commit`](Store::commit) for start-up code and
+    /// tools. It blocks the calling thread: do not call it on an async runtime
+    /// thread (use `spawn_blocking`).
+    fn commit_blocking(&self, batch: WriteBatch) -> Result<(), StoreError>;
+
+    /// Writes a consistent copy of the whole store into `path`, which must not
+    /// exist yet (a backup before migrations). For the sled backends the copy
+    /// is itself a store directory that [`SledStore::open`] can open.
+    fn backup_to(&self, path: &Path) -> Result<(), StoreError>;
+
+    /// Approximate size on disk in bytes (for metrics).
+    fn size_on_disk(&self) -> Result<u64, StoreError>;
+}

@@ -1,0 +1,319 @@
+//! Tenant conditions (Ready / Reconciling / Stalled), recomputed after every
+//! pass and result (DESIGN section 5). Pure: the caller passes the clock.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::plan::{WaitReason, WaitingItem};
+use crate::graph::ItemRef;
+
+/// The three condition types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum ConditionKind {
+    /// Every intended item is created and equal, and the tenant is quiescent.
+    Ready,
+    /// Work is in flight or can be dispatched.
+    Reconciling,
+    /// Quiescent, but stuck: a terminal failure, or no configurator for too long.
+    Stalled,
+}
+
+impl ConditionKind {
+    /// The name users see.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ready => "Ready",
+            Self::Reconciling => "Reconciling",
+            Self::Stalled => "Stalled",
+        }
+    }
+}
+
+/// One condition of a tenant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Condition {
+    /// Which condition.
+    pub kind: ConditionKind,
+    /// Whether it holds.
+    pub status: bool,
+    /// A CamelCase or UPPER_CASE reason code.
+    pub reason: String,
+    /// A sentence for humans.
+    pub message: String,
+    /// The intent generation this condition describes.
+    pub observed_generation: u64,
+    /// When `status` last changed (unix milliseconds).
+    pub last_transition_ms: u64,
+}
+
+/// What the conditions are computed from.
+#[derive(Debug)]
+pub struct Progress<'a> {
+    /// The tenant's intent generation.
+    pub generation: u64,
+    /// Operations in flight.
+    pub in_flight: usize,
+    /// Operations that could be dispatched now.
+    pub ready_operations: usize,
+    /// Items waiting, with reasons.
+    pub waiting: &'a BTreeMap<ItemRef, WaitingItem>,
+    /// Since when some item waits for a configurator (unix ms).
+    pub no_configurator_since_ms: Option<u64>,
+    /// How long items may wait for a configurator before the tenant stalls.
+    pub configurator_grace_ms: u64,
+    /// Now (unix ms).
+    pub now_ms: u64,
+}
+
+impl Progress<'_> {
+    /// Nothing in flight, nothing dispatchable, no backoff pending.
+    pub fn is_quiescent(&self) -> bool {
+        self.in_flight == 0
+            && self.ready_operations == 0
+            && !self
+                .waiting
+                .values()
+                .any(|w| w.reason == WaitReason::Backoff)
+    }
+}
+
+/// Computes the conditions, keeping transition times of unchanged ones.
+/// Returns them with the observed generation (the generation when
+/// quiescent, otherwise `previous_observed`).
+pub fn compute_conditions(
+    previous: &[Condition],
+    previous_observed: u64,
+    progress: &Progress<'_>,
+) -> (Vec<Condition>, u64) {
+    let quiescent = progress.is_quiescent();
+    let observed = if quiescent {
+        progress.generation
+    } else {
+        previous_observed
+    };
+    let (stalled, stalled_reason, stalled_message) = stall(progress, quiescent);
+    let ready = quiescent && progress.waiting.is_empty();
+    let (ready_reason, ready_message) = if ready {
+        (
+            "Converged".to_string(),
+            "every intended item is created and up to date".to_string(),
+        )
+    } else if !quiescent {
+        (
+            "Reconciling".to_string(),
+            "operations are in flight or ready to run".to_string(),
+        )
+    } else {
+        waiting_summary(progress.waiting)
+    };
+    let reconciling_message = format!(
+        "{} operation(s) in flight, {} ready to run",
+        progress.in_flight, progress.ready_operations
+    );
+    let drafts = [
+        (ConditionKind::Ready, ready, ready_reason, ready_message),
+        (
+            ConditionKind::Reconciling,
+            !quiescent,
+            if quiescent {
+                "Quiescent".to_string()
+            } else {
+                "Progressing".to_string()
+            },
+            if quiescent {
+                "nothing in flight or ready to run".to_string()
+            } else {
+                reconciling_message
+            },
+        ),
+        (
+            ConditionKind::Stalled,
+            stalled,
+            stalled_reason,
+            stalled_message,
+        ),
+    ];
+    let conditions = drafts
+        .into_iter()
+        .map(|(kind, status, reason, message)| {
+            let last_transition_ms = previous
+                .iter()
+                .find(|c| c.kind == kind && c.status == status)
+                .map_or(progress.now_ms, |c| c.last_transition_ms);
+            Condition {
+                kind,
+                status,
+                reason,
+                message,
+                observed_generation: observed,
+                last_transition_ms,
+            }
+        })
+        .collect();
+    (conditions, observed)
+}
+
+fn stall(progress: &Progress<'_>, quiescent: bool) -> (bool, String, String) {
+    if !quiescent {
+        return (
+            false,
+            "Progressing".into(),
+            "the tenant is reconciling".into(),
+        );
+    }
+    let terminal: Vec<&WaitingItem> = progress
+        .waiting
+        .values()
+        .filter(|w| {
+            w.reason == WaitReason::TerminalFailure
+                || w.blocked_by
+                    .iter()
+                    .any(|b| b.why.contains("failed terminally"))
+        })
+        .collect();
+    if let Some(first) = terminal.first() {
+        return (
+            true,
+            "TerminalFailure".into(),
+            format!(
+                "{} item(s) failed terminally or wait on one, e.g. {}; change their intent to retry",
+                terminal.len(),
+                first.item
+            ),
+        );
+    }
+    let waited_too_long = progress.no_configurator_since_ms.is_some_and(|since| {
+        progress.now_ms.saturating_sub(since) >= progress.configurator_grace_ms
+    });
+    if waited_too_long {
+        let types: Vec<String> = progress
+            .waiting
+            .values()
+            .filter(|w| w.reason == WaitReason::NoConfigurator)
+            .map(|w| w.item.item_type.to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        return (
+            true,
+            "NoConfigurator".into(),
+            format!(
+                "no configurator connected for type(s) {}; start an agent that registers them",
+                types.join(", ")
+            ),
+        );
+    }
+    (false, "NotStalled".into(), "nothing is stuck".into())
+}
+
+/// The most common waiting reason as a not-Ready reason.
+fn waiting_summary(waiting: &BTreeMap<ItemRef, WaitingItem>) -> (String, String) {
+    let mut by_reason: BTreeMap<WaitReason, usize> = BTreeMap::new();
+    for item in waiting.values() {
+        *by_reason.entry(item.reason).or_default() += 1;
+    }
+    let Some((reason, count)) = by_reason.into_iter().max_by_key(|(_, count)| *count) else {
+        return ("Converged".into(), String::new());
+    };
+    let code = match reason {
+        WaitReason::Dependency => "WAITING_FOR_DEPENDENCIES",
+        WaitReason::NoConfigurator => "WAITING_FOR_CONFIGURATOR",
+        WaitReason::Backoff => "WAITING_FOR_RETRY",
+        WaitReason::Blocked => "BLOCKED",
+        WaitReason::TerminalFailure => "TERMINAL_FAILURE",
+        WaitReason::UnknownOutcome => "UNKNOWN_OUTCOME",
+    };
+    (
+        code.into(),
+        format!(
+            "{} item(s) waiting, {count} with reason {code}",
+            waiting.len()
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::plan::BlockedBy;
+    use crate::graph::OperationKind;
+
+    fn waiting(reason: WaitReason) -> BTreeMap<ItemRef, WaitingItem> {
+        let item = ItemRef::new("t", "a");
+        let entry = WaitingItem {
+            item: item.clone(),
+            operation: OperationKind::Create,
+            reason,
+            blocked_by: vec![BlockedBy {
+                item: item.clone(),
+                why: "x".into(),
+            }],
+        };
+        BTreeMap::from([(item, entry)])
+    }
+
+    fn progress(waiting: &BTreeMap<ItemRef, WaitingItem>, in_flight: usize) -> Progress<'_> {
+        Progress {
+            generation: 4,
+            in_flight,
+            ready_operations: 0,
+            waiting,
+            no_configurator_since_ms: None,
+            configurator_grace_ms: 300_000,
+            now_ms: 1_000,
+        }
+    }
+
+    fn status(conditions: &[Condition], kind: ConditionKind) -> bool {
+        conditions.iter().any(|c| c.kind == kind && c.status)
+    }
+
+    #[test]
+    fn a_converged_quiescent_tenant_is_ready_at_its_generation() {
+        let none = BTreeMap::new();
+        let (conditions, observed) = compute_conditions(&[], 0, &progress(&none, 0));
+        assert!(status(&conditions, ConditionKind::Ready));
+        assert!(!status(&conditions, ConditionKind::Reconciling));
+        assert_eq!(observed, 4);
+    }
+
+    #[test]
+    fn reconciling_and_stalled_never_hold_together() {
+        let terminal = waiting(WaitReason::TerminalFailure);
+        let (busy, observed) = compute_conditions(&[], 2, &progress(&terminal, 1));
+        assert!(status(&busy, ConditionKind::Reconciling));
+        assert!(!status(&busy, ConditionKind::Stalled));
+        assert_eq!(observed, 2);
+        let (idle, _) = compute_conditions(&busy, 2, &progress(&terminal, 0));
+        assert!(status(&idle, ConditionKind::Stalled));
+        assert!(!status(&idle, ConditionKind::Reconciling));
+    }
+
+    #[test]
+    fn waiting_for_a_configurator_stalls_only_after_the_grace_period() {
+        let no_configurator = waiting(WaitReason::NoConfigurator);
+        let mut p = progress(&no_configurator, 0);
+        p.no_configurator_since_ms = Some(900);
+        let (early, _) = compute_conditions(&[], 0, &p);
+        assert!(!status(&early, ConditionKind::Stalled));
+        let ready = early
+            .iter()
+            .find(|c| c.kind == ConditionKind::Ready)
+            .expect("ready condition");
+        assert_eq!(ready.reason, "WAITING_FOR_CONFIGURATOR");
+        p.now_ms = 900 + 300_000;
+        let (late, _) = compute_conditions(&early, 0, &p);
+        assert!(status(&late, ConditionKind::Stalled));
+    }
+
+    #[test]
+    fn transition_times_move_only_when_the_status_changes() {
+        let none = BTreeMap::new();
+        let (first, _) = compute_conditions(&[], 0, &progress(&none, 0));
+        let mut later = progress(&none, 0);
+        later.now_ms = 5_000;
+        let (second, _) = compute_conditions(&first, 4, &later);
+        assert_eq!(first, second);
+    }
+}

@@ -1,0 +1,326 @@
+//! The directory of tenants: names, internal ids, token hashes, and the
+//! owner task of every live tenant. Creating, deleting and rotating tokens
+//! are serialised; lookups are lock-free reads of a small map.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+use tracing::{info, warn};
+
+use crate::auth::{TokenDirectory, TokenHash, TokenKind, generate_token};
+use crate::store::{Store, WriteBatch, keys};
+
+use super::error::TenantError;
+use super::owner::{ConfiguratorDirectory, OwnerSettings, TenantHandle, now_ms};
+use super::record::{TenantLimits, TenantRecord, decode, encode};
+use super::state::{TenantState, scan_all};
+
+/// Keys deleted per commit while purging a deleted tenant.
+const PURGE_BATCH: usize = 1_000;
+
+/// Errors of tenant administration.
+#[derive(Debug, thiserror::Error)]
+pub enum DirectoryError {
+    /// A tenant with this name exists.
+    #[error("tenant {0:?} already exists; pick another name or delete it first")]
+    AlreadyExists(String),
+    /// No tenant with this name.
+    #[error("tenant {0:?} not found")]
+    NotFound(String),
+    /// A token could not be generated.
+    #[error("cannot generate a token: {0}")]
+    Token(String),
+    /// The store or a record failed.
+    #[error(transparent)]
+    Tenant(#[from] TenantError),
+}
+
+#[derive(Default)]
+struct Inner {
+    by_name: BTreeMap<String, TenantHandle>,
+    by_token: HashMap<[u8; 32], u64>,
+    token_of: HashMap<u64, [u8; 32]>,
+}
+
+/// All live tenants.
+pub struct TenantDirectory {
+    store: Arc<dyn Store>,
+    configurators: Arc<dyn ConfiguratorDirectory>,
+    settings: OwnerSettings,
+    inner: RwLock<Inner>,
+    admin: tokio::sync::Mutex<()>,
+}
+
+impl TokenDirectory for TenantDirectory {
+    fn tenant_by_token_hash(&self, hash: &[u8; 32]) -> Option<u64> {
+        self.read().by_token.get(hash).copied()
+    }
+}
+
+impl TenantDirectory {
+    /// Loads every live tenant from the store, starts their owners, and
+    /// resumes the purge of deleted ones.
+    pub fn load(
+        store: Arc<dyn Store>,
+        configurators: Arc<dyn ConfiguratorDirectory>,
+        settings: OwnerSettings,
+    ) -> Result<Arc<Self>, TenantError> {
+        let directory = Arc::new(Self {
+            store: store.clone(),
+            configurators,
+            settings,
+            inner: RwLock::new(Inner::default()),
+            admin: tokio::sync::Mutex::new(()),
+        });
+        for (key, value) in scan_all(&*store, keys::tenant_names_prefix())? {
+            let Some(id) = value
+                .get(..8)
+                .and_then(|bytes| bytes.try_into().ok())
+                .map(u64::from_be_bytes)
+            else {
+                warn!(key = %String::from_utf8_lossy(&key), "Tenant name index entry is malformed; skipped.");
+                continue;
+            };
+            let record_key = keys::tenant_record_key(id);
+            let Some(bytes) = store.get(&record_key)? else {
+                warn!(
+                    tenant_id = id,
+                    "Tenant named in the index has no record; skipped."
+                );
+                continue;
+            };
+            let record: TenantRecord = decode(&record_key, &bytes)?;
+            if record.deleted {
+                continue;
+            }
+            let state = TenantState::load(&*store, record)?;
+            directory.start(state);
+        }
+        for (key, _) in scan_all(&*store, keys::purges_prefix())? {
+            if let Some(id) = keys::parse_purge_key(&key) {
+                info!(tenant_id = id, "Resuming the purge of a deleted tenant.");
+                directory.spawn_purge(id);
+            }
+        }
+        Ok(directory)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+        self.inner
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
+        self.inner
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn start(&self, state: TenantState) -> TenantHandle {
+        let hash = parse_hash(&state.record.token_hash);
+        let handle = TenantHandle::spawn(
+            state,
+            self.store.clone(),
+            self.configurators.clone(),
+            self.settings.clone(),
+        );
+        let mut inner = self.write();
+        if let Some(hash) = hash {
+            inner.by_token.insert(hash, handle.id);
+            inner.token_of.insert(handle.id, hash);
+        }
+        inner.by_name.insert(handle.name.clone(), handle.clone());
+        handle
+    }
+
+    /// The live tenant named `name`.
+    pub fn get(&self, name: &str) -> Option<TenantHandle> {
+        self.read().by_name.get(name).cloned()
+    }
+
+    /// Up to `limit` tenants in name order, after `after` when given.
+    pub fn list(&self, after: Option<&str>, limit: usize) -> Vec<TenantHandle> {
+        let inner = self.read();
+        let range = match after {
+            Some(after) => inner
+                .by_name
+                .range::<str, _>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded)),
+            None => inner.by_name.range::<str, _>(..),
+        };
+        range
+            .take(limit)
+            .map(|(_, handle)| handle.clone())
+            .collect()
+    }
+
+    /// Number of live tenants.
+    pub fn len(&self) -> usize {
+        self.read().by_name.len()
+    }
+
+    /// Whether there is no live tenant.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Creates a tenant; returns its handle and its token (shown once).
+    pub async fn create(
+        &self,
+        name: &str,
+        limits: TenantLimits,
+    ) -> Result<(TenantHandle, String), DirectoryError> {
+        let _admin = self.admin.lock().await;
+        if self.get(name).is_some()
+            || self
+                .store
+                .get(&keys::tenant_name_key(name))
+                .map_err(TenantError::from)?
+                .is_some()
+        {
+            return Err(DirectoryError::AlreadyExists(name.to_string()));
+        }
+        let token = generate_token(TokenKind::Tenant)
+            .map_err(|error| DirectoryError::Token(error.to_string()))?;
+        let id = self.next_id()?;
+        let record = TenantRecord {
+            id,
+            name: name.to_string(),
+            created_at_ms: now_ms(),
+            generation: 0,
+            observed_generation: 0,
+            revision: 1,
+            limits,
+            token_hash: hex(TokenHash::of(&token).as_bytes()),
+            deleted: false,
+            conditions: Vec::new(),
+        };
+        let mut batch = WriteBatch::new();
+        batch.put(
+            keys::next_tenant_id_key().to_vec(),
+            (id + 1).to_be_bytes().to_vec(),
+        );
+        batch.put(keys::tenant_name_key(name), id.to_be_bytes().to_vec());
+        batch.put(keys::tenant_record_key(id), encode(&record)?);
+        self.store.commit(batch).await.map_err(TenantError::from)?;
+        info!(tenant = name, tenant_id = id, "Tenant created.");
+        Ok((self.start(TenantState::new(record)), token))
+    }
+
+    fn next_id(&self) -> Result<u64, TenantError> {
+        let stored = self.store.get(keys::next_tenant_id_key())?;
+        Ok(stored
+            .as_deref()
+            .and_then(|bytes| bytes.get(..8))
+            .and_then(|bytes| bytes.try_into().ok())
+            .map_or(1, u64::from_be_bytes))
+    }
+
+    /// Replaces a tenant's token; returns the new one (shown once).
+    pub async fn rotate_token(&self, name: &str) -> Result<String, DirectoryError> {
+        let _admin = self.admin.lock().await;
+        let handle = self
+            .get(name)
+            .ok_or_else(|| DirectoryError::NotFound(name.to_string()))?;
+        let token = generate_token(TokenKind::Tenant)
+            .map_err(|error| DirectoryError::Token(error.to_string()))?;
+        let hash = *TokenHash::of(&token).as_bytes();
+        handle.set_token_hash(hex(&hash)).await?;
+        let mut inner = self.write();
+        if let Some(old) = inner.token_of.insert(handle.id, hash) {
+            inner.by_token.remove(&old);
+        }
+        inner.by_token.insert(hash, handle.id);
+        info!(tenant = name, "Tenant token rotated.");
+        Ok(token)
+    }
+
+    /// Deletes a tenant: a durable tombstone first (the name is free again
+    /// at once), then its owner stops and its keys are purged in bounded
+    /// batches, resumed after a restart.
+    pub async fn delete(&self, name: &str) -> Result<(), DirectoryError> {
+        let _admin = self.admin.lock().await;
+        let handle = self
+            .get(name)
+            .ok_or_else(|| DirectoryError::NotFound(name.to_string()))?;
+        handle.stop();
+        let mut record = handle.snapshots.latest().record.clone();
+        record.deleted = true;
+        let mut batch = WriteBatch::new();
+        batch.put(keys::tenant_record_key(handle.id), encode(&record)?);
+        batch.put(keys::purge_key(handle.id), Vec::new());
+        batch.delete(keys::tenant_name_key(name));
+        self.store.commit(batch).await.map_err(TenantError::from)?;
+        {
+            let mut inner = self.write();
+            inner.by_name.remove(name);
+            if let Some(hash) = inner.token_of.remove(&handle.id) {
+                inner.by_token.remove(&hash);
+            }
+        }
+        info!(
+            tenant = name,
+            tenant_id = handle.id,
+            "Tenant deleted; purging its records."
+        );
+        self.spawn_purge(handle.id);
+        Ok(())
+    }
+
+    fn spawn_purge(&self, id: u64) {
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            match purge(&*store, id).await {
+                Ok(removed) => info!(tenant_id = id, removed, "Deleted tenant purged."),
+                Err(error) => {
+                    warn!(tenant_id = id, %error, "Purging a deleted tenant failed; it resumes at the next start.")
+                }
+            }
+        });
+    }
+
+    /// Stops every owner (at shutdown).
+    pub fn stop_all(&self) {
+        for handle in self.read().by_name.values() {
+            handle.stop();
+        }
+    }
+}
+
+/// Deletes every key of tenant `id` in bounded batches, then its purge
+/// marker. Returns how many keys were removed.
+pub async fn purge(store: &dyn Store, id: u64) -> Result<usize, TenantError> {
+    let prefix = keys::tenant_prefix(id);
+    let mut removed = 0;
+    loop {
+        let page = store.scan(&prefix, None, PURGE_BATCH)?;
+        if page.is_empty() {
+            break;
+        }
+        let mut batch = WriteBatch::new();
+        for (key, _) in &page {
+            batch.delete(key.clone());
+        }
+        removed += page.len();
+        store.commit(batch).await?;
+    }
+    let mut batch = WriteBatch::new();
+    batch.delete(keys::purge_key(id));
+    store.commit(batch).await?;
+    Ok(removed)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn parse_hash(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 {
+        return None;
+    }
+    let mut hash = [0u8; 32];
+    for (index, byte) in hash.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(index * 2..index * 2 + 2)?, 16).ok()?;
+    }
+    Some(hash)
+}

@@ -1,0 +1,22 @@
+//! Tenants at run time: each tenant's state lives with one owner task that
+//! alone changes it; readers use published snapshots.
+
+pub mod conditions;
+pub mod directory;
+pub mod error;
+pub mod owner;
+pub mod record;
+pub mod snapshot;
+pub mod state;
+pub mod submit;
+
+pub use directory::{DirectoryError, TenantDirectory};
+pub use error::TenantError;
+pub use owner::{
+    ConfiguratorDirectory, ExternalChange, NoConfigurators, OwnerSettings, SubmitOutcome,
+    TenantHandle,
+};
+pub use record::{TenantLimits, TenantRecord};
+pub use snapshot::{SnapshotHistory, TenantSnapshot};
+pub use state::TenantState;
+pub use submit::ValidatedSubmit;

@@ -1,0 +1,80 @@
+//! Stored records of a tenant and their encoding.
+//!
+//! Values are JSON: readable with `sled` tools when debugging, versioned by
+//! the schema version, and small (every value stays under 64 KiB: items
+//! are limited to 64 KiB on submit).
+
+use serde::{Deserialize, Serialize};
+
+use super::conditions::Condition;
+use super::error::TenantError;
+use crate::graph::{CurrentItem, Item};
+
+/// Per-tenant limits; 0 means "the server default".
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantLimits {
+    /// Intended items the tenant may hold.
+    pub max_items: u64,
+    /// Items one SubmitIntent may carry.
+    pub max_request_items: u64,
+    /// Agents connected at once.
+    pub max_agents: u64,
+    /// Watchers open at once.
+    pub max_watchers: u64,
+    /// Operations in flight at once.
+    pub max_operations_in_flight: u64,
+}
+
+/// The tenant record: identity, counters and the hashed token.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantRecord {
+    /// Internal id, never reused; the prefix of every key of the tenant.
+    pub id: u64,
+    /// The tenant's name, as users type it.
+    pub name: String,
+    /// Creation time (unix milliseconds).
+    pub created_at_ms: u64,
+    /// Intent generation: grows with every equality-relevant intent change.
+    pub generation: u64,
+    /// The newest generation the tenant was quiescent at.
+    pub observed_generation: u64,
+    /// Grows by one with every committed change of the tenant.
+    pub revision: u64,
+    /// Limits set at creation.
+    pub limits: TenantLimits,
+    /// SHA-256 of the tenant's token, hex encoded.
+    pub token_hash: String,
+    /// Set when the tenant is being deleted (a tombstone).
+    pub deleted: bool,
+    /// Ready / Reconciling / Stalled, as of the last pass.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// An intended item as stored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StoredIntended {
+    /// The intended value.
+    pub item: Item,
+    /// The generation that last changed its content.
+    pub generation: u64,
+}
+
+/// Encodes a record as a store value.
+pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, TenantError> {
+    serde_json::to_vec(value).map_err(|error| TenantError::Corrupt {
+        key: String::from("(encoding)"),
+        message: error.to_string(),
+    })
+}
+
+/// Decodes the store value of `key`, written by [`encode`].
+pub fn decode<T: for<'de> Deserialize<'de>>(key: &[u8], bytes: &[u8]) -> Result<T, TenantError> {
+    serde_json::from_slice(bytes).map_err(|error| TenantError::Corrupt {
+        key: String::from_utf8_lossy(key).into_owned(),
+        message: error.to_string(),
+    })
+}
+
+/// A current item as stored: the same structure as in memory.
+pub type StoredCurrent = CurrentItem;

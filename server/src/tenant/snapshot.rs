@@ -1,0 +1,112 @@
+//! Immutable snapshots of a tenant, published after every commit, so that
+//! reads never wait for the tenant's owner.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use imbl::OrdMap;
+use tokio::sync::watch;
+
+use crate::engine::plan::WaitingItem;
+use crate::graph::{CurrentItem, IntendedItem, ItemRef};
+
+use super::record::TenantRecord;
+use super::state::{StateCounts, TenantState};
+
+/// How many recent snapshots stay available for paged reads.
+const RECENT_SNAPSHOTS: usize = 64;
+
+/// A tenant as of one revision.
+#[derive(Clone, Debug)]
+pub struct TenantSnapshot {
+    /// The record at that revision.
+    pub record: TenantRecord,
+    /// Intended items (an O(1) copy of the owner's map).
+    pub intended: OrdMap<ItemRef, Arc<IntendedItem>>,
+    /// Current items.
+    pub current: OrdMap<ItemRef, Arc<CurrentItem>>,
+    /// Items waiting, from the last plan.
+    pub waiting: Arc<BTreeMap<ItemRef, WaitingItem>>,
+    /// Items by displayed state.
+    pub counts: StateCounts,
+    /// Operations in flight.
+    pub in_flight: usize,
+}
+
+impl TenantSnapshot {
+    /// Captures the owner's state.
+    pub fn capture(state: &TenantState, in_flight: usize) -> Self {
+        Self {
+            record: state.record.clone(),
+            intended: state.intended.snapshot(),
+            current: state.current.snapshot(),
+            waiting: state.waiting.clone(),
+            counts: state.counts.clone(),
+            in_flight,
+        }
+    }
+}
+
+/// The latest snapshot of a tenant plus a few recent ones.
+#[derive(Debug)]
+pub struct SnapshotHistory {
+    latest: watch::Sender<Arc<TenantSnapshot>>,
+    recent: Mutex<VecDeque<Arc<TenantSnapshot>>>,
+}
+
+impl SnapshotHistory {
+    /// A history starting at `first`.
+    pub fn new(first: TenantSnapshot) -> Self {
+        let first = Arc::new(first);
+        let (latest, _) = watch::channel(first.clone());
+        Self {
+            latest,
+            recent: Mutex::new(VecDeque::from([first])),
+        }
+    }
+
+    /// Publishes a new snapshot.
+    pub fn publish(&self, snapshot: TenantSnapshot) {
+        let snapshot = Arc::new(snapshot);
+        {
+            let mut recent = self
+                .recent
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if recent
+                .back()
+                .is_some_and(|last| last.record.revision == snapshot.record.revision)
+            {
+                recent.pop_back();
+            }
+            recent.push_back(snapshot.clone());
+            while recent.len() > RECENT_SNAPSHOTS {
+                recent.pop_front();
+            }
+        }
+        self.latest.send_replace(snapshot);
+    }
+
+    /// The newest snapshot.
+    pub fn latest(&self) -> Arc<TenantSnapshot> {
+        self.latest.borrow().clone()
+    }
+
+    /// The snapshot of exactly `revision`, if it is still kept.
+    pub fn at_revision(&self, revision: u64) -> Option<Arc<TenantSnapshot>> {
+        let recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        recent
+            .iter()
+            .rev()
+            .find(|s| s.record.revision == revision)
+            .cloned()
+    }
+
+    /// A receiver that sees every newer snapshot.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<TenantSnapshot>> {
+        self.latest.subscribe()
+    }
+}

