@@ -70,34 +70,38 @@ fn test_profile() -> String {
     }
 }
 
+/// The target directory this test executable was built into, from its
+/// path `<target>/<profile>/deps/<test>`.
+fn detected_target_dir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?.parent()?.parent()?.to_path_buf();
+    dir.join("CACHEDIR.TAG").exists().then_some(dir)
+}
+
 /// The directory where tests keep tools they install (grpcurl): the target
-/// (or build) directory of this test run, found from the test executable's
-/// path `<target>/<profile>/deps/<test>`; `<workspace>/target` otherwise.
+/// directory of this test run, or `<workspace>/target` if it cannot be told.
 pub fn target_dir() -> PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()))
-        .filter(|dir| dir.join("CACHEDIR.TAG").exists())
-        .unwrap_or_else(|| workspace_root().join("target"))
+    detected_target_dir().unwrap_or_else(|| workspace_root().join("target"))
 }
 
 fn build_with_cargo() -> anyhow::Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let manifest = workspace_root().join("Cargo.toml");
     let profile = test_profile();
-    let output = Command::new(&cargo)
+    let mut command = Command::new(&cargo);
+    command
         .arg("build")
         .arg("--manifest-path")
         .arg(&manifest)
-        .args([
-            "-p",
-            "reconciled",
-            "--bin",
-            "reconciled",
-            "--profile",
-            &profile,
-        ])
-        .args(["--message-format", "json-render-diagnostics"])
+        .args(["-p", "reconciled", "--bin", "reconciled"])
+        .args(["--profile", &profile])
+        .args(["--message-format", "json-render-diagnostics"]);
+    // Build where this test was built, even if that was chosen with
+    // `--target-dir` rather than the environment.
+    if let Some(dir) = detected_target_dir() {
+        command.arg("--target-dir").arg(dir);
+    }
+    let output = command
         .output()
         .with_context(|| format!("cannot run {}", Path::new(&cargo).display()))?;
     if !output.status.success() {

@@ -18,6 +18,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod api;
 mod binary;
 mod grpcurl;
 mod server;

@@ -504,10 +504,6 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 }
             }
         }
-        if !self.environment.has_configurator(&item.item_type) {
-            return no_configurator(item, kind);
-        }
-
         let mut after = Vec::new();
         let mut waits_on_dependencies = Vec::new();
         let mut waits_on_operations = Vec::new();
@@ -553,6 +549,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             });
         }
 
+        // Unsatisfied dependencies are reported before a missing configurator:
+        // the dependency chain is what a user must look at first.
         if !waits_on_dependencies.is_empty() {
             waits_on_dependencies.extend(waits_on_operations);
             Schedule::Waiting {
@@ -561,6 +559,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 blocked_by: waits_on_dependencies,
                 hopeless,
             }
+        } else if !self.environment.has_configurator(&item.item_type) {
+            no_configurator(item, kind)
         } else if !waits_on_operations.is_empty() {
             Schedule::Waiting {
                 kind,
