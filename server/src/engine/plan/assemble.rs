@@ -1,23 +1,42 @@
 //! Turns the planner's schedules into a [`Plan`]: operations in a
 //! deterministic topological order, waiting items, cancels, drops.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
 use super::need::Need;
-use super::planner::{OperationKey, Planner, Schedule};
+use super::planner::{Id, OperationKey, Planner, Schedule};
 use super::{ForgetReason, Plan, PlanEnvironment, PlannedOperation, WaitingItem};
 use crate::graph::{ItemRef, ItemState, OperationKind};
 
 /// An operation before ordering.
 struct Draft {
     key: OperationKey,
+    item: ItemRef,
     after: Vec<OperationKey>,
     recreate: bool,
     ask_needs_recreate: bool,
     target_generation: u64,
+}
+
+fn waiting_item(item: &ItemRef, schedule: &Schedule) -> Option<WaitingItem> {
+    match schedule {
+        Schedule::Waiting {
+            kind,
+            reason,
+            blocked_by,
+            ..
+        } => Some(WaitingItem {
+            item: item.clone(),
+            operation: *kind,
+            reason: *reason,
+            blocked_by: blocked_by.clone(),
+        }),
+        Schedule::Ready { .. } | Schedule::NotNeeded => None,
+    }
 }
 
 /// Builds the plan from a finished planning run.
@@ -27,102 +46,89 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
         ..Plan::default()
     };
     let mut drafts = Vec::new();
-    let mut waiting: BTreeMap<ItemRef, WaitingItem> = BTreeMap::new();
+    let mut waiting: Vec<WaitingItem> = Vec::new();
+    let mut unconverged: Vec<ItemRef> = Vec::new();
 
-    let examined: Vec<ItemRef> = planner.examined.iter().cloned().collect();
-    for item in &examined {
-        let intended_generation = planner.intended.get(item).map(|entry| entry.generation);
-        let recreate = intended_generation.is_some() && planner.deleting.contains(item);
-        match planner.delete_schedules.get(item) {
-            Some(Schedule::Ready { kind, after }) => drafts.push(Draft {
-                key: (item.clone(), *kind),
-                after: after.clone(),
-                recreate,
-                ask_needs_recreate: false,
-                target_generation: if recreate {
-                    intended_generation.unwrap_or(0)
-                } else {
-                    0
-                },
-            }),
-            Some(Schedule::Waiting {
-                kind,
-                reason,
-                blocked_by,
-                ..
-            }) => {
-                waiting.insert(
-                    item.clone(),
-                    WaitingItem {
-                        item: item.clone(),
-                        operation: *kind,
-                        reason: *reason,
-                        blocked_by: blocked_by.clone(),
-                    },
-                );
-            }
-            Some(Schedule::NotNeeded) | None => {}
-        }
-        let need = planner.need(item);
-        match planner.change_schedules.get(item) {
-            Some(Schedule::Ready { kind, after }) => drafts.push(Draft {
-                key: (item.clone(), *kind),
-                after: after.clone(),
-                recreate,
-                ask_needs_recreate: *kind == OperationKind::Modify
-                    && matches!(need, Need::Modify { ask: true }),
-                target_generation: intended_generation.unwrap_or(0),
-            }),
-            Some(Schedule::Waiting {
-                kind,
-                reason,
-                blocked_by,
-                ..
-            }) => {
-                waiting.entry(item.clone()).or_insert_with(|| WaitingItem {
+    let examined: Vec<Id> = planner.examined.clone();
+    for id in examined {
+        let need = planner.need(id);
+        let node = planner.node(id);
+        let item = node.item.clone();
+        let intended_generation = node.intended.map(|entry| entry.generation);
+        let recreate = intended_generation.is_some() && node.deleting;
+        let mut waits = None;
+        if let Some(schedule) = &node.delete_schedule {
+            if let Schedule::Ready { kind, after } = schedule {
+                drafts.push(Draft {
+                    key: (id, *kind),
                     item: item.clone(),
-                    operation: *kind,
-                    reason: *reason,
-                    blocked_by: blocked_by.clone(),
+                    after: after.clone(),
+                    recreate,
+                    ask_needs_recreate: false,
+                    target_generation: if recreate {
+                        intended_generation.unwrap_or(0)
+                    } else {
+                        0
+                    },
                 });
             }
-            Some(Schedule::NotNeeded) | None => {}
+            waits = waiting_item(&item, schedule);
         }
-        classify_bookkeeping(planner, item, need, &mut plan);
+        if let Some(schedule) = &node.change_schedule {
+            if let Schedule::Ready { kind, after } = schedule {
+                drafts.push(Draft {
+                    key: (id, *kind),
+                    item: item.clone(),
+                    after: after.clone(),
+                    recreate,
+                    ask_needs_recreate: *kind == OperationKind::Modify
+                        && matches!(need, Need::Modify { ask: true }),
+                    target_generation: intended_generation.unwrap_or(0),
+                });
+            }
+            if waits.is_none() {
+                waits = waiting_item(&item, schedule);
+            }
+        }
+        if let Some(waits) = waits {
+            waiting.push(waits);
+        }
+        classify_bookkeeping(planner, id, need, &mut plan, &mut unconverged);
     }
 
     let (operations, type_barriers) = order(drafts);
+    unconverged.extend(operations.iter().map(|operation| operation.item.clone()));
+    unconverged.extend(waiting.iter().map(|waiting| waiting.item.clone()));
+    waiting.sort_by(|a, b| a.item.cmp(&b.item));
     plan.operations = operations;
     plan.type_barriers = type_barriers;
-    plan.waiting = waiting.into_values().collect();
-    for operation in &plan.operations {
-        plan.unconverged.insert(operation.item.clone());
-    }
-    for waiting in &plan.waiting {
-        plan.unconverged.insert(waiting.item.clone());
-    }
+    plan.waiting = waiting;
+    plan.unconverged = unconverged.into_iter().collect::<BTreeSet<_>>();
     plan
 }
 
 /// Cancels, drops, settles, and the unconverged set for one item.
 fn classify_bookkeeping<E: PlanEnvironment>(
     planner: &Planner<'_, E>,
-    item: &ItemRef,
+    id: Id,
     need: Need,
     plan: &mut Plan,
+    unconverged: &mut Vec<ItemRef>,
 ) {
-    let intended = planner.intended.get(item);
-    let Some(current) = planner.current.get(item) else {
+    let node = planner.node(id);
+    let item = &node.item;
+    let intended = node.intended;
+    let Some(current) = node.current else {
         return;
     };
-    if planner.dropped.contains(item) {
+    if node.dropped {
         plan.forget
             .push((item.clone(), ForgetReason::DeletedWithExternal));
-        plan.unconverged.insert(item.clone());
+        unconverged.push(item.clone());
         return;
     }
     if current.is_busy() {
-        plan.unconverged.insert(item.clone());
+        unconverged.push(item.clone());
     }
     if let Some(operation) = &current.in_flight {
         let superseded = matches!(
@@ -146,21 +152,18 @@ fn classify_bookkeeping<E: PlanEnvironment>(
     if need == Need::Nothing
         && current.state == ItemState::Failed
         && current.may_exist()
-        && !planner.deleting.contains(item)
+        && !node.deleting
     {
         plan.settle.push(item.clone());
-        plan.unconverged.insert(item.clone());
+        unconverged.push(item.clone());
     }
 }
 
-/// Kahn's algorithm with a min-queue on (item, kind): independent operations
-/// come out in identity order. Creates of a type also wait for every Delete
-/// of that type in the plan.
 fn order(drafts: Vec<Draft>) -> (Vec<PlannedOperation>, BTreeMap<Arc<str>, Vec<usize>>) {
     let index_of: FxHashMap<OperationKey, usize> = drafts
         .iter()
         .enumerate()
-        .map(|(index, draft)| (draft.key.clone(), index))
+        .map(|(index, draft)| (draft.key, index))
         .collect();
     let mut successors: Vec<Vec<usize>> = vec![Vec::new(); drafts.len()];
     let mut pending_predecessors: Vec<usize> = vec![0; drafts.len()];
@@ -186,31 +189,40 @@ fn order(drafts: Vec<Draft>) -> (Vec<PlannedOperation>, BTreeMap<Arc<str>, Vec<u
         match draft.key.1 {
             OperationKind::Delete => {
                 *deletes_left_by_type
-                    .entry(draft.key.0.item_type.clone())
+                    .entry(draft.item.item_type.clone())
                     .or_default() += 1
             }
             OperationKind::Create => {
-                types_with_creates.insert(draft.key.0.item_type.clone());
+                types_with_creates.insert(draft.item.item_type.clone());
             }
             _ => {}
         }
     }
     let mut creates_held_by_type: FxHashMap<Arc<str>, Vec<usize>> = FxHashMap::default();
 
-    let rank = |index: usize| (drafts[index].key.0.clone(), drafts[index].key.1, index);
-    let mut ready: BTreeSet<(ItemRef, OperationKind, usize)> = BTreeSet::new();
+    // Ties are broken by (item, kind): sort once, then order by rank.
+    let mut by_identity: Vec<usize> = (0..drafts.len()).collect();
+    by_identity.sort_unstable_by(|&a, &b| {
+        (&drafts[a].item, drafts[a].key.1).cmp(&(&drafts[b].item, drafts[b].key.1))
+    });
+    let mut ranks = vec![0usize; drafts.len()];
+    for (rank, &index) in by_identity.iter().enumerate() {
+        ranks[index] = rank;
+    }
+    let rank = |index: usize| Reverse((ranks[index], index));
+    let mut ready: BinaryHeap<Reverse<(usize, usize)>> = BinaryHeap::new();
     let release = |index: usize,
-                   ready: &mut BTreeSet<(ItemRef, OperationKind, usize)>,
+                   ready: &mut BinaryHeap<Reverse<(usize, usize)>>,
                    held: &mut FxHashMap<Arc<str>, Vec<usize>>,
                    deletes_left: &FxHashMap<Arc<str>, usize>| {
         let draft = &drafts[index];
-        let item_type = &draft.key.0.item_type;
+        let item_type = &draft.item.item_type;
         if draft.key.1 == OperationKind::Create
             && deletes_left.get(item_type).copied().unwrap_or(0) > 0
         {
             held.entry(item_type.clone()).or_default().push(index);
         } else {
-            ready.insert(rank(index));
+            ready.push(rank(index));
         }
     };
     for (index, pending) in pending_predecessors.iter().enumerate() {
@@ -226,17 +238,16 @@ fn order(drafts: Vec<Draft>) -> (Vec<PlannedOperation>, BTreeMap<Arc<str>, Vec<u
 
     let mut new_index: Vec<usize> = vec![usize::MAX; drafts.len()];
     let mut emitted: Vec<usize> = Vec::with_capacity(drafts.len());
-    while let Some(next) = ready.pop_first() {
-        let index = next.2;
+    while let Some(Reverse((_, index))) = ready.pop() {
         new_index[index] = emitted.len();
         emitted.push(index);
         if drafts[index].key.1 == OperationKind::Delete {
-            let item_type = drafts[index].key.0.item_type.clone();
+            let item_type = drafts[index].item.item_type.clone();
             if let Some(left) = deletes_left_by_type.get_mut(&item_type) {
                 *left -= 1;
                 if *left == 0 {
                     for held in creates_held_by_type.remove(&item_type).unwrap_or_default() {
-                        ready.insert(rank(held));
+                        ready.push(rank(held));
                     }
                 }
             }
@@ -261,15 +272,15 @@ fn order(drafts: Vec<Draft>) -> (Vec<PlannedOperation>, BTreeMap<Arc<str>, Vec<u
         let mut after: Vec<usize> = resolved_after[old].iter().map(|&p| new_index[p]).collect();
         after.sort_unstable();
         if draft.key.1 == OperationKind::Delete
-            && types_with_creates.contains(&draft.key.0.item_type)
+            && types_with_creates.contains(&draft.item.item_type)
         {
             type_barriers
-                .entry(draft.key.0.item_type.clone())
+                .entry(draft.item.item_type.clone())
                 .or_default()
                 .push(operations.len());
         }
         operations.push(PlannedOperation {
-            item: draft.key.0.clone(),
+            item: draft.item.clone(),
             kind: draft.key.1,
             after,
             recreate: draft.recreate,

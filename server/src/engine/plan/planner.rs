@@ -16,6 +16,10 @@
 //! 4. A Modify whose new dependencies cannot be satisfied within this plan
 //!    turns into a delete (rule 5); the cascade and schedules are then
 //!    computed again until nothing changes (the set only grows).
+//!
+//! Every item the run touches is interned once into an arena ([`Node`]):
+//! its graph entries, need, flags and schedules live there and are reached
+//! by index, so the per-edge work is array access, not map lookups.
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -26,11 +30,15 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::need::{Need, own_need};
 use super::{BlockedBy, PlanEnvironment, WaitReason};
 use crate::graph::{
-    CurrentGraph, CurrentItem, IntendedGraph, ItemRef, OperationKind, Predicate, Properties,
+    CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, ItemRef, OperationKind, Predicate,
+    Properties,
 };
 
+/// Index of an item in the planner's arena.
+pub(super) type Id = u32;
+
 /// An operation of the plan being built, named by item and kind.
-pub(super) type OperationKey = (ItemRef, OperationKind);
+pub(super) type OperationKey = (Id, OperationKind);
 
 /// What the planner decided for one operation of one item.
 #[derive(Clone, Debug)]
@@ -59,24 +67,45 @@ enum DependencyStatus {
     Unsatisfied { why: String, hopeless: bool },
 }
 
+/// Everything the run knows about one item.
+pub(super) struct Node<'a> {
+    pub(super) item: ItemRef,
+    pub(super) intended: Option<&'a Arc<IntendedItem>>,
+    pub(super) current: Option<&'a Arc<CurrentItem>>,
+    need: Option<Need>,
+    seed: bool,
+    examined: bool,
+    pub(super) deleting: bool,
+    pub(super) dropped: bool,
+    pub(super) delete_schedule: Option<Schedule>,
+    pub(super) change_schedule: Option<Schedule>,
+    /// The intended dependencies, interned (filled on first use).
+    required: Option<Arc<[Id]>>,
+    /// Current dependents, interned (filled on first use).
+    current_dependents: Option<Arc<[Id]>>,
+}
+
+impl Node<'_> {
+    fn busy(&self) -> bool {
+        self.current.is_some_and(|c| c.is_busy())
+    }
+}
+
 /// The state of one planning run.
 pub(super) struct Planner<'a, E> {
-    pub(super) intended: &'a IntendedGraph,
-    pub(super) current: &'a CurrentGraph,
+    intended: &'a IntendedGraph,
+    current: &'a CurrentGraph,
     environment: &'a E,
     now_ms: u64,
-    seeds: BTreeSet<ItemRef>,
-    needs: FxHashMap<ItemRef, Need>,
-    pub(super) examined: BTreeSet<ItemRef>,
-    queue: Vec<ItemRef>,
-    pub(super) deleting: BTreeSet<ItemRef>,
-    pub(super) dropped: BTreeSet<ItemRef>,
+    ids: FxHashMap<ItemRef, Id>,
+    nodes: Vec<Node<'a>>,
+    /// Items looked at, in the (deterministic) order they were first visited.
+    pub(super) examined: Vec<Id>,
+    queue: Vec<Id>,
     /// Modify(key) waits for the Deletes of these dependents (rule 6).
-    deletes_before_modify: FxHashMap<ItemRef, BTreeSet<ItemRef>>,
-    pub(super) delete_schedules: FxHashMap<ItemRef, Schedule>,
-    pub(super) change_schedules: FxHashMap<ItemRef, Schedule>,
+    deletes_before_modify: FxHashMap<Id, BTreeSet<Id>>,
     /// One in-flight Delete per item type: Creates of that type wait.
-    inflight_deletes_by_type: FxHashMap<Arc<str>, ItemRef>,
+    inflight_deletes_by_type: FxHashMap<Arc<str>, Id>,
 }
 
 impl<'a, E: PlanEnvironment> Planner<'a, E> {
@@ -91,29 +120,28 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             current,
             environment,
             now_ms: environment.now_ms(),
-            seeds: BTreeSet::new(),
-            needs: FxHashMap::default(),
-            examined: BTreeSet::new(),
+            ids: FxHashMap::default(),
+            nodes: Vec::new(),
+            examined: Vec::new(),
             queue: Vec::new(),
-            deleting: BTreeSet::new(),
-            dropped: BTreeSet::new(),
             deletes_before_modify: FxHashMap::default(),
-            delete_schedules: FxHashMap::default(),
-            change_schedules: FxHashMap::default(),
             inflight_deletes_by_type: FxHashMap::default(),
         }
     }
 
     /// Plans from `seeds`.
     pub(super) fn run(mut self, seeds: &BTreeSet<ItemRef>) -> super::Plan {
-        self.seeds = seeds.clone();
         for seed in seeds {
-            self.visit(seed);
+            let id = self.id(seed);
+            self.node_mut(id).seed = true;
+            self.visit(id);
         }
         loop {
             self.process_queue();
-            self.delete_schedules.clear();
-            self.change_schedules.clear();
+            for node in &mut self.nodes {
+                node.delete_schedule = None;
+                node.change_schedule = None;
+            }
             self.collect_inflight_deletes();
             self.schedule_deletes();
             self.schedule_changes();
@@ -121,104 +149,170 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             if doomed.is_empty() {
                 break;
             }
-            for item in doomed {
-                self.mark_deleting(&item);
+            for id in doomed {
+                self.mark_deleting(id);
             }
         }
         super::assemble::assemble(&mut self)
     }
 
-    /// The item's own need (memoized).
-    pub(super) fn need(&mut self, item: &ItemRef) -> Need {
-        if let Some(need) = self.needs.get(item) {
-            return *need;
+    /// Interns `item`: its arena index, looking up its graph entries once.
+    fn id(&mut self, item: &ItemRef) -> Id {
+        if let Some(id) = self.ids.get(item) {
+            return *id;
         }
+        let (intended, current): (&'a IntendedGraph, &'a CurrentGraph) =
+            (self.intended, self.current);
+        let id = Id::try_from(self.nodes.len()).unwrap_or(Id::MAX);
+        self.nodes.push(Node {
+            item: item.clone(),
+            intended: intended.get(item),
+            current: current.get(item),
+            need: None,
+            seed: false,
+            examined: false,
+            deleting: false,
+            dropped: false,
+            delete_schedule: None,
+            change_schedule: None,
+            required: None,
+            current_dependents: None,
+        });
+        self.ids.insert(item.clone(), id);
+        id
+    }
+
+    /// The arena node of `id`.
+    pub(super) fn node(&self, id: Id) -> &Node<'a> {
+        &self.nodes[id as usize]
+    }
+
+    fn node_mut(&mut self, id: Id) -> &mut Node<'a> {
+        &mut self.nodes[id as usize]
+    }
+
+    fn intended_of(&self, id: Id) -> Option<&'a Arc<IntendedItem>> {
+        self.node(id).intended
+    }
+
+    fn current_of(&self, id: Id) -> Option<&'a Arc<CurrentItem>> {
+        self.node(id).current
+    }
+
+    /// The intended dependencies of `id`, interned.
+    fn required(&mut self, id: Id) -> Arc<[Id]> {
+        if let Some(required) = &self.node(id).required {
+            return required.clone();
+        }
+        let required: Arc<[Id]> = match self.intended_of(id) {
+            Some(entry) => entry.item.required_items().map(|r| self.id(r)).collect(),
+            None => Arc::from(Vec::new()),
+        };
+        self.node_mut(id).required = Some(required.clone());
+        required
+    }
+
+    /// The current dependents of `id`, interned.
+    fn current_dependents(&mut self, id: Id) -> Arc<[Id]> {
+        if let Some(dependents) = &self.node(id).current_dependents {
+            return dependents.clone();
+        }
+        let current: &'a CurrentGraph = self.current;
+        let item = self.node(id).item.clone();
+        let dependents: Arc<[Id]> = current.dependents_of(&item).map(|d| self.id(d)).collect();
+        self.node_mut(id).current_dependents = Some(dependents.clone());
+        dependents
+    }
+
+    /// The item's own need (memoized).
+    pub(super) fn need(&mut self, id: Id) -> Need {
+        if let Some(need) = self.node(id).need {
+            return need;
+        }
+        let node = self.node(id);
         let need = own_need(
-            self.intended.get(item).map(|entry| &**entry),
-            self.current.get(item).map(|entry| &**entry),
+            node.intended.map(|entry| &**entry),
+            node.current.map(|entry| &**entry),
             self.current,
             self.environment,
         );
-        self.needs.insert(item.clone(), need);
+        self.node_mut(id).need = Some(need);
         need
     }
 
-    fn visit(&mut self, item: &ItemRef) {
-        if !self.examined.contains(item) {
-            self.examined.insert(item.clone());
-            self.queue.push(item.clone());
+    fn visit(&mut self, id: Id) {
+        let node = self.node_mut(id);
+        if !node.examined {
+            node.examined = true;
+            self.examined.push(id);
+            self.queue.push(id);
         }
     }
 
     fn process_queue(&mut self) {
-        while let Some(item) = self.queue.pop() {
-            let need = self.need(&item);
+        while let Some(id) = self.queue.pop() {
+            let need = self.need(id);
             if matches!(need, Need::Delete | Need::Recreate) {
-                self.mark_deleting(&item);
+                self.mark_deleting(id);
             }
-            let current = self.current.get(&item).cloned();
-            if let Some(current) = &current
+            let current = self.current_of(id);
+            if let Some(current) = current
                 && current.may_exist()
             {
-                self.check_existing(&item, current);
+                self.check_existing(id, current);
             }
-            let settled = need == Need::Nothing
-                && current
-                    .as_ref()
-                    .is_some_and(|c| c.is_created() && !c.is_busy());
+            let settled =
+                need == Need::Nothing && current.is_some_and(|c| c.is_created() && !c.is_busy());
             let absent_and_unwanted = need == Need::Nothing && current.is_none();
-            if self.seeds.contains(&item) || !(settled || absent_and_unwanted) {
-                let dependents: Vec<ItemRef> = self
-                    .current
-                    .dependents_of(&item)
-                    .chain(self.intended.dependents_of(&item))
-                    .cloned()
-                    .collect();
-                for dependent in &dependents {
+            if self.node(id).seed || !(settled || absent_and_unwanted) {
+                let intended: &'a IntendedGraph = self.intended;
+                let item = self.node(id).item.clone();
+                for dependent in self.current_dependents(id).iter() {
+                    self.visit(*dependent);
+                }
+                for dependent in intended.dependents_of(&item) {
+                    let dependent = self.id(dependent);
                     self.visit(dependent);
                 }
             }
         }
     }
 
-    /// Plans `item` (and, transitively, its current dependents) for deletion.
-    fn mark_deleting(&mut self, item: &ItemRef) {
-        let mut stack = vec![item.clone()];
-        while let Some(item) = stack.pop() {
-            if !self.deleting.insert(item.clone()) {
+    /// Plans `id` (and, transitively, its current dependents) for deletion.
+    fn mark_deleting(&mut self, id: Id) {
+        let mut stack = vec![id];
+        while let Some(id) = stack.pop() {
+            if self.node(id).deleting {
                 continue;
             }
-            self.visit(&item);
-            for dependent in self.current.dependents_of(&item) {
-                if self.dropped.contains(dependent) {
+            self.node_mut(id).deleting = true;
+            self.visit(id);
+            for dependent in self.current_dependents(id).iter() {
+                let node = self.node(*dependent);
+                if node.dropped {
                     continue;
                 }
-                if self
-                    .current
-                    .get(dependent)
-                    .is_some_and(|c| c.may_exist() || c.is_busy())
-                {
-                    stack.push(dependent.clone());
+                if node.current.is_some_and(|c| c.may_exist() || c.is_busy()) {
+                    stack.push(*dependent);
                 }
             }
         }
     }
 
-    /// Removes `item` from current state without a call; what depends on it
+    /// Removes `id` from current state without a call; what depends on it
     /// has lost a dependency and is deleted.
-    fn drop_item(&mut self, item: &ItemRef) {
-        if !self.dropped.insert(item.clone()) {
+    fn drop_item(&mut self, id: Id) {
+        if self.node(id).dropped {
             return;
         }
-        self.visit(item);
-        let dependents: Vec<ItemRef> = self.current.dependents_of(item).cloned().collect();
-        for dependent in &dependents {
+        self.node_mut(id).dropped = true;
+        self.visit(id);
+        for dependent in self.current_dependents(id).iter() {
             if self
-                .current
-                .get(dependent)
+                .current_of(*dependent)
                 .is_some_and(|c| c.may_exist() || c.is_busy())
             {
-                self.mark_deleting(dependent);
+                self.mark_deleting(*dependent);
             }
         }
     }
@@ -226,37 +320,36 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// Rules for an item that exists: a dependency it relies on is gone, a
     /// predicate fails for the dependency's next value, or a
     /// `recreate_when_modified` dependency is about to be modified.
-    fn check_existing(&mut self, item: &ItemRef, current: &CurrentItem) {
-        let Some(applied) = current.applied.clone() else {
+    fn check_existing(&mut self, id: Id, current: &'a CurrentItem) {
+        let Some(applied) = current.applied.as_ref() else {
             return;
         };
         for dependency in &applied.dependencies {
-            let required = &dependency.requires;
-            let gone = match self.current.get(required) {
+            let required = self.id(&dependency.requires);
+            let node = self.node(required);
+            let gone = match node.current {
                 Some(state) if state.is_busy() => false,
-                Some(state) => !state.is_created() || self.dropped.contains(required),
+                Some(state) => !state.is_created() || node.dropped,
                 None => true,
             };
             if gone {
                 if dependency.auto_deleted_by_external {
-                    self.drop_item(item);
+                    self.drop_item(id);
                 } else {
-                    self.mark_deleting(item);
+                    self.mark_deleting(id);
                 }
                 return;
             }
         }
-        if self.deleting.contains(item) || current.is_busy() {
+        if self.node(id).deleting || current.is_busy() {
             return;
         }
-        let Some(intended) = self.intended.get(item).cloned() else {
+        let Some(intended) = self.intended_of(id) else {
             return;
         };
         for (index, dependency) in intended.item.dependencies.iter().enumerate() {
-            let required = &dependency.requires;
-            if applied.dependency_on(required).is_none()
-                || self.current.get(required).is_some_and(|c| c.is_busy())
-            {
+            let required = self.id(&dependency.requires);
+            if applied.dependency_on(&dependency.requires).is_none() || self.node(required).busy() {
                 continue;
             }
             let required_is_modified = matches!(self.need(required), Need::Modify { .. });
@@ -267,30 +360,28 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             });
             let recreate = required_is_modified && dependency.recreate_when_modified;
             if predicate_fails || recreate {
-                self.mark_deleting(item);
+                self.mark_deleting(id);
                 if required_is_modified {
                     self.deletes_before_modify
-                        .entry(required.clone())
+                        .entry(required)
                         .or_default()
-                        .insert(item.clone());
+                        .insert(id);
                 }
                 return;
             }
         }
     }
 
-    /// The properties `item` will have once this plan ran: the intended ones
+    /// The properties `id` will have once this plan ran: the intended ones
     /// if it gets an operation, else observed laid over applied.
-    fn value_after_plan(&mut self, item: &ItemRef) -> Cow<'a, Properties> {
-        let need = self.need(item);
-        let intended = self.intended.get(item);
-        match (need, intended) {
+    fn value_after_plan(&mut self, id: Id) -> Cow<'a, Properties> {
+        let need = self.need(id);
+        match (need, self.intended_of(id)) {
             (Need::Create | Need::Modify { .. } | Need::Recreate, Some(entry)) => {
                 Cow::Borrowed(&entry.item.properties)
             }
             _ => Cow::Owned(
-                self.current
-                    .get(item)
+                self.current_of(id)
                     .map(|current| current.effective_properties())
                     .unwrap_or_default(),
             ),
@@ -299,16 +390,16 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
     fn collect_inflight_deletes(&mut self) {
         self.inflight_deletes_by_type.clear();
-        for item in &self.examined {
-            let deleting_now = self
+        for &id in &self.examined {
+            let node = &self.nodes[id as usize];
+            let deleting_now = node
                 .current
-                .get(item)
                 .and_then(|c| c.in_flight.as_ref())
                 .is_some_and(|op| op.kind == OperationKind::Delete);
             if deleting_now {
                 self.inflight_deletes_by_type
-                    .entry(item.item_type.clone())
-                    .or_insert_with(|| item.clone());
+                    .entry(node.item.item_type.clone())
+                    .or_insert(id);
             }
         }
     }
@@ -323,88 +414,92 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     // ----- Deletes ---------------------------------------------------------
 
     fn schedule_deletes(&mut self) {
-        let roots: Vec<ItemRef> = self.deleting.iter().cloned().collect();
+        let roots: Vec<Id> = self
+            .examined
+            .iter()
+            .copied()
+            .filter(|&id| self.node(id).deleting)
+            .collect();
         for root in roots {
             self.schedule_delete_tree(root);
         }
     }
 
-    /// Whether `item` is something a Delete must wait for.
-    fn holds_a_delete(&self, item: &ItemRef) -> bool {
-        !self.dropped.contains(item)
-            && self
-                .current
-                .get(item)
-                .is_some_and(|c| c.may_exist() || c.is_busy())
+    /// Whether `id` is something a Delete must wait for.
+    fn holds_a_delete(&self, id: Id) -> bool {
+        let node = self.node(id);
+        !node.dropped && node.current.is_some_and(|c| c.may_exist() || c.is_busy())
     }
 
     /// Schedules the Delete of `root` after those of its current dependents
     /// (iterative depth-first: graphs can be deep).
-    fn schedule_delete_tree(&mut self, root: ItemRef) {
+    fn schedule_delete_tree(&mut self, root: Id) {
         let mut stack = vec![(root, false)];
         let mut in_progress = FxHashSet::default();
-        while let Some((item, expanded)) = stack.pop() {
-            if self.delete_schedules.contains_key(&item) {
+        while let Some((id, expanded)) = stack.pop() {
+            if self.node(id).delete_schedule.is_some() {
                 continue;
             }
             if expanded {
-                let schedule = self.compute_delete(&item);
-                self.delete_schedules.insert(item, schedule);
+                let schedule = self.compute_delete(id);
+                self.node_mut(id).delete_schedule = Some(schedule);
                 continue;
             }
-            if !in_progress.insert(item.clone()) {
-                self.delete_schedules.insert(
-                    item.clone(),
-                    cycle_in_current_state(&item, OperationKind::Delete),
-                );
+            if !in_progress.insert(id) {
+                let schedule = cycle_in_current_state(&self.node(id).item, OperationKind::Delete);
+                self.node_mut(id).delete_schedule = Some(schedule);
                 continue;
             }
-            stack.push((item.clone(), true));
-            for dependent in self.current.dependents_of(&item) {
-                if self.holds_a_delete(dependent) && !self.delete_schedules.contains_key(dependent)
+            stack.push((id, true));
+            for dependent in self.current_dependents(id).iter() {
+                if self.holds_a_delete(*dependent)
+                    && self.node(*dependent).delete_schedule.is_none()
                 {
-                    stack.push((dependent.clone(), false));
+                    stack.push((*dependent, false));
                 }
             }
         }
     }
 
-    fn compute_delete(&mut self, item: &ItemRef) -> Schedule {
+    fn compute_delete(&mut self, id: Id) -> Schedule {
         let kind = OperationKind::Delete;
-        let Some(current) = self.current.get(item) else {
+        let node = self.node(id);
+        let item = node.item.clone();
+        let Some(current) = node.current else {
             return Schedule::NotNeeded;
         };
-        if self.dropped.contains(item) || !(current.may_exist() || current.is_busy()) {
+        if node.dropped || !(current.may_exist() || current.is_busy()) {
             return Schedule::NotNeeded;
         }
         if current.is_busy() {
-            return waiting_on_itself(item, current, kind);
+            return waiting_on_itself(&item, current, kind);
         }
-        let target_generation = self.intended.get(item).map_or(0, |entry| entry.generation);
+        let target_generation = node.intended.map_or(0, |entry| entry.generation);
         if current.last_operation == Some(kind) && current.failed_terminally_at(target_generation) {
-            return terminal(item, current, kind);
+            return terminal(&item, current, kind);
         }
         if self.in_backoff(current) {
-            return backoff(item, current, kind);
+            return backoff(&item, current, kind);
         }
         if !self.environment.has_configurator(&item.item_type) {
-            return no_configurator(item, kind);
+            return no_configurator(&item, kind);
         }
         let mut after = Vec::new();
         let mut blocked_by = Vec::new();
-        for dependent in self.current.dependents_of(item) {
+        for &dependent in self.current_dependents(id).iter() {
             if !self.holds_a_delete(dependent) {
                 continue;
             }
-            match self.delete_schedules.get(dependent) {
-                Some(Schedule::Ready { .. }) => after.push((dependent.clone(), kind)),
+            let node = self.node(dependent);
+            match &node.delete_schedule {
+                Some(Schedule::Ready { .. }) => after.push((dependent, kind)),
                 Some(Schedule::Waiting { reason, .. }) => blocked_by.push(BlockedBy {
-                    item: dependent.clone(),
+                    item: node.item.clone(),
                     why: format!("its delete waits ({})", reason_words(*reason)),
                 }),
                 Some(Schedule::NotNeeded) => {}
                 None => blocked_by.push(BlockedBy {
-                    item: dependent.clone(),
+                    item: node.item.clone(),
                     why: "depends on it and is not planned for deletion".into(),
                 }),
             }
@@ -423,25 +518,26 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
     // ----- Creates and Modifies -------------------------------------------
 
-    /// Whether `item` needs a Create or Modify (and is ours to operate on).
-    fn needs_change(&mut self, item: &ItemRef) -> bool {
-        let Some(entry) = self.intended.get(item) else {
+    /// Whether `id` needs a Create or Modify (and is ours to operate on).
+    fn needs_change(&mut self, id: Id) -> bool {
+        let node = self.node(id);
+        let Some(entry) = node.intended else {
             return false;
         };
-        if entry.item.external || self.dropped.contains(item) {
+        if entry.item.external || node.dropped {
             return false;
         }
-        self.deleting.contains(item)
+        node.deleting
             || matches!(
-                self.need(item),
+                self.need(id),
                 Need::Create | Need::Modify { .. } | Need::Recreate
             )
     }
 
     fn schedule_changes(&mut self) {
-        let roots: Vec<ItemRef> = self.examined.iter().cloned().collect();
-        for root in roots {
-            if self.needs_change(&root) {
+        for index in 0..self.examined.len() {
+            let root = self.examined[index];
+            if self.needs_change(root) {
                 self.schedule_change_tree(root);
             }
         }
@@ -449,58 +545,54 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
     /// Schedules the Create/Modify of `root` after those of its intended
     /// dependencies (iterative depth-first).
-    fn schedule_change_tree(&mut self, root: ItemRef) {
+    fn schedule_change_tree(&mut self, root: Id) {
         let mut stack = vec![(root, false)];
         let mut in_progress = FxHashSet::default();
-        while let Some((item, expanded)) = stack.pop() {
-            if self.change_schedules.contains_key(&item) {
+        while let Some((id, expanded)) = stack.pop() {
+            if self.node(id).change_schedule.is_some() {
                 continue;
             }
             if expanded {
-                let schedule = self.compute_change(&item);
-                self.change_schedules.insert(item, schedule);
+                let schedule = self.compute_change(id);
+                self.node_mut(id).change_schedule = Some(schedule);
                 continue;
             }
-            if !in_progress.insert(item.clone()) {
-                self.change_schedules.insert(
-                    item.clone(),
-                    cycle_in_current_state(&item, OperationKind::Create),
-                );
+            if !in_progress.insert(id) {
+                let schedule = cycle_in_current_state(&self.node(id).item, OperationKind::Create);
+                self.node_mut(id).change_schedule = Some(schedule);
                 continue;
             }
-            stack.push((item.clone(), true));
-            let Some(entry) = self.intended.get(&item).cloned() else {
-                continue;
-            };
-            for required in entry.item.required_items() {
-                if !self.change_schedules.contains_key(required) && self.needs_change(required) {
-                    stack.push((required.clone(), false));
+            stack.push((id, true));
+            for &required in self.required(id).iter() {
+                if self.node(required).change_schedule.is_none() && self.needs_change(required) {
+                    stack.push((required, false));
                 }
             }
         }
     }
 
-    fn compute_change(&mut self, item: &ItemRef) -> Schedule {
-        let Some(entry) = self.intended.get(item).cloned() else {
+    fn compute_change(&mut self, id: Id) -> Schedule {
+        let Some(entry) = self.intended_of(id) else {
             return Schedule::NotNeeded;
         };
-        let recreating = self.deleting.contains(item);
-        let need = self.need(item);
+        let item = self.node(id).item.clone();
+        let recreating = self.node(id).deleting;
+        let need = self.need(id);
         let kind = if recreating || matches!(need, Need::Create | Need::Recreate) {
             OperationKind::Create
         } else {
             OperationKind::Modify
         };
-        if let Some(current) = self.current.get(item) {
+        if let Some(current) = self.current_of(id) {
             if current.is_busy() {
-                return waiting_on_itself(item, current, kind);
+                return waiting_on_itself(&item, current, kind);
             }
             if !recreating {
                 if current.failed_terminally_at(entry.generation) {
-                    return terminal(item, current, kind);
+                    return terminal(&item, current, kind);
                 }
                 if self.in_backoff(current) {
-                    return backoff(item, current, kind);
+                    return backoff(&item, current, kind);
                 }
             }
         }
@@ -510,8 +602,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let mut hopeless = false;
 
         if recreating {
-            match self.delete_schedules.get(item) {
-                Some(Schedule::Ready { .. }) => after.push((item.clone(), OperationKind::Delete)),
+            match &self.node(id).delete_schedule {
+                Some(Schedule::Ready { .. }) => after.push((id, OperationKind::Delete)),
                 Some(Schedule::Waiting { reason, .. }) => waits_on_operations.push(BlockedBy {
                     item: item.clone(),
                     why: format!("its own delete waits ({})", reason_words(*reason)),
@@ -519,9 +611,10 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 Some(Schedule::NotNeeded) | None => {}
             }
         }
-        for (index, dependency) in entry.item.dependencies.iter().enumerate() {
+        let required = self.required(id);
+        for (index, &dependency) in required.iter().enumerate() {
             let predicate = entry.predicates.get(index).and_then(Option::as_ref);
-            match self.dependency_status(&dependency.requires, predicate) {
+            match self.dependency_status(dependency, predicate) {
                 DependencyStatus::Satisfied => {}
                 DependencyStatus::After(key) => after.push(key),
                 DependencyStatus::Unsatisfied {
@@ -530,21 +623,21 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 } => {
                     hopeless |= never;
                     waits_on_dependencies.push(BlockedBy {
-                        item: dependency.requires.clone(),
+                        item: self.node(dependency).item.clone(),
                         why,
                     });
                 }
             }
         }
         if kind == OperationKind::Modify {
-            self.modify_waits_for_dependents(item, &mut after, &mut waits_on_operations);
+            self.modify_waits_for_dependents(id, &mut after, &mut waits_on_operations);
         }
         if kind == OperationKind::Create
-            && let Some(deleting) = self.inflight_deletes_by_type.get(&item.item_type)
-            && deleting != item
+            && let Some(&deleting) = self.inflight_deletes_by_type.get(&item.item_type)
+            && deleting != id
         {
             waits_on_operations.push(BlockedBy {
-                item: deleting.clone(),
+                item: self.node(deleting).item.clone(),
                 why: "a delete of the same type is in flight".into(),
             });
         }
@@ -560,7 +653,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 hopeless,
             }
         } else if !self.environment.has_configurator(&item.item_type) {
-            no_configurator(item, kind)
+            no_configurator(&item, kind)
         } else if !waits_on_operations.is_empty() {
             Schedule::Waiting {
                 kind,
@@ -569,7 +662,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 hopeless: false,
             }
         } else {
-            after.sort();
+            after.sort_unstable();
             after.dedup();
             Schedule::Ready { kind, after }
         }
@@ -579,33 +672,32 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// Deletes of dependents that must go before it (rule 6).
     fn modify_waits_for_dependents(
         &mut self,
-        item: &ItemRef,
+        id: Id,
         after: &mut Vec<OperationKey>,
         blocked_by: &mut Vec<BlockedBy>,
     ) {
-        for dependent in self.current.dependents_of(item) {
-            if let Some(current) = self.current.get(dependent)
+        for &dependent in self.current_dependents(id).iter() {
+            let node = self.node(dependent);
+            if let Some(current) = node.current
                 && current.is_busy()
             {
                 blocked_by.push(BlockedBy {
-                    item: dependent.clone(),
+                    item: node.item.clone(),
                     why: busy_words(current),
                 });
             }
         }
-        let Some(dependents) = self.deletes_before_modify.get(item) else {
+        let Some(dependents) = self.deletes_before_modify.get(&id) else {
             return;
         };
-        for dependent in dependents {
-            match self.delete_schedules.get(dependent) {
-                Some(Schedule::Ready { .. }) => {
-                    after.push((dependent.clone(), OperationKind::Delete))
-                }
+        for &dependent in dependents {
+            let node = &self.nodes[dependent as usize];
+            match &node.delete_schedule {
+                Some(Schedule::Ready { .. }) => after.push((dependent, OperationKind::Delete)),
                 Some(Schedule::Waiting { reason, .. }) => {
-                    let busy = self.current.get(dependent).is_some_and(|c| c.is_busy());
-                    if !busy {
+                    if !node.busy() {
                         blocked_by.push(BlockedBy {
-                            item: dependent.clone(),
+                            item: node.item.clone(),
                             why: format!("its delete waits ({})", reason_words(*reason)),
                         });
                     }
@@ -619,25 +711,25 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// an operation of this plan, or not within this plan.
     fn dependency_status(
         &mut self,
-        required: &ItemRef,
+        required: Id,
         predicate: Option<&Predicate>,
     ) -> DependencyStatus {
-        if self.dropped.contains(required) {
+        let node = self.node(required);
+        if node.dropped {
             return unsatisfied("missing", true);
         }
-        let intended = self.intended.get(required).cloned();
-        let current = self.current.get(required).cloned();
-        let external = intended.as_ref().map_or_else(
+        let intended = node.intended;
+        let current = node.current;
+        let external = intended.map_or_else(
             || {
                 current
-                    .as_ref()
                     .and_then(|c| c.applied.as_ref())
                     .is_some_and(|a| a.external)
             },
             |entry| entry.item.external,
         );
         if external {
-            return match &current {
+            return match current {
                 Some(state) if state.is_created() => {
                     check_predicate(predicate, &state.effective_properties(), None)
                 }
@@ -651,17 +743,18 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 unsatisfied("missing", true)
             };
         };
-        if let Some(state) = &current
+        if let Some(state) = current
             && state.is_busy()
         {
             return unsatisfied(&busy_words(state), false);
         }
         if self.needs_change(required) {
-            return match self.change_schedules.get(required) {
-                Some(Schedule::Ready { kind, .. }) => {
-                    let key = (required.clone(), *kind);
-                    check_predicate(predicate, &intended.item.properties, Some(key))
-                }
+            return match &self.node(required).change_schedule {
+                Some(Schedule::Ready { kind, .. }) => check_predicate(
+                    predicate,
+                    &intended.item.properties,
+                    Some((required, *kind)),
+                ),
                 Some(Schedule::Waiting { kind, reason, .. }) => {
                     if *kind == OperationKind::Create {
                         unsatisfied(&format!("not created ({})", reason_words(*reason)), true)
@@ -675,7 +768,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 Some(Schedule::NotNeeded) | None => unsatisfied("not created", true),
             };
         }
-        match &current {
+        match current {
             Some(state) if state.is_created() => {
                 check_predicate(predicate, &state.effective_properties(), None)
             }
@@ -685,24 +778,26 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
     /// Rule 5: Modifies whose new dependencies cannot be satisfied within
     /// this plan become deletes; the item then waits as pending.
-    fn modifies_that_must_delete(&mut self) -> Vec<ItemRef> {
-        let mut doomed: Vec<ItemRef> = self
-            .change_schedules
+    fn modifies_that_must_delete(&self) -> Vec<Id> {
+        let mut doomed: Vec<Id> = self
+            .examined
             .iter()
-            .filter(|(item, schedule)| {
-                matches!(
-                    schedule,
-                    Schedule::Waiting {
-                        kind: OperationKind::Modify,
-                        reason: WaitReason::Dependency,
-                        hopeless: true,
-                        ..
-                    }
-                ) && !self.deleting.contains(*item)
+            .copied()
+            .filter(|&id| {
+                let node = self.node(id);
+                !node.deleting
+                    && matches!(
+                        node.change_schedule,
+                        Some(Schedule::Waiting {
+                            kind: OperationKind::Modify,
+                            reason: WaitReason::Dependency,
+                            hopeless: true,
+                            ..
+                        })
+                    )
             })
-            .map(|(item, _)| item.clone())
             .collect();
-        doomed.sort();
+        doomed.sort_by(|a, b| self.node(*a).item.cmp(&self.node(*b).item));
         doomed
     }
 }
