@@ -6,6 +6,7 @@
 //! - [`engine`]: the planner (pure) and the executor around it.
 #![forbid(unsafe_code)]
 
+pub mod agents;
 pub mod api;
 pub mod auth;
 pub mod bootstrap;

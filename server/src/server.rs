@@ -15,7 +15,7 @@ use crate::bootstrap::{bind, health_and_reflection, serve_until, server_builder,
 use crate::config::{Config, MigrateMode};
 use crate::graph::validate::ValidationLimits;
 use crate::store::{MigrationReport, SledOptions, Store, open_and_migrate};
-use crate::tenant::{NoConfigurators, OwnerSettings, TenantDirectory};
+use crate::tenant::{OwnerSettings, TenantDirectory};
 
 /// Service names reported SERVING by the health service.
 const SERVICES: [&str; 3] = [
@@ -62,7 +62,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         configurator_grace: config.configurator_grace,
         ..OwnerSettings::default()
     };
-    let directory = TenantDirectory::load(store, Arc::new(NoConfigurators), settings)?;
+    let directory = TenantDirectory::load(store, settings)?;
     info!(tenants = directory.len(), "Tenants loaded.");
 
     let context = ApiContext {
@@ -73,6 +73,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             max_item_bytes: config.max_item_bytes,
             ..ValidationLimits::default()
         },
+        heartbeat_interval: config.heartbeat_interval,
+        lease: config.lease,
     };
     let limit = config.max_message_bytes;
     let reconciler = ReconcilerServer::new(ReconcilerService::new(context.clone()))

@@ -1,13 +1,43 @@
-//! The `reconciled.v1.Configurators` service: the agents' stream.
+//! The `reconciled.v1.Configurators` service: one bidirectional stream per
+//! agent session. This module only translates between the stream and the
+//! tenant's owner, which decides everything (ownership, dispatch, results).
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
+use reconciled_proto::PROTOCOL_VERSION;
 use reconciled_proto::v1;
 use reconciled_proto::v1::configurators_server::Configurators;
+use tokio::sync::mpsc;
 use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, warn};
 
-use super::context::ApiContext;
+use crate::agents::{
+    AgentOutcome, FromAgent, Registration, RegistrationError, SessionLink, ToAgent,
+};
+use crate::engine::exec::{
+    DEFAULT_MAX_IN_FLIGHT, DEFAULT_OPERATION_TIMEOUT_MS, RetryPolicy, TypeSpec,
+};
+use crate::graph::validate::{FieldViolation, validate_name};
+use crate::graph::{OperationError, code};
+use crate::tenant::{ExternalChange, TenantHandle};
+
+use super::context::{ApiContext, invalid};
+use super::convert::{
+    duration_from_ms, duration_to_ms, item_from_proto_at, item_ref_from_proto, item_to_proto,
+    operation_error_from_status, operation_kind_to_proto, properties_from_struct,
+};
+use super::status::ApiError;
+
+/// How long an agent has to send Register after opening the stream.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Messages buffered toward one agent before its session task waits.
+const OUTBOUND_BUFFER: usize = 1_024;
+
+static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// The Configurators service.
 #[derive(Clone)]
@@ -32,9 +62,368 @@ impl Configurators for ConfiguratorsService {
         &self,
         request: Request<Streaming<v1::AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
-        let _caller = self.context.caller(request.metadata())?;
-        Err(Status::unimplemented(
-            "configurator sessions are not available in this build yet",
-        ))
+        let caller = self.context.caller(request.metadata())?;
+        let mut inbound = request.into_inner();
+        let first = tokio::time::timeout(REGISTER_TIMEOUT, inbound.message())
+            .await
+            .map_err(|_| {
+                Status::deadline_exceeded("send Register as the first message within 10 s")
+            })??
+            .ok_or_else(|| Status::invalid_argument("the stream ended before Register"))?;
+        let Some(v1::agent_message::Message::Register(register)) = first.message else {
+            return Err(invalid("message", "the first message on Connect must be Register").into());
+        };
+        if register.protocol_version != PROTOCOL_VERSION {
+            return Err(ApiError::UnsupportedProtocol {
+                requested: register.protocol_version,
+                supported: PROTOCOL_VERSION,
+            }
+            .into());
+        }
+        let handle = self.context.tenant(caller, &register.tenant)?;
+        let types = self.type_specs(&register)?;
+
+        let (sender, outbox) = mpsc::unbounded_channel();
+        let session_id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
+        let link = SessionLink {
+            session_id,
+            agent_id: register.agent_id.clone(),
+            sender,
+        };
+        let grants = handle
+            .register(Registration { link, types })
+            .await
+            .map_err(|error| match error {
+                RegistrationError::TypeHeld { item_type, holder } => {
+                    ApiError::TypeHeld { item_type, holder }
+                }
+                RegistrationError::Tenant(error) => ApiError::from(error),
+            })?;
+
+        let (outbound, stream) = mpsc::channel(OUTBOUND_BUFFER);
+        let registered = v1::ServerMessage {
+            message: Some(v1::server_message::Message::Registered(v1::Registered {
+                session_id: session_id.to_string(),
+                granted: grants
+                    .iter()
+                    .map(|grant| v1::TypeGrant {
+                        item_type: grant.item_type.clone(),
+                        epoch: grant.epoch,
+                    })
+                    .collect(),
+                heartbeat_interval: Some(duration_from_ms(millis(self.context.heartbeat_interval))),
+                lease: Some(duration_from_ms(millis(self.context.lease))),
+            })),
+        };
+        let _ = outbound.send(Ok(registered)).await;
+        let session = Session {
+            id: session_id,
+            handle,
+            inbound,
+            outbox,
+            outbound,
+            heartbeat_interval: self.context.heartbeat_interval,
+            lease: self.context.lease,
+        };
+        tokio::spawn(session.run());
+        Ok(Response::new(Box::pin(ReceiverStream::new(stream))))
     }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl ConfiguratorsService {
+    /// Validates and converts the item type specs of a Register.
+    fn type_specs(&self, register: &v1::Register) -> Result<Vec<TypeSpec>, ApiError> {
+        let mut violations = Vec::new();
+        if let Err(problem) = validate_name(&register.agent_id, &self.context.limits) {
+            violations.push(FieldViolation::new(
+                "register.agent_id",
+                format!("the agent id {problem}"),
+            ));
+        }
+        if register.item_types.is_empty() {
+            violations.push(FieldViolation::new(
+                "register.item_types",
+                "register at least one item type",
+            ));
+        }
+        let mut specs = Vec::new();
+        for (index, spec) in register.item_types.iter().enumerate() {
+            let field = format!("register.item_types[{index}]");
+            match type_spec_from_proto(spec, &field, &self.context) {
+                Ok(spec)
+                    if specs
+                        .iter()
+                        .any(|s: &TypeSpec| s.item_type == spec.item_type) =>
+                {
+                    violations.push(FieldViolation::new(
+                        format!("{field}.item_type"),
+                        "this item type is listed twice",
+                    ))
+                }
+                Ok(spec) => specs.push(spec),
+                Err(mut problems) => violations.append(&mut problems),
+            }
+        }
+        if violations.is_empty() {
+            Ok(specs)
+        } else {
+            Err(ApiError::invalid_argument(violations))
+        }
+    }
+}
+
+/// An item type spec from the wire.
+fn type_spec_from_proto(
+    spec: &v1::ItemTypeSpec,
+    field: &str,
+    context: &ApiContext,
+) -> Result<TypeSpec, Vec<FieldViolation>> {
+    let mut violations = Vec::new();
+    if let Err(problem) = validate_name(&spec.item_type, &context.limits) {
+        violations.push(FieldViolation::new(
+            format!("{field}.item_type"),
+            format!("the item type {problem}"),
+        ));
+    }
+    let mut converted = TypeSpec::new(spec.item_type.clone());
+    converted.recreate_on_change = spec.recreate_on_change.clone();
+    converted.ask_needs_recreate = spec.ask_needs_recreate;
+    converted.supports_read = spec.supports_read;
+    converted.max_in_flight = if spec.max_in_flight == 0 {
+        DEFAULT_MAX_IN_FLIGHT
+    } else {
+        spec.max_in_flight
+    };
+    converted.operation_timeout_ms = match &spec.operation_timeout {
+        Some(timeout) => match duration_to_ms(timeout, &format!("{field}.operation_timeout")) {
+            Ok(0) => DEFAULT_OPERATION_TIMEOUT_MS,
+            Ok(ms) => ms,
+            Err(violation) => {
+                violations.push(violation);
+                DEFAULT_OPERATION_TIMEOUT_MS
+            }
+        },
+        None => DEFAULT_OPERATION_TIMEOUT_MS,
+    };
+    if let Some(policy) = &spec.retry_policy {
+        converted.max_attempts = policy.max_attempts;
+        let path = format!("{field}.retry_policy");
+        let ms = |duration: &Option<prost_types::Duration>,
+                  name: &str,
+                  violations: &mut Vec<FieldViolation>| {
+            match duration {
+                Some(duration) => duration_to_ms(duration, &format!("{path}.{name}"))
+                    .unwrap_or_else(|violation| {
+                        violations.push(violation);
+                        0
+                    }),
+                None => 0,
+            }
+        };
+        match &policy.policy {
+            Some(v1::retry_policy::Policy::StaticRetry(fixed)) => {
+                converted.retry = RetryPolicy::Static {
+                    wait_ms: ms(&fixed.wait, "static_retry.wait", &mut violations),
+                };
+            }
+            Some(v1::retry_policy::Policy::Random(random)) => {
+                converted.retry = RetryPolicy::Random {
+                    min_ms: ms(&random.min, "random.min", &mut violations),
+                    max_ms: ms(&random.max, "random.max", &mut violations),
+                };
+            }
+            Some(v1::retry_policy::Policy::Exponential(exponential)) => {
+                if !(exponential.multiplier.is_finite() && exponential.multiplier >= 1.0)
+                    && exponential.multiplier != 0.0
+                {
+                    violations.push(FieldViolation::new(
+                        format!("{path}.exponential.multiplier"),
+                        "the multiplier must be a number of at least 1 (0 means 2)",
+                    ));
+                }
+                converted.retry = RetryPolicy::Exponential {
+                    initial_ms: ms(&exponential.initial, "exponential.initial", &mut violations)
+                        .max(1),
+                    multiplier: if exponential.multiplier == 0.0 {
+                        2.0
+                    } else {
+                        exponential.multiplier
+                    },
+                    max_ms: match ms(&exponential.max, "exponential.max", &mut violations) {
+                        0 => 300_000,
+                        max => max,
+                    },
+                };
+            }
+            None => {}
+        }
+    }
+    if violations.is_empty() {
+        Ok(converted)
+    } else {
+        Err(violations)
+    }
+}
+
+/// One live session: relays between the agent's stream and the owner.
+struct Session {
+    id: u64,
+    handle: TenantHandle,
+    inbound: Streaming<v1::AgentMessage>,
+    outbox: mpsc::UnboundedReceiver<ToAgent>,
+    outbound: mpsc::Sender<Result<v1::ServerMessage, Status>>,
+    heartbeat_interval: Duration,
+    lease: Duration,
+}
+
+impl Session {
+    async fn run(mut self) {
+        let mut heartbeat = tokio::time::interval(self.heartbeat_interval);
+        let mut last_heard = Instant::now();
+        let reason = loop {
+            tokio::select! {
+                message = self.inbound.message() => match message {
+                    Ok(Some(message)) => {
+                        last_heard = Instant::now();
+                        if let Some(forward) = from_agent(message)
+                            && self.handle.from_agent(self.id, forward).await.is_err() {
+                                break "the tenant was deleted".to_string();
+                            }
+                    }
+                    Ok(None) => break "the agent closed the stream".to_string(),
+                    Err(status) => break format!("the stream failed: {}", status.message()),
+                },
+                message = self.outbox.recv() => match message {
+                    Some(message) => {
+                        if self.outbound.send(Ok(to_agent(message))).await.is_err() {
+                            break "the agent's stream is gone".to_string();
+                        }
+                    }
+                    None => break "the server replaced this session".to_string(),
+                },
+                _ = heartbeat.tick() => {
+                    if last_heard.elapsed() > self.lease {
+                        let _ = self.outbound.send(Err(Status::deadline_exceeded(
+                            "no message within the lease; reconnect and register again",
+                        ))).await;
+                        break "the lease expired".to_string();
+                    }
+                    let beat = v1::ServerMessage { message: Some(v1::server_message::Message::Heartbeat(v1::Heartbeat {})) };
+                    if self.outbound.send(Ok(beat)).await.is_err() {
+                        break "the agent's stream is gone".to_string();
+                    }
+                }
+            }
+        };
+        debug!(session = self.id, %reason, "Configurator session ended.");
+        self.handle.session_closed(self.id, reason).await;
+    }
+}
+
+/// A server message for the wire.
+fn to_agent(message: ToAgent) -> v1::ServerMessage {
+    use v1::server_message::Message;
+    let message = match message {
+        ToAgent::Operation(order) => Message::Operation(v1::OperationRequest {
+            op_id: order.op_id,
+            attempt: order.attempt,
+            epoch: order.epoch,
+            operation: operation_kind_to_proto(order.kind).into(),
+            item: Some(item_to_proto(&order.item)),
+            previous: order.previous.as_deref().map(item_to_proto),
+            timeout: Some(duration_from_ms(order.timeout_ms)),
+            generation: order.generation,
+            previous_uncertain: order.previous_uncertain,
+        }),
+        ToAgent::Cancel { op_id } => Message::Cancel(v1::CancelOperation { op_id }),
+        ToAgent::Ack { op_id, attempt } => Message::ResultAck(v1::ResultAck { op_id, attempt }),
+    };
+    v1::ServerMessage {
+        message: Some(message),
+    }
+}
+
+/// An agent message for the owner (`None`: nothing to forward).
+fn from_agent(message: v1::AgentMessage) -> Option<FromAgent> {
+    use v1::agent_message::Message;
+    match message.message? {
+        Message::Result(result) => Some(FromAgent::Result {
+            op_id: result.op_id.clone(),
+            attempt: result.attempt,
+            outcome: outcome_from_proto(result),
+        }),
+        Message::Progress(progress) => Some(FromAgent::Progress {
+            op_id: progress.op_id,
+            attempt: progress.attempt,
+        }),
+        Message::CancelAck(ack) => Some(FromAgent::CancelAck { op_id: ack.op_id }),
+        Message::ExternalUpdate(update) => Some(FromAgent::External(external_changes(update))),
+        Message::Heartbeat(_) => None,
+        Message::Register(_) => {
+            warn!(
+                "A second Register on a live session was ignored; open a new stream to change types."
+            );
+            None
+        }
+    }
+}
+
+fn outcome_from_proto(result: v1::OperationResult) -> AgentOutcome {
+    match v1::Outcome::try_from(result.outcome).unwrap_or(v1::Outcome::Unspecified) {
+        v1::Outcome::Done => AgentOutcome::Done {
+            observed: result
+                .observed
+                .and_then(|observed| properties_from_struct(observed, "observed").ok()),
+        },
+        v1::Outcome::InProgress => AgentOutcome::InProgress,
+        v1::Outcome::Wait => AgentOutcome::Wait {
+            retry_after_ms: result
+                .retry_after
+                .and_then(|d| duration_to_ms(&d, "retry_after").ok())
+                .unwrap_or(1_000),
+        },
+        v1::Outcome::Failed => AgentOutcome::Failed(match &result.status {
+            Some(status) => operation_error_from_status(status),
+            None => OperationError {
+                code: code::UNAVAILABLE,
+                message: "the agent reported a failure without a status".into(),
+            },
+        }),
+        v1::Outcome::Unspecified => AgentOutcome::Failed(OperationError {
+            code: code::INVALID_ARGUMENT,
+            message: "the agent sent a result without an outcome".into(),
+        }),
+    }
+}
+
+/// External reports from an agent; invalid ones are dropped with a warning.
+fn external_changes(update: v1::ExternalUpdate) -> Vec<ExternalChange> {
+    let mut changes = Vec::new();
+    for (index, report) in update.reports.into_iter().enumerate() {
+        match report.change {
+            Some(v1::external_report::Change::Put(item)) => {
+                match item_from_proto_at(item, &format!("reports[{index}].put")) {
+                    Ok(item) => changes.push(ExternalChange::Put {
+                        item,
+                        modified: report.modified,
+                    }),
+                    Err(problems) => warn!(
+                        ?problems,
+                        "An invalid external report from an agent was dropped."
+                    ),
+                }
+            }
+            Some(v1::external_report::Change::Delete(reference)) => {
+                changes.push(ExternalChange::Delete {
+                    item: item_ref_from_proto(reference),
+                })
+            }
+            None => {}
+        }
+    }
+    changes
 }

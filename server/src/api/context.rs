@@ -22,6 +22,10 @@ pub struct ApiContext {
     pub admin: Arc<AdminToken>,
     /// Limits applied to submitted items.
     pub limits: ValidationLimits,
+    /// How often configurator sessions exchange heartbeats.
+    pub heartbeat_interval: std::time::Duration,
+    /// How long a session may stay silent before it is closed.
+    pub lease: std::time::Duration,
 }
 
 impl ApiContext {

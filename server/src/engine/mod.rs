@@ -1,5 +1,6 @@
 //! The engine: the pure planner and the machinery that drives its plans.
 
+pub mod exec;
 pub mod plan;
 pub mod transition;
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::graph::{
-    CurrentGraph, CurrentItem, InFlight, IntendedGraph, ItemRef, ItemState, OperationError,
+    CurrentGraph, CurrentItem, InFlight, IntendedGraph, Item, ItemRef, ItemState, OperationError,
     OperationKind, Properties,
 };
 
@@ -28,6 +28,40 @@ pub enum Completion {
         /// Earliest next attempt (unix milliseconds).
         retry_at_ms: Option<u64>,
     },
+    /// Not a failure: ask again at `retry_at_ms` without counting an attempt.
+    Wait {
+        /// Earliest next attempt (unix milliseconds).
+        retry_at_ms: u64,
+    },
+    /// The outcome is not known (the agent went away, the server restarted).
+    Lost,
+}
+
+/// The value of `existing` (absent for a first Create) once `in_flight`
+/// starts on it. `target` is the intended value a Create or Modify applies.
+pub fn started(
+    existing: Option<&CurrentItem>,
+    target: Option<Arc<Item>>,
+    in_flight: InFlight,
+) -> CurrentItem {
+    let in_flight = InFlight {
+        target,
+        ..in_flight
+    };
+    let state = match in_flight.kind {
+        OperationKind::Create => ItemState::Creating,
+        OperationKind::Modify => ItemState::Modifying,
+        OperationKind::Delete => ItemState::Deleting,
+        OperationKind::Read => existing.map_or(ItemState::Created, |e| e.state),
+    };
+    match existing {
+        Some(existing) => CurrentItem {
+            state,
+            in_flight: Some(in_flight),
+            ..existing.clone()
+        },
+        None => CurrentItem::creating(in_flight),
+    }
 }
 
 /// Marks `item` as running `operation`: state Creating/Modifying/Deleting and
@@ -45,29 +79,62 @@ pub fn begin_operation(
         }
         OperationKind::Delete | OperationKind::Read => None,
     };
-    let in_flight = InFlight {
-        target,
-        ..in_flight
-    };
-    let state = match in_flight.kind {
-        OperationKind::Create => ItemState::Creating,
-        OperationKind::Modify => ItemState::Modifying,
-        OperationKind::Delete => ItemState::Deleting,
-        OperationKind::Read => ItemState::Created,
-    };
-    let entry = match current.get(item) {
-        Some(existing) => CurrentItem {
-            state: if in_flight.kind == OperationKind::Read {
-                existing.state
-            } else {
-                state
-            },
-            in_flight: Some(in_flight),
-            ..(**existing).clone()
-        },
-        None => CurrentItem::creating(in_flight),
-    };
+    let entry = started(current.get(item).map(|e| &**e), target, in_flight);
     current.insert(item.clone(), entry);
+}
+
+/// The value of `existing` once its in-flight operation ended with
+/// `completion` (`None`: the item no longer exists). `current` supplies the
+/// modification counters of dependencies. Returns `existing` unchanged when
+/// nothing is in flight.
+pub fn completed(
+    current: &CurrentGraph,
+    existing: &CurrentItem,
+    completion: Completion,
+) -> Option<CurrentItem> {
+    let Some(operation) = existing.in_flight.clone() else {
+        return Some(existing.clone());
+    };
+    match completion {
+        Completion::Done { observed } => {
+            completed_successfully(current, existing, &operation, observed)
+        }
+        Completion::Failed { error, retry_at_ms } => Some(CurrentItem {
+            state: ItemState::Failed,
+            last_operation: Some(operation.kind),
+            last_error: Some(error),
+            attempts: existing.attempts.saturating_add(1),
+            next_attempt_at_ms: retry_at_ms,
+            failed_generation: operation.target_generation,
+            in_flight: None,
+            ..existing.clone()
+        }),
+        Completion::Wait { retry_at_ms } => Some(CurrentItem {
+            state: state_before(existing, &operation),
+            next_attempt_at_ms: Some(retry_at_ms),
+            in_flight: None,
+            ..existing.clone()
+        }),
+        Completion::Lost => Some(CurrentItem {
+            state: ItemState::Unknown,
+            unknown_was_created: existing.is_created() || operation.kind != OperationKind::Create,
+            in_flight: Some(operation),
+            ..existing.clone()
+        }),
+    }
+}
+
+/// The state an item had before `operation` started.
+fn state_before(existing: &CurrentItem, operation: &InFlight) -> ItemState {
+    match (
+        operation.kind,
+        &existing.last_error,
+        existing.applied.is_some(),
+    ) {
+        (_, Some(_), _) => ItemState::Failed,
+        (OperationKind::Create, None, false) => ItemState::Pending,
+        _ => ItemState::Created,
+    }
 }
 
 /// Records the final outcome of the operation in flight on `item`.
@@ -80,46 +147,30 @@ pub fn complete_operation(
     let Some(existing) = current.get(item).cloned() else {
         return false;
     };
-    let Some(operation) = existing.in_flight.clone() else {
+    if existing.in_flight.is_none() {
         return false;
-    };
-    match completion {
-        Completion::Done { observed } => {
-            complete_successfully(current, item, &existing, &operation, observed)
+    }
+    match completed(current, &existing, completion) {
+        Some(entry) => {
+            current.insert(item.clone(), entry);
         }
-        Completion::Failed { error, retry_at_ms } => {
-            let failed = CurrentItem {
-                state: ItemState::Failed,
-                last_operation: Some(operation.kind),
-                last_error: Some(error),
-                attempts: existing.attempts.saturating_add(1),
-                next_attempt_at_ms: retry_at_ms,
-                failed_generation: operation.target_generation,
-                in_flight: None,
-                ..(*existing).clone()
-            };
-            current.insert(item.clone(), failed);
+        None => {
+            current.remove(item);
         }
     }
     true
 }
 
-fn complete_successfully(
-    current: &mut CurrentGraph,
-    item: &ItemRef,
+fn completed_successfully(
+    current: &CurrentGraph,
     existing: &CurrentItem,
     operation: &InFlight,
     observed: Option<Properties>,
-) {
+) -> Option<CurrentItem> {
     match operation.kind {
-        OperationKind::Delete => {
-            current.remove(item);
-        }
+        OperationKind::Delete => None,
         OperationKind::Create | OperationKind::Modify => {
-            let Some(target) = operation.target.clone() else {
-                current.remove(item);
-                return;
-            };
+            let target = operation.target.clone()?;
             let created_now = operation.kind == OperationKind::Create;
             let mut entry = CurrentItem::created(target.clone(), operation.target_generation);
             entry.last_operation = Some(operation.kind);
@@ -149,13 +200,13 @@ fn complete_successfully(
                     .dependency_on(required)
                     .is_some_and(|d| d.recreate_when_modified)
             });
-            current.insert(item.clone(), entry);
+            Some(entry)
         }
         OperationKind::Read => {
             let mut entry = existing.clone();
             entry.in_flight = None;
             entry.observed = observed.map(Arc::new);
-            current.insert(item.clone(), entry);
+            Some(entry)
         }
     }
 }

@@ -1,12 +1,11 @@
 //! Tenant conditions (Ready / Reconciling / Stalled), recomputed after every
 //! pass and result (DESIGN section 5). Pure: the caller passes the clock.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
 
-use crate::engine::plan::{WaitReason, WaitingItem};
-use crate::graph::ItemRef;
+use crate::engine::plan::WaitReason;
+
+use super::waiting::WaitingSummary;
 
 /// The three condition types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -56,8 +55,8 @@ pub struct Progress<'a> {
     pub in_flight: usize,
     /// Operations that could be dispatched now.
     pub ready_operations: usize,
-    /// Items waiting, with reasons.
-    pub waiting: &'a BTreeMap<ItemRef, WaitingItem>,
+    /// Counts of the waiting items.
+    pub waiting: &'a WaitingSummary,
     /// Since when some item waits for a configurator (unix ms).
     pub no_configurator_since_ms: Option<u64>,
     /// How long items may wait for a configurator before the tenant stalls.
@@ -71,10 +70,7 @@ impl Progress<'_> {
     pub fn is_quiescent(&self) -> bool {
         self.in_flight == 0
             && self.ready_operations == 0
-            && !self
-                .waiting
-                .values()
-                .any(|w| w.reason == WaitReason::Backoff)
+            && !self.waiting.by_reason.contains_key(&WaitReason::Backoff)
     }
 }
 
@@ -93,7 +89,7 @@ pub fn compute_conditions(
         previous_observed
     };
     let (stalled, stalled_reason, stalled_message) = stall(progress, quiescent);
-    let ready = quiescent && progress.waiting.is_empty();
+    let ready = quiescent && progress.waiting.total == 0;
     let (ready_reason, ready_message) = if ready {
         (
             "Converged".to_string(),
@@ -162,24 +158,13 @@ fn stall(progress: &Progress<'_>, quiescent: bool) -> (bool, String, String) {
             "the tenant is reconciling".into(),
         );
     }
-    let terminal: Vec<&WaitingItem> = progress
-        .waiting
-        .values()
-        .filter(|w| {
-            w.reason == WaitReason::TerminalFailure
-                || w.blocked_by
-                    .iter()
-                    .any(|b| b.why.contains("failed terminally"))
-        })
-        .collect();
-    if let Some(first) = terminal.first() {
+    if progress.waiting.terminal > 0 {
         return (
             true,
             "TerminalFailure".into(),
             format!(
-                "{} item(s) failed terminally or wait on one, e.g. {}; change their intent to retry",
-                terminal.len(),
-                first.item
+                "{} item(s) failed terminally or wait on one; change their intent to retry",
+                progress.waiting.terminal
             ),
         );
     }
@@ -189,11 +174,9 @@ fn stall(progress: &Progress<'_>, quiescent: bool) -> (bool, String, String) {
     if waited_too_long {
         let types: Vec<String> = progress
             .waiting
-            .values()
-            .filter(|w| w.reason == WaitReason::NoConfigurator)
-            .map(|w| w.item.item_type.to_string())
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
+            .without_configurator
+            .keys()
+            .cloned()
             .collect();
         return (
             true,
@@ -208,12 +191,13 @@ fn stall(progress: &Progress<'_>, quiescent: bool) -> (bool, String, String) {
 }
 
 /// The most common waiting reason as a not-Ready reason.
-fn waiting_summary(waiting: &BTreeMap<ItemRef, WaitingItem>) -> (String, String) {
-    let mut by_reason: BTreeMap<WaitReason, usize> = BTreeMap::new();
-    for item in waiting.values() {
-        *by_reason.entry(item.reason).or_default() += 1;
-    }
-    let Some((reason, count)) = by_reason.into_iter().max_by_key(|(_, count)| *count) else {
+fn waiting_summary(waiting: &WaitingSummary) -> (String, String) {
+    let Some((reason, count)) = waiting
+        .by_reason
+        .iter()
+        .map(|(r, c)| (*r, *c))
+        .max_by_key(|(_, count)| *count)
+    else {
         return ("Converged".into(), String::new());
     };
     let code = match reason {
@@ -228,7 +212,7 @@ fn waiting_summary(waiting: &BTreeMap<ItemRef, WaitingItem>) -> (String, String)
         code.into(),
         format!(
             "{} item(s) waiting, {count} with reason {code}",
-            waiting.len()
+            waiting.total
         ),
     )
 }
@@ -236,24 +220,26 @@ fn waiting_summary(waiting: &BTreeMap<ItemRef, WaitingItem>) -> (String, String)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::plan::BlockedBy;
-    use crate::graph::OperationKind;
+    use crate::engine::plan::{BlockedBy, WaitingItem};
+    use crate::graph::{ItemRef, OperationKind};
+    use crate::tenant::waiting::WaitingSet;
 
-    fn waiting(reason: WaitReason) -> BTreeMap<ItemRef, WaitingItem> {
+    fn waiting(reason: WaitReason) -> WaitingSummary {
         let item = ItemRef::new("t", "a");
-        let entry = WaitingItem {
+        let mut set = WaitingSet::default();
+        set.insert(WaitingItem {
             item: item.clone(),
             operation: OperationKind::Create,
             reason,
             blocked_by: vec![BlockedBy {
-                item: item.clone(),
+                item,
                 why: "x".into(),
             }],
-        };
-        BTreeMap::from([(item, entry)])
+        });
+        set.summary().clone()
     }
 
-    fn progress(waiting: &BTreeMap<ItemRef, WaitingItem>, in_flight: usize) -> Progress<'_> {
+    fn progress(waiting: &WaitingSummary, in_flight: usize) -> Progress<'_> {
         Progress {
             generation: 4,
             in_flight,
@@ -271,7 +257,7 @@ mod tests {
 
     #[test]
     fn a_converged_quiescent_tenant_is_ready_at_its_generation() {
-        let none = BTreeMap::new();
+        let none = WaitingSummary::default();
         let (conditions, observed) = compute_conditions(&[], 0, &progress(&none, 0));
         assert!(status(&conditions, ConditionKind::Ready));
         assert!(!status(&conditions, ConditionKind::Reconciling));
@@ -309,7 +295,7 @@ mod tests {
 
     #[test]
     fn transition_times_move_only_when_the_status_changes() {
-        let none = BTreeMap::new();
+        let none = WaitingSummary::default();
         let (first, _) = compute_conditions(&[], 0, &progress(&none, 0));
         let mut later = progress(&none, 0);
         later.now_ms = 5_000;

@@ -11,7 +11,7 @@ use crate::auth::{TokenDirectory, TokenHash, TokenKind, generate_token};
 use crate::store::{Store, WriteBatch, keys};
 
 use super::error::TenantError;
-use super::owner::{ConfiguratorDirectory, OwnerSettings, TenantHandle, now_ms};
+use super::owner::{OwnerSettings, TenantHandle, now_ms};
 use super::record::{TenantLimits, TenantRecord, decode, encode};
 use super::state::{TenantState, scan_all};
 
@@ -45,7 +45,6 @@ struct Inner {
 /// All live tenants.
 pub struct TenantDirectory {
     store: Arc<dyn Store>,
-    configurators: Arc<dyn ConfiguratorDirectory>,
     settings: OwnerSettings,
     inner: RwLock<Inner>,
     admin: tokio::sync::Mutex<()>,
@@ -60,14 +59,9 @@ impl TokenDirectory for TenantDirectory {
 impl TenantDirectory {
     /// Loads every live tenant from the store, starts their owners, and
     /// resumes the purge of deleted ones.
-    pub fn load(
-        store: Arc<dyn Store>,
-        configurators: Arc<dyn ConfiguratorDirectory>,
-        settings: OwnerSettings,
-    ) -> Result<Arc<Self>, TenantError> {
+    pub fn load(store: Arc<dyn Store>, settings: OwnerSettings) -> Result<Arc<Self>, TenantError> {
         let directory = Arc::new(Self {
             store: store.clone(),
-            configurators,
             settings,
             inner: RwLock::new(Inner::default()),
             admin: tokio::sync::Mutex::new(()),
@@ -119,12 +113,7 @@ impl TenantDirectory {
 
     fn start(&self, state: TenantState) -> TenantHandle {
         let hash = parse_hash(&state.record.token_hash);
-        let handle = TenantHandle::spawn(
-            state,
-            self.store.clone(),
-            self.configurators.clone(),
-            self.settings.clone(),
-        );
+        let handle = TenantHandle::spawn(state, self.store.clone(), self.settings.clone());
         let mut inner = self.write();
         if let Some(hash) = hash {
             inner.by_token.insert(hash, handle.id);

@@ -4,18 +4,18 @@
 pub mod conditions;
 pub mod directory;
 pub mod error;
+pub mod oplog;
 pub mod owner;
 pub mod record;
+pub mod sessions;
 pub mod snapshot;
 pub mod state;
 pub mod submit;
+pub mod waiting;
 
 pub use directory::{DirectoryError, TenantDirectory};
 pub use error::TenantError;
-pub use owner::{
-    ConfiguratorDirectory, ExternalChange, NoConfigurators, OwnerSettings, SubmitOutcome,
-    TenantHandle,
-};
+pub use owner::{ExternalChange, OwnerSettings, SubmitOutcome, TenantHandle};
 pub use record::{TenantLimits, TenantRecord};
 pub use snapshot::{SnapshotHistory, TenantSnapshot};
 pub use state::TenantState;

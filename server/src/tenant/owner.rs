@@ -12,6 +12,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use crate::agents::{FromAgent, Grant, Registration, RegistrationError, SessionLink};
+use crate::engine::exec::TypeSpec;
 use crate::engine::plan::{Plan, PlanEnvironment, TypeRules, WaitReason, plan_operations};
 use crate::engine::transition::{CurrentUpdates, apply_updates, bookkeeping_updates};
 use crate::graph::{CurrentItem, Item, ItemRef};
@@ -39,22 +41,6 @@ impl Default for OwnerSettings {
             default_max_items: 1_000_000,
             configurator_grace: Duration::from_secs(300),
         }
-    }
-}
-
-/// Which item types have a live configurator, per tenant.
-pub trait ConfiguratorDirectory: Send + Sync + 'static {
-    /// Whether a live session handles `item_type` for tenant `tenant_id`.
-    fn is_connected(&self, tenant_id: u64, item_type: &str) -> bool;
-}
-
-/// A directory with no configurator at all.
-#[derive(Debug, Default)]
-pub struct NoConfigurators;
-
-impl ConfiguratorDirectory for NoConfigurators {
-    fn is_connected(&self, _tenant_id: u64, _item_type: &str) -> bool {
-        false
     }
 }
 
@@ -97,6 +83,12 @@ enum Command {
     Submit(ValidatedSubmit, Reply<SubmitOutcome>),
     ReportExternal(Vec<ExternalChange>, Reply<u64>),
     Reconcile(Reply<Plan>),
+    Register(
+        Registration,
+        oneshot::Sender<Result<Vec<Grant>, RegistrationError>>,
+    ),
+    FromAgent(u64, FromAgent),
+    SessionClosed(u64, String),
 }
 
 /// A running tenant: its identity, its command queue and its snapshots.
@@ -114,12 +106,7 @@ pub struct TenantHandle {
 
 impl TenantHandle {
     /// Starts the owner task of a loaded tenant.
-    pub fn spawn(
-        state: TenantState,
-        store: Arc<dyn Store>,
-        configurators: Arc<dyn ConfiguratorDirectory>,
-        settings: OwnerSettings,
-    ) -> Self {
+    pub fn spawn(state: TenantState, store: Arc<dyn Store>, settings: OwnerSettings) -> Self {
         let (commands, receiver) = mpsc::channel(256);
         let snapshots = Arc::new(SnapshotHistory::new(TenantSnapshot::capture(&state, 0)));
         let stop = CancellationToken::new();
@@ -130,14 +117,7 @@ impl TenantHandle {
             snapshots: snapshots.clone(),
             stop: stop.clone(),
         };
-        let owner = Owner {
-            state,
-            store,
-            configurators,
-            settings,
-            snapshots,
-            no_configurator_since_ms: None,
-        };
+        let owner = Owner::new(state, store, settings, snapshots);
         tokio::spawn(owner.run(receiver, stop));
         handle
     }
@@ -156,6 +136,38 @@ impl TenantHandle {
     /// Runs a pass now and returns its plan.
     pub async fn reconcile(&self) -> Result<Plan, TenantError> {
         self.ask(Command::Reconcile).await
+    }
+
+    /// Registers a configurator session for item types; answers the
+    /// granted types with their epochs, or why the registration is refused.
+    pub async fn register(
+        &self,
+        registration: Registration,
+    ) -> Result<Vec<Grant>, RegistrationError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Register(registration, reply))
+            .await
+            .map_err(|_| RegistrationError::Tenant(TenantError::Gone))?;
+        answer
+            .await
+            .map_err(|_| RegistrationError::Tenant(TenantError::Gone))?
+    }
+
+    /// Forwards a message of session `session_id` to the owner.
+    pub async fn from_agent(&self, session_id: u64, message: FromAgent) -> Result<(), TenantError> {
+        self.commands
+            .send(Command::FromAgent(session_id, message))
+            .await
+            .map_err(|_| TenantError::Gone)
+    }
+
+    /// Tells the owner that session `session_id` ended.
+    pub async fn session_closed(&self, session_id: u64, reason: String) {
+        let _ = self
+            .commands
+            .send(Command::SessionClosed(session_id, reason))
+            .await;
     }
 
     /// Stores a new token hash in the tenant record.
@@ -190,9 +202,8 @@ pub fn now_ms() -> u64 {
 
 /// The planner's view of the world, as the owner sees it.
 struct Environment<'a> {
-    tenant_id: u64,
     type_rules: &'a HashMap<String, TypeRules>,
-    configurators: &'a dyn ConfiguratorDirectory,
+    sessions: &'a HashMap<String, Holder>,
     now_ms: u64,
 }
 
@@ -201,30 +212,105 @@ impl PlanEnvironment for Environment<'_> {
         self.type_rules.get(item_type)
     }
     fn has_configurator(&self, item_type: &str) -> bool {
-        self.configurators.is_connected(self.tenant_id, item_type)
+        self.sessions.contains_key(item_type)
     }
     fn now_ms(&self) -> u64 {
         self.now_ms
     }
 }
 
-struct Owner {
-    state: TenantState,
-    store: Arc<dyn Store>,
-    configurators: Arc<dyn ConfiguratorDirectory>,
-    settings: OwnerSettings,
-    snapshots: Arc<SnapshotHistory>,
-    no_configurator_since_ms: Option<u64>,
+/// The live session holding an item type.
+#[derive(Debug)]
+pub(super) struct Holder {
+    pub(super) link: SessionLink,
+    pub(super) epoch: u64,
+    pub(super) in_flight: usize,
+}
+
+/// What a pass looks at.
+pub(super) enum Scope {
+    /// Every unconverged item.
+    Full,
+    /// These items (and what the planner reaches from them).
+    Items(BTreeSet<ItemRef>),
+}
+
+pub(super) struct Owner {
+    pub(super) state: TenantState,
+    pub(super) store: Arc<dyn Store>,
+    pub(super) settings: OwnerSettings,
+    pub(super) snapshots: Arc<SnapshotHistory>,
+    pub(super) no_configurator_since_ms: Option<u64>,
+    /// Stored type specs with their epochs.
+    pub(super) specs: HashMap<String, (TypeSpec, u64)>,
+    /// The live session of each item type.
+    pub(super) sessions: HashMap<String, Holder>,
+    /// In-flight (or lost) operations by op id.
+    pub(super) operations: HashMap<String, ItemRef>,
+    /// For each item: the waiting items that named it in `blocked_by`.
+    pub(super) waiters: HashMap<ItemRef, BTreeSet<ItemRef>>,
+    /// Items with a ready operation not dispatched for lack of capacity.
+    pub(super) undispatched: BTreeSet<ItemRef>,
+    /// Completed operations, for `Reconcile` answers.
+    pub(super) log: Arc<super::oplog::OperationLog>,
+    pub(super) next_operation: u64,
+    /// Random per owner start: op ids never repeat across restarts.
+    pub(super) boot: u32,
+    /// The earliest backoff deadline among waiting items (unix ms).
+    pub(super) next_retry_ms: Option<u64>,
 }
 
 impl Owner {
+    fn new(
+        state: TenantState,
+        store: Arc<dyn Store>,
+        settings: OwnerSettings,
+        snapshots: Arc<SnapshotHistory>,
+    ) -> Self {
+        let log = snapshots.log();
+        Self {
+            state,
+            store,
+            settings,
+            snapshots,
+            no_configurator_since_ms: None,
+            specs: HashMap::new(),
+            sessions: HashMap::new(),
+            operations: HashMap::new(),
+            waiters: HashMap::new(),
+            undispatched: BTreeSet::new(),
+            log,
+            next_operation: 0,
+            boot: rand::random(),
+            next_retry_ms: None,
+        }
+    }
+
     async fn run(mut self, mut commands: mpsc::Receiver<Command>, stop: CancellationToken) {
-        if let Err(error) = self.pass(BTreeSet::new()).await {
+        if let Err(error) = self.load_specs_and_journal() {
+            warn!(tenant = %self.state.record.name, %error, "Loading type specs failed.");
+        }
+        if let Err(error) = self.pass(Scope::Full).await {
             warn!(tenant = %self.state.record.name, %error, "First pass failed.");
         }
         loop {
+            let deadline = self.next_deadline_ms();
+            let timer = async {
+                match deadline {
+                    Some(at) => {
+                        tokio::time::sleep(Duration::from_millis(at.saturating_sub(now_ms()))).await
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
             let command = tokio::select! {
                 () = stop.cancelled() => break,
+                () = timer => {
+                    if let Err(error) = self.on_timer().await {
+                        warn!(tenant = %self.state.record.name, %error, "Timer pass failed.");
+                    }
+                    continue;
+                }
                 command = commands.recv() => match command {
                     Some(command) => command,
                     None => break,
@@ -241,7 +327,20 @@ impl Owner {
                     let _ = reply.send(self.set_token_hash(token_hash).await);
                 }
                 Command::Reconcile(reply) => {
-                    let _ = reply.send(self.pass(BTreeSet::new()).await);
+                    let _ = reply.send(self.pass(Scope::Full).await);
+                }
+                Command::Register(registration, reply) => {
+                    let _ = reply.send(self.register(registration).await);
+                }
+                Command::FromAgent(session_id, message) => {
+                    if let Err(error) = self.handle_agent_message(session_id, message).await {
+                        warn!(tenant = %self.state.record.name, %error, "Handling an agent message failed.");
+                    }
+                }
+                Command::SessionClosed(session_id, reason) => {
+                    if let Err(error) = self.session_closed(session_id, &reason).await {
+                        warn!(tenant = %self.state.record.name, %error, "Handling a closed session failed.");
+                    }
                 }
             }
         }
@@ -283,7 +382,7 @@ impl Owner {
             });
         }
         if change.is_empty() {
-            let plan = self.pass(BTreeSet::new()).await?;
+            let plan = self.pass(Scope::Full).await?;
             return Ok(SubmitOutcome {
                 generation: self.state.record.generation,
                 changed: false,
@@ -344,7 +443,7 @@ impl Owner {
             changed = change.content_changed.len(),
             "Intent stored."
         );
-        let plan = self.pass(change.content_changed).await?;
+        let plan = self.pass(Scope::Items(change.content_changed)).await?;
         Ok(SubmitOutcome {
             generation: self.state.record.generation,
             changed: true,
@@ -353,7 +452,10 @@ impl Owner {
         })
     }
 
-    async fn report_external(&mut self, changes: Vec<ExternalChange>) -> Result<u64, TenantError> {
+    pub(super) async fn report_external(
+        &mut self,
+        changes: Vec<ExternalChange>,
+    ) -> Result<u64, TenantError> {
         let mut updates: CurrentUpdates = Vec::new();
         let mut latest: BTreeMap<ItemRef, Option<CurrentItem>> = BTreeMap::new();
         for change in changes {
@@ -381,7 +483,7 @@ impl Owner {
         }
         let touched: BTreeSet<ItemRef> = updates.iter().map(|(key, _)| key.clone()).collect();
         self.commit_current_updates(updates, None).await?;
-        self.pass(touched).await?;
+        self.pass(Scope::Items(touched)).await?;
         Ok(self.state.record.revision)
     }
 
@@ -397,14 +499,25 @@ impl Owner {
 
     /// Commits new current values (and optionally a changed record) with a
     /// new revision, then applies them in memory.
-    async fn commit_current_updates(
+    pub(super) async fn commit_current_updates(
         &mut self,
         updates: CurrentUpdates,
         record: Option<TenantRecord>,
     ) -> Result<(), TenantError> {
+        self.commit_current_updates_with(updates, record, WriteBatch::new())
+            .await
+    }
+
+    /// Commits new current values, an optional new record and `extra`
+    /// writes with a new revision, then applies the values in memory.
+    pub(super) async fn commit_current_updates_with(
+        &mut self,
+        updates: CurrentUpdates,
+        record: Option<TenantRecord>,
+        mut batch: WriteBatch,
+    ) -> Result<(), TenantError> {
         let mut record = record.unwrap_or_else(|| self.state.record.clone());
         record.revision = self.state.record.revision + 1;
-        let mut batch = WriteBatch::new();
         for (key, value) in &updates {
             self.state
                 .write_current_value(&mut batch, key, value.as_ref())?;
@@ -429,20 +542,30 @@ impl Owner {
 
     fn environment(&self, now_ms: u64) -> Environment<'_> {
         Environment {
-            tenant_id: self.state.record.id,
             type_rules: &self.state.type_rules,
-            configurators: &*self.configurators,
+            sessions: &self.sessions,
             now_ms,
         }
     }
 
-    /// Plans from the unconverged items plus `changed`, applies the plan's
-    /// bookkeeping, recomputes conditions, commits what changed and
-    /// publishes a snapshot.
-    async fn pass(&mut self, changed: BTreeSet<ItemRef>) -> Result<Plan, TenantError> {
+    /// Plans (all unconverged items, or the given ones and what they
+    /// unblock), applies the plan's bookkeeping, dispatches what is ready,
+    /// recomputes conditions, commits what changed and publishes a snapshot.
+    pub(super) async fn pass(&mut self, scope: Scope) -> Result<Plan, TenantError> {
         let now = now_ms();
-        let mut seeds = std::mem::take(&mut self.state.unconverged);
-        seeds.extend(changed);
+        let mut seeds = match scope {
+            Scope::Full => self.state.unconverged.clone(),
+            Scope::Items(items) => {
+                let mut seeds = items.clone();
+                for item in &items {
+                    if let Some(waiters) = self.waiters.remove(item) {
+                        seeds.extend(waiters);
+                    }
+                }
+                seeds
+            }
+        };
+        seeds.extend(std::mem::take(&mut self.undispatched));
         let plan = plan_operations(
             &self.state.intended,
             &self.state.current,
@@ -450,26 +573,91 @@ impl Owner {
             &self.environment(now),
         );
 
+        // What the plan decides without operations is committed first.
         let updates = bookkeeping_updates(&self.state.current, &plan);
-        let waiting: BTreeMap<ItemRef, _> = plan
-            .waiting
-            .iter()
-            .map(|w| (w.item.clone(), w.clone()))
-            .collect();
-        let waits_for_configurator = waiting
-            .values()
-            .any(|w| w.reason == WaitReason::NoConfigurator);
+        if !updates.is_empty() {
+            self.commit_current_updates(updates, None).await?;
+        }
+        self.absorb(&seeds, &plan, now);
+        self.cancel_superseded(&plan);
+        let waiting_for_room = self.dispatch(&plan).await?;
+        self.update_conditions(now, waiting_for_room).await?;
+        self.publish();
+        Ok(plan)
+    }
+
+    /// Merges a plan over `seeds` into the tenant's bookkeeping: the
+    /// unconverged set, the waiting set, and who waits on whom.
+    fn absorb(&mut self, seeds: &BTreeSet<ItemRef>, plan: &Plan, now: u64) {
+        for seed in seeds {
+            if !plan.unconverged.contains(seed) {
+                self.state.unconverged.remove(seed);
+            }
+            self.state.waiting.remove(seed);
+        }
+        self.state
+            .unconverged
+            .extend(plan.unconverged.iter().cloned());
+        for (key, _) in &plan.forget {
+            self.state.unconverged.insert(key.clone());
+        }
+        // Operations that wait for other operations of the plan are woken
+        // by those operations' results, like waiting items by their blockers.
+        for (index, operation) in plan.operations.iter().enumerate() {
+            for predecessor in plan.predecessors(index) {
+                let blocker = plan.operations[predecessor].item.clone();
+                if blocker != operation.item {
+                    self.waiters
+                        .entry(blocker)
+                        .or_default()
+                        .insert(operation.item.clone());
+                }
+            }
+        }
+        let mut next_retry = self.next_retry_ms.filter(|at| *at > now);
+        for waiting in &plan.waiting {
+            for blocker in &waiting.blocked_by {
+                if blocker.item != waiting.item {
+                    self.waiters
+                        .entry(blocker.item.clone())
+                        .or_default()
+                        .insert(waiting.item.clone());
+                }
+            }
+            if waiting.reason == WaitReason::Backoff {
+                let at = self
+                    .state
+                    .current
+                    .get(&waiting.item)
+                    .and_then(|c| c.next_attempt_at_ms);
+                next_retry = match (next_retry, at) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            self.state.waiting.insert(waiting.clone());
+        }
+        self.next_retry_ms = next_retry;
+        let waits_for_configurator = !self.state.waiting.summary().without_configurator.is_empty();
         self.no_configurator_since_ms =
             match (waits_for_configurator, self.no_configurator_since_ms) {
                 (false, _) => None,
                 (true, Some(since)) => Some(since),
                 (true, None) => Some(now),
             };
+    }
+
+    /// Recomputes the conditions; commits the record if they changed.
+    async fn update_conditions(
+        &mut self,
+        now: u64,
+        ready_operations: usize,
+    ) -> Result<(), TenantError> {
         let progress = Progress {
             generation: self.state.record.generation,
-            in_flight: 0,
-            ready_operations: plan.ready().count(),
-            waiting: &waiting,
+            in_flight: self.in_flight_count(),
+            ready_operations,
+            waiting: self.state.waiting.summary(),
             no_configurator_since_ms: self.no_configurator_since_ms,
             configurator_grace_ms: u64::try_from(self.settings.configurator_grace.as_millis())
                 .unwrap_or(u64::MAX),
@@ -480,24 +668,21 @@ impl Owner {
             self.state.record.observed_generation,
             &progress,
         );
-        let record_changed = conditions != self.state.record.conditions
-            || observed != self.state.record.observed_generation;
-        if !updates.is_empty() || record_changed {
+        if conditions != self.state.record.conditions
+            || observed != self.state.record.observed_generation
+        {
             let mut record = self.state.record.clone();
             record.conditions = conditions;
             record.observed_generation = observed;
-            if let Err(error) = self.commit_current_updates(updates, Some(record)).await {
-                self.state.unconverged = seeds;
-                return Err(error);
-            }
+            self.commit_current_updates(Vec::new(), Some(record))
+                .await?;
         }
-        self.state.unconverged = plan.unconverged.clone();
-        for (key, _) in &plan.forget {
-            self.state.unconverged.insert(key.clone());
-        }
-        self.state.waiting = Arc::new(waiting);
+        Ok(())
+    }
+
+    /// Publishes a snapshot of the current state.
+    pub(super) fn publish(&self) {
         self.snapshots
-            .publish(TenantSnapshot::capture(&self.state, 0));
-        Ok(plan)
+            .publish(TenantSnapshot::capture(&self.state, self.in_flight_count()));
     }
 }

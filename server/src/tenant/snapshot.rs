@@ -1,7 +1,7 @@
 //! Immutable snapshots of a tenant, published after every commit, so that
 //! reads never wait for the tenant's owner.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use imbl::OrdMap;
@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use crate::engine::plan::WaitingItem;
 use crate::graph::{CurrentItem, IntendedItem, ItemRef};
 
+use super::oplog::OperationLog;
 use super::record::TenantRecord;
 use super::state::{StateCounts, TenantState};
 
@@ -25,8 +26,8 @@ pub struct TenantSnapshot {
     pub intended: OrdMap<ItemRef, Arc<IntendedItem>>,
     /// Current items.
     pub current: OrdMap<ItemRef, Arc<CurrentItem>>,
-    /// Items waiting, from the last plan.
-    pub waiting: Arc<BTreeMap<ItemRef, WaitingItem>>,
+    /// Items waiting, with reasons.
+    pub waiting: OrdMap<ItemRef, WaitingItem>,
     /// Items by displayed state.
     pub counts: StateCounts,
     /// Operations in flight.
@@ -40,7 +41,7 @@ impl TenantSnapshot {
             record: state.record.clone(),
             intended: state.intended.snapshot(),
             current: state.current.snapshot(),
-            waiting: state.waiting.clone(),
+            waiting: state.waiting.items(),
             counts: state.counts.clone(),
             in_flight,
         }
@@ -52,6 +53,7 @@ impl TenantSnapshot {
 pub struct SnapshotHistory {
     latest: watch::Sender<Arc<TenantSnapshot>>,
     recent: Mutex<VecDeque<Arc<TenantSnapshot>>>,
+    log: Arc<OperationLog>,
 }
 
 impl SnapshotHistory {
@@ -62,6 +64,7 @@ impl SnapshotHistory {
         Self {
             latest,
             recent: Mutex::new(VecDeque::from([first])),
+            log: Arc::new(OperationLog::default()),
         }
     }
 
@@ -103,6 +106,11 @@ impl SnapshotHistory {
             .rev()
             .find(|s| s.record.revision == revision)
             .cloned()
+    }
+
+    /// The tenant's log of operations.
+    pub fn log(&self) -> Arc<OperationLog> {
+        self.log.clone()
     }
 
     /// A receiver that sees every newer snapshot.

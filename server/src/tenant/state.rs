@@ -2,14 +2,14 @@
 //! loaded from the store and written back.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
 
-use crate::engine::plan::{TypeRules, WaitingItem};
+use crate::engine::plan::TypeRules;
 use crate::graph::{CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, ItemRef, ItemState};
 use crate::store::{Record, Store, WriteBatch, keys};
 
 use super::error::TenantError;
 use super::record::{StoredIntended, TenantRecord, decode, encode};
+use super::waiting::WaitingSet;
 
 /// Items per page when loading a tenant from the store.
 const LOAD_PAGE: usize = 10_000;
@@ -82,8 +82,8 @@ pub struct TenantState {
     pub type_rules: HashMap<String, TypeRules>,
     /// Items the next pass must look at.
     pub unconverged: BTreeSet<ItemRef>,
-    /// Items waiting, from the last plan (for status display).
-    pub waiting: Arc<BTreeMap<ItemRef, WaitingItem>>,
+    /// Items waiting, with reasons and what blocks them.
+    pub waiting: WaitingSet,
     /// Items by displayed state.
     pub counts: StateCounts,
 }
@@ -97,7 +97,7 @@ impl TenantState {
             current: CurrentGraph::default(),
             type_rules: HashMap::new(),
             unconverged: BTreeSet::new(),
-            waiting: Arc::new(BTreeMap::new()),
+            waiting: WaitingSet::default(),
             counts: StateCounts::default(),
         }
     }

@@ -404,8 +404,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
     }
 
+    /// A failed (or WAIT-answered) operation waits for its retry time.
     fn in_backoff(&self, current: &CurrentItem) -> bool {
-        current.state == crate::graph::ItemState::Failed
+        !current.is_busy()
             && current
                 .next_attempt_at_ms
                 .is_some_and(|at| at > self.now_ms)

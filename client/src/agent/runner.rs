@@ -1,0 +1,817 @@
+//! [`Agent`]: the run loop around the pure [`SessionState`]: connections,
+//! registration, heartbeats, reconnects, operation tasks and shutdown.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reconciled_proto::v1;
+use reconciled_proto::v1::configurators_client::ConfiguratorsClient;
+use reconciled_proto::v1::server_message::Message as Incoming;
+use tokio::sync::{Semaphore, broadcast, mpsc};
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::Code;
+use tonic::codec::Streaming;
+use tonic::transport::Endpoint;
+use tracing::Instrument;
+
+use super::backoff::Backoff;
+use super::configurator::{Configurator, DynConfigurator};
+use super::context::{OperationContext, OperationEvent};
+use super::error::{AgentError, Disposition, classify, error_reason};
+use super::events::AgentEvent;
+use super::item::ExternalReport;
+use super::outcome::{Answer, Outcome, result_message};
+use super::session::{Action, SessionState, StartOperation, Work, heartbeat_interval, lease};
+use super::spec::TypeSpec;
+use crate::auth::BearerToken;
+use crate::client::MAX_MESSAGE_BYTES;
+
+/// How many events an [`Agent::events`] subscriber may fall behind before it
+/// misses the oldest.
+pub const EVENT_CAPACITY: usize = 1024;
+
+const DEFAULT_RECONNECT_INITIAL: Duration = Duration::from_millis(100);
+const DEFAULT_RECONNECT_MAX: Duration = Duration::from_secs(5);
+const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Builds an [`Agent`]; see [`Agent::builder`].
+#[must_use = "call build() to get an Agent"]
+pub struct AgentBuilder {
+    endpoint: String,
+    tenant: String,
+    token: String,
+    agent_id: Option<String>,
+    types: Vec<(TypeSpec, Arc<dyn DynConfigurator>)>,
+    reconnect_initial: Duration,
+    reconnect_max: Duration,
+    drain_timeout: Duration,
+    register_timeout: Duration,
+}
+
+impl std::fmt::Debug for AgentBuilder {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("AgentBuilder")
+            .field("endpoint", &self.endpoint)
+            .field("tenant", &self.tenant)
+            .field("agent_id", &self.agent_id)
+            .field(
+                "types",
+                &self
+                    .types
+                    .iter()
+                    .map(|(spec, _)| spec.item_type())
+                    .collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentBuilder {
+    /// The agent's stable id. A reconnect with the same id takes its types
+    /// over at once; another id waits until the old session's lease expires.
+    /// Defaults to the host name: set it when one host runs several agents
+    /// for the same types.
+    pub fn agent_id(mut self, agent_id: impl Into<String>) -> Self {
+        self.agent_id = Some(agent_id.into());
+        self
+    }
+
+    /// Handles items of `spec`'s type with `configurator` (any
+    /// [`Configurator`], or an `Arc` of one to share it between types).
+    pub fn item_type(mut self, spec: TypeSpec, configurator: impl Configurator) -> Self {
+        self.types.push((spec, Arc::new(configurator)));
+        self
+    }
+
+    /// Reconnect delays: from `initial`, doubling after each failure up to
+    /// `max`, each drawn from the upper half of that (default 100 ms to 5 s).
+    /// They start over from `initial` after a session that lasted at least
+    /// `max`.
+    pub fn reconnect_backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.reconnect_initial = initial;
+        self.reconnect_max = max;
+        self
+    }
+
+    /// How long [`Agent::run`] lets running operations finish, and waits for
+    /// their results to be acknowledged, after shutdown was requested
+    /// (default 10 s); then it cancels what still runs and returns.
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for `Registered` after connecting (default 30 s).
+    pub fn register_timeout(mut self, timeout: Duration) -> Self {
+        self.register_timeout = timeout;
+        self
+    }
+
+    /// Checks the settings and builds the agent. Nothing connects until
+    /// [`Agent::run`].
+    pub fn build(self) -> Result<Agent, AgentError> {
+        let endpoint = Endpoint::from_shared(self.endpoint.clone())
+            .map_err(|source| AgentError::InvalidEndpoint {
+                endpoint: self.endpoint.clone(),
+                source,
+            })?
+            .connect_timeout(CONNECT_TIMEOUT);
+        let bearer = BearerToken::new(&self.token)?;
+        if self.types.is_empty() {
+            return Err(AgentError::NoItemTypes);
+        }
+        let mut types = HashMap::new();
+        let mut specs = Vec::new();
+        for (spec, configurator) in self.types {
+            let limit = match spec.in_flight_limit() {
+                0 => None,
+                limit => Some(Arc::new(Semaphore::new(limit as usize))),
+            };
+            let item_type = spec.item_type().to_owned();
+            specs.push(spec.to_proto());
+            if types
+                .insert(
+                    item_type.clone(),
+                    TypeRuntime {
+                        configurator,
+                        limit,
+                    },
+                )
+                .is_some()
+            {
+                return Err(AgentError::DuplicateItemType(item_type));
+            }
+        }
+        let agent_id = self.agent_id.unwrap_or_else(default_agent_id);
+        let register = v1::AgentMessage {
+            message: Some(v1::agent_message::Message::Register(v1::Register {
+                tenant: self.tenant.clone(),
+                agent_id: agent_id.clone(),
+                protocol_version: reconciled_proto::PROTOCOL_VERSION,
+                item_types: specs,
+            })),
+        };
+        let (events, _) = broadcast::channel(EVENT_CAPACITY);
+        let (external_sender, external_receiver) = mpsc::unbounded_channel();
+        Ok(Agent {
+            endpoint,
+            tenant: self.tenant,
+            agent_id,
+            bearer,
+            register,
+            types,
+            reconnect_initial: self.reconnect_initial,
+            reconnect_max: self.reconnect_max,
+            drain_timeout: self.drain_timeout,
+            register_timeout: self.register_timeout,
+            events,
+            external_sender,
+            external_receiver,
+        })
+    }
+}
+
+/// The host name (`$HOSTNAME`, else `/etc/hostname`), else `reconciled-agent`.
+fn default_agent_id() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|host| host.trim().to_owned())
+        .filter(|host| !host.is_empty())
+        .unwrap_or_else(|| "reconciled-agent".to_owned())
+}
+
+/// One item type's configurator and in-flight limit.
+struct TypeRuntime {
+    configurator: Arc<dyn DynConfigurator>,
+    limit: Option<Arc<Semaphore>>,
+}
+
+/// A configurator agent: connects to the server, registers its item types
+/// and runs the operations the server sends, until shutdown (see the
+/// [module docs](super)).
+pub struct Agent {
+    endpoint: Endpoint,
+    tenant: String,
+    agent_id: String,
+    bearer: BearerToken,
+    register: v1::AgentMessage,
+    types: HashMap<String, TypeRuntime>,
+    reconnect_initial: Duration,
+    reconnect_max: Duration,
+    drain_timeout: Duration,
+    register_timeout: Duration,
+    events: broadcast::Sender<AgentEvent>,
+    external_sender: mpsc::UnboundedSender<v1::ExternalUpdate>,
+    external_receiver: mpsc::UnboundedReceiver<v1::ExternalUpdate>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Agent")
+            .field("endpoint", &self.endpoint.uri())
+            .field("tenant", &self.tenant)
+            .field("agent_id", &self.agent_id)
+            .field("types", &self.types.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Agent {
+    /// Starts building an agent for `tenant` that dials `endpoint` (e.g.
+    /// `http://127.0.0.1:50051`) with the tenant's `token`.
+    pub fn builder(
+        endpoint: impl Into<String>,
+        tenant: impl Into<String>,
+        token: impl Into<String>,
+    ) -> AgentBuilder {
+        AgentBuilder {
+            endpoint: endpoint.into(),
+            tenant: tenant.into(),
+            token: token.into(),
+            agent_id: None,
+            types: Vec::new(),
+            reconnect_initial: DEFAULT_RECONNECT_INITIAL,
+            reconnect_max: DEFAULT_RECONNECT_MAX,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            register_timeout: DEFAULT_REGISTER_TIMEOUT,
+        }
+    }
+
+    /// The agent id sent in `Register`.
+    pub fn agent_id(&self) -> &str {
+        &self.agent_id
+    }
+
+    /// Subscribes to the agent's [`AgentEvent`]s (from now on).
+    pub fn events(&self) -> broadcast::Receiver<AgentEvent> {
+        self.events.subscribe()
+    }
+
+    /// A handle that stays usable while [`Agent::run`] owns the agent.
+    pub fn handle(&self) -> AgentHandle {
+        AgentHandle {
+            events: self.events.clone(),
+            external: self.external_sender.clone(),
+        }
+    }
+
+    /// Runs the agent until `shutdown` completes, reconnecting as needed.
+    ///
+    /// On shutdown it stops starting operations, lets running ones finish
+    /// and waits for their results to be acknowledged (at most the
+    /// [drain timeout](AgentBuilder::drain_timeout)), cancels whatever still
+    /// runs and returns `Ok`. It returns an error only when the server
+    /// refuses the agent for good (see [`AgentError`]).
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+        let shutdown = std::pin::pin!(shutdown);
+        Runner::new(self).run(shutdown).await
+    }
+}
+
+/// A cheap, cloneable handle to a (possibly running) [`Agent`].
+#[derive(Debug, Clone)]
+pub struct AgentHandle {
+    events: broadcast::Sender<AgentEvent>,
+    external: mpsc::UnboundedSender<v1::ExternalUpdate>,
+}
+
+/// The agent's run loop has ended; there is nothing to report to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the agent has stopped (Agent::run returned or the Agent was dropped); start it again to report"
+)]
+pub struct AgentStopped;
+
+impl AgentHandle {
+    /// Subscribes to the agent's [`AgentEvent`]s (from now on).
+    pub fn events(&self) -> broadcast::Receiver<AgentEvent> {
+        self.events.subscribe()
+    }
+
+    /// Sends reports about external items as one `ExternalUpdate` (applied
+    /// in order in one commit). While disconnected, updates are queued and
+    /// sent after the next registration (the oldest are dropped beyond
+    /// 1,024); the server does not acknowledge them.
+    pub fn report_external(
+        &self,
+        reports: impl IntoIterator<Item = ExternalReport>,
+    ) -> Result<(), AgentStopped> {
+        let update = v1::ExternalUpdate {
+            reports: reports.into_iter().map(v1::ExternalReport::from).collect(),
+        };
+        self.external.send(update).map_err(|_| AgentStopped)
+    }
+}
+
+/// A registered session.
+struct Session {
+    outbound: mpsc::UnboundedSender<v1::AgentMessage>,
+    inbound: Streaming<v1::ServerMessage>,
+    registered: v1::Registered,
+}
+
+/// Why a session (or an attempt to open one) ended.
+#[derive(Debug)]
+enum SessionFailure {
+    Transport(tonic::transport::Error),
+    Status(tonic::Status),
+    Closed,
+    Protocol(String),
+    RegisterTimeout(Duration),
+    Silent(Duration),
+}
+
+impl SessionFailure {
+    fn describe(&self) -> (String, Option<Code>) {
+        match self {
+            Self::Transport(error) => (format!("cannot connect: {}", error_chain(error)), None),
+            Self::Status(status) => {
+                let reason = error_reason(status)
+                    .map(|reason| format!(" ({reason})"))
+                    .unwrap_or_default();
+                (
+                    format!("{:?}{reason}: {}", status.code(), status.message()),
+                    Some(status.code()),
+                )
+            }
+            Self::Closed => ("the server closed the stream".to_owned(), None),
+            Self::Protocol(what) => (format!("protocol error: {what}"), None),
+            Self::RegisterTimeout(timeout) => (
+                format!("no Registered within {timeout:?} of connecting"),
+                None,
+            ),
+            Self::Silent(lease) => (format!("the server sent nothing for {lease:?}"), None),
+        }
+    }
+}
+
+/// An error with its sources, e.g. `transport error: tcp connect error:
+/// Connection refused (os error 111)`.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// How a served session ended.
+enum SessionEnd {
+    Shutdown,
+    Failed(SessionFailure),
+}
+
+/// What a wait while disconnected ended with.
+enum Wake<T> {
+    Done(T),
+    Shutdown,
+}
+
+/// The run loop's state: the agent's settings plus the session state and
+/// the channels operation tasks report through.
+struct Runner {
+    agent: Agent,
+    state: SessionState,
+    backoff: Backoff,
+    operation_sender: mpsc::UnboundedSender<OperationEvent>,
+    operation_receiver: mpsc::UnboundedReceiver<OperationEvent>,
+}
+
+impl Runner {
+    fn new(agent: Agent) -> Self {
+        let state = SessionState::new(agent.types.keys().cloned());
+        let backoff = Backoff::new(agent.reconnect_initial, agent.reconnect_max);
+        let (operation_sender, operation_receiver) = mpsc::unbounded_channel();
+        Self {
+            agent,
+            state,
+            backoff,
+            operation_sender,
+            operation_receiver,
+        }
+    }
+
+    async fn run<S>(mut self, mut shutdown: Pin<&mut S>) -> Result<(), AgentError>
+    where
+        S: Future<Output = ()>,
+    {
+        loop {
+            let connecting = open_session(
+                self.agent.endpoint.clone(),
+                self.agent.bearer.clone(),
+                self.agent.register.clone(),
+                self.agent.register_timeout,
+            );
+            let (failure, was_registered) = match self.until(connecting, shutdown.as_mut()).await {
+                Wake::Shutdown => break,
+                Wake::Done(Ok(session)) => {
+                    let registered_at = Instant::now();
+                    let end = self.serve(session, shutdown.as_mut()).await;
+                    // A session that lived restarts the backoff; one the
+                    // server ends right after Registered keeps it growing.
+                    if registered_at.elapsed() >= self.agent.reconnect_max {
+                        self.backoff.reset();
+                    }
+                    match end {
+                        SessionEnd::Shutdown => break,
+                        SessionEnd::Failed(failure) => (failure, true),
+                    }
+                }
+                Wake::Done(Err(failure)) => (failure, false),
+            };
+            if let Some(error) = self.session_failed(failure, was_registered) {
+                self.state.cancel_all();
+                return Err(error);
+            }
+            let delay = self.backoff.next_delay();
+            if let Wake::Shutdown = self
+                .until(tokio::time::sleep(delay), shutdown.as_mut())
+                .await
+            {
+                break;
+            }
+        }
+        self.state.cancel_all();
+        Ok(())
+    }
+
+    /// Records a failed session; returns the error to end `run` with if the
+    /// failure is permanent.
+    fn session_failed(
+        &mut self,
+        failure: SessionFailure,
+        was_registered: bool,
+    ) -> Option<AgentError> {
+        let (reason, code) = failure.describe();
+        let disposition = match &failure {
+            SessionFailure::Status(status) => classify(status, &self.agent.tenant),
+            _ => Disposition::Retry,
+        };
+        let actions = self.state.disconnected(reason.clone(), code);
+        self.execute(actions, None);
+        match disposition {
+            Disposition::Permanent(error) => {
+                tracing::error!(tenant = %self.agent.tenant, %reason, "The server refused the agent; stopping.");
+                Some(error)
+            }
+            Disposition::Retry if was_registered => {
+                tracing::warn!(tenant = %self.agent.tenant, %reason, "Configurator session lost; reconnecting.");
+                None
+            }
+            Disposition::Retry => {
+                tracing::warn!(tenant = %self.agent.tenant, %reason, "Cannot register with the server; retrying.");
+                None
+            }
+        }
+    }
+
+    /// Waits for `future` while disconnected, still taking in operation
+    /// events and external updates.
+    async fn until<F, S>(&mut self, future: F, mut shutdown: Pin<&mut S>) -> Wake<F::Output>
+    where
+        F: Future,
+        S: Future<Output = ()>,
+    {
+        let mut future = std::pin::pin!(future);
+        loop {
+            tokio::select! {
+                () = shutdown.as_mut() => return Wake::Shutdown,
+                output = &mut future => return Wake::Done(output),
+                Some(event) = self.operation_receiver.recv() => {
+                    let actions = self.state.on_operation_event(event);
+                    self.execute(actions, None);
+                }
+                Some(update) = self.agent.external_receiver.recv() => {
+                    let actions = self.state.report_external(update);
+                    self.execute(actions, None);
+                }
+            }
+        }
+    }
+
+    /// Serves one registered session until it fails or the agent has shut
+    /// down.
+    async fn serve<S>(&mut self, session: Session, mut shutdown: Pin<&mut S>) -> SessionEnd
+    where
+        S: Future<Output = ()>,
+    {
+        let Session {
+            outbound,
+            mut inbound,
+            registered,
+        } = session;
+        let interval = heartbeat_interval(&registered);
+        let lease = lease(&registered);
+        tracing::info!(
+            tenant = %self.agent.tenant,
+            session_id = %registered.session_id,
+            granted = registered.granted.len(),
+            "Registered as configurator."
+        );
+        let actions = self.state.connected(&registered);
+        self.execute(actions, Some(&outbound));
+
+        let mut heartbeat = tokio::time::interval_at(Instant::now() + interval, interval);
+        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let silence = tokio::time::sleep(lease);
+        let mut silence = std::pin::pin!(silence);
+        let mut drain_deadline: Option<Instant> = None;
+        loop {
+            if drain_deadline.is_some() && self.state.is_idle() {
+                self.shut_down_session("the agent shut down");
+                return SessionEnd::Shutdown;
+            }
+            let drain_expired = async {
+                match drain_deadline {
+                    Some(deadline) => tokio::time::sleep_until(deadline).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let failure = tokio::select! {
+                () = shutdown.as_mut(), if drain_deadline.is_none() => {
+                    tracing::info!("Shutting down: letting running operations finish.");
+                    self.state.begin_drain();
+                    drain_deadline = Some(Instant::now() + self.agent.drain_timeout);
+                    None
+                }
+                () = drain_expired => {
+                    tracing::warn!(
+                        timeout = ?self.agent.drain_timeout,
+                        "Shutting down: operations still running after the drain timeout are cancelled."
+                    );
+                    self.shut_down_session("the agent shut down before its operations finished");
+                    return SessionEnd::Shutdown;
+                }
+                message = inbound.message() => match message {
+                    Ok(Some(message)) => {
+                        silence.as_mut().reset(Instant::now() + lease);
+                        let actions = self.state.on_server_message(message);
+                        self.execute(actions, Some(&outbound));
+                        None
+                    }
+                    Ok(None) => Some(SessionFailure::Closed),
+                    Err(status) => Some(SessionFailure::Status(status)),
+                },
+                Some(event) = self.operation_receiver.recv() => {
+                    let actions = self.state.on_operation_event(event);
+                    self.execute(actions, Some(&outbound));
+                    None
+                }
+                Some(update) = self.agent.external_receiver.recv() => {
+                    let actions = self.state.report_external(update);
+                    self.execute(actions, Some(&outbound));
+                    None
+                }
+                _ = heartbeat.tick() => {
+                    let _ = outbound.send(v1::AgentMessage {
+                        message: Some(v1::agent_message::Message::Heartbeat(v1::Heartbeat {})),
+                    });
+                    None
+                }
+                () = &mut silence => Some(SessionFailure::Silent(lease)),
+            };
+            match failure {
+                None => {}
+                // Shutting down: no reconnect; what is unacknowledged is lost
+                // with the process, and the server re-delivers it.
+                Some(failure) if drain_deadline.is_some() => {
+                    let (reason, _) = failure.describe();
+                    tracing::warn!(%reason, "Session lost while shutting down.");
+                    self.shut_down_session(&format!("session lost while shutting down: {reason}"));
+                    return SessionEnd::Shutdown;
+                }
+                Some(failure) => return SessionEnd::Failed(failure),
+            }
+        }
+    }
+
+    fn shut_down_session(&mut self, reason: &str) {
+        self.state.cancel_all();
+        let actions = self.state.disconnected(reason.to_owned(), None);
+        self.execute(actions, None);
+    }
+
+    /// Carries out what the session state decided.
+    fn execute(
+        &mut self,
+        actions: Vec<Action>,
+        outbound: Option<&mpsc::UnboundedSender<v1::AgentMessage>>,
+    ) {
+        for action in actions {
+            match action {
+                Action::Send(message) => {
+                    if let Some(outbound) = outbound {
+                        // A closed stream shows up as an inbound error next.
+                        let _ = outbound.send(message);
+                    }
+                }
+                Action::Start(start) => self.spawn_operation(start),
+                Action::Event(event) => {
+                    // No subscribers is fine.
+                    let _ = self.agent.events.send(event);
+                }
+            }
+        }
+    }
+
+    fn spawn_operation(&self, start: Box<StartOperation>) {
+        let events = self.operation_sender.clone();
+        let Some(runtime) = self.agent.types.get(&start.parts.item.item_type) else {
+            // The session state only starts operations of registered types.
+            let key = start.parts.key;
+            let result = result_message(
+                &key.op_id,
+                key.attempt,
+                Answer::Outcome(Outcome::failed(
+                    Code::Unimplemented,
+                    "no configurator for this type",
+                )),
+            );
+            let _ = events.send(OperationEvent::Finished { key, result });
+            return;
+        };
+        let span = tracing::info_span!(
+            "operation",
+            op_id = %start.parts.key.op_id,
+            attempt = start.parts.key.attempt,
+            kind = %start.parts.kind,
+            item = %start.parts.item,
+        );
+        tokio::spawn(
+            run_operation(
+                Arc::clone(&runtime.configurator),
+                runtime.limit.clone(),
+                start,
+                events,
+            )
+            .instrument(span),
+        );
+    }
+}
+
+/// Connects, sends `Register` and waits for `Registered`.
+async fn open_session(
+    endpoint: Endpoint,
+    bearer: BearerToken,
+    register: v1::AgentMessage,
+    register_timeout: Duration,
+) -> Result<Session, SessionFailure> {
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(SessionFailure::Transport)?;
+    let mut client = ConfiguratorsClient::with_interceptor(channel, bearer)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let (outbound, receiver) = mpsc::unbounded_channel();
+    let _ = outbound.send(register);
+    let registration = async {
+        let response = client
+            .connect(UnboundedReceiverStream::new(receiver))
+            .await
+            .map_err(SessionFailure::Status)?;
+        let mut inbound = response.into_inner();
+        match inbound.message().await {
+            Ok(Some(v1::ServerMessage {
+                message: Some(Incoming::Registered(registered)),
+            })) => Ok((inbound, registered)),
+            Ok(Some(_)) => Err(SessionFailure::Protocol(
+                "the server's first message was not Registered".to_owned(),
+            )),
+            Ok(None) => Err(SessionFailure::Closed),
+            Err(status) => Err(SessionFailure::Status(status)),
+        }
+    };
+    let (inbound, registered) = tokio::time::timeout(register_timeout, registration)
+        .await
+        .map_err(|_| SessionFailure::RegisterTimeout(register_timeout))??;
+    Ok(Session {
+        outbound,
+        inbound,
+        registered,
+    })
+}
+
+/// Runs one operation: waits for an in-flight slot, runs the configurator in
+/// a task of its own (so a panic becomes an `INTERNAL` failure), waits for a
+/// long-running operation's completion, and reports the final result.
+async fn run_operation(
+    configurator: Arc<dyn DynConfigurator>,
+    limit: Option<Arc<Semaphore>>,
+    start: Box<StartOperation>,
+    events: mpsc::UnboundedSender<OperationEvent>,
+) {
+    let StartOperation { parts, work } = *start;
+    let key = parts.key.clone();
+    let _permit = match limit {
+        None => None,
+        Some(limit) => {
+            let cancel = parts.cancel.clone();
+            tokio::select! {
+                permit = limit.acquire_owned() => permit.ok(),
+                () = cancel.cancelled() => {
+                    let result = result_message(
+                        &key.op_id,
+                        key.attempt,
+                        Answer::Outcome(Outcome::failed(
+                            Code::Cancelled,
+                            "cancelled while waiting for a free max_in_flight slot",
+                        )),
+                    );
+                    let _ = events.send(OperationEvent::Finished { key, result });
+                    return;
+                }
+            }
+        }
+    };
+    tracing::debug!("Operation started.");
+    let context = Arc::new(OperationContext::new(parts, events.clone()));
+    let task = tokio::spawn({
+        let context = Arc::clone(&context);
+        async move { run_work(configurator.as_ref(), &context, work).await }.in_current_span()
+    });
+    let answer = match task.await {
+        Ok(answer) => answer,
+        Err(error) => {
+            let message = panic_message(error);
+            tracing::error!(%message, "Configurator panicked.");
+            Answer::Outcome(Outcome::failed(Code::Internal, message))
+        }
+    };
+    let answer = match answer {
+        Answer::Outcome(Outcome::InProgress) => {
+            Answer::Outcome(finish_long_running(&context).await)
+        }
+        other => other,
+    };
+    let result = result_message(&key.op_id, key.attempt, answer);
+    tracing::debug!(outcome = ?result.outcome(), "Operation finished.");
+    let _ = events.send(OperationEvent::Finished { key, result });
+}
+
+/// The final outcome of an operation whose configurator returned
+/// `InProgress`.
+async fn finish_long_running(context: &OperationContext) -> Outcome {
+    let Some(receiver) = context.take_later() else {
+        return Outcome::failed(
+            Code::Internal,
+            "the configurator returned Outcome::InProgress without calling \
+             OperationContext::finish_later; call finish_later first",
+        );
+    };
+    match receiver.await {
+        Ok(Outcome::InProgress) => Outcome::failed(
+            Code::Internal,
+            "Completion::finish was given Outcome::InProgress, which is not a final outcome",
+        ),
+        Ok(outcome) => outcome,
+        Err(_) => Outcome::failed(
+            Code::Aborted,
+            "the long-running operation's Completion was dropped without finish(); it will be \
+             retried",
+        ),
+    }
+}
+
+async fn run_work(
+    configurator: &dyn DynConfigurator,
+    context: &OperationContext,
+    work: Work,
+) -> Answer {
+    match work {
+        Work::Create { item } => Answer::Outcome(configurator.create(context, &item).await),
+        Work::Modify { previous, item } => {
+            Answer::Outcome(configurator.modify(context, &previous, &item).await)
+        }
+        Work::Delete { item } => Answer::Outcome(configurator.delete(context, &item).await),
+        Work::Read { item } => Answer::Read(configurator.read(context, &item).await),
+        Work::NeedsRecreate { previous, item } => {
+            Answer::NeedsRecreate(configurator.needs_recreate(&previous, &item))
+        }
+    }
+}
+
+fn panic_message(error: tokio::task::JoinError) -> String {
+    if !error.is_panic() {
+        return "the operation's task was cancelled (the runtime is shutting down)".to_owned();
+    }
+    let payload = error.into_panic();
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|text| (*text).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string payload".to_owned());
+    format!("the configurator panicked: {text}; see the agent's log")
+}

@@ -1,0 +1,190 @@
+//! [`TypeSpec`]: how the server treats the items of one type, sent in
+//! `Register` as an `ItemTypeSpec`.
+
+use std::time::Duration;
+
+use reconciled_proto::v1;
+
+use crate::convert::duration_to_proto;
+
+/// How the server treats the items of one type: which property changes need
+/// a recreate, how failures are retried, how long operations may take, and
+/// how many may run at once. Built with chained setters:
+///
+/// ```
+/// use std::time::Duration;
+/// use reconciled_client::agent::TypeSpec;
+///
+/// let spec = TypeSpec::new("file")
+///     .recreate_on_change(["/path"])
+///     .retry_exponential(Duration::from_millis(200), 2.0, Duration::from_secs(30))
+///     .max_attempts(10)
+///     .operation_timeout(Duration::from_secs(20))
+///     .supports_read(true)
+///     .max_in_flight(8);
+/// assert_eq!(spec.item_type(), "file");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct TypeSpec {
+    spec: v1::ItemTypeSpec,
+}
+
+impl TypeSpec {
+    /// A spec for `item_type` with the server's defaults: modified in place,
+    /// default exponential retry, default timeout, no READ, no in-flight limit
+    /// of its own.
+    pub fn new(item_type: impl Into<String>) -> Self {
+        Self {
+            spec: v1::ItemTypeSpec {
+                item_type: item_type.into(),
+                ..v1::ItemTypeSpec::default()
+            },
+        }
+    }
+
+    /// The item type.
+    pub fn item_type(&self) -> &str {
+        &self.spec.item_type
+    }
+
+    /// Property paths (JSON Pointers such as `/vlan`, which covers
+    /// `/vlan/id`) whose change needs a delete + create instead of a Modify;
+    /// `"*"` means items of this type are never modified in place. Adds to
+    /// the paths already set.
+    pub fn recreate_on_change<I, S>(mut self, paths: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.spec
+            .recreate_on_change
+            .extend(paths.into_iter().map(Into::into));
+        self
+    }
+
+    /// Before each Modify, ask the configurator
+    /// ([`Configurator::needs_recreate`](super::Configurator::needs_recreate))
+    /// whether the change needs a delete + create.
+    pub fn ask_needs_recreate(mut self, ask: bool) -> Self {
+        self.spec.ask_needs_recreate = ask;
+        self
+    }
+
+    /// Retry failed operations after `initial * multiplier^attempt`, capped at
+    /// `max`.
+    pub fn retry_exponential(mut self, initial: Duration, multiplier: f64, max: Duration) -> Self {
+        self.retry_policy().policy = Some(v1::retry_policy::Policy::Exponential(
+            v1::ExponentialRetry {
+                initial: Some(duration_to_proto(initial)),
+                multiplier,
+                max: Some(duration_to_proto(max)),
+            },
+        ));
+        self
+    }
+
+    /// Retry failed operations after a fixed `wait`.
+    pub fn retry_static(mut self, wait: Duration) -> Self {
+        self.retry_policy().policy = Some(v1::retry_policy::Policy::StaticRetry(v1::StaticRetry {
+            wait: Some(duration_to_proto(wait)),
+        }));
+        self
+    }
+
+    /// Retry failed operations after a uniformly random wait in
+    /// `min..=max`.
+    pub fn retry_random(mut self, min: Duration, max: Duration) -> Self {
+        self.retry_policy().policy = Some(v1::retry_policy::Policy::Random(v1::RandomRetry {
+            min: Some(duration_to_proto(min)),
+            max: Some(duration_to_proto(max)),
+        }));
+        self
+    }
+
+    /// After `attempts` failed attempts the item fails terminally; 0:
+    /// unlimited (the default).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.retry_policy().max_attempts = attempts;
+        self
+    }
+
+    /// How long an operation may take (between progress reports, for a
+    /// long-running one) before the server gives up on the attempt.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.spec.operation_timeout = Some(duration_to_proto(timeout));
+        self
+    }
+
+    /// The configurator answers READ operations
+    /// ([`Configurator::read`](super::Configurator::read)).
+    pub fn supports_read(mut self, supported: bool) -> Self {
+        self.spec.supports_read = supported;
+        self
+    }
+
+    /// The most operations of this type running at once, on the server and
+    /// in this agent; 0: no limit of its own (the default).
+    pub fn max_in_flight(mut self, limit: u32) -> Self {
+        self.spec.max_in_flight = limit;
+        self
+    }
+
+    /// The most operations of this type running at once; 0: no limit.
+    pub fn in_flight_limit(&self) -> u32 {
+        self.spec.max_in_flight
+    }
+
+    /// The spec as sent in `Register`.
+    pub fn to_proto(&self) -> v1::ItemTypeSpec {
+        self.spec.clone()
+    }
+
+    fn retry_policy(&mut self) -> &mut v1::RetryPolicy {
+        self.spec
+            .retry_policy
+            .get_or_insert_with(v1::RetryPolicy::default)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spec_carries_every_setting_to_the_wire() {
+        let spec = TypeSpec::new("file")
+            .recreate_on_change(["/path"])
+            .recreate_on_change(vec![String::from("/owner")])
+            .ask_needs_recreate(true)
+            .retry_exponential(Duration::from_millis(100), 2.0, Duration::from_secs(10))
+            .max_attempts(5)
+            .operation_timeout(Duration::from_secs(30))
+            .supports_read(true)
+            .max_in_flight(4)
+            .to_proto();
+        assert_eq!(spec.item_type, "file");
+        assert_eq!(spec.recreate_on_change, ["/path", "/owner"]);
+        assert!(spec.ask_needs_recreate);
+        assert!(spec.supports_read);
+        assert_eq!(spec.max_in_flight, 4);
+        assert_eq!(spec.operation_timeout.map(|d| d.seconds), Some(30));
+        let policy = spec.retry_policy.expect("a retry policy");
+        assert_eq!(policy.max_attempts, 5);
+        match policy.policy {
+            Some(v1::retry_policy::Policy::Exponential(exponential)) => {
+                assert_eq!(exponential.multiplier, 2.0);
+                assert_eq!(exponential.max.map(|d| d.seconds), Some(10));
+            }
+            other => panic!("unexpected policy {other:?}"),
+        }
+    }
+
+    #[test]
+    fn max_attempts_alone_keeps_the_default_policy() {
+        let spec = TypeSpec::new("dir").max_attempts(3).to_proto();
+        let policy = spec.retry_policy.expect("a retry policy");
+        assert_eq!(policy.policy, None);
+        assert_eq!(policy.max_attempts, 3);
+        assert_eq!(TypeSpec::new("dir").to_proto().retry_policy, None);
+    }
+}

@@ -1,0 +1,268 @@
+//! A typed client for the `Reconciler` and `Tenants` services.
+//!
+//! [`Client`] wraps the generated gRPC clients: it adds the bearer token to
+//! every call, raises the message size limit to [`MAX_MESSAGE_BYTES`], and
+//! follows paging for [`Client::get_graph`] and [`Client::list_tenants`].
+//! Requests and responses are the proto types of [`crate::proto`]; errors are
+//! the server's `tonic::Status` (decode its details with
+//! `tonic_types::StatusExt`).
+
+use std::time::Duration;
+
+use reconciled_proto::v1;
+use reconciled_proto::v1::reconciler_client::ReconcilerClient;
+use reconciled_proto::v1::tenants_client::TenantsClient;
+use tonic::Status;
+use tonic::codec::Streaming;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::auth::{BearerToken, InvalidToken};
+
+/// The largest message the client sends or accepts: 64 MiB. (The server
+/// limits requests further, by default to 16 MiB.)
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// How long [`Client::connect`] waits for the TCP connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a [`Client`] could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The endpoint is not a valid URI.
+    #[error("{endpoint:?} is not a valid server address; use a URI such as http://127.0.0.1:50051")]
+    InvalidEndpoint {
+        /// The address as given.
+        endpoint: String,
+        /// What the URI parser said.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The server could not be reached.
+    #[error(
+        "could not connect to reconciled at {endpoint}; check that the server runs and \
+         listens there (reconciled --listen)"
+    )]
+    Connect {
+        /// The address dialled.
+        endpoint: String,
+        /// The transport error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The token cannot be sent in a header.
+    #[error(transparent)]
+    InvalidToken(#[from] InvalidToken),
+}
+
+type Authenticated = InterceptedService<Channel, BearerToken>;
+
+/// A connection to a reconciled server with a bearer token (a tenant's token,
+/// or the admin token for the `Tenants` calls). Cheap to clone; clones share
+/// the connection. Every method takes `&self` and can be called concurrently.
+///
+/// ```no_run
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// use reconciled_client::{Client, proto};
+///
+/// let client = Client::connect("http://127.0.0.1:50051", "rcd_...").await?;
+/// let status = client
+///     .get_status(proto::GetStatusRequest { tenant: "acme".into() })
+///     .await?;
+/// println!("{:?}", status.status);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Client {
+    reconciler: ReconcilerClient<Authenticated>,
+    tenants: TenantsClient<Authenticated>,
+}
+
+impl Client {
+    /// Connects to `endpoint` (e.g. `http://127.0.0.1:50051`) and sends
+    /// `token` with every call.
+    pub async fn connect(endpoint: impl Into<String>, token: &str) -> Result<Self, ClientError> {
+        let endpoint = endpoint.into();
+        let bearer = BearerToken::new(token)?;
+        let channel = Endpoint::from_shared(endpoint.clone())
+            .map_err(|source| ClientError::InvalidEndpoint {
+                endpoint: endpoint.clone(),
+                source,
+            })?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .connect()
+            .await
+            .map_err(|source| ClientError::Connect { endpoint, source })?;
+        Ok(Self::with_bearer(channel, bearer))
+    }
+
+    /// A client over an existing channel (e.g. one configured with TLS or
+    /// timeouts of your choice) that sends `token` with every call.
+    pub fn from_channel(channel: Channel, token: &str) -> Result<Self, ClientError> {
+        Ok(Self::with_bearer(channel, BearerToken::new(token)?))
+    }
+
+    fn with_bearer(channel: Channel, bearer: BearerToken) -> Self {
+        let reconciler = ReconcilerClient::with_interceptor(channel.clone(), bearer.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let tenants = TenantsClient::with_interceptor(channel, bearer)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Self {
+            reconciler,
+            tenants,
+        }
+    }
+
+    /// `Reconciler.SubmitIntent`: replaces the items of a subgraph.
+    pub async fn submit_intent(
+        &self,
+        request: v1::SubmitIntentRequest,
+    ) -> Result<v1::SubmitIntentResponse, Status> {
+        let mut client = self.reconciler.clone();
+        Ok(client.submit_intent(request).await?.into_inner())
+    }
+
+    /// `Reconciler.Reconcile`: triggers a pass and, with `wait`, waits for
+    /// the scope to settle. No client-side timeout applies; set
+    /// `request.timeout` to bound the wait.
+    pub async fn reconcile(
+        &self,
+        request: v1::ReconcileRequest,
+    ) -> Result<v1::ReconcileResponse, Status> {
+        let mut client = self.reconciler.clone();
+        Ok(client.reconcile(request).await?.into_inner())
+    }
+
+    /// `Reconciler.GetGraph`, following `next_page_token` until the last
+    /// page: the reply holds every page's items, the listing's revision and
+    /// generation, and an empty `next_page_token`. `request.page_token`
+    /// picks the page to start from (empty: the first).
+    pub async fn get_graph(
+        &self,
+        request: v1::GetGraphRequest,
+    ) -> Result<v1::GetGraphResponse, Status> {
+        let mut request = request;
+        let mut all = self.get_graph_page(request.clone()).await?;
+        while !all.next_page_token.is_empty() {
+            request.page_token = std::mem::take(&mut all.next_page_token);
+            let page = self.get_graph_page(request.clone()).await?;
+            all.intended.extend(page.intended);
+            all.current.extend(page.current);
+            all.next_page_token = page.next_page_token;
+        }
+        Ok(all)
+    }
+
+    /// `Reconciler.GetGraph`: one page.
+    pub async fn get_graph_page(
+        &self,
+        request: v1::GetGraphRequest,
+    ) -> Result<v1::GetGraphResponse, Status> {
+        let mut client = self.reconciler.clone();
+        Ok(client.get_graph(request).await?.into_inner())
+    }
+
+    /// `Reconciler.GetStatus`: the tenant's conditions, generations and
+    /// counts.
+    pub async fn get_status(
+        &self,
+        request: v1::GetStatusRequest,
+    ) -> Result<v1::GetStatusResponse, Status> {
+        let mut client = self.reconciler.clone();
+        Ok(client.get_status(request).await?.into_inner())
+    }
+
+    /// `Reconciler.ReportExternal`: reports the state of external items.
+    pub async fn report_external(
+        &self,
+        request: v1::ReportExternalRequest,
+    ) -> Result<v1::ReportExternalResponse, Status> {
+        let mut client = self.reconciler.clone();
+        Ok(client.report_external(request).await?.into_inner())
+    }
+
+    /// `Reconciler.Watch`: the tenant's event stream. Read it with
+    /// `stream.message().await`.
+    pub async fn watch(
+        &self,
+        request: v1::WatchRequest,
+    ) -> Result<Streaming<v1::WatchResponse>, Status> {
+        let mut client = self.reconciler.clone();
+        Ok(client.watch(request).await?.into_inner())
+    }
+
+    /// `Tenants.CreateTenant` (admin): creates a tenant; the reply holds its
+    /// token, shown only this once.
+    pub async fn create_tenant(
+        &self,
+        request: v1::CreateTenantRequest,
+    ) -> Result<v1::CreateTenantResponse, Status> {
+        let mut client = self.tenants.clone();
+        Ok(client.create_tenant(request).await?.into_inner())
+    }
+
+    /// `Tenants.GetTenant` (admin): a tenant with its limits and status.
+    pub async fn get_tenant(&self, request: v1::GetTenantRequest) -> Result<v1::Tenant, Status> {
+        let mut client = self.tenants.clone();
+        Ok(client.get_tenant(request).await?.into_inner())
+    }
+
+    /// `Tenants.ListTenants` (admin), following `next_page_token` until the
+    /// last page: the reply holds every tenant and an empty
+    /// `next_page_token`.
+    pub async fn list_tenants(
+        &self,
+        request: v1::ListTenantsRequest,
+    ) -> Result<v1::ListTenantsResponse, Status> {
+        let mut request = request;
+        let mut all = self.list_tenants_page(request.clone()).await?;
+        while !all.next_page_token.is_empty() {
+            request.page_token = std::mem::take(&mut all.next_page_token);
+            let page = self.list_tenants_page(request.clone()).await?;
+            all.tenants.extend(page.tenants);
+            all.next_page_token = page.next_page_token;
+        }
+        Ok(all)
+    }
+
+    /// `Tenants.ListTenants` (admin): one page.
+    pub async fn list_tenants_page(
+        &self,
+        request: v1::ListTenantsRequest,
+    ) -> Result<v1::ListTenantsResponse, Status> {
+        let mut client = self.tenants.clone();
+        Ok(client.list_tenants(request).await?.into_inner())
+    }
+
+    /// `Tenants.DeleteTenant` (admin): deletes a tenant and purges its data.
+    pub async fn delete_tenant(
+        &self,
+        request: v1::DeleteTenantRequest,
+    ) -> Result<v1::DeleteTenantResponse, Status> {
+        let mut client = self.tenants.clone();
+        Ok(client.delete_tenant(request).await?.into_inner())
+    }
+
+    /// `Tenants.RotateToken` (admin): replaces a tenant's token; the old one
+    /// stops working at once.
+    pub async fn rotate_token(
+        &self,
+        request: v1::RotateTokenRequest,
+    ) -> Result<v1::RotateTokenResponse, Status> {
+        let mut client = self.tenants.clone();
+        Ok(client.rotate_token(request).await?.into_inner())
+    }
+
+    /// `Tenants.WatchFleet` (admin): tenant condition changes across the
+    /// fleet.
+    pub async fn watch_fleet(
+        &self,
+        request: v1::WatchFleetRequest,
+    ) -> Result<Streaming<v1::WatchFleetResponse>, Status> {
+        let mut client = self.tenants.clone();
+        Ok(client.watch_fleet(request).await?.into_inner())
+    }
+}

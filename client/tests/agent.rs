@@ -1,0 +1,672 @@
+//! The agent against a scripted in-process `Configurators` server: the real
+//! network path (tonic channel, bidirectional stream, reconnects) with the
+//! server side played by the test.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reconciled_client::agent::{
+    Agent, AgentError, AgentEvent, Configurator, Item, OperationContext, Outcome, TypeSpec,
+};
+use reconciled_client::convert::properties_to_struct;
+use reconciled_client::proto as v1;
+use reconciled_client::proto::agent_message::Message as FromAgent;
+use reconciled_client::proto::configurators_server::{Configurators, ConfiguratorsServer};
+use reconciled_client::proto::server_message::Message as ToAgent;
+use tokio::sync::{Notify, broadcast, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
+use tonic::{Code, Request, Response, Status, Streaming};
+
+/// How long any single wait in these tests may take.
+const DEADLINE: Duration = Duration::from_secs(10);
+
+const TOKEN: &str = "rcd_test_token";
+
+/// One agent connection, as the fake server sees it.
+struct Connection {
+    authorization: Option<String>,
+    inbound: Streaming<v1::AgentMessage>,
+    outbound: mpsc::UnboundedSender<Result<v1::ServerMessage, Status>>,
+}
+
+impl Connection {
+    /// The next message that is not a heartbeat.
+    async fn next(&mut self) -> FromAgent {
+        loop {
+            let message = tokio::time::timeout(DEADLINE, self.inbound.message())
+                .await
+                .expect("the agent sent nothing in time")
+                .expect("the stream failed")
+                .expect("the agent closed the stream");
+            match message.message {
+                Some(FromAgent::Heartbeat(_)) | None => continue,
+                Some(other) => return other,
+            }
+        }
+    }
+
+    async fn next_result(&mut self) -> v1::OperationResult {
+        match self.next().await {
+            FromAgent::Result(result) => result,
+            other => panic!("expected a result, got {other:?}"),
+        }
+    }
+
+    fn send(&self, message: ToAgent) {
+        self.outbound
+            .send(Ok(v1::ServerMessage {
+                message: Some(message),
+            }))
+            .expect("the agent's stream is open");
+    }
+
+    /// Reads `Register` and answers `Registered`.
+    async fn accept(&mut self, heartbeat: Duration, lease: Duration) -> v1::Register {
+        let register = match self.next().await {
+            FromAgent::Register(register) => register,
+            other => panic!("expected Register first, got {other:?}"),
+        };
+        self.send(ToAgent::Registered(v1::Registered {
+            session_id: "session-1".into(),
+            granted: register
+                .item_types
+                .iter()
+                .map(|spec| v1::TypeGrant {
+                    item_type: spec.item_type.clone(),
+                    epoch: 1,
+                })
+                .collect(),
+            heartbeat_interval: Some(heartbeat.try_into().expect("small duration")),
+            lease: Some(lease.try_into().expect("small duration")),
+        }));
+        register
+    }
+}
+
+#[derive(Clone, Default)]
+struct FakeServer {
+    connections: Arc<Mutex<Option<mpsc::UnboundedSender<Connection>>>>,
+    refusals: Arc<Mutex<VecDeque<Status>>>,
+}
+
+#[tonic::async_trait]
+impl Configurators for FakeServer {
+    type ConnectStream = UnboundedReceiverStream<Result<v1::ServerMessage, Status>>;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<v1::AgentMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        if let Some(status) = self.refusals.lock().expect("lock").pop_front() {
+            return Err(status);
+        }
+        let authorization = request
+            .metadata()
+            .get("authorization")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        let (outbound, receiver) = mpsc::unbounded_channel();
+        let connection = Connection {
+            authorization,
+            inbound: request.into_inner(),
+            outbound,
+        };
+        if let Some(connections) = self.connections.lock().expect("lock").as_ref() {
+            let _ = connections.send(connection);
+        }
+        Ok(Response::new(UnboundedReceiverStream::new(receiver)))
+    }
+}
+
+/// A running fake server and the connections agents open to it.
+struct Harness {
+    address: String,
+    connections: mpsc::UnboundedReceiver<Connection>,
+    refusals: Arc<Mutex<VecDeque<Status>>>,
+}
+
+impl Harness {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a port");
+        let address = format!("http://{}", listener.local_addr().expect("local address"));
+        let (sender, connections) = mpsc::unbounded_channel();
+        let server = FakeServer::default();
+        *server.connections.lock().expect("lock") = Some(sender);
+        let refusals = Arc::clone(&server.refusals);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(ConfiguratorsServer::new(server))
+                .serve_with_incoming(TcpListenerStream::new(listener)),
+        );
+        Self {
+            address,
+            connections,
+            refusals,
+        }
+    }
+
+    async fn next_connection(&mut self) -> Connection {
+        tokio::time::timeout(DEADLINE, self.connections.recv())
+            .await
+            .expect("the agent did not connect in time")
+            .expect("the server is running")
+    }
+
+    fn refuse_next(&self, status: Status) {
+        self.refusals.lock().expect("lock").push_back(status);
+    }
+}
+
+/// A running agent.
+struct Running {
+    events: broadcast::Receiver<AgentEvent>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), AgentError>>,
+}
+
+impl Running {
+    fn start(agent: Agent) -> Self {
+        let events = agent.events();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(agent.run(async move {
+            let _ = stopped.await;
+        }));
+        Self {
+            events,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// Waits for the first event that `select` accepts.
+    async fn wait_for<T>(&mut self, mut select: impl FnMut(&AgentEvent) -> Option<T>) -> T {
+        tokio::time::timeout(DEADLINE, async {
+            loop {
+                match self.events.recv().await {
+                    Ok(event) => {
+                        if let Some(found) = select(&event) {
+                            return found;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(broadcast::error::RecvError::Closed) => panic!("the agent stopped"),
+                }
+            }
+        })
+        .await
+        .expect("the expected event did not come in time")
+    }
+
+    async fn stop(mut self) -> Result<(), AgentError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(DEADLINE, self.task)
+            .await
+            .expect("the agent did not stop in time")
+            .expect("the agent task did not panic")
+    }
+
+    async fn finished(self) -> Result<(), AgentError> {
+        tokio::time::timeout(DEADLINE, self.task)
+            .await
+            .expect("the agent did not stop in time")
+            .expect("the agent task did not panic")
+    }
+}
+
+fn builder(address: &str) -> reconciled_client::agent::AgentBuilder {
+    Agent::builder(address, "acme", TOKEN)
+        .agent_id("agent-under-test")
+        .reconnect_backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .drain_timeout(Duration::from_secs(2))
+}
+
+fn request(op_id: &str, attempt: u32, kind: v1::OperationKind, name: &str) -> ToAgent {
+    let properties = serde_json::json!({"path": name});
+    ToAgent::Operation(v1::OperationRequest {
+        op_id: op_id.into(),
+        attempt,
+        epoch: 1,
+        operation: kind as i32,
+        item: Some(v1::Item {
+            r#type: "file".into(),
+            name: name.into(),
+            properties: properties.as_object().map(properties_to_struct),
+            ..v1::Item::default()
+        }),
+        previous: None,
+        timeout: None,
+        generation: 1,
+        previous_uncertain: false,
+    })
+}
+
+fn ack(op_id: &str, attempt: u32) -> ToAgent {
+    ToAgent::ResultAck(v1::ResultAck {
+        op_id: op_id.into(),
+        attempt,
+    })
+}
+
+const HEARTBEAT: Duration = Duration::from_secs(5);
+const LEASE: Duration = Duration::from_secs(15);
+
+/// Counts creates; everything succeeds.
+#[derive(Default)]
+struct Counting {
+    creates: AtomicUsize,
+}
+
+impl Configurator for Counting {
+    async fn create(&self, _ctx: &OperationContext, item: &Item) -> Outcome {
+        self.creates.fetch_add(1, Ordering::SeqCst);
+        Outcome::done_observed(item.properties.clone())
+    }
+    async fn modify(&self, _ctx: &OperationContext, _previous: &Item, _item: &Item) -> Outcome {
+        Outcome::done()
+    }
+    async fn delete(&self, _ctx: &OperationContext, _item: &Item) -> Outcome {
+        Outcome::done()
+    }
+}
+
+#[tokio::test]
+async fn results_are_deduplicated_and_resent_after_a_reconnect_until_acknowledged() {
+    let mut harness = Harness::start().await;
+    let configurator = Arc::new(Counting::default());
+    let agent = builder(&harness.address)
+        .item_type(
+            TypeSpec::new("file")
+                .recreate_on_change(["/path"])
+                .max_in_flight(4),
+            Arc::clone(&configurator),
+        )
+        .build()
+        .expect("a valid agent");
+    let mut running = Running::start(agent);
+
+    let mut first = harness.next_connection().await;
+    assert_eq!(
+        first.authorization.as_deref(),
+        Some("Bearer rcd_test_token")
+    );
+    let register = first.accept(HEARTBEAT, LEASE).await;
+    assert_eq!(register.tenant, "acme");
+    assert_eq!(register.agent_id, "agent-under-test");
+    assert_eq!(
+        register.protocol_version,
+        reconciled_client::PROTOCOL_VERSION
+    );
+    assert_eq!(register.item_types.len(), 1);
+    assert_eq!(register.item_types[0].recreate_on_change, ["/path"]);
+    running
+        .wait_for(|event| matches!(event, AgentEvent::Connected { .. }).then_some(()))
+        .await;
+
+    first.send(request("op-1", 1, v1::OperationKind::Create, "a"));
+    let result = first.next_result().await;
+    assert_eq!((result.op_id.as_str(), result.attempt), ("op-1", 1));
+    assert_eq!(result.outcome(), v1::Outcome::Done);
+    assert!(
+        result
+            .observed
+            .is_some_and(|observed| observed.fields.contains_key("path"))
+    );
+
+    // A re-delivery is answered from the held result, not run again.
+    first.send(request("op-1", 1, v1::OperationKind::Create, "a"));
+    let again = first.next_result().await;
+    assert_eq!(again.outcome(), v1::Outcome::Done);
+    assert_eq!(configurator.creates.load(Ordering::SeqCst), 1);
+
+    // The server goes away without acknowledging.
+    drop(first);
+    running
+        .wait_for(|event| matches!(event, AgentEvent::Disconnected { .. }).then_some(()))
+        .await;
+    let mut second = harness.next_connection().await;
+    second.accept(HEARTBEAT, LEASE).await;
+    let resent = second.next_result().await;
+    assert_eq!(
+        (resent.op_id.as_str(), resent.outcome()),
+        ("op-1", v1::Outcome::Done)
+    );
+
+    second.send(ack("op-1", 1));
+    running
+        .wait_for(|event| {
+            matches!(event, AgentEvent::ResultAcked { op_id, attempt: 1 } if op_id == "op-1")
+                .then_some(())
+        })
+        .await;
+    assert_eq!(configurator.creates.load(Ordering::SeqCst), 1);
+    running.stop().await.expect("a clean shutdown");
+}
+
+/// Waits for cancellation and reports it.
+struct WaitsForCancel;
+
+impl Configurator for WaitsForCancel {
+    async fn create(&self, ctx: &OperationContext, _item: &Item) -> Outcome {
+        ctx.cancelled().await;
+        Outcome::failed(Code::Cancelled, "stopped on request")
+    }
+    async fn modify(&self, _ctx: &OperationContext, _previous: &Item, _item: &Item) -> Outcome {
+        Outcome::done()
+    }
+    async fn delete(&self, _ctx: &OperationContext, _item: &Item) -> Outcome {
+        Outcome::done()
+    }
+}
+
+#[tokio::test]
+async fn a_cancel_stops_the_operation_and_is_acknowledged_after_its_result() {
+    let mut harness = Harness::start().await;
+    let agent = builder(&harness.address)
+        .item_type(TypeSpec::new("file"), WaitsForCancel)
+        .build()
+        .expect("a valid agent");
+    let mut running = Running::start(agent);
+    let mut connection = harness.next_connection().await;
+    connection.accept(HEARTBEAT, LEASE).await;
+
+    connection.send(request("op-7", 1, v1::OperationKind::Create, "slow"));
+    running
+        .wait_for(|event| matches!(event, AgentEvent::OperationReceived { .. }).then_some(()))
+        .await;
+    connection.send(ToAgent::Cancel(v1::CancelOperation {
+        op_id: "op-7".into(),
+    }));
+
+    let result = connection.next_result().await;
+    assert_eq!(result.outcome(), v1::Outcome::Failed);
+    assert_eq!(
+        result.status.map(|status| status.code),
+        Some(Code::Cancelled as i32)
+    );
+    match connection.next().await {
+        FromAgent::CancelAck(cancel_ack) => assert_eq!(cancel_ack.op_id, "op-7"),
+        other => panic!("expected CancelAck, got {other:?}"),
+    }
+    connection.send(ack("op-7", 1));
+    running.stop().await.expect("a clean shutdown");
+}
+
+/// Goes long-running and finishes when told to.
+struct LongRunning {
+    release: Arc<Notify>,
+}
+
+impl Configurator for LongRunning {
+    async fn create(&self, ctx: &OperationContext, _item: &Item) -> Outcome {
+        let completion = ctx.finish_later();
+        let release = Arc::clone(&self.release);
+        tokio::spawn(async move {
+            completion.progress("copying");
+            release.notified().await;
+            completion.finish(Outcome::done());
+        });
+        Outcome::InProgress
+    }
+    async fn modify(&self, _ctx: &OperationContext, _previous: &Item, _item: &Item) -> Outcome {
+        Outcome::done()
+    }
+    async fn delete(&self, _ctx: &OperationContext, _item: &Item) -> Outcome {
+        Outcome::done()
+    }
+}
+
+#[tokio::test]
+async fn a_long_running_operation_answers_in_progress_then_its_final_outcome() {
+    let mut harness = Harness::start().await;
+    let release = Arc::new(Notify::new());
+    let agent = builder(&harness.address)
+        .item_type(
+            TypeSpec::new("file"),
+            LongRunning {
+                release: Arc::clone(&release),
+            },
+        )
+        .build()
+        .expect("a valid agent");
+    let running = Running::start(agent);
+    let mut connection = harness.next_connection().await;
+    connection.accept(HEARTBEAT, LEASE).await;
+
+    connection.send(request("op-2", 1, v1::OperationKind::Create, "big"));
+    let first = connection.next_result().await;
+    assert_eq!(first.outcome(), v1::Outcome::InProgress);
+    connection.send(ack("op-2", 1));
+    match connection.next().await {
+        FromAgent::Progress(progress) => {
+            assert_eq!(
+                (progress.op_id.as_str(), progress.message.as_str()),
+                ("op-2", "copying")
+            );
+        }
+        other => panic!("expected progress, got {other:?}"),
+    }
+
+    release.notify_one();
+    let last = connection.next_result().await;
+    assert_eq!((last.op_id.as_str(), last.attempt), ("op-2", 1));
+    assert_eq!(last.outcome(), v1::Outcome::Done);
+    connection.send(ack("op-2", 1));
+    running.stop().await.expect("a clean shutdown");
+}
+
+#[tokio::test]
+async fn an_unauthenticated_agent_stops_with_an_error() {
+    let harness = Harness::start().await;
+    harness.refuse_next(Status::unauthenticated("unknown token"));
+    let agent = builder(&harness.address)
+        .item_type(TypeSpec::new("file"), Counting::default())
+        .build()
+        .expect("a valid agent");
+    let running = Running::start(agent);
+    match running.finished().await {
+        Err(AgentError::Unauthenticated { message }) => assert_eq!(message, "unknown token"),
+        other => panic!("expected Unauthenticated, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_type_held_by_another_agent_is_retried_until_granted() {
+    let mut harness = Harness::start().await;
+    let held = <Status as tonic_types::StatusExt>::with_error_details(
+        Code::FailedPrecondition,
+        "item type file is held by agent other",
+        tonic_types::ErrorDetails::with_error_info("TYPE_HELD", "reconciled.dev", []),
+    );
+    harness.refuse_next(held.clone());
+    harness.refuse_next(held);
+    let agent = builder(&harness.address)
+        .item_type(TypeSpec::new("file"), Counting::default())
+        .build()
+        .expect("a valid agent");
+    let mut running = Running::start(agent);
+    let reason = running
+        .wait_for(|event| match event {
+            AgentEvent::Disconnected { reason, code } => Some((reason.clone(), *code)),
+            _ => None,
+        })
+        .await;
+    assert!(reason.0.contains("TYPE_HELD"), "{reason:?}");
+    assert_eq!(reason.1, Some(Code::FailedPrecondition));
+
+    let mut connection = harness.next_connection().await;
+    connection.accept(HEARTBEAT, LEASE).await;
+    running
+        .wait_for(|event| match event {
+            AgentEvent::Connected { granted, .. } => Some(granted.clone()),
+            _ => None,
+        })
+        .await;
+    running.stop().await.expect("a clean shutdown");
+}
+
+#[tokio::test]
+async fn a_silent_server_is_left_and_the_agent_reconnects_while_heartbeating() {
+    let mut harness = Harness::start().await;
+    let agent = builder(&harness.address)
+        .item_type(TypeSpec::new("file"), Counting::default())
+        .build()
+        .expect("a valid agent");
+    let mut running = Running::start(agent);
+    let mut first = harness.next_connection().await;
+    first
+        .accept(Duration::from_millis(100), Duration::from_millis(300))
+        .await;
+
+    // The agent heartbeats at the interval the server asked for.
+    let heartbeat = tokio::time::timeout(DEADLINE, first.inbound.message())
+        .await
+        .expect("a heartbeat in time")
+        .expect("an open stream")
+        .expect("a message");
+    assert!(matches!(heartbeat.message, Some(FromAgent::Heartbeat(_))));
+
+    let reason = running
+        .wait_for(|event| match event {
+            AgentEvent::Disconnected { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+        .await;
+    assert!(reason.contains("sent nothing"), "{reason}");
+    let mut second = harness.next_connection().await;
+    second.accept(HEARTBEAT, LEASE).await;
+    running.stop().await.expect("a clean shutdown");
+}
+
+/// Panics on create.
+struct Panics;
+
+impl Configurator for Panics {
+    async fn create(&self, _ctx: &OperationContext, _item: &Item) -> Outcome {
+        panic!("boom");
+    }
+    async fn modify(&self, _ctx: &OperationContext, _previous: &Item, _item: &Item) -> Outcome {
+        Outcome::done()
+    }
+    async fn delete(&self, _ctx: &OperationContext, _item: &Item) -> Outcome {
+        Outcome::done()
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_configurator_fails_the_operation_with_internal() {
+    let mut harness = Harness::start().await;
+    let agent = builder(&harness.address)
+        .item_type(TypeSpec::new("file"), Panics)
+        .build()
+        .expect("a valid agent");
+    let running = Running::start(agent);
+    let mut connection = harness.next_connection().await;
+    connection.accept(HEARTBEAT, LEASE).await;
+    connection.send(request("op-3", 1, v1::OperationKind::Create, "x"));
+    let result = connection.next_result().await;
+    assert_eq!(result.outcome(), v1::Outcome::Failed);
+    let status = result.status.expect("a status");
+    assert_eq!(status.code, Code::Internal as i32);
+    assert!(status.message.contains("boom"), "{}", status.message);
+    connection.send(ack("op-3", 1));
+    running.stop().await.expect("a clean shutdown");
+}
+
+/// Tracks how many creates run at once.
+#[derive(Default)]
+struct Concurrency {
+    active: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl Configurator for Concurrency {
+    async fn create(&self, _ctx: &OperationContext, _item: &Item) -> Outcome {
+        let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        self.active.fetch_sub(1, Ordering::SeqCst);
+        Outcome::done()
+    }
+    async fn modify(&self, _ctx: &OperationContext, _previous: &Item, _item: &Item) -> Outcome {
+        Outcome::done()
+    }
+    async fn delete(&self, _ctx: &OperationContext, _item: &Item) -> Outcome {
+        Outcome::done()
+    }
+}
+
+#[tokio::test]
+async fn max_in_flight_bounds_the_operations_running_at_once() {
+    let mut harness = Harness::start().await;
+    let configurator = Arc::new(Concurrency::default());
+    let agent = builder(&harness.address)
+        .item_type(
+            TypeSpec::new("file").max_in_flight(2),
+            Arc::clone(&configurator),
+        )
+        .build()
+        .expect("a valid agent");
+    let running = Running::start(agent);
+    let mut connection = harness.next_connection().await;
+    connection.accept(HEARTBEAT, LEASE).await;
+    for index in 0..6 {
+        connection.send(request(
+            &format!("op-{index}"),
+            1,
+            v1::OperationKind::Create,
+            "x",
+        ));
+    }
+    for _ in 0..6 {
+        let result = connection.next_result().await;
+        assert_eq!(result.outcome(), v1::Outcome::Done);
+        connection.send(ack(&result.op_id, result.attempt));
+    }
+    assert_eq!(configurator.most.load(Ordering::SeqCst), 2);
+    running.stop().await.expect("a clean shutdown");
+}
+
+#[tokio::test]
+async fn shutdown_waits_for_running_operations_and_their_acknowledgements() {
+    let mut harness = Harness::start().await;
+    let release = Arc::new(Notify::new());
+    let agent = builder(&harness.address)
+        .item_type(
+            TypeSpec::new("file"),
+            LongRunning {
+                release: Arc::clone(&release),
+            },
+        )
+        .build()
+        .expect("a valid agent");
+    let mut running = Running::start(agent);
+    let mut connection = harness.next_connection().await;
+    connection.accept(HEARTBEAT, LEASE).await;
+    connection.send(request("op-5", 1, v1::OperationKind::Create, "x"));
+    assert_eq!(
+        connection.next_result().await.outcome(),
+        v1::Outcome::InProgress
+    );
+    connection.send(ack("op-5", 1));
+    running
+        .wait_for(|event| matches!(event, AgentEvent::ResultAcked { .. }).then_some(()))
+        .await;
+
+    if let Some(stop) = running.stop.take() {
+        let _ = stop.send(());
+    }
+    // Still running: the agent waits (progress arrives, the stream stays open).
+    assert!(matches!(connection.next().await, FromAgent::Progress(_)));
+    release.notify_one();
+    let last = connection.next_result().await;
+    assert_eq!(last.outcome(), v1::Outcome::Done);
+    connection.send(ack("op-5", 1));
+    running.finished().await.expect("a clean shutdown");
+}

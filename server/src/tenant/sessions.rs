@@ -1,0 +1,615 @@
+//! The executor half of a tenant's owner: configurator sessions, dispatch
+//! of ready operations, results, timeouts and lost outcomes.
+//!
+//! Every transition is committed before it is acted on: an operation is
+//! journaled (its in-flight record stored) before it is sent, and a result
+//! is stored before it is acknowledged.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info};
+
+use crate::agents::{
+    AgentOutcome, FromAgent, Grant, OperationOrder, Registration, RegistrationError, ToAgent,
+};
+use crate::engine::exec::TypeSpec;
+use crate::engine::plan::Plan;
+use crate::engine::transition::{Completion, CurrentUpdates, completed, started};
+use crate::graph::{
+    CurrentItem, InFlight, ItemRef, ItemState, OperationError, OperationKind, code,
+};
+use crate::store::{WriteBatch, keys};
+
+use super::error::TenantError;
+use super::owner::{Holder, Owner, Scope, now_ms};
+use super::record::{decode, encode};
+use super::state::scan_all;
+
+/// A registered item type as stored: the spec and the epoch of its owner.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct StoredSpec {
+    spec: TypeSpec,
+    epoch: u64,
+}
+
+fn random_in(low: u64, high: u64) -> u64 {
+    rand::rng().random_range(low..=high)
+}
+
+impl Owner {
+    /// Loads stored type specs, and turns operations journaled before a
+    /// restart into lost outcomes (UNKNOWN) to be resolved when their type's
+    /// agent registers again.
+    pub(super) fn load_specs_and_journal(&mut self) -> Result<(), TenantError> {
+        for (key, value) in scan_all(&*self.store, &keys::type_specs_prefix(self.state.record.id))?
+        {
+            let stored: StoredSpec = decode(&key, &value)?;
+            self.state
+                .type_rules
+                .insert(stored.spec.item_type.clone(), stored.spec.rules());
+            self.specs
+                .insert(stored.spec.item_type.clone(), (stored.spec, stored.epoch));
+        }
+        let journaled: Vec<(ItemRef, CurrentItem)> = self
+            .state
+            .current
+            .iter()
+            .filter(|(_, current)| current.in_flight.is_some())
+            .map(|(key, current)| (key.clone(), (**current).clone()))
+            .collect();
+        for (key, current) in journaled {
+            if let Some(operation) = &current.in_flight {
+                self.operations.insert(operation.op_id.clone(), key.clone());
+            }
+            if current.state != ItemState::Unknown {
+                let before = self.state.displayed(&key);
+                if let Some(lost) = completed(&self.state.current, &current, Completion::Lost) {
+                    self.state.current.insert(key.clone(), lost);
+                }
+                self.state.recount_item(&key, before);
+            }
+        }
+        Ok(())
+    }
+
+    /// Operations in flight (sent and not answered; lost ones excluded).
+    pub(super) fn in_flight_count(&self) -> usize {
+        self.sessions.values().map(|holder| holder.in_flight).sum()
+    }
+
+    fn spec(&self, item_type: &str) -> TypeSpec {
+        self.specs
+            .get(item_type)
+            .map_or_else(|| TypeSpec::new(item_type), |(spec, _)| spec.clone())
+    }
+
+    fn holder_of_session(&self, session_id: u64) -> Option<&Holder> {
+        self.sessions
+            .values()
+            .find(|holder| holder.link.session_id == session_id)
+    }
+
+    fn send_to_session(&self, session_id: u64, message: ToAgent) {
+        if let Some(holder) = self.holder_of_session(session_id) {
+            let _ = holder.link.sender.send(message);
+        }
+    }
+
+    /// Registers a session for item types (see DESIGN section 4, ownership).
+    pub(super) async fn register(
+        &mut self,
+        registration: Registration,
+    ) -> Result<Vec<Grant>, RegistrationError> {
+        for spec in &registration.types {
+            if let Some(holder) = self.sessions.get(&spec.item_type)
+                && holder.link.agent_id != registration.link.agent_id
+            {
+                return Err(RegistrationError::TypeHeld {
+                    item_type: spec.item_type.clone(),
+                    holder: holder.link.agent_id.clone(),
+                });
+            }
+        }
+        let mut batch = WriteBatch::new();
+        let mut grants = Vec::new();
+        for spec in &registration.types {
+            let epoch = self
+                .specs
+                .get(&spec.item_type)
+                .map_or(0, |(_, epoch)| *epoch)
+                + 1;
+            let stored = StoredSpec {
+                spec: spec.clone(),
+                epoch,
+            };
+            batch.put(
+                keys::type_spec_key(self.state.record.id, &spec.item_type),
+                encode(&stored)?,
+            );
+            grants.push(Grant {
+                item_type: spec.item_type.clone(),
+                epoch,
+            });
+        }
+        self.commit_writes(Vec::new(), batch).await?;
+
+        let types: HashSet<String> = registration
+            .types
+            .iter()
+            .map(|s| s.item_type.clone())
+            .collect();
+        for (spec, grant) in registration.types.into_iter().zip(&grants) {
+            let in_flight = self.count_in_flight(&spec.item_type);
+            self.state
+                .type_rules
+                .insert(spec.item_type.clone(), spec.rules());
+            self.specs
+                .insert(spec.item_type.clone(), (spec.clone(), grant.epoch));
+            self.sessions.insert(
+                spec.item_type.clone(),
+                Holder {
+                    link: registration.link.clone(),
+                    epoch: grant.epoch,
+                    in_flight,
+                },
+            );
+        }
+        info!(
+            tenant = %self.state.record.name,
+            agent = %registration.link.agent_id,
+            types = ?types,
+            "Configurator registered."
+        );
+        self.redeliver_lost(&types).await?;
+        self.pass(Scope::Full).await?;
+        Ok(grants)
+    }
+
+    /// Operations of `item_type` currently running on an agent.
+    fn count_in_flight(&self, item_type: &str) -> usize {
+        self.operations
+            .values()
+            .filter(|item| &*item.item_type == item_type)
+            .filter(|item| {
+                self.state
+                    .current
+                    .get(item)
+                    .is_some_and(|c| c.in_flight.is_some() && c.state != ItemState::Unknown)
+            })
+            .count()
+    }
+
+    /// Sends lost operations of `types` again, with the same op id and
+    /// attempt, to the session that now holds the type.
+    async fn redeliver_lost(&mut self, types: &HashSet<String>) -> Result<(), TenantError> {
+        let mut updates: CurrentUpdates = Vec::new();
+        let mut orders = Vec::new();
+        for item in self.operations.values() {
+            if !types.contains(&*item.item_type) {
+                continue;
+            }
+            let Some(current) = self.state.current.get(item) else {
+                continue;
+            };
+            let Some(operation) = current.in_flight.clone() else {
+                continue;
+            };
+            if current.state != ItemState::Unknown {
+                continue;
+            }
+            let target = operation.target.clone();
+            let restarted = started(
+                Some(&CurrentItem {
+                    state: ItemState::Created,
+                    ..(**current).clone()
+                }),
+                target,
+                operation.clone(),
+            );
+            let restarted = CurrentItem {
+                unknown_was_created: false,
+                ..restarted
+            };
+            orders.push((item.clone(), operation));
+            updates.push((item.clone(), Some(restarted)));
+        }
+        if updates.is_empty() {
+            return Ok(());
+        }
+        self.commit_current_updates(updates, None).await?;
+        for (item, operation) in orders {
+            let Some(holder) = self.sessions.get_mut(&*item.item_type) else {
+                continue;
+            };
+            holder.in_flight += 1;
+            let order = order_for(&self.state.current, &item, &operation, holder.epoch);
+            if let Some(order) = order {
+                let _ = holder.link.sender.send(ToAgent::Operation(order));
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles a message of session `session_id`.
+    pub(super) async fn handle_agent_message(
+        &mut self,
+        session_id: u64,
+        message: FromAgent,
+    ) -> Result<(), TenantError> {
+        match message {
+            FromAgent::Result {
+                op_id,
+                attempt,
+                outcome,
+            } => self.result(session_id, op_id, attempt, outcome).await,
+            FromAgent::Progress { op_id, attempt } => {
+                debug!(tenant = %self.state.record.name, %op_id, attempt, "Operation progress.");
+                Ok(())
+            }
+            FromAgent::CancelAck { op_id } => {
+                debug!(tenant = %self.state.record.name, %op_id, "Cancel acknowledged.");
+                Ok(())
+            }
+            FromAgent::External(changes) => self.report_external(changes).await.map(|_| ()),
+        }
+    }
+
+    async fn result(
+        &mut self,
+        session_id: u64,
+        op_id: String,
+        attempt: u32,
+        outcome: AgentOutcome,
+    ) -> Result<(), TenantError> {
+        let ack = ToAgent::Ack {
+            op_id: op_id.clone(),
+            attempt,
+        };
+        let Some(item) = self.operations.get(&op_id).cloned() else {
+            self.send_to_session(session_id, ack);
+            return Ok(());
+        };
+        let Some(current) = self.state.current.get(&item).cloned() else {
+            self.send_to_session(session_id, ack);
+            return Ok(());
+        };
+        let matches = current
+            .in_flight
+            .as_ref()
+            .is_some_and(|operation| operation.op_id == op_id && operation.attempt == attempt);
+        let holds_type = self
+            .sessions
+            .get(&*item.item_type)
+            .is_some_and(|holder| holder.link.session_id == session_id);
+        if !matches || !holds_type {
+            // A stale attempt, or a session whose epoch is over: it changes
+            // no state (the current holder re-runs what is needed).
+            self.send_to_session(session_id, ack);
+            return Ok(());
+        }
+        let now = now_ms();
+        let completion = match outcome {
+            AgentOutcome::InProgress => {
+                self.send_to_session(session_id, ack);
+                return Ok(());
+            }
+            AgentOutcome::Done { observed } => Completion::Done { observed },
+            AgentOutcome::Wait { retry_after_ms } => Completion::Wait {
+                retry_at_ms: now.saturating_add(retry_after_ms),
+            },
+            AgentOutcome::Failed(error) => {
+                let spec = self.spec(&item.item_type);
+                let failures = current.attempts.saturating_add(1);
+                let retry_at_ms = spec.retry_at(now, failures, error.is_terminal(), random_in);
+                Completion::Failed { error, retry_at_ms }
+            }
+        };
+        self.finish(&item, &current, completion, now).await?;
+        // Acknowledge after the follow-up pass published its snapshot, so an
+        // agent (or a test) that reads status after the ack sees the result.
+        let passed = self.pass(Scope::Items(BTreeSet::from([item]))).await;
+        self.send_to_session(session_id, ack);
+        passed.map(|_| ())
+    }
+
+    /// Commits the end of `item`'s in-flight operation.
+    async fn finish(
+        &mut self,
+        item: &ItemRef,
+        current: &CurrentItem,
+        completion: Completion,
+        now: u64,
+    ) -> Result<(), TenantError> {
+        let Some(operation) = current.in_flight.clone() else {
+            return Ok(());
+        };
+        let error = match &completion {
+            Completion::Failed { error, .. } => Some(error.clone()),
+            _ => None,
+        };
+        let value = completed(&self.state.current, current, completion);
+        self.commit_current_updates(vec![(item.clone(), value)], None)
+            .await?;
+        self.log
+            .ended(&operation.op_id, operation.attempt, now, error);
+        self.operations.remove(&operation.op_id);
+        if let Some(holder) = self.sessions.get_mut(&*item.item_type) {
+            holder.in_flight = holder.in_flight.saturating_sub(1);
+        }
+        Ok(())
+    }
+
+    /// A session ended: its types are free, and the outcome of its
+    /// operations in flight is unknown.
+    pub(super) async fn session_closed(
+        &mut self,
+        session_id: u64,
+        reason: &str,
+    ) -> Result<(), TenantError> {
+        let released: Vec<String> = self
+            .sessions
+            .iter()
+            .filter(|(_, holder)| holder.link.session_id == session_id)
+            .map(|(item_type, _)| item_type.clone())
+            .collect();
+        if released.is_empty() {
+            return Ok(());
+        }
+        for item_type in &released {
+            self.sessions.remove(item_type);
+        }
+        info!(tenant = %self.state.record.name, types = ?released, reason, "Configurator disconnected.");
+        let mut updates: CurrentUpdates = Vec::new();
+        let mut touched = BTreeSet::new();
+        for item in self.operations.values() {
+            if !released.iter().any(|t| **t == *item.item_type) {
+                continue;
+            }
+            let Some(current) = self.state.current.get(item) else {
+                continue;
+            };
+            if current.in_flight.is_none() || current.state == ItemState::Unknown {
+                continue;
+            }
+            updates.push((
+                item.clone(),
+                completed(&self.state.current, current, Completion::Lost),
+            ));
+            touched.insert(item.clone());
+        }
+        if !updates.is_empty() {
+            self.commit_current_updates(updates, None).await?;
+        }
+        self.pass(Scope::Items(touched)).await?;
+        Ok(())
+    }
+
+    /// Sends a cancel for every in-flight operation the plan found
+    /// superseded by an intent change.
+    pub(super) fn cancel_superseded(&mut self, plan: &Plan) {
+        for item in &plan.cancel {
+            let Some(current) = self.state.current.get(item) else {
+                continue;
+            };
+            let Some(operation) = &current.in_flight else {
+                continue;
+            };
+            if let Some(holder) = self.sessions.get(&*item.item_type) {
+                let _ = holder.link.sender.send(ToAgent::Cancel {
+                    op_id: operation.op_id.clone(),
+                });
+            }
+            let mut marked = (**current).clone();
+            if let Some(operation) = marked.in_flight.as_mut() {
+                operation.cancel_requested = true;
+            }
+            self.state.current.insert(item.clone(), marked);
+        }
+    }
+
+    /// Journals and sends every ready operation whose type has a live
+    /// session with room; returns how many ready ones had to wait for room.
+    pub(super) async fn dispatch(&mut self, plan: &Plan) -> Result<usize, TenantError> {
+        let now = now_ms();
+        let mut waiting_for_room = 0;
+        let mut starts: Vec<(ItemRef, InFlight)> = Vec::new();
+        for index in plan.ready() {
+            let operation = &plan.operations[index];
+            let item = &operation.item;
+            let limit = self.spec(&item.item_type).max_in_flight.max(1) as usize;
+            let timeout_ms = self.spec(&item.item_type).operation_timeout_ms;
+            let Some(holder) = self.sessions.get_mut(&*item.item_type) else {
+                continue;
+            };
+            if holder.in_flight >= limit {
+                self.undispatched.insert(item.clone());
+                waiting_for_room += 1;
+                continue;
+            }
+            holder.in_flight += 1;
+            self.next_operation += 1;
+            let attempt = self
+                .state
+                .current
+                .get(item)
+                .map_or(1, |c| c.attempts.saturating_add(1));
+            starts.push((
+                item.clone(),
+                InFlight {
+                    kind: operation.kind,
+                    op_id: format!(
+                        "{}-{:x}-{}",
+                        self.state.record.id, self.boot, self.next_operation
+                    ),
+                    attempt,
+                    target_generation: operation.target_generation,
+                    started_at_ms: now,
+                    timeout_ms,
+                    last_progress_ms: None,
+                    cancel_requested: false,
+                    target: None,
+                },
+            ));
+        }
+        if starts.is_empty() {
+            return Ok(waiting_for_room);
+        }
+        let updates: CurrentUpdates = starts
+            .iter()
+            .map(|(item, in_flight)| {
+                let target = match in_flight.kind {
+                    OperationKind::Create | OperationKind::Modify => self
+                        .state
+                        .intended
+                        .get(item)
+                        .map(|entry| entry.item.clone()),
+                    OperationKind::Delete | OperationKind::Read => None,
+                };
+                let existing = self.state.current.get(item).map(|c| &**c);
+                (
+                    item.clone(),
+                    Some(started(existing, target, in_flight.clone())),
+                )
+            })
+            .collect();
+        if let Err(error) = self.commit_current_updates(updates, None).await {
+            for (item, _) in &starts {
+                if let Some(holder) = self.sessions.get_mut(&*item.item_type) {
+                    holder.in_flight = holder.in_flight.saturating_sub(1);
+                }
+            }
+            return Err(error);
+        }
+        for (item, in_flight) in starts {
+            let previous_error = self
+                .state
+                .current
+                .get(&item)
+                .and_then(|c| c.last_error.clone());
+            self.log.started(
+                item.clone(),
+                in_flight.kind,
+                in_flight.op_id.clone(),
+                in_flight.attempt,
+                now,
+                previous_error,
+            );
+            self.operations
+                .insert(in_flight.op_id.clone(), item.clone());
+            let Some(holder) = self.sessions.get(&*item.item_type) else {
+                continue;
+            };
+            // The journaled record carries the target the operation applies.
+            let journaled = self
+                .state
+                .current
+                .get(&item)
+                .and_then(|c| c.in_flight.clone());
+            let Some(in_flight) = journaled else { continue };
+            if let Some(order) = order_for(&self.state.current, &item, &in_flight, holder.epoch) {
+                debug!(tenant = %self.state.record.name, item = %item, op_id = %order.op_id, kind = order.kind.as_str(), "Operation dispatched.");
+                let _ = holder.link.sender.send(ToAgent::Operation(order));
+            }
+        }
+        Ok(waiting_for_room)
+    }
+
+    /// The earliest time the owner must wake up: an operation deadline or
+    /// a retry time.
+    pub(super) fn next_deadline_ms(&self) -> Option<u64> {
+        let deadlines = self.operations.values().filter_map(|item| {
+            let current = self.state.current.get(item)?;
+            let operation = current.in_flight.as_ref()?;
+            (current.state != ItemState::Unknown)
+                .then(|| operation.started_at_ms.saturating_add(operation.timeout_ms))
+        });
+        deadlines.chain(self.next_retry_ms).min()
+    }
+
+    /// Times out operations past their deadline, then runs a full pass
+    /// (which also picks up items whose retry time came).
+    pub(super) async fn on_timer(&mut self) -> Result<(), TenantError> {
+        let now = now_ms();
+        let expired: Vec<(ItemRef, Arc<CurrentItem>)> = self
+            .operations
+            .values()
+            .filter_map(|item| {
+                let current = self.state.current.get(item)?;
+                let operation = current.in_flight.as_ref()?;
+                let due = operation.started_at_ms.saturating_add(operation.timeout_ms) <= now;
+                (due && current.state != ItemState::Unknown)
+                    .then(|| (item.clone(), current.clone()))
+            })
+            .collect();
+        for (item, current) in expired {
+            let Some(operation) = current.in_flight.clone() else {
+                continue;
+            };
+            if let Some(holder) = self.sessions.get(&*item.item_type) {
+                let _ = holder.link.sender.send(ToAgent::Cancel {
+                    op_id: operation.op_id.clone(),
+                });
+            }
+            let spec = self.spec(&item.item_type);
+            let error = OperationError {
+                code: code::DEADLINE_EXCEEDED,
+                message: format!(
+                    "the operation did not finish within {} ms",
+                    operation.timeout_ms
+                ),
+            };
+            let failures = current.attempts.saturating_add(1);
+            let retry_at_ms = spec.retry_at(now, failures, false, random_in);
+            self.finish(
+                &item,
+                &current,
+                Completion::Failed { error, retry_at_ms },
+                now,
+            )
+            .await?;
+        }
+        if self.next_retry_ms.is_some_and(|at| at <= now) {
+            self.next_retry_ms = None;
+        }
+        self.pass(Scope::Full).await.map(|_| ())
+    }
+
+    /// Commits `updates` plus `extra` writes with a new revision.
+    async fn commit_writes(
+        &mut self,
+        updates: CurrentUpdates,
+        extra: WriteBatch,
+    ) -> Result<(), TenantError> {
+        self.commit_current_updates_with(updates, None, extra).await
+    }
+}
+
+/// The order that sends `operation` on `item` to an agent.
+fn order_for(
+    current: &crate::graph::CurrentGraph,
+    item: &ItemRef,
+    operation: &InFlight,
+    epoch: u64,
+) -> Option<OperationOrder> {
+    let entry = current.get(item)?;
+    let applied = entry.applied.clone();
+    let (subject, previous) = match operation.kind {
+        OperationKind::Create => (operation.target.clone()?, None),
+        OperationKind::Modify => (operation.target.clone()?, applied),
+        OperationKind::Delete | OperationKind::Read => (applied?, None),
+    };
+    Some(OperationOrder {
+        op_id: operation.op_id.clone(),
+        attempt: operation.attempt,
+        epoch,
+        kind: operation.kind,
+        item: subject,
+        previous,
+        timeout_ms: operation.timeout_ms,
+        generation: operation.target_generation,
+        previous_uncertain: false,
+    })
+}

@@ -1,0 +1,130 @@
+//! The items of a tenant that wait for something, kept up to date pass by
+//! pass, with running counts so conditions never rescan them.
+
+use std::collections::BTreeMap;
+
+use imbl::OrdMap;
+
+use crate::engine::plan::{WaitReason, WaitingItem};
+use crate::graph::ItemRef;
+
+/// Counts over the waiting items.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WaitingSummary {
+    /// Waiting items.
+    pub total: usize,
+    /// Waiting items by reason.
+    pub by_reason: BTreeMap<WaitReason, usize>,
+    /// Items that failed terminally or wait on one.
+    pub terminal: usize,
+    /// Items waiting for a configurator, by item type.
+    pub without_configurator: BTreeMap<String, usize>,
+}
+
+fn blocked_by_terminal(item: &WaitingItem) -> bool {
+    item.reason == WaitReason::TerminalFailure
+        || item
+            .blocked_by
+            .iter()
+            .any(|b| b.why.contains("failed terminally"))
+}
+
+impl WaitingSummary {
+    fn count(&mut self, item: &WaitingItem, delta: isize) {
+        let adjust = |value: &mut usize| *value = value.saturating_add_signed(delta);
+        adjust(&mut self.total);
+        adjust(self.by_reason.entry(item.reason).or_default());
+        if blocked_by_terminal(item) {
+            adjust(&mut self.terminal);
+        }
+        if item.reason == WaitReason::NoConfigurator {
+            let item_type = item.item.item_type.to_string();
+            let entry = self
+                .without_configurator
+                .entry(item_type.clone())
+                .or_default();
+            adjust(entry);
+            if *entry == 0 {
+                self.without_configurator.remove(&item_type);
+            }
+        }
+        self.by_reason.retain(|_, count| *count > 0);
+    }
+}
+
+/// The waiting items (an O(1)-clone map for snapshots) and their summary.
+#[derive(Clone, Debug, Default)]
+pub struct WaitingSet {
+    items: OrdMap<ItemRef, WaitingItem>,
+    summary: WaitingSummary,
+}
+
+impl WaitingSet {
+    /// Records that `item` waits as described, replacing what it waited for.
+    pub fn insert(&mut self, entry: WaitingItem) {
+        if let Some(previous) = self.items.insert(entry.item.clone(), entry.clone()) {
+            self.summary.count(&previous, -1);
+        }
+        self.summary.count(&entry, 1);
+    }
+
+    /// Records that `item` no longer waits.
+    pub fn remove(&mut self, item: &ItemRef) {
+        if let Some(previous) = self.items.remove(item) {
+            self.summary.count(&previous, -1);
+        }
+    }
+
+    /// What `item` waits for.
+    pub fn get(&self, item: &ItemRef) -> Option<&WaitingItem> {
+        self.items.get(item)
+    }
+
+    /// The running counts.
+    pub fn summary(&self) -> &WaitingSummary {
+        &self.summary
+    }
+
+    /// An O(1) copy of the items.
+    pub fn items(&self) -> OrdMap<ItemRef, WaitingItem> {
+        self.items.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::plan::BlockedBy;
+    use crate::graph::OperationKind;
+
+    fn waiting(name: &str, reason: WaitReason) -> WaitingItem {
+        WaitingItem {
+            item: ItemRef::new("t", name),
+            operation: OperationKind::Create,
+            reason,
+            blocked_by: vec![BlockedBy {
+                item: ItemRef::new("t", "x"),
+                why: "missing".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn counts_follow_inserts_replacements_and_removals() {
+        let mut set = WaitingSet::default();
+        set.insert(waiting("a", WaitReason::NoConfigurator));
+        set.insert(waiting("b", WaitReason::TerminalFailure));
+        assert_eq!(set.summary().total, 2);
+        assert_eq!(set.summary().terminal, 1);
+        assert_eq!(set.summary().without_configurator.get("t"), Some(&1));
+        set.insert(waiting("a", WaitReason::Dependency));
+        assert!(set.summary().without_configurator.is_empty());
+        set.remove(&ItemRef::new("t", "b"));
+        assert_eq!(set.summary().total, 1);
+        assert_eq!(set.summary().terminal, 0);
+        assert_eq!(
+            set.summary().by_reason.get(&WaitReason::Dependency),
+            Some(&1)
+        );
+    }
+}

@@ -1,0 +1,259 @@
+//! The configurator protocol at the wire level: a raw gRPC stream plays the
+//! agent, so every message the server sends and expects is checked.
+
+use std::time::Duration;
+
+use reconciled_tests::api::{
+    Bearer, create_tenant, dependency, error_reason, item, reconciler, submit,
+};
+use reconciled_tests::proto::v1;
+use reconciled_tests::proto::v1::configurators_client::ConfiguratorsClient;
+use reconciled_tests::{ServerOptions, ServerProcess};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Code;
+
+/// A raw agent: the outgoing queue and the incoming stream.
+struct RawAgent {
+    outgoing: mpsc::Sender<v1::AgentMessage>,
+    incoming: tonic::Streaming<v1::ServerMessage>,
+    /// Operations that arrived while waiting for something else.
+    queued: std::collections::VecDeque<v1::OperationRequest>,
+}
+
+fn register(tenant: &str, agent_id: &str, types: &[&str], version: u32) -> v1::AgentMessage {
+    v1::AgentMessage {
+        message: Some(v1::agent_message::Message::Register(v1::Register {
+            tenant: tenant.into(),
+            agent_id: agent_id.into(),
+            protocol_version: version,
+            item_types: types
+                .iter()
+                .map(|t| v1::ItemTypeSpec {
+                    item_type: (*t).into(),
+                    ..Default::default()
+                })
+                .collect(),
+        })),
+    }
+}
+
+async fn connect(
+    channel: &tonic::transport::Channel,
+    token: &str,
+    first: v1::AgentMessage,
+) -> Result<RawAgent, tonic::Status> {
+    let (outgoing, receiver) = mpsc::channel(64);
+    outgoing.send(first).await.expect("queue open");
+    let beats = outgoing.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            every.tick().await;
+            let beat = v1::AgentMessage {
+                message: Some(v1::agent_message::Message::Heartbeat(v1::Heartbeat {})),
+            };
+            if beats.send(beat).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut client = ConfiguratorsClient::with_interceptor(channel.clone(), Bearer::new(token));
+    let incoming = client
+        .connect(ReceiverStream::new(receiver))
+        .await?
+        .into_inner();
+    Ok(RawAgent {
+        outgoing,
+        incoming,
+        queued: Default::default(),
+    })
+}
+
+impl RawAgent {
+    /// The next message that is not a heartbeat.
+    async fn next(&mut self) -> v1::server_message::Message {
+        loop {
+            let message = tokio::time::timeout(Duration::from_secs(10), self.incoming.message())
+                .await
+                .expect("a message within 10 s")
+                .expect("stream healthy")
+                .expect("stream open");
+            match message.message {
+                Some(v1::server_message::Message::Heartbeat(_)) | None => continue,
+                Some(other) => return other,
+            }
+        }
+    }
+
+    async fn next_operation(&mut self) -> v1::OperationRequest {
+        if let Some(queued) = self.queued.pop_front() {
+            return queued;
+        }
+        match self.next().await {
+            v1::server_message::Message::Operation(request) => request,
+            other => panic!("expected an operation, got {other:?}"),
+        }
+    }
+
+    async fn answer(&mut self, request: &v1::OperationRequest, outcome: v1::Outcome) {
+        let result = v1::OperationResult {
+            op_id: request.op_id.clone(),
+            attempt: request.attempt,
+            outcome: outcome.into(),
+            ..Default::default()
+        };
+        self.outgoing
+            .send(v1::AgentMessage {
+                message: Some(v1::agent_message::Message::Result(result)),
+            })
+            .await
+            .expect("queue open");
+        loop {
+            match self.next().await {
+                v1::server_message::Message::ResultAck(ack) => {
+                    assert_eq!(
+                        (ack.op_id.as_str(), ack.attempt),
+                        (request.op_id.as_str(), request.attempt)
+                    );
+                    return;
+                }
+                v1::server_message::Message::Operation(operation) => {
+                    self.queued.push_back(operation)
+                }
+                other => panic!("expected a ResultAck, got {other:?}"),
+            }
+        }
+    }
+}
+
+fn label(request: &v1::OperationRequest) -> String {
+    let kind = v1::OperationKind::try_from(request.operation)
+        .map(|k| k.as_str_name().to_string())
+        .unwrap_or_default();
+    let item = request
+        .item
+        .as_ref()
+        .map(|i| format!("{}/{}", i.r#type, i.name))
+        .unwrap_or_default();
+    format!(
+        "{} {item}",
+        kind.trim_start_matches("OPERATION_KIND_").to_lowercase()
+    )
+}
+
+#[tokio::test]
+async fn an_agent_registers_receives_operations_in_dependency_order_and_gets_acks() {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("starts");
+    let channel = server.channel().await.expect("connects");
+    let token = create_tenant(&channel, &server.admin_token(), "acme").await;
+    let mut agent = connect(
+        &channel,
+        &token,
+        register("acme", "agent-1", &["dir", "file"], 1),
+    )
+    .await
+    .expect("registers");
+    match agent.next().await {
+        v1::server_message::Message::Registered(registered) => {
+            let mut granted: Vec<(String, u64)> = registered
+                .granted
+                .iter()
+                .map(|g| (g.item_type.clone(), g.epoch))
+                .collect();
+            granted.sort();
+            assert_eq!(granted, [("dir".to_string(), 1), ("file".to_string(), 1)]);
+        }
+        other => panic!("expected Registered, got {other:?}"),
+    }
+
+    let mut file = item("file", "conf", json!({"content": "x"}));
+    file.dependencies.push(dependency("dir", "etc"));
+    reconciler(&channel, &token)
+        .submit_intent(submit("acme", vec![file, item("dir", "etc", json!({}))]))
+        .await
+        .expect("accepted");
+
+    let first = agent.next_operation().await;
+    assert_eq!(label(&first), "create dir/etc");
+    assert_eq!((first.attempt, first.epoch, first.generation), (1, 1, 1));
+    agent.answer(&first, v1::Outcome::Done).await;
+    let second = agent.next_operation().await;
+    assert_eq!(label(&second), "create file/conf");
+    agent.answer(&second, v1::Outcome::Done).await;
+
+    let status = reconciler(&channel, &token)
+        .get_status(v1::GetStatusRequest {
+            tenant: "acme".into(),
+        })
+        .await
+        .expect("status")
+        .into_inner()
+        .status
+        .expect("status");
+    assert_eq!(status.items_by_state.get("CREATED"), Some(&2), "{status:?}");
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.r#type == "Ready")
+        .expect("Ready");
+    assert_eq!(ready.status, v1::ConditionStatus::True as i32, "{status:?}");
+
+    reconciler(&channel, &token)
+        .submit_intent(submit("acme", vec![]))
+        .await
+        .expect("accepted");
+    let delete_file = agent.next_operation().await;
+    assert_eq!(label(&delete_file), "delete file/conf");
+    agent.answer(&delete_file, v1::Outcome::Done).await;
+    let delete_dir = agent.next_operation().await;
+    assert_eq!(label(&delete_dir), "delete dir/etc");
+    agent.answer(&delete_dir, v1::Outcome::Done).await;
+}
+
+#[tokio::test]
+async fn an_unknown_protocol_version_and_a_held_type_are_refused() {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("starts");
+    let channel = server.channel().await.expect("connects");
+    let token = create_tenant(&channel, &server.admin_token(), "acme").await;
+
+    let refused = match connect(&channel, &token, register("acme", "a", &["dir"], 99)).await {
+        Err(status) => status,
+        Ok(mut agent) => agent.incoming.message().await.expect_err("refused"),
+    };
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert_eq!(
+        error_reason(&refused).as_deref(),
+        Some("UNSUPPORTED_PROTOCOL")
+    );
+
+    let mut holder = connect(&channel, &token, register("acme", "first", &["dir"], 1))
+        .await
+        .expect("registers");
+    assert!(matches!(
+        holder.next().await,
+        v1::server_message::Message::Registered(_)
+    ));
+    let held = match connect(&channel, &token, register("acme", "second", &["dir"], 1)).await {
+        Err(status) => status,
+        Ok(mut agent) => agent.incoming.message().await.expect_err("refused"),
+    };
+    assert_eq!(held.code(), Code::FailedPrecondition);
+    assert_eq!(error_reason(&held).as_deref(), Some("TYPE_HELD"));
+
+    // The same agent id reconnecting takes over at once, with a new epoch.
+    let mut again = connect(&channel, &token, register("acme", "first", &["dir"], 1))
+        .await
+        .expect("reconnects");
+    match again.next().await {
+        v1::server_message::Message::Registered(registered) => {
+            assert_eq!(registered.granted[0].epoch, 2)
+        }
+        other => panic!("expected Registered, got {other:?}"),
+    }
+}
