@@ -12,20 +12,30 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use crate::engine::plan::Plan;
+use std::time::Duration;
+
+use crate::engine::plan::{Plan, WaitReason};
+use crate::graph::ItemState;
 use crate::graph::validate::{FieldViolation, validate_items, validate_name};
 use crate::graph::{ItemRef, subgraph_contains};
+use crate::tenant::oplog::LogEntry;
 use crate::tenant::submit::normalize_subgraph;
 use crate::tenant::{ExternalChange, TenantSnapshot, ValidatedSubmit};
 
 use super::context::{ApiContext, invalid};
 use super::convert::{
-    intended_item_to_proto, item_from_proto_at, item_ref_from_proto, item_status, plan_to_proto,
+    duration_to_ms, intended_item_to_proto, item_from_proto_at, item_ref_from_proto,
+    item_ref_to_proto, item_status, operation_error_to_status, operation_kind_to_proto,
+    plan_to_proto, timestamp_from_ms,
 };
 use super::paging::PageToken;
 use super::status::ApiError;
 use super::views::tenant_status;
 
+/// How long `Reconcile{wait}` waits when the request names no timeout,
+/// and the longest it waits.
+const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
+const MAX_RECONCILE_TIMEOUT: Duration = Duration::from_secs(600);
 /// Operations shown in a plan or an operation log.
 const SHOWN_OPERATIONS: usize = 1_000;
 /// Items per GetGraph page when the request names no size, and the most.
@@ -78,25 +88,76 @@ impl Reconciler for ReconcilerService {
         let caller = self.context.caller(request.metadata())?;
         let request = request.into_inner();
         let handle = self.context.tenant(caller, &request.tenant)?;
-        let plan = handle.reconcile().await.map_err(ApiError::from)?;
+        let subgraph = normalize_subgraph(&request.subgraph)
+            .map_err(|problem| invalid("subgraph", problem))?;
+        let timeout = match &request.timeout {
+            Some(timeout) => Duration::from_millis(
+                duration_to_ms(timeout, "timeout")
+                    .map_err(|v| ApiError::invalid_argument(vec![v]))?,
+            ),
+            None => DEFAULT_RECONCILE_TIMEOUT,
+        }
+        .min(MAX_RECONCILE_TIMEOUT);
+        let max_no_progress = match request.max_no_progress_iterations {
+            0 => 3,
+            n => n,
+        };
+        let log = handle.snapshots.log();
+        let first_entry = log.next_sequence();
+        let mut updates = handle.snapshots.subscribe();
+        handle.reconcile().await.map_err(ApiError::from)?;
+        let mut iterations = 1u32;
+        let mut outcome = scope_outcome(&handle.snapshots.latest(), &subgraph);
+        if request.wait {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut no_progress = 0;
+            while outcome == ScopeOutcome::Working
+                || (outcome == ScopeOutcome::Idle && no_progress < max_no_progress)
+            {
+                if outcome == ScopeOutcome::Idle {
+                    // Nothing in flight and not done: run another pass and see
+                    // whether it changes anything.
+                    let before = handle.snapshots.latest().record.revision;
+                    handle.reconcile().await.map_err(ApiError::from)?;
+                    iterations += 1;
+                    if handle.snapshots.latest().record.revision == before {
+                        no_progress += 1;
+                    } else {
+                        no_progress = 0;
+                    }
+                    outcome = scope_outcome(&handle.snapshots.latest(), &subgraph);
+                    continue;
+                }
+                tokio::select! {
+                    changed = updates.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                    }
+                    () = tokio::time::sleep_until(deadline) => break,
+                }
+                outcome = scope_outcome(&handle.snapshots.latest(), &subgraph);
+            }
+        }
         let snapshot = handle.snapshots.latest();
-        let scoped_waiting = plan
-            .waiting
-            .iter()
-            .filter(|waiting| in_scope(&snapshot, &waiting.item, &request.subgraph))
-            .count();
-        let scoped_operations = plan
-            .operations
-            .iter()
-            .filter(|operation| in_scope(&snapshot, &operation.item, &request.subgraph))
-            .count();
+        let entries: Vec<_> = log
+            .since(first_entry)
+            .into_iter()
+            .filter(|entry| in_scope(&snapshot, &entry.item, &subgraph))
+            .collect();
+        let operations_total = u32::try_from(entries.len()).unwrap_or(u32::MAX);
+        let truncated = entries.len() > SHOWN_OPERATIONS;
         Ok(Response::new(v1::ReconcileResponse {
-            iterations: 1,
-            converged: scoped_waiting == 0 && scoped_operations == 0,
-            require_rerun: scoped_operations > 0,
-            operation_log: Vec::new(),
-            operations_total: 0,
-            truncated: false,
+            iterations,
+            converged: outcome == ScopeOutcome::Converged,
+            require_rerun: outcome != ScopeOutcome::Converged && outcome != ScopeOutcome::Stalled,
+            operation_log: entries
+                .iter()
+                .take(SHOWN_OPERATIONS)
+                .map(log_entry_to_proto)
+                .collect(),
+            operations_total,
+            truncated,
             status: Some(tenant_status(&snapshot, Vec::new())),
         }))
     }
@@ -307,6 +368,89 @@ fn plan_with_snapshot(plan: &Plan, snapshot: &TenantSnapshot) -> v1::Plan {
         );
     }
     shown
+}
+
+/// How far a Reconcile's scope got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ScopeOutcome {
+    /// Every intended item in scope is created and up to date.
+    Converged,
+    /// Something in scope failed terminally or waits on a terminal failure.
+    Stalled,
+    /// Operations in flight or ready: wait for results.
+    Working,
+    /// Nothing runs and it is not converged (waiting for a dependency, a
+    /// configurator or a retry).
+    Idle,
+}
+
+/// Where the items of `scope` stand in `snapshot`.
+fn scope_outcome(snapshot: &TenantSnapshot, scope: &str) -> ScopeOutcome {
+    let mut outcome = ScopeOutcome::Converged;
+    let busy = |item: &ItemRef| {
+        snapshot
+            .current
+            .get(item)
+            .is_some_and(|c| c.is_busy() && c.state != ItemState::Unknown)
+    };
+    for (item, entry) in snapshot.intended.iter() {
+        if !subgraph_contains(scope, &entry.item.subgraph) || entry.item.external {
+            continue;
+        }
+        if busy(item) {
+            return ScopeOutcome::Working;
+        }
+        if let Some(waiting) = snapshot.waiting.get(item) {
+            if waiting.reason == WaitReason::TerminalFailure
+                || waiting
+                    .blocked_by
+                    .iter()
+                    .any(|b| b.why.contains("failed terminally"))
+            {
+                outcome = ScopeOutcome::Stalled;
+            } else if outcome == ScopeOutcome::Converged {
+                outcome = ScopeOutcome::Idle;
+            }
+            continue;
+        }
+        let up_to_date = snapshot.current.get(item).is_some_and(|current| {
+            current.state == ItemState::Created
+                && current
+                    .applied
+                    .as_ref()
+                    .is_some_and(|applied| applied.same_content(&entry.item))
+        });
+        if !up_to_date {
+            // Planned but not dispatched yet: the owner is working on it.
+            return ScopeOutcome::Working;
+        }
+    }
+    if outcome == ScopeOutcome::Converged {
+        let leftovers = snapshot.current.iter().any(|(item, current)| {
+            scope.is_empty()
+                && snapshot.intended.get(item).is_none()
+                && !current.applied.as_ref().is_some_and(|a| a.external)
+        });
+        if leftovers {
+            return ScopeOutcome::Working;
+        }
+    }
+    outcome
+}
+
+/// One operation log entry as a proto message.
+fn log_entry_to_proto(entry: &LogEntry) -> v1::OperationLogEntry {
+    v1::OperationLogEntry {
+        item: Some(item_ref_to_proto(&entry.item)),
+        kind: operation_kind_to_proto(entry.kind).into(),
+        start_time: Some(timestamp_from_ms(entry.started_ms)),
+        end_time: entry.ended_ms.map(timestamp_from_ms),
+        in_progress: entry.ended_ms.is_none(),
+        error: entry.error.as_ref().map(operation_error_to_status),
+        previous_error: entry.previous_error.as_ref().map(operation_error_to_status),
+        op_id: entry.op_id.clone(),
+        attempt: entry.attempt,
+    }
 }
 
 /// Whether `item` is in subgraph `scope` (by its intended listing; items
