@@ -85,6 +85,32 @@ pub fn target_dir() -> PathBuf {
 }
 
 fn build_with_cargo() -> anyhow::Result<PathBuf> {
+    cargo_build("reconciled", "bin", "reconciled")
+}
+
+/// The example `name` of package `package`, built once per test process
+/// with the test's profile (e.g. the `fs_agent` example agent).
+pub fn example_binary(package: &str, name: &str) -> PathBuf {
+    static EXAMPLES: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = EXAMPLES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let key = format!("{package}/{name}");
+    if let Some((_, path)) = built.iter().find(|(k, _)| *k == key) {
+        return path.clone();
+    }
+    match cargo_build(package, "example", name) {
+        Ok(path) => {
+            built.push((key, path.clone()));
+            path
+        }
+        Err(error) => panic!("cannot build example {name} of {package}: {error:#}"),
+    }
+}
+
+/// Runs `cargo build -p <package> --<kind> <name>` with the test's profile
+/// and target dir, and returns the executable cargo reports.
+fn cargo_build(package: &str, kind: &str, name: &str) -> anyhow::Result<PathBuf> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let manifest = workspace_root().join("Cargo.toml");
     let profile = test_profile();
@@ -93,11 +119,9 @@ fn build_with_cargo() -> anyhow::Result<PathBuf> {
         .arg("build")
         .arg("--manifest-path")
         .arg(&manifest)
-        .args(["-p", "reconciled", "--bin", "reconciled"])
+        .args(["-p", package, &format!("--{kind}"), name])
         .args(["--profile", &profile])
         .args(["--message-format", "json-render-diagnostics"]);
-    // Build where this test was built, even if that was chosen with
-    // `--target-dir` rather than the environment.
     if let Some(dir) = detected_target_dir() {
         command.arg("--target-dir").arg(dir);
     }
@@ -106,29 +130,27 @@ fn build_with_cargo() -> anyhow::Result<PathBuf> {
         .with_context(|| format!("cannot run {}", Path::new(&cargo).display()))?;
     if !output.status.success() {
         bail!(
-            "`cargo build -p reconciled --bin reconciled --profile {profile}` failed ({}):\n{}",
+            "`cargo build -p {package} --{kind} {name} --profile {profile}` failed ({}):\n{}",
             output.status,
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    // Cargo reports each artifact as a JSON line; the executable's path is
-    // exact whatever the target directory, build directory or profile.
     let stdout = String::from_utf8_lossy(&output.stdout);
     for line in stdout.lines() {
         let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        let is_binary = message["reason"] == "compiler-artifact"
-            && message["target"]["name"] == "reconciled"
+        let is_target = message["reason"] == "compiler-artifact"
+            && message["target"]["name"] == name
             && message["target"]["kind"]
                 .as_array()
-                .is_some_and(|kinds| kinds.iter().any(|kind| kind == "bin"));
-        if let (true, Some(executable)) = (is_binary, message["executable"].as_str()) {
+                .is_some_and(|kinds| kinds.iter().any(|k| k == kind));
+        if let (true, Some(executable)) = (is_target, message["executable"].as_str()) {
             return Ok(PathBuf::from(executable));
         }
     }
     bail!(
-        "cargo built reconciled but reported no executable; its output was:\n{}",
+        "cargo built {name} but reported no executable; its output was:\n{}",
         String::from_utf8_lossy(&output.stderr)
     )
 }

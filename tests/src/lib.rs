@@ -23,7 +23,9 @@ mod binary;
 mod grpcurl;
 mod server;
 
-pub use binary::{RECONCILED_BIN_ENV, reconciled_binary, target_dir, workspace_root};
+pub use binary::{
+    RECONCILED_BIN_ENV, example_binary, reconciled_binary, target_dir, workspace_root,
+};
 pub use grpcurl::{GRPCURL_PACKAGE, grpcurl};
 pub use reconciled_proto as proto;
 pub use server::{EXIT_DEADLINE, READY_DEADLINE, ServerOptions, ServerProcess, random_token};
