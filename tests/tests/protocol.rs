@@ -98,10 +98,20 @@ impl RawAgent {
     }
 
     async fn answer(&mut self, request: &v1::OperationRequest, outcome: v1::Outcome) {
+        self.answer_with(request, outcome, false).await;
+    }
+
+    async fn answer_with(
+        &mut self,
+        request: &v1::OperationRequest,
+        outcome: v1::Outcome,
+        needs_recreate: bool,
+    ) {
         let result = v1::OperationResult {
             op_id: request.op_id.clone(),
             attempt: request.attempt,
             outcome: outcome.into(),
+            needs_recreate,
             ..Default::default()
         };
         self.outgoing
@@ -256,4 +266,66 @@ async fn an_unknown_protocol_version_and_a_held_type_are_refused() {
         }
         other => panic!("expected Registered, got {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn a_type_that_asks_gets_a_needs_recreate_question_and_a_yes_recreates_the_item() {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("starts");
+    let channel = server.channel().await.expect("connects");
+    let token = create_tenant(&channel, &server.admin_token(), "acme").await;
+    let mut first = register("acme", "agent-1", &["disk"], 1);
+    if let Some(v1::agent_message::Message::Register(register)) = first.message.as_mut() {
+        register.item_types[0].ask_needs_recreate = true;
+    }
+    let mut agent = connect(&channel, &token, first).await.expect("registers");
+    assert!(matches!(
+        agent.next().await,
+        v1::server_message::Message::Registered(_)
+    ));
+    let mut client = reconciler(&channel, &token);
+    client
+        .submit_intent(submit("acme", vec![item("disk", "d", json!({"size": 1}))]))
+        .await
+        .expect("ok");
+    let create = agent.next_operation().await;
+    agent.answer(&create, v1::Outcome::Done).await;
+
+    client
+        .submit_intent(submit("acme", vec![item("disk", "d", json!({"size": 2}))]))
+        .await
+        .expect("ok");
+    let question = agent.next_operation().await;
+    assert_eq!(
+        question.operation,
+        v1::OperationKind::NeedsRecreate as i32,
+        "{question:?}"
+    );
+    assert_eq!(
+        question.previous.as_ref().map(|p| p.name.as_str()),
+        Some("d")
+    );
+    agent.answer_with(&question, v1::Outcome::Done, true).await;
+    let delete = agent.next_operation().await;
+    assert_eq!(label(&delete), "delete disk/d");
+    agent.answer(&delete, v1::Outcome::Done).await;
+    let recreate = agent.next_operation().await;
+    assert_eq!(label(&recreate), "create disk/d");
+    agent.answer(&recreate, v1::Outcome::Done).await;
+
+    client
+        .submit_intent(submit("acme", vec![item("disk", "d", json!({"size": 3}))]))
+        .await
+        .expect("ok");
+    let question = agent.next_operation().await;
+    assert_eq!(question.operation, v1::OperationKind::NeedsRecreate as i32);
+    agent.answer_with(&question, v1::Outcome::Done, false).await;
+    let modify = agent.next_operation().await;
+    assert_eq!(
+        label(&modify),
+        "modify disk/d",
+        "a no answers with a Modify"
+    );
+    agent.answer(&modify, v1::Outcome::Done).await;
 }

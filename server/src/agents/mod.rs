@@ -31,6 +31,9 @@ pub struct OperationOrder {
     pub generation: u64,
     /// The applied value may not be what exists (an earlier outcome was lost).
     pub previous_uncertain: bool,
+    /// Ask whether the change needs a recreate (NEEDS_RECREATE) instead of
+    /// applying it.
+    pub question: bool,
 }
 
 /// A message from the server to an agent.
@@ -59,6 +62,8 @@ pub enum AgentOutcome {
     Done {
         /// Observed properties, if reported.
         observed: Option<Properties>,
+        /// The answer to a NEEDS_RECREATE question.
+        needs_recreate: bool,
     },
     /// Accepted; a second result follows.
     InProgress,

@@ -332,7 +332,11 @@ fn to_agent(message: ToAgent) -> v1::ServerMessage {
             op_id: order.op_id,
             attempt: order.attempt,
             epoch: order.epoch,
-            operation: operation_kind_to_proto(order.kind).into(),
+            operation: if order.question {
+                v1::OperationKind::NeedsRecreate.into()
+            } else {
+                operation_kind_to_proto(order.kind).into()
+            },
             item: Some(item_to_proto(&order.item)),
             previous: order.previous.as_deref().map(item_to_proto),
             timeout: Some(duration_from_ms(order.timeout_ms)),
@@ -375,6 +379,7 @@ fn from_agent(message: v1::AgentMessage) -> Option<FromAgent> {
 fn outcome_from_proto(result: v1::OperationResult) -> AgentOutcome {
     match v1::Outcome::try_from(result.outcome).unwrap_or(v1::Outcome::Unspecified) {
         v1::Outcome::Done => AgentOutcome::Done {
+            needs_recreate: result.needs_recreate,
             observed: result
                 .observed
                 .and_then(|observed| properties_from_struct(observed, "observed").ok()),

@@ -230,6 +230,7 @@ impl World {
             timeout_ms: 60_000,
             last_progress_ms: None,
             cancel_requested: false,
+            question: false,
             target: None,
         };
         begin_operation(&mut self.current, &self.intended, item, in_flight);

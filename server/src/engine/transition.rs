@@ -35,6 +35,11 @@ pub enum Completion {
     },
     /// The outcome is not known (the agent went away, the server restarted).
     Lost,
+    /// The answer to a NEEDS_RECREATE question.
+    Answered {
+        /// Whether the change needs a recreate.
+        needs_recreate: bool,
+    },
 }
 
 /// The value of `existing` (absent for a first Create) once `in_flight`
@@ -49,6 +54,7 @@ pub fn started(
         ..in_flight
     };
     let state = match in_flight.kind {
+        _ if in_flight.question => existing.map_or(ItemState::Created, |e| e.state),
         OperationKind::Create => ItemState::Creating,
         OperationKind::Modify => ItemState::Modifying,
         OperationKind::Delete => ItemState::Deleting,
@@ -112,6 +118,12 @@ pub fn completed(
         Completion::Wait { retry_at_ms } => Some(CurrentItem {
             state: state_before(existing, &operation),
             next_attempt_at_ms: Some(retry_at_ms),
+            in_flight: None,
+            ..existing.clone()
+        }),
+        Completion::Answered { needs_recreate } => Some(CurrentItem {
+            state: state_before(existing, &operation),
+            needs_recreate_answer: Some((operation.target_generation, needs_recreate)),
             in_flight: None,
             ..existing.clone()
         }),

@@ -117,6 +117,10 @@ pub struct InFlight {
     pub last_progress_ms: Option<u64>,
     /// Set once the operation's target was superseded and a cancel was sent.
     pub cancel_requested: bool,
+    /// A question, not a change: ask the agent whether the Modify toward
+    /// `target_generation` needs a recreate (types with `ask_needs_recreate`).
+    #[serde(default)]
+    pub question: bool,
     /// The value a Create or Modify applies. Its dependencies count as edges
     /// of the current graph while the operation runs, so nothing it relies
     /// on is deleted underneath it.

@@ -296,7 +296,12 @@ impl Owner {
                 self.send_to_session(session_id, ack);
                 return Ok(());
             }
-            AgentOutcome::Done { observed } => Completion::Done { observed },
+            AgentOutcome::Done { needs_recreate, .. }
+                if current.in_flight.as_ref().is_some_and(|o| o.question) =>
+            {
+                Completion::Answered { needs_recreate }
+            }
+            AgentOutcome::Done { observed, .. } => Completion::Done { observed },
             AgentOutcome::Wait { retry_after_ms } => Completion::Wait {
                 retry_at_ms: now.saturating_add(retry_after_ms),
             },
@@ -450,6 +455,7 @@ impl Owner {
                     timeout_ms,
                     last_progress_ms: None,
                     cancel_requested: false,
+                    question: operation.ask_needs_recreate,
                     target: None,
                 },
             ));
@@ -611,5 +617,6 @@ fn order_for(
         timeout_ms: operation.timeout_ms,
         generation: operation.target_generation,
         previous_uncertain: false,
+        question: operation.question,
     })
 }
