@@ -60,6 +60,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let store = open_store(&config)?;
     let settings = OwnerSettings {
         configurator_grace: config.configurator_grace,
+        resync_interval: config.resync_interval,
         ..OwnerSettings::default()
     };
     let directory = TenantDirectory::load(store, settings)?;

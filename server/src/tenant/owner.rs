@@ -33,6 +33,8 @@ pub struct OwnerSettings {
     pub default_max_items: usize,
     /// How long items may wait for a configurator before the tenant stalls.
     pub configurator_grace: Duration,
+    /// Period of full passes over every unconverged item (with ±10% jitter).
+    pub resync_interval: Duration,
 }
 
 impl Default for OwnerSettings {
@@ -40,6 +42,7 @@ impl Default for OwnerSettings {
         Self {
             default_max_items: 1_000_000,
             configurator_grace: Duration::from_secs(300),
+            resync_interval: Duration::from_secs(600),
         }
     }
 }
@@ -258,6 +261,8 @@ pub(super) struct Owner {
     pub(super) boot: u32,
     /// The earliest backoff deadline among waiting items (unix ms).
     pub(super) next_retry_ms: Option<u64>,
+    /// When the next periodic full pass is due (unix ms).
+    pub(super) next_resync_ms: u64,
 }
 
 impl Owner {
@@ -283,6 +288,7 @@ impl Owner {
             next_operation: 0,
             boot: rand::random(),
             next_retry_ms: None,
+            next_resync_ms: 0,
         }
     }
 
@@ -293,6 +299,7 @@ impl Owner {
         if let Err(error) = self.pass(Scope::Full).await {
             warn!(tenant = %self.state.record.name, %error, "First pass failed.");
         }
+        self.schedule_resync();
         loop {
             let deadline = self.next_deadline_ms();
             let timer = async {

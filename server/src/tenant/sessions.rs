@@ -53,6 +53,7 @@ impl Owner {
             self.specs
                 .insert(stored.spec.item_type.clone(), (stored.spec, stored.epoch));
         }
+        self.clamp_retry_times();
         let journaled: Vec<(ItemRef, CurrentItem)> = self
             .state
             .current
@@ -73,6 +74,29 @@ impl Owner {
             }
         }
         Ok(())
+    }
+
+    /// A retry time stored before a restart waits at most the policy's
+    /// longest wait from now (clocks move; policies change).
+    fn clamp_retry_times(&mut self) {
+        let now = now_ms();
+        let clamped: Vec<(ItemRef, CurrentItem)> = self
+            .state
+            .current
+            .iter()
+            .filter_map(|(key, current)| {
+                let at = current.next_attempt_at_ms?;
+                let latest = now.saturating_add(self.spec(&key.item_type).retry.max_delay_ms());
+                (at > latest).then(|| {
+                    let mut clamped = (**current).clone();
+                    clamped.next_attempt_at_ms = Some(latest);
+                    (key.clone(), clamped)
+                })
+            })
+            .collect();
+        for (key, value) in clamped {
+            self.state.current.insert(key, value);
+        }
     }
 
     /// Operations in flight (sent and not answered; lost ones excluded).
@@ -532,7 +556,19 @@ impl Owner {
             (current.state != ItemState::Unknown)
                 .then(|| operation.started_at_ms.saturating_add(operation.timeout_ms))
         });
-        deadlines.chain(self.next_retry_ms).min()
+        deadlines
+            .chain(self.next_retry_ms)
+            .chain(Some(self.next_resync_ms))
+            .min()
+    }
+
+    /// Picks the time of the next periodic full pass: the resync interval
+    /// with ±10% jitter, so tenants loaded together do not resync together.
+    pub(super) fn schedule_resync(&mut self) {
+        let interval = u64::try_from(self.settings.resync_interval.as_millis()).unwrap_or(u64::MAX).max(1);
+        let jitter = interval / 10;
+        let wait = random_in(interval.saturating_sub(jitter), interval.saturating_add(jitter));
+        self.next_resync_ms = now_ms().saturating_add(wait);
     }
 
     /// Times out operations past their deadline, then runs a full pass
@@ -579,6 +615,10 @@ impl Owner {
         }
         if self.next_retry_ms.is_some_and(|at| at <= now) {
             self.next_retry_ms = None;
+        }
+        if self.next_resync_ms <= now {
+            debug!(tenant = %self.state.record.name, "Periodic resync.");
+            self.schedule_resync();
         }
         self.pass(Scope::Full).await.map(|_| ())
     }
