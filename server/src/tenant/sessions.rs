@@ -565,9 +565,14 @@ impl Owner {
     /// Picks the time of the next periodic full pass: the resync interval
     /// with ±10% jitter, so tenants loaded together do not resync together.
     pub(super) fn schedule_resync(&mut self) {
-        let interval = u64::try_from(self.settings.resync_interval.as_millis()).unwrap_or(u64::MAX).max(1);
+        let interval = u64::try_from(self.settings.resync_interval.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
         let jitter = interval / 10;
-        let wait = random_in(interval.saturating_sub(jitter), interval.saturating_add(jitter));
+        let wait = random_in(
+            interval.saturating_sub(jitter),
+            interval.saturating_add(jitter),
+        );
         self.next_resync_ms = now_ms().saturating_add(wait);
     }
 

@@ -22,7 +22,7 @@
 //! by index, so the per-edge work is array access, not map lookups.
 
 use std::borrow::Cow;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -97,7 +97,10 @@ pub(super) struct Planner<'a, E> {
     current: &'a CurrentGraph,
     environment: &'a E,
     now_ms: u64,
-    ids: FxHashMap<ItemRef, Id>,
+    /// Item identities to arena indexes. foldhash, not Fx: names that share
+    /// long prefixes (`item-0000001`, ...) collide in Fx's high bits, and
+    /// every collision costs a string comparison.
+    ids: HashMap<ItemRef, Id, foldhash::fast::FixedState>,
     nodes: Vec<Node<'a>>,
     /// Items looked at, in the (deterministic) order they were first visited.
     pub(super) examined: Vec<Id>,
@@ -106,6 +109,8 @@ pub(super) struct Planner<'a, E> {
     deletes_before_modify: FxHashMap<Id, BTreeSet<Id>>,
     /// One in-flight Delete per item type: Creates of that type wait.
     inflight_deletes_by_type: FxHashMap<Arc<str>, Id>,
+    /// The empty list, shared (most items have no current dependents).
+    no_ids: Arc<[Id]>,
 }
 
 impl<'a, E: PlanEnvironment> Planner<'a, E> {
@@ -120,12 +125,13 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             current,
             environment,
             now_ms: environment.now_ms(),
-            ids: FxHashMap::default(),
+            ids: HashMap::with_hasher(foldhash::fast::FixedState::default()),
             nodes: Vec::new(),
             examined: Vec::new(),
             queue: Vec::new(),
             deletes_before_modify: FxHashMap::default(),
             inflight_deletes_by_type: FxHashMap::default(),
+            no_ids: Arc::from(Vec::new()),
         }
     }
 
@@ -205,8 +211,10 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             return required.clone();
         }
         let required: Arc<[Id]> = match self.intended_of(id) {
-            Some(entry) => entry.item.required_items().map(|r| self.id(r)).collect(),
-            None => Arc::from(Vec::new()),
+            Some(entry) if !entry.item.dependencies.is_empty() => {
+                entry.item.required_items().map(|r| self.id(r)).collect()
+            }
+            _ => self.no_ids.clone(),
         };
         self.node_mut(id).required = Some(required.clone());
         required
@@ -219,7 +227,12 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
         let current: &'a CurrentGraph = self.current;
         let item = self.node(id).item.clone();
-        let dependents: Arc<[Id]> = current.dependents_of(&item).map(|d| self.id(d)).collect();
+        let mut dependents = current.dependents_of(&item).peekable();
+        let dependents: Arc<[Id]> = if dependents.peek().is_none() {
+            self.no_ids.clone()
+        } else {
+            dependents.map(|d| self.id(d)).collect()
+        };
         self.node_mut(id).current_dependents = Some(dependents.clone());
         dependents
     }
@@ -421,8 +434,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             .copied()
             .filter(|&id| self.node(id).deleting)
             .collect();
+        let mut in_progress = FxHashSet::default();
         for root in roots {
-            self.schedule_delete_tree(root);
+            self.schedule_delete_tree(root, &mut in_progress);
         }
     }
 
@@ -434,9 +448,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
     /// Schedules the Delete of `root` after those of its current dependents
     /// (iterative depth-first: graphs can be deep).
-    fn schedule_delete_tree(&mut self, root: Id) {
+    fn schedule_delete_tree(&mut self, root: Id, in_progress: &mut FxHashSet<Id>) {
         let mut stack = vec![(root, false)];
-        let mut in_progress = FxHashSet::default();
         while let Some((id, expanded)) = stack.pop() {
             if self.node(id).delete_schedule.is_some() {
                 continue;
@@ -536,19 +549,21 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     }
 
     fn schedule_changes(&mut self) {
+        // One in-progress set for all roots: a node is only re-entered while
+        // its own subtree is being scheduled (finished nodes are skipped).
+        let mut in_progress = FxHashSet::default();
         for index in 0..self.examined.len() {
             let root = self.examined[index];
             if self.needs_change(root) {
-                self.schedule_change_tree(root);
+                self.schedule_change_tree(root, &mut in_progress);
             }
         }
     }
 
     /// Schedules the Create/Modify of `root` after those of its intended
     /// dependencies (iterative depth-first).
-    fn schedule_change_tree(&mut self, root: Id) {
+    fn schedule_change_tree(&mut self, root: Id, in_progress: &mut FxHashSet<Id>) {
         let mut stack = vec![(root, false)];
-        let mut in_progress = FxHashSet::default();
         while let Some((id, expanded)) = stack.pop() {
             if self.node(id).change_schedule.is_some() {
                 continue;
