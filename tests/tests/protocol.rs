@@ -329,3 +329,71 @@ async fn a_type_that_asks_gets_a_needs_recreate_question_and_a_yes_recreates_the
     );
     agent.answer(&modify, v1::Outcome::Done).await;
 }
+
+#[tokio::test]
+async fn a_late_result_from_an_older_epoch_changes_nothing_and_the_operation_is_redelivered() {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("starts");
+    let channel = server.channel().await.expect("connects");
+    let token = create_tenant(&channel, &server.admin_token(), "acme").await;
+    // The old session keeps "file", so it stays open after losing "dir".
+    let mut old = connect(
+        &channel,
+        &token,
+        register("acme", "agent-1", &["dir", "file"], 1),
+    )
+    .await
+    .expect("registers");
+    assert!(matches!(
+        old.next().await,
+        v1::server_message::Message::Registered(_)
+    ));
+    let mut client = reconciler(&channel, &token);
+    client
+        .submit_intent(submit("acme", vec![item("dir", "etc", json!({}))]))
+        .await
+        .expect("ok");
+    let operation = old.next_operation().await;
+    assert_eq!(operation.epoch, 1);
+
+    // The same agent registers "dir" on a new session: it holds the type now (epoch 2).
+    let mut new = connect(&channel, &token, register("acme", "agent-1", &["dir"], 1))
+        .await
+        .expect("reconnects");
+    assert!(matches!(
+        new.next().await,
+        v1::server_message::Message::Registered(_)
+    ));
+    old.answer(&operation, v1::Outcome::Done).await;
+    let graph = client
+        .get_graph(v1::GetGraphRequest {
+            tenant: "acme".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("graph")
+        .into_inner();
+    assert_eq!(
+        graph.current[0].state,
+        v1::ItemState::Creating as i32,
+        "the old epoch's result changed nothing"
+    );
+
+    let redelivered = new.next_operation().await;
+    assert_eq!(
+        (redelivered.op_id.as_str(), redelivered.attempt),
+        (operation.op_id.as_str(), operation.attempt)
+    );
+    assert_eq!(redelivered.epoch, 2);
+    new.answer(&redelivered, v1::Outcome::Done).await;
+    let graph = client
+        .get_graph(v1::GetGraphRequest {
+            tenant: "acme".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("graph")
+        .into_inner();
+    assert_eq!(graph.current[0].state, v1::ItemState::Created as i32);
+}

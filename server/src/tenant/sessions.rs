@@ -207,10 +207,12 @@ impl Owner {
     }
 
     /// Sends lost operations of `types` again, with the same op id and
-    /// attempt, to the session that now holds the type.
+    /// attempt, to the session that now holds the type, and re-sends the
+    /// operations in flight on the type's previous session.
     async fn redeliver_lost(&mut self, types: &HashSet<String>) -> Result<(), TenantError> {
         let mut updates: CurrentUpdates = Vec::new();
         let mut orders = Vec::new();
+        let mut resend = Vec::new();
         for item in self.operations.values() {
             if !types.contains(&*item.item_type) {
                 continue;
@@ -222,6 +224,9 @@ impl Owner {
                 continue;
             };
             if current.state != ItemState::Unknown {
+                // Sent to the previous session of this type: send it again
+                // (agents de-duplicate on op id and attempt).
+                resend.push((item.clone(), operation));
                 continue;
             }
             let target = operation.target.clone();
@@ -239,6 +244,13 @@ impl Owner {
             };
             orders.push((item.clone(), operation));
             updates.push((item.clone(), Some(restarted)));
+        }
+        for (item, operation) in &resend {
+            if let Some(holder) = self.sessions.get(&*item.item_type)
+                && let Some(order) = order_for(&self.state.current, item, operation, holder.epoch)
+            {
+                let _ = holder.link.sender.send(ToAgent::Operation(order));
+            }
         }
         if updates.is_empty() {
             return Ok(());
@@ -308,10 +320,23 @@ impl Owner {
             .sessions
             .get(&*item.item_type)
             .is_some_and(|holder| holder.link.session_id == session_id);
-        if !matches || !holds_type {
-            // A stale attempt, or a session whose epoch is over: it changes
-            // no state (the current holder re-runs what is needed).
+        if !matches {
+            // A stale attempt: it changes no state.
             self.send_to_session(session_id, ack);
+            return Ok(());
+        }
+        if !holds_type {
+            // A session whose epoch is over: its result changes no state; the
+            // operation is re-delivered, same op id and attempt, to the
+            // session that holds the type now.
+            self.send_to_session(session_id, ack);
+            if let (Some(holder), Some(operation)) = (
+                self.sessions.get(&*item.item_type),
+                current.in_flight.as_ref(),
+            ) && let Some(order) = order_for(&self.state.current, &item, operation, holder.epoch)
+            {
+                let _ = holder.link.sender.send(ToAgent::Operation(order));
+            }
             return Ok(());
         }
         let now = now_ms();
