@@ -1,13 +1,21 @@
-//! `reconciled-bench`: measures durable SubmitIntent throughput of the real
-//! server against the raw limits of its store, in one run on one machine.
+//! `reconciled-bench`: measures the real server against raw limits, in one
+//! run on one machine. Two subcommands:
+//!
+//! - `submit` (below): durable SubmitIntent throughput against the raw
+//!   limits of its store;
+//! - `operations` (see the [`operations`] module): operations per second
+//!   dispatched to agents built with our SDK, against a bare tonic
+//!   bidirectional echo and SledStore 1-record commits.
 //!
 //! ```text
 //! cargo build --release -p reconciled
 //! RECONCILED_BIN=target/release/reconciled \
 //!     cargo run --release -p reconciled-tests --bin reconciled-bench -- submit
+//! RECONCILED_BIN=target/release/reconciled \
+//!     cargo run --release -p reconciled-tests --bin reconciled-bench -- operations
 //! ```
 //!
-//! For every request size N (`--items`, default `10,1000,10000`) it measures,
+//! `submit`: for every request size N (`--items`, default `10,1000,10000`) it measures,
 //! each for `--seconds`:
 //!
 //! 1. **raw sled**: plain `sled` opened like the store opens it (8 MiB
@@ -48,6 +56,9 @@ use reconciled_tests::api::{self, Reconciler};
 use reconciled_tests::proto::v1;
 use reconciled_tests::{ServerOptions, ServerProcess};
 
+#[path = "reconciled_bench/operations.rs"]
+mod operations;
+
 /// The most items the server accepts in one request by default.
 const MAX_REQUEST_ITEMS: usize = 10_000;
 
@@ -84,6 +95,13 @@ enum Command {
     /// Durable SubmitIntent throughput versus raw sled and SledStore commits
     /// of the same records.
     Submit(SubmitArgs),
+    /// Operations per second through agents built with the SDK, versus a
+    /// bare tonic bidirectional echo and SledStore 1-record commits.
+    Operations(operations::OperationsArgs),
+    /// Internal: the bare tonic echo server `operations` starts as a child
+    /// process; prints its address on stdout, exits when stdin closes.
+    #[command(hide = true)]
+    EchoServer,
 }
 
 /// Options of `reconciled-bench submit`.
@@ -107,6 +125,8 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Submit(args) => submit_benchmark(&args),
+        Command::Operations(args) => operations::operations_benchmark(&args),
+        Command::EchoServer => operations::echo_server_main(),
     }
 }
 
