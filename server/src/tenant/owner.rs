@@ -253,7 +253,7 @@ pub(super) struct Owner {
     /// For each item: the waiting items that named it in `blocked_by`.
     pub(super) waiters: HashMap<ItemRef, BTreeSet<ItemRef>>,
     /// Items with a ready operation not dispatched for lack of capacity.
-    pub(super) undispatched: BTreeSet<ItemRef>,
+    pub(super) undispatched: HashMap<String, BTreeSet<ItemRef>>,
     /// Completed operations, for `Reconcile` answers.
     pub(super) log: Arc<super::oplog::OperationLog>,
     pub(super) next_operation: u64,
@@ -283,7 +283,7 @@ impl Owner {
             sessions: HashMap::new(),
             operations: HashMap::new(),
             waiters: HashMap::new(),
-            undispatched: BTreeSet::new(),
+            undispatched: HashMap::new(),
             log,
             next_operation: 0,
             boot: rand::random(),
@@ -572,7 +572,7 @@ impl Owner {
                 seeds
             }
         };
-        seeds.extend(std::mem::take(&mut self.undispatched));
+        seeds.extend(self.take_undispatched_with_room());
         let plan = plan_operations(
             &self.state.intended,
             &self.state.current,
@@ -675,16 +675,18 @@ impl Owner {
             self.state.record.observed_generation,
             &progress,
         );
-        if conditions != self.state.record.conditions
-            || observed != self.state.record.observed_generation
+        if !significant_change(&self.state.record.conditions, &conditions)
+            && observed == self.state.record.observed_generation
         {
-            let mut record = self.state.record.clone();
-            record.conditions = conditions;
-            record.observed_generation = observed;
-            self.commit_current_updates(Vec::new(), Some(record))
-                .await?;
+            // Only the wording moved (e.g. counts of operations in flight):
+            // show it, but do not spend a durable commit on it.
+            self.state.record.conditions = conditions;
+            return Ok(());
         }
-        Ok(())
+        let mut record = self.state.record.clone();
+        record.conditions = conditions;
+        record.observed_generation = observed;
+        self.commit_current_updates(Vec::new(), Some(record)).await
     }
 
     /// Publishes a snapshot of the current state.
@@ -692,4 +694,27 @@ impl Owner {
         self.snapshots
             .publish(TenantSnapshot::capture(&self.state, self.in_flight_count()));
     }
+}
+
+/// Whether two condition sets differ in anything but their messages.
+fn significant_change(
+    before: &[super::conditions::Condition],
+    after: &[super::conditions::Condition],
+) -> bool {
+    before.len() != after.len()
+        || before.iter().zip(after).any(|(b, a)| {
+            (
+                b.kind,
+                b.status,
+                &b.reason,
+                b.observed_generation,
+                b.last_transition_ms,
+            ) != (
+                a.kind,
+                a.status,
+                &a.reason,
+                a.observed_generation,
+                a.last_transition_ms,
+            )
+        })
 }

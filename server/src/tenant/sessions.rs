@@ -479,7 +479,10 @@ impl Owner {
                 continue;
             };
             if holder.in_flight >= limit {
-                self.undispatched.insert(item.clone());
+                self.undispatched
+                    .entry(item.item_type.to_string())
+                    .or_default()
+                    .insert(item.clone());
                 waiting_for_room += 1;
                 continue;
             }
@@ -570,6 +573,34 @@ impl Owner {
             }
         }
         Ok(waiting_for_room)
+    }
+
+    /// Items whose ready operation waited for room, as many per type as the
+    /// type's session has room for now (re-planning the whole backlog on
+    /// every result would cost O(backlog) per operation).
+    pub(super) fn take_undispatched_with_room(&mut self) -> Vec<ItemRef> {
+        let mut taken = Vec::new();
+        let types: Vec<String> = self.undispatched.keys().cloned().collect();
+        for item_type in types {
+            let limit = self.spec(&item_type).max_in_flight.max(1) as usize;
+            let room = self
+                .sessions
+                .get(&item_type)
+                .map_or(0, |holder| limit.saturating_sub(holder.in_flight));
+            let Some(waiting) = self.undispatched.get_mut(&item_type) else {
+                continue;
+            };
+            for _ in 0..room {
+                match waiting.pop_first() {
+                    Some(item) => taken.push(item),
+                    None => break,
+                }
+            }
+            if waiting.is_empty() {
+                self.undispatched.remove(&item_type);
+            }
+        }
+        taken
     }
 
     /// The earliest time the owner must wake up: an operation deadline or
