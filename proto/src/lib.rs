@@ -58,3 +58,5 @@ pub mod google {
         tonic::include_proto!("google.rpc");
     }
 }
+
+pub mod json;

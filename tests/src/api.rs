@@ -98,30 +98,10 @@ pub fn submit(tenant: &str, items: Vec<v1::Item>) -> v1::SubmitIntentRequest {
 
 /// Converts JSON to a protobuf Struct (objects only; other values give {}).
 pub fn json_to_struct(value: serde_json::Value) -> prost_types::Struct {
-    let serde_json::Value::Object(map) = value else {
-        return prost_types::Struct::default();
-    };
-    prost_types::Struct {
-        fields: map
-            .into_iter()
-            .map(|(k, v)| (k, json_to_value(v)))
-            .collect(),
+    match value {
+        serde_json::Value::Object(map) => reconciled_proto::json::properties_to_struct(&map),
+        _ => prost_types::Struct::default(),
     }
-}
-
-fn json_to_value(value: serde_json::Value) -> prost_types::Value {
-    use prost_types::value::Kind;
-    let kind = match value {
-        serde_json::Value::Null => Kind::NullValue(0),
-        serde_json::Value::Bool(b) => Kind::BoolValue(b),
-        serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
-        serde_json::Value::String(s) => Kind::StringValue(s),
-        serde_json::Value::Array(list) => Kind::ListValue(prost_types::ListValue {
-            values: list.into_iter().map(json_to_value).collect(),
-        }),
-        object @ serde_json::Value::Object(_) => Kind::StructValue(json_to_struct(object)),
-    };
-    prost_types::Value { kind: Some(kind) }
 }
 
 /// The `BadRequest` field paths of an error status.

@@ -12,6 +12,8 @@
 
 use prost_types::value::Kind;
 use reconciled_proto::google::rpc;
+use reconciled_proto::json::MAX_EXACT_INTEGER;
+pub use reconciled_proto::json::properties_to_struct;
 use reconciled_proto::v1;
 use serde_json::{Map, Number, Value as Json};
 
@@ -30,10 +32,6 @@ pub const MAX_PROPERTY_DEPTH: usize = 64;
 /// (DESIGN section 8).
 pub const PLAN_LIMIT: usize = 1000;
 
-/// 2^53: the largest magnitude up to which every integer is exact in a
-/// double.
-const MAX_EXACT_INTEGER: u64 = 1 << 53;
-
 const MILLIS_PER_SECOND: u64 = 1000;
 const NANOS_PER_MILLI: u64 = 1_000_000;
 const NANOS_PER_SECOND: i32 = 1_000_000_000;
@@ -41,18 +39,6 @@ const NANOS_PER_SECOND: i32 = 1_000_000_000;
 // ---------------------------------------------------------------------------
 // Properties <-> google.protobuf.Struct
 // ---------------------------------------------------------------------------
-
-/// Converts properties to a `google.protobuf.Struct`. Integers whose
-/// magnitude exceeds 2^53 become decimal strings; everything else keeps its
-/// JSON kind.
-pub fn properties_to_struct(properties: &Properties) -> prost_types::Struct {
-    prost_types::Struct {
-        fields: properties
-            .iter()
-            .map(|(key, value)| (key.clone(), json_to_value(value)))
-            .collect(),
-    }
-}
 
 /// Converts a `google.protobuf.Struct` received at field `path` (e.g.
 /// `items[3].properties`) to properties.
@@ -66,37 +52,6 @@ pub fn properties_from_struct(
     path: &str,
 ) -> Result<Properties, FieldViolation> {
     struct_to_map(value, 1).map_err(|error| error.into_violation(path))
-}
-
-fn json_to_value(value: &Json) -> prost_types::Value {
-    let kind = match value {
-        Json::Null => Kind::NullValue(prost_types::NullValue::NullValue.into()),
-        Json::Bool(flag) => Kind::BoolValue(*flag),
-        Json::Number(number) => number_to_kind(number),
-        Json::String(text) => Kind::StringValue(text.clone()),
-        Json::Array(values) => Kind::ListValue(prost_types::ListValue {
-            values: values.iter().map(json_to_value).collect(),
-        }),
-        Json::Object(object) => Kind::StructValue(properties_to_struct(object)),
-    };
-    prost_types::Value { kind: Some(kind) }
-}
-
-/// A JSON number as a Struct number, or as a string when a double would
-/// lose digits of it.
-fn number_to_kind(number: &Number) -> Kind {
-    let exact_integer = match (number.as_i64(), number.as_u64()) {
-        (Some(signed), _) => Some(signed.unsigned_abs()),
-        (None, Some(unsigned)) => Some(unsigned),
-        (None, None) => None,
-    };
-    match (exact_integer, number.as_f64()) {
-        (Some(magnitude), _) if magnitude > MAX_EXACT_INTEGER => {
-            Kind::StringValue(number.to_string())
-        }
-        (_, Some(double)) => Kind::NumberValue(double),
-        (_, None) => Kind::StringValue(number.to_string()),
-    }
 }
 
 /// One step of a path inside properties.
