@@ -81,7 +81,15 @@ fn a_database_newer_than_the_binary_is_refused() {
         store.commit_blocking(batch).expect("committed");
     }
     let data = data.to_str().expect("utf-8 path");
-    let (ok, text) = run(&["migrate", "--status", "--data-dir", data]);
+    // sled releases the dropped store's file lock from a background thread:
+    // retry while the binary still finds the directory locked.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (ok, text) = loop {
+        let (ok, text) = run(&["migrate", "--status", "--data-dir", data]);
+        if !text.contains("lock") || std::time::Instant::now() > deadline {
+            break (ok, text);
+        }
+    };
     assert!(!ok, "a newer schema is refused: {text}");
     assert!(text.contains("99"), "the message names the version: {text}");
     let (ok, text) = run(&["--data-dir", data, "--listen", "127.0.0.1:0"]);
