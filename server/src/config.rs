@@ -163,7 +163,7 @@ settings! {
         help = "Seconds between periodic full reconcile passes of a tenant";
     configurator_grace_secs: u64,
         env = "RECONCILED_CONFIGURATOR_GRACE_SECS", default = "300", value_name = "SECS",
-        help = "Seconds a disconnected configurator's item types stay reserved for it";
+        help = "Seconds items may wait for a configurator before the tenant is Stalled";
     cancel_timeout_secs: u64,
         env = "RECONCILED_CANCEL_TIMEOUT_SECS", default = "60", value_name = "SECS",
         help = "Seconds a cancelled operation may take to report before it is considered unknown";
@@ -295,7 +295,7 @@ pub struct Config {
     pub max_commit_items: usize,
     /// Period of full reconcile passes of every tenant.
     pub resync_interval: Duration,
-    /// How long a disconnected configurator's item types stay reserved.
+    /// How long items may wait for a configurator before the tenant is Stalled.
     pub configurator_grace: Duration,
     /// How long a cancelled operation may take before it is considered unknown.
     pub cancel_timeout: Duration,
