@@ -559,6 +559,19 @@ impl Owner {
     /// unblock), applies the plan's bookkeeping, dispatches what is ready,
     /// recomputes conditions, commits what changed and publishes a snapshot.
     pub(super) async fn pass(&mut self, scope: Scope) -> Result<Plan, TenantError> {
+        self.pass_with(scope, Vec::new()).await
+    }
+
+    /// A pass that first takes `pending` (e.g. an operation's result) into
+    /// account: it plans on the state with `pending` applied, then commits
+    /// `pending`, the plan's bookkeeping, the journal of the operations it
+    /// dispatches and the tenant record in ONE commit, then sends the
+    /// operations. If the commit fails, nothing changed.
+    pub(super) async fn pass_with(
+        &mut self,
+        scope: Scope,
+        pending: CurrentUpdates,
+    ) -> Result<Plan, TenantError> {
         let now = now_ms();
         let mut seeds = match scope {
             Scope::Full => self.state.unconverged.clone(),
@@ -573,22 +586,47 @@ impl Owner {
             }
         };
         seeds.extend(self.take_undispatched_with_room());
+
+        // Plan on the state with `pending` applied, then put it back: the
+        // commit below applies everything, counts included, in one go.
+        let saved: Vec<(ItemRef, Option<Arc<CurrentItem>>)> = pending
+            .iter()
+            .map(|(key, _)| (key.clone(), self.state.current.get(key).cloned()))
+            .collect();
+        apply_updates(&mut self.state.current, pending.clone());
         let plan = plan_operations(
             &self.state.intended,
             &self.state.current,
             &seeds,
             &self.environment(now),
         );
-
-        // What the plan decides without operations is committed first.
-        let updates = bookkeeping_updates(&self.state.current, &plan);
-        if !updates.is_empty() {
-            self.commit_current_updates(updates, None).await?;
-        }
+        let bookkeeping = bookkeeping_updates(&self.state.current, &plan);
+        let (starts, journal, waiting_for_room) = self.prepare_dispatch(&plan, now);
+        // Retry times and waiters are read from the state the plan saw.
         self.absorb(&seeds, &plan, now);
+        for (key, value) in saved {
+            match value {
+                Some(value) => {
+                    self.state.current.insert(key, (*value).clone());
+                }
+                None => {
+                    self.state.current.remove(&key);
+                }
+            }
+        }
+
         self.cancel_superseded(&plan);
-        let waiting_for_room = self.dispatch(&plan).await?;
-        self.update_conditions(now, waiting_for_room).await?;
+        let record = self.conditions_record(now, waiting_for_room);
+        let mut writes = pending;
+        writes.extend(bookkeeping);
+        writes.extend(journal);
+        if (!writes.is_empty() || record.is_some())
+            && let Err(error) = self.commit_current_updates(writes, record).await
+        {
+            self.undo_dispatch(&starts);
+            return Err(error);
+        }
+        self.send_dispatched(starts, now);
         self.publish();
         Ok(plan)
     }
@@ -654,12 +692,10 @@ impl Owner {
             };
     }
 
-    /// Recomputes the conditions; commits the record if they changed.
-    async fn update_conditions(
-        &mut self,
-        now: u64,
-        ready_operations: usize,
-    ) -> Result<(), TenantError> {
+    /// Recomputes the conditions. Returns the record to commit when they
+    /// changed in substance; a change of wording only is shown without a
+    /// commit.
+    fn conditions_record(&mut self, now: u64, ready_operations: usize) -> Option<TenantRecord> {
         let progress = Progress {
             generation: self.state.record.generation,
             in_flight: self.in_flight_count(),
@@ -678,15 +714,13 @@ impl Owner {
         if !significant_change(&self.state.record.conditions, &conditions)
             && observed == self.state.record.observed_generation
         {
-            // Only the wording moved (e.g. counts of operations in flight):
-            // show it, but do not spend a durable commit on it.
             self.state.record.conditions = conditions;
-            return Ok(());
+            return None;
         }
         let mut record = self.state.record.clone();
         record.conditions = conditions;
         record.observed_generation = observed;
-        self.commit_current_updates(Vec::new(), Some(record)).await
+        Some(record)
     }
 
     /// Publishes a snapshot of the current state.

@@ -361,12 +361,38 @@ impl Owner {
                 Completion::Failed { error, retry_at_ms }
             }
         };
-        self.finish(&item, &current, completion, now).await?;
-        // Acknowledge after the follow-up pass published its snapshot, so an
-        // agent (or a test) that reads status after the ack sees the result.
-        let passed = self.pass(Scope::Items(BTreeSet::from([item]))).await;
+        // The result, the journal of what it unblocks and the tenant record
+        // go in one commit; the ack follows once it is durable and the
+        // snapshot shows it.
+        let Some(operation) = current.in_flight.clone() else {
+            return Ok(());
+        };
+        let error = match &completion {
+            Completion::Failed { error, .. } => Some(error.clone()),
+            _ => None,
+        };
+        let value = completed(&self.state.current, &current, completion);
+        if let Some(holder) = self.sessions.get_mut(&*item.item_type) {
+            holder.in_flight = holder.in_flight.saturating_sub(1);
+        }
+        let passed = self
+            .pass_with(
+                Scope::Items(BTreeSet::from([item.clone()])),
+                vec![(item.clone(), value)],
+            )
+            .await;
+        if let Err(error) = passed {
+            if let Some(holder) = self.sessions.get_mut(&*item.item_type) {
+                holder.in_flight += 1;
+            }
+            // Not durable: no ack; the agent resends the result.
+            return Err(error);
+        }
+        self.log
+            .ended(&operation.op_id, operation.attempt, now, error);
+        self.operations.remove(&operation.op_id);
         self.send_to_session(session_id, ack);
-        passed.map(|_| ())
+        Ok(())
     }
 
     /// Commits the end of `item`'s in-flight operation.
@@ -464,17 +490,23 @@ impl Owner {
         }
     }
 
-    /// Journals and sends every ready operation whose type has a live
-    /// session with room; returns how many ready ones had to wait for room.
-    pub(super) async fn dispatch(&mut self, plan: &Plan) -> Result<usize, TenantError> {
-        let now = now_ms();
+    /// Picks every ready operation whose type has a live session with room
+    /// and prepares its journal record. Returns the operations, their
+    /// journal updates, and how many ready ones had to wait for room. The
+    /// sessions' in-flight counts already include the picked operations
+    /// (see [`Owner::undo_dispatch`]).
+    pub(super) fn prepare_dispatch(
+        &mut self,
+        plan: &Plan,
+        now: u64,
+    ) -> (Vec<(ItemRef, InFlight)>, CurrentUpdates, usize) {
         let mut waiting_for_room = 0;
         let mut starts: Vec<(ItemRef, InFlight)> = Vec::new();
         for index in plan.ready() {
             let operation = &plan.operations[index];
             let item = &operation.item;
-            let limit = self.spec(&item.item_type).max_in_flight.max(1) as usize;
-            let timeout_ms = self.spec(&item.item_type).operation_timeout_ms;
+            let spec = self.spec(&item.item_type);
+            let limit = spec.max_in_flight.max(1) as usize;
             let Some(holder) = self.sessions.get_mut(&*item.item_type) else {
                 continue;
             };
@@ -504,16 +536,13 @@ impl Owner {
                     attempt,
                     target_generation: operation.target_generation,
                     started_at_ms: now,
-                    timeout_ms,
+                    timeout_ms: spec.operation_timeout_ms,
                     last_progress_ms: None,
                     cancel_requested: false,
                     question: operation.ask_needs_recreate,
                     target: None,
                 },
             ));
-        }
-        if starts.is_empty() {
-            return Ok(waiting_for_room);
         }
         let updates: CurrentUpdates = starts
             .iter()
@@ -533,14 +562,20 @@ impl Owner {
                 )
             })
             .collect();
-        if let Err(error) = self.commit_current_updates(updates, None).await {
-            for (item, _) in &starts {
-                if let Some(holder) = self.sessions.get_mut(&*item.item_type) {
-                    holder.in_flight = holder.in_flight.saturating_sub(1);
-                }
+        (starts, updates, waiting_for_room)
+    }
+
+    /// Gives back the room taken by operations whose journal commit failed.
+    pub(super) fn undo_dispatch(&mut self, starts: &[(ItemRef, InFlight)]) {
+        for (item, _) in starts {
+            if let Some(holder) = self.sessions.get_mut(&*item.item_type) {
+                holder.in_flight = holder.in_flight.saturating_sub(1);
             }
-            return Err(error);
         }
+    }
+
+    /// Sends journaled operations to their sessions.
+    pub(super) fn send_dispatched(&mut self, starts: Vec<(ItemRef, InFlight)>, now: u64) {
         for (item, in_flight) in starts {
             let previous_error = self
                 .state
@@ -572,7 +607,6 @@ impl Owner {
                 let _ = holder.link.sender.send(ToAgent::Operation(order));
             }
         }
-        Ok(waiting_for_room)
     }
 
     /// Items whose ready operation waited for room, as many per type as the
