@@ -109,3 +109,16 @@ fn is_executable(path: &Path) -> bool {
     std::fs::metadata(path)
         .is_ok_and(|metadata| metadata.is_file() && metadata.permissions().mode() & 0o111 != 0)
 }
+
+/// The standard output of a tool run that must have succeeded; panics with
+/// its exit status and both outputs otherwise.
+pub fn successful_stdout(output: &std::process::Output) -> String {
+    assert!(
+        output.status.success(),
+        "the command failed ({}): {}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}

@@ -30,6 +30,6 @@ mod server;
 pub use binary::{
     RECONCILED_BIN_ENV, example_binary, reconciled_binary, target_dir, workspace_root,
 };
-pub use grpcurl::{GRPCURL_PACKAGE, grpcurl};
+pub use grpcurl::{GRPCURL_PACKAGE, grpcurl, successful_stdout};
 pub use reconciled_proto as proto;
 pub use server::{EXIT_DEADLINE, READY_DEADLINE, ServerOptions, ServerProcess, random_token};

@@ -1,18 +1,7 @@
 //! An operator's session with grpcurl only: list, describe, create a
 //! tenant, submit an intent as JSON, read the graph back.
 
-use reconciled_tests::{ServerOptions, ServerProcess};
-
-fn stdout(output: std::process::Output) -> String {
-    assert!(
-        output.status.success(),
-        "grpcurl failed ({}): {}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
+use reconciled_tests::{ServerOptions, ServerProcess, successful_stdout};
 
 #[tokio::test]
 async fn an_operator_can_drive_the_server_with_grpcurl_alone() {
@@ -21,7 +10,7 @@ async fn an_operator_can_drive_the_server_with_grpcurl_alone() {
         .expect("starts");
     let admin = format!("authorization: Bearer {}", server.admin_token());
 
-    let services = stdout(server.grpcurl(&[], &["list"]));
+    let services = successful_stdout(&server.grpcurl(&[], &["list"]));
     for service in [
         "reconciled.v1.Reconciler",
         "reconciled.v1.Tenants",
@@ -30,15 +19,16 @@ async fn an_operator_can_drive_the_server_with_grpcurl_alone() {
     ] {
         assert!(services.contains(service), "{services}");
     }
-    let described = stdout(server.grpcurl(&[], &["describe", "reconciled.v1.Reconciler"]));
+    let described =
+        successful_stdout(&server.grpcurl(&[], &["describe", "reconciled.v1.Reconciler"]));
     assert!(described.contains("rpc SubmitIntent"), "{described}");
-    let message = stdout(server.grpcurl(&[], &["describe", "reconciled.v1.Item"]));
+    let message = successful_stdout(&server.grpcurl(&[], &["describe", "reconciled.v1.Item"]));
     assert!(
         message.contains("must_satisfy") || message.contains("dependencies"),
         "{message}"
     );
 
-    let created = stdout(server.grpcurl(
+    let created = successful_stdout(&server.grpcurl(
         &["-H", &admin, "-d", r#"{"name": "acme"}"#],
         &["reconciled.v1.Tenants/CreateTenant"],
     ));
@@ -57,7 +47,7 @@ async fn an_operator_can_drive_the_server_with_grpcurl_alone() {
              "dependencies": [{"requires": {"type": "dir", "name": "etc"}}]}
         ]
     }"#;
-    let submitted = stdout(server.grpcurl(
+    let submitted = successful_stdout(&server.grpcurl(
         &["-H", &tenant_auth, "-d", intent],
         &["reconciled.v1.Reconciler/SubmitIntent"],
     ));
@@ -68,7 +58,7 @@ async fn an_operator_can_drive_the_server_with_grpcurl_alone() {
     );
     assert_eq!(submitted["changed"], true);
 
-    let graph = stdout(server.grpcurl(
+    let graph = successful_stdout(&server.grpcurl(
         &[
             "-H",
             &tenant_auth,

@@ -3,7 +3,7 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 
-use reconciled_tests::{ServerOptions, ServerProcess};
+use reconciled_tests::{ServerOptions, ServerProcess, successful_stdout};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -19,17 +19,6 @@ async fn health_status(server: &ServerProcess) -> ServingStatus {
     reply.get_ref().status()
 }
 
-fn stdout_of(output: &std::process::Output) -> String {
-    assert!(
-        output.status.success(),
-        "grpcurl failed ({}): {}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 #[tokio::test]
 async fn server_is_healthy_lists_its_services_to_grpcurl_and_survives_a_restart() {
     let mut server = ServerProcess::start(ServerOptions::default())
@@ -37,14 +26,14 @@ async fn server_is_healthy_lists_its_services_to_grpcurl_and_survives_a_restart(
         .expect("server starts");
     assert_eq!(health_status(&server).await, ServingStatus::Serving);
 
-    let services = stdout_of(&server.grpcurl(&[], &["list"]));
+    let services = successful_stdout(&server.grpcurl(&[], &["list"]));
     for service in ["grpc.health.v1.Health", "reconciled.v1.Reconciler"] {
         assert!(
             services.lines().any(|line| line == service),
             "`grpcurl list` lacks {service}:\n{services}"
         );
     }
-    let health = stdout_of(&server.grpcurl(&[], &["grpc.health.v1.Health/Check"]));
+    let health = successful_stdout(&server.grpcurl(&[], &["grpc.health.v1.Health/Check"]));
     assert!(health.contains("\"SERVING\""), "{health}");
 
     let port = server.addr();

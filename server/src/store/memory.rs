@@ -45,10 +45,7 @@ impl Store for InMemoryStore {
         start_after: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
-        let lower = match start_after {
-            Some(after) if after >= prefix => Bound::Excluded(after),
-            _ => Bound::Included(prefix),
-        };
+        let lower = super::scan_start(prefix, start_after);
         let records = self.records();
         Ok(records
             .range::<[u8], _>((lower, Bound::Unbounded))

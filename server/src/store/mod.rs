@@ -69,3 +69,15 @@ pub trait Store: Send + Sync + 'static {
     /// Approximate size on disk in bytes (for metrics).
     fn size_on_disk(&self) -> Result<u64, StoreError>;
 }
+
+/// Where a [`Store::scan`] of `prefix` starts: just after `start_after` when
+/// it lies at or after the prefix, else at the prefix itself.
+pub(crate) fn scan_start<'a>(
+    prefix: &'a [u8],
+    start_after: Option<&'a [u8]>,
+) -> std::ops::Bound<&'a [u8]> {
+    match start_after {
+        Some(after) if after >= prefix => std::ops::Bound::Excluded(after),
+        _ => std::ops::Bound::Included(prefix),
+    }
+}

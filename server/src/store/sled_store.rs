@@ -110,10 +110,7 @@ impl Store for SledStore {
         start_after: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
-        let lower = match start_after {
-            Some(after) if after >= prefix => Bound::Excluded(after),
-            _ => Bound::Included(prefix),
-        };
+        let lower = super::scan_start(prefix, start_after);
         let mut found = Vec::new();
         for record in self
             .db
