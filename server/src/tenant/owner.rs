@@ -79,6 +79,10 @@ pub struct SubmitOutcome {
     pub revision: u64,
 }
 
+/// Passes over more seeds than this run with `block_in_place`, so a big
+/// tenant's planning does not hold up small tenants on the same worker.
+const LARGE_PASS_SEEDS: usize = 2_000;
+
 type Reply<T> = oneshot::Sender<Result<T, TenantError>>;
 
 enum Command {
@@ -594,12 +598,27 @@ impl Owner {
             .map(|(key, _)| (key.clone(), self.state.current.get(key).cloned()))
             .collect();
         apply_updates(&mut self.state.current, pending.clone());
-        let plan = plan_operations(
-            &self.state.intended,
-            &self.state.current,
-            &seeds,
-            &self.environment(now),
-        );
+        let plan = {
+            let environment = self.environment(now);
+            let plan = || {
+                plan_operations(
+                    &self.state.intended,
+                    &self.state.current,
+                    &seeds,
+                    &environment,
+                )
+            };
+            let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|handle| {
+                handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+            });
+            if seeds.len() > LARGE_PASS_SEEDS && multi_thread {
+                // A large pass takes a while: let the runtime move other
+                // tenants' tasks off this worker meanwhile.
+                tokio::task::block_in_place(plan)
+            } else {
+                plan()
+            }
+        };
         let bookkeeping = bookkeeping_updates(&self.state.current, &plan);
         let (starts, journal, waiting_for_room) = self.prepare_dispatch(&plan, now);
         // Retry times and waiters are read from the state the plan saw.

@@ -22,7 +22,7 @@
 //! by index, so the per-edge work is array access, not map lookups.
 
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -97,10 +97,8 @@ pub(super) struct Planner<'a, E> {
     current: &'a CurrentGraph,
     environment: &'a E,
     now_ms: u64,
-    /// Item identities to arena indexes. foldhash, not Fx: names that share
-    /// long prefixes (`item-0000001`, ...) collide in Fx's high bits, and
-    /// every collision costs a string comparison.
-    ids: HashMap<ItemRef, Id, foldhash::fast::FixedState>,
+    /// Item identities to arena indexes.
+    ids: FxHashMap<ItemRef, Id>,
     nodes: Vec<Node<'a>>,
     /// Items looked at, in the (deterministic) order they were first visited.
     pub(super) examined: Vec<Id>,
@@ -125,7 +123,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             current,
             environment,
             now_ms: environment.now_ms(),
-            ids: HashMap::with_hasher(foldhash::fast::FixedState::default()),
+            ids: FxHashMap::default(),
             nodes: Vec::new(),
             examined: Vec::new(),
             queue: Vec::new(),
