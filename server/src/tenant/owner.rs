@@ -16,7 +16,7 @@ use crate::agents::{FromAgent, Grant, Registration, RegistrationError, SessionLi
 use crate::engine::exec::TypeSpec;
 use crate::engine::plan::{Plan, PlanEnvironment, TypeRules, WaitReason, plan_operations};
 use crate::engine::transition::{CurrentUpdates, apply_updates, bookkeeping_updates};
-use crate::graph::{CurrentItem, Item, ItemRef};
+use crate::graph::{CurrentItem, IntendedItem, Item, ItemRef};
 use crate::store::{Store, WriteBatch};
 
 use super::conditions::{Progress, compute_conditions};
@@ -24,7 +24,7 @@ use super::error::TenantError;
 use super::record::{StoredIntended, TenantRecord, encode};
 use super::snapshot::{SnapshotHistory, TenantSnapshot};
 use super::state::TenantState;
-use super::submit::{ValidatedSubmit, apply_change, prepare_submit};
+use super::submit::{IntentChange, ValidatedSubmit, apply_change, prepare_submit};
 
 /// Settings every tenant owner shares.
 #[derive(Clone, Debug)]
@@ -402,59 +402,15 @@ impl Owner {
             });
         }
 
-        let mut record = self.state.record.clone();
-        record.generation = change.generation;
-        record.revision += 1;
-        let mut batch = WriteBatch::new();
-        for entry in &change.upserts {
-            let stored = StoredIntended {
-                item: (*entry.item).clone(),
-                generation: entry.generation,
-            };
-            batch.put(
-                crate::store::keys::intended_item_key(
-                    record.id,
-                    &entry.item.item_type,
-                    &entry.item.name,
-                ),
-                encode(&stored)?,
-            );
-        }
-        for key in &change.removals {
-            batch.delete(crate::store::keys::intended_item_key(
-                record.id,
-                &key.item_type,
-                &key.name,
-            ));
-        }
-        batch.put(
-            crate::store::keys::tenant_record_key(record.id),
-            encode(&record)?,
-        );
-        self.store.commit(batch).await?;
-
-        let touched: Vec<ItemRef> = change
-            .upserts
-            .iter()
-            .map(|entry| entry.item.item_ref())
-            .chain(change.removals.iter().cloned())
-            .collect();
-        let before: Vec<_> = touched
-            .iter()
-            .map(|key| self.state.displayed(key))
-            .collect();
-        apply_change(&mut self.state.intended, &change);
-        for (key, before) in touched.iter().zip(before) {
-            self.state.recount_item(key, before);
-        }
-        self.state.record = record;
+        let seeds = change.content_changed.clone();
+        let plan = self
+            .pass_with(Scope::Items(seeds), Vec::new(), Some(change))
+            .await?;
         debug!(
             tenant = %self.state.record.name,
             generation = self.state.record.generation,
-            changed = change.content_changed.len(),
             "Intent stored."
         );
-        let plan = self.pass(Scope::Items(change.content_changed)).await?;
         Ok(SubmitOutcome {
             generation: self.state.record.generation,
             changed: true,
@@ -563,7 +519,7 @@ impl Owner {
     /// unblock), applies the plan's bookkeeping, dispatches what is ready,
     /// recomputes conditions, commits what changed and publishes a snapshot.
     pub(super) async fn pass(&mut self, scope: Scope) -> Result<Plan, TenantError> {
-        self.pass_with(scope, Vec::new()).await
+        self.pass_with(scope, Vec::new(), None).await
     }
 
     /// A pass that first takes `pending` (e.g. an operation's result) into
@@ -575,6 +531,7 @@ impl Owner {
         &mut self,
         scope: Scope,
         pending: CurrentUpdates,
+        intent: Option<IntentChange>,
     ) -> Result<Plan, TenantError> {
         let now = now_ms();
         let mut seeds = match scope {
@@ -598,6 +555,9 @@ impl Owner {
             .map(|(key, _)| (key.clone(), self.state.current.get(key).cloned()))
             .collect();
         apply_updates(&mut self.state.current, pending.clone());
+        let saved_intent = intent
+            .as_ref()
+            .map(|change| self.apply_intent_tentatively(change));
         let plan = {
             let environment = self.environment(now);
             let plan = || {
@@ -634,20 +594,103 @@ impl Owner {
             }
         }
 
-        self.cancel_superseded(&plan);
         let record = self.conditions_record(now, waiting_for_room);
+        let record = match (record, &intent) {
+            (None, Some(_)) => Some(self.state.record.clone()),
+            (record, _) => record,
+        };
+        if let Some(saved) = saved_intent {
+            self.restore_intent(saved);
+        }
+        self.cancel_superseded(&plan);
+        let mut intent_writes = WriteBatch::new();
+        if let Some(change) = &intent {
+            self.write_intent(&mut intent_writes, change)?;
+        }
         let mut writes = pending;
         writes.extend(bookkeeping);
         writes.extend(journal);
         if (!writes.is_empty() || record.is_some())
-            && let Err(error) = self.commit_current_updates(writes, record).await
+            && let Err(error) = self
+                .commit_current_updates_with(writes, record, intent_writes)
+                .await
         {
             self.undo_dispatch(&starts);
             return Err(error);
         }
+        if let Some(change) = &intent {
+            self.apply_intent(change);
+        }
         self.send_dispatched(starts, now);
         self.publish();
         Ok(plan)
+    }
+
+    /// Applies an intent change in memory for planning; returns what to
+    /// restore (previous entries and generation).
+    fn apply_intent_tentatively(&mut self, change: &IntentChange) -> SavedIntent {
+        let previous = intent_keys(change)
+            .map(|key| (key.clone(), self.state.intended.get(&key).cloned()))
+            .collect();
+        let generation = self.state.record.generation;
+        apply_change(&mut self.state.intended, change);
+        self.state.record.generation = change.generation;
+        (previous, generation)
+    }
+
+    /// Undoes [`Owner::apply_intent_tentatively`].
+    fn restore_intent(&mut self, (previous, generation): SavedIntent) {
+        for (key, entry) in previous {
+            match entry {
+                Some(entry) => {
+                    self.state.intended.insert((*entry).clone());
+                }
+                None => {
+                    self.state.intended.remove(&key);
+                }
+            }
+        }
+        self.state.record.generation = generation;
+    }
+
+    /// Applies a committed intent change in memory, with its counts.
+    fn apply_intent(&mut self, change: &IntentChange) {
+        let touched: Vec<ItemRef> = intent_keys(change).collect();
+        let before: Vec<_> = touched
+            .iter()
+            .map(|key| self.state.displayed(key))
+            .collect();
+        apply_change(&mut self.state.intended, change);
+        for (key, before) in touched.iter().zip(before) {
+            self.state.recount_item(key, before);
+        }
+    }
+
+    /// Adds the writes that store an intent change.
+    fn write_intent(
+        &self,
+        batch: &mut WriteBatch,
+        change: &IntentChange,
+    ) -> Result<(), TenantError> {
+        let id = self.state.record.id;
+        for entry in &change.upserts {
+            let stored = StoredIntended {
+                item: (*entry.item).clone(),
+                generation: entry.generation,
+            };
+            batch.put(
+                crate::store::keys::intended_item_key(id, &entry.item.item_type, &entry.item.name),
+                encode(&stored)?,
+            );
+        }
+        for key in &change.removals {
+            batch.delete(crate::store::keys::intended_item_key(
+                id,
+                &key.item_type,
+                &key.name,
+            ));
+        }
+        Ok(())
     }
 
     /// Merges a plan over `seeds` into the tenant's bookkeeping: the
@@ -770,4 +813,17 @@ fn significant_change(
                 a.last_transition_ms,
             )
         })
+}
+
+/// What a tentatively applied intent change replaced: the previous
+/// entries of its items and the previous generation.
+type SavedIntent = (Vec<(ItemRef, Option<Arc<IntendedItem>>)>, u64);
+
+/// Every item an intent change stores or removes.
+fn intent_keys(change: &IntentChange) -> impl Iterator<Item = ItemRef> + '_ {
+    change
+        .upserts
+        .iter()
+        .map(|entry| entry.item.item_ref())
+        .chain(change.removals.iter().cloned())
 }

@@ -379,6 +379,7 @@ impl Owner {
             .pass_with(
                 Scope::Items(BTreeSet::from([item.clone()])),
                 vec![(item.clone(), value)],
+                None,
             )
             .await;
         if let Err(error) = passed {
