@@ -108,3 +108,48 @@ async fn the_tenant_converges_after_sigkills_in_the_middle_of_passes() {
         assert_eq!(round, Some(last), "{item:?}");
     }
 }
+
+#[tokio::test]
+async fn an_operation_that_keeps_losing_its_agent_fails_after_five_redeliveries() {
+    use reconciled_tests::agents::Step;
+    let tenant = TestTenant::start("acme").await;
+    let recorder = Recorder::answering(Step::Hang);
+    let spec = || TypeSpec::new("t").retry_static(Duration::from_secs(3_600));
+    tenant
+        .submit(vec![item_needing("t", "poison", json!({}), &[])])
+        .await;
+
+    // Six agents in a row receive the operation and die before answering:
+    // the original delivery and five re-deliveries, all with one op id.
+    for delivery in 0..6 {
+        let mut agent =
+            RunningAgent::start(tenant.agent("agent-1").item_type(spec(), recorder.clone()));
+        agent.connected().await;
+        recorder.wait_for_operations(delivery + 1).await;
+        agent.kill().await;
+        tenant
+            .wait_for_state("t", "poison", v1::ItemState::Unknown)
+            .await;
+    }
+    let received = recorder.received();
+    assert!(
+        received
+            .windows(2)
+            .all(|pair| pair[0].op_id == pair[1].op_id),
+        "{received:?}"
+    );
+
+    // The sixth loss counts as an UNAVAILABLE failure instead of a seventh
+    // re-delivery.
+    let mut agent =
+        RunningAgent::start(tenant.agent("agent-1").item_type(spec(), recorder.clone()));
+    agent.connected().await;
+    let failed = tenant
+        .wait_for_state("t", "poison", v1::ItemState::Failed)
+        .await;
+    let error = failed.last_error.expect("the failure is shown");
+    assert_eq!(error.code, 14, "{error:?}");
+    assert!(error.message.contains("lost 6 times"), "{error:?}");
+    assert_eq!(failed.attempts, 1);
+    assert_eq!(recorder.received().len(), 6, "no seventh delivery");
+}

@@ -117,6 +117,10 @@ pub struct InFlight {
     pub last_progress_ms: Option<u64>,
     /// Set once the operation's target was superseded and a cancel was sent.
     pub cancel_requested: bool,
+    /// How many times the operation was re-delivered after its outcome was
+    /// lost (see `MAX_REDELIVERIES`).
+    #[serde(default)]
+    pub redeliveries: u32,
     /// A question, not a change: ask the agent whether the Modify toward
     /// `target_generation` needs a recreate (types with `ask_needs_recreate`).
     #[serde(default)]

@@ -35,6 +35,10 @@ struct StoredSpec {
     epoch: u64,
 }
 
+/// Re-deliveries of a lost operation that do not count as failed attempts
+/// (DESIGN section 4, poison operations).
+pub const MAX_REDELIVERIES: u32 = 5;
+
 fn random_in(low: u64, high: u64) -> u64 {
     rand::rng().random_range(low..=high)
 }
@@ -213,6 +217,7 @@ impl Owner {
         let mut updates: CurrentUpdates = Vec::new();
         let mut orders = Vec::new();
         let mut resend = Vec::new();
+        let mut abandoned = Vec::new();
         for item in self.operations.values() {
             if !types.contains(&*item.item_type) {
                 continue;
@@ -229,6 +234,34 @@ impl Owner {
                 resend.push((item.clone(), operation));
                 continue;
             }
+            if operation.redeliveries >= MAX_REDELIVERIES {
+                // A poison operation (it keeps losing its agent): from now on
+                // a loss counts as an UNAVAILABLE failure, so it cannot loop
+                // forever past the type's max_attempts.
+                let error = OperationError {
+                    code: code::UNAVAILABLE,
+                    message: format!(
+                        "the operation's outcome was lost {} times (its agent went away each time)",
+                        operation.redeliveries + 1
+                    ),
+                };
+                let failures = current.attempts.saturating_add(1);
+                let retry_at_ms =
+                    self.spec(&item.item_type)
+                        .retry_at(now_ms(), failures, false, random_in);
+                let failed = completed(
+                    &self.state.current,
+                    current,
+                    Completion::Failed { error, retry_at_ms },
+                );
+                abandoned.push(operation.op_id.clone());
+                updates.push((item.clone(), failed));
+                continue;
+            }
+            let operation = InFlight {
+                redeliveries: operation.redeliveries + 1,
+                ..operation
+            };
             let target = operation.target.clone();
             let restarted = started(
                 Some(&CurrentItem {
@@ -256,6 +289,9 @@ impl Owner {
             return Ok(());
         }
         self.commit_current_updates(updates, None).await?;
+        for op_id in abandoned {
+            self.operations.remove(&op_id);
+        }
         for (item, operation) in orders {
             let Some(holder) = self.sessions.get_mut(&*item.item_type) else {
                 continue;
@@ -540,6 +576,7 @@ impl Owner {
                     timeout_ms: spec.operation_timeout_ms,
                     last_progress_ms: None,
                     cancel_requested: false,
+                    redeliveries: 0,
                     question: operation.ask_needs_recreate,
                     target: None,
                 },
