@@ -61,6 +61,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let settings = OwnerSettings {
         configurator_grace: config.configurator_grace,
         resync_interval: config.resync_interval,
+        cancel_timeout: config.cancel_timeout,
         ..OwnerSettings::default()
     };
     let directory = TenantDirectory::load(store, settings)?;

@@ -153,3 +153,51 @@ async fn an_operation_that_keeps_losing_its_agent_fails_after_five_redeliveries(
     assert_eq!(failed.attempts, 1);
     assert_eq!(recorder.received().len(), 6, "no seventh delivery");
 }
+
+#[tokio::test]
+async fn an_unanswered_cancel_makes_the_item_unknown_until_the_old_operation_reports() {
+    use reconciled_tests::ServerOptions;
+    use reconciled_tests::agents::{Gate, Step};
+    let tenant = TestTenant::start_with(
+        ServerOptions::default()
+            .arg("--cancel-timeout-secs")
+            .arg("1"),
+        "acme",
+    )
+    .await;
+    let gate = Gate::new();
+    let recorder = Recorder::answering(Step::Hold(gate.clone()));
+    let mut agent = RunningAgent::start(
+        tenant
+            .agent("agent-1")
+            .item_type(TypeSpec::new("t"), recorder.clone()),
+    );
+    agent.connected().await;
+
+    tenant
+        .submit(vec![item_needing("t", "a", json!({"v": 1}), &[])])
+        .await;
+    let create = recorder.wait_for_operations(1).await.remove(0);
+    tenant
+        .submit(vec![item_needing("t", "a", json!({"v": 2}), &[])])
+        .await;
+    recorder.wait_for_cancellation(&create.op_id).await;
+
+    // No answer within the cancel timeout: UNKNOWN, and no second operation.
+    let unknown = tenant
+        .wait_for_state("t", "a", v1::ItemState::Unknown)
+        .await;
+    assert_eq!(
+        unknown.operation.as_ref().map(|o| o.op_id.as_str()),
+        Some(create.op_id.as_str())
+    );
+    assert_eq!(recorder.received().len(), 1);
+
+    // The old operation reports after all: its result is authoritative, and
+    // the item is then modified to the new intent.
+    gate.open();
+    let received = recorder.wait_for_operations(2).await;
+    assert_eq!(received[1].label(), "modify t/a");
+    let done = tenant.wait_until_ready().await;
+    assert_eq!(done.items_by_state.get("CREATED"), Some(&1));
+}

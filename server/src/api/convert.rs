@@ -902,6 +902,7 @@ mod tests {
             timeout_ms: 30_000,
             last_progress_ms: Some(5_500),
             cancel_requested: false,
+            cancel_requested_at_ms: None,
             redeliveries: 0,
             question: false,
             target: None,

@@ -230,6 +230,7 @@ impl World {
             timeout_ms: 60_000,
             last_progress_ms: None,
             cancel_requested: false,
+            cancel_requested_at_ms: None,
             redeliveries: 0,
             question: false,
             target: None,

@@ -117,6 +117,9 @@ pub struct InFlight {
     pub last_progress_ms: Option<u64>,
     /// Set once the operation's target was superseded and a cancel was sent.
     pub cancel_requested: bool,
+    /// When the cancel was sent (unix milliseconds).
+    #[serde(default)]
+    pub cancel_requested_at_ms: Option<u64>,
     /// How many times the operation was re-delivered after its outcome was
     /// lost (see `MAX_REDELIVERIES`).
     #[serde(default)]

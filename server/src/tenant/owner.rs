@@ -35,6 +35,9 @@ pub struct OwnerSettings {
     pub configurator_grace: Duration,
     /// Period of full passes over every unconverged item (with ±10% jitter).
     pub resync_interval: Duration,
+    /// How long a cancelled operation may take to report before its outcome
+    /// is considered unknown.
+    pub cancel_timeout: Duration,
 }
 
 impl Default for OwnerSettings {
@@ -43,6 +46,7 @@ impl Default for OwnerSettings {
             default_max_items: 1_000_000,
             configurator_grace: Duration::from_secs(300),
             resync_interval: Duration::from_secs(600),
+            cancel_timeout: Duration::from_secs(60),
         }
     }
 }

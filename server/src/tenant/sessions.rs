@@ -408,7 +408,9 @@ impl Owner {
             _ => None,
         };
         let value = completed(&self.state.current, &current, completion);
-        if let Some(holder) = self.sessions.get_mut(&*item.item_type) {
+        // An operation whose outcome was unknown no longer counts as in flight.
+        let counted = current.state != ItemState::Unknown;
+        if counted && let Some(holder) = self.sessions.get_mut(&*item.item_type) {
             holder.in_flight = holder.in_flight.saturating_sub(1);
         }
         let passed = self
@@ -419,7 +421,7 @@ impl Owner {
             )
             .await;
         if let Err(error) = passed {
-            if let Some(holder) = self.sessions.get_mut(&*item.item_type) {
+            if counted && let Some(holder) = self.sessions.get_mut(&*item.item_type) {
                 holder.in_flight += 1;
             }
             // Not durable: no ack; the agent resends the result.
@@ -522,6 +524,7 @@ impl Owner {
             let mut marked = (**current).clone();
             if let Some(operation) = marked.in_flight.as_mut() {
                 operation.cancel_requested = true;
+                operation.cancel_requested_at_ms = Some(now_ms());
             }
             self.state.current.insert(item.clone(), marked);
         }
@@ -576,6 +579,7 @@ impl Owner {
                     timeout_ms: spec.operation_timeout_ms,
                     last_progress_ms: None,
                     cancel_requested: false,
+                    cancel_requested_at_ms: None,
                     redeliveries: 0,
                     question: operation.ask_needs_recreate,
                     target: None,
@@ -678,11 +682,18 @@ impl Owner {
     /// The earliest time the owner must wake up: an operation deadline or
     /// a retry time.
     pub(super) fn next_deadline_ms(&self) -> Option<u64> {
+        let cancel_timeout =
+            u64::try_from(self.settings.cancel_timeout.as_millis()).unwrap_or(u64::MAX);
         let deadlines = self.operations.values().filter_map(|item| {
             let current = self.state.current.get(item)?;
             let operation = current.in_flight.as_ref()?;
-            (current.state != ItemState::Unknown)
-                .then(|| operation.started_at_ms.saturating_add(operation.timeout_ms))
+            if current.state == ItemState::Unknown {
+                return None;
+            }
+            Some(match operation.cancel_requested_at_ms {
+                Some(at) => at.saturating_add(cancel_timeout),
+                None => operation.started_at_ms.saturating_add(operation.timeout_ms),
+            })
         });
         deadlines
             .chain(self.next_retry_ms)
@@ -708,6 +719,7 @@ impl Owner {
     /// (which also picks up items whose retry time came).
     pub(super) async fn on_timer(&mut self) -> Result<(), TenantError> {
         let now = now_ms();
+        self.expire_cancels(now).await?;
         let expired: Vec<(ItemRef, Arc<CurrentItem>)> = self
             .operations
             .values()
@@ -715,7 +727,7 @@ impl Owner {
                 let current = self.state.current.get(item)?;
                 let operation = current.in_flight.as_ref()?;
                 let due = operation.started_at_ms.saturating_add(operation.timeout_ms) <= now;
-                (due && current.state != ItemState::Unknown)
+                (due && current.state != ItemState::Unknown && !operation.cancel_requested)
                     .then(|| (item.clone(), current.clone()))
             })
             .collect();
@@ -754,6 +766,40 @@ impl Owner {
             self.schedule_resync();
         }
         self.pass(Scope::Full).await.map(|_| ())
+    }
+
+    /// Cancels that got no answer within the cancel timeout: the item's
+    /// outcome is unknown; it gets no new operation until the old one
+    /// reports or its session ends.
+    async fn expire_cancels(&mut self, now: u64) -> Result<(), TenantError> {
+        let timeout = u64::try_from(self.settings.cancel_timeout.as_millis()).unwrap_or(u64::MAX);
+        let mut updates: CurrentUpdates = Vec::new();
+        for item in self.operations.values() {
+            let Some(current) = self.state.current.get(item) else {
+                continue;
+            };
+            let Some(operation) = &current.in_flight else {
+                continue;
+            };
+            let expired = operation
+                .cancel_requested_at_ms
+                .is_some_and(|at| at.saturating_add(timeout) <= now);
+            if expired && current.state != ItemState::Unknown {
+                updates.push((
+                    item.clone(),
+                    completed(&self.state.current, current, Completion::Lost),
+                ));
+            }
+        }
+        if updates.is_empty() {
+            return Ok(());
+        }
+        for (item, _) in &updates {
+            if let Some(holder) = self.sessions.get_mut(&*item.item_type) {
+                holder.in_flight = holder.in_flight.saturating_sub(1);
+            }
+        }
+        self.commit_current_updates(updates, None).await
     }
 
     /// Commits `updates` plus `extra` writes with a new revision.
