@@ -35,6 +35,15 @@ pub enum Completion {
     },
     /// The outcome is not known (the agent went away, the server restarted).
     Lost,
+    /// The answer to a READ: what the item actually is. A difference on a
+    /// property the intent sets is drift: the applied value takes the
+    /// observed value there, so the next pass corrects it.
+    Read {
+        /// The observed properties.
+        observed: Properties,
+    },
+    /// A READ found that the item does not exist: it leaves current state.
+    Vanished,
     /// The answer to a NEEDS_RECREATE question.
     Answered {
         /// Whether the change needs a recreate.
@@ -121,6 +130,8 @@ pub fn completed(
             in_flight: None,
             ..existing.clone()
         }),
+        Completion::Read { observed } => Some(read_back(existing, observed)),
+        Completion::Vanished => None,
         Completion::Answered { needs_recreate } => Some(CurrentItem {
             state: state_before(existing, &operation),
             needs_recreate_answer: Some((operation.target_generation, needs_recreate)),
@@ -134,6 +145,39 @@ pub fn completed(
             ..existing.clone()
         }),
     }
+}
+
+/// The paths (top-level properties) where `observed` contradicts what the
+/// item's applied value sets: drift.
+pub fn drifted_paths(applied: &Item, observed: &Properties) -> Vec<String> {
+    applied
+        .properties
+        .iter()
+        .filter(|(key, value)| observed.get(*key).is_some_and(|seen| seen != *value))
+        .map(|(key, _)| format!("/{key}"))
+        .collect()
+}
+
+/// An item after a READ: observed recorded, drifted properties taken into
+/// the applied value (so it no longer equals the intent and is corrected).
+fn read_back(existing: &CurrentItem, observed: Properties) -> CurrentItem {
+    let mut item = CurrentItem {
+        in_flight: None,
+        ..existing.clone()
+    };
+    if let Some(applied) = &existing.applied
+        && !drifted_paths(applied, &observed).is_empty()
+    {
+        let mut corrected = (**applied).clone();
+        for (key, value) in corrected.properties.iter_mut() {
+            if let Some(seen) = observed.get(key) {
+                *value = seen.clone();
+            }
+        }
+        item.applied = Some(Arc::new(corrected));
+    }
+    item.observed = Some(Arc::new(observed));
+    item
 }
 
 /// The state an item had before `operation` started.

@@ -271,6 +271,8 @@ pub(super) struct Owner {
     pub(super) next_retry_ms: Option<u64>,
     /// When the next periodic full pass is due (unix ms).
     pub(super) next_resync_ms: u64,
+    /// Items of READ-capable types to read back (periodic resync).
+    pub(super) pending_reads: BTreeSet<ItemRef>,
 }
 
 impl Owner {
@@ -297,6 +299,7 @@ impl Owner {
             boot: rand::random(),
             next_retry_ms: None,
             next_resync_ms: 0,
+            pending_reads: BTreeSet::new(),
         }
     }
 
@@ -584,7 +587,10 @@ impl Owner {
             }
         };
         let bookkeeping = bookkeeping_updates(&self.state.current, &plan);
-        let (starts, journal, waiting_for_room) = self.prepare_dispatch(&plan, now);
+        let (mut starts, mut journal, waiting_for_room) = self.prepare_dispatch(&plan, now);
+        let (reads, read_journal) = self.prepare_reads(now);
+        starts.extend(reads);
+        journal.extend(read_journal);
         // Retry times and waiters are read from the state the plan saw.
         self.absorb(&seeds, &plan, now);
         for (key, value) in saved {

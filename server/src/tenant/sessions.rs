@@ -376,10 +376,34 @@ impl Owner {
             return Ok(());
         }
         let now = now_ms();
+        let is_read = current
+            .in_flight
+            .as_ref()
+            .is_some_and(|o| o.kind == OperationKind::Read);
         let completion = match outcome {
             AgentOutcome::InProgress => {
                 self.send_to_session(session_id, ack);
                 return Ok(());
+            }
+            AgentOutcome::Done { observed, .. } if is_read => {
+                let observed = observed.unwrap_or_default();
+                if let Some(applied) = &current.applied {
+                    let paths = crate::engine::transition::drifted_paths(applied, &observed);
+                    if !paths.is_empty() {
+                        info!(tenant = %self.state.record.name, item = %item, ?paths, "Drift detected; correcting it.");
+                    }
+                }
+                Completion::Read { observed }
+            }
+            AgentOutcome::Failed(error) if is_read => {
+                if error.code == code::NOT_FOUND {
+                    Completion::Vanished
+                } else {
+                    // A failed READ changes nothing; the next resync tries again.
+                    Completion::Read {
+                        observed: current.observed.as_deref().cloned().unwrap_or_default(),
+                    }
+                }
             }
             AgentOutcome::Done { needs_recreate, .. }
                 if current.in_flight.as_ref().is_some_and(|o| o.question) =>
@@ -764,8 +788,87 @@ impl Owner {
         if self.next_resync_ms <= now {
             debug!(tenant = %self.state.record.name, "Periodic resync.");
             self.schedule_resync();
+            self.schedule_reads();
         }
         self.pass(Scope::Full).await.map(|_| ())
+    }
+
+    /// Queues a READ of every created item whose type supports it, so drift
+    /// (a change made behind the service's back) is seen and corrected.
+    pub(super) fn schedule_reads(&mut self) {
+        let readable: HashSet<&String> = self
+            .specs
+            .iter()
+            .filter(|(_, (spec, _))| spec.supports_read)
+            .map(|(item_type, _)| item_type)
+            .collect();
+        if readable.is_empty() {
+            return;
+        }
+        for (key, current) in self.state.current.iter() {
+            let ours = self
+                .state
+                .intended
+                .get(key)
+                .is_some_and(|e| !e.item.external);
+            if ours
+                && readable.contains(&key.item_type.to_string())
+                && current.state == ItemState::Created
+                && !current.is_busy()
+            {
+                self.pending_reads.insert(key.clone());
+            }
+        }
+    }
+
+    /// Picks queued READs whose type's session has room and prepares their
+    /// journal records (a READ changes no state until it reports).
+    pub(super) fn prepare_reads(&mut self, now: u64) -> (Vec<(ItemRef, InFlight)>, CurrentUpdates) {
+        let mut starts = Vec::new();
+        let mut updates: CurrentUpdates = Vec::new();
+        let queued: Vec<ItemRef> = self.pending_reads.iter().cloned().collect();
+        for item in queued {
+            let spec = self.spec(&item.item_type);
+            let limit = spec.max_in_flight.max(1) as usize;
+            let Some(holder) = self.sessions.get_mut(&*item.item_type) else {
+                continue;
+            };
+            if holder.in_flight >= limit {
+                continue;
+            }
+            self.pending_reads.remove(&item);
+            let Some(current) = self.state.current.get(&item) else {
+                continue;
+            };
+            if current.is_busy() || current.state != ItemState::Created {
+                continue;
+            }
+            holder.in_flight += 1;
+            self.next_operation += 1;
+            let in_flight = InFlight {
+                kind: OperationKind::Read,
+                op_id: format!(
+                    "{}-{:x}-{}",
+                    self.state.record.id, self.boot, self.next_operation
+                ),
+                attempt: 1,
+                target_generation: current.applied_generation,
+                started_at_ms: now,
+                timeout_ms: spec.operation_timeout_ms,
+                last_progress_ms: None,
+                cancel_requested: false,
+                cancel_requested_at_ms: None,
+                redeliveries: 0,
+                question: false,
+                target: None,
+            };
+            updates.push((
+                item.clone(),
+                Some(started(Some(current), None, in_flight.clone())),
+            ));
+            starts.push((item, in_flight));
+        }
+        (starts, updates)
     }
 
     /// Cancels that got no answer within the cancel timeout: the item's
