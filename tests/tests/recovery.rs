@@ -201,3 +201,45 @@ async fn an_unanswered_cancel_makes_the_item_unknown_until_the_old_operation_rep
     let done = tenant.wait_until_ready().await;
     assert_eq!(done.items_by_state.get("CREATED"), Some(&1));
 }
+
+#[tokio::test]
+async fn a_backoff_survives_a_restart() {
+    use reconciled_tests::agents::Step;
+    let mut tenant = TestTenant::start("acme").await;
+    let recorder = Recorder::answering(Step::Fail(tonic::Code::Unavailable));
+    let spec = || TypeSpec::new("t").retry_static(Duration::from_secs(3_600));
+    let mut agent =
+        RunningAgent::start(tenant.agent("agent-1").item_type(spec(), recorder.clone()));
+    agent.connected().await;
+    tenant
+        .submit(vec![item_needing("t", "a", json!({}), &[])])
+        .await;
+    let failed = tenant.wait_for_state("t", "a", v1::ItemState::Failed).await;
+    let retry_at = failed.next_attempt_at.expect("a retry time");
+    assert_eq!(failed.attempts, 1);
+    agent.kill().await;
+
+    tenant.server.restart().await.expect("restarts");
+    tenant.channel = tenant.server.channel().await.expect("connects");
+    let mut agent =
+        RunningAgent::start(tenant.agent("agent-1").item_type(spec(), recorder.clone()));
+    agent.connected().await;
+    let after = tenant.item("t", "a").await.expect("still known");
+    assert_eq!(after.state, v1::ItemState::Failed as i32);
+    assert_eq!(after.attempts, 1);
+    let kept = after.next_attempt_at.expect("the retry time is kept");
+    assert!(
+        kept.seconds <= retry_at.seconds && kept.seconds > retry_at.seconds - 60,
+        "{kept:?} vs {retry_at:?}"
+    );
+    // A pending backoff keeps the tenant Reconciling (DESIGN section 5).
+    let status = tenant.status().await;
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.r#type == "Reconciling" && c.status == v1::ConditionStatus::True as i32),
+        "{status:#?}"
+    );
+    assert_eq!(recorder.received().len(), 1, "no retry before its time");
+}

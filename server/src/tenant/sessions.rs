@@ -305,6 +305,29 @@ impl Owner {
         Ok(())
     }
 
+    /// Notes a progress heartbeat of a running operation (shown as its last
+    /// progress time; kept in memory, not worth a durable commit).
+    fn record_progress(&mut self, op_id: &str, attempt: u32) {
+        let Some(item) = self.operations.get(op_id).cloned() else {
+            return;
+        };
+        let Some(current) = self.state.current.get(&item) else {
+            return;
+        };
+        let matches = current
+            .in_flight
+            .as_ref()
+            .is_some_and(|operation| operation.op_id == op_id && operation.attempt == attempt);
+        if matches {
+            let mut updated = (**current).clone();
+            if let Some(operation) = updated.in_flight.as_mut() {
+                operation.last_progress_ms = Some(now_ms());
+            }
+            self.state.current.insert(item, updated);
+            self.publish();
+        }
+    }
+
     /// Handles a message of session `session_id`.
     pub(super) async fn handle_agent_message(
         &mut self,
@@ -319,6 +342,7 @@ impl Owner {
             } => self.result(session_id, op_id, attempt, outcome).await,
             FromAgent::Progress { op_id, attempt } => {
                 debug!(tenant = %self.state.record.name, %op_id, attempt, "Operation progress.");
+                self.record_progress(&op_id, attempt);
                 Ok(())
             }
             FromAgent::CancelAck { op_id } => {
