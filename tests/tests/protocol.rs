@@ -397,3 +397,43 @@ async fn a_late_result_from_an_older_epoch_changes_nothing_and_the_operation_is_
         .into_inner();
     assert_eq!(graph.current[0].state, v1::ItemState::Created as i32);
 }
+
+#[tokio::test]
+async fn a_wait_answer_asks_again_later_without_counting_an_attempt() {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("starts");
+    let channel = server.channel().await.expect("connects");
+    let token = create_tenant(&channel, &server.admin_token(), "acme").await;
+    let mut agent = connect(&channel, &token, register("acme", "agent-1", &["dir"], 1))
+        .await
+        .expect("registers");
+    assert!(matches!(
+        agent.next().await,
+        v1::server_message::Message::Registered(_)
+    ));
+    let mut client = reconciler(&channel, &token);
+    client
+        .submit_intent(submit("acme", vec![item("dir", "etc", json!({}))]))
+        .await
+        .expect("ok");
+
+    let first = agent.next_operation().await;
+    // WAIT with no retry_after: the server asks again after 1 s.
+    agent.answer(&first, v1::Outcome::Wait).await;
+    let again = agent.next_operation().await;
+    assert_eq!(label(&again), "create dir/etc");
+    assert_eq!(again.attempt, 1, "WAIT does not count an attempt");
+    assert_ne!(again.op_id, first.op_id);
+    agent.answer(&again, v1::Outcome::Done).await;
+    let graph = client
+        .get_graph(v1::GetGraphRequest {
+            tenant: "acme".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("graph")
+        .into_inner();
+    assert_eq!(graph.current[0].state, v1::ItemState::Created as i32);
+    assert_eq!(graph.current[0].attempts, 0);
+}
