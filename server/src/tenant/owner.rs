@@ -83,6 +83,9 @@ pub struct SubmitOutcome {
     pub revision: u64,
 }
 
+/// Results taken into one pass (and one commit) at most.
+const MAX_RESULTS_PER_PASS: usize = 256;
+
 /// Passes over more seeds than this run with `block_in_place`, so a big
 /// tenant's planning does not hold up small tenants on the same worker.
 const LARGE_PASS_SEEDS: usize = 2_000;
@@ -311,29 +314,74 @@ impl Owner {
             warn!(tenant = %self.state.record.name, %error, "First pass failed.");
         }
         self.schedule_resync();
+        let mut deferred: Option<Command> = None;
         loop {
-            let deadline = self.next_deadline_ms();
-            let timer = async {
-                match deadline {
-                    Some(at) => {
-                        tokio::time::sleep(Duration::from_millis(at.saturating_sub(now_ms()))).await
+            let command = match deferred.take() {
+                Some(command) => command,
+                None => {
+                    let deadline = self.next_deadline_ms();
+                    let timer = async {
+                        match deadline {
+                            Some(at) => {
+                                tokio::time::sleep(Duration::from_millis(
+                                    at.saturating_sub(now_ms()),
+                                ))
+                                .await
+                            }
+                            None => std::future::pending::<()>().await,
+                        }
+                    };
+                    tokio::select! {
+                        () = stop.cancelled() => break,
+                        () = timer => {
+                            if let Err(error) = self.on_timer().await {
+                                warn!(tenant = %self.state.record.name, %error, "Timer pass failed.");
+                            }
+                            continue;
+                        }
+                        command = commands.recv() => match command {
+                            Some(command) => command,
+                            None => break,
+                        },
                     }
-                    None => std::future::pending::<()>().await,
                 }
             };
-            let command = tokio::select! {
-                () = stop.cancelled() => break,
-                () = timer => {
-                    if let Err(error) = self.on_timer().await {
-                        warn!(tenant = %self.state.record.name, %error, "Timer pass failed.");
-                    }
-                    continue;
-                }
-                command = commands.recv() => match command {
-                    Some(command) => command,
-                    None => break,
+            // Results that arrived together coalesce into one pass and one
+            // commit; the first other command waits for the next turn.
+            if let Command::FromAgent(
+                session_id,
+                FromAgent::Result {
+                    op_id,
+                    attempt,
+                    outcome,
                 },
-            };
+            ) = command
+            {
+                let mut batch = vec![(session_id, op_id, attempt, outcome)];
+                while batch.len() < MAX_RESULTS_PER_PASS {
+                    match commands.try_recv() {
+                        Ok(Command::FromAgent(
+                            session_id,
+                            FromAgent::Result {
+                                op_id,
+                                attempt,
+                                outcome,
+                            },
+                        )) => {
+                            batch.push((session_id, op_id, attempt, outcome));
+                        }
+                        Ok(other) => {
+                            deferred = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                if let Err(error) = self.results(batch).await {
+                    warn!(tenant = %self.state.record.name, %error, "Recording results failed.");
+                }
+                continue;
+            }
             match command {
                 Command::Submit(request, reply) => {
                     let _ = reply.send(self.submit(request).await);

@@ -28,6 +28,26 @@ use super::owner::{Holder, Owner, Scope, now_ms};
 use super::record::{decode, encode};
 use super::state::scan_all;
 
+/// A result that changes state, waiting for its commit.
+struct AcceptedResult {
+    session_id: u64,
+    item: ItemRef,
+    op_id: String,
+    attempt: u32,
+    value: Option<CurrentItem>,
+    error: Option<OperationError>,
+    counted: bool,
+}
+
+impl AcceptedResult {
+    fn ack(&self) -> ToAgent {
+        ToAgent::Ack {
+            op_id: self.op_id.clone(),
+            attempt: self.attempt,
+        }
+    }
+}
+
 /// A registered item type as stored: the spec and the epoch of its owner.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct StoredSpec {
@@ -360,17 +380,84 @@ impl Owner {
         attempt: u32,
         outcome: AgentOutcome,
     ) -> Result<(), TenantError> {
+        self.results(vec![(session_id, op_id, attempt, outcome)])
+            .await
+    }
+
+    /// Takes the results that arrived together into one pass and one commit
+    /// (the results, the journal of what they unblock, the record), then
+    /// acknowledges them. Results that change nothing are acknowledged at once.
+    pub(super) async fn results(
+        &mut self,
+        batch: Vec<(u64, String, u32, AgentOutcome)>,
+    ) -> Result<(), TenantError> {
+        let now = now_ms();
+        let mut accepted: Vec<AcceptedResult> = Vec::new();
+        for (session_id, op_id, attempt, outcome) in batch {
+            if let Some(result) = self.accept_result(session_id, op_id, attempt, outcome, now) {
+                if accepted.iter().any(|other| other.item == result.item) {
+                    // The same operation reported twice in one batch.
+                    self.send_to_session(result.session_id, result.ack());
+                    self.undo_count(&result);
+                    continue;
+                }
+                accepted.push(result);
+            }
+        }
+        if accepted.is_empty() {
+            return Ok(());
+        }
+        let items: BTreeSet<ItemRef> = accepted.iter().map(|result| result.item.clone()).collect();
+        let pending: CurrentUpdates = accepted
+            .iter()
+            .map(|result| (result.item.clone(), result.value.clone()))
+            .collect();
+        if let Err(error) = self.pass_with(Scope::Items(items), pending, None).await {
+            for result in &accepted {
+                self.undo_count(result);
+            }
+            // Not durable: no ack; the agents resend their results.
+            return Err(error);
+        }
+        for result in accepted {
+            self.log
+                .ended(&result.op_id, result.attempt, now, result.error.clone());
+            self.operations.remove(&result.op_id);
+            self.send_to_session(result.session_id, result.ack());
+        }
+        Ok(())
+    }
+
+    /// Gives back the in-flight slot an accepted result freed.
+    fn undo_count(&mut self, result: &AcceptedResult) {
+        if result.counted
+            && let Some(holder) = self.sessions.get_mut(&*result.item.item_type)
+        {
+            holder.in_flight += 1;
+        }
+    }
+
+    /// Checks one result against the item's in-flight operation. Results
+    /// that change no state are acknowledged here and give `None`.
+    fn accept_result(
+        &mut self,
+        session_id: u64,
+        op_id: String,
+        attempt: u32,
+        outcome: AgentOutcome,
+        now: u64,
+    ) -> Option<AcceptedResult> {
         let ack = ToAgent::Ack {
             op_id: op_id.clone(),
             attempt,
         };
         let Some(item) = self.operations.get(&op_id).cloned() else {
             self.send_to_session(session_id, ack);
-            return Ok(());
+            return None;
         };
         let Some(current) = self.state.current.get(&item).cloned() else {
             self.send_to_session(session_id, ack);
-            return Ok(());
+            return None;
         };
         let matches = current
             .in_flight
@@ -383,7 +470,7 @@ impl Owner {
         if !matches {
             // A stale attempt: it changes no state.
             self.send_to_session(session_id, ack);
-            return Ok(());
+            return None;
         }
         if !holds_type {
             // A session whose epoch is over: its result changes no state; the
@@ -397,9 +484,8 @@ impl Owner {
             {
                 let _ = holder.link.sender.send(ToAgent::Operation(order));
             }
-            return Ok(());
+            return None;
         }
-        let now = now_ms();
         let is_read = current
             .in_flight
             .as_ref()
@@ -407,7 +493,7 @@ impl Owner {
         let completion = match outcome {
             AgentOutcome::InProgress => {
                 self.send_to_session(session_id, ack);
-                return Ok(());
+                return None;
             }
             AgentOutcome::Done { observed, .. } if is_read => {
                 let observed = observed.unwrap_or_default();
@@ -445,12 +531,7 @@ impl Owner {
                 Completion::Failed { error, retry_at_ms }
             }
         };
-        // The result, the journal of what it unblocks and the tenant record
-        // go in one commit; the ack follows once it is durable and the
-        // snapshot shows it.
-        let Some(operation) = current.in_flight.clone() else {
-            return Ok(());
-        };
+        let operation = current.in_flight.clone()?;
         let error = match &completion {
             Completion::Failed { error, .. } => Some(error.clone()),
             _ => None,
@@ -461,25 +542,15 @@ impl Owner {
         if counted && let Some(holder) = self.sessions.get_mut(&*item.item_type) {
             holder.in_flight = holder.in_flight.saturating_sub(1);
         }
-        let passed = self
-            .pass_with(
-                Scope::Items(BTreeSet::from([item.clone()])),
-                vec![(item.clone(), value)],
-                None,
-            )
-            .await;
-        if let Err(error) = passed {
-            if counted && let Some(holder) = self.sessions.get_mut(&*item.item_type) {
-                holder.in_flight += 1;
-            }
-            // Not durable: no ack; the agent resends the result.
-            return Err(error);
-        }
-        self.log
-            .ended(&operation.op_id, operation.attempt, now, error);
-        self.operations.remove(&operation.op_id);
-        self.send_to_session(session_id, ack);
-        Ok(())
+        Some(AcceptedResult {
+            session_id,
+            item,
+            op_id: operation.op_id,
+            attempt: operation.attempt,
+            value,
+            error,
+            counted,
+        })
     }
 
     /// Commits the end of `item`'s in-flight operation.
