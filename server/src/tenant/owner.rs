@@ -601,7 +601,6 @@ impl Owner {
                 seeds
             }
         };
-        seeds.extend(self.take_undispatched_with_room());
 
         // Plan on the state with `pending` applied, then put it back: the
         // commit below applies everything, counts included, in one go.
@@ -610,6 +609,8 @@ impl Owner {
             .map(|(key, _)| (key.clone(), self.state.current.get(key).cloned()))
             .collect();
         apply_updates(&mut self.state.current, pending.clone());
+        self.recount_in_flight();
+        seeds.extend(self.take_undispatched_with_room());
         let saved_intent = intent
             .as_ref()
             .map(|change| self.apply_intent_tentatively(change));

@@ -5,7 +5,7 @@
 //! journaled (its in-flight record stored) before it is sent, and a result
 //! is stored before it is acknowledged.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use rand::Rng;
@@ -120,6 +120,32 @@ impl Owner {
             .collect();
         for (key, value) in clamped {
             self.state.current.insert(key, value);
+        }
+    }
+
+    /// Recomputes each session's operations in flight from the items'
+    /// journaled operations, and forgets index entries of operations that
+    /// are no longer any item's (so counts cannot drift, whatever path an
+    /// operation ended on).
+    pub(super) fn recount_in_flight(&mut self) {
+        let current = &self.state.current;
+        self.operations.retain(|op_id, item| {
+            current
+                .get(item)
+                .and_then(|c| c.in_flight.as_ref())
+                .is_some_and(|operation| &operation.op_id == op_id)
+        });
+        let mut counts: HashMap<&str, usize> = HashMap::new();
+        for item in self.operations.values() {
+            if current
+                .get(item)
+                .is_some_and(|c| c.state != ItemState::Unknown)
+            {
+                *counts.entry(&*item.item_type).or_default() += 1;
+            }
+        }
+        for (item_type, holder) in &mut self.sessions {
+            holder.in_flight = counts.get(item_type.as_str()).copied().unwrap_or(0);
         }
     }
 
