@@ -138,6 +138,17 @@ impl RawAgent {
     }
 }
 
+/// A fresh server with tenant `acme`: the server (kept alive by the caller),
+/// a channel, and the tenant's token.
+async fn acme() -> (ServerProcess, tonic::transport::Channel, String) {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("starts");
+    let channel = server.channel().await.expect("connects");
+    let token = create_tenant(&channel, &server.admin_token(), "acme").await;
+    (server, channel, token)
+}
+
 fn label(request: &v1::OperationRequest) -> String {
     let kind = v1::OperationKind::try_from(request.operation)
         .map(|k| k.as_str_name().to_string())
@@ -155,11 +166,7 @@ fn label(request: &v1::OperationRequest) -> String {
 
 #[tokio::test]
 async fn an_agent_registers_receives_operations_in_dependency_order_and_gets_acks() {
-    let server = ServerProcess::start(ServerOptions::default())
-        .await
-        .expect("starts");
-    let channel = server.channel().await.expect("connects");
-    let token = create_tenant(&channel, &server.admin_token(), "acme").await;
+    let (_server, channel, token) = acme().await;
     let mut agent = connect(
         &channel,
         &token,
@@ -226,11 +233,7 @@ async fn an_agent_registers_receives_operations_in_dependency_order_and_gets_ack
 
 #[tokio::test]
 async fn an_unknown_protocol_version_and_a_held_type_are_refused() {
-    let server = ServerProcess::start(ServerOptions::default())
-        .await
-        .expect("starts");
-    let channel = server.channel().await.expect("connects");
-    let token = create_tenant(&channel, &server.admin_token(), "acme").await;
+    let (_server, channel, token) = acme().await;
 
     let refused = match connect(&channel, &token, register("acme", "a", &["dir"], 99)).await {
         Err(status) => status,
@@ -270,11 +273,7 @@ async fn an_unknown_protocol_version_and_a_held_type_are_refused() {
 
 #[tokio::test]
 async fn a_type_that_asks_gets_a_needs_recreate_question_and_a_yes_recreates_the_item() {
-    let server = ServerProcess::start(ServerOptions::default())
-        .await
-        .expect("starts");
-    let channel = server.channel().await.expect("connects");
-    let token = create_tenant(&channel, &server.admin_token(), "acme").await;
+    let (_server, channel, token) = acme().await;
     let mut first = register("acme", "agent-1", &["disk"], 1);
     if let Some(v1::agent_message::Message::Register(register)) = first.message.as_mut() {
         register.item_types[0].ask_needs_recreate = true;
@@ -332,11 +331,7 @@ async fn a_type_that_asks_gets_a_needs_recreate_question_and_a_yes_recreates_the
 
 #[tokio::test]
 async fn a_late_result_from_an_older_epoch_changes_nothing_and_the_operation_is_redelivered() {
-    let server = ServerProcess::start(ServerOptions::default())
-        .await
-        .expect("starts");
-    let channel = server.channel().await.expect("connects");
-    let token = create_tenant(&channel, &server.admin_token(), "acme").await;
+    let (_server, channel, token) = acme().await;
     // The old session keeps "file", so it stays open after losing "dir".
     let mut old = connect(
         &channel,
@@ -400,11 +395,7 @@ async fn a_late_result_from_an_older_epoch_changes_nothing_and_the_operation_is_
 
 #[tokio::test]
 async fn a_wait_answer_asks_again_later_without_counting_an_attempt() {
-    let server = ServerProcess::start(ServerOptions::default())
-        .await
-        .expect("starts");
-    let channel = server.channel().await.expect("connects");
-    let token = create_tenant(&channel, &server.admin_token(), "acme").await;
+    let (_server, channel, token) = acme().await;
     let mut agent = connect(&channel, &token, register("acme", "agent-1", &["dir"], 1))
         .await
         .expect("registers");
