@@ -58,13 +58,24 @@ fn log_migrations(report: &MigrationReport) {
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let admin = Arc::new(AdminToken::load_or_generate(&config)?);
     let store = open_store(&config)?;
+    let metrics = Arc::new(crate::metrics::Metrics::default());
     let settings = OwnerSettings {
         configurator_grace: config.configurator_grace,
         resync_interval: config.resync_interval,
         cancel_timeout: config.cancel_timeout,
+        metrics: metrics.clone(),
         ..OwnerSettings::default()
     };
-    let directory = TenantDirectory::load(store, settings)?;
+    let directory = TenantDirectory::load(store.clone(), settings)?;
+    if let Some(listen) = config.metrics_listen {
+        let (metrics, directory) = (metrics.clone(), directory.clone());
+        tokio::spawn(async move {
+            if let Err(error) = crate::metrics::serve(listen, metrics, directory, store).await {
+                tracing::error!(%error, addr = %listen, "The metrics endpoint stopped; check --metrics-listen.");
+            }
+        });
+        info!(addr = %listen, "Metrics endpoint listening.");
+    }
     info!(tenants = directory.len(), "Tenants loaded.");
 
     let context = ApiContext {

@@ -38,6 +38,8 @@ pub struct OwnerSettings {
     /// How long a cancelled operation may take to report before its outcome
     /// is considered unknown.
     pub cancel_timeout: Duration,
+    /// Where passes and operations are counted.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Default for OwnerSettings {
@@ -47,6 +49,7 @@ impl Default for OwnerSettings {
             configurator_grace: Duration::from_secs(300),
             resync_interval: Duration::from_secs(600),
             cancel_timeout: Duration::from_secs(60),
+            metrics: Arc::default(),
         }
     }
 }
@@ -588,6 +591,7 @@ impl Owner {
         pending: CurrentUpdates,
         intent: Option<IntentChange>,
     ) -> Result<Plan, TenantError> {
+        let started = std::time::Instant::now();
         let now = now_ms();
         let mut seeds = match scope {
             Scope::Full => self.state.unconverged.clone(),
@@ -682,6 +686,7 @@ impl Owner {
         }
         self.send_dispatched(starts, now);
         self.publish();
+        self.settings.metrics.pass(started.elapsed().as_secs_f64());
         Ok(plan)
     }
 

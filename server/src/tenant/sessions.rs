@@ -30,6 +30,9 @@ use super::state::scan_all;
 
 /// A result that changes state, waiting for its commit.
 struct AcceptedResult {
+    kind: OperationKind,
+    outcome: &'static str,
+    started_ms: u64,
     session_id: u64,
     item: ItemRef,
     op_id: String,
@@ -446,6 +449,10 @@ impl Owner {
             return Err(error);
         }
         for result in accepted {
+            let seconds = now.saturating_sub(result.started_ms) as f64 / 1e3;
+            self.settings
+                .metrics
+                .finished(result.kind, result.outcome, seconds);
             self.log
                 .ended(&result.op_id, result.attempt, now, result.error.clone());
             self.operations.remove(&result.op_id);
@@ -558,6 +565,15 @@ impl Owner {
             }
         };
         let operation = current.in_flight.clone()?;
+        let outcome = match &completion {
+            Completion::Done { .. }
+            | Completion::Read { .. }
+            | Completion::Answered { .. }
+            | Completion::Vanished => "done",
+            Completion::Failed { .. } => "failed",
+            Completion::Wait { .. } => "wait",
+            Completion::Lost => "lost",
+        };
         let error = match &completion {
             Completion::Failed { error, .. } => Some(error.clone()),
             _ => None,
@@ -569,6 +585,9 @@ impl Owner {
             holder.in_flight = holder.in_flight.saturating_sub(1);
         }
         Some(AcceptedResult {
+            kind: operation.kind,
+            outcome,
+            started_ms: operation.started_at_ms,
             session_id,
             item,
             op_id: operation.op_id,
@@ -769,6 +788,7 @@ impl Owner {
                 .current
                 .get(&item)
                 .and_then(|c| c.last_error.clone());
+            self.settings.metrics.dispatched(in_flight.kind);
             self.log.started(
                 item.clone(),
                 in_flight.kind,

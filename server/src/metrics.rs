@@ -1,0 +1,218 @@
+//! Prometheus metrics: counters kept in atomics by the engine, exposed in
+//! the text exposition format on `--metrics-listen`. No per-tenant labels:
+//! label values are bounded (operation kinds, outcomes, states).
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tracing::{debug, warn};
+
+use crate::graph::OperationKind;
+use crate::store::Store;
+use crate::tenant::TenantDirectory;
+
+/// Upper bounds (seconds) of the pass duration histogram.
+const PASS_BUCKETS: [f64; 8] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
+
+const KINDS: [OperationKind; 4] = [
+    OperationKind::Create,
+    OperationKind::Modify,
+    OperationKind::Delete,
+    OperationKind::Read,
+];
+const OUTCOMES: [&str; 5] = ["done", "failed", "wait", "lost", "other"];
+
+/// The server's counters.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    passes: AtomicU64,
+    pass_micros: AtomicU64,
+    pass_buckets: [AtomicU64; PASS_BUCKETS.len()],
+    dispatched: [AtomicU64; KINDS.len()],
+    finished: [[AtomicU64; OUTCOMES.len()]; KINDS.len()],
+    operation_micros: AtomicU64,
+}
+
+fn kind_index(kind: OperationKind) -> usize {
+    KINDS.iter().position(|k| *k == kind).unwrap_or(0)
+}
+
+impl Metrics {
+    /// Records one reconcile pass and how long it took.
+    pub fn pass(&self, seconds: f64) {
+        self.passes.fetch_add(1, Ordering::Relaxed);
+        self.pass_micros
+            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+        for (bound, bucket) in PASS_BUCKETS.iter().zip(&self.pass_buckets) {
+            if seconds <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Records dispatched operations.
+    pub fn dispatched(&self, kind: OperationKind) {
+        self.dispatched[kind_index(kind)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records a finished operation with its outcome ("done", "failed",
+    /// "wait", "lost") and how long it ran.
+    pub fn finished(&self, kind: OperationKind, outcome: &str, seconds: f64) {
+        let outcome = OUTCOMES
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or(OUTCOMES.len() - 1);
+        self.finished[kind_index(kind)][outcome].fetch_add(1, Ordering::Relaxed);
+        self.operation_micros
+            .fetch_add((seconds.max(0.0) * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    /// The exposition text, with gauges read from the tenants and the store.
+    pub fn render(&self, directory: &TenantDirectory, store: &dyn Store) -> String {
+        let mut out = String::new();
+        let get = |value: &AtomicU64| value.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "# HELP reconciled_reconcile_passes_total Reconcile passes run.\n# TYPE reconciled_reconcile_passes_total counter"
+        );
+        let _ = writeln!(
+            out,
+            "reconciled_reconcile_passes_total {}",
+            get(&self.passes)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP reconciled_reconcile_pass_seconds Duration of reconcile passes.\n# TYPE reconciled_reconcile_pass_seconds histogram"
+        );
+        for (bound, bucket) in PASS_BUCKETS.iter().zip(&self.pass_buckets) {
+            let _ = writeln!(
+                out,
+                "reconciled_reconcile_pass_seconds_bucket{{le=\"{bound}\"}} {}",
+                get(bucket)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "reconciled_reconcile_pass_seconds_bucket{{le=\"+Inf\"}} {}",
+            get(&self.passes)
+        );
+        let _ = writeln!(
+            out,
+            "reconciled_reconcile_pass_seconds_sum {}",
+            get(&self.pass_micros) as f64 / 1e6
+        );
+        let _ = writeln!(
+            out,
+            "reconciled_reconcile_pass_seconds_count {}",
+            get(&self.passes)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP reconciled_operations_dispatched_total Operations sent to agents.\n# TYPE reconciled_operations_dispatched_total counter"
+        );
+        for (kind, counter) in KINDS.iter().zip(&self.dispatched) {
+            let _ = writeln!(
+                out,
+                "reconciled_operations_dispatched_total{{kind=\"{}\"}} {}",
+                kind.as_str(),
+                get(counter)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP reconciled_operations_total Operations finished, by kind and outcome.\n# TYPE reconciled_operations_total counter"
+        );
+        for (kind, row) in KINDS.iter().zip(&self.finished) {
+            for (outcome, counter) in OUTCOMES.iter().zip(row) {
+                let _ = writeln!(
+                    out,
+                    "reconciled_operations_total{{kind=\"{}\",outcome=\"{outcome}\"}} {}",
+                    kind.as_str(),
+                    get(counter)
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP reconciled_operation_seconds_sum Total run time of finished operations.\n# TYPE reconciled_operation_seconds_sum counter"
+        );
+        let _ = writeln!(
+            out,
+            "reconciled_operation_seconds_sum {}",
+            get(&self.operation_micros) as f64 / 1e6
+        );
+
+        let mut by_state: std::collections::BTreeMap<&'static str, u64> = Default::default();
+        let (mut in_flight, mut tenants) = (0u64, 0u64);
+        for handle in directory.list(None, usize::MAX) {
+            let snapshot = handle.snapshots.latest();
+            tenants += 1;
+            in_flight += snapshot.in_flight as u64;
+            for (state, count) in snapshot.counts.by_state() {
+                *by_state.entry(state).or_default() += count;
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP reconciled_items Items by state, all tenants.\n# TYPE reconciled_items gauge"
+        );
+        for (state, count) in by_state {
+            let _ = writeln!(out, "reconciled_items{{state=\"{state}\"}} {count}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP reconciled_operations_in_flight Operations in flight (queue depth at the agents).\n# TYPE reconciled_operations_in_flight gauge\nreconciled_operations_in_flight {in_flight}"
+        );
+        let _ = writeln!(
+            out,
+            "# HELP reconciled_tenants Live tenants.\n# TYPE reconciled_tenants gauge\nreconciled_tenants {tenants}"
+        );
+        let size = store.size_on_disk().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "# HELP reconciled_store_bytes Store size on disk.\n# TYPE reconciled_store_bytes gauge\nreconciled_store_bytes {size}"
+        );
+        out
+    }
+}
+
+/// Serves `GET /metrics` on `listen` until the task is dropped.
+pub async fn serve(
+    listen: SocketAddr,
+    metrics: Arc<Metrics>,
+    directory: Arc<TenantDirectory>,
+    store: Arc<dyn Store>,
+) -> std::io::Result<()> {
+    let listener = TcpListener::bind(listen).await?;
+    debug!(addr = %listen, "Metrics endpoint listening.");
+    loop {
+        let (mut stream, _) = listener.accept().await?;
+        let (metrics, directory, store) = (metrics.clone(), directory.clone(), store.clone());
+        tokio::spawn(async move {
+            let mut request = vec![0u8; 4096];
+            let read = match stream.read(&mut request).await {
+                Ok(read) => read,
+                Err(error) => {
+                    warn!(%error, "Reading a metrics request failed.");
+                    return;
+                }
+            };
+            let request = String::from_utf8_lossy(&request[..read]);
+            let response = if request.starts_with("GET /metrics") {
+                let body = metrics.render(&directory, &*store);
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            } else {
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_string()
+            };
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+    }
+}
