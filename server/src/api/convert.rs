@@ -10,6 +10,9 @@
 //! whose magnitude exceeds 2^53 becomes a string; coming in, an integral
 //! number within ±2^53 becomes a JSON integer and any other number a float.
 
+use std::sync::Arc;
+
+use imbl::OrdMap;
 use prost_types::value::Kind;
 use reconciled_proto::google::rpc;
 use reconciled_proto::json::MAX_EXACT_INTEGER;
@@ -20,8 +23,8 @@ use serde_json::{Map, Number, Value as Json};
 use crate::engine::plan::{Plan, WaitReason, WaitingItem};
 use crate::graph::validate::FieldViolation;
 use crate::graph::{
-    CurrentGraph, CurrentItem, Dependency, InFlight, IntendedGraph, IntendedItem, Item, ItemRef,
-    ItemState, OperationError, OperationKind, Properties,
+    CurrentItem, Dependency, InFlight, IntendedItem, Item, ItemRef, ItemState, OperationError,
+    OperationKind, Properties,
 };
 
 /// The deepest nesting of property values accepted from a client: the
@@ -529,7 +532,7 @@ pub fn in_flight_to_proto(operation: &InFlight) -> v1::InFlightOperation {
 /// Deletes is visible). The counts cover every operation, `blocked` counts
 /// every waiting item, and `truncated` is set when anything was left out.
 /// Waiting items carry only what the plan knows (identity, pending
-/// operation, reason, blocked by); [`plan_to_proto_with_graphs`] adds their
+/// operation, reason, blocked by); [`plan_to_proto_with_items`] adds their
 /// state.
 pub fn plan_to_proto(plan: &Plan, limit: usize) -> v1::Plan {
     plan_with_waiting_status(plan, limit, |waiting| {
@@ -538,12 +541,13 @@ pub fn plan_to_proto(plan: &Plan, limit: usize) -> v1::Plan {
 }
 
 /// Like [`plan_to_proto`], with each waiting item's full status taken from
-/// the graphs the plan was made from.
-pub fn plan_to_proto_with_graphs(
+/// the items the plan was made from (e.g. a tenant snapshot's maps, or
+/// `IntendedGraph::snapshot()` / `CurrentGraph::snapshot()`).
+pub fn plan_to_proto_with_items(
     plan: &Plan,
     limit: usize,
-    intended: &IntendedGraph,
-    current: &CurrentGraph,
+    intended: &OrdMap<ItemRef, Arc<IntendedItem>>,
+    current: &OrdMap<ItemRef, Arc<CurrentItem>>,
 ) -> v1::Plan {
     plan_with_waiting_status(plan, limit, |waiting| {
         item_status(
@@ -1068,16 +1072,16 @@ mod tests {
 
     #[test]
     fn plans_with_graphs_show_the_state_of_waiting_items() {
-        let mut current = CurrentGraph::default();
+        let mut current = crate::graph::CurrentGraph::default();
         let mut failed = CurrentItem::creating(in_flight(OperationKind::Create));
         failed.state = ItemState::Failed;
         failed.in_flight = None;
         current.insert(ItemRef::new("t", "w1"), failed);
-        let plan = plan_to_proto_with_graphs(
+        let plan = plan_to_proto_with_items(
             &sample_plan(),
             PLAN_LIMIT,
-            &IntendedGraph::default(),
-            &current,
+            &crate::graph::IntendedGraph::default().snapshot(),
+            &current.snapshot(),
         );
         assert_eq!(plan.waiting[0].state(), v1::ItemState::Failed);
         assert_eq!(plan.waiting[1].state(), v1::ItemState::Pending);

@@ -14,7 +14,7 @@ use tracing::instrument;
 
 use std::time::Duration;
 
-use crate::engine::plan::{Plan, WaitReason};
+use crate::engine::plan::WaitReason;
 use crate::graph::ItemState;
 use crate::graph::validate::{FieldViolation, validate_items, validate_name};
 use crate::graph::{ItemRef, subgraph_contains};
@@ -26,7 +26,7 @@ use super::context::{ApiContext, invalid};
 use super::convert::{
     duration_to_ms, intended_item_to_proto, item_from_proto_at, item_ref_from_proto,
     item_ref_to_proto, item_status, operation_error_to_status, operation_kind_to_proto,
-    plan_to_proto, timestamp_from_ms,
+    plan_to_proto_with_items, timestamp_from_ms,
 };
 use super::paging::PageToken;
 use super::status::ApiError;
@@ -69,13 +69,17 @@ impl Reconciler for ReconcilerService {
         let handle = self.context.tenant(caller, &request.tenant)?;
         let validated = self.validate_submit(request)?;
         let outcome = handle.submit(validated).await.map_err(ApiError::from)?;
+        let snapshot = handle.snapshots.latest();
+        let plan = plan_to_proto_with_items(
+            &outcome.plan,
+            SHOWN_OPERATIONS,
+            &snapshot.intended,
+            &snapshot.current,
+        );
         Ok(Response::new(v1::SubmitIntentResponse {
             generation: outcome.generation,
             changed: outcome.changed,
-            plan: Some(plan_with_snapshot(
-                &outcome.plan,
-                &handle.snapshots.latest(),
-            )),
+            plan: Some(plan),
             revision: outcome.revision,
         }))
     }
@@ -354,20 +358,6 @@ impl ReconcilerService {
             Err(ApiError::invalid_argument(violations))
         }
     }
-}
-
-/// A plan as a proto message, waiting items with their full status.
-fn plan_with_snapshot(plan: &Plan, snapshot: &TenantSnapshot) -> v1::Plan {
-    let mut shown = plan_to_proto(plan, SHOWN_OPERATIONS);
-    for (status, waiting) in shown.waiting.iter_mut().zip(&plan.waiting) {
-        *status = item_status(
-            &waiting.item,
-            snapshot.current.get(&waiting.item).map(AsRef::as_ref),
-            snapshot.intended.get(&waiting.item).map(AsRef::as_ref),
-            Some(waiting),
-        );
-    }
-    shown
 }
 
 /// How far a Reconcile's scope got.

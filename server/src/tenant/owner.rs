@@ -673,13 +673,11 @@ impl Owner {
         let mut writes = pending;
         writes.extend(bookkeeping);
         writes.extend(journal);
-        if (!writes.is_empty() || record.is_some())
-            && let Err(error) = self
-                .commit_current_updates_with(writes, record, intent_writes)
-                .await
-        {
-            self.undo_dispatch(&starts);
-            return Err(error);
+        if !writes.is_empty() || record.is_some() {
+            // On error nothing changed; the next pass recounts the room the
+            // picked operations took.
+            self.commit_current_updates_with(writes, record, intent_writes)
+                .await?;
         }
         if let Some(change) = &intent {
             self.apply_intent(change);

@@ -39,7 +39,6 @@ struct AcceptedResult {
     attempt: u32,
     value: Option<CurrentItem>,
     error: Option<OperationError>,
-    counted: bool,
 }
 
 impl AcceptedResult {
@@ -211,7 +210,8 @@ impl Owner {
                 epoch,
             });
         }
-        self.commit_writes(Vec::new(), batch).await?;
+        self.commit_current_updates_with(Vec::new(), None, batch)
+            .await?;
 
         let types: HashSet<String> = registration
             .types
@@ -219,7 +219,6 @@ impl Owner {
             .map(|s| s.item_type.clone())
             .collect();
         for (spec, grant) in registration.types.into_iter().zip(&grants) {
-            let in_flight = self.count_in_flight(&spec.item_type);
             self.state
                 .type_rules
                 .insert(spec.item_type.clone(), spec.rules());
@@ -230,7 +229,7 @@ impl Owner {
                 Holder {
                     link: registration.link.clone(),
                     epoch: grant.epoch,
-                    in_flight,
+                    in_flight: 0,
                 },
             );
         }
@@ -243,20 +242,6 @@ impl Owner {
         self.redeliver_lost(&types).await?;
         self.pass(Scope::Full).await?;
         Ok(grants)
-    }
-
-    /// Operations of `item_type` currently running on an agent.
-    fn count_in_flight(&self, item_type: &str) -> usize {
-        self.operations
-            .values()
-            .filter(|item| &*item.item_type == item_type)
-            .filter(|item| {
-                self.state
-                    .current
-                    .get(item)
-                    .is_some_and(|c| c.in_flight.is_some() && c.state != ItemState::Unknown)
-            })
-            .count()
     }
 
     /// Sends lost operations of `types` again, with the same op id and
@@ -342,10 +327,9 @@ impl Owner {
             self.operations.remove(&op_id);
         }
         for (item, operation) in orders {
-            let Some(holder) = self.sessions.get_mut(&*item.item_type) else {
+            let Some(holder) = self.sessions.get(&*item.item_type) else {
                 continue;
             };
-            holder.in_flight += 1;
             let order = order_for(&self.state.current, &item, &operation, holder.epoch);
             if let Some(order) = order {
                 let _ = holder.link.sender.send(ToAgent::Operation(order));
@@ -427,7 +411,6 @@ impl Owner {
                 if accepted.iter().any(|other| other.item == result.item) {
                     // The same operation reported twice in one batch.
                     self.send_to_session(result.session_id, result.ack());
-                    self.undo_count(&result);
                     continue;
                 }
                 accepted.push(result);
@@ -441,13 +424,8 @@ impl Owner {
             .iter()
             .map(|result| (result.item.clone(), result.value.clone()))
             .collect();
-        if let Err(error) = self.pass_with(Scope::Items(items), pending, None).await {
-            for result in &accepted {
-                self.undo_count(result);
-            }
-            // Not durable: no ack; the agents resend their results.
-            return Err(error);
-        }
+        // Not durable on error: no ack; the agents resend their results.
+        self.pass_with(Scope::Items(items), pending, None).await?;
         for result in accepted {
             let seconds = now.saturating_sub(result.started_ms) as f64 / 1e3;
             self.settings
@@ -459,15 +437,6 @@ impl Owner {
             self.send_to_session(result.session_id, result.ack());
         }
         Ok(())
-    }
-
-    /// Gives back the in-flight slot an accepted result freed.
-    fn undo_count(&mut self, result: &AcceptedResult) {
-        if result.counted
-            && let Some(holder) = self.sessions.get_mut(&*result.item.item_type)
-        {
-            holder.in_flight += 1;
-        }
     }
 
     /// Checks one result against the item's in-flight operation. Results
@@ -579,11 +548,6 @@ impl Owner {
             _ => None,
         };
         let value = completed(&self.state.current, &current, completion);
-        // An operation whose outcome was unknown no longer counts as in flight.
-        let counted = current.state != ItemState::Unknown;
-        if counted && let Some(holder) = self.sessions.get_mut(&*item.item_type) {
-            holder.in_flight = holder.in_flight.saturating_sub(1);
-        }
         Some(AcceptedResult {
             kind: operation.kind,
             outcome,
@@ -594,7 +558,6 @@ impl Owner {
             attempt: operation.attempt,
             value,
             error,
-            counted,
         })
     }
 
@@ -619,9 +582,6 @@ impl Owner {
         self.log
             .ended(&operation.op_id, operation.attempt, now, error);
         self.operations.remove(&operation.op_id);
-        if let Some(holder) = self.sessions.get_mut(&*item.item_type) {
-            holder.in_flight = holder.in_flight.saturating_sub(1);
-        }
         Ok(())
     }
 
@@ -697,8 +657,8 @@ impl Owner {
     /// Picks every ready operation whose type has a live session with room
     /// and prepares its journal record. Returns the operations, their
     /// journal updates, and how many ready ones had to wait for room. The
-    /// sessions' in-flight counts already include the picked operations
-    /// (see [`Owner::undo_dispatch`]).
+    /// sessions' in-flight counts include the picked operations until the
+    /// next pass recounts them from the journal.
     pub(super) fn prepare_dispatch(
         &mut self,
         plan: &Plan,
@@ -769,15 +729,6 @@ impl Owner {
             })
             .collect();
         (starts, updates, waiting_for_room)
-    }
-
-    /// Gives back the room taken by operations whose journal commit failed.
-    pub(super) fn undo_dispatch(&mut self, starts: &[(ItemRef, InFlight)]) {
-        for (item, _) in starts {
-            if let Some(holder) = self.sessions.get_mut(&*item.item_type) {
-                holder.in_flight = holder.in_flight.saturating_sub(1);
-            }
-        }
     }
 
     /// Sends journaled operations to their sessions.
@@ -1038,21 +989,7 @@ impl Owner {
         if updates.is_empty() {
             return Ok(());
         }
-        for (item, _) in &updates {
-            if let Some(holder) = self.sessions.get_mut(&*item.item_type) {
-                holder.in_flight = holder.in_flight.saturating_sub(1);
-            }
-        }
         self.commit_current_updates(updates, None).await
-    }
-
-    /// Commits `updates` plus `extra` writes with a new revision.
-    async fn commit_writes(
-        &mut self,
-        updates: CurrentUpdates,
-        extra: WriteBatch,
-    ) -> Result<(), TenantError> {
-        self.commit_current_updates_with(updates, None, extra).await
     }
 }
 

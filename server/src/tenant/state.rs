@@ -169,26 +169,6 @@ impl TenantState {
         }
     }
 
-    /// Adds the writes that store `item`'s intended and current records as
-    /// they are now (or delete them when absent).
-    pub fn write_item(&self, batch: &mut WriteBatch, item: &ItemRef) -> Result<(), TenantError> {
-        let id = self.record.id;
-        let intended_key = keys::intended_item_key(id, &item.item_type, &item.name);
-        match self.intended.get(item) {
-            Some(entry) => {
-                let stored = StoredIntended {
-                    item: (*entry.item).clone(),
-                    generation: entry.generation,
-                };
-                batch.put(intended_key, encode(&stored)?);
-            }
-            None => {
-                batch.delete(intended_key);
-            }
-        }
-        self.write_current(batch, item)
-    }
-
     /// Adds the write that stores `item`'s current record as it is now.
     pub fn write_current(&self, batch: &mut WriteBatch, item: &ItemRef) -> Result<(), TenantError> {
         self.write_current_value(batch, item, self.current.get(item).map(|c| &**c))
@@ -211,15 +191,6 @@ impl TenantState {
                 batch.delete(current_key);
             }
         }
-        Ok(())
-    }
-
-    /// Adds the write that stores the tenant record.
-    pub fn write_record(&self, batch: &mut WriteBatch) -> Result<(), TenantError> {
-        batch.put(
-            keys::tenant_record_key(self.record.id),
-            encode(&self.record)?,
-        );
         Ok(())
     }
 }
