@@ -176,12 +176,21 @@ settings! {
     shutdown_grace_secs: u64,
         env = "RECONCILED_SHUTDOWN_GRACE_SECS", default = "10", value_name = "SECS",
         help = "Seconds open streams may take to drain after SIGTERM";
-    watch_history_events: u64,
-        env = "RECONCILED_WATCH_HISTORY_EVENTS", default = "100000", value_name = "N",
-        help = "Watch events retained per tenant for resuming watchers";
+    watch_history_revisions: u64,
+        env = "RECONCILED_WATCH_HISTORY_REVISIONS", default = "100000", value_name = "N",
+        help = "Revisions whose events are retained per tenant (and in the fleet log) for resuming watchers";
     watch_history_age_secs: u64,
         env = "RECONCILED_WATCH_HISTORY_AGE_SECS", default = "3600", value_name = "SECS",
-        help = "Seconds watch events are retained per tenant";
+        help = "Seconds watch events are retained";
+    watch_ring_events: u64,
+        env = "RECONCILED_WATCH_RING_EVENTS", default = "100000", value_name = "N",
+        help = "Events a watched tenant keeps in memory; a watcher further behind is ended with RESOURCE_EXHAUSTED";
+    watch_bookmark_interval_ms: u64,
+        env = "RECONCILED_WATCH_BOOKMARK_INTERVAL_MS", default = "5000", value_name = "MS",
+        help = "Milliseconds of silence after which a watch stream gets a bookmark";
+    max_watchers_per_tenant: u64,
+        env = "RECONCILED_MAX_WATCHERS_PER_TENANT", default = "100", value_name = "N",
+        help = "Open Watch streams per tenant, for tenants whose own limit is 0";
     fsync: bool,
         env = "RECONCILED_FSYNC", default = "true", value_name = "BOOL",
         help = "Fsync every commit; `false` can lose acknowledged writes on power loss";
@@ -306,10 +315,16 @@ pub struct Config {
     pub lease: Duration,
     /// How long open streams may take to drain after SIGTERM.
     pub shutdown_grace: Duration,
-    /// Watch events retained per tenant.
-    pub watch_history_events: usize,
-    /// How long watch events are retained per tenant.
+    /// Revisions whose events are retained per tenant and in the fleet log.
+    pub watch_history_revisions: u64,
+    /// How long watch events are retained.
     pub watch_history_age: Duration,
+    /// Events a watched tenant keeps in memory for its watchers.
+    pub watch_ring_events: usize,
+    /// Silence after which a watch stream gets a bookmark.
+    pub watch_bookmark_interval: Duration,
+    /// Open Watch streams per tenant (tenants whose own limit is 0).
+    pub max_watchers_per_tenant: usize,
     /// Fsync every commit. `false` can lose acknowledged writes on power loss
     /// and is logged as a warning at start.
     pub fsync: bool,
@@ -336,8 +351,11 @@ impl Default for Config {
             heartbeat_interval: Duration::from_secs(5),
             lease: Duration::from_secs(15),
             shutdown_grace: Duration::from_secs(10),
-            watch_history_events: 100_000,
+            watch_history_revisions: 100_000,
             watch_history_age: Duration::from_secs(3600),
+            watch_ring_events: 100_000,
+            watch_bookmark_interval: Duration::from_secs(5),
+            max_watchers_per_tenant: 100,
             fsync: true,
         }
     }
@@ -591,8 +609,13 @@ impl Config {
             heartbeat_interval_secs: Some(self.heartbeat_interval.as_secs()),
             lease_secs: Some(self.lease.as_secs()),
             shutdown_grace_secs: Some(self.shutdown_grace.as_secs()),
-            watch_history_events: Some(self.watch_history_events as u64),
+            watch_history_revisions: Some(self.watch_history_revisions),
             watch_history_age_secs: Some(self.watch_history_age.as_secs()),
+            watch_ring_events: Some(self.watch_ring_events as u64),
+            watch_bookmark_interval_ms: Some(
+                u64::try_from(self.watch_bookmark_interval.as_millis()).unwrap_or(u64::MAX),
+            ),
+            max_watchers_per_tenant: Some(self.max_watchers_per_tenant as u64),
             fsync: Some(self.fsync),
         };
         match toml::to_string(&layer) {
@@ -778,16 +801,31 @@ fn resolve(
             defaults.shutdown_grace,
             true,
         )?,
-        watch_history_events: count(
-            "watch_history_events",
-            layer.watch_history_events,
-            defaults.watch_history_events,
-        )?,
+        watch_history_revisions: count(
+            "watch_history_revisions",
+            layer.watch_history_revisions,
+            defaults.watch_history_revisions as usize,
+        )? as u64,
         watch_history_age: seconds(
             "watch_history_age_secs",
             layer.watch_history_age_secs,
             defaults.watch_history_age,
             false,
+        )?,
+        watch_ring_events: count(
+            "watch_ring_events",
+            layer.watch_ring_events,
+            defaults.watch_ring_events,
+        )?,
+        watch_bookmark_interval: Duration::from_millis(count(
+            "watch_bookmark_interval_ms",
+            layer.watch_bookmark_interval_ms,
+            defaults.watch_bookmark_interval.as_millis() as usize,
+        )? as u64),
+        max_watchers_per_tenant: count(
+            "max_watchers_per_tenant",
+            layer.max_watchers_per_tenant,
+            defaults.max_watchers_per_tenant,
         )?,
         fsync: layer.fsync.unwrap_or(defaults.fsync),
     })

@@ -17,3 +17,4 @@ pub mod metrics;
 pub mod server;
 pub mod store;
 pub mod tenant;
+pub mod watch;

@@ -9,6 +9,7 @@ use reconciled_proto::v1::tenants_server::TenantsServer;
 use tonic_health::ServingStatus;
 use tracing::info;
 
+use crate::api::context::WatchSettings;
 use crate::api::{ApiContext, ConfiguratorsService, ReconcilerService, TenantsService};
 use crate::auth::AdminToken;
 use crate::bootstrap::{bind, health_and_reflection, serve_until, server_builder, shutdown_signal};
@@ -16,6 +17,9 @@ use crate::config::{Config, MigrateMode};
 use crate::graph::validate::ValidationLimits;
 use crate::store::{MigrationReport, SledOptions, Store, open_and_migrate};
 use crate::tenant::{OwnerSettings, TenantDirectory};
+use crate::watch::fleet::FleetLog;
+use crate::watch::hub::CloseReason;
+use crate::watch::{FollowSettings, Retention};
 
 /// Service names reported SERVING by the health service.
 const SERVICES: [&str; 3] = [
@@ -59,11 +63,19 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let admin = Arc::new(AdminToken::load_or_generate(&config)?);
     let store = open_store(&config)?;
     let metrics = Arc::new(crate::metrics::Metrics::default());
+    let retention = Retention {
+        max_revisions: config.watch_history_revisions,
+        max_age_ms: u64::try_from(config.watch_history_age.as_millis()).unwrap_or(u64::MAX),
+    };
+    let fleet = FleetLog::load(store.clone(), retention, config.watch_ring_events)?;
     let settings = OwnerSettings {
         configurator_grace: config.configurator_grace,
         resync_interval: config.resync_interval,
         cancel_timeout: config.cancel_timeout,
         metrics: metrics.clone(),
+        event_retention: retention,
+        watch_ring_events: config.watch_ring_events,
+        fleet: Some(fleet.clone()),
         ..OwnerSettings::default()
     };
     let directory = TenantDirectory::load(store.clone(), settings)?;
@@ -88,6 +100,15 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         },
         heartbeat_interval: config.heartbeat_interval,
         lease: config.lease,
+        fleet: fleet.clone(),
+        watch: WatchSettings {
+            follow: FollowSettings {
+                bookmark_interval: config.watch_bookmark_interval,
+                message_bytes: (config.max_message_bytes / 4).clamp(64 * 1024, 4 * 1024 * 1024),
+                retry_after: std::time::Duration::from_secs(1),
+            },
+            max_watchers_per_tenant: config.max_watchers_per_tenant,
+        },
     };
     let limit = config.max_message_bytes;
     let reconciler = ReconcilerServer::new(ReconcilerService::new(context.clone()))
@@ -118,8 +139,13 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
 
     info!(%addr, data_dir = %config.data_dir.display(), "Listening.");
     println!("reconciled listening on {addr}");
+    let watched = directory.clone();
     let shutdown = async move {
         shutdown_signal().await;
+        // Open watch streams end at once (UNAVAILABLE: resume elsewhere or
+        // after the restart), so that they do not hold up the drain.
+        watched.close_watches();
+        fleet.hub.close(CloseReason::ShuttingDown);
         reporter
             .set_service_status("", ServingStatus::NotServing)
             .await;

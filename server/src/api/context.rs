@@ -10,6 +10,8 @@ use tonic::metadata::MetadataMap;
 use crate::auth::{AdminToken, Caller, authenticate};
 use crate::graph::validate::{FieldViolation, ValidationLimits};
 use crate::tenant::{DirectoryError, TenantDirectory, TenantError, TenantHandle};
+use crate::watch::FollowSettings;
+use crate::watch::fleet::FleetLog;
 
 use super::status::ApiError;
 
@@ -26,6 +28,19 @@ pub struct ApiContext {
     pub heartbeat_interval: std::time::Duration,
     /// How long a session may stay silent before it is closed.
     pub lease: std::time::Duration,
+    /// The fleet log, for `WatchFleet`.
+    pub fleet: Arc<FleetLog>,
+    /// How watch streams behave.
+    pub watch: WatchSettings,
+}
+
+/// How watch streams behave.
+#[derive(Clone, Copy, Debug)]
+pub struct WatchSettings {
+    /// Bookmarks, message sizes, slow-consumer advice.
+    pub follow: FollowSettings,
+    /// Open Watch streams per tenant whose own limit is 0.
+    pub max_watchers_per_tenant: usize,
 }
 
 impl ApiContext {

@@ -1,6 +1,8 @@
 //! The gRPC edge: the services, conversions between proto and internal
 //! types, and the one place where internal errors become `tonic::Status`.
-//! Proto types stop here; everything inward speaks the engine's own types.
+//! Proto types stop here; everything inward speaks the engine's own types,
+//! with one exception: watch events are built, stored and streamed in their
+//! wire form (see [`crate::watch`]).
 
 pub mod configurators;
 pub mod context;
@@ -10,6 +12,7 @@ pub mod reconciler;
 pub mod status;
 pub mod tenants;
 pub mod views;
+pub mod watch;
 
 pub use configurators::ConfiguratorsService;
 pub use context::ApiContext;

@@ -3,12 +3,10 @@
 
 use std::collections::BTreeSet;
 use std::ops::Bound;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use reconciled_proto::v1;
 use reconciled_proto::v1::reconciler_server::Reconciler;
-use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
@@ -55,7 +53,7 @@ impl ReconcilerService {
     }
 }
 
-type WatchStream = Pin<Box<dyn Stream<Item = Result<v1::WatchResponse, Status>> + Send>>;
+use super::watch::WatchStream;
 
 #[tonic::async_trait]
 impl Reconciler for ReconcilerService {
@@ -168,15 +166,16 @@ impl Reconciler for ReconcilerService {
 
     type WatchStream = WatchStream;
 
+    #[instrument(skip_all, fields(tenant = %request.get_ref().tenant, start_revision = request.get_ref().start_revision))]
     async fn watch(
         &self,
         request: Request<v1::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let caller = self.context.caller(request.metadata())?;
-        let _handle = self.context.tenant(caller, &request.get_ref().tenant)?;
-        Err(Status::unimplemented(
-            "Watch is not available in this build yet; poll GetStatus / GetGraph, whose replies carry the revision",
-        ))
+        let request = request.into_inner();
+        let handle = self.context.tenant(caller, &request.tenant)?;
+        let stream = super::watch::watch_tenant(&handle, &request, self.context.watch)?;
+        Ok(Response::new(stream))
     }
 
     #[instrument(skip_all, fields(tenant = %request.get_ref().tenant))]

@@ -1,10 +1,7 @@
 //! The `reconciled.v1.Tenants` admin service.
 
-use std::pin::Pin;
-
 use reconciled_proto::v1;
 use reconciled_proto::v1::tenants_server::Tenants;
-use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
@@ -32,7 +29,7 @@ impl TenantsService {
     }
 }
 
-type FleetStream = Pin<Box<dyn Stream<Item = Result<v1::WatchFleetResponse, Status>> + Send>>;
+use super::watch::FleetStream;
 
 #[tonic::async_trait]
 impl Tenants for TenantsService {
@@ -144,8 +141,8 @@ impl Tenants for TenantsService {
     ) -> Result<Response<Self::WatchFleetStream>, Status> {
         let caller = self.context.caller(request.metadata())?;
         self.context.require_admin(caller)?;
-        Err(Status::unimplemented(
-            "WatchFleet is not available in this build yet; poll ListTenants for conditions",
-        ))
+        let stream =
+            super::watch::watch_fleet(&self.context.fleet, request.get_ref(), self.context.watch)?;
+        Ok(Response::new(stream))
     }
 }

@@ -6,6 +6,7 @@
 //! 0x00 "tenant_name" 0x00 <name>              -> tenant id (u64 BE)
 //! 0x00 "purge" 0x00 <tenant id u64 BE>        -> tombstoned tenant being purged
 //! 0x00 "fleet_event" 0x00 <revision u64 BE>   -> fleet-wide event
+//! 0x00 "fleet_log"                            -> fleet log position (JSON)
 //! 0x01 <tenant id u64 BE> <kind u8> <rest>    -> a tenant's records (see RecordKind)
 //! ```
 //!
@@ -27,6 +28,7 @@ pub const TENANT_SPACE: u8 = 0x01;
 const TENANT_NAME_PREFIX: &[u8] = b"\x00tenant_name\x00";
 const PURGE_PREFIX: &[u8] = b"\x00purge\x00";
 const FLEET_EVENT_PREFIX: &[u8] = b"\x00fleet_event\x00";
+const FLEET_LOG_KEY: &[u8] = b"\x00fleet_log";
 
 /// The length of [`tenant_prefix`]: space byte and 8-byte id.
 pub const TENANT_PREFIX_LEN: usize = 9;
@@ -126,6 +128,11 @@ pub fn fleet_events_prefix() -> &'static [u8] {
     FLEET_EVENT_PREFIX
 }
 
+/// The fleet log's position: its newest revision and compaction floor.
+pub fn fleet_log_key() -> &'static [u8] {
+    FLEET_LOG_KEY
+}
+
 /// Parses a [`fleet_event_key`] back to the revision.
 pub fn parse_fleet_event_key(key: &[u8]) -> Option<u64> {
     parse_u64(key.strip_prefix(FLEET_EVENT_PREFIX)?)
@@ -195,10 +202,12 @@ pub fn parse_type_spec_key(key: &[u8]) -> Option<(u64, String)> {
     Some((tenant_id, String::from_utf8(rest.to_vec()).ok()?))
 }
 
-/// An entry of the tenant's event log.
-pub fn event_key(tenant_id: u64, revision: u64) -> Vec<u8> {
+/// A chunk of the tenant's event log: the events of one revision are
+/// stored in one or more chunks (each value stays under the store's limit).
+pub fn event_key(tenant_id: u64, revision: u64, chunk: u32) -> Vec<u8> {
     let mut key = kind_prefix(tenant_id, RecordKind::Event);
     key.extend_from_slice(&revision.to_be_bytes());
+    key.extend_from_slice(&chunk.to_be_bytes());
     key
 }
 
@@ -207,13 +216,19 @@ pub fn events_prefix(tenant_id: u64) -> Vec<u8> {
     kind_prefix(tenant_id, RecordKind::Event)
 }
 
-/// Parses an [`event_key`] back to the tenant id and the revision.
-pub fn parse_event_key(key: &[u8]) -> Option<(u64, u64)> {
+/// Parses an [`event_key`] back to the tenant id, revision and chunk.
+pub fn parse_event_key(key: &[u8]) -> Option<(u64, u64, u32)> {
     let (tenant_id, kind, rest) = split_tenant_key(key)?;
     if kind != RecordKind::Event {
         return None;
     }
-    Some((tenant_id, parse_u64(rest)?))
+    let (revision, chunk) = rest.split_first_chunk::<8>()?;
+    let chunk = <[u8; 4]>::try_from(chunk).ok()?;
+    Some((
+        tenant_id,
+        u64::from_be_bytes(*revision),
+        u32::from_be_bytes(chunk),
+    ))
 }
 
 /// A journaled operation on an item. `item_type` and `name` must be valid

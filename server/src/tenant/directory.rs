@@ -7,8 +7,12 @@ use std::sync::{Arc, RwLock};
 
 use tracing::{info, warn};
 
+use crate::api::convert::timestamp_from_ms;
+use crate::api::views::condition_to_proto;
 use crate::auth::{TokenDirectory, TokenHash, TokenKind, generate_token};
 use crate::store::{Store, WriteBatch, keys};
+use crate::watch::hub::CloseReason;
+use reconciled_proto::v1;
 
 use super::error::TenantError;
 use super::owner::{OwnerSettings, TenantHandle, now_ms};
@@ -86,6 +90,12 @@ impl TenantDirectory {
             let record: TenantRecord = decode(&record_key, &bytes)?;
             if record.deleted {
                 continue;
+            }
+            if let Some(fleet) = &directory.settings.fleet {
+                fleet.seed(
+                    &record.name,
+                    record.conditions.iter().map(condition_to_proto).collect(),
+                );
             }
             let state = TenantState::load(&*store, record)?;
             directory.start(state);
@@ -183,6 +193,7 @@ impl TenantDirectory {
             token_hash: hex(TokenHash::of(&token).as_bytes()),
             deleted: false,
             conditions: Vec::new(),
+            compact_revision: Some(0),
         };
         let mut batch = WriteBatch::new();
         batch.put(
@@ -191,7 +202,7 @@ impl TenantDirectory {
         );
         batch.put(keys::tenant_name_key(name), id.to_be_bytes().to_vec());
         batch.put(keys::tenant_record_key(id), encode(&record)?);
-        self.store.commit(batch).await.map_err(TenantError::from)?;
+        self.commit_with_fleet_event(batch, name, false).await?;
         info!(tenant = name, tenant_id = id, "Tenant created.");
         Ok((self.start(TenantState::new(record)), token))
     }
@@ -239,7 +250,8 @@ impl TenantDirectory {
         batch.put(keys::tenant_record_key(handle.id), encode(&record)?);
         batch.put(keys::purge_key(handle.id), Vec::new());
         batch.delete(keys::tenant_name_key(name));
-        self.store.commit(batch).await.map_err(TenantError::from)?;
+        self.commit_with_fleet_event(batch, name, true).await?;
+        handle.events.hub.close(CloseReason::Deleted);
         {
             let mut inner = self.write();
             inner.by_name.remove(name);
@@ -266,6 +278,39 @@ impl TenantDirectory {
                 }
             }
         });
+    }
+
+    /// Commits a tenant's creation or deletion with its fleet event.
+    async fn commit_with_fleet_event(
+        &self,
+        batch: WriteBatch,
+        name: &str,
+        deleted: bool,
+    ) -> Result<(), TenantError> {
+        let Some(fleet) = &self.settings.fleet else {
+            return Ok(self.store.commit(batch).await?);
+        };
+        let now = now_ms();
+        let event = v1::FleetEvent {
+            revision: 0,
+            tenant: name.to_string(),
+            conditions: Vec::new(),
+            time: Some(timestamp_from_ms(now)),
+            deleted,
+        };
+        let (handle, sequenced) = fleet.commit(batch, Some(event), now)?;
+        let result = handle.await;
+        if let Some((revision, event)) = sequenced {
+            fleet.settle(revision, result.is_ok().then_some(event));
+        }
+        Ok(result?)
+    }
+
+    /// Ends every open watch stream (at shutdown).
+    pub fn close_watches(&self) {
+        for handle in self.read().by_name.values() {
+            handle.events.hub.close(CloseReason::ShuttingDown);
+        }
     }
 
     /// Stops every owner (at shutdown).

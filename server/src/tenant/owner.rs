@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use reconciled_proto::v1;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -18,6 +19,10 @@ use crate::engine::plan::{Plan, PlanEnvironment, TypeRules, WaitReason, plan_ope
 use crate::engine::transition::{CurrentUpdates, apply_updates, bookkeeping_updates};
 use crate::graph::{CurrentItem, IntendedItem, Item, ItemRef};
 use crate::store::{Store, WriteBatch};
+use crate::watch::TenantEvents;
+use crate::watch::events::{ItemChange, conditions_changed, intent_changed, stamp};
+use crate::watch::fleet::FleetLog;
+use crate::watch::history::{self, Retention};
 
 use super::conditions::{Progress, compute_conditions};
 use super::error::TenantError;
@@ -40,6 +45,13 @@ pub struct OwnerSettings {
     pub cancel_timeout: Duration,
     /// Where passes and operations are counted.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// How long events are kept.
+    pub event_retention: Retention,
+    /// Events a tenant's live ring holds while it has watchers.
+    pub watch_ring_events: usize,
+    /// The fleet log, told of every change of a tenant's conditions (absent
+    /// in engine tests).
+    pub fleet: Option<Arc<FleetLog>>,
 }
 
 impl Default for OwnerSettings {
@@ -50,9 +62,15 @@ impl Default for OwnerSettings {
             resync_interval: Duration::from_secs(600),
             cancel_timeout: Duration::from_secs(60),
             metrics: Arc::default(),
+            event_retention: Retention::default(),
+            watch_ring_events: DEFAULT_RING_EVENTS,
+            fleet: None,
         }
     }
 }
+
+/// Default of [`OwnerSettings::watch_ring_events`].
+pub const DEFAULT_RING_EVENTS: usize = 100_000;
 
 /// A change of an external item's reported state.
 #[derive(Clone, Debug)]
@@ -118,6 +136,8 @@ pub struct TenantHandle {
     commands: mpsc::Sender<Command>,
     /// Published snapshots.
     pub snapshots: Arc<SnapshotHistory>,
+    /// Committed events, for watchers.
+    pub events: Arc<TenantEvents>,
     stop: CancellationToken,
 }
 
@@ -126,15 +146,23 @@ impl TenantHandle {
     pub fn spawn(state: TenantState, store: Arc<dyn Store>, settings: OwnerSettings) -> Self {
         let (commands, receiver) = mpsc::channel(256);
         let snapshots = Arc::new(SnapshotHistory::new(TenantSnapshot::capture(&state, 0)));
+        let events = Arc::new(TenantEvents::new(
+            store.clone(),
+            state.record.id,
+            state.record.events_floor(),
+            state.record.revision,
+            settings.watch_ring_events,
+        ));
         let stop = CancellationToken::new();
         let handle = Self {
             id: state.record.id,
             name: state.record.name.clone(),
             commands,
             snapshots: snapshots.clone(),
+            events: events.clone(),
             stop: stop.clone(),
         };
-        let owner = Owner::new(state, store, settings, snapshots);
+        let owner = Owner::new(state, store, settings, snapshots, events);
         tokio::spawn(owner.run(receiver, stop));
         handle
     }
@@ -279,6 +307,13 @@ pub(super) struct Owner {
     pub(super) next_resync_ms: u64,
     /// Items of READ-capable types to read back (periodic resync).
     pub(super) pending_reads: BTreeSet<ItemRef>,
+    /// Committed events, for watchers.
+    pub(super) events: Arc<TenantEvents>,
+    /// Events of the next commit that the commit cannot derive itself
+    /// (results, agents, intent changes, drift).
+    pub(super) pending_events: Vec<v1::Event>,
+    /// The time of the oldest event kept, if any is.
+    pub(super) oldest_event_ms: Option<u64>,
 }
 
 impl Owner {
@@ -287,8 +322,15 @@ impl Owner {
         store: Arc<dyn Store>,
         settings: OwnerSettings,
         snapshots: Arc<SnapshotHistory>,
+        events: Arc<TenantEvents>,
     ) -> Self {
         let log = snapshots.log();
+        let oldest_event_ms =
+            history::oldest_after(&*store, state.record.id, state.record.events_floor())
+                .unwrap_or_else(|error| {
+                    warn!(tenant = %state.record.name, %error, "Reading the event log failed.");
+                    None
+                });
         Self {
             state,
             store,
@@ -306,6 +348,9 @@ impl Owner {
             next_retry_ms: None,
             next_resync_ms: 0,
             pending_reads: BTreeSet::new(),
+            events,
+            pending_events: Vec::new(),
+            oldest_event_ms,
         }
     }
 
@@ -535,23 +580,64 @@ impl Owner {
 
     /// Commits new current values, an optional new record and `extra`
     /// writes with a new revision, then applies the values in memory.
+    ///
+    /// The commit also stores the revision's events (the pending ones, plus
+    /// what the updates and the record say: item status changes, operations
+    /// started, conditions changed), prunes the event log beyond its
+    /// retention, and tells the fleet log of changed conditions; once
+    /// durable, the events go to watchers. On error nothing changed and the
+    /// pending events are dropped.
     pub(super) async fn commit_current_updates_with(
         &mut self,
         updates: CurrentUpdates,
         record: Option<TenantRecord>,
         mut batch: WriteBatch,
     ) -> Result<(), TenantError> {
+        let now = now_ms();
         let mut record = record.unwrap_or_else(|| self.state.record.clone());
         record.revision = self.state.record.revision + 1;
+        let mut events = std::mem::take(&mut self.pending_events);
         for (key, value) in &updates {
             self.state
                 .write_current_value(&mut batch, key, value.as_ref())?;
+            ItemChange {
+                item: key,
+                before: self.state.current.get(key).map(|c| &**c),
+                after: value.as_ref(),
+                intended: self.state.intended.get(key).map(|i| &**i),
+                waiting: self.state.waiting.get(key),
+                epoch: self.sessions.get(&*key.item_type).map_or(0, |h| h.epoch),
+            }
+            .events(&mut events);
         }
+        let conditions_changed_now =
+            significant_change(&self.state.record.conditions, &record.conditions)
+                || record.observed_generation != self.state.record.observed_generation;
+        let fleet_event = if conditions_changed_now {
+            events.push(conditions_changed(
+                &record.conditions,
+                record.observed_generation,
+            ));
+            self.settings
+                .fleet
+                .as_ref()
+                .map(|_| fleet_event(&record, now))
+        } else {
+            None
+        };
+        stamp(&mut events, record.revision, now);
+        let floor = self.prune_events(&mut batch, record.revision, now)?;
+        record.compact_revision = Some(floor);
+        history::write_revision(&mut batch, record.id, record.revision, &events);
         batch.put(
             crate::store::keys::tenant_record_key(record.id),
             encode(&record)?,
         );
-        self.store.commit(batch).await?;
+        self.commit_batch(batch, fleet_event, now).await?;
+        if !events.is_empty() && self.oldest_event_ms.is_none() {
+            self.oldest_event_ms = Some(now);
+        }
+        self.events.hub.publish(record.revision, events);
         let touched: Vec<ItemRef> = updates.iter().map(|(key, _)| key.clone()).collect();
         let before: Vec<_> = touched
             .iter()
@@ -563,6 +649,63 @@ impl Owner {
         }
         self.state.record = record;
         Ok(())
+    }
+
+    /// Commits `batch` durably, through the fleet log when the tenant's
+    /// conditions changed.
+    async fn commit_batch(
+        &self,
+        batch: WriteBatch,
+        fleet_event: Option<v1::FleetEvent>,
+        now: u64,
+    ) -> Result<(), TenantError> {
+        let Some(fleet) = &self.settings.fleet else {
+            return Ok(self.store.commit(batch).await?);
+        };
+        let (handle, sequenced) = fleet.commit(batch, fleet_event, now)?;
+        let result = handle.await;
+        if let Some((revision, event)) = sequenced {
+            fleet.settle(revision, result.is_ok().then_some(event));
+        }
+        Ok(result?)
+    }
+
+    /// Adds the deletes of events beyond the retention to `batch` when the
+    /// log has outgrown it; returns the compaction floor to store.
+    fn prune_events(
+        &mut self,
+        batch: &mut WriteBatch,
+        newest: u64,
+        now: u64,
+    ) -> Result<u64, TenantError> {
+        let retention = self.settings.event_retention;
+        let floor = self.state.record.events_floor();
+        // Prune in steps, not at every commit: each step scans the log.
+        let slack = (retention.max_revisions / 16).max(1);
+        let too_many = newest.saturating_sub(floor) > retention.max_revisions + slack;
+        let too_old = self
+            .oldest_event_ms
+            .is_some_and(|oldest| oldest < now.saturating_sub(retention.max_age_ms));
+        if !too_many && !too_old {
+            return Ok(floor);
+        }
+        let pruned = history::prune(
+            &*self.store,
+            batch,
+            self.state.record.id,
+            floor,
+            newest,
+            now,
+            retention,
+        )
+        .map_err(|error| TenantError::Corrupt {
+            key: String::from("(event log)"),
+            message: error.to_string(),
+        })?;
+        // Before the deletes commit: see `watch::stream::catch_up`.
+        self.events.raise_floor(pruned.floor);
+        self.oldest_event_ms = pruned.oldest_ms;
+        Ok(pruned.floor)
     }
 
     fn environment(&self, now_ms: u64) -> Environment<'_> {
@@ -670,10 +813,16 @@ impl Owner {
         if let Some(change) = &intent {
             self.write_intent(&mut intent_writes, change)?;
         }
+        if let Some(change) = &intent {
+            self.pending_events.push(intent_changed(
+                change.generation,
+                intent_keys_list(change).iter(),
+            ));
+        }
         let mut writes = pending;
         writes.extend(bookkeeping);
         writes.extend(journal);
-        if !writes.is_empty() || record.is_some() {
+        if !writes.is_empty() || record.is_some() || !self.pending_events.is_empty() {
             // On error nothing changed; the next pass recounts the room the
             // picked operations took.
             self.commit_current_updates_with(writes, record, intent_writes)
@@ -880,6 +1029,26 @@ fn significant_change(
 /// What a tentatively applied intent change replaced: the previous
 /// entries of its items and the previous generation.
 type SavedIntent = (Vec<(ItemRef, Option<Arc<IntendedItem>>)>, u64);
+
+/// The tenant's conditions as a fleet event.
+fn fleet_event(record: &TenantRecord, now: u64) -> v1::FleetEvent {
+    v1::FleetEvent {
+        revision: 0,
+        tenant: record.name.clone(),
+        conditions: record
+            .conditions
+            .iter()
+            .map(crate::api::views::condition_to_proto)
+            .collect(),
+        time: Some(crate::api::convert::timestamp_from_ms(now)),
+        deleted: false,
+    }
+}
+
+/// Every item an intent change stores or removes, as a list.
+fn intent_keys_list(change: &IntentChange) -> Vec<ItemRef> {
+    intent_keys(change).collect()
+}
 
 /// Every item an intent change stores or removes.
 fn intent_keys(change: &IntentChange) -> impl Iterator<Item = ItemRef> + '_ {

@@ -49,6 +49,18 @@ pub struct TenantRecord {
     /// Ready / Reconciling / Stalled, as of the last pass.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The event log's compaction floor: the events of every revision
+    /// after it are kept. Absent in records written before the event log
+    /// existed; then no earlier event is kept and the floor is `revision`.
+    #[serde(default)]
+    pub compact_revision: Option<u64>,
+}
+
+impl TenantRecord {
+    /// The event log's compaction floor (see `compact_revision`).
+    pub fn events_floor(&self) -> u64 {
+        self.compact_revision.unwrap_or(self.revision)
+    }
 }
 
 /// An intended item as stored.

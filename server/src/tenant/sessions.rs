@@ -5,10 +5,11 @@
 //! journaled (its in-flight record stored) before it is sent, and a result
 //! is stored before it is acknowledged.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use rand::Rng;
+use reconciled_proto::v1;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info};
 
@@ -22,6 +23,7 @@ use crate::graph::{
     CurrentItem, InFlight, ItemRef, ItemState, OperationError, OperationKind, code,
 };
 use crate::store::{WriteBatch, keys};
+use crate::watch::events;
 
 use super::error::TenantError;
 use super::owner::{Holder, Owner, Scope, now_ms};
@@ -32,6 +34,7 @@ use super::state::scan_all;
 struct AcceptedResult {
     kind: OperationKind,
     outcome: &'static str,
+    wire_outcome: v1::Outcome,
     started_ms: u64,
     session_id: u64,
     item: ItemRef,
@@ -210,8 +213,27 @@ impl Owner {
                 epoch,
             });
         }
-        self.commit_current_updates_with(Vec::new(), None, batch)
-            .await?;
+        let mut by_epoch: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        for grant in &grants {
+            by_epoch
+                .entry(grant.epoch)
+                .or_default()
+                .push(grant.item_type.clone());
+        }
+        for (epoch, item_types) in by_epoch {
+            self.pending_events.push(events::agent_connected(
+                &registration.link.agent_id,
+                item_types,
+                epoch,
+            ));
+        }
+        if let Err(error) = self
+            .commit_current_updates_with(Vec::new(), None, batch)
+            .await
+        {
+            self.pending_events.clear();
+            return Err(error.into());
+        }
 
         let types: HashSet<String> = registration
             .types
@@ -424,8 +446,21 @@ impl Owner {
             .iter()
             .map(|result| (result.item.clone(), result.value.clone()))
             .collect();
+        for result in &accepted {
+            self.pending_events.push(events::operation_finished(
+                &result.item,
+                result.kind,
+                &result.op_id,
+                result.attempt,
+                result.wire_outcome,
+                result.error.as_ref(),
+            ));
+        }
         // Not durable on error: no ack; the agents resend their results.
-        self.pass_with(Scope::Items(items), pending, None).await?;
+        if let Err(error) = self.pass_with(Scope::Items(items), pending, None).await {
+            self.pending_events.clear();
+            return Err(error);
+        }
         for result in accepted {
             let seconds = now.saturating_sub(result.started_ms) as f64 / 1e3;
             self.settings
@@ -503,6 +538,8 @@ impl Owner {
                     let paths = crate::engine::transition::drifted_paths(applied, &observed);
                     if !paths.is_empty() {
                         info!(tenant = %self.state.record.name, item = %item, ?paths, "Drift detected; correcting it.");
+                        self.pending_events
+                            .push(events::drift_detected(&item, paths));
                     }
                 }
                 Completion::Read { observed }
@@ -543,6 +580,11 @@ impl Owner {
             Completion::Wait { .. } => "wait",
             Completion::Lost => "lost",
         };
+        let wire_outcome = match &completion {
+            Completion::Failed { .. } => v1::Outcome::Failed,
+            Completion::Wait { .. } => v1::Outcome::Wait,
+            _ => v1::Outcome::Done,
+        };
         let error = match &completion {
             Completion::Failed { error, .. } => Some(error.clone()),
             _ => None,
@@ -551,6 +593,7 @@ impl Owner {
         Some(AcceptedResult {
             kind: operation.kind,
             outcome,
+            wire_outcome,
             started_ms: operation.started_at_ms,
             session_id,
             item,
@@ -601,9 +644,20 @@ impl Owner {
         if released.is_empty() {
             return Ok(());
         }
+        let agent_id = self
+            .holder_of_session(session_id)
+            .map(|holder| holder.link.agent_id.clone())
+            .unwrap_or_default();
         for item_type in &released {
             self.sessions.remove(item_type);
         }
+        let mut released_sorted = released.clone();
+        released_sorted.sort();
+        self.pending_events.push(events::agent_disconnected(
+            &agent_id,
+            released_sorted,
+            reason,
+        ));
         info!(tenant = %self.state.record.name, types = ?released, reason, "Configurator disconnected.");
         let mut updates: CurrentUpdates = Vec::new();
         let mut touched = BTreeSet::new();
@@ -623,8 +677,10 @@ impl Owner {
             ));
             touched.insert(item.clone());
         }
-        if !updates.is_empty() {
-            self.commit_current_updates(updates, None).await?;
+        // Always a commit: the disconnection is an event of its own.
+        if let Err(error) = self.commit_current_updates(updates, None).await {
+            self.pending_events.clear();
+            return Err(error);
         }
         self.pass(Scope::Items(touched)).await?;
         Ok(())

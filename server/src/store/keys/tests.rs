@@ -9,8 +9,8 @@ fn every_key_of(tenant_id: u64) -> Vec<Vec<u8>> {
         intended_item_key(tenant_id, "interface", "eth0"),
         current_item_key(tenant_id, "interface", "eth0"),
         type_spec_key(tenant_id, "interface"),
-        event_key(tenant_id, 0),
-        event_key(tenant_id, u64::MAX),
+        event_key(tenant_id, 0, 0),
+        event_key(tenant_id, u64::MAX, u32::MAX),
         journal_key(tenant_id, "route", "default"),
         backoff_key(tenant_id, "route", "default"),
     ]
@@ -49,7 +49,10 @@ fn item_keys_round_trip_for_every_item_kind() {
 
 #[test]
 fn other_keys_round_trip() {
-    assert_eq!(parse_event_key(&event_key(65536, 42)), Some((65536, 42)));
+    assert_eq!(
+        parse_event_key(&event_key(65536, 42, 3)),
+        Some((65536, 42, 3))
+    );
     assert_eq!(
         parse_type_spec_key(&type_spec_key(7, "route")),
         Some((7, "route".to_owned()))
@@ -69,13 +72,13 @@ fn other_keys_round_trip() {
 
 #[test]
 fn parsers_reject_keys_of_other_kinds() {
-    assert_eq!(parse_item_key(&event_key(1, 1)), None);
+    assert_eq!(parse_item_key(&event_key(1, 1, 0)), None);
     assert_eq!(parse_item_key(&type_spec_key(1, "t")), None);
     assert_eq!(parse_item_key(&tenant_record_key(1)), None);
     assert_eq!(parse_item_key(schema_version_key()), None);
     assert_eq!(parse_item_key(&intended_items_prefix(1)), None);
     assert_eq!(parse_event_key(&intended_item_key(1, "t", "n")), None);
-    assert_eq!(parse_type_spec_key(&event_key(1, 1)), None);
+    assert_eq!(parse_type_spec_key(&event_key(1, 1, 0)), None);
     assert_eq!(parse_purge_key(&fleet_event_key(1)), None);
     assert_eq!(split_tenant_key(b"\x01short"), None);
 }
@@ -86,9 +89,9 @@ fn event_scans_come_out_in_revision_order() {
     let revisions = [65536, 0, u64::MAX, 256, 1, 255, 257];
     let mut batch = WriteBatch::new();
     for revision in revisions {
-        batch.put(event_key(3, revision), revision.to_be_bytes());
+        batch.put(event_key(3, revision, 0), revision.to_be_bytes());
     }
-    batch.put(event_key(4, 2), b"other tenant".to_vec());
+    batch.put(event_key(4, 2, 0), b"other tenant".to_vec());
     batch.put(current_item_key(3, "a", "b"), b"other kind".to_vec());
     store.commit_blocking(batch).expect("commit");
 

@@ -1,0 +1,226 @@
+//! Building watch events from what a tenant's commit changes.
+//!
+//! Events are built in their wire form (`reconciled.v1.Event`): the stored
+//! history is then byte for byte what watchers receive, live or resumed.
+//! The owner collects a commit's events, and [`stamp`] gives them the
+//! commit's revision and time.
+
+use std::sync::Arc;
+
+use prost::Message;
+use reconciled_proto::v1;
+use reconciled_proto::v1::event::Body;
+
+use crate::api::convert::{
+    item_ref_to_proto, item_state_to_proto, item_status, operation_error_to_status,
+    operation_kind_to_proto, timestamp_from_ms,
+};
+use crate::api::views::condition_to_proto;
+use crate::engine::plan::WaitingItem;
+use crate::graph::{CurrentItem, IntendedItem, ItemRef, OperationError, OperationKind};
+use crate::tenant::conditions::Condition;
+
+/// An item status larger than this travels without its full `status`
+/// (state and error still do): stored events stay under the store's value
+/// limit. GetGraph shows the whole status.
+const MAX_STATUS_BYTES: usize = 48 * 1024;
+
+/// Items named in an IntentChanged event at most.
+const MAX_CHANGED_REFS: usize = 100;
+
+fn event(kind: v1::EventKind, body: Body) -> v1::Event {
+    v1::Event {
+        revision: 0,
+        kind: kind.into(),
+        time: None,
+        body: Some(body),
+    }
+}
+
+/// Gives every event the commit's revision and time.
+pub fn stamp(events: &mut [v1::Event], revision: u64, time_ms: u64) {
+    let time = timestamp_from_ms(time_ms);
+    for event in events {
+        event.revision = revision;
+        event.time = Some(time);
+    }
+}
+
+/// What an item's new current value says, as events: its status changed
+/// (state, error, applied or observed value, presence), and an operation
+/// started (a new op id or attempt in flight).
+pub struct ItemChange<'a> {
+    /// The item.
+    pub item: &'a ItemRef,
+    /// Its current entry before the commit.
+    pub before: Option<&'a CurrentItem>,
+    /// Its current entry after the commit.
+    pub after: Option<&'a CurrentItem>,
+    /// Its intended entry.
+    pub intended: Option<&'a IntendedItem>,
+    /// Why it waits, if it does.
+    pub waiting: Option<&'a WaitingItem>,
+    /// The epoch of the session holding its type.
+    pub epoch: u64,
+}
+
+impl ItemChange<'_> {
+    /// Appends the events of this change to `out`.
+    pub fn events(&self, out: &mut Vec<v1::Event>) {
+        if status_differs(self.before, self.after) {
+            let mut status = self
+                .after
+                .map(|after| item_status(self.item, Some(after), self.intended, self.waiting));
+            if status
+                .as_ref()
+                .is_some_and(|status| status.encoded_len() > MAX_STATUS_BYTES)
+            {
+                status = None;
+            }
+            out.push(event(
+                v1::EventKind::ItemStatusChanged,
+                Body::ItemStatusChanged(v1::ItemStatusChanged {
+                    item: Some(item_ref_to_proto(self.item)),
+                    old_state: self
+                        .before
+                        .map_or(v1::ItemState::Unspecified, |b| item_state_to_proto(b.state))
+                        .into(),
+                    new_state: self
+                        .after
+                        .map_or(v1::ItemState::Unspecified, |a| item_state_to_proto(a.state))
+                        .into(),
+                    error: self
+                        .after
+                        .and_then(|a| a.last_error.as_ref())
+                        .map(operation_error_to_status),
+                    status,
+                }),
+            ));
+        }
+        let started = self.after.and_then(|a| a.in_flight.as_ref()).filter(|now| {
+            self.before
+                .and_then(|b| b.in_flight.as_ref())
+                .is_none_or(|was| was.op_id != now.op_id || was.attempt != now.attempt)
+        });
+        if let Some(operation) = started {
+            out.push(event(
+                v1::EventKind::OperationStarted,
+                Body::OperationStarted(v1::OperationStarted {
+                    item: Some(item_ref_to_proto(self.item)),
+                    kind: operation_kind_to_proto(operation.kind).into(),
+                    op_id: operation.op_id.clone(),
+                    attempt: operation.attempt,
+                    epoch: self.epoch,
+                }),
+            ));
+        }
+    }
+}
+
+fn status_differs(before: Option<&CurrentItem>, after: Option<&CurrentItem>) -> bool {
+    match (before, after) {
+        (None, None) => false,
+        (Some(before), Some(after)) => {
+            before.state != after.state
+                || before.last_error != after.last_error
+                || !same(&before.applied, &after.applied)
+                || !same(&before.observed, &after.observed)
+        }
+        _ => true,
+    }
+}
+
+fn same<T: PartialEq>(a: &Option<Arc<T>>, b: &Option<Arc<T>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+/// An agent reported an operation's outcome.
+pub fn operation_finished(
+    item: &ItemRef,
+    kind: OperationKind,
+    op_id: &str,
+    attempt: u32,
+    outcome: v1::Outcome,
+    error: Option<&OperationError>,
+) -> v1::Event {
+    event(
+        v1::EventKind::OperationFinished,
+        Body::OperationFinished(v1::OperationFinished {
+            item: Some(item_ref_to_proto(item)),
+            kind: operation_kind_to_proto(kind).into(),
+            op_id: op_id.to_string(),
+            attempt,
+            outcome: outcome.into(),
+            error: error.map(operation_error_to_status),
+        }),
+    )
+}
+
+/// The intent changed to `generation`; `changed` lists what changed.
+pub fn intent_changed<'a>(
+    generation: u64,
+    changed: impl ExactSizeIterator<Item = &'a ItemRef>,
+) -> v1::Event {
+    let items_changed = u32::try_from(changed.len()).unwrap_or(u32::MAX);
+    event(
+        v1::EventKind::IntentChanged,
+        Body::IntentChanged(v1::IntentChanged {
+            generation,
+            items_changed,
+            changed: changed
+                .take(MAX_CHANGED_REFS)
+                .map(item_ref_to_proto)
+                .collect(),
+        }),
+    )
+}
+
+/// The tenant's conditions changed.
+pub fn conditions_changed(conditions: &[Condition], observed_generation: u64) -> v1::Event {
+    event(
+        v1::EventKind::ConditionsChanged,
+        Body::ConditionsChanged(v1::ConditionsChanged {
+            conditions: conditions.iter().map(condition_to_proto).collect(),
+            observed_generation,
+        }),
+    )
+}
+
+/// An agent registered for `item_types` with `epoch`.
+pub fn agent_connected(agent_id: &str, item_types: Vec<String>, epoch: u64) -> v1::Event {
+    event(
+        v1::EventKind::AgentConnected,
+        Body::AgentConnected(v1::AgentConnected {
+            agent_id: agent_id.to_string(),
+            item_types,
+            epoch,
+        }),
+    )
+}
+
+/// An agent's session ended.
+pub fn agent_disconnected(agent_id: &str, item_types: Vec<String>, reason: &str) -> v1::Event {
+    event(
+        v1::EventKind::AgentDisconnected,
+        Body::AgentDisconnected(v1::AgentDisconnected {
+            agent_id: agent_id.to_string(),
+            item_types,
+            reason: reason.to_string(),
+        }),
+    )
+}
+
+/// A READ found `item` different from its applied value at `paths`.
+pub fn drift_detected(item: &ItemRef, paths: Vec<String>) -> v1::Event {
+    event(
+        v1::EventKind::DriftDetected,
+        Body::DriftDetected(v1::DriftDetected {
+            item: Some(item_ref_to_proto(item)),
+            paths,
+        }),
+    )
+}

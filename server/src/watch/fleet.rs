@@ -1,0 +1,303 @@
+//! The fleet log: one sequence of revisions across all tenants, recording
+//! every change of a tenant's conditions (and its creation and deletion),
+//! for `Tenants.WatchFleet`.
+//!
+//! A fleet event is written in the same commit as the tenant change it
+//! describes. Its revision is assigned, and the commit queued, under one
+//! lock, so revisions follow commit order. Commits of different tenants
+//! complete in that order but their owners may resume in any order; a
+//! small reorder buffer publishes them to the hub strictly in sequence.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use prost::Message;
+use reconciled_proto::v1;
+use serde::{Deserialize, Serialize};
+
+use crate::api::status::ApiError;
+use crate::store::{CommitHandle, Store, StoreError, WriteBatch, keys};
+
+use super::history::Retention;
+use super::hub::{Hub, Revision};
+use super::stream::{HistorySource, Wire};
+
+/// Fleet events read per history scan.
+const SCAN_EVENTS: usize = 256;
+
+/// The stored position of the fleet log.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+struct Position {
+    revision: u64,
+    floor: u64,
+}
+
+#[derive(Debug)]
+struct Sequencer {
+    position: Position,
+    /// Revisions kept, with their times (for retention by age).
+    kept: VecDeque<(u64, u64)>,
+}
+
+#[derive(Debug, Default)]
+struct Settled {
+    published: u64,
+    waiting: BTreeMap<u64, Option<v1::FleetEvent>>,
+    /// Each live tenant's latest fleet event, as of `published`.
+    tenants: BTreeMap<String, v1::FleetEvent>,
+}
+
+/// The fleet-wide sequence of tenant condition changes.
+pub struct FleetLog {
+    store: Arc<dyn Store>,
+    retention: Retention,
+    sequencer: Mutex<Sequencer>,
+    settled: Mutex<Settled>,
+    floor: AtomicU64,
+    /// Live fleet groups.
+    pub hub: Arc<Hub<v1::FleetEvent>>,
+}
+
+impl std::fmt::Debug for FleetLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FleetLog")
+            .field("floor", &self.floor)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl FleetLog {
+    /// Loads the log's position and the times of the events it keeps.
+    pub fn load(
+        store: Arc<dyn Store>,
+        retention: Retention,
+        ring_events: usize,
+    ) -> Result<Arc<Self>, StoreError> {
+        let position = match store.get(keys::fleet_log_key())? {
+            Some(bytes) => serde_json::from_slice(&bytes).map_err(|error| StoreError::Backend {
+                operation: "decode the fleet log position",
+                message: error.to_string(),
+            })?,
+            None => Position::default(),
+        };
+        let mut kept = VecDeque::new();
+        let mut after = keys::fleet_event_key(position.floor);
+        loop {
+            let page = store.scan(keys::fleet_events_prefix(), Some(&after), SCAN_EVENTS)?;
+            for (key, value) in &page {
+                if let (Some(revision), Ok(event)) = (
+                    keys::parse_fleet_event_key(key),
+                    v1::FleetEvent::decode(value.as_slice()),
+                ) {
+                    kept.push_back((revision, event_ms(&event)));
+                }
+            }
+            match page.last() {
+                Some((key, _)) if page.len() == SCAN_EVENTS => after = key.clone(),
+                _ => break,
+            }
+        }
+        Ok(Arc::new(Self {
+            store,
+            retention,
+            sequencer: Mutex::new(Sequencer { position, kept }),
+            settled: Mutex::new(Settled {
+                published: position.revision,
+                ..Settled::default()
+            }),
+            floor: AtomicU64::new(position.floor),
+            hub: Arc::new(Hub::new(position.revision, ring_events)),
+        }))
+    }
+
+    /// Records a live tenant's conditions at start-up (they are consistent
+    /// with the log: both are written in the same commits).
+    pub fn seed(&self, tenant: &str, conditions: Vec<v1::Condition>) {
+        let mut settled = lock(&self.settled);
+        let revision = settled.published;
+        settled.tenants.insert(
+            tenant.to_string(),
+            v1::FleetEvent {
+                revision,
+                tenant: tenant.to_string(),
+                conditions,
+                time: None,
+                deleted: false,
+            },
+        );
+    }
+
+    /// Queues `batch` for commit; with an event, the event gets the next
+    /// fleet revision and is written in the same batch. Call
+    /// [`FleetLog::settle`] with the revision once the handle resolves.
+    pub fn commit(
+        &self,
+        mut batch: WriteBatch,
+        event: Option<v1::FleetEvent>,
+        now_ms: u64,
+    ) -> Result<(CommitHandle, Option<(u64, v1::FleetEvent)>), StoreError> {
+        let Some(mut event) = event else {
+            return Ok((self.store.commit(batch), None));
+        };
+        batch.validate()?;
+        let mut sequencer = lock(&self.sequencer);
+        let revision = sequencer.position.revision + 1;
+        event.revision = revision;
+        batch.put(keys::fleet_event_key(revision), event.encode_to_vec());
+        let age_cutoff = now_ms.saturating_sub(self.retention.max_age_ms);
+        while let Some(&(oldest, time)) = sequencer.kept.front() {
+            let over = sequencer.kept.len() as u64 >= self.retention.max_revisions;
+            if !over && time >= age_cutoff {
+                break;
+            }
+            sequencer.kept.pop_front();
+            batch.delete(keys::fleet_event_key(oldest));
+            sequencer.position.floor = oldest;
+        }
+        sequencer.position.revision = revision;
+        sequencer.kept.push_back((revision, now_ms));
+        // Raised before the deletes commit: see `stream::catch_up`.
+        self.floor
+            .fetch_max(sequencer.position.floor, Ordering::SeqCst);
+        let position =
+            serde_json::to_vec(&sequencer.position).map_err(|error| StoreError::Backend {
+                operation: "encode the fleet log position",
+                message: error.to_string(),
+            })?;
+        batch.put(keys::fleet_log_key().to_vec(), position);
+        let handle = self.store.commit(batch);
+        Ok((handle, Some((revision, event))))
+    }
+
+    /// Publishes revision `revision` once every earlier one is settled:
+    /// `event` if its commit succeeded, nothing if it failed.
+    pub fn settle(&self, revision: u64, event: Option<v1::FleetEvent>) {
+        let mut settled = lock(&self.settled);
+        settled.waiting.insert(revision, event);
+        loop {
+            let next = settled.published + 1;
+            let Some(event) = settled.waiting.remove(&next) else {
+                break;
+            };
+            settled.published = next;
+            let events = match event {
+                Some(event) => {
+                    if event.deleted {
+                        settled.tenants.remove(&event.tenant);
+                    } else {
+                        settled.tenants.insert(event.tenant.clone(), event.clone());
+                    }
+                    vec![event]
+                }
+                None => Vec::new(),
+            };
+            // Under the lock: the hub sees revisions in order.
+            self.hub.publish(next, events);
+        }
+    }
+
+    /// Every live tenant's latest conditions, as of one fleet revision.
+    pub fn snapshot(&self) -> (u64, Vec<v1::FleetEvent>) {
+        let settled = lock(&self.settled);
+        (
+            settled.published,
+            settled.tenants.values().cloned().collect(),
+        )
+    }
+}
+
+fn event_ms(event: &v1::FleetEvent) -> u64 {
+    event.time.map_or(0, |time| {
+        u64::try_from(time.seconds).unwrap_or(0) * 1_000
+            + u64::try_from(time.nanos / 1_000_000).unwrap_or(0)
+    })
+}
+
+impl HistorySource<v1::FleetEvent> for FleetLog {
+    fn floor(&self) -> u64 {
+        self.floor.load(Ordering::SeqCst)
+    }
+
+    fn read(
+        &self,
+        after: u64,
+        bound: u64,
+        max: usize,
+    ) -> Result<Vec<Arc<Revision<v1::FleetEvent>>>, ApiError> {
+        let page = self
+            .store
+            .scan(
+                keys::fleet_events_prefix(),
+                Some(&keys::fleet_event_key(after)),
+                max.min(SCAN_EVENTS),
+            )
+            .map_err(|error| {
+                ApiError::internal(format!("reading the fleet log failed: {error}"))
+            })?;
+        let mut out = Vec::new();
+        for (key, value) in page {
+            let Some(revision) = keys::parse_fleet_event_key(&key) else {
+                continue;
+            };
+            if revision > bound {
+                break;
+            }
+            let event = v1::FleetEvent::decode(value.as_slice()).map_err(|error| {
+                ApiError::internal(format!("fleet event {revision} does not decode: {error}"))
+            })?;
+            out.push(Arc::new(Revision {
+                revision,
+                events: vec![event],
+            }));
+        }
+        Ok(out)
+    }
+}
+
+/// The wire form of the fleet stream (no filters).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FleetWire;
+
+impl Wire<v1::FleetEvent> for FleetWire {
+    type Message = v1::WatchFleetResponse;
+
+    fn wants(&self, _event: &v1::FleetEvent) -> bool {
+        true
+    }
+
+    fn size(&self, event: &v1::FleetEvent) -> usize {
+        event.encoded_len() + 4
+    }
+
+    fn events(
+        &self,
+        revision: u64,
+        events: Vec<v1::FleetEvent>,
+        continued: bool,
+    ) -> v1::WatchFleetResponse {
+        v1::WatchFleetResponse {
+            message: Some(v1::watch_fleet_response::Message::Events(
+                v1::FleetEventGroup {
+                    revision,
+                    events,
+                    continued,
+                },
+            )),
+        }
+    }
+
+    fn bookmark(&self, revision: u64) -> v1::WatchFleetResponse {
+        v1::WatchFleetResponse {
+            message: Some(v1::watch_fleet_response::Message::Bookmark(v1::Bookmark {
+                revision,
+            })),
+        }
+    }
+}
