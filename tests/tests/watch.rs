@@ -1,0 +1,515 @@
+//! Reconciler.Watch and Tenants.WatchFleet against the real binary: the
+//! snapshot and `Synced`, live groups, exact resumption (also across a
+//! restart), compaction, bookmarks, slow consumers, limits, and a
+//! property check with several writers and watchers that disconnect and
+//! resume at random points.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rand::Rng;
+use reconciled_client::agent::TypeSpec;
+use reconciled_tests::agents::{Recorder, RunningAgent, TestTenant, external_put};
+use reconciled_tests::api::{self, error_metadata, error_reason, item};
+use reconciled_tests::proto::v1;
+use reconciled_tests::proto::v1::event::Body;
+use reconciled_tests::watch::{Group, Watcher, event_item, events, watch_request};
+use reconciled_tests::{ServerOptions, ServerProcess};
+use serde_json::json;
+use tonic::Code;
+use tonic_types::StatusExt as _;
+
+fn kinds(group: &Group) -> Vec<v1::EventKind> {
+    group
+        .events
+        .iter()
+        .map(|event| v1::EventKind::try_from(event.kind).expect("known kind"))
+        .collect()
+}
+
+async fn tenant_with_agent(options: ServerOptions, types: &[&str]) -> (TestTenant, RunningAgent) {
+    let tenant = TestTenant::start_with(options, "acme").await;
+    let mut builder = tenant.agent("agent-1");
+    for item_type in types {
+        builder = builder.item_type(TypeSpec::new(*item_type), Recorder::new());
+    }
+    let mut agent = RunningAgent::start(builder);
+    agent.connected().await;
+    (tenant, agent)
+}
+
+#[tokio::test]
+async fn a_watch_from_zero_sends_a_snapshot_then_every_later_commit_as_one_group() {
+    let (tenant, _agent) = tenant_with_agent(ServerOptions::default(), &["t"]).await;
+    tenant
+        .submit(vec![item("t", "a", json!({"v": 1})), item("t", "b", json!({}))])
+        .await;
+    tenant.wait_until_ready().await;
+
+    let mut watcher = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 0))
+        .await
+        .expect("watch opens");
+    let synced = watcher.until(|seen| seen.synced.is_some()).await.synced;
+    let snapshot: BTreeMap<String, i32> = watcher
+        .seen
+        .snapshot
+        .iter()
+        .map(|status| {
+            let item = status.r#ref.clone().expect("ref");
+            (format!("{}/{}", item.r#type, item.name), status.state)
+        })
+        .collect();
+    let created = v1::ItemState::Created as i32;
+    assert_eq!(snapshot, BTreeMap::from([("t/a".into(), created), ("t/b".into(), created)]));
+    let synced = synced.expect("synced");
+    assert!(synced >= tenant.status().await.revision.min(synced));
+
+    let submitted = tenant
+        .submit(vec![item("t", "a", json!({"v": 2})), item("t", "b", json!({})), item("t", "c", json!({}))])
+        .await;
+    tenant.wait_until_ready().await;
+    let ready_revision = tenant.status().await.revision;
+    let seen = watcher.until_revision(ready_revision).await.clone();
+
+    // The submit's own commit is the first group after the snapshot: the
+    // intent change, with the operations it dispatched.
+    let first = &seen.groups[0];
+    assert_eq!(first.revision, submitted.revision, "{seen:#?}");
+    assert!(first.revision > synced);
+    let intent = first
+        .events
+        .iter()
+        .find_map(|event| match &event.body {
+            Some(Body::IntentChanged(changed)) => Some(changed.clone()),
+            _ => None,
+        })
+        .expect("an IntentChanged event in the submit's group");
+    assert_eq!(intent.generation, 2);
+    assert_eq!(intent.items_changed, 2, "a modified, c added: {intent:?}");
+    assert!(kinds(first).contains(&v1::EventKind::OperationStarted), "{first:#?}");
+
+    // Every operation started is finished later, and t/c ends CREATED.
+    let mut started = Vec::new();
+    let mut finished = Vec::new();
+    let mut c_states = Vec::new();
+    for event in events(&seen.groups) {
+        match &event.body {
+            Some(Body::OperationStarted(op)) => started.push(op.op_id.clone()),
+            Some(Body::OperationFinished(op)) => {
+                assert!(started.contains(&op.op_id), "finished before started: {op:?}");
+                assert_eq!(op.outcome, v1::Outcome::Done as i32);
+                finished.push(op.op_id.clone());
+            }
+            Some(Body::ItemStatusChanged(change)) if event_item(event).as_deref() == Some("t/c") => {
+                c_states.push(change.new_state);
+            }
+            _ => {}
+        }
+    }
+    started.sort();
+    finished.sort();
+    assert_eq!(started, finished, "{seen:#?}");
+    assert_eq!(started.len(), 2, "modify t/a and create t/c: {started:?}");
+    assert_eq!(c_states.last(), Some(&created), "{c_states:?}");
+    // Nothing before the snapshot's revision is repeated.
+    assert!(seen.groups.iter().all(|group| group.revision > synced));
+}
+
+/// Several writers (subgraph submits, an agent applying them, external
+/// reports) while watchers disconnect at random points and resume from the
+/// last revision they received: each sees exactly what an uninterrupted
+/// watcher saw, group for group; a filtered one sees the filtered groups.
+#[tokio::test]
+async fn resumed_watches_see_exactly_what_an_uninterrupted_watch_saw() {
+    let options = ServerOptions::default().arg("--watch-bookmark-interval-ms").arg("200");
+    let (tenant, _agent) = tenant_with_agent(options, &["a", "b"]).await;
+    let start = tenant.status().await.revision;
+    let mut reference = Watcher::open(&mut tenant.reconciler(), watch_request("acme", start))
+        .await
+        .expect("watch opens");
+
+    let mut writers = Vec::new();
+    for writer in 0..3 {
+        let client = tenant.reconciler();
+        writers.push(tokio::spawn(async move {
+            let mut client = client;
+            for round in 0..12 {
+                let subgraph = format!("w{writer}");
+                let items = (0..4)
+                    .map(|index| {
+                        let item_type = if index % 2 == 0 { "a" } else { "b" };
+                        let mut item = item(item_type, &format!("w{writer}-{index}"), json!({"round": round}));
+                        item.subgraph = subgraph.clone();
+                        item
+                    })
+                    .collect();
+                let request = v1::SubmitIntentRequest {
+                    subgraph,
+                    ..api::submit("acme", items)
+                };
+                client.submit_intent(request).await.expect("submit");
+            }
+        }));
+    }
+    let reporter = {
+        let mut client = tenant.reconciler();
+        tokio::spawn(async move {
+            for round in 0..10 {
+                client
+                    .report_external(v1::ReportExternalRequest {
+                        tenant: "acme".into(),
+                        reports: vec![external_put("ext", "x", json!({"round": round}))],
+                    })
+                    .await
+                    .expect("report");
+            }
+        })
+    };
+
+    let flaky = |filter: Vec<String>| {
+        let mut client = tenant.reconciler();
+        async move {
+            let mut groups: Vec<Group> = Vec::new();
+            let mut cursor = start;
+            let mut reconnects = 0;
+            loop {
+                let mut request = watch_request("acme", cursor);
+                request.item_types = filter.clone();
+                let mut watcher = Watcher::open(&mut client, request).await.expect("watch reopens");
+                let budget = rand::rng().random_range(1..12);
+                for _ in 0..budget {
+                    if watcher.next().await.expect("watch message").is_none() {
+                        break;
+                    }
+                }
+                groups.extend(watcher.seen.groups.drain(..));
+                cursor = watcher.seen.resume_from;
+                reconnects += 1;
+                if cursor >= u64::MAX / 2 {
+                    unreachable!();
+                }
+                if reconnects > 2_000 {
+                    panic!("too many reconnects");
+                }
+                // The final revision is known only once the writers are done.
+                if let Some(done) = FINAL.get()
+                    && cursor >= *done
+                {
+                    return (groups, reconnects);
+                }
+            }
+        }
+    };
+    static FINAL: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let whole = tokio::spawn(flaky(Vec::new()));
+    let filtered = tokio::spawn(flaky(vec!["a".to_string()]));
+
+    for writer in writers {
+        writer.await.expect("writer");
+    }
+    reporter.await.expect("reporter");
+    tenant.wait_until_quiescent().await;
+    let last = tenant.status().await.revision;
+    FINAL.set(last).expect("set once");
+    let reference = reference.until_revision(last).await.groups.clone();
+    let (whole, whole_reconnects) = whole.await.expect("flaky watcher");
+    let (filtered, _) = filtered.await.expect("filtered watcher");
+
+    assert!(reference.len() > 20, "enough activity to matter: {}", reference.len());
+    assert!(whole_reconnects > 3, "the watcher did reconnect: {whole_reconnects}");
+    let until_last = |groups: Vec<Group>| -> Vec<Group> {
+        groups.into_iter().filter(|group| group.revision <= last).collect()
+    };
+    assert_eq!(until_last(whole), reference);
+    let expected_filtered: Vec<Group> = reference
+        .iter()
+        .filter_map(|group| {
+            let events: Vec<v1::Event> = group
+                .events
+                .iter()
+                .filter(|event| match &event.body {
+                    Some(Body::IntentChanged(_)) | Some(Body::ConditionsChanged(_)) => true,
+                    Some(Body::AgentConnected(a)) => a.item_types.iter().any(|t| t == "a"),
+                    Some(Body::AgentDisconnected(a)) => a.item_types.iter().any(|t| t == "a"),
+                    _ => event_item(event).is_some_and(|item| item.starts_with("a/")),
+                })
+                .cloned()
+                .collect();
+            (!events.is_empty()).then_some(Group {
+                revision: group.revision,
+                events,
+            })
+        })
+        .collect();
+    assert_eq!(until_last(filtered), expected_filtered);
+}
+
+#[tokio::test]
+async fn history_survives_a_restart_and_resumes_exactly_after_any_revision() {
+    let (mut tenant, agent) = tenant_with_agent(ServerOptions::default(), &["t"]).await;
+    for round in 0..3 {
+        tenant.submit(vec![item("t", "a", json!({"round": round})), item("t", "b", json!({}))]).await;
+        tenant.wait_until_ready().await;
+    }
+    let last = tenant.status().await.revision;
+    let mut before = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 1))
+        .await
+        .expect("watch opens");
+    let before = before.until_revision(last).await.groups.clone();
+    assert!(before.len() >= 6, "{before:#?}");
+    agent.stop().await.expect("agent stops");
+
+    tenant.server.restart().await.expect("restarts");
+    tenant.channel = tenant.server.channel().await.expect("connects");
+    let mut after = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 1))
+        .await
+        .expect("watch opens after the restart");
+    let after_groups: Vec<Group> = after
+        .until_revision(last)
+        .await
+        .groups
+        .iter()
+        .filter(|group| group.revision <= last)
+        .cloned()
+        .collect();
+    assert_eq!(after_groups, before);
+
+    let middle = before[before.len() / 2].revision;
+    let mut resumed = Watcher::open(&mut tenant.reconciler(), watch_request("acme", middle))
+        .await
+        .expect("watch opens");
+    let resumed: Vec<Group> = resumed
+        .until_revision(last)
+        .await
+        .groups
+        .iter()
+        .filter(|group| group.revision <= last)
+        .cloned()
+        .collect();
+    let expected: Vec<Group> = before.into_iter().filter(|group| group.revision > middle).collect();
+    assert_eq!(resumed, expected);
+}
+
+#[tokio::test]
+async fn a_revision_older_than_the_history_is_out_of_range_with_the_compact_revision() {
+    let options = ServerOptions::default().arg("--watch-history-revisions").arg("3");
+    let tenant = TestTenant::start_with(options, "acme").await;
+    for round in 0..12 {
+        tenant.submit(vec![item("t", "a", json!({"round": round}))]).await;
+    }
+    let status = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 1))
+        .await
+        .expect_err("revision 1 is compacted");
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    assert_eq!(error_reason(&status).as_deref(), Some("REVISION_COMPACTED"));
+    let compact: u64 = error_metadata(&status, "compact_revision")
+        .expect("compact_revision")
+        .parse()
+        .expect("a number");
+    let last = tenant.status().await.revision;
+    assert!(compact > 1 && compact < last, "compact {compact}, last {last}");
+
+    // From the compact revision on, everything is there.
+    let mut watcher = Watcher::open(&mut tenant.reconciler(), watch_request("acme", compact))
+        .await
+        .expect("the compact revision is available");
+    let seen = watcher.until_revision(last).await;
+    let generations: Vec<u64> = events(&seen.groups)
+        .filter_map(|event| match &event.body {
+            Some(Body::IntentChanged(changed)) => Some(changed.generation),
+            _ => None,
+        })
+        .collect();
+    assert!(!generations.is_empty());
+    assert_eq!(*generations.last().expect("some"), 12);
+    assert!(generations.windows(2).all(|pair| pair[1] == pair[0] + 1), "{generations:?}");
+}
+
+#[tokio::test]
+async fn an_idle_filtered_watch_gets_bookmarks_at_the_tenant_revision() {
+    let options = ServerOptions::default().arg("--watch-bookmark-interval-ms").arg("200");
+    let tenant = TestTenant::start_with(options, "acme").await;
+    let mut request = watch_request("acme", 0);
+    request.kinds = vec![v1::EventKind::DriftDetected as i32];
+    let mut watcher = Watcher::open(&mut tenant.reconciler(), request).await.expect("opens");
+    watcher.until(|seen| seen.synced.is_some()).await;
+    tenant.submit(vec![item("t", "a", json!({}))]).await;
+    let revision = tenant.status().await.revision;
+    let seen = watcher.until(|seen| seen.bookmark.is_some_and(|b| b >= revision)).await;
+    assert!(seen.groups.is_empty(), "nothing matched the filter: {seen:#?}");
+
+    // A watch resumed from the bookmark starts after it.
+    tenant.submit(vec![item("t", "a", json!({"v": 2}))]).await;
+    let mut resumed = Watcher::open(&mut tenant.reconciler(), watch_request("acme", revision))
+        .await
+        .expect("opens");
+    let seen = resumed.until(|seen| !seen.groups.is_empty()).await;
+    assert!(seen.groups[0].revision > revision);
+}
+
+#[tokio::test]
+async fn a_watcher_too_slow_for_its_buffer_is_ended_without_a_gap() {
+    let options = ServerOptions::default().arg("--watch-ring-events").arg("20");
+    let tenant = TestTenant::start_with(options, "acme").await;
+    let mut watcher = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 0))
+        .await
+        .expect("opens");
+    watcher.until(|seen| seen.synced.is_some()).await;
+
+    // The watcher stops reading while large external reports commit.
+    let big = "x".repeat(8 * 1024);
+    for round in 0..40 {
+        let reports = (0..50)
+            .map(|index| external_put("ext", &format!("e{index}"), json!({"round": round, "pad": big})))
+            .collect();
+        tenant
+            .reconciler()
+            .report_external(v1::ReportExternalRequest {
+                tenant: "acme".into(),
+                reports,
+            })
+            .await
+            .expect("report");
+    }
+    let ended = watcher.until_end().await.expect_err("the slow watcher is ended");
+    assert_eq!(ended.code(), Code::ResourceExhausted, "{ended:?}");
+    assert!(ended.get_details_retry_info().is_some(), "RetryInfo: {ended:?}");
+    // What it did receive has no gap: consecutive report rounds.
+    let revisions: Vec<u64> = watcher.seen.groups.iter().map(|g| g.revision).collect();
+    assert!(revisions.len() < 40, "it was ended before the end: {}", revisions.len());
+    let rounds: Vec<u64> = events(&watcher.seen.groups)
+        .filter_map(|event| match &event.body {
+            Some(Body::ItemStatusChanged(change)) if event_item(event).as_deref() == Some("ext/e0") => change
+                .status
+                .as_ref()
+                .and_then(|s| s.applied.as_ref())
+                .and_then(|a| a.properties.as_ref())
+                .and_then(|p| p.fields.get("round"))
+                .and_then(|v| match v.kind {
+                    Some(prost_types::value::Kind::NumberValue(n)) => Some(n as u64),
+                    _ => None,
+                }),
+            _ => None,
+        })
+        .collect();
+    assert!(rounds.windows(2).all(|pair| pair[1] == pair[0] + 1), "{rounds:?}");
+}
+
+#[tokio::test]
+async fn watch_limits_filters_and_deleted_tenants_answer_clearly() {
+    let server = ServerProcess::start(ServerOptions::default().arg("--max-watchers-per-tenant").arg("1"))
+        .await
+        .expect("starts");
+    let channel = server.channel().await.expect("connects");
+    let token = api::create_tenant(&channel, &server.admin_token(), "acme").await;
+    let mut client = api::reconciler(&channel, &token);
+
+    let mut request = watch_request("acme", 0);
+    request.kinds = vec![0];
+    let status = Watcher::open(&mut client, request).await.expect_err("kind 0 is invalid");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(api::violated_fields(&status), ["kinds[0]"]);
+
+    let status = Watcher::open(&mut client, watch_request("other", 0)).await.expect_err("unknown tenant");
+    assert_eq!(status.code(), Code::NotFound);
+
+    let mut first = Watcher::open(&mut client, watch_request("acme", 0)).await.expect("opens");
+    first.until(|seen| seen.synced.is_some()).await;
+    let status = Watcher::open(&mut client, watch_request("acme", 0)).await.expect_err("one watcher at most");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let quota = status.get_details_quota_failure().expect("QuotaFailure");
+    assert_eq!(quota.violations[0].subject, "max_watchers");
+
+    api::tenants(&channel, &server.admin_token())
+        .delete_tenant(v1::DeleteTenantRequest {
+            name: "acme".into(),
+        })
+        .await
+        .expect("deletes");
+    let ended = first.until_end().await.expect_err("the watch ends with the tenant");
+    assert_eq!(ended.code(), Code::NotFound, "{ended:?}");
+}
+
+#[tokio::test]
+async fn the_fleet_watch_lists_tenants_then_streams_their_changes_and_resumes_after_a_restart() {
+    let mut server = ServerProcess::start(ServerOptions::default()).await.expect("starts");
+    let channel = server.channel().await.expect("connects");
+    let admin = server.admin_token();
+    api::create_tenant(&channel, &admin, "alpha").await;
+
+    let mut fleet = api::tenants(&channel, &admin)
+        .watch_fleet(v1::WatchFleetRequest { start_revision: 0 })
+        .await
+        .expect("opens")
+        .into_inner();
+    let mut listed = Vec::new();
+    let synced = loop {
+        let message = next_fleet(&mut fleet).await;
+        match message {
+            v1::watch_fleet_response::Message::Events(group) => {
+                listed.extend(group.events.into_iter().map(|e| e.tenant));
+            }
+            v1::watch_fleet_response::Message::Synced(synced) => break synced.revision,
+            v1::watch_fleet_response::Message::Bookmark(_) => {}
+        }
+    };
+    assert_eq!(listed, ["alpha"]);
+
+    let beta_token = api::create_tenant(&channel, &admin, "beta").await;
+    api::reconciler(&channel, &beta_token)
+        .submit_intent(api::submit("beta", vec![item("t", "a", json!({}))]))
+        .await
+        .expect("submit");
+    api::tenants(&channel, &admin)
+        .delete_tenant(v1::DeleteTenantRequest {
+            name: "alpha".into(),
+        })
+        .await
+        .expect("deletes");
+    let mut live: Vec<v1::FleetEvent> = Vec::new();
+    while !live.iter().any(|e| e.tenant == "alpha" && e.deleted)
+        || !live.iter().any(|e| e.tenant == "beta" && !e.conditions.is_empty())
+    {
+        if let v1::watch_fleet_response::Message::Events(group) = next_fleet(&mut fleet).await {
+            assert!(group.events.iter().all(|e| e.revision == group.revision));
+            live.extend(group.events);
+        }
+    }
+    let revisions: Vec<u64> = live.iter().map(|e| e.revision).collect();
+    assert!(revisions.windows(2).all(|pair| pair[0] < pair[1]), "{revisions:?}");
+    assert!(revisions[0] > synced);
+    let beta_first = live.iter().find(|e| e.tenant == "beta").expect("beta's events");
+    assert!(beta_first.conditions.is_empty() && !beta_first.deleted, "creation first: {live:#?}");
+
+    // The same changes, resumed after a restart.
+    server.restart().await.expect("restarts");
+    let channel = server.channel().await.expect("connects");
+    let mut resumed = api::tenants(&channel, &admin)
+        .watch_fleet(v1::WatchFleetRequest { start_revision: synced })
+        .await
+        .expect("opens")
+        .into_inner();
+    let mut again: Vec<v1::FleetEvent> = Vec::new();
+    while again.len() < live.len() {
+        if let v1::watch_fleet_response::Message::Events(group) = next_fleet(&mut resumed).await {
+            again.extend(group.events);
+        }
+    }
+    assert_eq!(again[..live.len()], live[..]);
+
+    // Tenants may not watch the fleet.
+    let denied = api::tenants(&channel, &beta_token)
+        .watch_fleet(v1::WatchFleetRequest { start_revision: 0 })
+        .await
+        .expect_err("admin only");
+    assert_eq!(denied.code(), Code::PermissionDenied);
+}
+
+async fn next_fleet(stream: &mut tonic::Streaming<v1::WatchFleetResponse>) -> v1::watch_fleet_response::Message {
+    tokio::time::timeout(Duration::from_secs(30), stream.message())
+        .await
+        .expect("a fleet message in time")
+        .expect("the fleet stream is healthy")
+        .and_then(|message| message.message)
+        .expect("the fleet stream is open")
+}
