@@ -84,18 +84,28 @@ impl Watcher {
     pub async fn next(&mut self) -> Result<Option<Message>, Status> {
         let message = tokio::time::timeout(MESSAGE_DEADLINE, self.stream.message())
             .await
-            .unwrap_or_else(|_| panic!("no watch message within {MESSAGE_DEADLINE:?}; seen {:#?}", self.seen))?;
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no watch message within {MESSAGE_DEADLINE:?}; seen {:#?}",
+                    self.seen
+                )
+            })?;
         let Some(message) = message.and_then(|m| m.message) else {
             return Ok(None);
         };
         match &message {
-            Message::Snapshot(snapshot) => self.seen.snapshot.extend(snapshot.items.iter().cloned()),
+            Message::Snapshot(snapshot) => {
+                self.seen.snapshot.extend(snapshot.items.iter().cloned())
+            }
             Message::Synced(synced) => {
                 self.seen.synced = Some(synced.revision);
                 self.seen.resume_from = synced.revision;
             }
             Message::Bookmark(bookmark) => {
-                assert!(self.partial.is_none(), "a bookmark inside a group: {message:?}");
+                assert!(
+                    self.partial.is_none(),
+                    "a bookmark inside a group: {message:?}"
+                );
                 assert!(
                     bookmark.revision >= self.seen.resume_from,
                     "a bookmark went backwards: {} after {}",
@@ -106,12 +116,18 @@ impl Watcher {
                 self.seen.resume_from = bookmark.revision;
             }
             Message::Events(group) => {
-                assert!(!group.events.is_empty(), "an empty event message: {group:?}");
+                assert!(
+                    !group.events.is_empty(),
+                    "an empty event message: {group:?}"
+                );
                 let partial = self.partial.get_or_insert_with(|| Group {
                     revision: group.revision,
                     events: Vec::new(),
                 });
-                assert_eq!(partial.revision, group.revision, "a group was interrupted by another revision");
+                assert_eq!(
+                    partial.revision, group.revision,
+                    "a group was interrupted by another revision"
+                );
                 partial.events.extend(group.events.iter().cloned());
                 if !group.continued {
                     let whole = self.partial.take().expect("a group in progress");
@@ -122,7 +138,10 @@ impl Watcher {
                         self.seen.resume_from
                     );
                     for event in &whole.events {
-                        assert_eq!(event.revision, whole.revision, "an event of another revision in a group");
+                        assert_eq!(
+                            event.revision, whole.revision,
+                            "an event of another revision in a group"
+                        );
                     }
                     self.seen.resume_from = whole.revision;
                     self.seen.groups.push(whole);

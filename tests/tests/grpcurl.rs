@@ -100,3 +100,56 @@ async fn an_operator_can_drive_the_server_with_grpcurl_alone() {
         "the field violation is decoded: {shown}"
     );
 }
+
+/// grpcurl streams a Watch: the snapshot, `synced`, then the events of a
+/// submit made while it watches, as JSON messages.
+#[tokio::test]
+async fn grpcurl_streams_watch_events() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("starts");
+    let channel = server.channel().await.expect("connects");
+    let token = reconciled_tests::api::create_tenant(&channel, &server.admin_token(), "acme").await;
+    let mut child = tokio::process::Command::new(reconciled_tests::grpcurl())
+        .args([
+            "-plaintext",
+            "-H",
+            &format!("authorization: Bearer {token}"),
+        ])
+        .args(["-d", r#"{"tenant": "acme", "start_revision": 0}"#])
+        .arg(server.addr().to_string())
+        .arg("reconciled.v1.Reconciler/Watch")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("grpcurl runs");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut output = String::new();
+    let mut read_until = async |needle: &str, output: &mut String| {
+        let deadline = std::time::Duration::from_secs(30);
+        while !output.contains(needle) {
+            let line = tokio::time::timeout(deadline, lines.next_line())
+                .await
+                .unwrap_or_else(|_| panic!("no {needle:?} from grpcurl in time: {output}"))
+                .expect("reads grpcurl's output")
+                .unwrap_or_else(|| panic!("grpcurl ended before {needle:?}: {output}"));
+            output.push_str(&line);
+            output.push('\n');
+        }
+    };
+    read_until("\"synced\"", &mut output).await;
+
+    reconciled_tests::api::reconciler(&channel, &token)
+        .submit_intent(reconciled_tests::api::submit(
+            "acme",
+            vec![reconciled_tests::api::item("t", "a", serde_json::json!({}))],
+        ))
+        .await
+        .expect("submit");
+    read_until("\"generation\"", &mut output).await;
+    assert!(output.contains("EVENT_KIND_INTENT_CHANGED"), "{output}");
+    assert!(output.contains("\"generation\": \"1\""), "{output}");
+    child.kill().await.expect("grpcurl stops");
+}

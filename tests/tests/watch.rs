@@ -42,7 +42,10 @@ async fn tenant_with_agent(options: ServerOptions, types: &[&str]) -> (TestTenan
 async fn a_watch_from_zero_sends_a_snapshot_then_every_later_commit_as_one_group() {
     let (tenant, _agent) = tenant_with_agent(ServerOptions::default(), &["t"]).await;
     tenant
-        .submit(vec![item("t", "a", json!({"v": 1})), item("t", "b", json!({}))])
+        .submit(vec![
+            item("t", "a", json!({"v": 1})),
+            item("t", "b", json!({})),
+        ])
         .await;
     tenant.wait_until_ready().await;
 
@@ -60,12 +63,19 @@ async fn a_watch_from_zero_sends_a_snapshot_then_every_later_commit_as_one_group
         })
         .collect();
     let created = v1::ItemState::Created as i32;
-    assert_eq!(snapshot, BTreeMap::from([("t/a".into(), created), ("t/b".into(), created)]));
+    assert_eq!(
+        snapshot,
+        BTreeMap::from([("t/a".into(), created), ("t/b".into(), created)])
+    );
     let synced = synced.expect("synced");
     assert!(synced >= tenant.status().await.revision.min(synced));
 
     let submitted = tenant
-        .submit(vec![item("t", "a", json!({"v": 2})), item("t", "b", json!({})), item("t", "c", json!({}))])
+        .submit(vec![
+            item("t", "a", json!({"v": 2})),
+            item("t", "b", json!({})),
+            item("t", "c", json!({})),
+        ])
         .await;
     tenant.wait_until_ready().await;
     let ready_revision = tenant.status().await.revision;
@@ -86,7 +96,10 @@ async fn a_watch_from_zero_sends_a_snapshot_then_every_later_commit_as_one_group
         .expect("an IntentChanged event in the submit's group");
     assert_eq!(intent.generation, 2);
     assert_eq!(intent.items_changed, 2, "a modified, c added: {intent:?}");
-    assert!(kinds(first).contains(&v1::EventKind::OperationStarted), "{first:#?}");
+    assert!(
+        kinds(first).contains(&v1::EventKind::OperationStarted),
+        "{first:#?}"
+    );
 
     // Every operation started is finished later, and t/c ends CREATED.
     let mut started = Vec::new();
@@ -96,11 +109,16 @@ async fn a_watch_from_zero_sends_a_snapshot_then_every_later_commit_as_one_group
         match &event.body {
             Some(Body::OperationStarted(op)) => started.push(op.op_id.clone()),
             Some(Body::OperationFinished(op)) => {
-                assert!(started.contains(&op.op_id), "finished before started: {op:?}");
+                assert!(
+                    started.contains(&op.op_id),
+                    "finished before started: {op:?}"
+                );
                 assert_eq!(op.outcome, v1::Outcome::Done as i32);
                 finished.push(op.op_id.clone());
             }
-            Some(Body::ItemStatusChanged(change)) if event_item(event).as_deref() == Some("t/c") => {
+            Some(Body::ItemStatusChanged(change))
+                if event_item(event).as_deref() == Some("t/c") =>
+            {
                 c_states.push(change.new_state);
             }
             _ => {}
@@ -121,7 +139,9 @@ async fn a_watch_from_zero_sends_a_snapshot_then_every_later_commit_as_one_group
 /// watcher saw, group for group; a filtered one sees the filtered groups.
 #[tokio::test]
 async fn resumed_watches_see_exactly_what_an_uninterrupted_watch_saw() {
-    let options = ServerOptions::default().arg("--watch-bookmark-interval-ms").arg("200");
+    let options = ServerOptions::default()
+        .arg("--watch-bookmark-interval-ms")
+        .arg("200");
     let (tenant, _agent) = tenant_with_agent(options, &["a", "b"]).await;
     let start = tenant.status().await.revision;
     let mut reference = Watcher::open(&mut tenant.reconciler(), watch_request("acme", start))
@@ -138,7 +158,11 @@ async fn resumed_watches_see_exactly_what_an_uninterrupted_watch_saw() {
                 let items = (0..4)
                     .map(|index| {
                         let item_type = if index % 2 == 0 { "a" } else { "b" };
-                        let mut item = item(item_type, &format!("w{writer}-{index}"), json!({"round": round}));
+                        let mut item = item(
+                            item_type,
+                            &format!("w{writer}-{index}"),
+                            json!({"round": round}),
+                        );
                         item.subgraph = subgraph.clone();
                         item
                     })
@@ -175,7 +199,9 @@ async fn resumed_watches_see_exactly_what_an_uninterrupted_watch_saw() {
             loop {
                 let mut request = watch_request("acme", cursor);
                 request.item_types = filter.clone();
-                let mut watcher = Watcher::open(&mut client, request).await.expect("watch reopens");
+                let mut watcher = Watcher::open(&mut client, request)
+                    .await
+                    .expect("watch reopens");
                 let budget = rand::rng().random_range(1..12);
                 for _ in 0..budget {
                     if watcher.next().await.expect("watch message").is_none() {
@@ -215,10 +241,20 @@ async fn resumed_watches_see_exactly_what_an_uninterrupted_watch_saw() {
     let (whole, whole_reconnects) = whole.await.expect("flaky watcher");
     let (filtered, _) = filtered.await.expect("filtered watcher");
 
-    assert!(reference.len() > 20, "enough activity to matter: {}", reference.len());
-    assert!(whole_reconnects > 3, "the watcher did reconnect: {whole_reconnects}");
+    assert!(
+        reference.len() > 20,
+        "enough activity to matter: {}",
+        reference.len()
+    );
+    assert!(
+        whole_reconnects > 3,
+        "the watcher did reconnect: {whole_reconnects}"
+    );
     let until_last = |groups: Vec<Group>| -> Vec<Group> {
-        groups.into_iter().filter(|group| group.revision <= last).collect()
+        groups
+            .into_iter()
+            .filter(|group| group.revision <= last)
+            .collect()
     };
     assert_eq!(until_last(whole), reference);
     let expected_filtered: Vec<Group> = reference
@@ -248,7 +284,12 @@ async fn resumed_watches_see_exactly_what_an_uninterrupted_watch_saw() {
 async fn history_survives_a_restart_and_resumes_exactly_after_any_revision() {
     let (mut tenant, agent) = tenant_with_agent(ServerOptions::default(), &["t"]).await;
     for round in 0..3 {
-        tenant.submit(vec![item("t", "a", json!({"round": round})), item("t", "b", json!({}))]).await;
+        tenant
+            .submit(vec![
+                item("t", "a", json!({"round": round})),
+                item("t", "b", json!({})),
+            ])
+            .await;
         tenant.wait_until_ready().await;
     }
     let last = tenant.status().await.revision;
@@ -286,16 +327,23 @@ async fn history_survives_a_restart_and_resumes_exactly_after_any_revision() {
         .filter(|group| group.revision <= last)
         .cloned()
         .collect();
-    let expected: Vec<Group> = before.into_iter().filter(|group| group.revision > middle).collect();
+    let expected: Vec<Group> = before
+        .into_iter()
+        .filter(|group| group.revision > middle)
+        .collect();
     assert_eq!(resumed, expected);
 }
 
 #[tokio::test]
 async fn a_revision_older_than_the_history_is_out_of_range_with_the_compact_revision() {
-    let options = ServerOptions::default().arg("--watch-history-revisions").arg("3");
+    let options = ServerOptions::default()
+        .arg("--watch-history-revisions")
+        .arg("3");
     let tenant = TestTenant::start_with(options, "acme").await;
     for round in 0..12 {
-        tenant.submit(vec![item("t", "a", json!({"round": round}))]).await;
+        tenant
+            .submit(vec![item("t", "a", json!({"round": round}))])
+            .await;
     }
     let status = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 1))
         .await
@@ -307,7 +355,10 @@ async fn a_revision_older_than_the_history_is_out_of_range_with_the_compact_revi
         .parse()
         .expect("a number");
     let last = tenant.status().await.revision;
-    assert!(compact > 1 && compact < last, "compact {compact}, last {last}");
+    assert!(
+        compact > 1 && compact < last,
+        "compact {compact}, last {last}"
+    );
 
     // From the compact revision on, everything is there.
     let mut watcher = Watcher::open(&mut tenant.reconciler(), watch_request("acme", compact))
@@ -322,21 +373,33 @@ async fn a_revision_older_than_the_history_is_out_of_range_with_the_compact_revi
         .collect();
     assert!(!generations.is_empty());
     assert_eq!(*generations.last().expect("some"), 12);
-    assert!(generations.windows(2).all(|pair| pair[1] == pair[0] + 1), "{generations:?}");
+    assert!(
+        generations.windows(2).all(|pair| pair[1] == pair[0] + 1),
+        "{generations:?}"
+    );
 }
 
 #[tokio::test]
 async fn an_idle_filtered_watch_gets_bookmarks_at_the_tenant_revision() {
-    let options = ServerOptions::default().arg("--watch-bookmark-interval-ms").arg("200");
+    let options = ServerOptions::default()
+        .arg("--watch-bookmark-interval-ms")
+        .arg("200");
     let tenant = TestTenant::start_with(options, "acme").await;
     let mut request = watch_request("acme", 0);
     request.kinds = vec![v1::EventKind::DriftDetected as i32];
-    let mut watcher = Watcher::open(&mut tenant.reconciler(), request).await.expect("opens");
+    let mut watcher = Watcher::open(&mut tenant.reconciler(), request)
+        .await
+        .expect("opens");
     watcher.until(|seen| seen.synced.is_some()).await;
     tenant.submit(vec![item("t", "a", json!({}))]).await;
     let revision = tenant.status().await.revision;
-    let seen = watcher.until(|seen| seen.bookmark.is_some_and(|b| b >= revision)).await;
-    assert!(seen.groups.is_empty(), "nothing matched the filter: {seen:#?}");
+    let seen = watcher
+        .until(|seen| seen.bookmark.is_some_and(|b| b >= revision))
+        .await;
+    assert!(
+        seen.groups.is_empty(),
+        "nothing matched the filter: {seen:#?}"
+    );
 
     // A watch resumed from the bookmark starts after it.
     tenant.submit(vec![item("t", "a", json!({"v": 2}))]).await;
@@ -349,7 +412,9 @@ async fn an_idle_filtered_watch_gets_bookmarks_at_the_tenant_revision() {
 
 #[tokio::test]
 async fn a_watcher_too_slow_for_its_buffer_is_ended_without_a_gap() {
-    let options = ServerOptions::default().arg("--watch-ring-events").arg("20");
+    let options = ServerOptions::default()
+        .arg("--watch-ring-events")
+        .arg("20");
     let tenant = TestTenant::start_with(options, "acme").await;
     let mut watcher = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 0))
         .await
@@ -360,7 +425,13 @@ async fn a_watcher_too_slow_for_its_buffer_is_ended_without_a_gap() {
     let big = "x".repeat(8 * 1024);
     for round in 0..40 {
         let reports = (0..50)
-            .map(|index| external_put("ext", &format!("e{index}"), json!({"round": round, "pad": big})))
+            .map(|index| {
+                external_put(
+                    "ext",
+                    &format!("e{index}"),
+                    json!({"round": round, "pad": big}),
+                )
+            })
             .collect();
         tenant
             .reconciler()
@@ -371,51 +442,80 @@ async fn a_watcher_too_slow_for_its_buffer_is_ended_without_a_gap() {
             .await
             .expect("report");
     }
-    let ended = watcher.until_end().await.expect_err("the slow watcher is ended");
+    let ended = watcher
+        .until_end()
+        .await
+        .expect_err("the slow watcher is ended");
     assert_eq!(ended.code(), Code::ResourceExhausted, "{ended:?}");
-    assert!(ended.get_details_retry_info().is_some(), "RetryInfo: {ended:?}");
+    assert!(
+        ended.get_details_retry_info().is_some(),
+        "RetryInfo: {ended:?}"
+    );
     // What it did receive has no gap: consecutive report rounds.
     let revisions: Vec<u64> = watcher.seen.groups.iter().map(|g| g.revision).collect();
-    assert!(revisions.len() < 40, "it was ended before the end: {}", revisions.len());
+    assert!(
+        revisions.len() < 40,
+        "it was ended before the end: {}",
+        revisions.len()
+    );
     let rounds: Vec<u64> = events(&watcher.seen.groups)
         .filter_map(|event| match &event.body {
-            Some(Body::ItemStatusChanged(change)) if event_item(event).as_deref() == Some("ext/e0") => change
-                .status
-                .as_ref()
-                .and_then(|s| s.applied.as_ref())
-                .and_then(|a| a.properties.as_ref())
-                .and_then(|p| p.fields.get("round"))
-                .and_then(|v| match v.kind {
-                    Some(prost_types::value::Kind::NumberValue(n)) => Some(n as u64),
-                    _ => None,
-                }),
+            Some(Body::ItemStatusChanged(change))
+                if event_item(event).as_deref() == Some("ext/e0") =>
+            {
+                change
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.applied.as_ref())
+                    .and_then(|a| a.properties.as_ref())
+                    .and_then(|p| p.fields.get("round"))
+                    .and_then(|v| match v.kind {
+                        Some(prost_types::value::Kind::NumberValue(n)) => Some(n as u64),
+                        _ => None,
+                    })
+            }
             _ => None,
         })
         .collect();
-    assert!(rounds.windows(2).all(|pair| pair[1] == pair[0] + 1), "{rounds:?}");
+    assert!(
+        rounds.windows(2).all(|pair| pair[1] == pair[0] + 1),
+        "{rounds:?}"
+    );
 }
 
 #[tokio::test]
 async fn watch_limits_filters_and_deleted_tenants_answer_clearly() {
-    let server = ServerProcess::start(ServerOptions::default().arg("--max-watchers-per-tenant").arg("1"))
-        .await
-        .expect("starts");
+    let server = ServerProcess::start(
+        ServerOptions::default()
+            .arg("--max-watchers-per-tenant")
+            .arg("1"),
+    )
+    .await
+    .expect("starts");
     let channel = server.channel().await.expect("connects");
     let token = api::create_tenant(&channel, &server.admin_token(), "acme").await;
     let mut client = api::reconciler(&channel, &token);
 
     let mut request = watch_request("acme", 0);
     request.kinds = vec![0];
-    let status = Watcher::open(&mut client, request).await.expect_err("kind 0 is invalid");
+    let status = Watcher::open(&mut client, request)
+        .await
+        .expect_err("kind 0 is invalid");
     assert_eq!(status.code(), Code::InvalidArgument);
     assert_eq!(api::violated_fields(&status), ["kinds[0]"]);
 
-    let status = Watcher::open(&mut client, watch_request("other", 0)).await.expect_err("unknown tenant");
+    let status = Watcher::open(&mut client, watch_request("other", 0))
+        .await
+        .expect_err("unknown tenant");
     assert_eq!(status.code(), Code::NotFound);
 
-    let mut first = Watcher::open(&mut client, watch_request("acme", 0)).await.expect("opens");
+    let mut first = Watcher::open(&mut client, watch_request("acme", 0))
+        .await
+        .expect("opens");
     first.until(|seen| seen.synced.is_some()).await;
-    let status = Watcher::open(&mut client, watch_request("acme", 0)).await.expect_err("one watcher at most");
+    let status = Watcher::open(&mut client, watch_request("acme", 0))
+        .await
+        .expect_err("one watcher at most");
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     let quota = status.get_details_quota_failure().expect("QuotaFailure");
     assert_eq!(quota.violations[0].subject, "max_watchers");
@@ -426,13 +526,18 @@ async fn watch_limits_filters_and_deleted_tenants_answer_clearly() {
         })
         .await
         .expect("deletes");
-    let ended = first.until_end().await.expect_err("the watch ends with the tenant");
+    let ended = first
+        .until_end()
+        .await
+        .expect_err("the watch ends with the tenant");
     assert_eq!(ended.code(), Code::NotFound, "{ended:?}");
 }
 
 #[tokio::test]
 async fn the_fleet_watch_lists_tenants_then_streams_their_changes_and_resumes_after_a_restart() {
-    let mut server = ServerProcess::start(ServerOptions::default()).await.expect("starts");
+    let mut server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("starts");
     let channel = server.channel().await.expect("connects");
     let admin = server.admin_token();
     api::create_tenant(&channel, &admin, "alpha").await;
@@ -468,7 +573,9 @@ async fn the_fleet_watch_lists_tenants_then_streams_their_changes_and_resumes_af
         .expect("deletes");
     let mut live: Vec<v1::FleetEvent> = Vec::new();
     while !live.iter().any(|e| e.tenant == "alpha" && e.deleted)
-        || !live.iter().any(|e| e.tenant == "beta" && !e.conditions.is_empty())
+        || !live
+            .iter()
+            .any(|e| e.tenant == "beta" && !e.conditions.is_empty())
     {
         if let v1::watch_fleet_response::Message::Events(group) = next_fleet(&mut fleet).await {
             assert!(group.events.iter().all(|e| e.revision == group.revision));
@@ -476,16 +583,27 @@ async fn the_fleet_watch_lists_tenants_then_streams_their_changes_and_resumes_af
         }
     }
     let revisions: Vec<u64> = live.iter().map(|e| e.revision).collect();
-    assert!(revisions.windows(2).all(|pair| pair[0] < pair[1]), "{revisions:?}");
+    assert!(
+        revisions.windows(2).all(|pair| pair[0] < pair[1]),
+        "{revisions:?}"
+    );
     assert!(revisions[0] > synced);
-    let beta_first = live.iter().find(|e| e.tenant == "beta").expect("beta's events");
-    assert!(beta_first.conditions.is_empty() && !beta_first.deleted, "creation first: {live:#?}");
+    let beta_first = live
+        .iter()
+        .find(|e| e.tenant == "beta")
+        .expect("beta's events");
+    assert!(
+        beta_first.conditions.is_empty() && !beta_first.deleted,
+        "creation first: {live:#?}"
+    );
 
     // The same changes, resumed after a restart.
     server.restart().await.expect("restarts");
     let channel = server.channel().await.expect("connects");
     let mut resumed = api::tenants(&channel, &admin)
-        .watch_fleet(v1::WatchFleetRequest { start_revision: synced })
+        .watch_fleet(v1::WatchFleetRequest {
+            start_revision: synced,
+        })
         .await
         .expect("opens")
         .into_inner();
@@ -505,11 +623,56 @@ async fn the_fleet_watch_lists_tenants_then_streams_their_changes_and_resumes_af
     assert_eq!(denied.code(), Code::PermissionDenied);
 }
 
-async fn next_fleet(stream: &mut tonic::Streaming<v1::WatchFleetResponse>) -> v1::watch_fleet_response::Message {
+async fn next_fleet(
+    stream: &mut tonic::Streaming<v1::WatchFleetResponse>,
+) -> v1::watch_fleet_response::Message {
     tokio::time::timeout(Duration::from_secs(30), stream.message())
         .await
         .expect("a fleet message in time")
         .expect("the fleet stream is healthy")
         .and_then(|message| message.message)
         .expect("the fleet stream is open")
+}
+
+#[tokio::test]
+async fn a_large_commit_arrives_as_one_group_split_into_bounded_messages() {
+    let options = ServerOptions::default()
+        .arg("--max-message-bytes")
+        .arg("262144");
+    let tenant = TestTenant::start_with(options, "acme").await;
+    let mut watcher = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 0))
+        .await
+        .expect("opens");
+    watcher.until(|seen| seen.synced.is_some()).await;
+    let reports = (0..1_500)
+        .map(|index| external_put("ext", &format!("e{index:04}"), json!({"index": index})))
+        .collect();
+    tenant
+        .reconciler()
+        .report_external(v1::ReportExternalRequest {
+            tenant: "acme".into(),
+            reports,
+        })
+        .await
+        .expect("report");
+    let mut continued = 0;
+    while watcher.seen.groups.is_empty() {
+        if let Some(v1::watch_response::Message::Events(message)) =
+            watcher.next().await.expect("healthy")
+        {
+            assert!(
+                prost::Message::encoded_len(&message) < 262_144,
+                "a message within the limit"
+            );
+            continued += usize::from(message.continued);
+        }
+    }
+    let group = &watcher.seen.groups[0];
+    let items = group
+        .events
+        .iter()
+        .filter(|event| matches!(event.body, Some(Body::ItemStatusChanged(_))))
+        .count();
+    assert_eq!(items, 1_500, "the whole commit in one group");
+    assert!(continued >= 2, "split over several messages: {continued}");
 }
