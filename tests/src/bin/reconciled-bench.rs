@@ -58,6 +58,8 @@ use reconciled_tests::{ServerOptions, ServerProcess};
 
 #[path = "reconciled_bench/operations.rs"]
 mod operations;
+#[path = "reconciled_bench/watch.rs"]
+mod watch;
 
 /// The most items the server accepts in one request by default.
 const MAX_REQUEST_ITEMS: usize = 10_000;
@@ -98,10 +100,17 @@ enum Command {
     /// Operations per second through agents built with the SDK, versus a
     /// bare tonic bidirectional echo and SledStore 1-record commits.
     Operations(operations::OperationsArgs),
+    /// Events per second delivered to 1, 100 and 1000 watchers, and the
+    /// delay from commit to delivery, versus a bare tonic fan-out.
+    Watch(watch::WatchArgs),
     /// Internal: the bare tonic echo server `operations` starts as a child
     /// process; prints its address on stdout, exits when stdin closes.
     #[command(hide = true)]
     EchoServer,
+    /// Internal: the bare tonic fan-out server `watch` starts as a child
+    /// process; prints its address on stdout, exits when stdin closes.
+    #[command(hide = true)]
+    FanoutServer,
 }
 
 /// Options of `reconciled-bench submit`.
@@ -126,7 +135,9 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Submit(args) => submit_benchmark(&args),
         Command::Operations(args) => operations::operations_benchmark(&args),
+        Command::Watch(args) => watch::watch_benchmark(&args),
         Command::EchoServer => operations::echo_server_main(),
+        Command::FanoutServer => watch::fanout_server_main(),
     }
 }
 
