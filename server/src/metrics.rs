@@ -147,10 +147,11 @@ impl Metrics {
         );
 
         let mut by_state: std::collections::BTreeMap<&'static str, u64> = Default::default();
-        let (mut in_flight, mut tenants) = (0u64, 0u64);
+        let (mut in_flight, mut tenants, mut watchers) = (0u64, 0u64, 0u64);
         for handle in directory.list(None, usize::MAX) {
             let snapshot = handle.snapshots.latest();
             tenants += 1;
+            watchers += handle.events.hub.watchers() as u64;
             in_flight += snapshot.in_flight as u64;
             for (state, count) in snapshot.counts.by_state() {
                 *by_state.entry(state).or_default() += count;
@@ -170,6 +171,10 @@ impl Metrics {
         let _ = writeln!(
             out,
             "# HELP reconciled_tenants Live tenants.\n# TYPE reconciled_tenants gauge\nreconciled_tenants {tenants}"
+        );
+        let _ = writeln!(
+            out,
+            "# HELP reconciled_watchers Open Watch streams, all tenants.\n# TYPE reconciled_watchers gauge\nreconciled_watchers {watchers}"
         );
         let size = store.size_on_disk().unwrap_or(0);
         let _ = writeln!(

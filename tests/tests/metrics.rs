@@ -72,6 +72,11 @@ async fn a_scrape_sees_passes_operations_and_items_move() {
         )
         .await;
     tenant.wait_until_ready().await;
+    let _watch = tenant
+        .reconciler()
+        .watch(reconciled_tests::watch::watch_request(&tenant.name, 0))
+        .await
+        .expect("a watch opens");
 
     let after = scrape(&addr).await;
     assert!(
@@ -94,6 +99,7 @@ async fn a_scrape_sees_passes_operations_and_items_move() {
     );
     assert_eq!(sample(&after, "reconciled_items{state=\"CREATED\"}"), 5.0);
     assert_eq!(sample(&after, "reconciled_tenants"), 1.0);
+    assert_eq!(sample(&after, "reconciled_watchers"), 1.0);
     assert!(sample(&after, "reconciled_store_bytes") > 0.0);
     assert!(!after.contains("tenant=\""), "no per-tenant labels");
 }
