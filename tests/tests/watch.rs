@@ -208,7 +208,7 @@ async fn resumed_watches_see_exactly_what_an_uninterrupted_watch_saw() {
                         break;
                     }
                 }
-                groups.extend(watcher.seen.groups.drain(..));
+                groups.append(&mut watcher.seen.groups);
                 cursor = watcher.seen.resume_from;
                 reconnects += 1;
                 if cursor >= u64::MAX / 2 {

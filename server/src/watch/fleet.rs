@@ -301,3 +301,99 @@ impl Wire<v1::FleetEvent> for FleetWire {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::InMemoryStore;
+
+    fn event(tenant: &str, time_ms: u64) -> v1::FleetEvent {
+        v1::FleetEvent {
+            tenant: tenant.to_string(),
+            time: Some(prost_types::Timestamp {
+                seconds: i64::try_from(time_ms / 1_000).expect("small"),
+                nanos: 0,
+            }),
+            ..v1::FleetEvent::default()
+        }
+    }
+
+    fn commit(fleet: &FleetLog, tenant: &str, time_ms: u64) -> u64 {
+        let (handle, sequenced) = fleet
+            .commit(WriteBatch::new(), Some(event(tenant, time_ms)), time_ms)
+            .expect("queued");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        runtime.block_on(handle).expect("committed");
+        let (revision, event) = sequenced.expect("sequenced");
+        fleet.settle(revision, Some(event));
+        revision
+    }
+
+    #[test]
+    fn revisions_are_kept_by_count_and_the_position_survives_a_reload() {
+        let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+        let retention = Retention {
+            max_revisions: 3,
+            max_age_ms: u64::MAX,
+        };
+        let fleet = FleetLog::load(store.clone(), retention, 100).expect("loads");
+        for index in 0..6 {
+            commit(&fleet, &format!("t{index}"), 1_000);
+        }
+        assert_eq!(fleet.floor(), 3);
+        let kept = fleet.read(3, 6, 100).expect("reads");
+        assert_eq!(
+            kept.iter().map(|r| r.revision).collect::<Vec<_>>(),
+            [4, 5, 6]
+        );
+        assert_eq!(kept[0].events[0].tenant, "t3");
+
+        let reloaded = FleetLog::load(store, retention, 100).expect("reloads");
+        assert_eq!(reloaded.floor(), 3);
+        assert_eq!(commit(&reloaded, "t6", 1_000), 7);
+        assert_eq!(reloaded.floor(), 4);
+    }
+
+    #[test]
+    fn old_revisions_go_by_age() {
+        let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+        let retention = Retention {
+            max_revisions: 100,
+            max_age_ms: 10_000,
+        };
+        let fleet = FleetLog::load(store, retention, 100).expect("loads");
+        commit(&fleet, "a", 1_000);
+        commit(&fleet, "b", 2_000);
+        commit(&fleet, "c", 20_000);
+        assert_eq!(fleet.floor(), 2);
+    }
+
+    #[test]
+    fn revisions_settled_out_of_order_are_published_in_order() {
+        let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+        let fleet = FleetLog::load(store, Retention::default(), 100).expect("loads");
+        let _watcher = fleet.hub.subscribe(0).expect("room");
+        let (_first, a) = fleet
+            .commit(WriteBatch::new(), Some(event("a", 1_000)), 1_000)
+            .expect("queued");
+        let (_second, b) = fleet
+            .commit(WriteBatch::new(), Some(event("b", 1_000)), 1_000)
+            .expect("queued");
+        let (a, b) = (a.expect("a"), b.expect("b"));
+        fleet.settle(b.0, Some(b.1));
+        assert_eq!(fleet.hub.published(), 0, "2 waits for 1");
+        fleet.settle(a.0, None);
+        assert_eq!(fleet.hub.published(), 2);
+        let (revision, tenants) = fleet.snapshot();
+        assert_eq!(revision, 2);
+        assert_eq!(
+            tenants
+                .iter()
+                .map(|t| t.tenant.as_str())
+                .collect::<Vec<_>>(),
+            ["b"]
+        );
+    }
+}

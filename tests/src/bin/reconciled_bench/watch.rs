@@ -36,7 +36,9 @@ use clap::Args;
 use futures::{Stream, StreamExt as _};
 use reconciled_tests::api::{self, Reconciler};
 use reconciled_tests::proto::v1;
-use reconciled_tests::proto::v1::reconciler_server::{Reconciler as ReconcilerService, ReconcilerServer};
+use reconciled_tests::proto::v1::reconciler_server::{
+    Reconciler as ReconcilerService, ReconcilerServer,
+};
 use reconciled_tests::{ServerOptions, ServerProcess};
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
@@ -91,8 +93,14 @@ pub fn watch_benchmark(args: &WatchArgs) -> anyhow::Result<()> {
         args.watchers.iter().all(|n| (1..=5_000).contains(n)),
         "--watchers must be between 1 and 5000"
     );
-    ensure!((1..=10_000).contains(&args.commits), "--commits must be between 1 and 10000");
-    ensure!((1..=1_000).contains(&args.events), "--events must be between 1 and 1000");
+    ensure!(
+        (1..=10_000).contains(&args.commits),
+        "--commits must be between 1 and 10000"
+    );
+    ensure!(
+        (1..=1_000).contains(&args.events),
+        "--events must be between 1 and 1000"
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -230,12 +238,23 @@ async fn run(
             .into_inner();
         // Wait for Synced (reconciled) or the stream's first message.
         loop {
-            let message = stream.message().await?.ok_or_else(|| anyhow!("watch ended"))?;
-            if matches!(message.message, Some(v1::watch_response::Message::Synced(_))) {
+            let message = stream
+                .message()
+                .await?
+                .ok_or_else(|| anyhow!("watch ended"))?;
+            if matches!(
+                message.message,
+                Some(v1::watch_response::Message::Synced(_))
+            ) {
                 break;
             }
         }
-        tasks.push(tokio::spawn(drain(stream, expected, delays.clone(), done.clone())));
+        tasks.push(tokio::spawn(drain(
+            stream,
+            expected,
+            delays.clone(),
+            done.clone(),
+        )));
     }
     let mut writer = clients[0].clone();
     let started = Instant::now();
@@ -314,7 +333,10 @@ impl FanoutProcess {
             .read_line(&mut line)
             .context("cannot read the fan-out server's address")?;
         let addr = line.trim().to_string();
-        ensure!(!addr.is_empty(), "the fan-out server exited before printing its address");
+        ensure!(
+            !addr.is_empty(),
+            "the fan-out server exited before printing its address"
+        );
         Ok(Self {
             endpoint: format!("http://{addr}"),
             child,
@@ -361,7 +383,9 @@ impl ReconcilerService for Fanout {
         _: Request<v1::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let synced = v1::WatchResponse {
-            message: Some(v1::watch_response::Message::Synced(v1::Synced { revision: 0 })),
+            message: Some(v1::watch_response::Message::Synced(v1::Synced {
+                revision: 0,
+            })),
         };
         let live = BroadcastStream::new(self.groups.subscribe()).map(|group| match group {
             Ok(group) => Ok((*group).clone()),
