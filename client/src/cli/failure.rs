@@ -124,8 +124,8 @@ pub(crate) fn rpc_failure(what: &str, status: &Status, settings: &Settings) -> F
              administration and `fleet` need the admin token"
         ),
         Code::NotFound => format!(
-            "{what}: {message}. Check the name (`reconctl tenant list` with the admin token), \
-             and that the token from {token_source} belongs to that tenant"
+            "{what}: {message} (token from {token_source}; `reconctl tenant list` with the \
+             admin token shows every tenant)"
         ),
         Code::Unavailable => format!(
             "{what}: the server at {} is unavailable: {message}; check that it runs",

@@ -73,14 +73,13 @@ pub(crate) fn conditions_table(conditions: &[v1::Condition]) -> String {
 /// The status as text.
 pub(crate) fn render(status: &v1::TenantStatus) -> String {
     let agents = if status.connected_item_types.is_empty() {
-        "none".to_owned()
+        String::new()
     } else {
-        status.connected_item_types.join(", ")
+        format!("agents for:  {}\n", status.connected_item_types.join(", "))
     };
     format!(
         "tenant:      {}\ngeneration:  {} (observed {})\nrevision:    {}\nitems:       {} \
-         intended; current: {}\nin flight:   {} operation(s)\nconfigurators connected for: \
-         {agents}\n\n{}",
+         intended; current: {}\nin flight:   {} operation(s)\n{agents}\n{}",
         status.tenant,
         status.generation,
         status.observed_generation,
