@@ -39,7 +39,7 @@ pub(crate) struct Cli {
 #[derive(Debug, Args)]
 pub(crate) struct ConnectionArgs {
     /// The server, e.g. http://127.0.0.1:50051 [env: RECONCILED_ADDR]
-    #[arg(long, global = true, value_name = "URI")]
+    #[arg(long, global = true, value_name = "URI", help_heading = "Connection")]
     addr: Option<String>,
     /// The bearer token (visible in the process list: prefer RECONCILED_TOKEN
     /// or --token-file) [env: RECONCILED_TOKEN]
@@ -47,19 +47,20 @@ pub(crate) struct ConnectionArgs {
         long,
         global = true,
         value_name = "TOKEN",
-        conflicts_with = "token_file"
+        conflicts_with = "token_file",
+        help_heading = "Connection"
     )]
     token: Option<String>,
     /// A file holding the bearer token, e.g. reconciled-data/admin.token
     /// [env: RECONCILED_TOKEN_FILE]
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, global = true, value_name = "FILE", help_heading = "Connection")]
     token_file: Option<PathBuf>,
     /// The tenant of tenant-scoped commands [env: RECONCILED_TENANT]
-    #[arg(long, global = true, value_name = "NAME")]
+    #[arg(long, global = true, value_name = "NAME", help_heading = "Connection")]
     tenant: Option<String>,
     /// The config file (TOML: addr, token, token_file, tenant) [env:
     /// RECONCTL_CONFIG] [default: ~/.config/reconciled/reconctl.toml]
-    #[arg(long, global = true, value_name = "FILE")]
+    #[arg(long, global = true, value_name = "FILE", help_heading = "Connection")]
     config: Option<PathBuf>,
 }
 
