@@ -835,7 +835,7 @@ async fn the_readme_quickstart_works_with_reconctl_and_the_example_agent() {
         .to_owned();
 
     // export RECONCILED_TOKEN=$TOKEN RECONCILED_TENANT=acme
-    // cargo run -p reconciled-client --example fs_agent -- --root /tmp/fs-root &
+    // target/release/examples/fs_agent --root /tmp/fs-root &
     let root = tempfile::tempdir().expect("temp dir");
     let agent = tokio::process::Command::new(example_binary("reconciled-client", "fs_agent"))
         .arg("--root")
@@ -890,6 +890,19 @@ async fn the_readme_quickstart_works_with_reconctl_and_the_example_agent() {
     assert!(status.stdout.contains("current: CREATED 2"), "{status:?}");
     let dot = cli.run(&["graph", "get", "-o", "dot"]).await.ok();
     assert!(dot.stdout.contains("fillcolor=palegreen"), "{dot:?}");
+
+    // Edit `content` in the example and submit again: the file changes.
+    let edited = std::fs::read_to_string(site_json())
+        .expect("example intent")
+        .replace("listen = 8080", "listen = 9090");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let edited = write(dir.path(), "site.json", &edited);
+    cli.run(&["intent", "submit", "-f", &edited]).await.ok();
+    cli.run(&["reconcile", "--wait"]).await.ok();
+    assert_eq!(
+        std::fs::read_to_string(&config).ok().as_deref(),
+        Some("listen = 9090\n")
+    );
 
     // echo '{"items": []}' | reconctl intent submit -f -
     cli.run_with_input(&["intent", "submit", "-f", "-"], Some(r#"{"items": []}"#))

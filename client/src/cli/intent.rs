@@ -92,10 +92,10 @@ fn tenant_for(
 /// The reply as text: what happened, then the plan.
 fn render(reply: &v1::SubmitIntentResponse, dry_run: bool) -> String {
     let headline = match (dry_run, reply.changed) {
-        (true, true) => format!(
-            "dry run: nothing stored; the intent would change the graph (generation is {})\n",
-            reply.generation
-        ),
+        (true, true) => {
+            "dry run: nothing stored; the intent would change the graph as planned below\n"
+                .to_owned()
+        }
         (true, false) => format!(
             "dry run: nothing stored; the intent equals the stored one (generation {})\n",
             reply.generation
