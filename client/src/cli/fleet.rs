@@ -15,6 +15,11 @@ use crate::proto as v1;
 /// Lists the fleet, or streams its changes with `--watch`.
 pub(crate) async fn run(session: &Session, args: FleetArgs) -> Result<Exit, Failure> {
     if args.watch {
+        if args.output == OutputFormat::Yaml {
+            return Err(Failure::usage(
+                "fleet --watch prints one line per change: use -o table or -o json",
+            ));
+        }
         watch(session, args.since, args.output).await
     } else {
         list(session, args.output).await
