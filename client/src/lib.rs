@@ -9,10 +9,14 @@
 //! - [`proto`]: the generated types of package `reconciled.v1` (a re-export
 //!   of `reconciled_proto::v1`), and [`convert`] between JSON and the
 //!   `google.protobuf` types they use.
+//! - [`cli`]: the `reconctl` command-line tool (feature `cli`, on by
+//!   default).
 #![forbid(unsafe_code)]
 
 pub mod agent;
 mod auth;
+#[cfg(feature = "cli")]
+pub mod cli;
 mod client;
 pub mod convert;
 

@@ -91,20 +91,31 @@ fn build_with_cargo() -> anyhow::Result<PathBuf> {
 /// The example `name` of package `package`, built once per test process
 /// with the test's profile (e.g. the `fs_agent` example agent).
 pub fn example_binary(package: &str, name: &str) -> PathBuf {
-    static EXAMPLES: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
-    let mut built = EXAMPLES
+    built_once(package, "example", name)
+}
+
+/// The binary `name` of package `package` (e.g. `reconctl` of
+/// `reconciled-client`), built once per test process with the test's
+/// profile.
+pub fn package_binary(package: &str, name: &str) -> PathBuf {
+    built_once(package, "bin", name)
+}
+
+fn built_once(package: &str, kind: &str, name: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let key = format!("{package}/{name}");
+    let key = format!("{package}/{kind}/{name}");
     if let Some((_, path)) = built.iter().find(|(k, _)| *k == key) {
         return path.clone();
     }
-    match cargo_build(package, "example", name) {
+    match cargo_build(package, kind, name) {
         Ok(path) => {
             built.push((key, path.clone()));
             path
         }
-        Err(error) => panic!("cannot build example {name} of {package}: {error:#}"),
+        Err(error) => panic!("cannot build {kind} {name} of {package}: {error:#}"),
     }
 }
 

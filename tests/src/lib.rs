@@ -31,7 +31,8 @@ mod server;
 pub mod watch;
 
 pub use binary::{
-    RECONCILED_BIN_ENV, example_binary, reconciled_binary, target_dir, workspace_root,
+    RECONCILED_BIN_ENV, example_binary, package_binary, reconciled_binary, target_dir,
+    workspace_root,
 };
 pub use grpcurl::{GRPCURL_PACKAGE, grpcurl, successful_stdout};
 pub use reconciled_proto as proto;

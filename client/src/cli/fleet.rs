@@ -1,0 +1,226 @@
+//! `reconctl fleet` (and `tenant list`): every tenant with its conditions
+//! and counts; `fleet --watch` streams condition changes across the fleet.
+
+use serde_json::{Value, json};
+
+use super::args::{FleetArgs, OutputFormat};
+use super::failure::{Exit, Failure};
+use super::output::{emit, emit_as, emit_json_line};
+use super::status::{condition_value, counts};
+use super::table::Table;
+use super::watch::stream_failure;
+use super::{Session, json, names};
+use crate::proto as v1;
+
+/// Lists the fleet, or streams its changes with `--watch`.
+pub(crate) async fn run(session: &Session, args: FleetArgs) -> Result<Exit, Failure> {
+    if args.watch {
+        if args.output == OutputFormat::Yaml {
+            return Err(Failure::usage(
+                "fleet --watch prints one line per change: use -o table or -o json",
+            ));
+        }
+        watch(session, args.since, args.output).await
+    } else {
+        list(session, args.output).await
+    }
+}
+
+/// Lists every tenant as a table (or JSON / YAML).
+pub(crate) async fn list(session: &Session, format: OutputFormat) -> Result<Exit, Failure> {
+    let reply = session
+        .client
+        .list_tenants(v1::ListTenantsRequest::default())
+        .await
+        .map_err(|status| session.failed("list tenants", &status))?;
+    emit_as(
+        format,
+        || json!({"tenants": reply.tenants.iter().map(json::tenant).collect::<Vec<Value>>()}),
+        || render(&reply.tenants),
+    )?;
+    Ok(Exit::Success)
+}
+
+/// Why a tenant is not simply Ready: the reason of its Stalled condition
+/// if it holds, else of Ready if it does not hold.
+fn attention(conditions: &[v1::Condition]) -> String {
+    let find = |kind: &str| conditions.iter().find(|c| c.r#type == kind);
+    let holds = |condition: &&v1::Condition| condition.status == v1::ConditionStatus::True as i32;
+    if let Some(stalled) = find("Stalled").filter(holds) {
+        return stalled.reason.clone();
+    }
+    match find("Ready") {
+        Some(ready) if !holds(&ready) => ready.reason.clone(),
+        _ => String::new(),
+    }
+}
+
+/// The tenants as a table.
+fn render(tenants: &[v1::Tenant]) -> String {
+    if tenants.is_empty() {
+        return "no tenants; create one with `reconctl tenant create NAME`\n".to_owned();
+    }
+    let mut table = Table::new(&[
+        "TENANT",
+        "READY",
+        "RECONCILING",
+        "STALLED",
+        "GENERATION",
+        "OBSERVED",
+        "INTENDED",
+        "IN-FLIGHT",
+        "ITEMS",
+        "REASON",
+    ]);
+    for tenant in tenants {
+        let status = tenant.status.clone().unwrap_or_default();
+        table.row(vec![
+            tenant.name.clone(),
+            condition_value(&status.conditions, "Ready"),
+            condition_value(&status.conditions, "Reconciling"),
+            condition_value(&status.conditions, "Stalled"),
+            status.generation.to_string(),
+            status.observed_generation.to_string(),
+            status.intended_items.to_string(),
+            status.operations_in_flight.to_string(),
+            counts(&status),
+            attention(&status.conditions),
+        ]);
+    }
+    table.render()
+}
+
+/// One fleet event as a line.
+fn event_line(event: &v1::FleetEvent) -> String {
+    if event.deleted {
+        return format!("rev {:<6} {} deleted", event.revision, event.tenant);
+    }
+    let conditions: Vec<String> = event
+        .conditions
+        .iter()
+        .map(|condition| {
+            let mut text = format!(
+                "{}={}",
+                condition.r#type,
+                names::condition_status(condition.status)
+            );
+            if !condition.reason.is_empty() {
+                text.push_str(&format!("({})", condition.reason));
+            }
+            text
+        })
+        .collect();
+    format!(
+        "rev {:<6} {} {}",
+        event.revision,
+        event.tenant,
+        conditions.join(" ")
+    )
+}
+
+async fn watch(
+    session: &Session,
+    since: Option<u64>,
+    format: OutputFormat,
+) -> Result<Exit, Failure> {
+    let what = "watch the fleet";
+    let mut stream = session
+        .client
+        .watch_fleet(v1::WatchFleetRequest {
+            start_revision: since.unwrap_or(0),
+        })
+        .await
+        .map_err(|status| stream_failure(session, what, &status, since))?;
+    let mut resume_from = since;
+    loop {
+        let message = match stream.message().await {
+            Ok(Some(message)) => message,
+            Ok(None) => {
+                return Err(Failure::error(format!(
+                    "{what}: the server ended the stream; resume with `reconctl fleet --watch \
+                     --since {}`",
+                    resume_from.unwrap_or(0)
+                )));
+            }
+            Err(status) => return Err(stream_failure(session, what, &status, resume_from)),
+        };
+        match message.message {
+            Some(v1::watch_fleet_response::Message::Events(group)) => {
+                for event in &group.events {
+                    if format == OutputFormat::Table {
+                        emit(&(event_line(event) + "\n"))?;
+                    } else {
+                        emit_json_line(&json::fleet_event(event))?;
+                    }
+                }
+                if !group.continued {
+                    resume_from = Some(group.revision);
+                }
+            }
+            Some(v1::watch_fleet_response::Message::Synced(synced)) => {
+                resume_from = Some(synced.revision);
+                if format == OutputFormat::Table {
+                    emit(&format!(
+                        "rev {:<6} SYNCED live changes follow\n",
+                        synced.revision
+                    ))?;
+                } else {
+                    emit_json_line(&json!({"kind": "SYNCED", "revision": synced.revision}))?;
+                }
+            }
+            Some(v1::watch_fleet_response::Message::Bookmark(bookmark)) => {
+                resume_from = Some(bookmark.revision);
+                if format != OutputFormat::Table {
+                    emit_json_line(&json!({"kind": "BOOKMARK", "revision": bookmark.revision}))?;
+                }
+            }
+            None => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn condition(kind: &str, holds: bool, reason: &str) -> v1::Condition {
+        v1::Condition {
+            r#type: kind.into(),
+            status: if holds {
+                v1::ConditionStatus::True as i32
+            } else {
+                v1::ConditionStatus::False as i32
+            },
+            reason: reason.into(),
+            ..v1::Condition::default()
+        }
+    }
+
+    #[test]
+    fn the_table_shows_conditions_counts_and_why_a_tenant_is_not_ready() {
+        let tenant = v1::Tenant {
+            name: "acme".into(),
+            status: Some(v1::TenantStatus {
+                conditions: vec![
+                    condition("Ready", false, "WAITING_FOR_CONFIGURATOR"),
+                    condition("Reconciling", false, ""),
+                    condition("Stalled", false, ""),
+                ],
+                generation: 3,
+                observed_generation: 3,
+                intended_items: 2,
+                items_by_state: [("PENDING".to_owned(), 2)].into_iter().collect(),
+                ..v1::TenantStatus::default()
+            }),
+            ..v1::Tenant::default()
+        };
+        let text = render(&[tenant]);
+        let row = text.lines().nth(1).expect("a row");
+        assert!(
+            row.starts_with("acme    False  False        False"),
+            "{text}"
+        );
+        assert!(row.contains("PENDING 2"), "{text}");
+        assert!(row.ends_with("WAITING_FOR_CONFIGURATOR"), "{text}");
+    }
+}

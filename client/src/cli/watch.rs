@@ -1,0 +1,350 @@
+//! `reconctl watch`: a tenant's event stream, one line per event (human
+//! text or JSON).
+//!
+//! Every JSON line has `kind` and `revision`: `SNAPSHOT` (current and
+//! intended items as of the revision), `SYNCED` (live events follow),
+//! `BOOKMARK` (nothing matched up to the revision) or an event kind such as
+//! `ITEM_STATUS_CHANGED`. Human output leaves bookmarks out.
+
+use serde_json::{Value, json};
+use tonic::{Code, Status};
+use tonic_types::StatusExt as _;
+
+use super::args::{EventKindArg, StreamFormat, WatchArgs};
+use super::failure::{Exit, Failure};
+use super::output::{emit, emit_json_line};
+use super::{Session, json, names};
+use crate::proto as v1;
+
+/// Streams the tenant's events until the server ends the stream, `--count`
+/// events were shown, or the reader goes away.
+pub(crate) async fn run(session: &Session, args: WatchArgs) -> Result<Exit, Failure> {
+    let tenant = session.tenant()?;
+    let request = v1::WatchRequest {
+        tenant: tenant.clone(),
+        start_revision: args.since.unwrap_or(0),
+        item_types: args.item_types.clone(),
+        kinds: args
+            .kinds
+            .iter()
+            .map(|kind| event_kind(*kind) as i32)
+            .collect(),
+    };
+    let what = format!("watch tenant {tenant:?}");
+    let mut stream = session
+        .client
+        .watch(request)
+        .await
+        .map_err(|status| stream_failure(session, &what, &status, args.since))?;
+    let mut shown = 0u64;
+    let mut resume_from = args.since;
+    if args.count == Some(0) {
+        return Ok(Exit::Success);
+    }
+    loop {
+        let message = match stream.message().await {
+            Ok(Some(message)) => message,
+            Ok(None) => {
+                return Err(Failure::error(format!(
+                    "{what}: the server ended the stream{}",
+                    resume_hint(resume_from)
+                )));
+            }
+            Err(status) => return Err(stream_failure(session, &what, &status, resume_from)),
+        };
+        let Some(message) = message.message else {
+            continue;
+        };
+        match message {
+            v1::watch_response::Message::Snapshot(snapshot) => {
+                print_snapshot(&snapshot, args.output)?;
+            }
+            v1::watch_response::Message::Synced(synced) => {
+                resume_from = Some(synced.revision);
+                print_marker("SYNCED", synced.revision, "live events follow", args.output)?;
+            }
+            v1::watch_response::Message::Bookmark(bookmark) => {
+                resume_from = Some(bookmark.revision);
+                if args.output == StreamFormat::Json {
+                    emit_json_line(&json!({"kind": "BOOKMARK", "revision": bookmark.revision}))?;
+                }
+            }
+            v1::watch_response::Message::Events(group) => {
+                for event in &group.events {
+                    match args.output {
+                        StreamFormat::Human => emit(&(event_line(event) + "\n"))?,
+                        StreamFormat::Json => emit_json_line(&json::event(event))?,
+                    }
+                    shown += 1;
+                    if args.count.is_some_and(|count| shown >= count) {
+                        return Ok(Exit::Success);
+                    }
+                }
+                if !group.continued {
+                    resume_from = Some(group.revision);
+                }
+            }
+        }
+    }
+}
+
+fn event_kind(kind: EventKindArg) -> v1::EventKind {
+    match kind {
+        EventKindArg::IntentChanged => v1::EventKind::IntentChanged,
+        EventKindArg::ItemStatusChanged => v1::EventKind::ItemStatusChanged,
+        EventKindArg::OperationStarted => v1::EventKind::OperationStarted,
+        EventKindArg::OperationFinished => v1::EventKind::OperationFinished,
+        EventKindArg::ConditionsChanged => v1::EventKind::ConditionsChanged,
+        EventKindArg::AgentConnected => v1::EventKind::AgentConnected,
+        EventKindArg::AgentDisconnected => v1::EventKind::AgentDisconnected,
+        EventKindArg::DriftDetected => v1::EventKind::DriftDetected,
+    }
+}
+
+fn resume_hint(revision: Option<u64>) -> String {
+    match revision {
+        Some(revision) if revision > 0 => {
+            format!("; resume with `--since {revision}`")
+        }
+        _ => "; run the command again to resume".to_owned(),
+    }
+}
+
+/// A failed or ended stream; a compacted revision names the oldest one
+/// still retained.
+pub(crate) fn stream_failure(
+    session: &Session,
+    what: &str,
+    status: &Status,
+    resume_from: Option<u64>,
+) -> Failure {
+    let compacted = status
+        .get_error_details()
+        .error_info()
+        .filter(|info| info.reason == "REVISION_COMPACTED")
+        .map(|info| {
+            info.metadata
+                .get("compact_revision")
+                .cloned()
+                .unwrap_or_default()
+        });
+    if status.code() == Code::OutOfRange
+        && let Some(compact_revision) = compacted
+    {
+        return Failure::error(format!(
+            "{what}: revision {} is older than the retained history (which starts after \
+             revision {compact_revision}); watch without --since to start from a snapshot",
+            resume_from.unwrap_or(0)
+        ));
+    }
+    if status.code() == Code::ResourceExhausted {
+        return Failure::error(format!(
+            "{what}: {}; the watcher fell behind{}",
+            status.message(),
+            resume_hint(resume_from)
+        ));
+    }
+    session.failed(what, status)
+}
+
+fn print_marker(
+    kind: &str,
+    revision: u64,
+    text: &str,
+    format: StreamFormat,
+) -> Result<(), Failure> {
+    match format {
+        StreamFormat::Human => emit(&format!("rev {revision:<6} {kind:<21} {text}\n")),
+        StreamFormat::Json => emit_json_line(&json!({"kind": kind, "revision": revision})),
+    }
+}
+
+fn print_snapshot(snapshot: &v1::SnapshotItems, format: StreamFormat) -> Result<(), Failure> {
+    match format {
+        StreamFormat::Json => emit_json_line(&json!({
+            "kind": "SNAPSHOT",
+            "revision": snapshot.revision,
+            "generation": snapshot.generation,
+            "items": snapshot.items.iter().map(json::item_status).collect::<Vec<Value>>(),
+            "intended": snapshot.intended.iter().map(json::intended_item).collect::<Vec<Value>>(),
+            "continued": snapshot.continued,
+        })),
+        StreamFormat::Human => {
+            let mut text = String::new();
+            for item in &snapshot.items {
+                text.push_str(&format!(
+                    "rev {:<6} {:<21} {} {}\n",
+                    snapshot.revision,
+                    "SNAPSHOT",
+                    names::item_ref(item.r#ref.as_ref()),
+                    names::item_state(item.state)
+                ));
+            }
+            if !snapshot.continued {
+                text.push_str(&format!(
+                    "rev {:<6} {:<21} generation {}\n",
+                    snapshot.revision, "SNAPSHOT", snapshot.generation
+                ));
+            }
+            emit(&text)
+        }
+    }
+}
+
+fn state_or(state: i32, absent: &str) -> String {
+    if state == 0 {
+        absent.to_owned()
+    } else {
+        names::item_state(state)
+    }
+}
+
+fn error_suffix(error: Option<&reconciled_proto::google::rpc::Status>) -> String {
+    error.map_or_else(String::new, |error| {
+        format!(" error {}", names::rpc_status(error))
+    })
+}
+
+/// One event as a line: revision, kind, item, states or outcome.
+pub(crate) fn event_line(event: &v1::Event) -> String {
+    use v1::event::Body;
+    let detail = match &event.body {
+        Some(Body::IntentChanged(changed)) => {
+            let listed: Vec<String> = changed
+                .changed
+                .iter()
+                .map(|item| names::item_ref(Some(item)))
+                .collect();
+            let mut text = format!(
+                "generation {}, {} item(s) changed",
+                changed.generation, changed.items_changed
+            );
+            if !listed.is_empty() {
+                text.push_str(": ");
+                text.push_str(&listed.join(", "));
+            }
+            text
+        }
+        Some(Body::ItemStatusChanged(changed)) => format!(
+            "{} {} -> {}{}",
+            names::item_ref(changed.item.as_ref()),
+            state_or(changed.old_state, "(new)"),
+            state_or(changed.new_state, "(removed)"),
+            error_suffix(changed.error.as_ref())
+        ),
+        Some(Body::OperationStarted(started)) => format!(
+            "{} {} (op {}, attempt {})",
+            names::item_ref(started.item.as_ref()),
+            names::operation_kind(started.kind),
+            started.op_id,
+            started.attempt
+        ),
+        Some(Body::OperationFinished(finished)) => format!(
+            "{} {} {} (op {}, attempt {}){}",
+            names::item_ref(finished.item.as_ref()),
+            names::operation_kind(finished.kind),
+            names::outcome(finished.outcome),
+            finished.op_id,
+            finished.attempt,
+            error_suffix(finished.error.as_ref())
+        ),
+        Some(Body::ConditionsChanged(changed)) => {
+            let conditions: Vec<String> = changed
+                .conditions
+                .iter()
+                .map(|condition| {
+                    let mut text = format!(
+                        "{}={}",
+                        condition.r#type,
+                        names::condition_status(condition.status)
+                    );
+                    if !condition.reason.is_empty() {
+                        text.push_str(&format!("({})", condition.reason));
+                    }
+                    text
+                })
+                .collect();
+            format!(
+                "{} (observed generation {})",
+                conditions.join(" "),
+                changed.observed_generation
+            )
+        }
+        Some(Body::AgentConnected(connected)) => format!(
+            "agent {}: {} (epoch {})",
+            connected.agent_id,
+            connected.item_types.join(", "),
+            connected.epoch
+        ),
+        Some(Body::AgentDisconnected(disconnected)) => format!(
+            "agent {}: {} ({})",
+            disconnected.agent_id,
+            disconnected.item_types.join(", "),
+            disconnected.reason
+        ),
+        Some(Body::DriftDetected(drift)) => format!(
+            "{} differs at {}",
+            names::item_ref(drift.item.as_ref()),
+            drift.paths.join(", ")
+        ),
+        None => String::new(),
+    };
+    format!(
+        "rev {:<6} {:<21} {detail}",
+        event.revision,
+        names::event_kind(event.kind)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_ref() -> Option<v1::ItemRef> {
+        Some(v1::ItemRef {
+            r#type: "file".into(),
+            name: "config".into(),
+        })
+    }
+
+    #[test]
+    fn events_read_as_one_line_each() {
+        let event = v1::Event {
+            revision: 7,
+            kind: v1::EventKind::ItemStatusChanged as i32,
+            body: Some(v1::event::Body::ItemStatusChanged(v1::ItemStatusChanged {
+                item: file_ref(),
+                old_state: v1::ItemState::Pending as i32,
+                new_state: v1::ItemState::Creating as i32,
+                ..v1::ItemStatusChanged::default()
+            })),
+            ..v1::Event::default()
+        };
+        assert_eq!(
+            event_line(&event),
+            "rev 7      ITEM_STATUS_CHANGED   file/config PENDING -> CREATING"
+        );
+        let finished = v1::Event {
+            revision: 8,
+            kind: v1::EventKind::OperationFinished as i32,
+            body: Some(v1::event::Body::OperationFinished(v1::OperationFinished {
+                item: file_ref(),
+                kind: v1::OperationKind::Create as i32,
+                op_id: "op-1".into(),
+                attempt: 2,
+                outcome: v1::Outcome::Failed as i32,
+                error: Some(reconciled_proto::google::rpc::Status {
+                    code: 14,
+                    message: "disk busy".into(),
+                    details: Vec::new(),
+                }),
+            })),
+            ..v1::Event::default()
+        };
+        assert_eq!(
+            event_line(&finished),
+            "rev 8      OPERATION_FINISHED    file/config CREATE FAILED (op op-1, attempt 2) \
+             error UNAVAILABLE: disk busy"
+        );
+    }
+}
