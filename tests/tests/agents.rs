@@ -54,6 +54,7 @@ async fn a_chain_is_created_dependencies_first() {
         ["create t/c", "create t/b", "create t/a"]
     );
     let status = tenant.wait_until_ready().await;
+    assert_eq!(status.connected_item_types, ["t"], "the agent's type");
     assert_eq!(
         status.items_by_state.get("CREATED"),
         Some(&3),

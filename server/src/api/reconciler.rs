@@ -160,7 +160,7 @@ impl Reconciler for ReconcilerService {
                 .collect(),
             operations_total,
             truncated,
-            status: Some(tenant_status(&snapshot, Vec::new())),
+            status: Some(tenant_status(&snapshot)),
         }))
     }
 
@@ -222,7 +222,7 @@ impl Reconciler for ReconcilerService {
         let handle = self.context.tenant(caller, &request.get_ref().tenant)?;
         let snapshot = handle.snapshots.latest();
         Ok(Response::new(v1::GetStatusResponse {
-            status: Some(tenant_status(&snapshot, Vec::new())),
+            status: Some(tenant_status(&snapshot)),
         }))
     }
 

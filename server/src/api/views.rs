@@ -8,10 +8,7 @@ use crate::tenant::{TenantLimits, TenantSnapshot};
 use super::convert::timestamp_from_ms;
 
 /// A tenant's status as of a snapshot.
-pub fn tenant_status(
-    snapshot: &TenantSnapshot,
-    connected_item_types: Vec<String>,
-) -> v1::TenantStatus {
+pub fn tenant_status(snapshot: &TenantSnapshot) -> v1::TenantStatus {
     v1::TenantStatus {
         tenant: snapshot.record.name.clone(),
         generation: snapshot.record.generation,
@@ -31,7 +28,7 @@ pub fn tenant_status(
             .collect(),
         intended_items: snapshot.intended.len() as u64,
         operations_in_flight: snapshot.in_flight as u64,
-        connected_item_types,
+        connected_item_types: snapshot.connected_item_types.clone(),
     }
 }
 
@@ -81,6 +78,6 @@ pub fn tenant_to_proto(snapshot: &TenantSnapshot) -> v1::Tenant {
         name: snapshot.record.name.clone(),
         created_at: Some(timestamp_from_ms(snapshot.record.created_at_ms)),
         limits: Some(limits_to_proto(&snapshot.record.limits)),
-        status: Some(tenant_status(snapshot, Vec::new())),
+        status: Some(tenant_status(snapshot)),
     }
 }

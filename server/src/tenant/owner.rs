@@ -145,7 +145,11 @@ impl TenantHandle {
     /// Starts the owner task of a loaded tenant.
     pub fn spawn(state: TenantState, store: Arc<dyn Store>, settings: OwnerSettings) -> Self {
         let (commands, receiver) = mpsc::channel(256);
-        let snapshots = Arc::new(SnapshotHistory::new(TenantSnapshot::capture(&state, 0)));
+        let snapshots = Arc::new(SnapshotHistory::new(TenantSnapshot::capture(
+            &state,
+            0,
+            Vec::new(),
+        )));
         let events = Arc::new(TenantEvents::new(
             store.clone(),
             state.record.id,
@@ -488,8 +492,10 @@ impl Owner {
                 &seeds,
                 &self.environment(now),
             );
+            // The contract: a dry run leaves the generation as it is and
+            // says so.
             return Ok(SubmitOutcome {
-                generation: change.generation,
+                generation: self.state.record.generation,
                 changed: !change.is_empty(),
                 plan,
                 revision: self.state.record.revision,
@@ -562,8 +568,7 @@ impl Owner {
         record.token_hash = token_hash;
         self.commit_current_updates(Vec::new(), Some(record))
             .await?;
-        self.snapshots
-            .publish(TenantSnapshot::capture(&self.state, 0));
+        self.publish();
         Ok(())
     }
 
@@ -998,8 +1003,18 @@ impl Owner {
 
     /// Publishes a snapshot of the current state.
     pub(super) fn publish(&self) {
-        self.snapshots
-            .publish(TenantSnapshot::capture(&self.state, self.in_flight_count()));
+        self.snapshots.publish(TenantSnapshot::capture(
+            &self.state,
+            self.in_flight_count(),
+            self.connected_item_types(),
+        ));
+    }
+
+    /// The item types a live session holds, sorted.
+    fn connected_item_types(&self) -> Vec<String> {
+        let mut types: Vec<String> = self.sessions.keys().cloned().collect();
+        types.sort();
+        types
     }
 }
 

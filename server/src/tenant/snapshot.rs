@@ -32,11 +32,17 @@ pub struct TenantSnapshot {
     pub counts: StateCounts,
     /// Operations in flight.
     pub in_flight: usize,
+    /// Item types a configurator is connected for, sorted.
+    pub connected_item_types: Vec<String>,
 }
 
 impl TenantSnapshot {
     /// Captures the owner's state.
-    pub fn capture(state: &TenantState, in_flight: usize) -> Self {
+    pub fn capture(
+        state: &TenantState,
+        in_flight: usize,
+        connected_item_types: Vec<String>,
+    ) -> Self {
         Self {
             record: state.record.clone(),
             intended: state.intended.snapshot(),
@@ -44,6 +50,7 @@ impl TenantSnapshot {
             waiting: state.waiting.items(),
             counts: state.counts.clone(),
             in_flight,
+            connected_item_types,
         }
     }
 }
