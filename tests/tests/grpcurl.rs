@@ -153,3 +153,78 @@ async fn grpcurl_streams_watch_events() {
     assert!(output.contains("\"generation\": \"1\""), "{output}");
     child.kill().await.expect("grpcurl stops");
 }
+
+/// The README's grpcurl recipe, run as written (against this test's
+/// server address and data directory): every call succeeds and the Watch
+/// streams a snapshot and `synced`.
+#[tokio::test]
+async fn the_readme_grpcurl_recipe_runs_as_written() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let server = ServerProcess::start(ServerOptions::default().without_admin_token())
+        .await
+        .expect("starts");
+    let readme = std::fs::read_to_string(reconciled_tests::workspace_root().join("README.md"))
+        .expect("README.md");
+    let section = readme
+        .split("### With grpcurl only")
+        .nth(1)
+        .expect("the README has a grpcurl section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a sh block in the grpcurl section");
+    let block = block
+        .replace("localhost:50051", &server.addr().to_string())
+        .replace(
+            "reconciled-data/admin.token",
+            &server.data_dir().join("admin.token").display().to_string(),
+        );
+    let (commands, watch): (Vec<&str>, Vec<&str>) = block
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .partition(|line| !line.contains("Reconciler/Watch"));
+    assert_eq!(watch.len(), 1, "one Watch line: {block}");
+    let grpcurl_dir = reconciled_tests::grpcurl()
+        .parent()
+        .expect("grpcurl's directory")
+        .to_path_buf();
+    let path = format!(
+        "{}:{}",
+        grpcurl_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    // Everything but the Watch, then the Watch (replacing the shell), read
+    // until it has streamed `synced` and the submitted item.
+    let script = format!(
+        "set -euo pipefail\n{}\nexec {}\n",
+        commands.join("\n"),
+        watch[0]
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut child = tokio::process::Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(dir.path())
+        .env("PATH", &path)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("bash runs");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut shown = String::new();
+    while !(shown.contains("\"synced\"") && shown.contains("\"etc\"")) {
+        let line = tokio::time::timeout(std::time::Duration::from_secs(30), lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("the recipe stalled: {shown}"))
+            .expect("reads the output")
+            .unwrap_or_else(|| panic!("the recipe ended before the Watch streamed: {shown}"));
+        shown.push_str(&line);
+        shown.push('\n');
+    }
+    assert!(shown.contains("reconciled.v1.Tenants"), "{shown}");
+    assert!(shown.contains("\"changed\": true"), "{shown}");
+    assert!(shown.contains("\"intended\""), "{shown}");
+    child.kill().await.expect("the watch stops");
+}
