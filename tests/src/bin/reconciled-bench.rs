@@ -58,6 +58,8 @@ use reconciled_tests::{ServerOptions, ServerProcess};
 
 #[path = "reconciled_bench/operations.rs"]
 mod operations;
+#[path = "reconciled_bench/scale.rs"]
+mod scale;
 #[path = "reconciled_bench/watch.rs"]
 mod watch;
 
@@ -103,6 +105,9 @@ enum Command {
     /// Events per second delivered to 1, 100 and 1000 watchers, and the
     /// delay from commit to delivery, versus a bare tonic fan-out.
     Watch(watch::WatchArgs),
+    /// Many tenants and agents on one server: resident memory, start-up
+    /// time, and the time until every tenant is Ready after a restart.
+    Scale(scale::ScaleArgs),
     /// Internal: the bare tonic echo server `operations` starts as a child
     /// process; prints its address on stdout, exits when stdin closes.
     #[command(hide = true)]
@@ -136,6 +141,7 @@ fn main() -> anyhow::Result<()> {
         Command::Submit(args) => submit_benchmark(&args),
         Command::Operations(args) => operations::operations_benchmark(&args),
         Command::Watch(args) => watch::watch_benchmark(&args),
+        Command::Scale(args) => scale::scale_benchmark(&args),
         Command::EchoServer => operations::echo_server_main(),
         Command::FanoutServer => watch::fanout_server_main(),
     }
