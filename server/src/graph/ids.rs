@@ -4,6 +4,10 @@
 //! their dependencies) once, when the item is inserted. Its edges are then
 //! lists of [`ItemId`]s, so following them (the planner's inner loop) is
 //! array access instead of hashing and comparing `type/name` strings.
+//! The identities it keeps share one allocation per type name, so cloning
+//! or comparing them touches less memory.
+
+use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
@@ -29,6 +33,8 @@ pub(super) struct IdTable<T> {
     by_ref: FxHashMap<ItemRef, ItemId>,
     slots: Vec<Option<Slot<T>>>,
     free: Vec<ItemId>,
+    /// The shared type names, with how many slots use each.
+    types: FxHashMap<Arc<str>, u32>,
 }
 
 impl<T> Default for IdTable<T> {
@@ -37,6 +43,7 @@ impl<T> Default for IdTable<T> {
             by_ref: FxHashMap::default(),
             slots: Vec::new(),
             free: Vec::new(),
+            types: FxHashMap::default(),
         }
     }
 }
@@ -50,6 +57,15 @@ impl<T: Default> IdTable<T> {
             }
             return id;
         }
+        let item_type = match self.types.get_key_value(&item.item_type) {
+            Some((shared, _)) => shared.clone(),
+            None => item.item_type.clone(),
+        };
+        *self.types.entry(item_type.clone()).or_default() += 1;
+        let item = ItemRef {
+            item_type,
+            name: item.name.clone(),
+        };
         let slot = Slot {
             item: item.clone(),
             uses: 1,
@@ -67,7 +83,7 @@ impl<T: Default> IdTable<T> {
                 ItemId::try_from(self.slots.len() - 1).unwrap_or(ItemId::MAX)
             }
         };
-        self.by_ref.insert(item.clone(), id);
+        self.by_ref.insert(item, id);
         id
     }
 
@@ -83,6 +99,12 @@ impl<T: Default> IdTable<T> {
         }
         if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::take) {
             self.by_ref.remove(&slot.item);
+            if let Some(users) = self.types.get_mut(&slot.item.item_type) {
+                *users -= 1;
+                if *users == 0 {
+                    self.types.remove(&slot.item.item_type);
+                }
+            }
             self.free.push(id);
         }
     }
@@ -143,5 +165,21 @@ mod tests {
         assert_eq!(id_b, id_a, "a released id is reused");
         assert_eq!(table.item(id_b), Some(&b));
         assert_eq!(table.bound(), 1);
+        table.release(id_b);
+        assert!(
+            table.types.is_empty(),
+            "type names go with their last identity"
+        );
+    }
+
+    #[test]
+    fn identities_of_one_type_share_the_type_name() {
+        let mut table: IdTable<u8> = IdTable::default();
+        let a = table.acquire(&ItemRef::new("t", "a"));
+        let b = table.acquire(&ItemRef::new("t", "b"));
+        let (Some(a), Some(b)) = (table.item(a), table.item(b)) else {
+            panic!("both identities are kept");
+        };
+        assert!(Arc::ptr_eq(&a.item_type, &b.item_type));
     }
 }

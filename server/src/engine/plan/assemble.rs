@@ -247,7 +247,7 @@ fn order_operations<E: PlanEnvironment>(
     let mut ready: BinaryHeap<Reverse<u32>> = BinaryHeap::new();
     for (index, &waits_for) in pending.iter().enumerate() {
         if waits_for == 0 {
-            barriers.release(index, drafts[index].kind, item_type(index), &mut ready);
+            barriers.release(index, drafts[index].kind, || item_type(index), &mut ready);
         }
     }
     let mut new_index: Vec<usize> = vec![usize::MAX; count];
@@ -266,7 +266,7 @@ fn order_operations<E: PlanEnvironment>(
                 barriers.release(
                     successor,
                     drafts[successor].kind,
-                    item_type(successor),
+                    || item_type(successor),
                     &mut ready,
                 );
             }
@@ -343,14 +343,14 @@ impl<'p> TypeBarriers<'p> {
         &mut self,
         index: usize,
         kind: OperationKind,
-        item_type: &'p str,
+        item_type: impl FnOnce() -> &'p str,
         ready: &mut BinaryHeap<Reverse<u32>>,
     ) {
         let index = u32::try_from(index).unwrap_or(u32::MAX);
-        if kind == OperationKind::Create
-            && !self.deletes_left.is_empty()
-            && self.deletes_left.get(item_type).copied().unwrap_or(0) > 0
-        {
+        let held_type = (kind == OperationKind::Create && !self.deletes_left.is_empty())
+            .then(item_type)
+            .filter(|item_type| self.deletes_left.get(item_type).copied().unwrap_or(0) > 0);
+        if let Some(item_type) = held_type {
             self.held.entry(item_type).or_default().push(index);
         } else {
             ready.push(Reverse(index));

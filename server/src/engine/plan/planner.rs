@@ -368,15 +368,15 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let (entry, intended_id) = (node.intended, node.intended_id);
         let start = self.edges.len();
         if let (Some(entry), Some(intended_id)) = (entry, intended_id) {
-            let targets = intended.required_ids(intended_id);
-            for (index, dependency) in entry.item.dependencies.iter().enumerate() {
-                let target = match targets.get(index) {
-                    Some(&target) => self.node_for_intended(target),
-                    None => None,
-                };
-                let target = match target {
+            // The graph's id list is index-aligned with the dependencies;
+            // the item itself is read only if an id were ever unknown.
+            for (index, &target) in intended.required_ids(intended_id).iter().enumerate() {
+                let target = match self.node_for_intended(target) {
                     Some(target) => target,
-                    None => self.id(&dependency.requires),
+                    None => match entry.item.dependencies.get(index) {
+                        Some(dependency) => self.id(&dependency.requires),
+                        None => continue,
+                    },
                 };
                 self.edges.push(target);
             }
