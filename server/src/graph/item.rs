@@ -13,7 +13,7 @@ pub type Properties = serde_json::Map<String, serde_json::Value>;
 ///
 /// Cloning is cheap (both parts are reference counted), so graphs and plans
 /// pass identities around by value.
-#[derive(Clone, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Eq, Serialize, Deserialize)]
 pub struct ItemRef {
     /// The item type, e.g. `interface`.
     pub item_type: Arc<str>,
@@ -48,6 +48,14 @@ fn compare_parts(left: &Arc<str>, right: &Arc<str>) -> Ordering {
 impl PartialEq for ItemRef {
     fn eq(&self, other: &Self) -> bool {
         same_part(&self.item_type, &other.item_type) && same_part(&self.name, &other.name)
+    }
+}
+
+/// Hashes the text of both parts, consistent with equality.
+impl std::hash::Hash for ItemRef {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.item_type.hash(state);
+        self.name.hash(state);
     }
 }
 

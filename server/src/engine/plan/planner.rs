@@ -664,7 +664,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 continue;
             }
             if !in_progress.insert(id) {
-                let schedule = cycle_in_current_state(&self.node(id).item, OperationKind::Delete);
+                let schedule = cycle_in_current_state(self.node(id).item, OperationKind::Delete);
                 self.node_mut(id).delete_schedule = Some(schedule);
                 continue;
             }
@@ -691,17 +691,17 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             return Schedule::NotNeeded;
         }
         if current.is_busy() {
-            return waiting_on_itself(&item, current, kind);
+            return waiting_on_itself(item, current, kind);
         }
         let target_generation = node.intended.map_or(0, |entry| entry.generation);
         if current.last_operation == Some(kind) && current.failed_terminally_at(target_generation) {
-            return terminal(&item, current, kind);
+            return terminal(item, current, kind);
         }
         if self.in_backoff(current) {
-            return backoff(&item, current, kind);
+            return backoff(item, current, kind);
         }
         if !self.environment.has_configurator(&item.item_type) {
-            return no_configurator(&item, kind);
+            return no_configurator(item, kind);
         }
         let mut after = Vec::new();
         let mut blocked_by = Vec::new();
@@ -778,7 +778,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 continue;
             }
             if !in_progress.insert(id) {
-                let schedule = cycle_in_current_state(&self.node(id).item, OperationKind::Create);
+                let schedule = cycle_in_current_state(self.node(id).item, OperationKind::Create);
                 self.node_mut(id).change_schedule = Some(schedule);
                 continue;
             }
@@ -807,14 +807,14 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         };
         if let Some(current) = self.current_of(id) {
             if current.is_busy() {
-                return waiting_on_itself(&item, current, kind);
+                return waiting_on_itself(item, current, kind);
             }
             if !recreating {
                 if current.failed_terminally_at(entry.generation) {
-                    return terminal(&item, current, kind);
+                    return terminal(item, current, kind);
                 }
                 if self.in_backoff(current) {
-                    return backoff(&item, current, kind);
+                    return backoff(item, current, kind);
                 }
             }
         }
@@ -880,7 +880,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 hopeless,
             }
         } else if !self.environment.has_configurator(&item.item_type) {
-            no_configurator(&item, kind)
+            no_configurator(item, kind)
         } else if !waits_on_operations.is_empty() {
             Schedule::Waiting {
                 kind,
