@@ -3,7 +3,9 @@
 //! Items live in persistent ordered maps (`imbl::OrdMap`): cloning one is
 //! O(1), which is how readers get an immutable snapshot of a tenant while
 //! its owner keeps changing it. The indexes of dependents are only needed by
-//! the owner and the planner, so they are plain hash maps.
+//! the owner and the planner, so they are plain hash maps. The intended
+//! graph also names every identity it mentions with an integer
+//! ([`ItemId`]) and keeps its edges in that form, for the planner.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -11,6 +13,7 @@ use std::sync::Arc;
 use imbl::OrdMap;
 use rustc_hash::FxHashMap;
 
+use super::ids::{IdTable, ItemId};
 use super::item::{Item, ItemRef};
 use super::predicate::{Predicate, PredicateError};
 use super::state::CurrentItem;
@@ -98,11 +101,46 @@ impl IntendedItem {
     }
 }
 
+/// The facts about an intended item that planning reads for every edge,
+/// kept next to the edges so reading them does not follow pointers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ItemSummary {
+    /// The item is external (never operated on).
+    pub external: bool,
+    /// The tenant generation that last changed the item.
+    pub generation: u64,
+    /// Some dependency has a `must_satisfy` predicate.
+    pub has_predicates: bool,
+}
+
+impl ItemSummary {
+    fn of(entry: &IntendedItem) -> Self {
+        Self {
+            external: entry.item.external,
+            generation: entry.generation,
+            has_predicates: entry.predicates.iter().any(Option::is_some),
+        }
+    }
+}
+
+/// What the intended graph keeps per interned identity.
+#[derive(Clone, Debug, Default)]
+struct Edges {
+    /// The intended item with this identity, if there is one.
+    entry: Option<Arc<IntendedItem>>,
+    /// Its summary (meaningful while `entry` is set).
+    summary: ItemSummary,
+    /// Its dependencies' targets, in declaration order.
+    required: Box<[ItemId]>,
+    /// The intended items that require this identity.
+    dependents: BTreeSet<ItemId>,
+}
+
 /// The intended graph: what users asked for.
 #[derive(Clone, Debug, Default)]
 pub struct IntendedGraph {
     items: OrdMap<ItemRef, Arc<IntendedItem>>,
-    dependents: DependentsIndex,
+    ids: IdTable<Edges>,
     subgraphs: BTreeMap<String, BTreeSet<ItemRef>>,
 }
 
@@ -116,19 +154,52 @@ impl IntendedGraph {
     pub fn insert(&mut self, entry: IntendedItem) -> Option<Arc<IntendedItem>> {
         let key = entry.item.item_ref();
         let previous = self.remove(&key);
-        self.dependents.add(&key, entry.item.required_items());
+        let id = self.ids.acquire(&key);
+        let required: Box<[ItemId]> = entry
+            .item
+            .required_items()
+            .map(|target| self.ids.acquire(target))
+            .collect();
+        for &target in &required {
+            if let Some(edges) = self.ids.data_mut(target) {
+                edges.dependents.insert(id);
+            }
+        }
         self.subgraphs
             .entry(entry.item.subgraph.clone())
             .or_default()
             .insert(key.clone());
-        self.items.insert(key, Arc::new(entry));
+        let summary = ItemSummary::of(&entry);
+        let entry = Arc::new(entry);
+        if let Some(edges) = self.ids.data_mut(id) {
+            edges.entry = Some(entry.clone());
+            edges.summary = summary;
+            edges.required = required;
+        }
+        self.items.insert(key, entry);
         previous
     }
 
     /// Removes and returns the item with identity `item`.
     pub fn remove(&mut self, item: &ItemRef) -> Option<Arc<IntendedItem>> {
         let previous = self.items.remove(item)?;
-        self.dependents.remove(item, previous.item.required_items());
+        if let Some(id) = self.ids.get(item) {
+            let required = self
+                .ids
+                .data_mut(id)
+                .map(|edges| {
+                    edges.entry = None;
+                    std::mem::take(&mut edges.required)
+                })
+                .unwrap_or_default();
+            for &target in &required {
+                if let Some(edges) = self.ids.data_mut(target) {
+                    edges.dependents.remove(&id);
+                }
+                self.ids.release(target);
+            }
+            self.ids.release(id);
+        }
         if let Some(listed) = self.subgraphs.get_mut(&previous.item.subgraph) {
             listed.remove(item);
             if listed.is_empty() {
@@ -149,9 +220,57 @@ impl IntendedGraph {
             .flat_map(|(_, items)| items.iter())
     }
 
-    /// Items whose intended value requires `item`.
+    /// Items whose intended value requires `item` (in no particular order).
     pub fn dependents_of(&self, item: &ItemRef) -> impl Iterator<Item = &ItemRef> {
-        self.dependents.dependents_of(item)
+        self.ids
+            .get(item)
+            .into_iter()
+            .flat_map(|id| self.dependent_ids(id))
+            .filter_map(|id| self.ids.item(id))
+    }
+
+    /// The id of identity `item`, if the graph mentions it (as an item or
+    /// as a dependency target).
+    pub fn id_of(&self, item: &ItemRef) -> Option<ItemId> {
+        self.ids.get(item)
+    }
+
+    /// The identity named `id`.
+    pub fn identity(&self, id: ItemId) -> Option<&ItemRef> {
+        self.ids.item(id)
+    }
+
+    /// The intended item named `id`, if it is intended (and not only
+    /// required by something).
+    pub fn get_by_id(&self, id: ItemId) -> Option<&Arc<IntendedItem>> {
+        self.ids.data(id).and_then(|edges| edges.entry.as_ref())
+    }
+
+    /// The intended item named `id` with its summary, if it is intended.
+    pub fn entry_by_id(&self, id: ItemId) -> Option<(&Arc<IntendedItem>, ItemSummary)> {
+        self.ids
+            .data(id)
+            .and_then(|edges| Some((edges.entry.as_ref()?, edges.summary)))
+    }
+
+    /// The targets of the dependencies of the item named `id`, in
+    /// declaration order (index-aligned with its `dependencies`).
+    pub fn required_ids(&self, id: ItemId) -> &[ItemId] {
+        self.ids.data(id).map_or(&[], |edges| &edges.required)
+    }
+
+    /// The ids of the items whose intended value requires `id`.
+    pub fn dependent_ids(&self, id: ItemId) -> impl Iterator<Item = ItemId> + '_ {
+        self.ids
+            .data(id)
+            .into_iter()
+            .flat_map(|edges| edges.dependents.iter().copied())
+    }
+
+    /// One more than the largest id in use: arrays indexed by id need this
+    /// many entries.
+    pub fn id_bound(&self) -> usize {
+        self.ids.bound()
     }
 
     /// An O(1) immutable copy of the items, for readers.

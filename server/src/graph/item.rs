@@ -13,7 +13,7 @@ pub type Properties = serde_json::Map<String, serde_json::Value>;
 ///
 /// Cloning is cheap (both parts are reference counted), so graphs and plans
 /// pass identities around by value.
-#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Eq, Serialize, Deserialize)]
 pub struct ItemRef {
     /// The item type, e.g. `interface`.
     pub item_type: Arc<str>,
@@ -31,11 +31,38 @@ impl ItemRef {
     }
 }
 
+/// Two parts are equal when they share their allocation (identities cloned
+/// from one another do) or their text.
+fn same_part(left: &Arc<str>, right: &Arc<str>) -> bool {
+    Arc::ptr_eq(left, right) || left == right
+}
+
+fn compare_parts(left: &Arc<str>, right: &Arc<str>) -> Ordering {
+    if Arc::ptr_eq(left, right) {
+        Ordering::Equal
+    } else {
+        left.cmp(right)
+    }
+}
+
+impl PartialEq for ItemRef {
+    fn eq(&self, other: &Self) -> bool {
+        same_part(&self.item_type, &other.item_type) && same_part(&self.name, &other.name)
+    }
+}
+
+/// Hashes the text of both parts, consistent with equality.
+impl std::hash::Hash for ItemRef {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.item_type.hash(state);
+        self.name.hash(state);
+    }
+}
+
 impl Ord for ItemRef {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.item_type
-            .cmp(&other.item_type)
-            .then_with(|| self.name.cmp(&other.name))
+        compare_parts(&self.item_type, &other.item_type)
+            .then_with(|| compare_parts(&self.name, &other.name))
     }
 }
 

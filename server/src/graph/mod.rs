@@ -2,12 +2,16 @@
 //! equality, validation, dependency indexes and `must_satisfy` predicates.
 
 mod graphs;
+mod ids;
 mod item;
 pub mod predicate;
 mod state;
 pub mod validate;
 
-pub use graphs::{CurrentGraph, DependentsIndex, IntendedGraph, IntendedItem, subgraph_contains};
+pub use graphs::{
+    CurrentGraph, DependentsIndex, IntendedGraph, IntendedItem, ItemSummary, subgraph_contains,
+};
+pub use ids::ItemId;
 pub use item::{Dependency, Item, ItemRef, Properties};
 pub use predicate::{Predicate, PredicateError};
 pub use state::{CurrentItem, InFlight, ItemState, OperationError, OperationKind, code};

@@ -2,10 +2,10 @@
 //! deterministic topological order, waiting items, cancels, drops.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::need::Need;
 use super::planner::{Id, OperationKey, Planner, Schedule};
@@ -14,15 +14,15 @@ use crate::graph::{ItemRef, ItemState, OperationKind};
 
 /// An operation before ordering.
 struct Draft {
-    key: OperationKey,
-    item: ItemRef,
+    node: Id,
+    kind: OperationKind,
     after: Vec<OperationKey>,
     recreate: bool,
     ask_needs_recreate: bool,
     target_generation: u64,
 }
 
-fn waiting_item(item: &ItemRef, schedule: &Schedule) -> Option<WaitingItem> {
+fn waiting_item(item: &ItemRef, schedule: Schedule) -> Option<WaitingItem> {
     match schedule {
         Schedule::Waiting {
             kind,
@@ -31,15 +31,20 @@ fn waiting_item(item: &ItemRef, schedule: &Schedule) -> Option<WaitingItem> {
             ..
         } => Some(WaitingItem {
             item: item.clone(),
-            operation: *kind,
-            reason: *reason,
-            blocked_by: blocked_by.clone(),
+            operation: kind,
+            reason,
+            blocked_by,
         }),
         Schedule::Ready { .. } | Schedule::NotNeeded => None,
     }
 }
 
 /// Builds the plan from a finished planning run.
+///
+/// Items are walked in identity order, so drafts come out ordered by
+/// (item, kind) — the tie-break of the topological order — and the waiting,
+/// forget, cancel, settle and unconverged lists come out sorted, without
+/// comparing names.
 pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan {
     let mut plan = Plan {
         examined: planner.examined.len(),
@@ -49,20 +54,42 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
     let mut waiting: Vec<WaitingItem> = Vec::new();
     let mut unconverged: Vec<ItemRef> = Vec::new();
 
-    let examined: Vec<Id> = planner.examined.clone();
-    for id in examined {
+    let order = std::mem::take(&mut planner.order);
+    for &id in &order {
         let need = planner.need(id);
-        let node = planner.node(id);
-        let item = node.item.clone();
-        let intended_generation = node.intended.map(|entry| entry.generation);
+        let node = planner.node_mut(id);
+        let item = node.item;
+        let intended_generation = node.intended.map(|_| node.summary.generation);
         let recreate = intended_generation.is_some() && node.deleting;
-        let mut waits = None;
-        if let Some(schedule) = &node.delete_schedule {
+        let delete_schedule = node.delete_schedule.take();
+        let change_schedule = node.change_schedule.take();
+        let mut has_operation = false;
+        // Create and Modify sort before Delete for one item.
+        let mut change_waits = None;
+        if let Some(schedule) = change_schedule {
             if let Schedule::Ready { kind, after } = schedule {
+                has_operation = true;
                 drafts.push(Draft {
-                    key: (id, *kind),
-                    item: item.clone(),
-                    after: after.clone(),
+                    node: id,
+                    kind,
+                    after,
+                    recreate,
+                    ask_needs_recreate: kind == OperationKind::Modify
+                        && matches!(need, Need::Modify { ask: true }),
+                    target_generation: intended_generation.unwrap_or(0),
+                });
+            } else {
+                change_waits = waiting_item(item, schedule);
+            }
+        }
+        let mut waits = None;
+        if let Some(schedule) = delete_schedule {
+            if let Schedule::Ready { kind, after } = schedule {
+                has_operation = true;
+                drafts.push(Draft {
+                    node: id,
+                    kind,
+                    after,
                     recreate,
                     ask_needs_recreate: false,
                     target_generation: if recreate {
@@ -71,65 +98,50 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
                         0
                     },
                 });
-            }
-            waits = waiting_item(&item, schedule);
-        }
-        if let Some(schedule) = &node.change_schedule {
-            if let Schedule::Ready { kind, after } = schedule {
-                drafts.push(Draft {
-                    key: (id, *kind),
-                    item: item.clone(),
-                    after: after.clone(),
-                    recreate,
-                    ask_needs_recreate: *kind == OperationKind::Modify
-                        && matches!(need, Need::Modify { ask: true }),
-                    target_generation: intended_generation.unwrap_or(0),
-                });
-            }
-            if waits.is_none() {
-                waits = waiting_item(&item, schedule);
+            } else {
+                waits = waiting_item(item, schedule);
             }
         }
+        let waits = waits.or(change_waits);
+        let is_waiting = waits.is_some();
         if let Some(waits) = waits {
             waiting.push(waits);
         }
-        classify_bookkeeping(planner, id, need, &mut plan, &mut unconverged);
+        let bookkept = classify_bookkeeping(planner, id, need, &mut plan);
+        if has_operation || is_waiting || bookkept {
+            unconverged.push(item.clone());
+        }
     }
 
-    let (operations, type_barriers) = order(drafts);
-    unconverged.extend(operations.iter().map(|operation| operation.item.clone()));
-    unconverged.extend(waiting.iter().map(|waiting| waiting.item.clone()));
-    waiting.sort_by(|a, b| a.item.cmp(&b.item));
+    let (operations, type_barriers) = order_operations(planner, drafts);
     plan.operations = operations;
     plan.type_barriers = type_barriers;
     plan.waiting = waiting;
-    plan.unconverged = unconverged.into_iter().collect::<BTreeSet<_>>();
+    // Already sorted and unique: collecting only checks that.
+    plan.unconverged = unconverged.into_iter().collect();
     plan
 }
 
-/// Cancels, drops, settles, and the unconverged set for one item.
+/// Cancels, drops and settles for one item; whether they leave it
+/// unconverged.
 fn classify_bookkeeping<E: PlanEnvironment>(
     planner: &Planner<'_, E>,
     id: Id,
     need: Need,
     plan: &mut Plan,
-    unconverged: &mut Vec<ItemRef>,
-) {
+) -> bool {
     let node = planner.node(id);
-    let item = &node.item;
+    let item = node.item;
     let intended = node.intended;
     let Some(current) = node.current else {
-        return;
+        return false;
     };
     if node.dropped {
         plan.forget
             .push((item.clone(), ForgetReason::DeletedWithExternal));
-        unconverged.push(item.clone());
-        return;
+        return true;
     }
-    if current.is_busy() {
-        unconverged.push(item.clone());
-    }
+    let busy = current.is_busy();
     if let Some(operation) = &current.in_flight {
         let superseded = matches!(
             operation.kind,
@@ -139,15 +151,15 @@ fn classify_bookkeeping<E: PlanEnvironment>(
         if superseded && !operation.cancel_requested {
             plan.cancel.push(item.clone());
         }
-        return;
+        return busy;
     }
-    if current.is_busy() {
-        return;
+    if busy {
+        return true;
     }
     let operated_on = intended.is_some_and(|entry| !entry.item.external);
     if !operated_on && intended.is_none() && !current.may_exist() {
         plan.forget.push((item.clone(), ForgetReason::NeverCreated));
-        return;
+        return false;
     }
     if need == Need::Nothing
         && current.state == ItemState::Failed
@@ -155,111 +167,107 @@ fn classify_bookkeeping<E: PlanEnvironment>(
         && !node.deleting
     {
         plan.settle.push(item.clone());
-        unconverged.push(item.clone());
+        return true;
     }
+    false
 }
 
-fn order(drafts: Vec<Draft>) -> (Vec<PlannedOperation>, BTreeMap<Arc<str>, Vec<usize>>) {
-    let index_of: FxHashMap<OperationKey, usize> = drafts
-        .iter()
-        .enumerate()
-        .map(|(index, draft)| (draft.key, index))
-        .collect();
-    let mut successors: Vec<Vec<usize>> = vec![Vec::new(); drafts.len()];
-    let mut pending_predecessors: Vec<usize> = vec![0; drafts.len()];
-    let mut resolved_after: Vec<Vec<usize>> = Vec::with_capacity(drafts.len());
+/// Index of a draft's kind in a node's draft slots.
+fn slot(kind: OperationKind) -> usize {
+    usize::from(kind == OperationKind::Delete)
+}
+
+const NO_DRAFT: u32 = u32::MAX;
+
+/// Orders the drafts topologically; among operations ready together, the
+/// one first in (item, kind) order — the drafts' own order — goes first.
+/// Creates of a type also wait for the plan's Deletes of that type.
+fn order_operations<E: PlanEnvironment>(
+    planner: &Planner<'_, E>,
+    drafts: Vec<Draft>,
+) -> (Vec<PlannedOperation>, BTreeMap<Arc<str>, Vec<usize>>) {
+    let count = drafts.len();
+    let to_u32 = |value: usize| u32::try_from(value).unwrap_or(u32::MAX);
+    let mut draft_of = vec![[NO_DRAFT; 2]; planner.node_count()];
     for (index, draft) in drafts.iter().enumerate() {
-        let mut after: Vec<usize> = draft
-            .after
-            .iter()
-            .filter_map(|key| index_of.get(key).copied())
-            .collect();
-        after.sort_unstable();
-        after.dedup();
-        for &predecessor in &after {
-            successors[predecessor].push(index);
-        }
-        pending_predecessors[index] = after.len();
-        resolved_after.push(after);
+        draft_of[draft.node as usize][slot(draft.kind)] = to_u32(index);
     }
-
-    let mut deletes_left_by_type: FxHashMap<Arc<str>, usize> = FxHashMap::default();
-    let mut types_with_creates: BTreeSet<Arc<str>> = BTreeSet::new();
-    for draft in &drafts {
-        match draft.key.1 {
-            OperationKind::Delete => {
-                *deletes_left_by_type
-                    .entry(draft.item.item_type.clone())
-                    .or_default() += 1
-            }
-            OperationKind::Create => {
-                types_with_creates.insert(draft.item.item_type.clone());
-            }
-            _ => {}
-        }
-    }
-    let mut creates_held_by_type: FxHashMap<Arc<str>, Vec<usize>> = FxHashMap::default();
-
-    // Ties are broken by (item, kind): sort once, then order by rank.
-    let mut by_identity: Vec<usize> = (0..drafts.len()).collect();
-    by_identity.sort_unstable_by(|&a, &b| {
-        (&drafts[a].item, drafts[a].key.1).cmp(&(&drafts[b].item, drafts[b].key.1))
-    });
-    let mut ranks = vec![0usize; drafts.len()];
-    for (rank, &index) in by_identity.iter().enumerate() {
-        ranks[index] = rank;
-    }
-    let rank = |index: usize| Reverse((ranks[index], index));
-    let mut ready: BinaryHeap<Reverse<(usize, usize)>> = BinaryHeap::new();
-    let release = |index: usize,
-                   ready: &mut BinaryHeap<Reverse<(usize, usize)>>,
-                   held: &mut FxHashMap<Arc<str>, Vec<usize>>,
-                   deletes_left: &FxHashMap<Arc<str>, usize>| {
-        let draft = &drafts[index];
-        let item_type = &draft.item.item_type;
-        if draft.key.1 == OperationKind::Create
-            && deletes_left.get(item_type).copied().unwrap_or(0) > 0
-        {
-            held.entry(item_type.clone()).or_default().push(index);
-        } else {
-            ready.push(rank(index));
-        }
+    let lookup = |(node, kind): OperationKey| -> Option<u32> {
+        let index = draft_of.get(node as usize)?[slot(kind)];
+        (index != NO_DRAFT && drafts[index as usize].kind == kind).then_some(index)
     };
-    for (index, pending) in pending_predecessors.iter().enumerate() {
-        if *pending == 0 {
-            release(
-                index,
-                &mut ready,
-                &mut creates_held_by_type,
-                &deletes_left_by_type,
-            );
+
+    // Predecessors of every draft, back to back, sorted and unique.
+    let mut predecessor_start: Vec<usize> = Vec::with_capacity(count + 1);
+    let mut predecessors: Vec<u32> = Vec::new();
+    for draft in &drafts {
+        let start = predecessors.len();
+        predecessor_start.push(start);
+        predecessors.extend(draft.after.iter().filter_map(|key| lookup(*key)));
+        let list = &mut predecessors[start..];
+        list.sort_unstable();
+        let unique = dedup_sorted(list);
+        predecessors.truncate(start + unique);
+    }
+    predecessor_start.push(predecessors.len());
+    let predecessors_of =
+        |index: usize| &predecessors[predecessor_start[index]..predecessor_start[index + 1]];
+
+    // Successors, the same way.
+    let mut successor_start = vec![0usize; count + 1];
+    for &predecessor in &predecessors {
+        successor_start[predecessor as usize + 1] += 1;
+    }
+    for index in 0..count {
+        successor_start[index + 1] += successor_start[index];
+    }
+    let mut successors = vec![0u32; predecessors.len()];
+    let mut fill = successor_start.clone();
+    for index in 0..count {
+        for &predecessor in predecessors_of(index) {
+            successors[fill[predecessor as usize]] = to_u32(index);
+            fill[predecessor as usize] += 1;
+        }
+    }
+    let mut pending: Vec<usize> = (0..count)
+        .map(|index| predecessors_of(index).len())
+        .collect();
+
+    let item_type = |index: usize| -> &str { &planner.node(drafts[index].node).item.item_type };
+    let mut barriers = TypeBarriers::default();
+    if drafts
+        .iter()
+        .any(|draft| draft.kind == OperationKind::Delete)
+    {
+        for (index, draft) in drafts.iter().enumerate() {
+            barriers.count(draft.kind, item_type(index));
         }
     }
 
-    let mut new_index: Vec<usize> = vec![usize::MAX; drafts.len()];
-    let mut emitted: Vec<usize> = Vec::with_capacity(drafts.len());
-    while let Some(Reverse((_, index))) = ready.pop() {
+    let mut ready: BinaryHeap<Reverse<u32>> = BinaryHeap::new();
+    for (index, &waits_for) in pending.iter().enumerate() {
+        if waits_for == 0 {
+            barriers.release(index, drafts[index].kind, || item_type(index), &mut ready);
+        }
+    }
+    let mut new_index: Vec<usize> = vec![usize::MAX; count];
+    let mut emitted: Vec<usize> = Vec::with_capacity(count);
+    while let Some(Reverse(index)) = ready.pop() {
+        let index = index as usize;
         new_index[index] = emitted.len();
         emitted.push(index);
-        if drafts[index].key.1 == OperationKind::Delete {
-            let item_type = drafts[index].item.item_type.clone();
-            if let Some(left) = deletes_left_by_type.get_mut(&item_type) {
-                *left -= 1;
-                if *left == 0 {
-                    for held in creates_held_by_type.remove(&item_type).unwrap_or_default() {
-                        ready.push(rank(held));
-                    }
-                }
-            }
+        if drafts[index].kind == OperationKind::Delete {
+            barriers.delete_done(item_type(index), &mut ready);
         }
-        for &successor in &successors[index] {
-            pending_predecessors[successor] -= 1;
-            if pending_predecessors[successor] == 0 {
-                release(
+        for &successor in &successors[successor_start[index]..successor_start[index + 1]] {
+            let successor = successor as usize;
+            pending[successor] -= 1;
+            if pending[successor] == 0 {
+                barriers.release(
                     successor,
+                    drafts[successor].kind,
+                    || item_type(successor),
                     &mut ready,
-                    &mut creates_held_by_type,
-                    &deletes_left_by_type,
                 );
             }
         }
@@ -269,19 +277,21 @@ fn order(drafts: Vec<Draft>) -> (Vec<PlannedOperation>, BTreeMap<Arc<str>, Vec<u
     let mut operations = Vec::with_capacity(emitted.len());
     for &old in &emitted {
         let draft = &drafts[old];
-        let mut after: Vec<usize> = resolved_after[old].iter().map(|&p| new_index[p]).collect();
+        let item = planner.node(draft.node).item;
+        let mut after: Vec<usize> = predecessors_of(old)
+            .iter()
+            .map(|&p| new_index[p as usize])
+            .collect();
         after.sort_unstable();
-        if draft.key.1 == OperationKind::Delete
-            && types_with_creates.contains(&draft.item.item_type)
-        {
+        if draft.kind == OperationKind::Delete && barriers.has_creates(&item.item_type) {
             type_barriers
-                .entry(draft.item.item_type.clone())
+                .entry(item.item_type.clone())
                 .or_default()
                 .push(operations.len());
         }
         operations.push(PlannedOperation {
-            item: draft.item.clone(),
-            kind: draft.key.1,
+            item: item.clone(),
+            kind: draft.kind,
             after,
             recreate: draft.recreate,
             ask_needs_recreate: draft.ask_needs_recreate,
@@ -289,4 +299,73 @@ fn order(drafts: Vec<Draft>) -> (Vec<PlannedOperation>, BTreeMap<Arc<str>, Vec<u
         });
     }
     (operations, type_barriers)
+}
+
+/// Moves the unique values of a sorted slice to its front; returns how many.
+fn dedup_sorted(list: &mut [u32]) -> usize {
+    let mut unique = 0;
+    for read in 0..list.len() {
+        if unique == 0 || list[read] != list[unique - 1] {
+            list[unique] = list[read];
+            unique += 1;
+        }
+    }
+    unique
+}
+
+/// Within a plan, Creates of a type wait for the plan's Deletes of that
+/// type. Plans without Deletes (a full create) skip all of it.
+#[derive(Default)]
+struct TypeBarriers<'p> {
+    deletes_left: FxHashMap<&'p str, usize>,
+    types_with_creates: FxHashSet<&'p str>,
+    held: FxHashMap<&'p str, Vec<u32>>,
+}
+
+impl<'p> TypeBarriers<'p> {
+    fn count(&mut self, kind: OperationKind, item_type: &'p str) {
+        match kind {
+            OperationKind::Delete => *self.deletes_left.entry(item_type).or_default() += 1,
+            OperationKind::Create => {
+                self.types_with_creates.insert(item_type);
+            }
+            OperationKind::Modify | OperationKind::Read => {}
+        }
+    }
+
+    fn has_creates(&self, item_type: &str) -> bool {
+        !self.deletes_left.is_empty() && self.types_with_creates.contains(item_type)
+    }
+
+    /// Makes draft `index` ready, unless it is a Create that must wait for
+    /// Deletes of its type.
+    fn release(
+        &mut self,
+        index: usize,
+        kind: OperationKind,
+        item_type: impl FnOnce() -> &'p str,
+        ready: &mut BinaryHeap<Reverse<u32>>,
+    ) {
+        let index = u32::try_from(index).unwrap_or(u32::MAX);
+        let held_type = (kind == OperationKind::Create && !self.deletes_left.is_empty())
+            .then(item_type)
+            .filter(|item_type| self.deletes_left.get(item_type).copied().unwrap_or(0) > 0);
+        if let Some(item_type) = held_type {
+            self.held.entry(item_type).or_default().push(index);
+        } else {
+            ready.push(Reverse(index));
+        }
+    }
+
+    /// One Delete of `item_type` left the plan's queue.
+    fn delete_done(&mut self, item_type: &'p str, ready: &mut BinaryHeap<Reverse<u32>>) {
+        if let Some(left) = self.deletes_left.get_mut(item_type) {
+            *left -= 1;
+            if *left == 0 {
+                for held in self.held.remove(item_type).unwrap_or_default() {
+                    ready.push(Reverse(held));
+                }
+            }
+        }
+    }
 }

@@ -19,7 +19,10 @@
 //!
 //! Every item the run touches is interned once into an arena ([`Node`]):
 //! its graph entries, need, flags and schedules live there and are reached
-//! by index, so the per-edge work is array access, not map lookups.
+//! by index. Intended edges come from the intended graph's integer ids, so
+//! following them never hashes or compares names. Everything that decides
+//! the plan's shape walks the examined items in identity order, so the plan
+//! does not depend on the order in which items were discovered.
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -30,8 +33,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::need::{Need, own_need};
 use super::{BlockedBy, PlanEnvironment, WaitReason};
 use crate::graph::{
-    CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, ItemRef, OperationKind, Predicate,
-    Properties,
+    CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, ItemId, ItemRef, ItemSummary,
+    OperationKind, Predicate, Properties,
 };
 
 /// Index of an item in the planner's arena.
@@ -67,27 +70,89 @@ enum DependencyStatus {
     Unsatisfied { why: String, hopeless: bool },
 }
 
+/// A node's neighbours: a range of [`Planner::edges`].
+#[derive(Clone, Copy)]
+struct EdgeRange {
+    start: u32,
+    len: u32,
+}
+
+impl EdgeRange {
+    const EMPTY: Self = Self { start: 0, len: 0 };
+
+    fn indexes(self) -> std::ops::Range<usize> {
+        let start = self.start as usize;
+        start..start + self.len as usize
+    }
+}
+
 /// Everything the run knows about one item.
+///
+/// Laid out so that what is read for every edge (the item's need, flags,
+/// graph entries and change schedule) shares the first cache line: planning
+/// a large graph is bound by these scattered reads.
+#[repr(C, align(64))]
 pub(super) struct Node<'a> {
-    pub(super) item: ItemRef,
     pub(super) intended: Option<&'a Arc<IntendedItem>>,
     pub(super) current: Option<&'a Arc<CurrentItem>>,
+    pub(super) change_schedule: Option<Schedule>,
     need: Option<Need>,
-    seed: bool,
-    examined: bool,
+    /// The intended item is external.
+    external: bool,
     pub(super) deleting: bool,
     pub(super) dropped: bool,
+    seed: bool,
+    examined: bool,
+    pub(super) item: &'a ItemRef,
     pub(super) delete_schedule: Option<Schedule>,
-    pub(super) change_schedule: Option<Schedule>,
+    /// The intended item's summary (default when not intended).
+    pub(super) summary: ItemSummary,
+    /// The item's id in the intended graph, if the graph mentions it.
+    intended_id: Option<ItemId>,
     /// The intended dependencies, interned (filled on first use).
-    required: Option<Arc<[Id]>>,
+    required: Option<EdgeRange>,
     /// Current dependents, interned (filled on first use).
-    current_dependents: Option<Arc<[Id]>>,
+    current_dependents: Option<EdgeRange>,
 }
 
 impl Node<'_> {
     fn busy(&self) -> bool {
         self.current.is_some_and(|c| c.is_busy())
+    }
+}
+
+/// Arena indexes by intended-graph id: an array when the run covers a large
+/// part of the graph, a hash map otherwise, so a small run costs nothing in
+/// the size of the graph.
+enum ByIntendedId {
+    Dense(Vec<Id>),
+    Sparse(FxHashMap<ItemId, Id>),
+}
+
+impl ByIntendedId {
+    const ABSENT: Id = Id::MAX;
+
+    fn get(&self, id: ItemId) -> Option<Id> {
+        match self {
+            Self::Dense(ids) => ids
+                .get(id as usize)
+                .copied()
+                .filter(|&node| node != Self::ABSENT),
+            Self::Sparse(ids) => ids.get(&id).copied(),
+        }
+    }
+
+    fn insert(&mut self, id: ItemId, node: Id) {
+        match self {
+            Self::Dense(ids) => {
+                if let Some(entry) = ids.get_mut(id as usize) {
+                    *entry = node;
+                }
+            }
+            Self::Sparse(ids) => {
+                ids.insert(id, node);
+            }
+        }
     }
 }
 
@@ -97,18 +162,28 @@ pub(super) struct Planner<'a, E> {
     current: &'a CurrentGraph,
     environment: &'a E,
     now_ms: u64,
-    /// Item identities to arena indexes.
-    ids: FxHashMap<ItemRef, Id>,
+    /// Arena indexes of items the intended graph names.
+    by_intended_id: ByIntendedId,
+    /// Arena indexes of items the intended graph does not mention.
+    by_ref: FxHashMap<&'a ItemRef, Id>,
     nodes: Vec<Node<'a>>,
-    /// Items looked at, in the (deterministic) order they were first visited.
+    /// Neighbour lists of all nodes, back to back (see [`EdgeRange`]).
+    edges: Vec<Id>,
+    /// Nodes `0..seed_count` are the seeds, in identity order.
+    seed_count: usize,
+    /// Whether some item of the graphs is not a seed: only then do
+    /// neighbours need visiting (they are all seeds otherwise).
+    expand: bool,
+    /// Items looked at, in the order they were first visited.
     pub(super) examined: Vec<Id>,
+    /// The examined items in identity order: the order every decision
+    /// that shapes the plan follows.
+    pub(super) order: Vec<Id>,
     queue: Vec<Id>,
     /// Modify(key) waits for the Deletes of these dependents (rule 6).
     deletes_before_modify: FxHashMap<Id, BTreeSet<Id>>,
     /// One in-flight Delete per item type: Creates of that type wait.
-    inflight_deletes_by_type: FxHashMap<Arc<str>, Id>,
-    /// The empty list, shared (most items have no current dependents).
-    no_ids: Arc<[Id]>,
+    inflight_deletes_by_type: FxHashMap<&'a str, Id>,
 }
 
 impl<'a, E: PlanEnvironment> Planner<'a, E> {
@@ -123,25 +198,44 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             current,
             environment,
             now_ms: environment.now_ms(),
-            ids: FxHashMap::default(),
+            by_intended_id: ByIntendedId::Sparse(FxHashMap::default()),
+            by_ref: FxHashMap::default(),
             nodes: Vec::new(),
+            edges: Vec::new(),
+            seed_count: 0,
+            expand: true,
             examined: Vec::new(),
+            order: Vec::new(),
             queue: Vec::new(),
             deletes_before_modify: FxHashMap::default(),
             inflight_deletes_by_type: FxHashMap::default(),
-            no_ids: Arc::from(Vec::new()),
         }
     }
 
     /// Plans from `seeds`.
-    pub(super) fn run(mut self, seeds: &BTreeSet<ItemRef>) -> super::Plan {
+    pub(super) fn run(mut self, seeds: &'a BTreeSet<ItemRef>) -> super::Plan {
+        // A run that touches a good part of the graph indexes it by array.
+        if seeds.len().saturating_mul(4) >= self.intended.id_bound() {
+            self.by_intended_id =
+                ByIntendedId::Dense(vec![ByIntendedId::ABSENT; self.intended.id_bound()]);
+        }
+        self.nodes.reserve(seeds.len());
+        // Seeds become nodes 0..n in identity order (see `identity_order`).
         for seed in seeds {
-            let id = self.id(seed);
+            self.id(seed);
+        }
+        self.seed_count = self.nodes.len();
+        let intended_seeds = self.nodes.iter().filter(|n| n.intended.is_some()).count();
+        let current_seeds = self.nodes.iter().filter(|n| n.current.is_some()).count();
+        self.expand = intended_seeds < self.intended.len() || current_seeds < self.current.len();
+        for id in 0..self.seed_count {
+            let id = Id::try_from(id).unwrap_or(Id::MAX);
             self.node_mut(id).seed = true;
             self.visit(id);
         }
         loop {
             self.process_queue();
+            self.order = self.identity_order();
             for node in &mut self.nodes {
                 node.delete_schedule = None;
                 node.change_schedule = None;
@@ -160,18 +254,82 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         super::assemble::assemble(&mut self)
     }
 
-    /// Interns `item`: its arena index, looking up its graph entries once.
-    fn id(&mut self, item: &ItemRef) -> Id {
-        if let Some(id) = self.ids.get(item) {
-            return *id;
+    /// The examined nodes in identity order: the seeds are in order already
+    /// (nodes `0..seed_count`), the rest is sorted and merged in.
+    fn identity_order(&self) -> Vec<Id> {
+        let seed_count = Id::try_from(self.seed_count).unwrap_or(Id::MAX);
+        let mut others: Vec<Id> = self
+            .examined
+            .iter()
+            .copied()
+            .filter(|&id| id >= seed_count)
+            .collect();
+        others.sort_unstable_by(|&a, &b| self.node(a).item.cmp(self.node(b).item));
+        let mut order = Vec::with_capacity(self.seed_count + others.len());
+        let mut others = others.into_iter().peekable();
+        for seed in 0..seed_count {
+            while let Some(&other) = others.peek() {
+                if self.node(other).item < self.node(seed).item {
+                    order.push(other);
+                    others.next();
+                } else {
+                    break;
+                }
+            }
+            order.push(seed);
         }
-        let (intended, current): (&'a IntendedGraph, &'a CurrentGraph) =
-            (self.intended, self.current);
+        order.extend(others);
+        order
+    }
+
+    /// Interns `item`: its arena index, looking up its graph entries once.
+    fn id(&mut self, item: &'a ItemRef) -> Id {
+        let intended: &'a IntendedGraph = self.intended;
+        if let Some(node) = intended
+            .id_of(item)
+            .and_then(|id| self.node_for_intended(id))
+        {
+            return node;
+        }
+        if let Some(&node) = self.by_ref.get(item) {
+            return node;
+        }
+        let node = self.push_node(item, None, None);
+        self.by_ref.insert(item, node);
+        node
+    }
+
+    /// The arena index of the item the intended graph names `id`.
+    fn node_for_intended(&mut self, id: ItemId) -> Option<Id> {
+        if let Some(node) = self.by_intended_id.get(id) {
+            return Some(node);
+        }
+        let intended: &'a IntendedGraph = self.intended;
+        let item = intended.identity(id)?;
+        let node = self.push_node(item, Some(id), intended.entry_by_id(id));
+        self.by_intended_id.insert(id, node);
+        Some(node)
+    }
+
+    fn push_node(
+        &mut self,
+        item: &'a ItemRef,
+        intended_id: Option<ItemId>,
+        intended: Option<(&'a Arc<IntendedItem>, ItemSummary)>,
+    ) -> Id {
+        let current: &'a CurrentGraph = self.current;
         let id = Id::try_from(self.nodes.len()).unwrap_or(Id::MAX);
         self.nodes.push(Node {
-            item: item.clone(),
-            intended: intended.get(item),
-            current: current.get(item),
+            item,
+            intended_id,
+            intended: intended.map(|(entry, _)| entry),
+            summary: intended.map(|(_, summary)| summary).unwrap_or_default(),
+            external: intended.is_some_and(|(_, summary)| summary.external),
+            current: if current.is_empty() {
+                None
+            } else {
+                current.get(item)
+            },
             need: None,
             seed: false,
             examined: false,
@@ -182,7 +340,6 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             required: None,
             current_dependents: None,
         });
-        self.ids.insert(item.clone(), id);
         id
     }
 
@@ -191,8 +348,13 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         &self.nodes[id as usize]
     }
 
-    fn node_mut(&mut self, id: Id) -> &mut Node<'a> {
+    pub(super) fn node_mut(&mut self, id: Id) -> &mut Node<'a> {
         &mut self.nodes[id as usize]
+    }
+
+    /// Number of nodes in the arena.
+    pub(super) fn node_count(&self) -> usize {
+        self.nodes.len()
     }
 
     fn intended_of(&self, id: Id) -> Option<&'a Arc<IntendedItem>> {
@@ -203,36 +365,66 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         self.node(id).current
     }
 
-    /// The intended dependencies of `id`, interned.
-    fn required(&mut self, id: Id) -> Arc<[Id]> {
-        if let Some(required) = &self.node(id).required {
-            return required.clone();
+    /// The intended dependencies of `id` (index-aligned with its
+    /// `dependencies`), interned.
+    fn required(&mut self, id: Id) -> EdgeRange {
+        if let Some(required) = self.node(id).required {
+            return required;
         }
-        let required: Arc<[Id]> = match self.intended_of(id) {
-            Some(entry) if !entry.item.dependencies.is_empty() => {
-                entry.item.required_items().map(|r| self.id(r)).collect()
+        let intended: &'a IntendedGraph = self.intended;
+        let node = self.node(id);
+        let (entry, intended_id) = (node.intended, node.intended_id);
+        let start = self.edges.len();
+        if let (Some(entry), Some(intended_id)) = (entry, intended_id) {
+            // The graph's id list is index-aligned with the dependencies;
+            // the item itself is read only if an id were ever unknown.
+            for (index, &target) in intended.required_ids(intended_id).iter().enumerate() {
+                let target = match self.node_for_intended(target) {
+                    Some(target) => target,
+                    None => match entry.item.dependencies.get(index) {
+                        Some(dependency) => self.id(&dependency.requires),
+                        None => continue,
+                    },
+                };
+                self.edges.push(target);
             }
-            _ => self.no_ids.clone(),
-        };
-        self.node_mut(id).required = Some(required.clone());
-        required
+        }
+        let range = self.edge_range(start);
+        self.node_mut(id).required = Some(range);
+        range
     }
 
     /// The current dependents of `id`, interned.
-    fn current_dependents(&mut self, id: Id) -> Arc<[Id]> {
-        if let Some(dependents) = &self.node(id).current_dependents {
-            return dependents.clone();
+    fn current_dependents(&mut self, id: Id) -> EdgeRange {
+        if let Some(dependents) = self.node(id).current_dependents {
+            return dependents;
         }
         let current: &'a CurrentGraph = self.current;
-        let item = self.node(id).item.clone();
-        let mut dependents = current.dependents_of(&item).peekable();
-        let dependents: Arc<[Id]> = if dependents.peek().is_none() {
-            self.no_ids.clone()
+        let range = if current.is_empty() {
+            EdgeRange::EMPTY
         } else {
-            dependents.map(|d| self.id(d)).collect()
+            let start = self.edges.len();
+            for dependent in current.dependents_of(self.node(id).item) {
+                let dependent = self.id(dependent);
+                self.edges.push(dependent);
+            }
+            self.edge_range(start)
         };
-        self.node_mut(id).current_dependents = Some(dependents.clone());
-        dependents
+        self.node_mut(id).current_dependents = Some(range);
+        range
+    }
+
+    fn edge_range(&self, start: usize) -> EdgeRange {
+        let to_u32 = |value: usize| u32::try_from(value).unwrap_or(u32::MAX);
+        EdgeRange {
+            start: to_u32(start),
+            len: to_u32(self.edges.len() - start),
+        }
+    }
+
+    /// The `index`-th neighbour in `range`.
+    fn edge(&self, range: EdgeRange, index: usize) -> Id {
+        self.edges[range.indexes()][index]
     }
 
     /// The item's own need (memoized).
@@ -241,12 +433,17 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             return need;
         }
         let node = self.node(id);
-        let need = own_need(
-            node.intended.map(|entry| &**entry),
-            node.current.map(|entry| &**entry),
-            self.current,
-            self.environment,
-        );
+        // The common case of a full create, without reading the item.
+        let need = if node.intended.is_some() && !node.external && node.current.is_none() {
+            Need::Create
+        } else {
+            own_need(
+                node.intended.map(|entry| &**entry),
+                node.current.map(|entry| &**entry),
+                self.current,
+                self.environment,
+            )
+        };
         self.node_mut(id).need = Some(need);
         need
     }
@@ -275,15 +472,19 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             let settled =
                 need == Need::Nothing && current.is_some_and(|c| c.is_created() && !c.is_busy());
             let absent_and_unwanted = need == Need::Nothing && current.is_none();
-            if self.node(id).seed || !(settled || absent_and_unwanted) {
-                let intended: &'a IntendedGraph = self.intended;
-                let item = self.node(id).item.clone();
-                for dependent in self.current_dependents(id).iter() {
-                    self.visit(*dependent);
-                }
-                for dependent in intended.dependents_of(&item) {
-                    let dependent = self.id(dependent);
+            if self.expand && (self.node(id).seed || !(settled || absent_and_unwanted)) {
+                let dependents = self.current_dependents(id);
+                for index in 0..dependents.len as usize {
+                    let dependent = self.edge(dependents, index);
                     self.visit(dependent);
+                }
+                let intended: &'a IntendedGraph = self.intended;
+                if let Some(intended_id) = self.node(id).intended_id {
+                    for dependent in intended.dependent_ids(intended_id) {
+                        if let Some(dependent) = self.node_for_intended(dependent) {
+                            self.visit(dependent);
+                        }
+                    }
                 }
             }
         }
@@ -298,13 +499,15 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             }
             self.node_mut(id).deleting = true;
             self.visit(id);
-            for dependent in self.current_dependents(id).iter() {
-                let node = self.node(*dependent);
+            let dependents = self.current_dependents(id);
+            for index in 0..dependents.len as usize {
+                let dependent = self.edge(dependents, index);
+                let node = self.node(dependent);
                 if node.dropped {
                     continue;
                 }
                 if node.current.is_some_and(|c| c.may_exist() || c.is_busy()) {
-                    stack.push(*dependent);
+                    stack.push(dependent);
                 }
             }
         }
@@ -318,12 +521,14 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
         self.node_mut(id).dropped = true;
         self.visit(id);
-        for dependent in self.current_dependents(id).iter() {
+        let dependents = self.current_dependents(id);
+        for index in 0..dependents.len as usize {
+            let dependent = self.edge(dependents, index);
             if self
-                .current_of(*dependent)
+                .current_of(dependent)
                 .is_some_and(|c| c.may_exist() || c.is_busy())
             {
-                self.mark_deleting(*dependent);
+                self.mark_deleting(dependent);
             }
         }
     }
@@ -358,8 +563,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let Some(intended) = self.intended_of(id) else {
             return;
         };
+        let required_ids = self.required(id);
         for (index, dependency) in intended.item.dependencies.iter().enumerate() {
-            let required = self.id(&dependency.requires);
+            let required = self.edge(required_ids, index);
             if applied.dependency_on(&dependency.requires).is_none() || self.node(required).busy() {
                 continue;
             }
@@ -401,7 +607,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
     fn collect_inflight_deletes(&mut self) {
         self.inflight_deletes_by_type.clear();
-        for &id in &self.examined {
+        for &id in &self.order {
             let node = &self.nodes[id as usize];
             let deleting_now = node
                 .current
@@ -409,7 +615,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 .is_some_and(|op| op.kind == OperationKind::Delete);
             if deleting_now {
                 self.inflight_deletes_by_type
-                    .entry(node.item.item_type.clone())
+                    .entry(&node.item.item_type)
                     .or_insert(id);
             }
         }
@@ -427,7 +633,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
     fn schedule_deletes(&mut self) {
         let roots: Vec<Id> = self
-            .examined
+            .order
             .iter()
             .copied()
             .filter(|&id| self.node(id).deleting)
@@ -458,16 +664,17 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 continue;
             }
             if !in_progress.insert(id) {
-                let schedule = cycle_in_current_state(&self.node(id).item, OperationKind::Delete);
+                let schedule = cycle_in_current_state(self.node(id).item, OperationKind::Delete);
                 self.node_mut(id).delete_schedule = Some(schedule);
                 continue;
             }
             stack.push((id, true));
-            for dependent in self.current_dependents(id).iter() {
-                if self.holds_a_delete(*dependent)
-                    && self.node(*dependent).delete_schedule.is_none()
+            let dependents = self.current_dependents(id);
+            for index in 0..dependents.len as usize {
+                let dependent = self.edge(dependents, index);
+                if self.holds_a_delete(dependent) && self.node(dependent).delete_schedule.is_none()
                 {
-                    stack.push((*dependent, false));
+                    stack.push((dependent, false));
                 }
             }
         }
@@ -476,7 +683,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     fn compute_delete(&mut self, id: Id) -> Schedule {
         let kind = OperationKind::Delete;
         let node = self.node(id);
-        let item = node.item.clone();
+        let item = node.item;
         let Some(current) = node.current else {
             return Schedule::NotNeeded;
         };
@@ -484,21 +691,23 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             return Schedule::NotNeeded;
         }
         if current.is_busy() {
-            return waiting_on_itself(&item, current, kind);
+            return waiting_on_itself(item, current, kind);
         }
         let target_generation = node.intended.map_or(0, |entry| entry.generation);
         if current.last_operation == Some(kind) && current.failed_terminally_at(target_generation) {
-            return terminal(&item, current, kind);
+            return terminal(item, current, kind);
         }
         if self.in_backoff(current) {
-            return backoff(&item, current, kind);
+            return backoff(item, current, kind);
         }
         if !self.environment.has_configurator(&item.item_type) {
-            return no_configurator(&item, kind);
+            return no_configurator(item, kind);
         }
         let mut after = Vec::new();
         let mut blocked_by = Vec::new();
-        for &dependent in self.current_dependents(id).iter() {
+        let dependents = self.current_dependents(id);
+        for index in 0..dependents.len as usize {
+            let dependent = self.edge(dependents, index);
             if !self.holds_a_delete(dependent) {
                 continue;
             }
@@ -533,10 +742,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// Whether `id` needs a Create or Modify (and is ours to operate on).
     fn needs_change(&mut self, id: Id) -> bool {
         let node = self.node(id);
-        let Some(entry) = node.intended else {
-            return false;
-        };
-        if entry.item.external || node.dropped {
+        if node.intended.is_none() || node.external || node.dropped {
             return false;
         }
         node.deleting
@@ -550,8 +756,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         // One in-progress set for all roots: a node is only re-entered while
         // its own subtree is being scheduled (finished nodes are skipped).
         let mut in_progress = FxHashSet::default();
-        for index in 0..self.examined.len() {
-            let root = self.examined[index];
+        for index in 0..self.order.len() {
+            let root = self.order[index];
             if self.needs_change(root) {
                 self.schedule_change_tree(root, &mut in_progress);
             }
@@ -572,12 +778,14 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 continue;
             }
             if !in_progress.insert(id) {
-                let schedule = cycle_in_current_state(&self.node(id).item, OperationKind::Create);
+                let schedule = cycle_in_current_state(self.node(id).item, OperationKind::Create);
                 self.node_mut(id).change_schedule = Some(schedule);
                 continue;
             }
             stack.push((id, true));
-            for &required in self.required(id).iter() {
+            let required = self.required(id);
+            for index in 0..required.len as usize {
+                let required = self.edge(required, index);
                 if self.node(required).change_schedule.is_none() && self.needs_change(required) {
                     stack.push((required, false));
                 }
@@ -589,7 +797,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let Some(entry) = self.intended_of(id) else {
             return Schedule::NotNeeded;
         };
-        let item = self.node(id).item.clone();
+        let item = self.node(id).item;
         let recreating = self.node(id).deleting;
         let need = self.need(id);
         let kind = if recreating || matches!(need, Need::Create | Need::Recreate) {
@@ -599,14 +807,14 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         };
         if let Some(current) = self.current_of(id) {
             if current.is_busy() {
-                return waiting_on_itself(&item, current, kind);
+                return waiting_on_itself(item, current, kind);
             }
             if !recreating {
                 if current.failed_terminally_at(entry.generation) {
-                    return terminal(&item, current, kind);
+                    return terminal(item, current, kind);
                 }
                 if self.in_backoff(current) {
-                    return backoff(&item, current, kind);
+                    return backoff(item, current, kind);
                 }
             }
         }
@@ -626,8 +834,13 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             }
         }
         let required = self.required(id);
-        for (index, &dependency) in required.iter().enumerate() {
-            let predicate = entry.predicates.get(index).and_then(Option::as_ref);
+        for index in 0..required.len as usize {
+            let dependency = self.edge(required, index);
+            let predicate = if self.node(id).summary.has_predicates {
+                entry.predicates.get(index).and_then(Option::as_ref)
+            } else {
+                None
+            };
             match self.dependency_status(dependency, predicate) {
                 DependencyStatus::Satisfied => {}
                 DependencyStatus::After(key) => after.push(key),
@@ -647,7 +860,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             self.modify_waits_for_dependents(id, &mut after, &mut waits_on_operations);
         }
         if kind == OperationKind::Create
-            && let Some(&deleting) = self.inflight_deletes_by_type.get(&item.item_type)
+            && let Some(&deleting) = self.inflight_deletes_by_type.get(&*item.item_type)
             && deleting != id
         {
             waits_on_operations.push(BlockedBy {
@@ -667,7 +880,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 hopeless,
             }
         } else if !self.environment.has_configurator(&item.item_type) {
-            no_configurator(&item, kind)
+            no_configurator(item, kind)
         } else if !waits_on_operations.is_empty() {
             Schedule::Waiting {
                 kind,
@@ -690,7 +903,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         after: &mut Vec<OperationKey>,
         blocked_by: &mut Vec<BlockedBy>,
     ) {
-        for &dependent in self.current_dependents(id).iter() {
+        let dependents = self.current_dependents(id);
+        for index in 0..dependents.len as usize {
+            let dependent = self.edge(dependents, index);
             let node = self.node(dependent);
             if let Some(current) = node.current
                 && current.is_busy()
@@ -704,7 +919,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let Some(dependents) = self.deletes_before_modify.get(&id) else {
             return;
         };
-        for &dependent in dependents {
+        let mut dependents: Vec<Id> = dependents.iter().copied().collect();
+        dependents.sort_unstable_by(|&a, &b| self.node(a).item.cmp(self.node(b).item));
+        for dependent in dependents {
             let node = &self.nodes[dependent as usize];
             match &node.delete_schedule {
                 Some(Schedule::Ready { .. }) => after.push((dependent, OperationKind::Delete)),
@@ -734,14 +951,13 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
         let intended = node.intended;
         let current = node.current;
-        let external = intended.map_or_else(
-            || {
-                current
-                    .and_then(|c| c.applied.as_ref())
-                    .is_some_and(|a| a.external)
-            },
-            |entry| entry.item.external,
-        );
+        let external = if intended.is_some() {
+            node.external
+        } else {
+            current
+                .and_then(|c| c.applied.as_ref())
+                .is_some_and(|a| a.external)
+        };
         if external {
             return match current {
                 Some(state) if state.is_created() => {
@@ -764,11 +980,14 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
         if self.needs_change(required) {
             return match &self.node(required).change_schedule {
-                Some(Schedule::Ready { kind, .. }) => check_predicate(
-                    predicate,
-                    &intended.item.properties,
-                    Some((required, *kind)),
-                ),
+                Some(Schedule::Ready { kind, .. }) => match predicate {
+                    None => DependencyStatus::After((required, *kind)),
+                    Some(_) => check_predicate(
+                        predicate,
+                        &intended.item.properties,
+                        Some((required, *kind)),
+                    ),
+                },
                 Some(Schedule::Waiting { kind, reason, .. }) => {
                     if *kind == OperationKind::Create {
                         unsatisfied(&format!("not created ({})", reason_words(*reason)), true)
@@ -793,8 +1012,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// Rule 5: Modifies whose new dependencies cannot be satisfied within
     /// this plan become deletes; the item then waits as pending.
     fn modifies_that_must_delete(&self) -> Vec<Id> {
-        let mut doomed: Vec<Id> = self
-            .examined
+        self.order
             .iter()
             .copied()
             .filter(|&id| {
@@ -810,9 +1028,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                         })
                     )
             })
-            .collect();
-        doomed.sort_by(|a, b| self.node(*a).item.cmp(&self.node(*b).item));
-        doomed
+            .collect()
     }
 }
 
