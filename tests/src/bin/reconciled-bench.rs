@@ -108,6 +108,11 @@ enum Command {
     /// Many tenants and agents on one server: resident memory, start-up
     /// time, and the time until every tenant is Ready after a restart.
     Scale(scale::ScaleArgs),
+    /// Every ratio against its raw limit in one run: `submit`, then
+    /// `operations` with 1, 10 and 100 agents (1 and 64 in flight, a
+    /// 10,000-item create at 64), then `watch` with 1, 100 and 1000
+    /// watchers.
+    All,
     /// Internal: the bare tonic echo server `operations` starts as a child
     /// process; prints its address on stdout, exits when stdin closes.
     #[command(hide = true)]
@@ -142,6 +147,33 @@ fn main() -> anyhow::Result<()> {
         Command::Operations(args) => operations::operations_benchmark(&args),
         Command::Watch(args) => watch::watch_benchmark(&args),
         Command::Scale(args) => scale::scale_benchmark(&args),
+        Command::All => {
+            for args in [
+                &["submit"][..],
+                &[
+                    "operations",
+                    "--agents",
+                    "1,10,100",
+                    "--in-flight",
+                    "1,64",
+                    "--items-concurrent",
+                    "10000",
+                ],
+                &["watch", "--watchers", "1,100,1000", "--commits", "20"],
+            ] {
+                println!("\n===== reconciled-bench {} =====\n", args.join(" "));
+                let cli = Cli::try_parse_from(
+                    std::iter::once("reconciled-bench").chain(args.iter().copied()),
+                )?;
+                match cli.command {
+                    Command::Submit(args) => submit_benchmark(&args)?,
+                    Command::Operations(args) => operations::operations_benchmark(&args)?,
+                    Command::Watch(args) => watch::watch_benchmark(&args)?,
+                    other => anyhow::bail!("not a benchmark of `all`: {other:?}"),
+                }
+            }
+            Ok(())
+        }
         Command::EchoServer => operations::echo_server_main(),
         Command::FanoutServer => watch::fanout_server_main(),
     }

@@ -67,7 +67,12 @@ impl Configurator for Noop {
         Outcome::done()
     }
 
-    async fn modify(&self, _ctx: &OperationContext, _previous: &AgentItem, _item: &AgentItem) -> Outcome {
+    async fn modify(
+        &self,
+        _ctx: &OperationContext,
+        _previous: &AgentItem,
+        _item: &AgentItem,
+    ) -> Outcome {
         Outcome::done()
     }
 
@@ -219,7 +224,10 @@ async fn registrations(counter: &AtomicUsize, target: usize) -> anyhow::Result<(
 
 /// Runs the scale benchmark and prints its figures.
 pub fn scale_benchmark(args: &ScaleArgs) -> anyhow::Result<()> {
-    ensure!(args.agents <= args.tenants, "--agents must not exceed --tenants");
+    ensure!(
+        args.agents <= args.tenants,
+        "--agents must not exceed --tenants"
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
