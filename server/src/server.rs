@@ -1,20 +1,22 @@
 //! Assembles and runs the server: store, tenants, services, health and
 //! reflection, until SIGTERM.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use reconciled_proto::v1::configurators_server::ConfiguratorsServer;
 use reconciled_proto::v1::reconciler_server::ReconcilerServer;
 use reconciled_proto::v1::tenants_server::TenantsServer;
+use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::api::{ApiContext, ConfiguratorsService, ReconcilerService, TenantsService};
 use crate::auth::AdminToken;
 use crate::bootstrap::{bind, health_and_reflection, serve_until, server_builder, shutdown_signal};
 use crate::config::{Config, MigrateMode};
 use crate::graph::validate::ValidationLimits;
-use crate::store::{MigrationReport, SledOptions, Store, open_and_migrate};
+use crate::store::{MigrationReport, SledOptions, Store, WriteBatch, open_and_migrate};
 use crate::tenant::{OwnerSettings, TenantDirectory};
 
 /// Service names reported SERVING by the health service.
@@ -68,7 +70,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     };
     let directory = TenantDirectory::load(store.clone(), settings)?;
     if let Some(listen) = config.metrics_listen {
-        let (metrics, directory) = (metrics.clone(), directory.clone());
+        let (metrics, directory, store) = (metrics.clone(), directory.clone(), store.clone());
         tokio::spawn(async move {
             if let Err(error) = crate::metrics::serve(listen, metrics, directory, store).await {
                 tracing::error!(%error, addr = %listen, "The metrics endpoint stopped; check --metrics-listen.");
@@ -78,6 +80,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
     info!(tenants = directory.len(), "Tenants loaded.");
 
+    let shutdown = CancellationToken::new();
     let context = ApiContext {
         directory: directory.clone(),
         admin,
@@ -88,6 +91,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         },
         heartbeat_interval: config.heartbeat_interval,
         lease: config.lease,
+        shutdown: shutdown.clone(),
     };
     let limit = config.max_message_bytes;
     let reconciler = ReconcilerServer::new(ReconcilerService::new(context.clone()))
@@ -118,8 +122,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
 
     info!(%addr, data_dir = %config.data_dir.display(), "Listening.");
     println!("reconciled listening on {addr}");
-    let shutdown = async move {
+    let stopping = shutdown.clone();
+    let signalled_at = Arc::new(OnceLock::new());
+    let signal_time = signalled_at.clone();
+    let signalled = async move {
         shutdown_signal().await;
+        let _ = signal_time.set(Instant::now());
         reporter
             .set_service_status("", ServingStatus::NotServing)
             .await;
@@ -128,10 +136,26 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                 .set_service_status(service, ServingStatus::NotServing)
                 .await;
         }
+        // Server streams end now, so that only unary calls are left to drain.
+        stopping.cancel();
     };
-    serve_until(router, listener, shutdown, config.shutdown_grace).await?;
+    serve_until(router, listener, signalled, config.shutdown_grace).await?;
     directory.stop_all();
+    let spent = signalled_at.get().map_or(Duration::ZERO, Instant::elapsed);
+    flush_store(&*store, config.shutdown_grace.saturating_sub(spent)).await;
     Ok(())
+}
+
+/// Waits, at most `budget`, until every commit queued before this call is
+/// durable. Acknowledged commits are durable already; this covers commits
+/// the tenant owners queued while stopping. Commits still queued when the
+/// process exits are finished when the store is dropped.
+async fn flush_store(store: &dyn Store, budget: Duration) {
+    match tokio::time::timeout(budget, store.commit(WriteBatch::new())).await {
+        Ok(Ok(())) => info!("Store flushed."),
+        Ok(Err(error)) => warn!(%error, "Flushing the store at shutdown failed."),
+        Err(_) => warn!("The store did not flush within the shutdown grace period."),
+    }
 }
 
 /// `reconciled migrate`: shows (`--status`, `--dry-run`) or applies the

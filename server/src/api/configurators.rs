@@ -37,6 +37,10 @@ const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Messages buffered toward one agent before its session task waits.
 const OUTBOUND_BUFFER: usize = 1_024;
 
+/// What an agent is told when the server closes its stream at shutdown.
+pub const SHUTTING_DOWN: &str =
+    "the server is shutting down; reconnect after it restarts (the SDK agent does so by itself)";
+
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// The Configurators service.
@@ -124,6 +128,7 @@ impl Configurators for ConfiguratorsService {
             outbound,
             heartbeat_interval: self.context.heartbeat_interval,
             lease: self.context.lease,
+            shutdown: self.context.shutdown.clone(),
         };
         tokio::spawn(session.run());
         Ok(Response::new(Box::pin(ReceiverStream::new(stream))))
@@ -278,6 +283,7 @@ struct Session {
     outbound: mpsc::Sender<Result<v1::ServerMessage, Status>>,
     heartbeat_interval: Duration,
     lease: Duration,
+    shutdown: tokio_util::sync::CancellationToken,
 }
 
 impl Session {
@@ -286,6 +292,12 @@ impl Session {
         let mut last_heard = Instant::now();
         let reason = loop {
             tokio::select! {
+                () = self.shutdown.cancelled() => {
+                    // The agent keeps unacknowledged results and sends them
+                    // again after reconnecting; operations stay journaled.
+                    let _ = self.outbound.send(Err(Status::unavailable(SHUTTING_DOWN))).await;
+                    break "the server is shutting down".to_string();
+                }
                 message = self.inbound.message() => match message {
                     Ok(Some(message)) => {
                         last_heard = Instant::now();
