@@ -152,6 +152,24 @@ settings! {
     max_item_bytes: u64,
         env = "RECONCILED_MAX_ITEM_BYTES", default = "65536", value_name = "BYTES",
         help = "Largest encoded item (at most 65536)";
+    max_connections: u64,
+        env = "RECONCILED_MAX_CONNECTIONS", default = "10000", value_name = "N",
+        help = "Most client connections served at once; calls on further connections are refused";
+    max_concurrent_requests: u64,
+        env = "RECONCILED_MAX_CONCURRENT_REQUESTS", default = "1024", value_name = "N",
+        help = "Most unary calls running at once; further calls are shed with RESOURCE_EXHAUSTED";
+    max_requests_per_second: u64,
+        env = "RECONCILED_MAX_REQUESTS_PER_SECOND", default = "0", value_name = "N",
+        help = "Calls accepted per second, all clients together (bursts up to one second's worth); 0 = no limit";
+    request_timeout_secs: u64,
+        env = "RECONCILED_REQUEST_TIMEOUT_SECS", default = "900", value_name = "SECS",
+        help = "Longest a unary call may run before it fails with DEADLINE_EXCEEDED";
+    max_agents_per_tenant: u64,
+        env = "RECONCILED_MAX_AGENTS_PER_TENANT", default = "1000", value_name = "N",
+        help = "Agents connected at once per tenant, unless the tenant's own limit says otherwise";
+    max_items_per_tenant: u64,
+        env = "RECONCILED_MAX_ITEMS_PER_TENANT", default = "1000000", value_name = "N",
+        help = "Intended items per tenant, unless the tenant's own limit says otherwise";
     cache_capacity_bytes: u64,
         env = "RECONCILED_CACHE_CAPACITY_BYTES", default = "1073741824", value_name = "BYTES",
         help = "Store page cache size";
@@ -289,6 +307,18 @@ pub struct Config {
     pub max_request_items: usize,
     /// Largest encoded item; never more than [`MAX_ITEM_BYTES_LIMIT`].
     pub max_item_bytes: usize,
+    /// Most client connections served at once.
+    pub max_connections: usize,
+    /// Most unary calls running at once; further ones are shed.
+    pub max_concurrent_requests: usize,
+    /// Calls accepted per second, all clients together; `None`: no limit.
+    pub max_requests_per_second: Option<u64>,
+    /// Longest a unary call may run.
+    pub request_timeout: Duration,
+    /// Agents connected at once per tenant whose own limit is 0.
+    pub max_agents_per_tenant: usize,
+    /// Intended items per tenant whose own limit is 0.
+    pub max_items_per_tenant: usize,
     /// sled page cache size.
     pub cache_capacity_bytes: u64,
     /// Most records written by one store commit (group commit batch bound).
@@ -328,6 +358,12 @@ impl Default for Config {
             max_message_bytes: 16 * MIB as usize,
             max_request_items: 10_000,
             max_item_bytes: MAX_ITEM_BYTES_LIMIT as usize,
+            max_connections: 10_000,
+            max_concurrent_requests: 1_024,
+            max_requests_per_second: None,
+            request_timeout: Duration::from_secs(900),
+            max_agents_per_tenant: 1_000,
+            max_items_per_tenant: 1_000_000,
             cache_capacity_bytes: 1024 * MIB,
             max_commit_items: 10_000,
             resync_interval: Duration::from_secs(600),
@@ -583,6 +619,12 @@ impl Config {
             max_message_bytes: Some(self.max_message_bytes as u64),
             max_request_items: Some(self.max_request_items as u64),
             max_item_bytes: Some(self.max_item_bytes as u64),
+            max_connections: Some(self.max_connections as u64),
+            max_concurrent_requests: Some(self.max_concurrent_requests as u64),
+            max_requests_per_second: Some(self.max_requests_per_second.unwrap_or(0)),
+            request_timeout_secs: Some(self.request_timeout.as_secs()),
+            max_agents_per_tenant: Some(self.max_agents_per_tenant as u64),
+            max_items_per_tenant: Some(self.max_items_per_tenant as u64),
             cache_capacity_bytes: Some(self.cache_capacity_bytes),
             max_commit_items: Some(self.max_commit_items as u64),
             resync_interval_secs: Some(self.resync_interval.as_secs()),
@@ -746,6 +788,33 @@ fn resolve(
             defaults.max_request_items,
         )?,
         max_item_bytes,
+        max_connections: count(
+            "max_connections",
+            layer.max_connections,
+            defaults.max_connections,
+        )?,
+        max_concurrent_requests: count(
+            "max_concurrent_requests",
+            layer.max_concurrent_requests,
+            defaults.max_concurrent_requests,
+        )?,
+        max_requests_per_second: layer.max_requests_per_second.filter(|rate| *rate > 0),
+        request_timeout: seconds(
+            "request_timeout_secs",
+            layer.request_timeout_secs,
+            defaults.request_timeout,
+            false,
+        )?,
+        max_agents_per_tenant: count(
+            "max_agents_per_tenant",
+            layer.max_agents_per_tenant,
+            defaults.max_agents_per_tenant,
+        )?,
+        max_items_per_tenant: count(
+            "max_items_per_tenant",
+            layer.max_items_per_tenant,
+            defaults.max_items_per_tenant,
+        )?,
         cache_capacity_bytes,
         max_commit_items: count(
             "max_commit_items",

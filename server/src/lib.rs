@@ -13,6 +13,7 @@ pub mod bootstrap;
 pub mod config;
 pub mod engine;
 pub mod graph;
+pub mod limits;
 pub mod metrics;
 pub mod server;
 pub mod store;

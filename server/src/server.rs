@@ -7,15 +7,19 @@ use std::time::{Duration, Instant};
 use reconciled_proto::v1::configurators_server::ConfiguratorsServer;
 use reconciled_proto::v1::reconciler_server::ReconcilerServer;
 use reconciled_proto::v1::tenants_server::TenantsServer;
+use tokio_stream::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
 use crate::api::{ApiContext, ConfiguratorsService, ReconcilerService, TenantsService};
 use crate::auth::AdminToken;
-use crate::bootstrap::{bind, health_and_reflection, serve_until, server_builder, shutdown_signal};
+use crate::bootstrap::{
+    bind, health_and_reflection, incoming, serve_until, server_builder, shutdown_signal,
+};
 use crate::config::{Config, MigrateMode};
 use crate::graph::validate::ValidationLimits;
+use crate::limits::{AgentCounts, ConnectionSlots, GlobalLimits, LimitsLayer};
 use crate::store::{MigrationReport, SledOptions, Store, WriteBatch, open_and_migrate};
 use crate::tenant::{OwnerSettings, TenantDirectory};
 
@@ -65,8 +69,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         configurator_grace: config.configurator_grace,
         resync_interval: config.resync_interval,
         cancel_timeout: config.cancel_timeout,
+        default_max_items: config.max_items_per_tenant,
         metrics: metrics.clone(),
-        ..OwnerSettings::default()
     };
     let directory = TenantDirectory::load(store.clone(), settings)?;
     if let Some(listen) = config.metrics_listen {
@@ -92,6 +96,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         heartbeat_interval: config.heartbeat_interval,
         lease: config.lease,
         shutdown: shutdown.clone(),
+        agents: AgentCounts::new(config.max_agents_per_tenant),
     };
     let limit = config.max_message_bytes;
     let reconciler = ReconcilerServer::new(ReconcilerService::new(context.clone()))
@@ -112,7 +117,16 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
     let listener = bind(config.listen).await?;
     let addr = listener.local_addr()?;
+    let global = GlobalLimits {
+        max_connections: config.max_connections,
+        max_concurrent_requests: config.max_concurrent_requests,
+        max_requests_per_second: config.max_requests_per_second,
+        request_timeout: config.request_timeout,
+    };
+    let slots = ConnectionSlots::new(global.max_connections);
+    let connections = incoming(listener).map(move |accepted| accepted.map(|io| slots.wrap(io)));
     let router = server_builder()
+        .layer(LimitsLayer::new(&global))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -139,7 +153,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         // Server streams end now, so that only unary calls are left to drain.
         stopping.cancel();
     };
-    serve_until(router, listener, signalled, config.shutdown_grace).await?;
+    serve_until(router, connections, signalled, config.shutdown_grace).await?;
     directory.stop_all();
     let spent = signalled_at.get().map_or(Duration::ZERO, Instant::elapsed);
     flush_store(&*store, config.shutdown_grace.saturating_sub(spent)).await;

@@ -86,6 +86,15 @@ impl Configurators for ConfiguratorsService {
         }
         let handle = self.context.tenant(caller, &register.tenant)?;
         let types = self.type_specs(&register)?;
+        let max_agents = handle.snapshots.latest().record.limits.max_agents;
+        let agent_slot = self
+            .context
+            .agents
+            .admit(handle.id, max_agents, &register.agent_id)
+            .map_err(|refused| ApiError::QuotaExceeded {
+                subject: "max_agents".into(),
+                description: refused.to_string(),
+            })?;
 
         let (sender, outbox) = mpsc::unbounded_channel();
         let session_id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
@@ -129,6 +138,7 @@ impl Configurators for ConfiguratorsService {
             heartbeat_interval: self.context.heartbeat_interval,
             lease: self.context.lease,
             shutdown: self.context.shutdown.clone(),
+            _agent_slot: agent_slot,
         };
         tokio::spawn(session.run());
         Ok(Response::new(Box::pin(ReceiverStream::new(stream))))
@@ -284,6 +294,8 @@ struct Session {
     heartbeat_interval: Duration,
     lease: Duration,
     shutdown: tokio_util::sync::CancellationToken,
+    /// Counts this agent against the tenant's `max_agents` while it lives.
+    _agent_slot: crate::limits::AgentSlot,
 }
 
 impl Session {

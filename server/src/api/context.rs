@@ -29,6 +29,8 @@ pub struct ApiContext {
     /// Cancelled when the server shuts down: every server stream (Connect
     /// sessions, watches) ends with `UNAVAILABLE` so the drain can finish.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// Agents connected per tenant, against the tenants' `max_agents`.
+    pub agents: Arc<crate::limits::AgentCounts>,
 }
 
 impl ApiContext {
