@@ -137,6 +137,15 @@ settings! {
     metrics_listen: SocketAddr,
         env = "RECONCILED_METRICS_LISTEN", default = "off", value_name = "ADDR",
         help = "Address of the Prometheus metrics HTTP endpoint";
+    tls_cert: PathBuf,
+        env = "RECONCILED_TLS_CERT", default = "off (plaintext)", value_name = "PEM_FILE",
+        help = "Server certificate chain (PEM); serves TLS when set, together with --tls-key";
+    tls_key: PathBuf,
+        env = "RECONCILED_TLS_KEY", default = "off", value_name = "PEM_FILE",
+        help = "Private key of the server certificate (PEM)";
+    tls_client_ca: PathBuf,
+        env = "RECONCILED_TLS_CLIENT_CA", default = "off", value_name = "PEM_FILE",
+        help = "CA certificates (PEM) for mutual TLS: clients must present a certificate they signed";
     log_format: LogFormat,
         env = "RECONCILED_LOG_FORMAT", default = "human", value_name = "FORMAT",
         help = "Log format";
@@ -297,6 +306,13 @@ pub struct Config {
     pub admin_token: Option<Secret>,
     /// Address of the Prometheus metrics endpoint; `None` turns it off.
     pub metrics_listen: Option<SocketAddr>,
+    /// Server certificate chain (PEM file); with `tls_key`, serves TLS.
+    pub tls_cert: Option<PathBuf>,
+    /// Private key of `tls_cert` (PEM file).
+    pub tls_key: Option<PathBuf>,
+    /// CA certificates (PEM file) that client certificates must chain to;
+    /// set: mutual TLS, a client certificate is required.
+    pub tls_client_ca: Option<PathBuf>,
     /// Log output format.
     pub log_format: LogFormat,
     /// Log filter: a `tracing_subscriber::EnvFilter` directive (validated).
@@ -353,6 +369,9 @@ impl Default for Config {
             data_dir: PathBuf::from("./reconciled-data"),
             admin_token: None,
             metrics_listen: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
             log_format: LogFormat::Human,
             log_filter: "info".to_owned(),
             max_message_bytes: 16 * MIB as usize,
@@ -614,6 +633,9 @@ impl Config {
             data_dir: Some(PathBuf::from(self.data_dir.to_string_lossy().into_owned())),
             admin_token: self.admin_token.as_ref().map(|_| REDACTED.to_owned()),
             metrics_listen: self.metrics_listen,
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+            tls_client_ca: self.tls_client_ca.clone(),
             log_format: Some(self.log_format),
             log_level: Some(self.log_filter.clone()),
             max_message_bytes: Some(self.max_message_bytes as u64),
@@ -773,12 +795,37 @@ fn resolve(
         ));
     }
 
+    match (&layer.tls_cert, &layer.tls_key) {
+        (Some(_), None) => {
+            return Err(invalid(
+                "tls_cert",
+                "is set without tls_key; give both the certificate and its private key".to_owned(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                "tls_key",
+                "is set without tls_cert; give both the certificate and its private key".to_owned(),
+            ));
+        }
+        _ => {}
+    }
+    if layer.tls_client_ca.is_some() && layer.tls_cert.is_none() {
+        return Err(invalid(
+            "tls_client_ca",
+            "mutual TLS needs TLS: set tls_cert and tls_key as well".to_owned(),
+        ));
+    }
+
     Ok(Config {
         config_file,
         listen: layer.listen.unwrap_or(defaults.listen),
         data_dir,
         admin_token,
         metrics_listen: layer.metrics_listen,
+        tls_cert: layer.tls_cert,
+        tls_key: layer.tls_key,
+        tls_client_ca: layer.tls_client_ca,
         log_format: layer.log_format.unwrap_or(defaults.log_format),
         log_filter,
         max_message_bytes,
@@ -1096,6 +1143,27 @@ mod tests {
             "{message}"
         );
         assert!(message.contains("heartbeat_interval_secs"), "{message}");
+    }
+
+    #[test]
+    fn tls_settings_come_in_pairs() {
+        let message = load(&["--tls-cert", "/etc/reconciled/cert.pem"], &[])
+            .expect_err("a certificate without a key")
+            .to_string();
+        assert!(message.contains("tls_key"), "{message}");
+        let message = load(&[], &[("RECONCILED_TLS_CLIENT_CA", "/etc/ca.pem")])
+            .expect_err("mTLS without TLS")
+            .to_string();
+        assert!(
+            message.contains("tls_client_ca") && message.contains("RECONCILED_TLS_CLIENT_CA"),
+            "{message}"
+        );
+        let (_, config) = load(
+            &["--tls-cert", "c.pem", "--tls-key", "k.pem"],
+            &[("RECONCILED_TLS_CLIENT_CA", "ca.pem")],
+        )
+        .expect("loads");
+        assert_eq!(config.tls_client_ca, Some(PathBuf::from("ca.pem")));
     }
 
     #[test]

@@ -18,3 +18,4 @@ pub mod metrics;
 pub mod server;
 pub mod store;
 pub mod tenant;
+pub mod tls;

@@ -125,7 +125,15 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     };
     let slots = ConnectionSlots::new(global.max_connections);
     let connections = incoming(listener).map(move |accepted| accepted.map(|io| slots.wrap(io)));
-    let router = server_builder()
+    let mut builder = server_builder();
+    if let Some(tls) = crate::tls::server_tls(&config)? {
+        builder = builder.tls_config(tls)?;
+        info!(
+            mutual = config.tls_client_ca.is_some(),
+            "TLS enabled; clients must connect with https."
+        );
+    }
+    let router = builder
         .layer(LimitsLayer::new(&global))
         .add_service(health)
         .add_service(reflection_v1)
