@@ -73,10 +73,18 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         metrics: metrics.clone(),
     };
     let directory = TenantDirectory::load(store.clone(), settings)?;
+    let agents = AgentCounts::new(config.max_agents_per_tenant);
     if let Some(listen) = config.metrics_listen {
-        let (metrics, directory, store) = (metrics.clone(), directory.clone(), store.clone());
+        let (metrics, directory, agents, store) = (
+            metrics.clone(),
+            directory.clone(),
+            agents.clone(),
+            store.clone(),
+        );
         tokio::spawn(async move {
-            if let Err(error) = crate::metrics::serve(listen, metrics, directory, store).await {
+            if let Err(error) =
+                crate::metrics::serve(listen, metrics, directory, agents, store).await
+            {
                 tracing::error!(%error, addr = %listen, "The metrics endpoint stopped; check --metrics-listen.");
             }
         });
@@ -96,7 +104,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         heartbeat_interval: config.heartbeat_interval,
         lease: config.lease,
         shutdown: shutdown.clone(),
-        agents: AgentCounts::new(config.max_agents_per_tenant),
+        agents,
     };
     let limit = config.max_message_bytes;
     let reconciler = ReconcilerServer::new(ReconcilerService::new(context.clone()))

@@ -193,6 +193,11 @@ impl TenantHandle {
             .await
     }
 
+    /// Commands waiting in the owner's queue (for metrics).
+    pub fn queued_commands(&self) -> usize {
+        self.commands.max_capacity() - self.commands.capacity()
+    }
+
     /// Stops the owner; queued commands fail with [`TenantError::Gone`].
     pub fn stop(&self) {
         self.stop.cancel();
