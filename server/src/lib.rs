@@ -17,5 +17,6 @@ pub mod limits;
 pub mod metrics;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod tenant;
 pub mod tls;

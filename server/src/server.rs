@@ -21,6 +21,7 @@ use crate::config::{Config, MigrateMode};
 use crate::graph::validate::ValidationLimits;
 use crate::limits::{AgentCounts, ConnectionSlots, GlobalLimits, LimitsLayer};
 use crate::store::{MigrationReport, SledOptions, Store, WriteBatch, open_and_migrate};
+use crate::telemetry::RpcSpanLayer;
 use crate::tenant::{OwnerSettings, TenantDirectory};
 
 /// Service names reported SERVING by the health service.
@@ -142,6 +143,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         );
     }
     let router = builder
+        .layer(RpcSpanLayer)
         .layer(LimitsLayer::new(&global))
         .add_service(health)
         .add_service(reflection_v1)

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, instrument, warn};
 
 use crate::agents::{FromAgent, Grant, Registration, RegistrationError, SessionLink};
 use crate::engine::exec::TypeSpec;
@@ -590,6 +590,7 @@ impl Owner {
     /// `pending`, the plan's bookkeeping, the journal of the operations it
     /// dispatches and the tenant record in ONE commit, then sends the
     /// operations. If the commit fails, nothing changed.
+    #[instrument(name = "pass", skip_all, fields(tenant = %self.state.record.name))]
     pub(super) async fn pass_with(
         &mut self,
         scope: Scope,

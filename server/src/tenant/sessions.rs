@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use rand::Rng;
 use serde::{Deserialize, Serialize};
-use tracing::{debug, info};
+use tracing::{debug, info, info_span};
 
 use crate::agents::{
     AgentOutcome, FromAgent, Grant, OperationOrder, Registration, RegistrationError, ToAgent,
@@ -439,6 +439,17 @@ impl Owner {
         self.pass_with(Scope::Items(items), pending, None).await?;
         for result in accepted {
             let seconds = now.saturating_sub(result.started_ms) as f64 / 1e3;
+            let _span = info_span!(
+                "operation_result",
+                tenant = %self.state.record.name,
+                item = %result.item,
+                op_id = %result.op_id,
+                kind = result.kind.as_str(),
+                outcome = result.outcome,
+                seconds,
+            )
+            .entered();
+            debug!("Operation result recorded.");
             self.settings
                 .metrics
                 .finished(result.kind, result.outcome, seconds);
@@ -747,6 +758,16 @@ impl Owner {
     /// Sends journaled operations to their sessions.
     pub(super) fn send_dispatched(&mut self, starts: Vec<(ItemRef, InFlight)>, now: u64) {
         for (item, in_flight) in starts {
+            let _span = info_span!(
+                "operation",
+                tenant = %self.state.record.name,
+                item = %item,
+                op_id = %in_flight.op_id,
+                kind = in_flight.kind.as_str(),
+                attempt = in_flight.attempt,
+            )
+            .entered();
+            debug!("Operation dispatched.");
             let previous_error = self
                 .state
                 .current
