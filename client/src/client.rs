@@ -18,6 +18,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::auth::{BearerToken, InvalidToken};
+use crate::tls::ClientTls;
 
 /// The largest message the client sends or accepts: 64 MiB. (The server
 /// limits requests further, by default to 16 MiB.)
@@ -53,6 +54,17 @@ pub enum ClientError {
     /// The token cannot be sent in a header.
     #[error(transparent)]
     InvalidToken(#[from] InvalidToken),
+    /// The TLS settings cannot be used (e.g. a malformed certificate).
+    #[error(
+        "invalid TLS settings for {endpoint}: {source}; check the CA and client certificate PEM files"
+    )]
+    Tls {
+        /// The address dialled.
+        endpoint: String,
+        /// What tonic said.
+        #[source]
+        source: tonic::transport::Error,
+    },
 }
 
 type Authenticated = InterceptedService<Channel, BearerToken>;
@@ -83,14 +95,32 @@ impl Client {
     /// Connects to `endpoint` (e.g. `http://127.0.0.1:50051`) and sends
     /// `token` with every call.
     pub async fn connect(endpoint: impl Into<String>, token: &str) -> Result<Self, ClientError> {
+        Self::connect_with(endpoint, token, None).await
+    }
+
+    /// Connects to `endpoint` (`https://...` when `tls` is given: the
+    /// server's CA and, for mutual TLS, this client's certificate) and
+    /// sends `token` with every call.
+    pub async fn connect_with(
+        endpoint: impl Into<String>,
+        token: &str,
+        tls: Option<&ClientTls>,
+    ) -> Result<Self, ClientError> {
         let endpoint = endpoint.into();
         let bearer = BearerToken::new(token)?;
-        let channel = Endpoint::from_shared(endpoint.clone())
+        let mut dial = Endpoint::from_shared(endpoint.clone())
             .map_err(|source| ClientError::InvalidEndpoint {
                 endpoint: endpoint.clone(),
                 source,
             })?
-            .connect_timeout(CONNECT_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT);
+        if let Some(tls) = tls {
+            dial = tls.apply(dial).map_err(|source| ClientError::Tls {
+                endpoint: endpoint.clone(),
+                source,
+            })?;
+        }
+        let channel = dial
             .connect()
             .await
             .map_err(|source| ClientError::Connect { endpoint, source })?;

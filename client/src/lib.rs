@@ -6,6 +6,8 @@
 //!   de-duplication, acknowledgements, cancellation, heartbeats, reconnects).
 //! - [`Client`]: a typed client for the `Reconciler` and `Tenants` services
 //!   with the bearer token attached to every call.
+//! - [`ClientTls`]: the CA and, for mutual TLS, the client certificate both
+//!   use to reach a server that serves TLS.
 //! - [`proto`]: the generated types of package `reconciled.v1` (a re-export
 //!   of `reconciled_proto::v1`), and [`convert`] between JSON and the
 //!   `google.protobuf` types they use.
@@ -19,6 +21,7 @@ mod auth;
 pub mod cli;
 mod client;
 pub mod convert;
+mod tls;
 
 pub use auth::InvalidToken;
 pub use client::{Client, ClientError, MAX_MESSAGE_BYTES};
@@ -27,3 +30,4 @@ pub use reconciled_proto::PROTOCOL_VERSION;
 /// The generated types of package `reconciled.v1` (messages, enums and gRPC
 /// clients).
 pub use reconciled_proto::v1 as proto;
+pub use tls::ClientTls;

@@ -12,19 +12,21 @@
 //!     .add_service(reflection_v1)
 //!     .add_service(reflection_v1alpha)
 //!     .add_service(my_service);
-//! bootstrap::serve_until(router, listener, bootstrap::shutdown_signal(), config.shutdown_grace).await?;
+//! bootstrap::serve_until(router, bootstrap::incoming(listener), bootstrap::shutdown_signal(), config.shutdown_grace).await?;
 //! ```
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
+use tokio_stream::Stream;
 use tonic::codegen::http::{Request, Response};
 use tonic::codegen::{Body as HttpBody, Bytes, Service, StdError};
 use tonic::service::Routes;
 use tonic::transport::Server;
-use tonic::transport::server::{Router, TcpIncoming};
+use tonic::transport::server::{Connected, Router, TcpIncoming};
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
 use tonic_reflection::server::{v1, v1alpha};
@@ -140,18 +142,25 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` completes, then stops
-/// accepting, lets open requests and streams finish for at most `grace`,
-/// and returns.
+/// The accepted connections of `listener`, with `TCP_NODELAY` and TCP
+/// keepalive ([`TCP_KEEPALIVE`]).
+pub fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(TCP_KEEPALIVE))
+}
+
+/// Serves `router` on the connections of `incoming` (see [`incoming`])
+/// until `shutdown` completes, then stops accepting, lets open requests and
+/// streams finish for at most `grace`, and returns.
 ///
-/// Accepted connections get `TCP_NODELAY` and TCP keepalive. Connections
-/// still open when `grace` runs out are abandoned, not awaited: they end
-/// when the tokio runtime is dropped (at process exit), so the caller should
-/// cancel its own stream tasks when `shutdown` fires and return promptly
-/// after this does.
-pub async fn serve_until<L, ResBody>(
+/// Connections still open when `grace` runs out are abandoned, not awaited:
+/// they end when the tokio runtime is dropped (at process exit), so the
+/// caller should cancel its own stream tasks when `shutdown` fires and
+/// return promptly after this does.
+pub async fn serve_until<L, ResBody, I, IO, IE>(
     router: Router<L>,
-    listener: TcpListener,
+    incoming: I,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) -> Result<(), BootstrapError>
@@ -163,10 +172,10 @@ where
     <L::Service as Service<Request<tonic::body::Body>>>::Error: Into<StdError> + Send,
     ResBody: HttpBody<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<StdError>,
+    I: Stream<Item = Result<IO, IE>>,
+    IO: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static,
+    IE: Into<StdError>,
 {
-    let incoming = TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .with_keepalive(Some(TCP_KEEPALIVE));
     let (stop_accepting, stop_requested) = tokio::sync::oneshot::channel::<()>();
     let serving = router.serve_with_incoming_shutdown(incoming, async {
         // A dropped sender also means stop.
@@ -215,7 +224,7 @@ mod tests {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(serve_until(
             router,
-            listener,
+            incoming(listener),
             async {
                 let _ = stopped.await;
             },

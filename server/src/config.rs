@@ -137,6 +137,15 @@ settings! {
     metrics_listen: SocketAddr,
         env = "RECONCILED_METRICS_LISTEN", default = "off", value_name = "ADDR",
         help = "Address of the Prometheus metrics HTTP endpoint";
+    tls_cert: PathBuf,
+        env = "RECONCILED_TLS_CERT", default = "off (plaintext)", value_name = "PEM_FILE",
+        help = "Server certificate chain (PEM); serves TLS when set, together with --tls-key";
+    tls_key: PathBuf,
+        env = "RECONCILED_TLS_KEY", default = "off", value_name = "PEM_FILE",
+        help = "Private key of the server certificate (PEM)";
+    tls_client_ca: PathBuf,
+        env = "RECONCILED_TLS_CLIENT_CA", default = "off", value_name = "PEM_FILE",
+        help = "CA certificates (PEM) for mutual TLS: clients must present a certificate they signed";
     log_format: LogFormat,
         env = "RECONCILED_LOG_FORMAT", default = "human", value_name = "FORMAT",
         help = "Log format";
@@ -152,6 +161,24 @@ settings! {
     max_item_bytes: u64,
         env = "RECONCILED_MAX_ITEM_BYTES", default = "65536", value_name = "BYTES",
         help = "Largest encoded item (at most 65536)";
+    max_connections: u64,
+        env = "RECONCILED_MAX_CONNECTIONS", default = "10000", value_name = "N",
+        help = "Most client connections served at once; calls on further connections are refused";
+    max_concurrent_requests: u64,
+        env = "RECONCILED_MAX_CONCURRENT_REQUESTS", default = "1024", value_name = "N",
+        help = "Most unary calls running at once; further calls are shed with RESOURCE_EXHAUSTED";
+    max_requests_per_second: u64,
+        env = "RECONCILED_MAX_REQUESTS_PER_SECOND", default = "0", value_name = "N",
+        help = "Calls accepted per second, all clients together (bursts up to one second's worth); 0 = no limit";
+    request_timeout_secs: u64,
+        env = "RECONCILED_REQUEST_TIMEOUT_SECS", default = "900", value_name = "SECS",
+        help = "Longest a unary call may run before it fails with DEADLINE_EXCEEDED";
+    max_agents_per_tenant: u64,
+        env = "RECONCILED_MAX_AGENTS_PER_TENANT", default = "1000", value_name = "N",
+        help = "Agents connected at once per tenant, unless the tenant's own limit says otherwise";
+    max_items_per_tenant: u64,
+        env = "RECONCILED_MAX_ITEMS_PER_TENANT", default = "1000000", value_name = "N",
+        help = "Intended items per tenant, unless the tenant's own limit says otherwise";
     cache_capacity_bytes: u64,
         env = "RECONCILED_CACHE_CAPACITY_BYTES", default = "1073741824", value_name = "BYTES",
         help = "Store page cache size";
@@ -288,6 +315,13 @@ pub struct Config {
     pub admin_token: Option<Secret>,
     /// Address of the Prometheus metrics endpoint; `None` turns it off.
     pub metrics_listen: Option<SocketAddr>,
+    /// Server certificate chain (PEM file); with `tls_key`, serves TLS.
+    pub tls_cert: Option<PathBuf>,
+    /// Private key of `tls_cert` (PEM file).
+    pub tls_key: Option<PathBuf>,
+    /// CA certificates (PEM file) that client certificates must chain to;
+    /// set: mutual TLS, a client certificate is required.
+    pub tls_client_ca: Option<PathBuf>,
     /// Log output format.
     pub log_format: LogFormat,
     /// Log filter: a `tracing_subscriber::EnvFilter` directive (validated).
@@ -298,6 +332,18 @@ pub struct Config {
     pub max_request_items: usize,
     /// Largest encoded item; never more than [`MAX_ITEM_BYTES_LIMIT`].
     pub max_item_bytes: usize,
+    /// Most client connections served at once.
+    pub max_connections: usize,
+    /// Most unary calls running at once; further ones are shed.
+    pub max_concurrent_requests: usize,
+    /// Calls accepted per second, all clients together; `None`: no limit.
+    pub max_requests_per_second: Option<u64>,
+    /// Longest a unary call may run.
+    pub request_timeout: Duration,
+    /// Agents connected at once per tenant whose own limit is 0.
+    pub max_agents_per_tenant: usize,
+    /// Intended items per tenant whose own limit is 0.
+    pub max_items_per_tenant: usize,
     /// sled page cache size.
     pub cache_capacity_bytes: u64,
     /// Most records written by one store commit (group commit batch bound).
@@ -338,11 +384,20 @@ impl Default for Config {
             data_dir: PathBuf::from("./reconciled-data"),
             admin_token: None,
             metrics_listen: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
             log_format: LogFormat::Human,
             log_filter: "info".to_owned(),
             max_message_bytes: 16 * MIB as usize,
             max_request_items: 10_000,
             max_item_bytes: MAX_ITEM_BYTES_LIMIT as usize,
+            max_connections: 10_000,
+            max_concurrent_requests: 1_024,
+            max_requests_per_second: None,
+            request_timeout: Duration::from_secs(900),
+            max_agents_per_tenant: 1_000,
+            max_items_per_tenant: 1_000_000,
             cache_capacity_bytes: 1024 * MIB,
             max_commit_items: 10_000,
             resync_interval: Duration::from_secs(600),
@@ -596,11 +651,20 @@ impl Config {
             data_dir: Some(PathBuf::from(self.data_dir.to_string_lossy().into_owned())),
             admin_token: self.admin_token.as_ref().map(|_| REDACTED.to_owned()),
             metrics_listen: self.metrics_listen,
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+            tls_client_ca: self.tls_client_ca.clone(),
             log_format: Some(self.log_format),
             log_level: Some(self.log_filter.clone()),
             max_message_bytes: Some(self.max_message_bytes as u64),
             max_request_items: Some(self.max_request_items as u64),
             max_item_bytes: Some(self.max_item_bytes as u64),
+            max_connections: Some(self.max_connections as u64),
+            max_concurrent_requests: Some(self.max_concurrent_requests as u64),
+            max_requests_per_second: Some(self.max_requests_per_second.unwrap_or(0)),
+            request_timeout_secs: Some(self.request_timeout.as_secs()),
+            max_agents_per_tenant: Some(self.max_agents_per_tenant as u64),
+            max_items_per_tenant: Some(self.max_items_per_tenant as u64),
             cache_capacity_bytes: Some(self.cache_capacity_bytes),
             max_commit_items: Some(self.max_commit_items as u64),
             resync_interval_secs: Some(self.resync_interval.as_secs()),
@@ -754,12 +818,37 @@ fn resolve(
         ));
     }
 
+    match (&layer.tls_cert, &layer.tls_key) {
+        (Some(_), None) => {
+            return Err(invalid(
+                "tls_cert",
+                "is set without tls_key; give both the certificate and its private key".to_owned(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                "tls_key",
+                "is set without tls_cert; give both the certificate and its private key".to_owned(),
+            ));
+        }
+        _ => {}
+    }
+    if layer.tls_client_ca.is_some() && layer.tls_cert.is_none() {
+        return Err(invalid(
+            "tls_client_ca",
+            "mutual TLS needs TLS: set tls_cert and tls_key as well".to_owned(),
+        ));
+    }
+
     Ok(Config {
         config_file,
         listen: layer.listen.unwrap_or(defaults.listen),
         data_dir,
         admin_token,
         metrics_listen: layer.metrics_listen,
+        tls_cert: layer.tls_cert,
+        tls_key: layer.tls_key,
+        tls_client_ca: layer.tls_client_ca,
         log_format: layer.log_format.unwrap_or(defaults.log_format),
         log_filter,
         max_message_bytes,
@@ -769,6 +858,33 @@ fn resolve(
             defaults.max_request_items,
         )?,
         max_item_bytes,
+        max_connections: count(
+            "max_connections",
+            layer.max_connections,
+            defaults.max_connections,
+        )?,
+        max_concurrent_requests: count(
+            "max_concurrent_requests",
+            layer.max_concurrent_requests,
+            defaults.max_concurrent_requests,
+        )?,
+        max_requests_per_second: layer.max_requests_per_second.filter(|rate| *rate > 0),
+        request_timeout: seconds(
+            "request_timeout_secs",
+            layer.request_timeout_secs,
+            defaults.request_timeout,
+            false,
+        )?,
+        max_agents_per_tenant: count(
+            "max_agents_per_tenant",
+            layer.max_agents_per_tenant,
+            defaults.max_agents_per_tenant,
+        )?,
+        max_items_per_tenant: count(
+            "max_items_per_tenant",
+            layer.max_items_per_tenant,
+            defaults.max_items_per_tenant,
+        )?,
         cache_capacity_bytes,
         max_commit_items: count(
             "max_commit_items",
@@ -1065,6 +1181,27 @@ mod tests {
             "{message}"
         );
         assert!(message.contains("heartbeat_interval_secs"), "{message}");
+    }
+
+    #[test]
+    fn tls_settings_come_in_pairs() {
+        let message = load(&["--tls-cert", "/etc/reconciled/cert.pem"], &[])
+            .expect_err("a certificate without a key")
+            .to_string();
+        assert!(message.contains("tls_key"), "{message}");
+        let message = load(&[], &[("RECONCILED_TLS_CLIENT_CA", "/etc/ca.pem")])
+            .expect_err("mTLS without TLS")
+            .to_string();
+        assert!(
+            message.contains("tls_client_ca") && message.contains("RECONCILED_TLS_CLIENT_CA"),
+            "{message}"
+        );
+        let (_, config) = load(
+            &["--tls-cert", "c.pem", "--tls-key", "k.pem"],
+            &[("RECONCILED_TLS_CLIENT_CA", "ca.pem")],
+        )
+        .expect("loads");
+        assert_eq!(config.tls_client_ca, Some(PathBuf::from("ca.pem")));
     }
 
     #[test]

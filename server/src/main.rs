@@ -8,6 +8,10 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use reconciled::config::{Command, Config, ConfigError, LogFormat, MigrateMode};
+use reconciled::telemetry::Exporter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{Layer, Registry};
 
 /// Exit code for configuration errors (as for command-line usage errors).
 const EXIT_CONFIG: u8 = 2;
@@ -28,8 +32,10 @@ fn main() -> ExitCode {
             print!("{}", config.to_toml());
             Ok(())
         }
-        Command::Migrate(mode) => init_tracing(&config).and_then(|()| run_migrate(&config, mode)),
-        Command::Serve => init_tracing(&config).and_then(|()| run_serve(config.clone())),
+        Command::Migrate(mode) => {
+            init_tracing(&config, None).and_then(|()| run_migrate(&config, mode))
+        }
+        Command::Serve => run_serve(config.clone()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -46,38 +52,71 @@ fn main() -> ExitCode {
 }
 
 /// Logs go to stderr (stdout carries the `listening on` line and command
-/// output), human-readable or JSON, filtered by `--log-level` / `RECONCILED_LOG`.
-fn init_tracing(config: &Config) -> anyhow::Result<()> {
+/// output), human-readable or JSON, filtered by `--log-level` /
+/// `RECONCILED_LOG`; spans also go to `otel` (the OTLP exporter) when given.
+fn init_tracing(
+    config: &Config,
+    otel: Option<Box<dyn Layer<Registry> + Send + Sync>>,
+) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(&config.log_filter)
         .with_context(|| format!("invalid log filter {:?}", config.log_filter))?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    let installed = match config.log_format {
-        LogFormat::Human => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    let logs = match config.log_format {
+        LogFormat::Human => tracing_subscriber::fmt::layer()
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_writer(std::io::stderr)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_writer(std::io::stderr)
+            .boxed(),
     };
-    installed.map_err(|error| anyhow::anyhow!("cannot install the log subscriber: {error}"))
+    tracing_subscriber::registry()
+        .with(otel)
+        .with(logs)
+        .with(filter)
+        .try_init()
+        .map_err(|error| anyhow::anyhow!("cannot install the log subscriber: {error}"))
 }
 
-/// `reconciled serve`: runs the server until SIGTERM/SIGINT.
+/// `reconciled serve`: runs the server until SIGTERM/SIGINT; exports spans
+/// over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (flushed at exit).
 fn run_serve(config: Config) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    let exporter = {
+        // The exporter's gRPC channel lives on the runtime.
+        let _runtime = runtime.enter();
+        match Exporter::from_env::<Registry>()? {
+            Some((exporter, layer)) => {
+                init_tracing(&config, Some(layer.boxed()))?;
+                tracing::info!("Exporting traces over OTLP.");
+                Some(exporter)
+            }
+            None => {
+                init_tracing(&config, None)?;
+                None
+            }
+        }
+    };
     if !config.fsync {
         tracing::warn!(
             "fsync is DISABLED (--fsync false): acknowledged writes can be lost on power failure or \
              kernel crash. Never run production this way."
         );
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the tokio runtime")?;
-    runtime
+    let served = runtime
         .block_on(reconciled::server::serve(config))
-        .context("server stopped with an error")?;
-    tracing::info!("Stopped.");
-    Ok(())
+        .context("server stopped with an error");
+    if served.is_ok() {
+        tracing::info!("Stopped.");
+    }
+    if let Some(exporter) = exporter {
+        exporter.shutdown();
+    }
+    served
 }
 
 /// `reconciled migrate [--status | --dry-run]`: shows or applies the store's

@@ -12,11 +12,16 @@ use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
 use crate::graph::OperationKind;
+use crate::limits::AgentCounts;
 use crate::store::Store;
 use crate::tenant::TenantDirectory;
 
 /// Upper bounds (seconds) of the pass duration histogram.
 const PASS_BUCKETS: [f64; 8] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
+
+/// Upper bounds (seconds) of the operation latency histogram: from a quick
+/// agent on the same host to long-running operations.
+const OPERATION_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
 
 const KINDS: [OperationKind; 4] = [
     OperationKind::Create,
@@ -35,6 +40,8 @@ pub struct Metrics {
     dispatched: [AtomicU64; KINDS.len()],
     finished: [[AtomicU64; OUTCOMES.len()]; KINDS.len()],
     operation_micros: AtomicU64,
+    operation_buckets: [AtomicU64; OPERATION_BUCKETS.len()],
+    operations_timed: AtomicU64,
 }
 
 fn kind_index(kind: OperationKind) -> usize {
@@ -67,12 +74,25 @@ impl Metrics {
             .position(|o| *o == outcome)
             .unwrap_or(OUTCOMES.len() - 1);
         self.finished[kind_index(kind)][outcome].fetch_add(1, Ordering::Relaxed);
+        let seconds = seconds.max(0.0);
         self.operation_micros
-            .fetch_add((seconds.max(0.0) * 1e6) as u64, Ordering::Relaxed);
+            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+        self.operations_timed.fetch_add(1, Ordering::Relaxed);
+        for (bound, bucket) in OPERATION_BUCKETS.iter().zip(&self.operation_buckets) {
+            if seconds <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
-    /// The exposition text, with gauges read from the tenants and the store.
-    pub fn render(&self, directory: &TenantDirectory, store: &dyn Store) -> String {
+    /// The exposition text, with gauges read from the tenants, the
+    /// connected agents and the store.
+    pub fn render(
+        &self,
+        directory: &TenantDirectory,
+        agents: &AgentCounts,
+        store: &dyn Store,
+    ) -> String {
         let mut out = String::new();
         let get = |value: &AtomicU64| value.load(Ordering::Relaxed);
         let _ = writeln!(
@@ -138,19 +158,28 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
-            "# HELP reconciled_operation_seconds_sum Total run time of finished operations.\n# TYPE reconciled_operation_seconds_sum counter"
+            "# HELP reconciled_operation_seconds Latency of finished operations, from dispatch to result.\n# TYPE reconciled_operation_seconds histogram"
         );
+        for (bound, bucket) in OPERATION_BUCKETS.iter().zip(&self.operation_buckets) {
+            let _ = writeln!(
+                out,
+                "reconciled_operation_seconds_bucket{{le=\"{bound}\"}} {}",
+                get(bucket)
+            );
+        }
+        let timed = get(&self.operations_timed);
         let _ = writeln!(
             out,
-            "reconciled_operation_seconds_sum {}",
+            "reconciled_operation_seconds_bucket{{le=\"+Inf\"}} {timed}\nreconciled_operation_seconds_sum {}\nreconciled_operation_seconds_count {timed}",
             get(&self.operation_micros) as f64 / 1e6
         );
 
         let mut by_state: std::collections::BTreeMap<&'static str, u64> = Default::default();
-        let (mut in_flight, mut tenants, mut watchers) = (0u64, 0u64, 0u64);
+        let (mut in_flight, mut tenants, mut queued, mut watchers) = (0u64, 0u64, 0u64, 0u64);
         for handle in directory.list(None, usize::MAX) {
             let snapshot = handle.snapshots.latest();
             tenants += 1;
+            queued += handle.queued_commands() as u64;
             watchers += handle.events.hub.watchers() as u64;
             in_flight += snapshot.in_flight as u64;
             for (state, count) in snapshot.counts.by_state() {
@@ -176,6 +205,15 @@ impl Metrics {
             out,
             "# HELP reconciled_watchers Open Watch streams, all tenants.\n# TYPE reconciled_watchers gauge\nreconciled_watchers {watchers}"
         );
+        let _ = writeln!(
+            out,
+            "# HELP reconciled_tenant_queue_depth Commands (intents, results, registrations) queued for the tenant owners.\n# TYPE reconciled_tenant_queue_depth gauge\nreconciled_tenant_queue_depth {queued}"
+        );
+        let _ = writeln!(
+            out,
+            "# HELP reconciled_agents_connected Agents connected (distinct agent ids per tenant).\n# TYPE reconciled_agents_connected gauge\nreconciled_agents_connected {}",
+            agents.connected()
+        );
         let size = store.size_on_disk().unwrap_or(0);
         let _ = writeln!(
             out,
@@ -190,13 +228,19 @@ pub async fn serve(
     listen: SocketAddr,
     metrics: Arc<Metrics>,
     directory: Arc<TenantDirectory>,
+    agents: Arc<AgentCounts>,
     store: Arc<dyn Store>,
 ) -> std::io::Result<()> {
     let listener = TcpListener::bind(listen).await?;
     debug!(addr = %listen, "Metrics endpoint listening.");
     loop {
         let (mut stream, _) = listener.accept().await?;
-        let (metrics, directory, store) = (metrics.clone(), directory.clone(), store.clone());
+        let (metrics, directory, agents, store) = (
+            metrics.clone(),
+            directory.clone(),
+            agents.clone(),
+            store.clone(),
+        );
         tokio::spawn(async move {
             let mut request = vec![0u8; 4096];
             let read = match stream.read(&mut request).await {
@@ -208,7 +252,7 @@ pub async fn serve(
             };
             let request = String::from_utf8_lossy(&request[..read]);
             let response = if request.starts_with("GET /metrics") {
-                let body = metrics.render(&directory, &*store);
+                let body = metrics.render(&directory, &agents, &*store);
                 format!(
                     "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()

@@ -1,21 +1,28 @@
 //! Assembles and runs the server: store, tenants, services, health and
 //! reflection, until SIGTERM.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use reconciled_proto::v1::configurators_server::ConfiguratorsServer;
 use reconciled_proto::v1::reconciler_server::ReconcilerServer;
 use reconciled_proto::v1::tenants_server::TenantsServer;
+use tokio_stream::StreamExt as _;
+use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::api::context::WatchSettings;
 use crate::api::{ApiContext, ConfiguratorsService, ReconcilerService, TenantsService};
 use crate::auth::AdminToken;
-use crate::bootstrap::{bind, health_and_reflection, serve_until, server_builder, shutdown_signal};
+use crate::bootstrap::{
+    bind, health_and_reflection, incoming, serve_until, server_builder, shutdown_signal,
+};
 use crate::config::{Config, MigrateMode};
 use crate::graph::validate::ValidationLimits;
-use crate::store::{MigrationReport, SledOptions, Store, open_and_migrate};
+use crate::limits::{AgentCounts, ConnectionSlots, GlobalLimits, LimitsLayer};
+use crate::store::{MigrationReport, SledOptions, Store, WriteBatch, open_and_migrate};
+use crate::telemetry::RpcSpanLayer;
 use crate::tenant::{OwnerSettings, TenantDirectory};
 use crate::watch::fleet::FleetLog;
 use crate::watch::hub::CloseReason;
@@ -72,6 +79,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         configurator_grace: config.configurator_grace,
         resync_interval: config.resync_interval,
         cancel_timeout: config.cancel_timeout,
+        default_max_items: config.max_items_per_tenant,
         metrics: metrics.clone(),
         event_retention: retention,
         watch_ring_events: config.watch_ring_events,
@@ -79,10 +87,18 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         ..OwnerSettings::default()
     };
     let directory = TenantDirectory::load(store.clone(), settings)?;
+    let agents = AgentCounts::new(config.max_agents_per_tenant);
     if let Some(listen) = config.metrics_listen {
-        let (metrics, directory) = (metrics.clone(), directory.clone());
+        let (metrics, directory, agents, store) = (
+            metrics.clone(),
+            directory.clone(),
+            agents.clone(),
+            store.clone(),
+        );
         tokio::spawn(async move {
-            if let Err(error) = crate::metrics::serve(listen, metrics, directory, store).await {
+            if let Err(error) =
+                crate::metrics::serve(listen, metrics, directory, agents, store).await
+            {
                 tracing::error!(%error, addr = %listen, "The metrics endpoint stopped; check --metrics-listen.");
             }
         });
@@ -90,6 +106,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
     info!(tenants = directory.len(), "Tenants loaded.");
 
+    let shutdown = CancellationToken::new();
     let context = ApiContext {
         directory: directory.clone(),
         admin,
@@ -109,6 +126,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             },
             max_watchers_per_tenant: config.max_watchers_per_tenant,
         },
+        shutdown: shutdown.clone(),
+        agents,
     };
     let limit = config.max_message_bytes;
     let reconciler = ReconcilerServer::new(ReconcilerService::new(context.clone()))
@@ -129,7 +148,25 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
     let listener = bind(config.listen).await?;
     let addr = listener.local_addr()?;
-    let router = server_builder()
+    let global = GlobalLimits {
+        max_connections: config.max_connections,
+        max_concurrent_requests: config.max_concurrent_requests,
+        max_requests_per_second: config.max_requests_per_second,
+        request_timeout: config.request_timeout,
+    };
+    let slots = ConnectionSlots::new(global.max_connections);
+    let connections = incoming(listener).map(move |accepted| accepted.map(|io| slots.wrap(io)));
+    let mut builder = server_builder();
+    if let Some(tls) = crate::tls::server_tls(&config)? {
+        builder = builder.tls_config(tls)?;
+        info!(
+            mutual = config.tls_client_ca.is_some(),
+            "TLS enabled; clients must connect with https."
+        );
+    }
+    let router = builder
+        .layer(RpcSpanLayer)
+        .layer(LimitsLayer::new(&global))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -139,9 +176,13 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
 
     info!(%addr, data_dir = %config.data_dir.display(), "Listening.");
     println!("reconciled listening on {addr}");
+    let stopping = shutdown.clone();
     let watched = directory.clone();
-    let shutdown = async move {
+    let signalled_at = Arc::new(OnceLock::new());
+    let signal_time = signalled_at.clone();
+    let signalled = async move {
         shutdown_signal().await;
+        let _ = signal_time.set(Instant::now());
         // Open watch streams end at once (UNAVAILABLE: resume elsewhere or
         // after the restart), so that they do not hold up the drain.
         watched.close_watches();
@@ -154,10 +195,26 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                 .set_service_status(service, ServingStatus::NotServing)
                 .await;
         }
+        // Server streams end now, so that only unary calls are left to drain.
+        stopping.cancel();
     };
-    serve_until(router, listener, shutdown, config.shutdown_grace).await?;
+    serve_until(router, connections, signalled, config.shutdown_grace).await?;
     directory.stop_all();
+    let spent = signalled_at.get().map_or(Duration::ZERO, Instant::elapsed);
+    flush_store(&*store, config.shutdown_grace.saturating_sub(spent)).await;
     Ok(())
+}
+
+/// Waits, at most `budget`, until every commit queued before this call is
+/// durable. Acknowledged commits are durable already; this covers commits
+/// the tenant owners queued while stopping. Commits still queued when the
+/// process exits are finished when the store is dropped.
+async fn flush_store(store: &dyn Store, budget: Duration) {
+    match tokio::time::timeout(budget, store.commit(WriteBatch::new())).await {
+        Ok(Ok(())) => info!("Store flushed."),
+        Ok(Err(error)) => warn!(%error, "Flushing the store at shutdown failed."),
+        Err(_) => warn!("The store did not flush within the shutdown grace period."),
+    }
 }
 
 /// `reconciled migrate`: shows (`--status`, `--dry-run`) or applies the

@@ -12,7 +12,7 @@ use anyhow::{Context as _, bail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use rand::Rng as _;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -42,6 +42,7 @@ pub struct ServerOptions {
     admin_token: Option<String>,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    tls: Option<ClientTlsConfig>,
 }
 
 impl Default for ServerOptions {
@@ -51,6 +52,7 @@ impl Default for ServerOptions {
             admin_token: Some(random_token("rcda_test_")),
             args: Vec::new(),
             env: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -73,6 +75,14 @@ impl ServerOptions {
     /// `--admin-token`).
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
         self.args.push(arg.into());
+        self
+    }
+
+    /// Talks TLS to the server (which the test starts with `--tls-cert`
+    /// etc.): the health checks and [`ServerProcess::channel`] use `tls`,
+    /// and [`ServerProcess::endpoint`] is `https://`.
+    pub fn client_tls(mut self, tls: ClientTlsConfig) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -214,9 +224,25 @@ impl ServerProcess {
         self.addr
     }
 
-    /// The server's gRPC endpoint URI, e.g. `http://127.0.0.1:41234`.
+    /// The server's gRPC endpoint URI, e.g. `http://127.0.0.1:41234`
+    /// (`https://127.0.0.1:41234` with [`ServerOptions::client_tls`]; test
+    /// certificates name the IP address).
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        match self.options.tls {
+            Some(_) => format!("https://{}", self.addr),
+            None => format!("http://{}", self.addr),
+        }
+    }
+
+    /// An endpoint for the server, with the TLS settings of its options.
+    fn dial(&self) -> anyhow::Result<Endpoint> {
+        let endpoint = Endpoint::from_shared(self.endpoint()).context("invalid endpoint")?;
+        match &self.options.tls {
+            Some(tls) => endpoint
+                .tls_config(tls.clone())
+                .context("invalid client TLS settings"),
+            None => Ok(endpoint),
+        }
     }
 
     /// The admin token: the one passed with `--admin-token`, or else the one
@@ -250,8 +276,7 @@ impl ServerProcess {
 
     /// A connected gRPC channel to the server.
     pub async fn channel(&self) -> anyhow::Result<Channel> {
-        Endpoint::from_shared(self.endpoint())
-            .context("invalid endpoint")?
+        self.dial()?
             .connect_timeout(Duration::from_secs(5))
             .connect()
             .await
@@ -352,8 +377,8 @@ impl ServerProcess {
 
     async fn wait_until_healthy(&mut self) -> anyhow::Result<()> {
         let started = Instant::now();
-        let endpoint = Endpoint::from_shared(self.endpoint())
-            .context("invalid endpoint")?
+        let endpoint = self
+            .dial()?
             .connect_timeout(Duration::from_secs(1))
             .timeout(Duration::from_secs(1));
         loop {

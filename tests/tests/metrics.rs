@@ -57,6 +57,9 @@ async fn a_scrape_sees_passes_operations_and_items_move() {
         0.0
     );
 
+    assert_eq!(sample(&before, "reconciled_agents_connected"), 0.0);
+    assert_eq!(sample(&before, "reconciled_operation_seconds_count"), 0.0);
+
     let recorder = Recorder::new();
     let mut agent = RunningAgent::start(
         tenant
@@ -100,6 +103,22 @@ async fn a_scrape_sees_passes_operations_and_items_move() {
     assert_eq!(sample(&after, "reconciled_items{state=\"CREATED\"}"), 5.0);
     assert_eq!(sample(&after, "reconciled_tenants"), 1.0);
     assert_eq!(sample(&after, "reconciled_watchers"), 1.0);
+    assert_eq!(sample(&after, "reconciled_agents_connected"), 1.0);
+    assert_eq!(sample(&after, "reconciled_operation_seconds_count"), 5.0);
+    assert_eq!(
+        sample(&after, "reconciled_operation_seconds_bucket{le=\"+Inf\"}"),
+        5.0
+    );
+    assert_eq!(
+        sample(&after, "reconciled_operation_seconds_bucket{le=\"300\"}"),
+        5.0,
+        "every operation took less than 300 s"
+    );
+    assert_eq!(
+        sample(&after, "reconciled_tenant_queue_depth"),
+        0.0,
+        "a Ready tenant has nothing queued"
+    );
     assert!(sample(&after, "reconciled_store_bytes") > 0.0);
     assert!(!after.contains("tenant=\""), "no per-tenant labels");
 }

@@ -27,6 +27,17 @@ pub enum AgentError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// The TLS settings cannot be used (e.g. a malformed certificate).
+    #[error(
+        "invalid TLS settings for {endpoint:?}: {source}; check the CA and client certificate PEM files"
+    )]
+    Tls {
+        /// The address as given.
+        endpoint: String,
+        /// What tonic said.
+        #[source]
+        source: tonic::transport::Error,
+    },
     /// The token cannot be sent in a header.
     #[error(transparent)]
     InvalidToken(#[from] InvalidToken),

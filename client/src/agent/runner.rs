@@ -29,6 +29,7 @@ use super::session::{Action, SessionState, StartOperation, Work, heartbeat_inter
 use super::spec::TypeSpec;
 use crate::auth::BearerToken;
 use crate::client::MAX_MESSAGE_BYTES;
+use crate::tls::ClientTls;
 
 /// How many events an [`Agent::events`] subscriber may fall behind before it
 /// misses the oldest.
@@ -52,6 +53,7 @@ pub struct AgentBuilder {
     reconnect_max: Duration,
     drain_timeout: Duration,
     register_timeout: Duration,
+    tls: Option<ClientTls>,
 }
 
 impl std::fmt::Debug for AgentBuilder {
@@ -108,6 +110,13 @@ impl AgentBuilder {
         self
     }
 
+    /// Connects over TLS with these settings (the server's CA and, for
+    /// mutual TLS, the agent's certificate); use an `https://` endpoint.
+    pub fn tls(mut self, tls: ClientTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// How long to wait for `Registered` after connecting (default 30 s).
     pub fn register_timeout(mut self, timeout: Duration) -> Self {
         self.register_timeout = timeout;
@@ -117,12 +126,18 @@ impl AgentBuilder {
     /// Checks the settings and builds the agent. Nothing connects until
     /// [`Agent::run`].
     pub fn build(self) -> Result<Agent, AgentError> {
-        let endpoint = Endpoint::from_shared(self.endpoint.clone())
+        let mut endpoint = Endpoint::from_shared(self.endpoint.clone())
             .map_err(|source| AgentError::InvalidEndpoint {
                 endpoint: self.endpoint.clone(),
                 source,
             })?
             .connect_timeout(CONNECT_TIMEOUT);
+        if let Some(tls) = &self.tls {
+            endpoint = tls.apply(endpoint).map_err(|source| AgentError::Tls {
+                endpoint: self.endpoint.clone(),
+                source,
+            })?;
+        }
         let bearer = BearerToken::new(&self.token)?;
         if self.types.is_empty() {
             return Err(AgentError::NoItemTypes);
@@ -243,6 +258,7 @@ impl Agent {
             reconnect_max: DEFAULT_RECONNECT_MAX,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             register_timeout: DEFAULT_REGISTER_TIMEOUT,
+            tls: None,
         }
     }
 

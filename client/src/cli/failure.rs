@@ -96,6 +96,9 @@ pub(crate) fn connect_failure(error: &ClientError, settings: &Settings) -> Failu
             addr.source,
             root_cause(source)
         )),
+        ClientError::Tls { .. } => {
+            Failure::usage(format!("{error} (address from {})", addr.source))
+        }
         ClientError::InvalidToken(invalid) => Failure::usage(format!(
             "{invalid} (token from {})",
             settings

@@ -37,6 +37,10 @@ const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Messages buffered toward one agent before its session task waits.
 const OUTBOUND_BUFFER: usize = 1_024;
 
+/// What an agent is told when the server closes its stream at shutdown.
+pub const SHUTTING_DOWN: &str =
+    "the server is shutting down; reconnect after it restarts (the SDK agent does so by itself)";
+
 static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
 
 /// The Configurators service.
@@ -82,6 +86,15 @@ impl Configurators for ConfiguratorsService {
         }
         let handle = self.context.tenant(caller, &register.tenant)?;
         let types = self.type_specs(&register)?;
+        let max_agents = handle.snapshots.latest().record.limits.max_agents;
+        let agent_slot = self
+            .context
+            .agents
+            .admit(handle.id, max_agents, &register.agent_id)
+            .map_err(|refused| ApiError::QuotaExceeded {
+                subject: "max_agents".into(),
+                description: refused.to_string(),
+            })?;
 
         let (sender, outbox) = mpsc::unbounded_channel();
         let session_id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
@@ -124,6 +137,8 @@ impl Configurators for ConfiguratorsService {
             outbound,
             heartbeat_interval: self.context.heartbeat_interval,
             lease: self.context.lease,
+            shutdown: self.context.shutdown.clone(),
+            _agent_slot: agent_slot,
         };
         tokio::spawn(session.run());
         Ok(Response::new(Box::pin(ReceiverStream::new(stream))))
@@ -278,6 +293,9 @@ struct Session {
     outbound: mpsc::Sender<Result<v1::ServerMessage, Status>>,
     heartbeat_interval: Duration,
     lease: Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+    /// Counts this agent against the tenant's `max_agents` while it lives.
+    _agent_slot: crate::limits::AgentSlot,
 }
 
 impl Session {
@@ -286,6 +304,12 @@ impl Session {
         let mut last_heard = Instant::now();
         let reason = loop {
             tokio::select! {
+                () = self.shutdown.cancelled() => {
+                    // The agent keeps unacknowledged results and sends them
+                    // again after reconnecting; operations stay journaled.
+                    let _ = self.outbound.send(Err(Status::unavailable(SHUTTING_DOWN))).await;
+                    break "the server is shutting down".to_string();
+                }
                 message = self.inbound.message() => match message {
                     Ok(Some(message)) => {
                         last_heard = Instant::now();

@@ -28,6 +28,11 @@ pub struct ApiContext {
     pub heartbeat_interval: std::time::Duration,
     /// How long a session may stay silent before it is closed.
     pub lease: std::time::Duration,
+    /// Cancelled when the server shuts down: every server stream (Connect
+    /// sessions, watches) ends with `UNAVAILABLE` so the drain can finish.
+    pub shutdown: tokio_util::sync::CancellationToken,
+    /// Agents connected per tenant, against the tenants' `max_agents`.
+    pub agents: Arc<crate::limits::AgentCounts>,
     /// The fleet log, for `WatchFleet`.
     pub fleet: Arc<FleetLog>,
     /// How watch streams behave.

@@ -18,7 +18,7 @@ use crate::graph::validate::{FieldViolation, validate_items, validate_name};
 use crate::graph::{ItemRef, subgraph_contains};
 use crate::tenant::oplog::LogEntry;
 use crate::tenant::submit::normalize_subgraph;
-use crate::tenant::{ExternalChange, TenantSnapshot, ValidatedSubmit};
+use crate::tenant::{ExternalChange, TenantHandle, TenantSnapshot, ValidatedSubmit};
 
 use super::context::{ApiContext, invalid};
 use super::convert::{
@@ -65,6 +65,7 @@ impl Reconciler for ReconcilerService {
         let caller = self.context.caller(request.metadata())?;
         let request = request.into_inner();
         let handle = self.context.tenant(caller, &request.tenant)?;
+        check_tenant_request_items(&handle, request.items.len())?;
         let validated = self.validate_submit(request)?;
         let outcome = handle.submit(validated).await.map_err(ApiError::from)?;
         let snapshot = handle.snapshots.latest();
@@ -241,6 +242,21 @@ impl Reconciler for ReconcilerService {
             .map_err(ApiError::from)?;
         Ok(Response::new(v1::ReportExternalResponse { revision }))
     }
+}
+
+/// Refuses a request with more items than the tenant's own
+/// `max_request_items` (0: only the server's limit applies).
+fn check_tenant_request_items(handle: &TenantHandle, items: usize) -> Result<(), ApiError> {
+    let limit = handle.snapshots.latest().record.limits.max_request_items;
+    if limit > 0 && items as u64 > limit {
+        return Err(ApiError::QuotaExceeded {
+            subject: "max_request_items".into(),
+            description: format!(
+                "{items} items are over the tenant's limit of {limit} per request; split the intent into subgraphs"
+            ),
+        });
+    }
+    Ok(())
 }
 
 impl ReconcilerService {

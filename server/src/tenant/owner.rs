@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use reconciled_proto::v1;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, instrument, warn};
 
 use crate::agents::{FromAgent, Grant, Registration, RegistrationError, SessionLink};
 use crate::engine::exec::TypeSpec;
@@ -223,6 +223,11 @@ impl TenantHandle {
     pub async fn set_token_hash(&self, token_hash: String) -> Result<(), TenantError> {
         self.ask(|reply| Command::SetTokenHash(token_hash, reply))
             .await
+    }
+
+    /// Commands waiting in the owner's queue (for metrics).
+    pub fn queued_commands(&self) -> usize {
+        self.commands.max_capacity() - self.commands.capacity()
     }
 
     /// Stops the owner; queued commands fail with [`TenantError::Gone`].
@@ -733,6 +738,7 @@ impl Owner {
     /// `pending`, the plan's bookkeeping, the journal of the operations it
     /// dispatches and the tenant record in ONE commit, then sends the
     /// operations. If the commit fails, nothing changed.
+    #[instrument(name = "pass", skip_all, fields(tenant = %self.state.record.name))]
     pub(super) async fn pass_with(
         &mut self,
         scope: Scope,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use rand::Rng;
 use reconciled_proto::v1;
 use serde::{Deserialize, Serialize};
-use tracing::{debug, info};
+use tracing::{debug, info, info_span};
 
 use crate::agents::{
     AgentOutcome, FromAgent, Grant, OperationOrder, Registration, RegistrationError, ToAgent,
@@ -157,6 +157,17 @@ impl Owner {
     /// Operations in flight (sent and not answered; lost ones excluded).
     pub(super) fn in_flight_count(&self) -> usize {
         self.sessions.values().map(|holder| holder.in_flight).sum()
+    }
+
+    /// How many more operations the tenant's `max_operations_in_flight`
+    /// allows now (0 in the record: no tenant-wide limit).
+    fn tenant_room(&self) -> usize {
+        match self.state.record.limits.max_operations_in_flight {
+            0 => usize::MAX,
+            limit => usize::try_from(limit)
+                .unwrap_or(usize::MAX)
+                .saturating_sub(self.in_flight_count()),
+        }
     }
 
     fn spec(&self, item_type: &str) -> TypeSpec {
@@ -463,6 +474,17 @@ impl Owner {
         }
         for result in accepted {
             let seconds = now.saturating_sub(result.started_ms) as f64 / 1e3;
+            let _span = info_span!(
+                "operation_result",
+                tenant = %self.state.record.name,
+                item = %result.item,
+                op_id = %result.op_id,
+                kind = result.kind.as_str(),
+                outcome = result.outcome,
+                seconds,
+            )
+            .entered();
+            debug!("Operation result recorded.");
             self.settings
                 .metrics
                 .finished(result.kind, result.outcome, seconds);
@@ -722,6 +744,7 @@ impl Owner {
     ) -> (Vec<(ItemRef, InFlight)>, CurrentUpdates, usize) {
         let mut waiting_for_room = 0;
         let mut starts: Vec<(ItemRef, InFlight)> = Vec::new();
+        let mut tenant_room = self.tenant_room();
         for index in plan.ready() {
             let operation = &plan.operations[index];
             let item = &operation.item;
@@ -730,7 +753,7 @@ impl Owner {
             let Some(holder) = self.sessions.get_mut(&*item.item_type) else {
                 continue;
             };
-            if holder.in_flight >= limit {
+            if holder.in_flight >= limit || tenant_room == 0 {
                 self.undispatched
                     .entry(item.item_type.to_string())
                     .or_default()
@@ -739,6 +762,7 @@ impl Owner {
                 continue;
             }
             holder.in_flight += 1;
+            tenant_room -= 1;
             self.next_operation += 1;
             let attempt = self
                 .state
@@ -790,6 +814,16 @@ impl Owner {
     /// Sends journaled operations to their sessions.
     pub(super) fn send_dispatched(&mut self, starts: Vec<(ItemRef, InFlight)>, now: u64) {
         for (item, in_flight) in starts {
+            let _span = info_span!(
+                "operation",
+                tenant = %self.state.record.name,
+                item = %item,
+                op_id = %in_flight.op_id,
+                kind = in_flight.kind.as_str(),
+                attempt = in_flight.attempt,
+            )
+            .entered();
+            debug!("Operation dispatched.");
             let previous_error = self
                 .state
                 .current
@@ -828,19 +862,24 @@ impl Owner {
     /// every result would cost O(backlog) per operation).
     pub(super) fn take_undispatched_with_room(&mut self) -> Vec<ItemRef> {
         let mut taken = Vec::new();
+        let mut tenant_room = self.tenant_room();
         let types: Vec<String> = self.undispatched.keys().cloned().collect();
         for item_type in types {
             let limit = self.spec(&item_type).max_in_flight.max(1) as usize;
             let room = self
                 .sessions
                 .get(&item_type)
-                .map_or(0, |holder| limit.saturating_sub(holder.in_flight));
+                .map_or(0, |holder| limit.saturating_sub(holder.in_flight))
+                .min(tenant_room);
             let Some(waiting) = self.undispatched.get_mut(&item_type) else {
                 continue;
             };
             for _ in 0..room {
                 match waiting.pop_first() {
-                    Some(item) => taken.push(item),
+                    Some(item) => {
+                        taken.push(item);
+                        tenant_room -= 1;
+                    }
                     None => break,
                 }
             }
@@ -975,13 +1014,14 @@ impl Owner {
         let mut starts = Vec::new();
         let mut updates: CurrentUpdates = Vec::new();
         let queued: Vec<ItemRef> = self.pending_reads.iter().cloned().collect();
+        let mut tenant_room = self.tenant_room();
         for item in queued {
             let spec = self.spec(&item.item_type);
             let limit = spec.max_in_flight.max(1) as usize;
             let Some(holder) = self.sessions.get_mut(&*item.item_type) else {
                 continue;
             };
-            if holder.in_flight >= limit {
+            if holder.in_flight >= limit || tenant_room == 0 {
                 continue;
             }
             self.pending_reads.remove(&item);
@@ -992,6 +1032,7 @@ impl Owner {
                 continue;
             }
             holder.in_flight += 1;
+            tenant_room -= 1;
             self.next_operation += 1;
             let in_flight = InFlight {
                 kind: OperationKind::Read,

@@ -1,0 +1,81 @@
+//! [`ClientTls`]: how a [`Client`](crate::Client) or an
+//! [`Agent`](crate::agent::Agent) verifies a TLS server (its CA) and, for
+//! mutual TLS, which certificate it presents.
+
+use std::path::Path;
+
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+/// TLS settings for connecting to a reconciled server that serves TLS
+/// (`--tls-cert`); use an `https://` endpoint with them.
+///
+/// ```no_run
+/// # fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// use reconciled_client::ClientTls;
+///
+/// let tls = ClientTls::new()
+///     .ca_certificate(std::fs::read("ca.pem")?)
+///     // Only for servers with --tls-client-ca (mutual TLS):
+///     .identity(std::fs::read("agent.pem")?, std::fs::read("agent.key")?);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ClientTls {
+    ca_pem: Option<Vec<u8>>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+    domain: Option<String>,
+}
+
+impl ClientTls {
+    /// No CA (the server must then be trusted some other way: set one with
+    /// [`ca_certificate`](Self::ca_certificate)), no client certificate.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Trusts servers whose certificate chains to this CA (PEM).
+    pub fn ca_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// Presents this certificate (PEM chain) and private key (PEM) to the
+    /// server, for mutual TLS.
+    pub fn identity(mut self, cert_pem: impl Into<Vec<u8>>, key_pem: impl Into<Vec<u8>>) -> Self {
+        self.identity = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// Expects this name in the server certificate instead of the
+    /// endpoint's host.
+    pub fn domain_name(mut self, domain: impl Into<String>) -> Self {
+        self.domain = Some(domain.into());
+        self
+    }
+
+    /// Reads the CA and, when both are given, the client certificate and
+    /// key from PEM files.
+    pub fn from_files(ca: &Path, identity: Option<(&Path, &Path)>) -> Result<Self, std::io::Error> {
+        let mut tls = Self::new().ca_certificate(std::fs::read(ca)?);
+        if let Some((cert, key)) = identity {
+            tls = tls.identity(std::fs::read(cert)?, std::fs::read(key)?);
+        }
+        Ok(tls)
+    }
+
+    /// Applies the settings to a tonic endpoint.
+    pub(crate) fn apply(&self, endpoint: Endpoint) -> Result<Endpoint, tonic::transport::Error> {
+        let mut config = ClientTlsConfig::new();
+        if let Some(ca) = &self.ca_pem {
+            config = config.ca_certificate(Certificate::from_pem(ca));
+        }
+        if let Some((cert, key)) = &self.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(domain) = &self.domain {
+            config = config.domain_name(domain.clone());
+        }
+        endpoint.tls_config(config)
+    }
+}
