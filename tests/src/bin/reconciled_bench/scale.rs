@@ -193,7 +193,7 @@ fn start_agents(
     let registered = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for index in 0..count {
-        let agent = Agent::builder(server.endpoint(), &tenant_name(index), &tenant_token(index))
+        let agent = Agent::builder(server.endpoint(), tenant_name(index), tenant_token(index))
             .agent_id(format!("agent-{index:05}"))
             .reconnect_backoff(Duration::from_millis(100), Duration::from_secs(1))
             .item_type(TypeSpec::new(ITEM_TYPE), Noop)
