@@ -31,17 +31,83 @@ const KINDS: [OperationKind; 4] = [
 ];
 const OUTCOMES: [&str; 5] = ["done", "failed", "wait", "lost", "other"];
 
+/// Upper bounds (seconds) of the histogram of the time commands wait in a
+/// tenant owner's queue.
+const QUEUE_WAIT_BUCKETS: [f64; 8] = [0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0];
+
+/// A Prometheus histogram over fixed bucket bounds, in seconds.
+#[derive(Debug)]
+struct Histogram<const N: usize> {
+    bounds: [f64; N],
+    buckets: [AtomicU64; N],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl<const N: usize> Histogram<N> {
+    fn new(bounds: [f64; N]) -> Self {
+        Self {
+            bounds,
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, seconds: f64) {
+        let seconds = seconds.max(0.0);
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+        for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
+            if seconds <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{bound}\"}} {}",
+                bucket.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count();
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {}\n{name}_count {count}",
+            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+        );
+    }
+}
+
 /// The server's counters.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
-    passes: AtomicU64,
-    pass_micros: AtomicU64,
-    pass_buckets: [AtomicU64; PASS_BUCKETS.len()],
+    passes: Histogram<{ PASS_BUCKETS.len() }>,
     dispatched: [AtomicU64; KINDS.len()],
     finished: [[AtomicU64; OUTCOMES.len()]; KINDS.len()],
-    operation_micros: AtomicU64,
-    operation_buckets: [AtomicU64; OPERATION_BUCKETS.len()],
-    operations_timed: AtomicU64,
+    operations: Histogram<{ OPERATION_BUCKETS.len() }>,
+    queue_wait: Histogram<{ QUEUE_WAIT_BUCKETS.len() }>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            passes: Histogram::new(PASS_BUCKETS),
+            dispatched: Default::default(),
+            finished: Default::default(),
+            operations: Histogram::new(OPERATION_BUCKETS),
+            queue_wait: Histogram::new(QUEUE_WAIT_BUCKETS),
+        }
+    }
 }
 
 fn kind_index(kind: OperationKind) -> usize {
@@ -51,14 +117,12 @@ fn kind_index(kind: OperationKind) -> usize {
 impl Metrics {
     /// Records one reconcile pass and how long it took.
     pub fn pass(&self, seconds: f64) {
-        self.passes.fetch_add(1, Ordering::Relaxed);
-        self.pass_micros
-            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
-        for (bound, bucket) in PASS_BUCKETS.iter().zip(&self.pass_buckets) {
-            if seconds <= *bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        self.passes.observe(seconds);
+    }
+
+    /// Records how long a command waited in a tenant owner's queue.
+    pub fn queue_wait(&self, seconds: f64) {
+        self.queue_wait.observe(seconds);
     }
 
     /// Records dispatched operations.
@@ -74,15 +138,7 @@ impl Metrics {
             .position(|o| *o == outcome)
             .unwrap_or(OUTCOMES.len() - 1);
         self.finished[kind_index(kind)][outcome].fetch_add(1, Ordering::Relaxed);
-        let seconds = seconds.max(0.0);
-        self.operation_micros
-            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
-        self.operations_timed.fetch_add(1, Ordering::Relaxed);
-        for (bound, bucket) in OPERATION_BUCKETS.iter().zip(&self.operation_buckets) {
-            if seconds <= *bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        self.operations.observe(seconds);
     }
 
     /// The exposition text, with gauges read from the tenants, the
@@ -97,38 +153,18 @@ impl Metrics {
         let get = |value: &AtomicU64| value.load(Ordering::Relaxed);
         let _ = writeln!(
             out,
-            "# HELP reconciled_reconcile_passes_total Reconcile passes run.\n# TYPE reconciled_reconcile_passes_total counter"
+            "# HELP reconciled_reconcile_passes_total Reconcile passes run.\n# TYPE reconciled_reconcile_passes_total counter\nreconciled_reconcile_passes_total {}",
+            self.passes.count()
         );
-        let _ = writeln!(
-            out,
-            "reconciled_reconcile_passes_total {}",
-            get(&self.passes)
+        self.passes.render(
+            &mut out,
+            "reconciled_reconcile_pass_seconds",
+            "Duration of reconcile passes.",
         );
-        let _ = writeln!(
-            out,
-            "# HELP reconciled_reconcile_pass_seconds Duration of reconcile passes.\n# TYPE reconciled_reconcile_pass_seconds histogram"
-        );
-        for (bound, bucket) in PASS_BUCKETS.iter().zip(&self.pass_buckets) {
-            let _ = writeln!(
-                out,
-                "reconciled_reconcile_pass_seconds_bucket{{le=\"{bound}\"}} {}",
-                get(bucket)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "reconciled_reconcile_pass_seconds_bucket{{le=\"+Inf\"}} {}",
-            get(&self.passes)
-        );
-        let _ = writeln!(
-            out,
-            "reconciled_reconcile_pass_seconds_sum {}",
-            get(&self.pass_micros) as f64 / 1e6
-        );
-        let _ = writeln!(
-            out,
-            "reconciled_reconcile_pass_seconds_count {}",
-            get(&self.passes)
+        self.queue_wait.render(
+            &mut out,
+            "reconciled_tenant_queue_wait_seconds",
+            "Time commands (intents, results, registrations) wait in a tenant owner's queue.",
         );
         let _ = writeln!(
             out,
@@ -156,22 +192,10 @@ impl Metrics {
                 );
             }
         }
-        let _ = writeln!(
-            out,
-            "# HELP reconciled_operation_seconds Latency of finished operations, from dispatch to result.\n# TYPE reconciled_operation_seconds histogram"
-        );
-        for (bound, bucket) in OPERATION_BUCKETS.iter().zip(&self.operation_buckets) {
-            let _ = writeln!(
-                out,
-                "reconciled_operation_seconds_bucket{{le=\"{bound}\"}} {}",
-                get(bucket)
-            );
-        }
-        let timed = get(&self.operations_timed);
-        let _ = writeln!(
-            out,
-            "reconciled_operation_seconds_bucket{{le=\"+Inf\"}} {timed}\nreconciled_operation_seconds_sum {}\nreconciled_operation_seconds_count {timed}",
-            get(&self.operation_micros) as f64 / 1e6
+        self.operations.render(
+            &mut out,
+            "reconciled_operation_seconds",
+            "Latency of finished operations, from dispatch to result.",
         );
 
         let mut by_state: std::collections::BTreeMap<&'static str, u64> = Default::default();

@@ -114,6 +114,10 @@ async fn a_scrape_sees_passes_operations_and_items_move() {
         5.0,
         "every operation took less than 300 s"
     );
+    assert!(
+        sample(&after, "reconciled_tenant_queue_wait_seconds_count") >= 5.0,
+        "at least the five results waited in the queue"
+    );
     assert_eq!(
         sample(&after, "reconciled_tenant_queue_depth"),
         0.0,

@@ -113,6 +113,21 @@ const LARGE_PASS_SEEDS: usize = 2_000;
 
 type Reply<T> = oneshot::Sender<Result<T, TenantError>>;
 
+/// A command with the time it was queued (for the queue wait metric).
+struct Queued {
+    at: std::time::Instant,
+    command: Command,
+}
+
+impl Queued {
+    fn now(command: Command) -> Self {
+        Self {
+            at: std::time::Instant::now(),
+            command,
+        }
+    }
+}
+
 enum Command {
     SetTokenHash(String, Reply<()>),
     Submit(ValidatedSubmit, Reply<SubmitOutcome>),
@@ -133,7 +148,7 @@ pub struct TenantHandle {
     pub id: u64,
     /// Name.
     pub name: String,
-    commands: mpsc::Sender<Command>,
+    commands: mpsc::Sender<Queued>,
     /// Published snapshots.
     pub snapshots: Arc<SnapshotHistory>,
     /// Committed events, for watchers.
@@ -195,7 +210,7 @@ impl TenantHandle {
     ) -> Result<Vec<Grant>, RegistrationError> {
         let (reply, answer) = oneshot::channel();
         self.commands
-            .send(Command::Register(registration, reply))
+            .send(Queued::now(Command::Register(registration, reply)))
             .await
             .map_err(|_| RegistrationError::Tenant(TenantError::Gone))?;
         answer
@@ -206,7 +221,7 @@ impl TenantHandle {
     /// Forwards a message of session `session_id` to the owner.
     pub async fn from_agent(&self, session_id: u64, message: FromAgent) -> Result<(), TenantError> {
         self.commands
-            .send(Command::FromAgent(session_id, message))
+            .send(Queued::now(Command::FromAgent(session_id, message)))
             .await
             .map_err(|_| TenantError::Gone)
     }
@@ -215,7 +230,7 @@ impl TenantHandle {
     pub async fn session_closed(&self, session_id: u64, reason: String) {
         let _ = self
             .commands
-            .send(Command::SessionClosed(session_id, reason))
+            .send(Queued::now(Command::SessionClosed(session_id, reason)))
             .await;
     }
 
@@ -238,7 +253,7 @@ impl TenantHandle {
     async fn ask<T>(&self, command: impl FnOnce(Reply<T>) -> Command) -> Result<T, TenantError> {
         let (reply, answer) = oneshot::channel();
         self.commands
-            .send(command(reply))
+            .send(Queued::now(command(reply)))
             .await
             .map_err(|_| TenantError::Gone)?;
         answer.await.map_err(|_| TenantError::Gone)?
@@ -363,7 +378,7 @@ impl Owner {
         }
     }
 
-    async fn run(mut self, mut commands: mpsc::Receiver<Command>, stop: CancellationToken) {
+    async fn run(mut self, mut commands: mpsc::Receiver<Queued>, stop: CancellationToken) {
         if let Err(error) = self.load_specs_and_journal() {
             warn!(tenant = %self.state.record.name, %error, "Loading type specs failed.");
         }
@@ -397,7 +412,7 @@ impl Owner {
                             continue;
                         }
                         command = commands.recv() => match command {
-                            Some(command) => command,
+                            Some(queued) => self.took(queued),
                             None => break,
                         },
                     }
@@ -416,7 +431,7 @@ impl Owner {
             {
                 let mut batch = vec![(session_id, op_id, attempt, outcome)];
                 while batch.len() < MAX_RESULTS_PER_PASS {
-                    match commands.try_recv() {
+                    match commands.try_recv().map(|queued| self.took(queued)) {
                         Ok(Command::FromAgent(
                             session_id,
                             FromAgent::Result {
@@ -468,6 +483,14 @@ impl Owner {
             }
         }
         debug!(tenant = %self.state.record.name, "Tenant owner stopped.");
+    }
+
+    /// Takes a command off the queue, recording how long it waited.
+    fn took(&self, queued: Queued) -> Command {
+        self.settings
+            .metrics
+            .queue_wait(queued.at.elapsed().as_secs_f64());
+        queued.command
     }
 
     fn max_items(&self) -> usize {
