@@ -196,4 +196,37 @@ async fn mutual_tls_refuses_clients_without_a_certificate_and_an_agent_with_one_
         .wait_for_state("t", "a", v1::ItemState::Created)
         .await;
     assert_eq!(recorder.labels(), ["create t/a"]);
+
+    // reconctl over mutual TLS: with the client certificate it lists the
+    // tenant; without, it fails and says so.
+    std::fs::write(pki.path("client.pem"), &pki.client_cert).expect("write PEM");
+    std::fs::write(pki.path("client.key"), &pki.client_key).expect("write PEM");
+    let reconctl = |with_identity: bool| {
+        let mut command = std::process::Command::new(reconciled_tests::package_binary(
+            "reconciled-client",
+            "reconctl",
+        ));
+        command
+            .args([
+                "--addr",
+                &tenant.server.addr().to_string(),
+                "--token",
+                &admin,
+            ])
+            .args(["--ca-cert", &pki.path("ca.pem")]);
+        if with_identity {
+            command.env("RECONCILED_CLIENT_CERT", pki.path("client.pem"));
+            command.env("RECONCILED_CLIENT_KEY", pki.path("client.key"));
+        }
+        command
+            .args(["tenant", "list"])
+            .env_remove("RECONCILED_ADDR")
+            .env_remove("RECONCILED_TOKEN")
+            .output()
+            .expect("reconctl runs")
+    };
+    let listed = reconciled_tests::successful_stdout(&reconctl(true));
+    assert!(listed.contains("acme"), "{listed}");
+    let refused = reconctl(false);
+    assert!(!refused.status.success(), "no client certificate: refused");
 }

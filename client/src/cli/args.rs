@@ -58,10 +58,23 @@ pub(crate) struct ConnectionArgs {
     /// The tenant of tenant-scoped commands [env: RECONCILED_TENANT]
     #[arg(long, global = true, value_name = "NAME", help_heading = "Connection")]
     tenant: Option<String>,
-    /// The config file (TOML: addr, token, token_file, tenant) [env:
-    /// RECONCTL_CONFIG] [default: ~/.config/reconciled/reconctl.toml]
+    /// The config file (TOML: addr, token, token_file, tenant, ca_cert,
+    /// client_cert, client_key) [env: RECONCTL_CONFIG] [default:
+    /// ~/.config/reconciled/reconctl.toml]
     #[arg(long, global = true, value_name = "FILE", help_heading = "Connection")]
     config: Option<PathBuf>,
+    /// TLS: the CA certificate (PEM) of the server's certificate; the
+    /// address then uses https [env: RECONCILED_CA_CERT]
+    #[arg(long, global = true, value_name = "FILE", help_heading = "Connection")]
+    ca_cert: Option<PathBuf>,
+    /// Mutual TLS: this client's certificate (PEM) [env:
+    /// RECONCILED_CLIENT_CERT]
+    #[arg(long, global = true, value_name = "FILE", help_heading = "Connection")]
+    client_cert: Option<PathBuf>,
+    /// Mutual TLS: this client's private key (PEM) [env:
+    /// RECONCILED_CLIENT_KEY]
+    #[arg(long, global = true, value_name = "FILE", help_heading = "Connection")]
+    client_key: Option<PathBuf>,
 }
 
 impl ConnectionArgs {
@@ -73,6 +86,9 @@ impl ConnectionArgs {
             token_file: self.token_file.clone(),
             tenant: self.tenant.clone(),
             config: self.config.clone(),
+            ca_cert: self.ca_cert.clone(),
+            client_cert: self.client_cert.clone(),
+            client_key: self.client_key.clone(),
         }
     }
 }

@@ -83,11 +83,38 @@ pub(crate) struct Session {
     pub(crate) client: Client,
 }
 
+/// The TLS settings from the CA / client certificate files, if any is
+/// given.
+fn tls_settings(settings: &Settings) -> Result<Option<crate::ClientTls>, Failure> {
+    let read = |setting: &settings::Setting| {
+        std::fs::read(&setting.value).map_err(|error| {
+            Failure::usage(format!(
+                "cannot read {} (from {}): {error}",
+                setting.value, setting.source
+            ))
+        })
+    };
+    let mut tls = match &settings.ca_cert {
+        Some(ca) => crate::ClientTls::new().ca_certificate(read(ca)?),
+        None if settings.client_cert.is_some() => crate::ClientTls::new(),
+        None => return Ok(None),
+    };
+    if let (Some(cert), Some(key)) = (&settings.client_cert, &settings.client_key) {
+        tls = tls.identity(read(cert)?, read(key)?);
+    }
+    Ok(Some(tls))
+}
+
 impl Session {
     /// Connects to the configured address with the configured token.
     async fn connect(settings: Settings) -> Result<Self, Failure> {
         let token = settings.require_token()?.value.clone();
-        let client = Client::connect(settings.addr.value.clone(), &token)
+        let tls = tls_settings(&settings)?;
+        let addr = match &tls {
+            Some(_) => settings.addr.value.replacen("http://", "https://", 1),
+            None => settings.addr.value.clone(),
+        };
+        let client = Client::connect_with(addr, &token, tls.as_ref())
             .await
             .map_err(|error| connect_failure(&error, &settings))?;
         Ok(Self { settings, client })

@@ -22,6 +22,12 @@ pub(crate) const TOKEN_FILE_ENV: &str = "RECONCILED_TOKEN_FILE";
 pub(crate) const TENANT_ENV: &str = "RECONCILED_TENANT";
 /// The configuration file to read instead of the default one.
 pub(crate) const CONFIG_ENV: &str = "RECONCTL_CONFIG";
+/// The CA certificate (PEM) that signs the server's certificate.
+pub(crate) const CA_CERT_ENV: &str = "RECONCILED_CA_CERT";
+/// This client's certificate (PEM), for mutual TLS.
+pub(crate) const CLIENT_CERT_ENV: &str = "RECONCILED_CLIENT_CERT";
+/// This client's private key (PEM), for mutual TLS.
+pub(crate) const CLIENT_KEY_ENV: &str = "RECONCILED_CLIENT_KEY";
 
 /// Where a setting's value came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +90,9 @@ pub(crate) struct FlagValues {
     pub(crate) token_file: Option<PathBuf>,
     pub(crate) tenant: Option<String>,
     pub(crate) config: Option<PathBuf>,
+    pub(crate) ca_cert: Option<PathBuf>,
+    pub(crate) client_cert: Option<PathBuf>,
+    pub(crate) client_key: Option<PathBuf>,
 }
 
 /// The configuration file (`reconctl.toml`).
@@ -94,6 +103,9 @@ struct FileValues {
     token: Option<String>,
     token_file: Option<PathBuf>,
     tenant: Option<String>,
+    ca_cert: Option<PathBuf>,
+    client_cert: Option<PathBuf>,
+    client_key: Option<PathBuf>,
 }
 
 /// The resolved connection settings.
@@ -105,6 +117,13 @@ pub(crate) struct Settings {
     pub(crate) token: Option<Setting>,
     /// The tenant, if any source gave one.
     pub(crate) tenant: Option<Setting>,
+    /// TLS files: the CA certificate, and for mutual TLS this client's
+    /// certificate and key (each a path).
+    pub(crate) ca_cert: Option<Setting>,
+    /// This client's certificate (PEM path), for mutual TLS.
+    pub(crate) client_cert: Option<Setting>,
+    /// This client's private key (PEM path), for mutual TLS.
+    pub(crate) client_key: Option<Setting>,
     /// The configuration file that was read, if any.
     pub(crate) config_file: Option<PathBuf>,
 }
@@ -165,10 +184,44 @@ impl Settings {
             file.tenant.clone(),
             file_source("tenant"),
         );
+        let path = |value: &Option<PathBuf>| value.as_ref().map(|p| p.display().to_string());
+        let ca_cert = pick(
+            path(&flags.ca_cert),
+            "--ca-cert",
+            env.var(CA_CERT_ENV),
+            CA_CERT_ENV,
+            path(&file.ca_cert),
+            file_source("ca_cert"),
+        );
+        let client_cert = pick(
+            path(&flags.client_cert),
+            "--client-cert",
+            env.var(CLIENT_CERT_ENV),
+            CLIENT_CERT_ENV,
+            path(&file.client_cert),
+            file_source("client_cert"),
+        );
+        let client_key = pick(
+            path(&flags.client_key),
+            "--client-key",
+            env.var(CLIENT_KEY_ENV),
+            CLIENT_KEY_ENV,
+            path(&file.client_key),
+            file_source("client_key"),
+        );
+        if client_cert.is_some() != client_key.is_some() {
+            return Err(Failure::usage(
+                "mutual TLS needs both a client certificate and its key: give --client-cert and \
+                 --client-key (or RECONCILED_CLIENT_CERT and RECONCILED_CLIENT_KEY) together",
+            ));
+        }
         Ok(Settings {
             addr,
             token,
             tenant,
+            ca_cert,
+            client_cert,
+            client_key,
             config_file,
         })
     }
@@ -350,7 +403,7 @@ fn read_config_file(
 fn parse_config(path: &Path, text: &str) -> Result<FileValues, Failure> {
     toml::from_str(text).map_err(|error| {
         Failure::usage(format!(
-            "invalid config file {}: {}; the keys are addr, token, token_file and tenant",
+            "invalid config file {}: {}; the keys are addr, token, token_file, tenant, ca_cert, client_cert and client_key",
             path.display(),
             error.message()
         ))
