@@ -186,6 +186,9 @@ mod tests {
                 source: Source::Env("RECONCILED_TOKEN"),
             }),
             tenant: None,
+            ca_cert: None,
+            client_cert: None,
+            client_key: None,
             config_file: None,
         }
     }
