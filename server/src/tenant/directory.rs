@@ -70,6 +70,7 @@ impl TenantDirectory {
             inner: RwLock::new(Inner::default()),
             admin: tokio::sync::Mutex::new(()),
         });
+        let mut records = Vec::new();
         for (key, value) in scan_all(&*store, keys::tenant_names_prefix())? {
             let Some(id) = value
                 .get(..8)
@@ -97,7 +98,9 @@ impl TenantDirectory {
                     record.conditions.iter().map(condition_to_proto).collect(),
                 );
             }
-            let state = TenantState::load(&*store, record)?;
+            records.push(record);
+        }
+        for state in load_states(&*store, records)? {
             directory.start(state);
         }
         for (key, _) in scan_all(&*store, keys::purges_prefix())? {
@@ -319,6 +322,44 @@ impl TenantDirectory {
             handle.stop();
         }
     }
+}
+
+/// Loads the tenants' graphs, on as many threads as there are cores (the
+/// start-up of a server with many tenants is mostly decoding). Returns them
+/// in the order of `records`.
+fn load_states(
+    store: &dyn Store,
+    records: Vec<TenantRecord>,
+) -> Result<Vec<TenantState>, TenantError> {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let chunk = records.len().div_ceil(threads).max(1);
+    let mut chunks: Vec<Vec<TenantRecord>> = Vec::new();
+    let mut records = records.into_iter().peekable();
+    while records.peek().is_some() {
+        chunks.push(records.by_ref().take(chunk).collect());
+    }
+    std::thread::scope(|scope| {
+        let loaders: Vec<_> = chunks
+            .into_iter()
+            .map(|chunk| {
+                scope.spawn(move || {
+                    chunk
+                        .into_iter()
+                        .map(|record| TenantState::load(store, record))
+                        .collect::<Result<Vec<_>, _>>()
+                })
+            })
+            .collect();
+        let mut states = Vec::new();
+        for loader in loaders {
+            let loaded = loader.join().map_err(|_| TenantError::Corrupt {
+                key: String::from("(tenant load)"),
+                message: String::from("a loader thread panicked"),
+            })?;
+            states.extend(loaded?);
+        }
+        Ok(states)
+    })
 }
 
 /// Deletes every key of tenant `id` in bounded batches, then its purge
