@@ -149,7 +149,7 @@ fn main() -> anyhow::Result<()> {
         Command::Scale(args) => scale::scale_benchmark(&args),
         Command::All => {
             for args in [
-                &["submit"][..],
+                &["submit", "--seconds", "3"][..],
                 &[
                     "operations",
                     "--agents",

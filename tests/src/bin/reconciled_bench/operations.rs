@@ -88,7 +88,7 @@ use super::{bench_dir, decimal, drive_threads, find_child_pid, process_cpu, thou
 pub const MAX_ITEMS: usize = 10_000;
 
 /// The most agents per configuration.
-pub const MAX_AGENTS: usize = 64;
+pub const MAX_AGENTS: usize = 128;
 
 /// The highest `max_in_flight` (and echo window).
 pub const MAX_IN_FLIGHT: u32 = 1024;
