@@ -170,6 +170,18 @@ impl Watcher {
         self.until(|seen| seen.resume_from >= revision).await
     }
 
+    /// Reads until the watcher has reached `revision`; returns the groups
+    /// up to it (a stream may already carry later ones).
+    pub async fn groups_through(&mut self, revision: u64) -> Vec<Group> {
+        self.until_revision(revision)
+            .await
+            .groups
+            .iter()
+            .filter(|group| group.revision <= revision)
+            .cloned()
+            .collect()
+    }
+
     /// Reads until the stream ends; returns how it ended.
     pub async fn until_end(&mut self) -> Result<(), Status> {
         loop {

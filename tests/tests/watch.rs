@@ -305,28 +305,14 @@ async fn history_survives_a_restart_and_resumes_exactly_after_any_revision() {
     let mut after = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 1))
         .await
         .expect("watch opens after the restart");
-    let after_groups: Vec<Group> = after
-        .until_revision(last)
-        .await
-        .groups
-        .iter()
-        .filter(|group| group.revision <= last)
-        .cloned()
-        .collect();
+    let after_groups = after.groups_through(last).await;
     assert_eq!(after_groups, before);
 
     let middle = before[before.len() / 2].revision;
     let mut resumed = Watcher::open(&mut tenant.reconciler(), watch_request("acme", middle))
         .await
         .expect("watch opens");
-    let resumed: Vec<Group> = resumed
-        .until_revision(last)
-        .await
-        .groups
-        .iter()
-        .filter(|group| group.revision <= last)
-        .cloned()
-        .collect();
+    let resumed = resumed.groups_through(last).await;
     let expected: Vec<Group> = before
         .into_iter()
         .filter(|group| group.revision > middle)

@@ -84,13 +84,7 @@ pub fn watch_tenant(
         ),
     })?;
     let history: Arc<dyn HistorySource<v1::Event>> = handle.events.clone();
-    let start = request.start_revision;
-    if start > 0 && start < history.floor() {
-        return Err(ApiError::RevisionCompacted {
-            requested: start,
-            compact_revision: history.floor(),
-        });
-    }
+    let start = check_start(&*history, request.start_revision)?;
     let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
     let snapshot = (start == 0).then(|| handle.snapshots.latest());
     tokio::spawn(async move {
@@ -115,6 +109,19 @@ pub fn watch_tenant(
         .await;
     });
     Ok(Box::pin(ReceiverStream::new(receiver)))
+}
+
+/// The start revision, if the history still holds what follows it (0, the
+/// snapshot, always does); else REVISION_COMPACTED.
+fn check_start<E: 'static>(history: &dyn HistorySource<E>, start: u64) -> Result<u64, ApiError> {
+    let floor = history.floor();
+    if start > 0 && start < floor {
+        return Err(ApiError::RevisionCompacted {
+            requested: start,
+            compact_revision: floor,
+        });
+    }
+    Ok(start)
 }
 
 /// Streams the snapshot's items of the wanted types, then `Synced`. False
@@ -210,13 +217,7 @@ pub fn watch_fleet(
             ),
         })?;
     let history: Arc<dyn HistorySource<v1::FleetEvent>> = fleet.clone();
-    let start = request.start_revision;
-    if start > 0 && start < history.floor() {
-        return Err(ApiError::RevisionCompacted {
-            requested: start,
-            compact_revision: history.floor(),
-        });
-    }
+    let start = check_start(&*history, request.start_revision)?;
     let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
     let snapshot = (start == 0).then(|| fleet.snapshot());
     tokio::spawn(async move {

@@ -633,6 +633,59 @@ impl Submitter {
     }
 }
 
+/// A bare baseline server: this binary started again with a hidden
+/// subcommand (`echo-server`, `fanout-server`) that prints its address on
+/// stdout and exits when its stdin closes (or when dropped).
+struct ChildServer {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl ChildServer {
+    fn start(subcommand: &str) -> anyhow::Result<Self> {
+        use std::io::BufRead as _;
+        let exe = std::env::current_exe().context("cannot find this benchmark's binary")?;
+        let mut child = std::process::Command::new(&exe)
+            .arg(subcommand)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("cannot start {} {subcommand}", exe.display()))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("the {subcommand} has no stdout"))?;
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .with_context(|| format!("cannot read the {subcommand}'s address"))?;
+        let addr = line.trim().to_string();
+        anyhow::ensure!(
+            !addr.is_empty(),
+            "the {subcommand} exited before printing its address"
+        );
+        println!("{subcommand} pid {} listening on {addr}", child.id());
+        Ok(Self {
+            endpoint: format!("http://{addr}"),
+            child,
+        })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        // Closing stdin asks it to exit; kill makes sure.
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// The process id of the server's child process: the child of this
 /// process listening on the server's address.
 fn find_child_pid(server: &ServerProcess) -> anyhow::Result<u32> {

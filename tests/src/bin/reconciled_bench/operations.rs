@@ -53,10 +53,10 @@
 //! each phase by `--phase-timeout` (the run fails past it), counts by
 //! [`MAX_ITEMS`], [`MAX_AGENTS`] and [`MAX_IN_FLIGHT`].
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::process::{Child, Command as ProcessCommand, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -82,7 +82,9 @@ use tonic::transport::Endpoint;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{bench_dir, decimal, drive_threads, find_child_pid, process_cpu, thousands};
+use super::{
+    ChildServer, bench_dir, decimal, drive_threads, find_child_pid, process_cpu, thousands,
+};
 
 /// The most items per intent (the server's default per-request limit).
 pub const MAX_ITEMS: usize = 10_000;
@@ -326,44 +328,20 @@ pub fn operations_benchmark(args: &OperationsArgs) -> anyhow::Result<()> {
 /// The bare echo server, a child process running this binary's hidden
 /// `echo-server` subcommand.
 struct EchoProcess {
-    child: Child,
-    endpoint: String,
+    server: ChildServer,
 }
 
 impl EchoProcess {
     fn start() -> anyhow::Result<Self> {
-        let exe = std::env::current_exe().context("cannot find this benchmark's binary")?;
-        let mut child = ProcessCommand::new(&exe)
-            .arg("echo-server")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("cannot start {} echo-server", exe.display()))?;
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| anyhow!("the echo server has no stdout"))?;
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .context("cannot read the echo server's address")?;
-        let addr = line.trim();
-        ensure!(
-            !addr.is_empty(),
-            "the echo server exited before printing its address"
-        );
-        println!("echo server pid {} listening on {addr}", child.id());
         Ok(Self {
-            endpoint: format!("http://{addr}"),
-            child,
+            server: ChildServer::start("echo-server")?,
         })
     }
 
     /// Round trips per second with `window` messages outstanding on one
     /// stream.
     async fn measure(&self, window: usize, seconds: Duration) -> anyhow::Result<EchoFigure> {
-        let channel = Endpoint::from_shared(self.endpoint.clone())
+        let channel = Endpoint::from_shared(self.server.endpoint.clone())
             .context("invalid echo endpoint")?
             .connect_timeout(START_DEADLINE)
             .connect()
@@ -388,10 +366,10 @@ impl EchoProcess {
             next_id: window as u64,
         };
         stream.run(ECHO_WARMUP).await?;
-        let cpu_before = process_cpu(self.child.id())?;
+        let cpu_before = process_cpu(self.server.pid())?;
         let bench_before = process_cpu(std::process::id())?;
         let (round_trips, elapsed) = stream.run(seconds).await?;
-        let server_cpu = process_cpu(self.child.id())?.saturating_sub(cpu_before);
+        let server_cpu = process_cpu(self.server.pid())?.saturating_sub(cpu_before);
         let bench_cpu = process_cpu(std::process::id())?.saturating_sub(bench_before);
         Ok(EchoFigure {
             window,
@@ -400,15 +378,6 @@ impl EchoProcess {
             server_cpu,
             bench_cpu,
         })
-    }
-}
-
-impl Drop for EchoProcess {
-    fn drop(&mut self) {
-        // Closing stdin asks it to exit; kill makes sure.
-        drop(self.child.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -24,9 +24,8 @@
 //! measured per group, from the event's commit time (server clock, same
 //! machine) to its arrival at the watcher.
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{Read as _, Write as _};
 use std::pin::Pin;
-use std::process::{Child, Command as ProcessCommand, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -45,6 +44,8 @@ use tokio_stream::wrappers::BroadcastStream;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
+
+use super::ChildServer;
 
 /// Watch streams per connection (below HTTP/2's usual stream limits).
 const STREAMS_PER_CONNECTION: usize = 100;
@@ -105,7 +106,7 @@ pub fn watch_benchmark(args: &WatchArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the tokio runtime")?;
-    let fanout = FanoutProcess::start()?;
+    let fanout = ChildServer::start("fanout-server")?;
     let mut rows = Vec::new();
     for &watchers in &args.watchers {
         let raw = runtime.block_on(measure_raw(&fanout.endpoint, watchers, args))?;
@@ -306,51 +307,6 @@ async fn measure_reconciled(watchers: usize, args: &WatchArgs) -> anyhow::Result
 }
 
 // ---- the raw fan-out ----
-
-/// The bare fan-out server, a child process running the hidden
-/// `fanout-server` subcommand.
-struct FanoutProcess {
-    child: Child,
-    endpoint: String,
-}
-
-impl FanoutProcess {
-    fn start() -> anyhow::Result<Self> {
-        let exe = std::env::current_exe().context("cannot find this benchmark's binary")?;
-        let mut child = ProcessCommand::new(&exe)
-            .arg("fanout-server")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("cannot start {} fanout-server", exe.display()))?;
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| anyhow!("the fan-out server has no stdout"))?;
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .context("cannot read the fan-out server's address")?;
-        let addr = line.trim().to_string();
-        ensure!(
-            !addr.is_empty(),
-            "the fan-out server exited before printing its address"
-        );
-        Ok(Self {
-            endpoint: format!("http://{addr}"),
-            child,
-        })
-    }
-}
-
-impl Drop for FanoutProcess {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Broadcasts each ReportExternal as one event group to every Watch.
 struct Fanout {
