@@ -1,5 +1,5 @@
-//! Graceful shutdown: SIGTERM closes open agent streams instead of waiting
-//! for them, the process exits 0 within its grace period, and a restart
+//! Graceful shutdown: SIGTERM closes open agent and watch streams instead
+//! of waiting for them, the process exits 0 within its grace period, and a restart
 //! finds everything that was acknowledged; an operation still running at
 //! the agent stays journaled and completes after the restart.
 
@@ -10,6 +10,7 @@ use reconciled_tests::ServerOptions;
 use reconciled_tests::agents::{Gate, Recorder, RunningAgent, Step, TestTenant};
 use reconciled_tests::api::item;
 use reconciled_tests::proto::v1;
+use reconciled_tests::watch::{Watcher, watch_request};
 use serde_json::json;
 use tonic::Code;
 
@@ -48,6 +49,10 @@ async fn sigterm_with_a_connected_agent_closes_its_stream_exits_cleanly_and_keep
         .wait_for_state("t", "done", v1::ItemState::Created)
         .await;
     recorder.wait_for_operations(2).await;
+    let mut watcher = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 0))
+        .await
+        .expect("a watch opens");
+    watcher.until(|seen| seen.synced.is_some()).await;
 
     let status = tenant
         .server
@@ -66,6 +71,12 @@ async fn sigterm_with_a_connected_agent_closes_its_stream_exits_cleanly_and_keep
         reason.0.contains("shutting down"),
         "the agent is told why its stream ended: {reason:?}"
     );
+    let ended = watcher
+        .until_end()
+        .await
+        .expect_err("the open watch is ended, not left hanging");
+    assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
+    assert!(ended.message().contains("shutting down"), "{ended:?}");
 
     tenant.server.start_again().await.expect("restarts");
     tenant.channel = tenant.server.channel().await.expect("connects");
