@@ -932,3 +932,34 @@ async fn tenant_status(server: &ServerProcess, token: &str) -> v1::TenantStatus 
         .status
         .expect("a status")
 }
+
+#[tokio::test]
+async fn fleet_watch_streams_tenant_changes_as_json_lines() {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("the server starts");
+    let cli = admin(&server);
+    let mut watch = cli.spawn(&["fleet", "--watch", "-o", "json"]);
+    watch
+        .wait_for("the end of the fleet listing", |line| {
+            serde_json::from_str::<Value>(line).is_ok_and(|v| v["kind"] == "SYNCED")
+        })
+        .await;
+
+    cli.run(&["tenant", "create", "late"]).await.ok();
+    let created = watch
+        .wait_for("the new tenant", |line| {
+            serde_json::from_str::<Value>(line).is_ok_and(|v| v["tenant"] == "late")
+        })
+        .await;
+    let created: Value = serde_json::from_str(&created).expect("JSON");
+    assert_ne!(created["deleted"], true, "{created}");
+
+    cli.run(&["tenant", "delete", "late"]).await.ok();
+    watch
+        .wait_for("the deletion", |line| {
+            serde_json::from_str::<Value>(line)
+                .is_ok_and(|v| v["tenant"] == "late" && v["deleted"] == true)
+        })
+        .await;
+}
