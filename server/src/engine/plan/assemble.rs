@@ -57,10 +57,11 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
     let order = std::mem::take(&mut planner.order);
     for &id in &order {
         let need = planner.need(id);
+        let deleting = planner.is_deleting(id);
         let node = planner.node_mut(id);
         let item = node.item;
         let intended_generation = node.intended.map(|_| node.summary.generation);
-        let recreate = intended_generation.is_some() && node.deleting;
+        let recreate = intended_generation.is_some() && deleting;
         let delete_schedule = node.delete_schedule.take();
         let change_schedule = node.change_schedule.take();
         let mut has_operation = false;
@@ -136,7 +137,7 @@ fn classify_bookkeeping<E: PlanEnvironment>(
     let Some(current) = node.current else {
         return false;
     };
-    if node.dropped {
+    if planner.is_dropped(id) {
         plan.forget
             .push((item.clone(), ForgetReason::DeletedWithExternal));
         return true;
@@ -164,7 +165,7 @@ fn classify_bookkeeping<E: PlanEnvironment>(
     if need == Need::Nothing
         && current.state == ItemState::Failed
         && current.may_exist()
-        && !node.deleting
+        && !planner.is_deleting(id)
     {
         plan.settle.push(item.clone());
         return true;

@@ -28,8 +28,12 @@ use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
+use super::marks::{
+    BUSY, CHANGE_IN_PROGRESS, CREATED, ChangeMark, DELETE_IN_PROGRESS, DELETING, DROPPED, Mark,
+    Marks, NEED_KNOWN, NEEDS_CHANGE, OPERABLE,
+};
 use super::need::{Need, own_need};
 use super::{BlockedBy, PlanEnvironment, WaitReason};
 use crate::graph::{
@@ -99,8 +103,6 @@ pub(super) struct Node<'a> {
     need: Option<Need>,
     /// The intended item is external.
     external: bool,
-    pub(super) deleting: bool,
-    pub(super) dropped: bool,
     seed: bool,
     examined: bool,
     pub(super) item: &'a ItemRef,
@@ -167,6 +169,8 @@ pub(super) struct Planner<'a, E> {
     /// Arena indexes of items the intended graph does not mention.
     by_ref: FxHashMap<&'a ItemRef, Id>,
     nodes: Vec<Node<'a>>,
+    /// The flags every edge reads, indexed like `nodes`.
+    marks: Marks,
     /// Neighbour lists of all nodes, back to back (see [`EdgeRange`]).
     edges: Vec<Id>,
     /// Nodes `0..seed_count` are the seeds, in identity order.
@@ -201,6 +205,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             by_intended_id: ByIntendedId::Sparse(FxHashMap::default()),
             by_ref: FxHashMap::default(),
             nodes: Vec::new(),
+            marks: Marks::default(),
             edges: Vec::new(),
             seed_count: 0,
             expand: true,
@@ -214,15 +219,25 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
     /// Plans from `seeds`.
     pub(super) fn run(mut self, seeds: &'a BTreeSet<ItemRef>) -> super::Plan {
-        // A run that touches a good part of the graph indexes it by array.
+        self.nodes.reserve(seeds.len());
+        self.marks.reserve(seeds.len());
+        // Seeds become nodes 0..n in identity order (see `identity_order`).
+        // A run that touches a good part of the graph indexes it by array
+        // and finds the seeds' ids in one ordered walk.
         if seeds.len().saturating_mul(4) >= self.intended.id_bound() {
             self.by_intended_id =
                 ByIntendedId::Dense(vec![ByIntendedId::ABSENT; self.intended.id_bound()]);
-        }
-        self.nodes.reserve(seeds.len());
-        // Seeds become nodes 0..n in identity order (see `identity_order`).
-        for seed in seeds {
-            self.id(seed);
+            let intended: &'a IntendedGraph = self.intended;
+            for (seed, id) in seeds.iter().zip(intended.ids_of_sorted(seeds.iter())) {
+                match id {
+                    Some(id) => self.node_for_intended(id),
+                    None => Some(self.id(seed)),
+                };
+            }
+        } else {
+            for seed in seeds {
+                self.id(seed);
+            }
         }
         self.seed_count = self.nodes.len();
         let intended_seeds = self.nodes.iter().filter(|n| n.intended.is_some()).count();
@@ -240,6 +255,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 node.delete_schedule = None;
                 node.change_schedule = None;
             }
+            self.marks.new_round();
             self.collect_inflight_deletes();
             self.schedule_deletes();
             self.schedule_changes();
@@ -317,24 +333,35 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         intended_id: Option<ItemId>,
         intended: Option<(&'a Arc<IntendedItem>, ItemSummary)>,
     ) -> Id {
-        let current: &'a CurrentGraph = self.current;
+        let current_graph: &'a CurrentGraph = self.current;
         let id = Id::try_from(self.nodes.len()).unwrap_or(Id::MAX);
+        let external = intended.is_some_and(|(_, summary)| summary.external);
+        let current = if current_graph.is_empty() {
+            None
+        } else {
+            current_graph.get(item)
+        };
+        let mut mark: Mark = 0;
+        if intended.is_some() && !external {
+            mark |= OPERABLE;
+        }
+        if current.is_some_and(|c| c.is_busy()) {
+            mark |= BUSY;
+        }
+        if current.is_some_and(|c| c.is_created()) {
+            mark |= CREATED;
+        }
+        self.marks.push(mark);
         self.nodes.push(Node {
             item,
             intended_id,
             intended: intended.map(|(entry, _)| entry),
             summary: intended.map(|(_, summary)| summary).unwrap_or_default(),
-            external: intended.is_some_and(|(_, summary)| summary.external),
-            current: if current.is_empty() {
-                None
-            } else {
-                current.get(item)
-            },
+            external,
+            current,
             need: None,
             seed: false,
             examined: false,
-            deleting: false,
-            dropped: false,
             delete_schedule: None,
             change_schedule: None,
             required: None,
@@ -445,7 +472,26 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             )
         };
         self.node_mut(id).need = Some(need);
+        let changes = matches!(need, Need::Create | Need::Modify { .. } | Need::Recreate);
+        self.marks.set(
+            id,
+            if changes {
+                NEED_KNOWN | NEEDS_CHANGE
+            } else {
+                NEED_KNOWN
+            },
+        );
         need
+    }
+
+    /// Whether `id` is planned for deletion.
+    pub(super) fn is_deleting(&self, id: Id) -> bool {
+        self.marks.has(id, DELETING)
+    }
+
+    /// Whether `id` is removed from current state without a call.
+    pub(super) fn is_dropped(&self, id: Id) -> bool {
+        self.marks.has(id, DROPPED)
     }
 
     fn visit(&mut self, id: Id) {
@@ -494,18 +540,18 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     fn mark_deleting(&mut self, id: Id) {
         let mut stack = vec![id];
         while let Some(id) = stack.pop() {
-            if self.node(id).deleting {
+            if self.is_deleting(id) {
                 continue;
             }
-            self.node_mut(id).deleting = true;
+            self.marks.set(id, DELETING);
             self.visit(id);
             let dependents = self.current_dependents(id);
             for index in 0..dependents.len as usize {
                 let dependent = self.edge(dependents, index);
-                let node = self.node(dependent);
-                if node.dropped {
+                if self.is_dropped(dependent) {
                     continue;
                 }
+                let node = self.node(dependent);
                 if node.current.is_some_and(|c| c.may_exist() || c.is_busy()) {
                     stack.push(dependent);
                 }
@@ -516,10 +562,10 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// Removes `id` from current state without a call; what depends on it
     /// has lost a dependency and is deleted.
     fn drop_item(&mut self, id: Id) {
-        if self.node(id).dropped {
+        if self.is_dropped(id) {
             return;
         }
-        self.node_mut(id).dropped = true;
+        self.marks.set(id, DROPPED);
         self.visit(id);
         let dependents = self.current_dependents(id);
         for index in 0..dependents.len as usize {
@@ -542,10 +588,10 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         };
         for dependency in &applied.dependencies {
             let required = self.id(&dependency.requires);
-            let node = self.node(required);
-            let gone = match node.current {
+            let dropped = self.is_dropped(required);
+            let gone = match self.node(required).current {
                 Some(state) if state.is_busy() => false,
-                Some(state) => !state.is_created() || node.dropped,
+                Some(state) => !state.is_created() || dropped,
                 None => true,
             };
             if gone {
@@ -557,7 +603,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 return;
             }
         }
-        if self.node(id).deleting || current.is_busy() {
+        if self.is_deleting(id) || current.is_busy() {
             return;
         }
         let Some(intended) = self.intended_of(id) else {
@@ -636,23 +682,25 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             .order
             .iter()
             .copied()
-            .filter(|&id| self.node(id).deleting)
+            .filter(|&id| self.is_deleting(id))
             .collect();
-        let mut in_progress = FxHashSet::default();
         for root in roots {
-            self.schedule_delete_tree(root, &mut in_progress);
+            self.schedule_delete_tree(root);
         }
     }
 
     /// Whether `id` is something a Delete must wait for.
     fn holds_a_delete(&self, id: Id) -> bool {
-        let node = self.node(id);
-        !node.dropped && node.current.is_some_and(|c| c.may_exist() || c.is_busy())
+        !self.is_dropped(id)
+            && self
+                .node(id)
+                .current
+                .is_some_and(|c| c.may_exist() || c.is_busy())
     }
 
     /// Schedules the Delete of `root` after those of its current dependents
     /// (iterative depth-first: graphs can be deep).
-    fn schedule_delete_tree(&mut self, root: Id, in_progress: &mut FxHashSet<Id>) {
+    fn schedule_delete_tree(&mut self, root: Id) {
         let mut stack = vec![(root, false)];
         while let Some((id, expanded)) = stack.pop() {
             if self.node(id).delete_schedule.is_some() {
@@ -663,11 +711,12 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 self.node_mut(id).delete_schedule = Some(schedule);
                 continue;
             }
-            if !in_progress.insert(id) {
+            if self.marks.has(id, DELETE_IN_PROGRESS) {
                 let schedule = cycle_in_current_state(self.node(id).item, OperationKind::Delete);
                 self.node_mut(id).delete_schedule = Some(schedule);
                 continue;
             }
+            self.marks.set(id, DELETE_IN_PROGRESS);
             stack.push((id, true));
             let dependents = self.current_dependents(id);
             for index in 0..dependents.len as usize {
@@ -687,7 +736,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let Some(current) = node.current else {
             return Schedule::NotNeeded;
         };
-        if node.dropped || !(current.may_exist() || current.is_busy()) {
+        if self.is_dropped(id) || !(current.may_exist() || current.is_busy()) {
             return Schedule::NotNeeded;
         }
         if current.is_busy() {
@@ -741,52 +790,66 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
     /// Whether `id` needs a Create or Modify (and is ours to operate on).
     fn needs_change(&mut self, id: Id) -> bool {
-        let node = self.node(id);
-        if node.intended.is_none() || node.external || node.dropped {
+        let mark = self.marks.get(id);
+        if mark & (OPERABLE | DROPPED) != OPERABLE {
             return false;
         }
-        node.deleting
-            || matches!(
-                self.need(id),
-                Need::Create | Need::Modify { .. } | Need::Recreate
-            )
+        if mark & DELETING != 0 {
+            return true;
+        }
+        if mark & NEED_KNOWN == 0 {
+            self.need(id);
+        }
+        self.marks.has(id, NEEDS_CHANGE)
+    }
+
+    /// Records the Create/Modify schedule of `id`.
+    fn set_change_schedule(&mut self, id: Id, schedule: Schedule) {
+        let mark = match &schedule {
+            Schedule::NotNeeded => ChangeMark::NotNeeded,
+            Schedule::Ready { kind, .. } => ChangeMark::ready(*kind),
+            Schedule::Waiting { .. } => ChangeMark::Waiting,
+        };
+        self.marks.set_change(id, mark);
+        self.node_mut(id).change_schedule = Some(schedule);
     }
 
     fn schedule_changes(&mut self) {
         // One in-progress set for all roots: a node is only re-entered while
         // its own subtree is being scheduled (finished nodes are skipped).
-        let mut in_progress = FxHashSet::default();
         for index in 0..self.order.len() {
             let root = self.order[index];
             if self.needs_change(root) {
-                self.schedule_change_tree(root, &mut in_progress);
+                self.schedule_change_tree(root);
             }
         }
     }
 
     /// Schedules the Create/Modify of `root` after those of its intended
     /// dependencies (iterative depth-first).
-    fn schedule_change_tree(&mut self, root: Id, in_progress: &mut FxHashSet<Id>) {
+    fn schedule_change_tree(&mut self, root: Id) {
         let mut stack = vec![(root, false)];
         while let Some((id, expanded)) = stack.pop() {
-            if self.node(id).change_schedule.is_some() {
+            if self.marks.change(id) != ChangeMark::Unknown {
                 continue;
             }
             if expanded {
                 let schedule = self.compute_change(id);
-                self.node_mut(id).change_schedule = Some(schedule);
+                self.set_change_schedule(id, schedule);
                 continue;
             }
-            if !in_progress.insert(id) {
+            if self.marks.has(id, CHANGE_IN_PROGRESS) {
                 let schedule = cycle_in_current_state(self.node(id).item, OperationKind::Create);
-                self.node_mut(id).change_schedule = Some(schedule);
+                self.set_change_schedule(id, schedule);
                 continue;
             }
+            self.marks.set(id, CHANGE_IN_PROGRESS);
             stack.push((id, true));
             let required = self.required(id);
             for index in 0..required.len as usize {
                 let required = self.edge(required, index);
-                if self.node(required).change_schedule.is_none() && self.needs_change(required) {
+                if self.marks.change(required) == ChangeMark::Unknown && self.needs_change(required)
+                {
                     stack.push((required, false));
                 }
             }
@@ -798,7 +861,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             return Schedule::NotNeeded;
         };
         let item = self.node(id).item;
-        let recreating = self.node(id).deleting;
+        let recreating = self.is_deleting(id);
         let need = self.need(id);
         let kind = if recreating || matches!(need, Need::Create | Need::Recreate) {
             OperationKind::Create
@@ -945,10 +1008,15 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         required: Id,
         predicate: Option<&Predicate>,
     ) -> DependencyStatus {
-        let node = self.node(required);
-        if node.dropped {
+        if predicate.is_none()
+            && let Some(status) = self.plain_dependency_status(required)
+        {
+            return status;
+        }
+        if self.is_dropped(required) {
             return unsatisfied("missing", true);
         }
+        let node = self.node(required);
         let intended = node.intended;
         let current = node.current;
         let external = if intended.is_some() {
@@ -1009,6 +1077,25 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
     }
 
+    /// The common answers of [`Self::dependency_status`] for a dependency
+    /// without a predicate, from the compact flags alone: an item ours to
+    /// change that is scheduled in this plan, or one that is created and
+    /// needs nothing. `None`: ask the full question.
+    fn plain_dependency_status(&self, required: Id) -> Option<DependencyStatus> {
+        let mark = self.marks.get(required);
+        if mark & (OPERABLE | DROPPED | BUSY) != OPERABLE {
+            return None;
+        }
+        let changes =
+            mark & DELETING != 0 || mark & (NEED_KNOWN | NEEDS_CHANGE) == NEED_KNOWN | NEEDS_CHANGE;
+        if changes {
+            let kind = self.marks.change(required).ready_kind()?;
+            return Some(DependencyStatus::After((required, kind)));
+        }
+        (mark & (NEED_KNOWN | CREATED) == NEED_KNOWN | CREATED)
+            .then_some(DependencyStatus::Satisfied)
+    }
+
     /// Rule 5: Modifies whose new dependencies cannot be satisfied within
     /// this plan become deletes; the item then waits as pending.
     fn modifies_that_must_delete(&self) -> Vec<Id> {
@@ -1016,10 +1103,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             .iter()
             .copied()
             .filter(|&id| {
-                let node = self.node(id);
-                !node.deleting
+                !self.is_deleting(id)
                     && matches!(
-                        node.change_schedule,
+                        self.node(id).change_schedule,
                         Some(Schedule::Waiting {
                             kind: OperationKind::Modify,
                             reason: WaitReason::Dependency,
