@@ -6,7 +6,8 @@
 //! On a shared machine wall-clock figures swing with the load. With
 //! `PLAN_BENCH_CPU_ITERS=N` the bench skips criterion and times N runs of
 //! each case by the CPU time of its thread (Linux `schedstat`; a run includes
-//! dropping its plan), printing the minimum and the median.
+//! dropping its plan), printing the minimum and the median;
+//! `PLAN_BENCH_CASE=full_create` picks cases.
 
 use std::collections::BTreeSet;
 use std::hint::black_box;
@@ -129,7 +130,11 @@ fn thread_cpu_ns() -> Option<u64> {
 }
 
 /// Runs `run` `iterations` times; prints the minimum and median CPU time.
+/// `PLAN_BENCH_CASE` (a part of the label) picks cases.
 fn cpu_time<T>(label: &str, iterations: usize, mut run: impl FnMut() -> T) {
+    if std::env::var("PLAN_BENCH_CASE").is_ok_and(|case| !label.contains(&case)) {
+        return;
+    }
     let mut times = Vec::with_capacity(iterations);
     for _ in 0..iterations {
         let (Some(start), output) = (thread_cpu_ns(), run()) else {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::need::Need;
-use super::planner::{Id, OperationKey, Planner, Schedule};
+use super::planner::{Id, OperationKey, Planner, Schedule, Span};
 use super::{ForgetReason, Plan, PlanEnvironment, PlannedOperation, WaitingItem};
 use crate::graph::{ItemRef, ItemState, OperationKind};
 
@@ -16,7 +16,7 @@ use crate::graph::{ItemRef, ItemState, OperationKind};
 struct Draft {
     node: Id,
     kind: OperationKind,
-    after: Vec<OperationKey>,
+    after: Span,
     recreate: bool,
     ask_needs_recreate: bool,
     target_generation: u64,
@@ -51,6 +51,10 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
         ..Plan::default()
     };
     let mut drafts = Vec::new();
+    // The identity of each draft, cloned next to the `unconverged` clone:
+    // each clone touches the name's reference count, a cold cache line
+    // when the graph is large, so both are made while it is in cache.
+    let mut draft_items: Vec<Option<ItemRef>> = Vec::new();
     let mut waiting: Vec<WaitingItem> = Vec::new();
     let mut unconverged: Vec<ItemRef> = Vec::new();
 
@@ -112,9 +116,12 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
         if has_operation || is_waiting || bookkept {
             unconverged.push(item.clone());
         }
+        while draft_items.len() < drafts.len() {
+            draft_items.push(Some(item.clone()));
+        }
     }
 
-    let (operations, type_barriers) = order_operations(planner, drafts);
+    let (operations, type_barriers) = order_operations(planner, drafts, draft_items);
     plan.operations = operations;
     plan.type_barriers = type_barriers;
     plan.waiting = waiting;
@@ -186,16 +193,19 @@ const NO_DRAFT: u32 = u32::MAX;
 fn order_operations<E: PlanEnvironment>(
     planner: &Planner<'_, E>,
     drafts: Vec<Draft>,
+    mut draft_items: Vec<Option<ItemRef>>,
 ) -> (Vec<PlannedOperation>, BTreeMap<Arc<str>, Vec<usize>>) {
     let count = drafts.len();
     let to_u32 = |value: usize| u32::try_from(value).unwrap_or(u32::MAX);
-    let mut draft_of = vec![[NO_DRAFT; 2]; planner.node_count()];
+    // Per node and slot: the draft's index and kind (a compact array, so
+    // resolving an edge does not read the draft).
+    let mut draft_of = vec![[(NO_DRAFT, OperationKind::Read); 2]; planner.node_count()];
     for (index, draft) in drafts.iter().enumerate() {
-        draft_of[draft.node as usize][slot(draft.kind)] = to_u32(index);
+        draft_of[draft.node as usize][slot(draft.kind)] = (to_u32(index), draft.kind);
     }
     let lookup = |(node, kind): OperationKey| -> Option<u32> {
-        let index = draft_of.get(node as usize)?[slot(kind)];
-        (index != NO_DRAFT && drafts[index as usize].kind == kind).then_some(index)
+        let (index, draft_kind) = draft_of.get(node as usize)?[slot(kind)];
+        (index != NO_DRAFT && draft_kind == kind).then_some(index)
     };
 
     // Predecessors of every draft, back to back, sorted and unique.
@@ -204,7 +214,12 @@ fn order_operations<E: PlanEnvironment>(
     for draft in &drafts {
         let start = predecessors.len();
         predecessor_start.push(start);
-        predecessors.extend(draft.after.iter().filter_map(|key| lookup(*key)));
+        predecessors.extend(
+            planner
+                .after(draft.after)
+                .iter()
+                .filter_map(|key| lookup(*key)),
+        );
         let list = &mut predecessors[start..];
         list.sort_unstable();
         let unique = dedup_sorted(list);
@@ -278,7 +293,10 @@ fn order_operations<E: PlanEnvironment>(
     let mut operations = Vec::with_capacity(emitted.len());
     for &old in &emitted {
         let draft = &drafts[old];
-        let item = planner.node(draft.node).item;
+        let item = draft_items
+            .get_mut(old)
+            .and_then(Option::take)
+            .unwrap_or_else(|| planner.node(draft.node).item.clone());
         let mut after: Vec<usize> = predecessors_of(old)
             .iter()
             .map(|&p| new_index[p as usize])
@@ -291,7 +309,7 @@ fn order_operations<E: PlanEnvironment>(
                 .push(operations.len());
         }
         operations.push(PlannedOperation {
-            item: item.clone(),
+            item,
             kind: draft.kind,
             after,
             recreate: draft.recreate,

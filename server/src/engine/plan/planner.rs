@@ -53,10 +53,7 @@ pub(super) enum Schedule {
     /// Nothing to do (e.g. nothing exists to delete).
     NotNeeded,
     /// Goes into the plan after the listed operations.
-    Ready {
-        kind: OperationKind,
-        after: Vec<OperationKey>,
-    },
+    Ready { kind: OperationKind, after: Span },
     /// Needed but cannot run yet.
     Waiting {
         kind: OperationKind,
@@ -74,14 +71,16 @@ enum DependencyStatus {
     Unsatisfied { why: String, hopeless: bool },
 }
 
-/// A node's neighbours: a range of [`Planner::edges`].
-#[derive(Clone, Copy)]
-struct EdgeRange {
+/// A range of one of the planner's flat lists: a node's neighbours in
+/// [`Planner::edges`], or a ready operation's predecessors in
+/// [`Planner::afters`] (one list for all instead of a vector each).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Span {
     start: u32,
     len: u32,
 }
 
-impl EdgeRange {
+impl Span {
     const EMPTY: Self = Self { start: 0, len: 0 };
 
     fn indexes(self) -> std::ops::Range<usize> {
@@ -90,12 +89,8 @@ impl EdgeRange {
     }
 }
 
-/// Everything the run knows about one item.
-///
-/// Laid out so that what is read for every edge (the item's need, flags,
-/// graph entries and change schedule) shares the first cache line: planning
-/// a large graph is bound by these scattered reads.
-#[repr(C, align(64))]
+/// Everything the run knows about one item. What every edge reads about
+/// its target is in [`Marks`] instead, so this is read once per item.
 pub(super) struct Node<'a> {
     pub(super) intended: Option<&'a Arc<IntendedItem>>,
     pub(super) current: Option<&'a Arc<CurrentItem>>,
@@ -112,9 +107,9 @@ pub(super) struct Node<'a> {
     /// The item's id in the intended graph, if the graph mentions it.
     intended_id: Option<ItemId>,
     /// The intended dependencies, interned (filled on first use).
-    required: Option<EdgeRange>,
+    required: Option<Span>,
     /// Current dependents, interned (filled on first use).
-    current_dependents: Option<EdgeRange>,
+    current_dependents: Option<Span>,
 }
 
 impl Node<'_> {
@@ -171,8 +166,12 @@ pub(super) struct Planner<'a, E> {
     nodes: Vec<Node<'a>>,
     /// The flags every edge reads, indexed like `nodes`.
     marks: Marks,
-    /// Neighbour lists of all nodes, back to back (see [`EdgeRange`]).
+    /// Neighbour lists of all nodes, back to back (see [`Span`]).
     edges: Vec<Id>,
+    /// Predecessors of all ready operations, back to back (see [`Span`]).
+    afters: Vec<OperationKey>,
+    /// A reused buffer for the predecessors of the schedule being computed.
+    scratch_after: Vec<OperationKey>,
     /// Nodes `0..seed_count` are the seeds, in identity order.
     seed_count: usize,
     /// Whether some item of the graphs is not a seed: only then do
@@ -207,6 +206,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             nodes: Vec::new(),
             marks: Marks::default(),
             edges: Vec::new(),
+            afters: Vec::new(),
+            scratch_after: Vec::new(),
             seed_count: 0,
             expand: true,
             examined: Vec::new(),
@@ -256,6 +257,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 node.change_schedule = None;
             }
             self.marks.new_round();
+            self.afters.clear();
             self.collect_inflight_deletes();
             self.schedule_deletes();
             self.schedule_changes();
@@ -394,7 +396,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
     /// The intended dependencies of `id` (index-aligned with its
     /// `dependencies`), interned.
-    fn required(&mut self, id: Id) -> EdgeRange {
+    fn required(&mut self, id: Id) -> Span {
         if let Some(required) = self.node(id).required {
             return required;
         }
@@ -422,13 +424,13 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     }
 
     /// The current dependents of `id`, interned.
-    fn current_dependents(&mut self, id: Id) -> EdgeRange {
+    fn current_dependents(&mut self, id: Id) -> Span {
         if let Some(dependents) = self.node(id).current_dependents {
             return dependents;
         }
         let current: &'a CurrentGraph = self.current;
         let range = if current.is_empty() {
-            EdgeRange::EMPTY
+            Span::EMPTY
         } else {
             let start = self.edges.len();
             for dependent in current.dependents_of(self.node(id).item) {
@@ -441,16 +443,32 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         range
     }
 
-    fn edge_range(&self, start: usize) -> EdgeRange {
+    fn edge_range(&self, start: usize) -> Span {
         let to_u32 = |value: usize| u32::try_from(value).unwrap_or(u32::MAX);
-        EdgeRange {
+        Span {
             start: to_u32(start),
             len: to_u32(self.edges.len() - start),
         }
     }
 
+    /// Keeps `after` as the predecessors of a ready operation.
+    fn keep_after(&mut self, after: &[OperationKey]) -> Span {
+        let start = self.afters.len();
+        self.afters.extend_from_slice(after);
+        let to_u32 = |value: usize| u32::try_from(value).unwrap_or(u32::MAX);
+        Span {
+            start: to_u32(start),
+            len: to_u32(after.len()),
+        }
+    }
+
+    /// The predecessors of a ready operation, kept as `span`.
+    pub(super) fn after(&self, span: Span) -> &[OperationKey] {
+        self.afters.get(span.indexes()).unwrap_or_default()
+    }
+
     /// The `index`-th neighbour in `range`.
-    fn edge(&self, range: EdgeRange, index: usize) -> Id {
+    fn edge(&self, range: Span, index: usize) -> Id {
         self.edges[range.indexes()][index]
     }
 
@@ -775,6 +793,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             }
         }
         if blocked_by.is_empty() {
+            let after = self.keep_after(&after);
             Schedule::Ready { kind, after }
         } else {
             Schedule::Waiting {
@@ -881,7 +900,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 }
             }
         }
-        let mut after = Vec::new();
+        let mut after = std::mem::take(&mut self.scratch_after);
+        after.clear();
         let mut waits_on_dependencies = Vec::new();
         let mut waits_on_operations = Vec::new();
         let mut hopeless = false;
@@ -934,7 +954,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
         // Unsatisfied dependencies are reported before a missing configurator:
         // the dependency chain is what a user must look at first.
-        if !waits_on_dependencies.is_empty() {
+        let schedule = if !waits_on_dependencies.is_empty() {
             waits_on_dependencies.extend(waits_on_operations);
             Schedule::Waiting {
                 kind,
@@ -954,8 +974,11 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         } else {
             after.sort_unstable();
             after.dedup();
+            let after = self.keep_after(&after);
             Schedule::Ready { kind, after }
-        }
+        };
+        self.scratch_after = after;
+        schedule
     }
 
     /// A Modify waits for operations in flight on its dependents, and for the
