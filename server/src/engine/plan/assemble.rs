@@ -51,9 +51,7 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
         ..Plan::default()
     };
     let mut drafts = Vec::new();
-    // The identity of each draft, cloned next to the `unconverged` clone:
-    // each clone touches the name's reference count, a cold cache line
-    // when the graph is large, so both are made while it is in cache.
+    // The identity of each draft: the same one as in `unconverged`.
     let mut draft_items: Vec<Option<ItemRef>> = Vec::new();
     let mut waiting: Vec<WaitingItem> = Vec::new();
     let mut unconverged: Vec<ItemRef> = Vec::new();
@@ -114,10 +112,11 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
         }
         let bookkept = classify_bookkeeping(planner, id, need, &mut plan);
         if has_operation || is_waiting || bookkept {
-            unconverged.push(item.clone());
-        }
-        while draft_items.len() < drafts.len() {
-            draft_items.push(Some(item.clone()));
+            let handed_out = hand_out(item);
+            while draft_items.len() < drafts.len() {
+                draft_items.push(Some(handed_out.clone()));
+            }
+            unconverged.push(handed_out);
         }
     }
 
@@ -128,6 +127,22 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
     // Already sorted and unique: collecting only checks that.
     plan.unconverged = unconverged.into_iter().collect();
     plan
+}
+
+/// The identity the plan hands out for `item`: a copy of its name in a
+/// fresh allocation (the type name is shared).
+///
+/// Cloning the graph's identity instead would touch the reference count of
+/// its name, a scattered cold cache line in a large graph, with an atomic
+/// operation that the processor cannot overlap with other misses; and the
+/// plan's clones and its drop would touch it again each time. Copies made
+/// one after the other sit together in memory, so building the unconverged
+/// set (which compares neighbours), cloning and dropping stay in cache.
+fn hand_out(item: &ItemRef) -> ItemRef {
+    ItemRef {
+        item_type: item.item_type.clone(),
+        name: Arc::from(&*item.name),
+    }
 }
 
 /// Cancels, drops and settles for one item; whether they leave it
