@@ -13,6 +13,7 @@ use std::sync::Arc;
 use imbl::OrdMap;
 use rustc_hash::FxHashMap;
 
+use super::id_list::IdList;
 use super::ids::{IdTable, ItemId};
 use super::item::{Item, ItemRef};
 use super::predicate::{Predicate, PredicateError};
@@ -131,7 +132,7 @@ struct Edges {
     /// Its summary (meaningful while `entry` is set).
     summary: ItemSummary,
     /// Its dependencies' targets, in declaration order.
-    required: Box<[ItemId]>,
+    required: IdList,
     /// The intended items that require this identity.
     dependents: BTreeSet<ItemId>,
 }
@@ -155,12 +156,12 @@ impl IntendedGraph {
         let key = entry.item.item_ref();
         let previous = self.remove(&key);
         let id = self.ids.acquire(&key);
-        let required: Box<[ItemId]> = entry
+        let required: IdList = entry
             .item
             .required_items()
             .map(|target| self.ids.acquire(target))
             .collect();
-        for &target in &required {
+        for &target in required.as_slice() {
             if let Some(edges) = self.ids.data_mut(target) {
                 edges.dependents.insert(id);
             }
@@ -192,7 +193,7 @@ impl IntendedGraph {
                     std::mem::take(&mut edges.required)
                 })
                 .unwrap_or_default();
-            for &target in &required {
+            for &target in required.as_slice() {
                 if let Some(edges) = self.ids.data_mut(target) {
                     edges.dependents.remove(&id);
                 }
@@ -312,7 +313,9 @@ impl IntendedGraph {
     /// The targets of the dependencies of the item named `id`, in
     /// declaration order (index-aligned with its `dependencies`).
     pub fn required_ids(&self, id: ItemId) -> &[ItemId] {
-        self.ids.data(id).map_or(&[], |edges| &edges.required)
+        self.ids
+            .data(id)
+            .map_or(&[], |edges| edges.required.as_slice())
     }
 
     /// The ids of the items whose intended value requires `id`.
