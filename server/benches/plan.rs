@@ -2,6 +2,12 @@
 //! 10 earlier items: a full create from empty, one changed item, and 1% of
 //! the items changed. Run with `cargo bench -p reconciled --bench plan`.
 //! Set `PLAN_BENCH_SIZES=1000,10000` to pick sizes.
+//!
+//! On a shared machine wall-clock figures swing with the load. With
+//! `PLAN_BENCH_CPU_ITERS=N` the bench skips criterion and times N runs of
+//! each case by the CPU time of its thread (Linux `schedstat`; a run includes
+//! dropping its plan), printing the minimum and the median;
+//! `PLAN_BENCH_CASE=full_create` picks cases.
 
 use std::collections::BTreeSet;
 use std::hint::black_box;
@@ -113,7 +119,72 @@ fn sizes() -> Vec<usize> {
         .unwrap_or_else(|| vec![1_000, 10_000, 100_000, 1_000_000])
 }
 
+/// Nanoseconds of CPU time this thread has used, if the system says.
+fn thread_cpu_ns() -> Option<u64> {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Runs `run` `iterations` times; prints the minimum and median CPU time.
+/// `PLAN_BENCH_CASE` (a part of the label) picks cases.
+fn cpu_time<T>(label: &str, iterations: usize, mut run: impl FnMut() -> T) {
+    if std::env::var("PLAN_BENCH_CASE").is_ok_and(|case| !label.contains(&case)) {
+        return;
+    }
+    let mut times = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let (Some(start), output) = (thread_cpu_ns(), run()) else {
+            println!("{label}: no thread CPU time on this system");
+            return;
+        };
+        drop(black_box(output));
+        if let Some(end) = thread_cpu_ns() {
+            times.push(end.saturating_sub(start));
+        }
+    }
+    times.sort_unstable();
+    let ms = |ns: u64| ns as f64 / 1e6;
+    if let (Some(&min), Some(&median)) = (times.first(), times.get(times.len() / 2)) {
+        println!(
+            "{label}: cpu min {:.3} ms, median {:.3} ms ({iterations} runs)",
+            ms(min),
+            ms(median)
+        );
+    }
+}
+
+/// The cases of [`bench_plan`], timed by CPU time.
+fn cpu_plan(iterations: usize) {
+    for size in sizes() {
+        let mut graphs = converged_graphs(size);
+        let empty = CurrentGraph::default();
+        cpu_time(&format!("full_create/{size}"), iterations, || {
+            plan_operations(&graphs.intended, &empty, &graphs.all, &Environment)
+        });
+        let one = change_every(&mut graphs, size);
+        cpu_time(&format!("one_changed/{size}"), iterations, || {
+            plan_operations(&graphs.intended, &graphs.current, &one, &Environment)
+        });
+        let mut graphs = converged_graphs(size);
+        let percent = change_every(&mut graphs, 100);
+        cpu_time(&format!("one_percent_changed/{size}"), iterations, || {
+            plan_operations(&graphs.intended, &graphs.current, &percent, &Environment)
+        });
+    }
+}
+
 fn bench_plan(c: &mut Criterion) {
+    if let Some(iterations) = std::env::var("PLAN_BENCH_CPU_ITERS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+    {
+        cpu_plan(iterations);
+        return;
+    }
     let mut group = c.benchmark_group("plan");
     group.sample_size(10);
     group.warm_up_time(Duration::from_secs(1));

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use imbl::OrdMap;
 use rustc_hash::FxHashMap;
 
+use super::id_list::IdList;
 use super::ids::{IdTable, ItemId};
 use super::item::{Item, ItemRef};
 use super::predicate::{Predicate, PredicateError};
@@ -131,7 +132,7 @@ struct Edges {
     /// Its summary (meaningful while `entry` is set).
     summary: ItemSummary,
     /// Its dependencies' targets, in declaration order.
-    required: Box<[ItemId]>,
+    required: IdList,
     /// The intended items that require this identity.
     dependents: BTreeSet<ItemId>,
 }
@@ -155,12 +156,12 @@ impl IntendedGraph {
         let key = entry.item.item_ref();
         let previous = self.remove(&key);
         let id = self.ids.acquire(&key);
-        let required: Box<[ItemId]> = entry
+        let required: IdList = entry
             .item
             .required_items()
             .map(|target| self.ids.acquire(target))
             .collect();
-        for &target in &required {
+        for &target in required.as_slice() {
             if let Some(edges) = self.ids.data_mut(target) {
                 edges.dependents.insert(id);
             }
@@ -192,7 +193,7 @@ impl IntendedGraph {
                     std::mem::take(&mut edges.required)
                 })
                 .unwrap_or_default();
-            for &target in &required {
+            for &target in required.as_slice() {
                 if let Some(edges) = self.ids.data_mut(target) {
                     edges.dependents.remove(&id);
                 }
@@ -235,6 +236,62 @@ impl IntendedGraph {
         self.ids.get(item)
     }
 
+    /// The ids of `items` (as [`Self::id_of`] gives them), for items that
+    /// come in identity order and cover a good part of the graph.
+    ///
+    /// One ordered walk of the graph replaces a hash look-up per item: the
+    /// look-ups read each identity's text and a random hash bucket, cache
+    /// misses that dominate when planning a large graph. The walk compares
+    /// identities (by pointer when they share their text, as identities
+    /// taken from the graphs do) and joins the matches with their ids by
+    /// sorting both sides on the address of the intended entry. Costs
+    /// O(size of the graph), so small sets of items are looked up one by one.
+    pub fn ids_of_sorted<'i>(
+        &self,
+        items: impl ExactSizeIterator<Item = &'i ItemRef>,
+    ) -> Vec<Option<ItemId>> {
+        let mut found: Vec<Option<ItemId>> = Vec::with_capacity(items.len());
+        // (address of the intended entry, index in `items`)
+        let mut matched: Vec<(usize, u32)> = Vec::with_capacity(items.len());
+        let mut unmatched: Vec<(usize, &ItemRef)> = Vec::new();
+        let mut graph = self.items.iter().peekable();
+        for (index, item) in items.enumerate() {
+            found.push(None);
+            while graph.next_if(|(key, _)| *key < item).is_some() {}
+            match graph.next_if(|(key, _)| *key == item) {
+                Some((_, entry)) => {
+                    let index = u32::try_from(index).unwrap_or(u32::MAX);
+                    matched.push((entry_address(entry), index));
+                }
+                None => unmatched.push((index, item)),
+            }
+        }
+        let mut by_address: Vec<(usize, ItemId)> = self
+            .ids
+            .iter_data()
+            .filter_map(|(id, edges)| Some((entry_address(edges.entry.as_ref()?), id)))
+            .collect();
+        by_address.sort_unstable();
+        matched.sort_unstable();
+        let mut ids = by_address.iter().peekable();
+        for (address, index) in matched {
+            while ids.next_if(|(known, _)| *known < address).is_some() {}
+            if let Some(&&(known, id)) = ids.peek()
+                && known == address
+                && let Some(slot) = found.get_mut(index as usize)
+            {
+                *slot = Some(id);
+            }
+        }
+        // Not intended (a dependency target, or unknown): by hash.
+        for (index, item) in unmatched {
+            if let Some(slot) = found.get_mut(index) {
+                *slot = self.ids.get(item);
+            }
+        }
+        found
+    }
+
     /// The identity named `id`.
     pub fn identity(&self, id: ItemId) -> Option<&ItemRef> {
         self.ids.item(id)
@@ -256,7 +313,9 @@ impl IntendedGraph {
     /// The targets of the dependencies of the item named `id`, in
     /// declaration order (index-aligned with its `dependencies`).
     pub fn required_ids(&self, id: ItemId) -> &[ItemId] {
-        self.ids.data(id).map_or(&[], |edges| &edges.required)
+        self.ids
+            .data(id)
+            .map_or(&[], |edges| edges.required.as_slice())
     }
 
     /// The ids of the items whose intended value requires `id`.
@@ -292,6 +351,12 @@ impl IntendedGraph {
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
+}
+
+/// The address of an intended entry: the key that joins the ordered map
+/// of items with the id table, which hold the same `Arc`.
+fn entry_address(entry: &Arc<IntendedItem>) -> usize {
+    Arc::as_ptr(entry).addr()
 }
 
 /// The current graph: what exists (or may exist) on the configurators' side.
@@ -373,6 +438,7 @@ pub fn subgraph_contains(path: &str, listed: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::graph::Dependency;
 
     #[test]
     fn subgraph_paths_contain_themselves_and_their_children_only() {
@@ -381,6 +447,25 @@ mod tests {
         assert!(subgraph_contains("a", "a/b"));
         assert!(!subgraph_contains("a", "ab"));
         assert!(!subgraph_contains("a/b", "a"));
+    }
+
+    #[test]
+    fn ids_of_sorted_items_are_the_ids_of_single_look_ups() {
+        let mut graph = IntendedGraph::default();
+        for (name, requires) in [("b", "a"), ("d", "zz"), ("c", "b"), ("a", "x")] {
+            let mut item = Item::new("t", name, Default::default());
+            item.dependencies
+                .push(Dependency::on(ItemRef::new("t", requires)));
+            graph.insert(IntendedItem::compile(item, 1).expect("no predicates"));
+        }
+        let asked: BTreeSet<ItemRef> = ["a", "b", "c", "d", "e", "x", "zz"]
+            .into_iter()
+            .map(|name| ItemRef::new("t", name))
+            .chain([ItemRef::new("s", "a"), ItemRef::new("u", "a")])
+            .collect();
+        let single: Vec<Option<ItemId>> = asked.iter().map(|item| graph.id_of(item)).collect();
+        assert_eq!(graph.ids_of_sorted(asked.iter()), single);
+        assert_eq!(single.iter().filter(|id| id.is_some()).count(), 6);
     }
 
     #[test]

@@ -136,6 +136,13 @@ impl<T> IdTable<T> {
         self.slots.len()
     }
 
+    /// Every id in use with its data, in id order.
+    pub(super) fn iter_data(&self) -> impl Iterator<Item = (ItemId, &T)> {
+        (0..)
+            .zip(&self.slots)
+            .filter_map(|(id, slot)| Some((id, &slot.as_ref()?.data)))
+    }
+
     fn slot(&self, id: ItemId) -> Option<&Slot<T>> {
         self.slots.get(id as usize).and_then(Option::as_ref)
     }

@@ -2,6 +2,7 @@
 //! equality, validation, dependency indexes and `must_satisfy` predicates.
 
 mod graphs;
+mod id_list;
 mod ids;
 mod item;
 pub mod predicate;

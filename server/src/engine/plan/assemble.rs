@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::need::Need;
-use super::planner::{Id, OperationKey, Planner, Schedule};
+use super::planner::{Id, OperationKey, Planner, Schedule, Span};
 use super::{ForgetReason, Plan, PlanEnvironment, PlannedOperation, WaitingItem};
 use crate::graph::{ItemRef, ItemState, OperationKind};
 
@@ -16,7 +16,7 @@ use crate::graph::{ItemRef, ItemState, OperationKind};
 struct Draft {
     node: Id,
     kind: OperationKind,
-    after: Vec<OperationKey>,
+    after: Span,
     recreate: bool,
     ask_needs_recreate: bool,
     target_generation: u64,
@@ -51,16 +51,19 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
         ..Plan::default()
     };
     let mut drafts = Vec::new();
+    // The identity of each draft: the same one as in `unconverged`.
+    let mut draft_items: Vec<Option<ItemRef>> = Vec::new();
     let mut waiting: Vec<WaitingItem> = Vec::new();
     let mut unconverged: Vec<ItemRef> = Vec::new();
 
     let order = std::mem::take(&mut planner.order);
     for &id in &order {
         let need = planner.need(id);
+        let deleting = planner.is_deleting(id);
         let node = planner.node_mut(id);
         let item = node.item;
         let intended_generation = node.intended.map(|_| node.summary.generation);
-        let recreate = intended_generation.is_some() && node.deleting;
+        let recreate = intended_generation.is_some() && deleting;
         let delete_schedule = node.delete_schedule.take();
         let change_schedule = node.change_schedule.take();
         let mut has_operation = false;
@@ -109,17 +112,37 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
         }
         let bookkept = classify_bookkeeping(planner, id, need, &mut plan);
         if has_operation || is_waiting || bookkept {
-            unconverged.push(item.clone());
+            let handed_out = hand_out(item);
+            while draft_items.len() < drafts.len() {
+                draft_items.push(Some(handed_out.clone()));
+            }
+            unconverged.push(handed_out);
         }
     }
 
-    let (operations, type_barriers) = order_operations(planner, drafts);
+    let (operations, type_barriers) = order_operations(planner, drafts, draft_items);
     plan.operations = operations;
     plan.type_barriers = type_barriers;
     plan.waiting = waiting;
     // Already sorted and unique: collecting only checks that.
     plan.unconverged = unconverged.into_iter().collect();
     plan
+}
+
+/// The identity the plan hands out for `item`: a copy of its name in a
+/// fresh allocation (the type name is shared).
+///
+/// Cloning the graph's identity instead would touch the reference count of
+/// its name, a scattered cold cache line in a large graph, with an atomic
+/// operation that the processor cannot overlap with other misses; and the
+/// plan's clones and its drop would touch it again each time. Copies made
+/// one after the other sit together in memory, so building the unconverged
+/// set (which compares neighbours), cloning and dropping stay in cache.
+fn hand_out(item: &ItemRef) -> ItemRef {
+    ItemRef {
+        item_type: item.item_type.clone(),
+        name: Arc::from(&*item.name),
+    }
 }
 
 /// Cancels, drops and settles for one item; whether they leave it
@@ -136,7 +159,7 @@ fn classify_bookkeeping<E: PlanEnvironment>(
     let Some(current) = node.current else {
         return false;
     };
-    if node.dropped {
+    if planner.is_dropped(id) {
         plan.forget
             .push((item.clone(), ForgetReason::DeletedWithExternal));
         return true;
@@ -164,7 +187,7 @@ fn classify_bookkeeping<E: PlanEnvironment>(
     if need == Need::Nothing
         && current.state == ItemState::Failed
         && current.may_exist()
-        && !node.deleting
+        && !planner.is_deleting(id)
     {
         plan.settle.push(item.clone());
         return true;
@@ -185,16 +208,19 @@ const NO_DRAFT: u32 = u32::MAX;
 fn order_operations<E: PlanEnvironment>(
     planner: &Planner<'_, E>,
     drafts: Vec<Draft>,
+    mut draft_items: Vec<Option<ItemRef>>,
 ) -> (Vec<PlannedOperation>, BTreeMap<Arc<str>, Vec<usize>>) {
     let count = drafts.len();
     let to_u32 = |value: usize| u32::try_from(value).unwrap_or(u32::MAX);
-    let mut draft_of = vec![[NO_DRAFT; 2]; planner.node_count()];
+    // Per node and slot: the draft's index and kind (a compact array, so
+    // resolving an edge does not read the draft).
+    let mut draft_of = vec![[(NO_DRAFT, OperationKind::Read); 2]; planner.node_count()];
     for (index, draft) in drafts.iter().enumerate() {
-        draft_of[draft.node as usize][slot(draft.kind)] = to_u32(index);
+        draft_of[draft.node as usize][slot(draft.kind)] = (to_u32(index), draft.kind);
     }
     let lookup = |(node, kind): OperationKey| -> Option<u32> {
-        let index = draft_of.get(node as usize)?[slot(kind)];
-        (index != NO_DRAFT && drafts[index as usize].kind == kind).then_some(index)
+        let (index, draft_kind) = draft_of.get(node as usize)?[slot(kind)];
+        (index != NO_DRAFT && draft_kind == kind).then_some(index)
     };
 
     // Predecessors of every draft, back to back, sorted and unique.
@@ -203,7 +229,12 @@ fn order_operations<E: PlanEnvironment>(
     for draft in &drafts {
         let start = predecessors.len();
         predecessor_start.push(start);
-        predecessors.extend(draft.after.iter().filter_map(|key| lookup(*key)));
+        predecessors.extend(
+            planner
+                .after(draft.after)
+                .iter()
+                .filter_map(|key| lookup(*key)),
+        );
         let list = &mut predecessors[start..];
         list.sort_unstable();
         let unique = dedup_sorted(list);
@@ -277,7 +308,10 @@ fn order_operations<E: PlanEnvironment>(
     let mut operations = Vec::with_capacity(emitted.len());
     for &old in &emitted {
         let draft = &drafts[old];
-        let item = planner.node(draft.node).item;
+        let item = draft_items
+            .get_mut(old)
+            .and_then(Option::take)
+            .unwrap_or_else(|| planner.node(draft.node).item.clone());
         let mut after: Vec<usize> = predecessors_of(old)
             .iter()
             .map(|&p| new_index[p as usize])
@@ -290,7 +324,7 @@ fn order_operations<E: PlanEnvironment>(
                 .push(operations.len());
         }
         operations.push(PlannedOperation {
-            item: item.clone(),
+            item,
             kind: draft.kind,
             after,
             recreate: draft.recreate,

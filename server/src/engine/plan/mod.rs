@@ -14,6 +14,7 @@
 //! dependents indexes, never at the whole graph.
 
 mod assemble;
+mod marks;
 mod need;
 mod planner;
 

@@ -28,8 +28,12 @@ use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
+use super::marks::{
+    BUSY, CHANGE_IN_PROGRESS, CREATED, ChangeMark, DELETE_IN_PROGRESS, DELETING, DROPPED, Mark,
+    Marks, NEED_KNOWN, NEEDS_CHANGE, OPERABLE,
+};
 use super::need::{Need, own_need};
 use super::{BlockedBy, PlanEnvironment, WaitReason};
 use crate::graph::{
@@ -49,10 +53,7 @@ pub(super) enum Schedule {
     /// Nothing to do (e.g. nothing exists to delete).
     NotNeeded,
     /// Goes into the plan after the listed operations.
-    Ready {
-        kind: OperationKind,
-        after: Vec<OperationKey>,
-    },
+    Ready { kind: OperationKind, after: Span },
     /// Needed but cannot run yet.
     Waiting {
         kind: OperationKind,
@@ -70,14 +71,16 @@ enum DependencyStatus {
     Unsatisfied { why: String, hopeless: bool },
 }
 
-/// A node's neighbours: a range of [`Planner::edges`].
-#[derive(Clone, Copy)]
-struct EdgeRange {
+/// A range of one of the planner's flat lists: a node's neighbours in
+/// [`Planner::edges`], or a ready operation's predecessors in
+/// [`Planner::afters`] (one list for all instead of a vector each).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Span {
     start: u32,
     len: u32,
 }
 
-impl EdgeRange {
+impl Span {
     const EMPTY: Self = Self { start: 0, len: 0 };
 
     fn indexes(self) -> std::ops::Range<usize> {
@@ -86,12 +89,8 @@ impl EdgeRange {
     }
 }
 
-/// Everything the run knows about one item.
-///
-/// Laid out so that what is read for every edge (the item's need, flags,
-/// graph entries and change schedule) shares the first cache line: planning
-/// a large graph is bound by these scattered reads.
-#[repr(C, align(64))]
+/// Everything the run knows about one item. What every edge reads about
+/// its target is in [`Marks`] instead, so this is read once per item.
 pub(super) struct Node<'a> {
     pub(super) intended: Option<&'a Arc<IntendedItem>>,
     pub(super) current: Option<&'a Arc<CurrentItem>>,
@@ -99,8 +98,6 @@ pub(super) struct Node<'a> {
     need: Option<Need>,
     /// The intended item is external.
     external: bool,
-    pub(super) deleting: bool,
-    pub(super) dropped: bool,
     seed: bool,
     examined: bool,
     pub(super) item: &'a ItemRef,
@@ -110,9 +107,9 @@ pub(super) struct Node<'a> {
     /// The item's id in the intended graph, if the graph mentions it.
     intended_id: Option<ItemId>,
     /// The intended dependencies, interned (filled on first use).
-    required: Option<EdgeRange>,
+    required: Option<Span>,
     /// Current dependents, interned (filled on first use).
-    current_dependents: Option<EdgeRange>,
+    current_dependents: Option<Span>,
 }
 
 impl Node<'_> {
@@ -167,8 +164,14 @@ pub(super) struct Planner<'a, E> {
     /// Arena indexes of items the intended graph does not mention.
     by_ref: FxHashMap<&'a ItemRef, Id>,
     nodes: Vec<Node<'a>>,
-    /// Neighbour lists of all nodes, back to back (see [`EdgeRange`]).
+    /// The flags every edge reads, indexed like `nodes`.
+    marks: Marks,
+    /// Neighbour lists of all nodes, back to back (see [`Span`]).
     edges: Vec<Id>,
+    /// Predecessors of all ready operations, back to back (see [`Span`]).
+    afters: Vec<OperationKey>,
+    /// A reused buffer for the predecessors of the schedule being computed.
+    scratch_after: Vec<OperationKey>,
     /// Nodes `0..seed_count` are the seeds, in identity order.
     seed_count: usize,
     /// Whether some item of the graphs is not a seed: only then do
@@ -201,7 +204,10 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             by_intended_id: ByIntendedId::Sparse(FxHashMap::default()),
             by_ref: FxHashMap::default(),
             nodes: Vec::new(),
+            marks: Marks::default(),
             edges: Vec::new(),
+            afters: Vec::new(),
+            scratch_after: Vec::new(),
             seed_count: 0,
             expand: true,
             examined: Vec::new(),
@@ -214,15 +220,25 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
     /// Plans from `seeds`.
     pub(super) fn run(mut self, seeds: &'a BTreeSet<ItemRef>) -> super::Plan {
-        // A run that touches a good part of the graph indexes it by array.
+        self.nodes.reserve(seeds.len());
+        self.marks.reserve(seeds.len());
+        // Seeds become nodes 0..n in identity order (see `identity_order`).
+        // A run that touches a good part of the graph indexes it by array
+        // and finds the seeds' ids in one ordered walk.
         if seeds.len().saturating_mul(4) >= self.intended.id_bound() {
             self.by_intended_id =
                 ByIntendedId::Dense(vec![ByIntendedId::ABSENT; self.intended.id_bound()]);
-        }
-        self.nodes.reserve(seeds.len());
-        // Seeds become nodes 0..n in identity order (see `identity_order`).
-        for seed in seeds {
-            self.id(seed);
+            let intended: &'a IntendedGraph = self.intended;
+            for (seed, id) in seeds.iter().zip(intended.ids_of_sorted(seeds.iter())) {
+                match id {
+                    Some(id) => self.node_for_intended(id),
+                    None => Some(self.id(seed)),
+                };
+            }
+        } else {
+            for seed in seeds {
+                self.id(seed);
+            }
         }
         self.seed_count = self.nodes.len();
         let intended_seeds = self.nodes.iter().filter(|n| n.intended.is_some()).count();
@@ -240,6 +256,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 node.delete_schedule = None;
                 node.change_schedule = None;
             }
+            self.marks.new_round();
+            self.afters.clear();
             self.collect_inflight_deletes();
             self.schedule_deletes();
             self.schedule_changes();
@@ -317,24 +335,35 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         intended_id: Option<ItemId>,
         intended: Option<(&'a Arc<IntendedItem>, ItemSummary)>,
     ) -> Id {
-        let current: &'a CurrentGraph = self.current;
+        let current_graph: &'a CurrentGraph = self.current;
         let id = Id::try_from(self.nodes.len()).unwrap_or(Id::MAX);
+        let external = intended.is_some_and(|(_, summary)| summary.external);
+        let current = if current_graph.is_empty() {
+            None
+        } else {
+            current_graph.get(item)
+        };
+        let mut mark: Mark = 0;
+        if intended.is_some() && !external {
+            mark |= OPERABLE;
+        }
+        if current.is_some_and(|c| c.is_busy()) {
+            mark |= BUSY;
+        }
+        if current.is_some_and(|c| c.is_created()) {
+            mark |= CREATED;
+        }
+        self.marks.push(mark);
         self.nodes.push(Node {
             item,
             intended_id,
             intended: intended.map(|(entry, _)| entry),
             summary: intended.map(|(_, summary)| summary).unwrap_or_default(),
-            external: intended.is_some_and(|(_, summary)| summary.external),
-            current: if current.is_empty() {
-                None
-            } else {
-                current.get(item)
-            },
+            external,
+            current,
             need: None,
             seed: false,
             examined: false,
-            deleting: false,
-            dropped: false,
             delete_schedule: None,
             change_schedule: None,
             required: None,
@@ -367,7 +396,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
     /// The intended dependencies of `id` (index-aligned with its
     /// `dependencies`), interned.
-    fn required(&mut self, id: Id) -> EdgeRange {
+    fn required(&mut self, id: Id) -> Span {
         if let Some(required) = self.node(id).required {
             return required;
         }
@@ -395,13 +424,13 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     }
 
     /// The current dependents of `id`, interned.
-    fn current_dependents(&mut self, id: Id) -> EdgeRange {
+    fn current_dependents(&mut self, id: Id) -> Span {
         if let Some(dependents) = self.node(id).current_dependents {
             return dependents;
         }
         let current: &'a CurrentGraph = self.current;
         let range = if current.is_empty() {
-            EdgeRange::EMPTY
+            Span::EMPTY
         } else {
             let start = self.edges.len();
             for dependent in current.dependents_of(self.node(id).item) {
@@ -414,16 +443,32 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         range
     }
 
-    fn edge_range(&self, start: usize) -> EdgeRange {
+    fn edge_range(&self, start: usize) -> Span {
         let to_u32 = |value: usize| u32::try_from(value).unwrap_or(u32::MAX);
-        EdgeRange {
+        Span {
             start: to_u32(start),
             len: to_u32(self.edges.len() - start),
         }
     }
 
+    /// Keeps `after` as the predecessors of a ready operation.
+    fn keep_after(&mut self, after: &[OperationKey]) -> Span {
+        let start = self.afters.len();
+        self.afters.extend_from_slice(after);
+        let to_u32 = |value: usize| u32::try_from(value).unwrap_or(u32::MAX);
+        Span {
+            start: to_u32(start),
+            len: to_u32(after.len()),
+        }
+    }
+
+    /// The predecessors of a ready operation, kept as `span`.
+    pub(super) fn after(&self, span: Span) -> &[OperationKey] {
+        self.afters.get(span.indexes()).unwrap_or_default()
+    }
+
     /// The `index`-th neighbour in `range`.
-    fn edge(&self, range: EdgeRange, index: usize) -> Id {
+    fn edge(&self, range: Span, index: usize) -> Id {
         self.edges[range.indexes()][index]
     }
 
@@ -445,7 +490,26 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             )
         };
         self.node_mut(id).need = Some(need);
+        let changes = matches!(need, Need::Create | Need::Modify { .. } | Need::Recreate);
+        self.marks.set(
+            id,
+            if changes {
+                NEED_KNOWN | NEEDS_CHANGE
+            } else {
+                NEED_KNOWN
+            },
+        );
         need
+    }
+
+    /// Whether `id` is planned for deletion.
+    pub(super) fn is_deleting(&self, id: Id) -> bool {
+        self.marks.has(id, DELETING)
+    }
+
+    /// Whether `id` is removed from current state without a call.
+    pub(super) fn is_dropped(&self, id: Id) -> bool {
+        self.marks.has(id, DROPPED)
     }
 
     fn visit(&mut self, id: Id) {
@@ -494,18 +558,18 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     fn mark_deleting(&mut self, id: Id) {
         let mut stack = vec![id];
         while let Some(id) = stack.pop() {
-            if self.node(id).deleting {
+            if self.is_deleting(id) {
                 continue;
             }
-            self.node_mut(id).deleting = true;
+            self.marks.set(id, DELETING);
             self.visit(id);
             let dependents = self.current_dependents(id);
             for index in 0..dependents.len as usize {
                 let dependent = self.edge(dependents, index);
-                let node = self.node(dependent);
-                if node.dropped {
+                if self.is_dropped(dependent) {
                     continue;
                 }
+                let node = self.node(dependent);
                 if node.current.is_some_and(|c| c.may_exist() || c.is_busy()) {
                     stack.push(dependent);
                 }
@@ -516,10 +580,10 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// Removes `id` from current state without a call; what depends on it
     /// has lost a dependency and is deleted.
     fn drop_item(&mut self, id: Id) {
-        if self.node(id).dropped {
+        if self.is_dropped(id) {
             return;
         }
-        self.node_mut(id).dropped = true;
+        self.marks.set(id, DROPPED);
         self.visit(id);
         let dependents = self.current_dependents(id);
         for index in 0..dependents.len as usize {
@@ -542,10 +606,10 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         };
         for dependency in &applied.dependencies {
             let required = self.id(&dependency.requires);
-            let node = self.node(required);
-            let gone = match node.current {
+            let dropped = self.is_dropped(required);
+            let gone = match self.node(required).current {
                 Some(state) if state.is_busy() => false,
-                Some(state) => !state.is_created() || node.dropped,
+                Some(state) => !state.is_created() || dropped,
                 None => true,
             };
             if gone {
@@ -557,7 +621,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 return;
             }
         }
-        if self.node(id).deleting || current.is_busy() {
+        if self.is_deleting(id) || current.is_busy() {
             return;
         }
         let Some(intended) = self.intended_of(id) else {
@@ -636,23 +700,25 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             .order
             .iter()
             .copied()
-            .filter(|&id| self.node(id).deleting)
+            .filter(|&id| self.is_deleting(id))
             .collect();
-        let mut in_progress = FxHashSet::default();
         for root in roots {
-            self.schedule_delete_tree(root, &mut in_progress);
+            self.schedule_delete_tree(root);
         }
     }
 
     /// Whether `id` is something a Delete must wait for.
     fn holds_a_delete(&self, id: Id) -> bool {
-        let node = self.node(id);
-        !node.dropped && node.current.is_some_and(|c| c.may_exist() || c.is_busy())
+        !self.is_dropped(id)
+            && self
+                .node(id)
+                .current
+                .is_some_and(|c| c.may_exist() || c.is_busy())
     }
 
     /// Schedules the Delete of `root` after those of its current dependents
     /// (iterative depth-first: graphs can be deep).
-    fn schedule_delete_tree(&mut self, root: Id, in_progress: &mut FxHashSet<Id>) {
+    fn schedule_delete_tree(&mut self, root: Id) {
         let mut stack = vec![(root, false)];
         while let Some((id, expanded)) = stack.pop() {
             if self.node(id).delete_schedule.is_some() {
@@ -663,11 +729,12 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 self.node_mut(id).delete_schedule = Some(schedule);
                 continue;
             }
-            if !in_progress.insert(id) {
+            if self.marks.has(id, DELETE_IN_PROGRESS) {
                 let schedule = cycle_in_current_state(self.node(id).item, OperationKind::Delete);
                 self.node_mut(id).delete_schedule = Some(schedule);
                 continue;
             }
+            self.marks.set(id, DELETE_IN_PROGRESS);
             stack.push((id, true));
             let dependents = self.current_dependents(id);
             for index in 0..dependents.len as usize {
@@ -687,7 +754,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let Some(current) = node.current else {
             return Schedule::NotNeeded;
         };
-        if node.dropped || !(current.may_exist() || current.is_busy()) {
+        if self.is_dropped(id) || !(current.may_exist() || current.is_busy()) {
             return Schedule::NotNeeded;
         }
         if current.is_busy() {
@@ -726,6 +793,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             }
         }
         if blocked_by.is_empty() {
+            let after = self.keep_after(&after);
             Schedule::Ready { kind, after }
         } else {
             Schedule::Waiting {
@@ -741,52 +809,66 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
     /// Whether `id` needs a Create or Modify (and is ours to operate on).
     fn needs_change(&mut self, id: Id) -> bool {
-        let node = self.node(id);
-        if node.intended.is_none() || node.external || node.dropped {
+        let mark = self.marks.get(id);
+        if mark & (OPERABLE | DROPPED) != OPERABLE {
             return false;
         }
-        node.deleting
-            || matches!(
-                self.need(id),
-                Need::Create | Need::Modify { .. } | Need::Recreate
-            )
+        if mark & DELETING != 0 {
+            return true;
+        }
+        if mark & NEED_KNOWN == 0 {
+            self.need(id);
+        }
+        self.marks.has(id, NEEDS_CHANGE)
+    }
+
+    /// Records the Create/Modify schedule of `id`.
+    fn set_change_schedule(&mut self, id: Id, schedule: Schedule) {
+        let mark = match &schedule {
+            Schedule::NotNeeded => ChangeMark::NotNeeded,
+            Schedule::Ready { kind, .. } => ChangeMark::ready(*kind),
+            Schedule::Waiting { .. } => ChangeMark::Waiting,
+        };
+        self.marks.set_change(id, mark);
+        self.node_mut(id).change_schedule = Some(schedule);
     }
 
     fn schedule_changes(&mut self) {
         // One in-progress set for all roots: a node is only re-entered while
         // its own subtree is being scheduled (finished nodes are skipped).
-        let mut in_progress = FxHashSet::default();
         for index in 0..self.order.len() {
             let root = self.order[index];
             if self.needs_change(root) {
-                self.schedule_change_tree(root, &mut in_progress);
+                self.schedule_change_tree(root);
             }
         }
     }
 
     /// Schedules the Create/Modify of `root` after those of its intended
     /// dependencies (iterative depth-first).
-    fn schedule_change_tree(&mut self, root: Id, in_progress: &mut FxHashSet<Id>) {
+    fn schedule_change_tree(&mut self, root: Id) {
         let mut stack = vec![(root, false)];
         while let Some((id, expanded)) = stack.pop() {
-            if self.node(id).change_schedule.is_some() {
+            if self.marks.change(id) != ChangeMark::Unknown {
                 continue;
             }
             if expanded {
                 let schedule = self.compute_change(id);
-                self.node_mut(id).change_schedule = Some(schedule);
+                self.set_change_schedule(id, schedule);
                 continue;
             }
-            if !in_progress.insert(id) {
+            if self.marks.has(id, CHANGE_IN_PROGRESS) {
                 let schedule = cycle_in_current_state(self.node(id).item, OperationKind::Create);
-                self.node_mut(id).change_schedule = Some(schedule);
+                self.set_change_schedule(id, schedule);
                 continue;
             }
+            self.marks.set(id, CHANGE_IN_PROGRESS);
             stack.push((id, true));
             let required = self.required(id);
             for index in 0..required.len as usize {
                 let required = self.edge(required, index);
-                if self.node(required).change_schedule.is_none() && self.needs_change(required) {
+                if self.marks.change(required) == ChangeMark::Unknown && self.needs_change(required)
+                {
                     stack.push((required, false));
                 }
             }
@@ -798,7 +880,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             return Schedule::NotNeeded;
         };
         let item = self.node(id).item;
-        let recreating = self.node(id).deleting;
+        let recreating = self.is_deleting(id);
         let need = self.need(id);
         let kind = if recreating || matches!(need, Need::Create | Need::Recreate) {
             OperationKind::Create
@@ -818,7 +900,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 }
             }
         }
-        let mut after = Vec::new();
+        let mut after = std::mem::take(&mut self.scratch_after);
+        after.clear();
         let mut waits_on_dependencies = Vec::new();
         let mut waits_on_operations = Vec::new();
         let mut hopeless = false;
@@ -871,7 +954,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
         // Unsatisfied dependencies are reported before a missing configurator:
         // the dependency chain is what a user must look at first.
-        if !waits_on_dependencies.is_empty() {
+        let schedule = if !waits_on_dependencies.is_empty() {
             waits_on_dependencies.extend(waits_on_operations);
             Schedule::Waiting {
                 kind,
@@ -891,8 +974,11 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         } else {
             after.sort_unstable();
             after.dedup();
+            let after = self.keep_after(&after);
             Schedule::Ready { kind, after }
-        }
+        };
+        self.scratch_after = after;
+        schedule
     }
 
     /// A Modify waits for operations in flight on its dependents, and for the
@@ -945,10 +1031,15 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         required: Id,
         predicate: Option<&Predicate>,
     ) -> DependencyStatus {
-        let node = self.node(required);
-        if node.dropped {
+        if predicate.is_none()
+            && let Some(status) = self.plain_dependency_status(required)
+        {
+            return status;
+        }
+        if self.is_dropped(required) {
             return unsatisfied("missing", true);
         }
+        let node = self.node(required);
         let intended = node.intended;
         let current = node.current;
         let external = if intended.is_some() {
@@ -1009,6 +1100,25 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
     }
 
+    /// The common answers of [`Self::dependency_status`] for a dependency
+    /// without a predicate, from the compact flags alone: an item ours to
+    /// change that is scheduled in this plan, or one that is created and
+    /// needs nothing. `None`: ask the full question.
+    fn plain_dependency_status(&self, required: Id) -> Option<DependencyStatus> {
+        let mark = self.marks.get(required);
+        if mark & (OPERABLE | DROPPED | BUSY) != OPERABLE {
+            return None;
+        }
+        let changes =
+            mark & DELETING != 0 || mark & (NEED_KNOWN | NEEDS_CHANGE) == NEED_KNOWN | NEEDS_CHANGE;
+        if changes {
+            let kind = self.marks.change(required).ready_kind()?;
+            return Some(DependencyStatus::After((required, kind)));
+        }
+        (mark & (NEED_KNOWN | CREATED) == NEED_KNOWN | CREATED)
+            .then_some(DependencyStatus::Satisfied)
+    }
+
     /// Rule 5: Modifies whose new dependencies cannot be satisfied within
     /// this plan become deletes; the item then waits as pending.
     fn modifies_that_must_delete(&self) -> Vec<Id> {
@@ -1016,10 +1126,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             .iter()
             .copied()
             .filter(|&id| {
-                let node = self.node(id);
-                !node.deleting
+                !self.is_deleting(id)
                     && matches!(
-                        node.change_schedule,
+                        self.node(id).change_schedule,
                         Some(Schedule::Waiting {
                             kind: OperationKind::Modify,
                             reason: WaitReason::Dependency,
