@@ -210,7 +210,7 @@ settings! {
         env = "RECONCILED_WATCH_HISTORY_AGE_SECS", default = "3600", value_name = "SECS",
         help = "Seconds watch events are retained";
     watch_ring_events: u64,
-        env = "RECONCILED_WATCH_RING_EVENTS", default = "100000", value_name = "N",
+        env = "RECONCILED_WATCH_RING_EVENTS", default = "10000", value_name = "N",
         help = "Events a watched tenant keeps in memory; a watcher further behind is ended with RESOURCE_EXHAUSTED";
     watch_bookmark_interval_ms: u64,
         env = "RECONCILED_WATCH_BOOKMARK_INTERVAL_MS", default = "5000", value_name = "MS",
@@ -408,7 +408,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(10),
             watch_history_revisions: 100_000,
             watch_history_age: Duration::from_secs(3600),
-            watch_ring_events: 100_000,
+            watch_ring_events: 10_000,
             watch_bookmark_interval: Duration::from_secs(5),
             max_watchers_per_tenant: 100,
             fsync: true,

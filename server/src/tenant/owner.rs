@@ -70,7 +70,7 @@ impl Default for OwnerSettings {
 }
 
 /// Default of [`OwnerSettings::watch_ring_events`].
-pub const DEFAULT_RING_EVENTS: usize = 100_000;
+pub const DEFAULT_RING_EVENTS: usize = 10_000;
 
 /// A change of an external item's reported state.
 #[derive(Clone, Debug)]
