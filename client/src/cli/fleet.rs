@@ -95,26 +95,12 @@ fn event_line(event: &v1::FleetEvent) -> String {
     if event.deleted {
         return format!("rev {:<6} {} deleted", event.revision, event.tenant);
     }
-    let conditions: Vec<String> = event
-        .conditions
-        .iter()
-        .map(|condition| {
-            let mut text = format!(
-                "{}={}",
-                condition.r#type,
-                names::condition_status(condition.status)
-            );
-            if !condition.reason.is_empty() {
-                text.push_str(&format!("({})", condition.reason));
-            }
-            text
-        })
-        .collect();
+
     format!(
         "rev {:<6} {} {}",
         event.revision,
         event.tenant,
-        conditions.join(" ")
+        names::conditions_line(&event.conditions)
     )
 }
 

@@ -55,6 +55,22 @@ pub(crate) fn condition_status(value: i32) -> String {
     }
 }
 
+/// Conditions on one line, e.g. `Ready=False(Stalled) Reconciling=True`.
+pub(crate) fn conditions_line(conditions: &[v1::Condition]) -> String {
+    conditions
+        .iter()
+        .map(|condition| {
+            let status = condition_status(condition.status);
+            if condition.reason.is_empty() {
+                format!("{}={status}", condition.r#type)
+            } else {
+                format!("{}={status}({})", condition.r#type, condition.reason)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// An operation outcome, e.g. `DONE`.
 pub(crate) fn outcome(value: i32) -> String {
     short(

@@ -249,24 +249,9 @@ pub(crate) fn event_line(event: &v1::Event) -> String {
             error_suffix(finished.error.as_ref())
         ),
         Some(Body::ConditionsChanged(changed)) => {
-            let conditions: Vec<String> = changed
-                .conditions
-                .iter()
-                .map(|condition| {
-                    let mut text = format!(
-                        "{}={}",
-                        condition.r#type,
-                        names::condition_status(condition.status)
-                    );
-                    if !condition.reason.is_empty() {
-                        text.push_str(&format!("({})", condition.reason));
-                    }
-                    text
-                })
-                .collect();
             format!(
                 "{} (observed generation {})",
-                conditions.join(" "),
+                names::conditions_line(&changed.conditions),
                 changed.observed_generation
             )
         }

@@ -221,20 +221,14 @@ impl World {
     pub fn dispatch(&mut self, item: &ItemRef, kind: OperationKind, target_generation: u64) {
         self.check_invariants_before(item, kind);
         self.next_op += 1;
-        let in_flight = InFlight {
+        let in_flight = InFlight::new(
             kind,
-            op_id: format!("op-{}", self.next_op),
-            attempt: 1,
+            format!("op-{}", self.next_op),
+            1,
             target_generation,
-            started_at_ms: self.environment.now_ms,
-            timeout_ms: 60_000,
-            last_progress_ms: None,
-            cancel_requested: false,
-            cancel_requested_at_ms: None,
-            redeliveries: 0,
-            question: false,
-            target: None,
-        };
+            self.environment.now_ms,
+            60_000,
+        );
         begin_operation(&mut self.current, &self.intended, item, in_flight);
         self.dirty.insert(item.clone());
     }

@@ -134,6 +134,34 @@ pub struct InFlight {
     pub target: Option<Arc<Item>>,
 }
 
+impl InFlight {
+    /// A fresh operation (first delivery, no progress, no cancel) started
+    /// at `started_at_ms` with `timeout_ms` to report.
+    pub fn new(
+        kind: OperationKind,
+        op_id: String,
+        attempt: u32,
+        target_generation: u64,
+        started_at_ms: u64,
+        timeout_ms: u64,
+    ) -> Self {
+        Self {
+            kind,
+            op_id,
+            attempt,
+            target_generation,
+            started_at_ms,
+            timeout_ms,
+            last_progress_ms: None,
+            cancel_requested: false,
+            cancel_requested_at_ms: None,
+            redeliveries: 0,
+            question: false,
+            target: None,
+        }
+    }
+}
+
 /// An item of the current graph.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CurrentItem {

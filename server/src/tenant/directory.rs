@@ -301,12 +301,7 @@ impl TenantDirectory {
             time: Some(timestamp_from_ms(now)),
             deleted,
         };
-        let (handle, sequenced) = fleet.commit(batch, Some(event), now)?;
-        let result = handle.await;
-        if let Some((revision, event)) = sequenced {
-            fleet.settle(revision, result.is_ok().then_some(event));
-        }
-        Ok(result?)
+        Ok(fleet.commit_durably(batch, Some(event), now).await?)
     }
 
     /// Ends every open watch stream (at shutdown).

@@ -692,15 +692,11 @@ impl Owner {
         fleet_event: Option<v1::FleetEvent>,
         now: u64,
     ) -> Result<(), TenantError> {
-        let Some(fleet) = &self.settings.fleet else {
-            return Ok(self.store.commit(batch).await?);
-        };
-        let (handle, sequenced) = fleet.commit(batch, fleet_event, now)?;
-        let result = handle.await;
-        if let Some((revision, event)) = sequenced {
-            fleet.settle(revision, result.is_ok().then_some(event));
+        match &self.settings.fleet {
+            Some(fleet) => fleet.commit_durably(batch, fleet_event, now).await?,
+            None => self.store.commit(batch).await?,
         }
-        Ok(result?)
+        Ok(())
     }
 
     /// Adds the deletes of events beyond the retention to `batch` when the
@@ -846,11 +842,11 @@ impl Owner {
         let mut intent_writes = WriteBatch::new();
         if let Some(change) = &intent {
             self.write_intent(&mut intent_writes, change)?;
-        }
-        if let Some(change) = &intent {
+            let count = change.upserts.len() + change.removals.len();
             self.pending_events.push(intent_changed(
                 change.generation,
-                intent_keys_list(change).iter(),
+                count,
+                intent_keys(change),
             ));
         }
         let mut writes = pending;
@@ -1087,11 +1083,6 @@ fn fleet_event(record: &TenantRecord, now: u64) -> v1::FleetEvent {
         time: Some(crate::api::convert::timestamp_from_ms(now)),
         deleted: false,
     }
-}
-
-/// Every item an intent change stores or removes, as a list.
-fn intent_keys_list(change: &IntentChange) -> Vec<ItemRef> {
-    intent_keys(change).collect()
 }
 
 /// Every item an intent change stores or removes.

@@ -657,12 +657,13 @@ impl Owner {
         session_id: u64,
         reason: &str,
     ) -> Result<(), TenantError> {
-        let released: Vec<String> = self
+        let mut released: Vec<String> = self
             .sessions
             .iter()
             .filter(|(_, holder)| holder.link.session_id == session_id)
             .map(|(item_type, _)| item_type.clone())
             .collect();
+        released.sort();
         if released.is_empty() {
             return Ok(());
         }
@@ -673,11 +674,9 @@ impl Owner {
         for item_type in &released {
             self.sessions.remove(item_type);
         }
-        let mut released_sorted = released.clone();
-        released_sorted.sort();
         self.pending_events.push(events::agent_disconnected(
             &agent_id,
-            released_sorted,
+            released.clone(),
             reason,
         ));
         info!(tenant = %self.state.record.name, types = ?released, reason, "Configurator disconnected.");
@@ -763,7 +762,6 @@ impl Owner {
             }
             holder.in_flight += 1;
             tenant_room -= 1;
-            self.next_operation += 1;
             let attempt = self
                 .state
                 .current
@@ -772,21 +770,15 @@ impl Owner {
             starts.push((
                 item.clone(),
                 InFlight {
-                    kind: operation.kind,
-                    op_id: format!(
-                        "{}-{:x}-{}",
-                        self.state.record.id, self.boot, self.next_operation
-                    ),
-                    attempt,
-                    target_generation: operation.target_generation,
-                    started_at_ms: now,
-                    timeout_ms: spec.operation_timeout_ms,
-                    last_progress_ms: None,
-                    cancel_requested: false,
-                    cancel_requested_at_ms: None,
-                    redeliveries: 0,
                     question: operation.ask_needs_recreate,
-                    target: None,
+                    ..InFlight::new(
+                        operation.kind,
+                        self.next_op_id(),
+                        attempt,
+                        operation.target_generation,
+                        now,
+                        spec.operation_timeout_ms,
+                    )
                 },
             ));
         }
@@ -809,6 +801,16 @@ impl Owner {
             })
             .collect();
         (starts, updates, waiting_for_room)
+    }
+
+    /// A new op id: never repeated, across restarts too (the owner's random
+    /// boot number).
+    fn next_op_id(&mut self) -> String {
+        self.next_operation += 1;
+        format!(
+            "{}-{:x}-{}",
+            self.state.record.id, self.boot, self.next_operation
+        )
     }
 
     /// Sends journaled operations to their sessions.
@@ -1025,7 +1027,7 @@ impl Owner {
                 continue;
             }
             self.pending_reads.remove(&item);
-            let Some(current) = self.state.current.get(&item) else {
+            let Some(current) = self.state.current.get(&item).cloned() else {
                 continue;
             };
             if current.is_busy() || current.state != ItemState::Created {
@@ -1033,27 +1035,17 @@ impl Owner {
             }
             holder.in_flight += 1;
             tenant_room -= 1;
-            self.next_operation += 1;
-            let in_flight = InFlight {
-                kind: OperationKind::Read,
-                op_id: format!(
-                    "{}-{:x}-{}",
-                    self.state.record.id, self.boot, self.next_operation
-                ),
-                attempt: 1,
-                target_generation: current.applied_generation,
-                started_at_ms: now,
-                timeout_ms: spec.operation_timeout_ms,
-                last_progress_ms: None,
-                cancel_requested: false,
-                cancel_requested_at_ms: None,
-                redeliveries: 0,
-                question: false,
-                target: None,
-            };
+            let in_flight = InFlight::new(
+                OperationKind::Read,
+                self.next_op_id(),
+                1,
+                current.applied_generation,
+                now,
+                spec.operation_timeout_ms,
+            );
             updates.push((
                 item.clone(),
-                Some(started(Some(current), None, in_flight.clone())),
+                Some(started(Some(&current), None, in_flight.clone())),
             ));
             starts.push((item, in_flight));
         }

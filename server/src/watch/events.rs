@@ -160,12 +160,14 @@ pub fn operation_finished(
     )
 }
 
-/// The intent changed to `generation`; `changed` lists what changed.
-pub fn intent_changed<'a>(
+/// The intent changed to `generation`: `count` items changed, the first
+/// of `changed` (at most 100) are named.
+pub fn intent_changed(
     generation: u64,
-    changed: impl ExactSizeIterator<Item = &'a ItemRef>,
+    count: usize,
+    changed: impl Iterator<Item = ItemRef>,
 ) -> v1::Event {
-    let items_changed = u32::try_from(changed.len()).unwrap_or(u32::MAX);
+    let items_changed = u32::try_from(count).unwrap_or(u32::MAX);
     event(
         v1::EventKind::IntentChanged,
         Body::IntentChanged(v1::IntentChanged {
@@ -173,7 +175,7 @@ pub fn intent_changed<'a>(
             items_changed,
             changed: changed
                 .take(MAX_CHANGED_REFS)
-                .map(item_ref_to_proto)
+                .map(|item| item_ref_to_proto(&item))
                 .collect(),
         }),
     )

@@ -176,6 +176,22 @@ impl FleetLog {
         Ok((handle, Some((revision, event))))
     }
 
+    /// Commits `batch` durably, with `event` (if any) at the next fleet
+    /// revision, and publishes the revision once it is settled.
+    pub async fn commit_durably(
+        &self,
+        batch: WriteBatch,
+        event: Option<v1::FleetEvent>,
+        now_ms: u64,
+    ) -> Result<(), StoreError> {
+        let (handle, sequenced) = self.commit(batch, event, now_ms)?;
+        let result = handle.await;
+        if let Some((revision, event)) = sequenced {
+            self.settle(revision, result.is_ok().then_some(event));
+        }
+        result
+    }
+
     /// Publishes revision `revision` once every earlier one is settled:
     /// `event` if its commit succeeded, nothing if it failed.
     pub fn settle(&self, revision: u64, event: Option<v1::FleetEvent>) {

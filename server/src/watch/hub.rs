@@ -187,11 +187,6 @@ impl<E> Hub<E> {
         }
         self.published.send_modify(|_| {});
     }
-
-    /// Why the hub closed, if it did.
-    pub fn closed(&self) -> Option<CloseReason> {
-        self.lock().closed
-    }
 }
 
 /// A registered watcher: keeps the ring alive and wakes on publishes.

@@ -686,6 +686,36 @@ impl Drop for ChildServer {
     }
 }
 
+/// The body of a baseline server's hidden subcommand: a multi-threaded
+/// runtime (like the server's), a free loopback port printed on stdout,
+/// exit when stdin closes; `serve` runs the tonic server on the accepted
+/// connections (TCP_NODELAY, like the server's).
+fn serve_baseline<F, Fut>(serve: F) -> anyhow::Result<()>
+where
+    F: FnOnce(tonic::transport::server::TcpIncoming) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    use std::io::{Read as _, Write as _};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("cannot bind a loopback port")?;
+        let addr = listener.local_addr()?;
+        let mut stdout = std::io::stdout();
+        writeln!(stdout, "{addr}")?;
+        stdout.flush()?;
+        std::thread::spawn(|| {
+            let _ = std::io::stdin().read_to_end(&mut Vec::new());
+            std::process::exit(0);
+        });
+        serve(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))).await
+    })
+}
+
 /// The process id of the server's child process: the child of this
 /// process listening on the server's address.
 fn find_child_pid(server: &ServerProcess) -> anyhow::Result<u32> {

@@ -53,7 +53,6 @@
 //! each phase by `--phase-timeout` (the run fails past it), counts by
 //! [`MAX_ITEMS`], [`MAX_AGENTS`] and [`MAX_IN_FLIGHT`].
 
-use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::Stdio;
@@ -79,11 +78,11 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::Endpoint;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{
-    ChildServer, bench_dir, decimal, drive_threads, find_child_pid, process_cpu, thousands,
+    ChildServer, bench_dir, decimal, drive_threads, find_child_pid, process_cpu, serve_baseline,
+    thousands,
 };
 
 /// The most items per intent (the server's default per-request limit).
@@ -483,25 +482,7 @@ impl Configurators for Echo {
 /// The hidden `echo-server` subcommand: serves [`Echo`] on a free loopback
 /// port, prints the address, and exits when stdin closes.
 pub fn echo_server_main() -> anyhow::Result<()> {
-    // Like the server: a multi-threaded runtime, TCP_NODELAY on accepted
-    // connections.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the tokio runtime")?;
-    runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .context("cannot bind a loopback port")?;
-        let addr = listener.local_addr()?;
-        let mut stdout = std::io::stdout();
-        writeln!(stdout, "{addr}")?;
-        stdout.flush()?;
-        std::thread::spawn(|| {
-            let _ = std::io::stdin().read_to_end(&mut Vec::new());
-            std::process::exit(0);
-        });
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    serve_baseline(|incoming| async move {
         tonic::transport::Server::builder()
             .add_service(ConfiguratorsServer::new(Echo {
                 reply: echo_reply(),

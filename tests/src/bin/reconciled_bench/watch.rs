@@ -24,7 +24,6 @@
 //! measured per group, from the event's commit time (server clock, same
 //! machine) to its arrival at the watcher.
 
-use std::io::{Read as _, Write as _};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,11 +40,10 @@ use reconciled_tests::proto::v1::reconciler_server::{
 use reconciled_tests::{ServerOptions, ServerProcess};
 use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
-use super::ChildServer;
+use super::{ChildServer, serve_baseline};
 
 /// Watch streams per connection (below HTTP/2's usual stream limits).
 const STREAMS_PER_CONNECTION: usize = 100;
@@ -423,24 +421,8 @@ impl ReconcilerService for Fanout {
 /// The hidden `fanout-server` subcommand: serves [`Fanout`] on a free
 /// loopback port, prints the address, and exits when stdin closes.
 pub fn fanout_server_main() -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the tokio runtime")?;
-    runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .context("cannot bind a loopback port")?;
-        let addr = listener.local_addr()?;
-        let mut stdout = std::io::stdout();
-        writeln!(stdout, "{addr}")?;
-        stdout.flush()?;
-        std::thread::spawn(|| {
-            let _ = std::io::stdin().read_to_end(&mut Vec::new());
-            std::process::exit(0);
-        });
-        let (groups, _) = broadcast::channel(20_000);
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let (groups, _) = broadcast::channel(20_000);
+    serve_baseline(|incoming| async move {
         tonic::transport::Server::builder()
             .add_service(
                 ReconcilerServer::new(Fanout {
