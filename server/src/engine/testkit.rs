@@ -174,14 +174,44 @@ impl World {
         self.script(kind, identity, Completion::Failed { error, retry_at_ms });
     }
 
-    /// Plans from the dirty set (what the engine would do on a pass).
+    /// Plans from the dirty set (what the engine would do on a pass): the
+    /// dirty items are the seeds and the only items not converged.
     pub fn plan(&self) -> Plan {
-        plan_operations(
-            &self.intended,
-            &self.current,
-            &self.dirty,
-            &self.environment,
-        )
+        self.plan_from(&self.dirty, &self.dirty)
+    }
+
+    /// Plans the way a pass on one result does: from `seeds` only, with
+    /// `unconverged` the items the last plans left unconverged (the
+    /// planner walks upstream through those).
+    pub fn plan_seeded(&self, seeds: &[&str], unconverged: &BTreeSet<ItemRef>) -> Plan {
+        let seeds: BTreeSet<ItemRef> = seeds.iter().map(|s| parse_ref(s)).collect();
+        self.plan_from(&seeds, unconverged)
+    }
+
+    fn plan_from(&self, seeds: &BTreeSet<ItemRef>, unconverged: &BTreeSet<ItemRef>) -> Plan {
+        struct Seeded<'a> {
+            inner: &'a TestEnvironment,
+            unconverged: &'a BTreeSet<ItemRef>,
+        }
+        impl PlanEnvironment for Seeded<'_> {
+            fn type_rules(&self, item_type: &str) -> Option<&TypeRules> {
+                self.inner.type_rules(item_type)
+            }
+            fn has_configurator(&self, item_type: &str) -> bool {
+                self.inner.has_configurator(item_type)
+            }
+            fn now_ms(&self) -> u64 {
+                self.inner.now_ms
+            }
+            fn is_converged(&self, item: &ItemRef) -> bool {
+                !self.unconverged.contains(item)
+            }
+        }
+        let environment = Seeded {
+            inner: &self.environment,
+            unconverged,
+        };
+        plan_operations(&self.intended, &self.current, seeds, &environment)
     }
 
     /// One dispatch round: plan, apply bookkeeping, then run every ready

@@ -43,6 +43,17 @@ pub trait PlanEnvironment {
     fn has_configurator(&self, item_type: &str) -> bool;
     /// Now, in unix milliseconds (compared with backoff deadlines).
     fn now_ms(&self) -> u64;
+    /// Whether the last plan that looked at `item` found it converged and
+    /// nothing changed it since (it is not in the caller's set of dirty
+    /// items). The planner walks upstream from its seeds through items that
+    /// are not converged, because a deletion planned there reaches them;
+    /// a converged item has nothing planned upstream (that plan would have
+    /// left it unconverged too), so the walk stops there. Answering `false`
+    /// is always correct, only slower on deep graphs.
+    fn is_converged(&self, item: &ItemRef) -> bool {
+        let _ = item;
+        false
+    }
 }
 
 /// Why an item that needs an operation cannot have it yet.

@@ -533,6 +533,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             {
                 self.check_existing(id, current);
             }
+            if self.expand {
+                self.visit_unconverged_dependencies(id);
+            }
             let settled =
                 need == Need::Nothing && current.is_some_and(|c| c.is_created() && !c.is_busy());
             let absent_and_unwanted = need == Need::Nothing && current.is_none();
@@ -554,7 +557,39 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
     }
 
+    /// Examines what `id`'s fate depends on upstream: the items it relies
+    /// on now (its applied dependencies) and will rely on (its intended
+    /// ones), where they are not converged. A deletion planned anywhere
+    /// upstream then reaches `id` whatever the pass was seeded with (A on B
+    /// on C, C removed: a pass seeded with A alone must still see that B
+    /// goes with C). Converged items end the walk (see
+    /// [`PlanEnvironment::is_converged`]).
+    fn visit_unconverged_dependencies(&mut self, id: Id) {
+        let environment = self.environment;
+        if let Some(applied) = self.current_of(id).and_then(|c| c.applied.as_ref()) {
+            for dependency in &applied.dependencies {
+                let required = self.id(&dependency.requires);
+                if !environment.is_converged(self.node(required).item) {
+                    self.visit(required);
+                }
+            }
+        }
+        let required = self.required(id);
+        for index in 0..required.len as usize {
+            let dependency = self.edge(required, index);
+            if !environment.is_converged(self.node(dependency).item) {
+                self.visit(dependency);
+            }
+        }
+    }
+
     /// Plans `id` (and, transitively, its current dependents) for deletion.
+    ///
+    /// A dependent that the intent retargets away from `id` (its intended
+    /// value no longer requires `id` and needs only a Modify) is not taken
+    /// along: it is modified instead, and `id`'s Delete waits for it
+    /// (rule 7). If its new dependencies cannot be satisfied, rule 5 marks
+    /// it for deletion on its own.
     fn mark_deleting(&mut self, id: Id) {
         let mut stack = vec![id];
         while let Some(id) = stack.pop() {
@@ -570,11 +605,27 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                     continue;
                 }
                 let node = self.node(dependent);
-                if node.current.is_some_and(|c| c.may_exist() || c.is_busy()) {
+                if node.current.is_some_and(|c| c.may_exist() || c.is_busy())
+                    && !self.retargets_away(dependent, id)
+                {
                     stack.push(dependent);
                 }
             }
         }
+    }
+
+    /// Whether `dependent` (which relies on `required` now) is intended
+    /// without `required` and needs only a Modify to get there.
+    fn retargets_away(&mut self, dependent: Id, required: Id) -> bool {
+        if !self.marks.has(dependent, OPERABLE) || self.is_deleting(dependent) {
+            return false;
+        }
+        let Some(entry) = self.intended_of(dependent) else {
+            return false;
+        };
+        let required_item = self.node(required).item;
+        entry.item.dependency_on(required_item).is_none()
+            && matches!(self.need(dependent), Need::Modify { .. })
     }
 
     /// Removes `id` from current state without a call; what depends on it
@@ -627,19 +678,33 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let Some(intended) = self.intended_of(id) else {
             return;
         };
-        let required_ids = self.required(id);
-        for (index, dependency) in intended.item.dependencies.iter().enumerate() {
-            let required = self.edge(required_ids, index);
-            if applied.dependency_on(&dependency.requires).is_none() || self.node(required).busy() {
+        // While the item exists it holds its applied value, so the
+        // predicates that must keep holding are the applied ones (rule 6):
+        // a dependency modified into a value that fails one takes the item
+        // down first, even when the new intent's predicate would hold.
+        for dependency in &applied.dependencies {
+            let required = self.id(&dependency.requires);
+            if self.node(required).busy() {
                 continue;
             }
             let required_is_modified = matches!(self.need(required), Need::Modify { .. });
-            let predicate = intended.predicates.get(index).and_then(Option::as_ref);
-            let predicate_fails = predicate.is_some_and(|predicate| {
+            let still_intended = intended.item.dependency_on(&dependency.requires);
+            let predicate_fails = if dependency.must_satisfy.is_empty() {
+                false
+            } else {
+                let compiled_now = still_intended
+                    .filter(|intended| intended.must_satisfy == dependency.must_satisfy)
+                    .and_then(|_| intended.predicate_on(&dependency.requires));
                 let value = self.value_after_plan(required);
-                !predicate.evaluate(&value).unwrap_or(false)
-            });
-            let recreate = required_is_modified && dependency.recreate_when_modified;
+                match compiled_now {
+                    Some(predicate) => !predicate.evaluate(&value).unwrap_or(false),
+                    None => !Predicate::compile(&dependency.must_satisfy)
+                        .and_then(|predicate| predicate.evaluate(&value))
+                        .unwrap_or(false),
+                }
+            };
+            let recreate = required_is_modified
+                && still_intended.is_some_and(|intended| intended.recreate_when_modified);
             if predicate_fails || recreate {
                 self.mark_deleting(id);
                 if required_is_modified {
@@ -786,10 +851,18 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                     why: format!("its delete waits ({})", reason_words(*reason)),
                 }),
                 Some(Schedule::NotNeeded) => {}
-                None => blocked_by.push(BlockedBy {
-                    item: node.item.clone(),
-                    why: "depends on it and is not planned for deletion".into(),
-                }),
+                None => {
+                    let item = node.item.clone();
+                    let why = if self.retargets_away(dependent, id) {
+                        "its modify must first move it off this item"
+                    } else {
+                        "depends on it and is not planned for deletion"
+                    };
+                    blocked_by.push(BlockedBy {
+                        item,
+                        why: why.into(),
+                    });
+                }
             }
         }
         if blocked_by.is_empty() {

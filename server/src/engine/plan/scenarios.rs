@@ -140,6 +140,81 @@ fn removing_an_item_deletes_its_dependents_first_and_they_stay_pending() {
     );
 }
 
+#[test]
+fn a_pass_seeded_with_the_top_of_a_chain_still_sees_the_removal_at_its_bottom() {
+    // c on b on a, all created; a leaves the intent. The first pass deletes
+    // c; the pass on that result is seeded with c and its waiter b only,
+    // and must still see that b goes with a (rule 7), not create c again.
+    let mut world = World::converged(vec![a(), b_on_a(), c_on_b()]);
+    world.intend(vec![b_on_a(), c_on_b()]);
+    let first = world.plan();
+    world.absorb(&first);
+    let unconverged = first.unconverged.clone();
+    let c = parse_ref("t/c");
+    world.dispatch(&c, Delete, 0);
+    world.finish(&c, Delete);
+    let plan = world.plan_seeded(&["t/c", "t/b"], &unconverged);
+    let operations: Vec<String> = plan
+        .operations
+        .iter()
+        .map(|o| format!("{} {}", o.kind.as_str(), o.item))
+        .collect();
+    assert_eq!(operations, ["delete t/b", "delete t/a"]);
+    let ready: Vec<usize> = plan.ready().collect();
+    assert_eq!(ready, [0], "b goes first, a after it");
+    let waiting: Vec<String> = plan.waiting.iter().map(|w| w.item.to_string()).collect();
+    assert_eq!(
+        waiting,
+        ["t/b", "t/c"],
+        "b and c wait for a to be created again"
+    );
+}
+
+#[test]
+fn removing_the_bottom_of_a_four_level_chain_deletes_every_level_and_the_rest_waits() {
+    let d_on_c = || item("t/d", json!({})).depends_on(on("t/c"));
+    let world = Case {
+        current: vec![a(), b_on_a(), c_on_b(), d_on_c()],
+        intended: vec![b_on_a(), c_on_b(), d_on_c()],
+        failures: vec![],
+        expect: vec!["delete t/d", "delete t/c", "delete t/b", "delete t/a"],
+    }
+    .run();
+    for identity in ["t/b", "t/c", "t/d"] {
+        assert_eq!(state_of(&world, identity), None, "{identity} waits pending");
+    }
+}
+
+#[test]
+fn retargeting_a_dependency_modifies_the_dependent_before_deleting_the_old_one() {
+    // b on a; c exists. b now depends on c instead, and a leaves: modify b
+    // (it never goes down), then delete a.
+    let b_on_c = || item("t/b", json!({})).depends_on(on("t/c"));
+    let world = Case {
+        current: vec![a(), item("t/c", json!({})), b_on_a()],
+        intended: vec![item("t/c", json!({})), b_on_c()],
+        failures: vec![],
+        expect: vec!["modify t/b", "delete t/a"],
+    }
+    .run();
+    assert_eq!(state_of(&world, "t/b"), Some(ItemState::Created));
+    assert_eq!(state_of(&world, "t/a"), None);
+}
+
+#[test]
+fn a_retargeted_dependent_whose_new_dependency_is_missing_is_deleted_instead() {
+    // b moves from a to c, but c does not exist: rule 5 deletes b first.
+    let b_on_c = || item("t/b", json!({})).depends_on(on("t/c"));
+    let world = Case {
+        current: vec![a(), b_on_a()],
+        intended: vec![b_on_c()],
+        failures: vec![],
+        expect: vec!["delete t/b", "delete t/a"],
+    }
+    .run();
+    assert_eq!(state_of(&world, "t/b"), None);
+}
+
 // Rule 3 ----------------------------------------------------------------------
 
 #[test]
@@ -375,6 +450,27 @@ fn a_dependent_whose_predicate_fails_for_the_new_value_is_deleted_first_and_recr
         world.labels(),
         ["delete t/b", "modify t/a", "modify t/a", "create t/b"]
     );
+}
+
+#[test]
+fn a_predicate_changing_together_with_its_dependency_deletes_the_dependent_first() {
+    // a holds val 42 and b requires that; both move to 53 at once. b's
+    // applied predicate fails for a's new value (rule 6) and its new one
+    // fails for a's old value (rule 5): delete b, modify a, create b.
+    let dependent = |val: &str| {
+        item("t/b", json!({})).depends_on(Dependency {
+            must_satisfy: format!("self.val == \"{val}\""),
+            ..on("t/a")
+        })
+    };
+    let world = Case {
+        current: vec![item("t/a", json!({"val": "42"})), dependent("42")],
+        intended: vec![item("t/a", json!({"val": "53"})), dependent("53")],
+        failures: vec![],
+        expect: vec!["delete t/b", "modify t/a", "create t/b"],
+    }
+    .run();
+    assert!(world.is_converged());
 }
 
 // Rule 8: blocking --------------------------------------------------------------
