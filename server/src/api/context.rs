@@ -106,7 +106,7 @@ impl From<TenantError> for ApiError {
             TenantError::Gone => ApiError::NotFound {
                 what: "tenant".into(),
             },
-            TenantError::Corrupt { .. } | TenantError::Store(_) => {
+            TenantError::Corrupt { .. } | TenantError::Encode { .. } | TenantError::Store(_) => {
                 ApiError::internal(error.to_string())
             }
         }

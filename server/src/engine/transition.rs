@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::graph::{
     CurrentGraph, CurrentItem, InFlight, IntendedGraph, Item, ItemRef, ItemState, OperationError,
-    OperationKind, Properties,
+    OperationKind, Properties, RetryOf,
 };
 
 use super::plan::{ForgetReason, Plan};
@@ -70,9 +70,11 @@ pub fn started(
         OperationKind::Read => existing.map_or(ItemState::Created, |e| e.state),
     };
     match existing {
+        // The running operation carries its own op id from now on.
         Some(existing) => CurrentItem {
             state,
             in_flight: Some(in_flight),
+            retry_of: None,
             ..existing.clone()
         },
         None => CurrentItem::creating(in_flight),
@@ -121,12 +123,14 @@ pub fn completed(
             attempts: existing.attempts.saturating_add(1),
             next_attempt_at_ms: retry_at_ms,
             failed_generation: operation.target_generation,
+            retry_of: Some(retry_of(&operation)),
             in_flight: None,
             ..existing.clone()
         }),
         Completion::Wait { retry_at_ms } => Some(CurrentItem {
             state: state_before(existing, &operation),
             next_attempt_at_ms: Some(retry_at_ms),
+            retry_of: Some(retry_of(&operation)),
             in_flight: None,
             ..existing.clone()
         }),
@@ -135,6 +139,7 @@ pub fn completed(
         Completion::Answered { needs_recreate } => Some(CurrentItem {
             state: state_before(existing, &operation),
             needs_recreate_answer: Some((operation.target_generation, needs_recreate)),
+            retry_of: None,
             in_flight: None,
             ..existing.clone()
         }),
@@ -144,6 +149,15 @@ pub fn completed(
             in_flight: Some(operation),
             ..existing.clone()
         }),
+    }
+}
+
+/// What a retry of `operation` continues: its kind, target and op id.
+fn retry_of(operation: &InFlight) -> RetryOf {
+    RetryOf {
+        kind: operation.kind,
+        target_generation: operation.target_generation,
+        op_id: operation.op_id.clone(),
     }
 }
 
@@ -270,6 +284,27 @@ fn completed_successfully(
 /// New values of current items: `None` removes the item.
 pub type CurrentUpdates = Vec<(ItemRef, Option<CurrentItem>)>;
 
+/// Keeps only the last value written for each item (a result and the next
+/// operation it unblocks on the same item land in one commit), in the
+/// order of those last writes. Applying the result equals applying the
+/// input in order, and each item's change is seen once.
+pub fn coalesce(updates: CurrentUpdates) -> CurrentUpdates {
+    let mut last: std::collections::HashMap<ItemRef, usize> =
+        std::collections::HashMap::with_capacity(updates.len());
+    for (index, (item, _)) in updates.iter().enumerate() {
+        last.insert(item.clone(), index);
+    }
+    if last.len() == updates.len() {
+        return updates;
+    }
+    updates
+        .into_iter()
+        .enumerate()
+        .filter(|(index, (item, _))| last.get(item) == Some(index))
+        .map(|(_, update)| update)
+        .collect()
+}
+
 /// What a plan decides without any operation, as updates of current items:
 /// drops (items gone with an external dependency, or never created) and
 /// settles (failed items that need nothing any more). Computing them apart
@@ -290,6 +325,7 @@ pub fn bookkeeping_updates(current: &CurrentGraph, plan: &Plan) -> CurrentUpdate
                 last_error: None,
                 attempts: 0,
                 next_attempt_at_ms: None,
+                retry_of: None,
                 ..(**existing).clone()
             };
             updates.push((item.clone(), Some(settled)));

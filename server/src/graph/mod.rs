@@ -15,4 +15,4 @@ pub use graphs::{
 pub use ids::ItemId;
 pub use item::{Dependency, Item, ItemRef, Properties};
 pub use predicate::{Predicate, PredicateError};
-pub use state::{CurrentItem, InFlight, ItemState, OperationError, OperationKind, code};
+pub use state::{CurrentItem, InFlight, ItemState, OperationError, OperationKind, RetryOf, code};

@@ -191,13 +191,79 @@ pub struct CurrentItem {
     /// counter `recreate_when_modified` dependents compare against.
     pub modifications: u64,
     /// For each `recreate_when_modified` dependency: the required item's
-    /// `modifications` when this item was created.
+    /// `modifications` when this item was created. Stored as a list of
+    /// pairs: JSON maps need string keys.
+    #[serde(with = "marks_as_pairs")]
     pub dependency_marks: BTreeMap<ItemRef, u64>,
     /// For `Unknown`: whether the item was created before the outcome got lost.
     pub unknown_was_created: bool,
     /// Answer of the agent to "does this change need a recreate?", for the
     /// intent generation it was asked about.
     pub needs_recreate_answer: Option<(u64, bool)>,
+    /// The operation the item's next attempt continues: after a FAILED
+    /// outcome, a timeout or a WAIT, the next try of the same operation
+    /// (same kind, same target generation) keeps its op id (DESIGN §4).
+    #[serde(default)]
+    pub retry_of: Option<RetryOf>,
+}
+
+/// An operation that ended without success and will be tried again under
+/// the same op id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryOf {
+    /// What the operation does.
+    pub kind: OperationKind,
+    /// The intent generation it applies.
+    pub target_generation: u64,
+    /// Its op id.
+    pub op_id: String,
+}
+
+impl RetryOf {
+    /// The op id to continue when the next operation is `kind` toward
+    /// `target_generation`: only the same operation keeps its id.
+    pub fn continues(&self, kind: OperationKind, target_generation: u64) -> Option<&str> {
+        (self.kind == kind && self.target_generation == target_generation)
+            .then_some(self.op_id.as_str())
+    }
+}
+
+/// Serde for `BTreeMap<ItemRef, u64>` as a sequence of `(item, counter)`
+/// pairs: serde_json refuses maps whose keys are not strings.
+mod marks_as_pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::graph::ItemRef;
+
+    pub(super) fn serialize<S: Serializer>(
+        marks: &BTreeMap<ItemRef, u64>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(marks.iter())
+    }
+
+    /// Records written before marks were stored as pairs hold an empty
+    /// map (`{}`): a non-empty one could never be written.
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Stored {
+        Pairs(Vec<(ItemRef, u64)>),
+        EmptyMap(BTreeMap<String, u64>),
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<BTreeMap<ItemRef, u64>, D::Error> {
+        match Stored::deserialize(deserializer)? {
+            Stored::Pairs(pairs) => Ok(pairs.into_iter().collect()),
+            Stored::EmptyMap(map) if map.is_empty() => Ok(BTreeMap::new()),
+            Stored::EmptyMap(_) => Err(serde::de::Error::custom(
+                "dependency marks must be a list of [item, counter] pairs",
+            )),
+        }
+    }
 }
 
 impl CurrentItem {
@@ -218,6 +284,7 @@ impl CurrentItem {
             dependency_marks: BTreeMap::new(),
             unknown_was_created: false,
             needs_recreate_answer: None,
+            retry_of: None,
         }
     }
 
@@ -238,6 +305,7 @@ impl CurrentItem {
             dependency_marks: BTreeMap::new(),
             unknown_was_created: false,
             needs_recreate_answer: None,
+            retry_of: None,
         }
     }
 

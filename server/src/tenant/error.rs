@@ -66,6 +66,17 @@ pub enum TenantError {
         /// The decoder's message.
         message: String,
     },
+    /// A record could not be encoded for storage: a defect of the server,
+    /// not of the data on disk. Nothing was written.
+    #[error(
+        "a {record} record could not be encoded: {message}; nothing was written (this is a server defect: please report it)"
+    )]
+    Encode {
+        /// The kind of record (its Rust type).
+        record: &'static str,
+        /// The encoder's message.
+        message: String,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

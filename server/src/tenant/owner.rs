@@ -16,7 +16,7 @@ use tracing::{debug, instrument, warn};
 use crate::agents::{FromAgent, Grant, Registration, RegistrationError, SessionLink};
 use crate::engine::exec::TypeSpec;
 use crate::engine::plan::{Plan, PlanEnvironment, TypeRules, WaitReason, plan_operations};
-use crate::engine::transition::{CurrentUpdates, apply_updates, bookkeeping_updates};
+use crate::engine::transition::{CurrentUpdates, apply_updates, bookkeeping_updates, coalesce};
 use crate::graph::{CurrentItem, IntendedItem, Item, ItemRef};
 use crate::store::{Store, WriteBatch};
 use crate::watch::TenantEvents;
@@ -273,6 +273,7 @@ pub fn now_ms() -> u64 {
 struct Environment<'a> {
     type_rules: &'a HashMap<String, TypeRules>,
     sessions: &'a HashMap<String, Holder>,
+    unconverged: &'a BTreeSet<ItemRef>,
     now_ms: u64,
 }
 
@@ -285,6 +286,9 @@ impl PlanEnvironment for Environment<'_> {
     }
     fn now_ms(&self) -> u64 {
         self.now_ms
+    }
+    fn is_converged(&self, item: &ItemRef) -> bool {
+        !self.unconverged.contains(item)
     }
 }
 
@@ -627,6 +631,7 @@ impl Owner {
         mut batch: WriteBatch,
     ) -> Result<(), TenantError> {
         let now = now_ms();
+        let updates = coalesce(updates);
         let mut record = record.unwrap_or_else(|| self.state.record.clone());
         record.revision = self.state.record.revision + 1;
         let mut events = std::mem::take(&mut self.pending_events);
@@ -741,6 +746,7 @@ impl Owner {
         Environment {
             type_rules: &self.state.type_rules,
             sessions: &self.sessions,
+            unconverged: &self.state.unconverged,
             now_ms,
         }
     }
@@ -853,10 +859,16 @@ impl Owner {
         writes.extend(bookkeeping);
         writes.extend(journal);
         if !writes.is_empty() || record.is_some() || !self.pending_events.is_empty() {
-            // On error nothing changed; the next pass recounts the room the
-            // picked operations took.
-            self.commit_current_updates_with(writes, record, intent_writes)
-                .await?;
+            // On error nothing changed in the store; the next pass recounts
+            // the room the picked operations took, and looks at the seeds
+            // again (the plan's bookkeeping above assumed this commit).
+            if let Err(error) = self
+                .commit_current_updates_with(writes, record, intent_writes)
+                .await
+            {
+                self.state.unconverged.extend(seeds);
+                return Err(error);
+            }
         }
         if let Some(change) = &intent {
             self.apply_intent(change);

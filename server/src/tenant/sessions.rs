@@ -762,18 +762,25 @@ impl Owner {
             }
             holder.in_flight += 1;
             tenant_room -= 1;
-            let attempt = self
-                .state
-                .current
-                .get(item)
-                .map_or(1, |c| c.attempts.saturating_add(1));
+            // A retry (after FAILED, a timeout or WAIT) of the same
+            // operation keeps its op id; anything else is a new operation
+            // and starts at attempt 1.
+            let existing = self.state.current.get(item);
+            let continued = existing
+                .and_then(|c| c.retry_of.as_ref())
+                .and_then(|retry| retry.continues(operation.kind, operation.target_generation))
+                .map(str::to_owned);
+            let (op_id, attempt) = match continued {
+                Some(op_id) => (op_id, existing.map_or(1, |c| c.attempts.saturating_add(1))),
+                None => (self.next_op_id(), 1),
+            };
             starts.push((
                 item.clone(),
                 InFlight {
                     question: operation.ask_needs_recreate,
                     ..InFlight::new(
                         operation.kind,
-                        self.next_op_id(),
+                        op_id,
                         attempt,
                         operation.target_generation,
                         now,
@@ -794,10 +801,12 @@ impl Owner {
                     OperationKind::Delete | OperationKind::Read => None,
                 };
                 let existing = self.state.current.get(item).map(|c| &**c);
-                (
-                    item.clone(),
-                    Some(started(existing, target, in_flight.clone())),
-                )
+                let mut value = started(existing, target, in_flight.clone());
+                if in_flight.attempt == 1 {
+                    // A new operation: its failures count from zero.
+                    value.attempts = 0;
+                }
+                (item.clone(), Some(value))
             })
             .collect();
         (starts, updates, waiting_for_room)
