@@ -23,9 +23,13 @@ use reconciled::graph::{
 };
 use serde_json::json;
 
-struct Environment;
+/// The planner's view of the world: every type connected, no rules; the
+/// seeds of a pass are the changed items.
+struct Environment<'a> {
+    changed: &'a BTreeSet<ItemRef>,
+}
 
-impl PlanEnvironment for Environment {
+impl PlanEnvironment for Environment<'_> {
     fn type_rules(&self, _item_type: &str) -> Option<&TypeRules> {
         None
     }
@@ -34,6 +38,10 @@ impl PlanEnvironment for Environment {
     }
     fn now_ms(&self) -> u64 {
         0
+    }
+    /// As in the server: the changed items are the only unconverged ones.
+    fn is_converged(&self, item: &ItemRef) -> bool {
+        !self.changed.contains(item)
     }
 }
 
@@ -163,16 +171,33 @@ fn cpu_plan(iterations: usize) {
         let mut graphs = converged_graphs(size);
         let empty = CurrentGraph::default();
         cpu_time(&format!("full_create/{size}"), iterations, || {
-            plan_operations(&graphs.intended, &empty, &graphs.all, &Environment)
+            plan_operations(
+                &graphs.intended,
+                &empty,
+                &graphs.all,
+                &Environment {
+                    changed: &graphs.all,
+                },
+            )
         });
         let one = change_every(&mut graphs, size);
         cpu_time(&format!("one_changed/{size}"), iterations, || {
-            plan_operations(&graphs.intended, &graphs.current, &one, &Environment)
+            plan_operations(
+                &graphs.intended,
+                &graphs.current,
+                &one,
+                &Environment { changed: &one },
+            )
         });
         let mut graphs = converged_graphs(size);
         let percent = change_every(&mut graphs, 100);
         cpu_time(&format!("one_percent_changed/{size}"), iterations, || {
-            plan_operations(&graphs.intended, &graphs.current, &percent, &Environment)
+            plan_operations(
+                &graphs.intended,
+                &graphs.current,
+                &percent,
+                &Environment { changed: &percent },
+            )
         });
     }
 }
@@ -198,7 +223,9 @@ fn bench_plan(c: &mut Criterion) {
                     &graphs.intended,
                     &empty,
                     &graphs.all,
-                    &Environment,
+                    &Environment {
+                        changed: &graphs.all,
+                    },
                 ))
             })
         });
@@ -210,7 +237,7 @@ fn bench_plan(c: &mut Criterion) {
                     &graphs.intended,
                     &graphs.current,
                     &one,
-                    &Environment,
+                    &Environment { changed: &one },
                 ))
             })
         });
@@ -226,7 +253,7 @@ fn bench_plan(c: &mut Criterion) {
                         &graphs.intended,
                         &graphs.current,
                         &percent,
-                        &Environment,
+                        &Environment { changed: &percent },
                     ))
                 })
             },
