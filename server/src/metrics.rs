@@ -9,12 +9,34 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::graph::OperationKind;
-use crate::limits::AgentCounts;
-use crate::store::Store;
-use crate::tenant::TenantDirectory;
+
+/// Gauges read at each scrape from the parts of the server that own them
+/// (tenants, agent sessions, the store).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Gauges {
+    /// Items by displayed state, all tenants.
+    pub items_by_state: std::collections::BTreeMap<&'static str, u64>,
+    /// Operations in flight, all tenants.
+    pub operations_in_flight: u64,
+    /// Live tenants.
+    pub tenants: u64,
+    /// Commands queued for the tenant owners.
+    pub queued_commands: u64,
+    /// Open Watch streams.
+    pub watchers: u64,
+    /// Agents connected (distinct agent ids per tenant).
+    pub agents_connected: u64,
+    /// Store size on disk, in bytes.
+    pub store_bytes: u64,
+}
+
+/// Reads the current [`Gauges`]; called once per scrape.
+pub type GaugeSource = Arc<dyn Fn() -> Gauges + Send + Sync>;
 
 /// Upper bounds (seconds) of the pass duration histogram.
 const PASS_BUCKETS: [f64; 8] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
@@ -141,14 +163,8 @@ impl Metrics {
         self.operations.observe(seconds);
     }
 
-    /// The exposition text, with gauges read from the tenants, the
-    /// connected agents and the store.
-    pub fn render(
-        &self,
-        directory: &TenantDirectory,
-        agents: &AgentCounts,
-        store: &dyn Store,
-    ) -> String {
+    /// The exposition text: the counters kept here and `gauges`.
+    pub fn render(&self, gauges: &Gauges) -> String {
         let mut out = String::new();
         let get = |value: &AtomicU64| value.load(Ordering::Relaxed);
         let _ = writeln!(
@@ -197,24 +213,20 @@ impl Metrics {
             "reconciled_operation_seconds",
             "Latency of finished operations, from dispatch to result.",
         );
-
-        let mut by_state: std::collections::BTreeMap<&'static str, u64> = Default::default();
-        let (mut in_flight, mut tenants, mut queued, mut watchers) = (0u64, 0u64, 0u64, 0u64);
-        for handle in directory.list(None, usize::MAX) {
-            let snapshot = handle.snapshots.latest();
-            tenants += 1;
-            queued += handle.queued_commands() as u64;
-            watchers += handle.events.hub.watchers() as u64;
-            in_flight += snapshot.in_flight as u64;
-            for (state, count) in snapshot.counts.by_state() {
-                *by_state.entry(state).or_default() += count;
-            }
-        }
+        let Gauges {
+            items_by_state,
+            operations_in_flight: in_flight,
+            tenants,
+            queued_commands: queued,
+            watchers,
+            agents_connected,
+            store_bytes: size,
+        } = gauges;
         let _ = writeln!(
             out,
             "# HELP reconciled_items Items by state, all tenants.\n# TYPE reconciled_items gauge"
         );
-        for (state, count) in by_state {
+        for (state, count) in items_by_state {
             let _ = writeln!(out, "reconciled_items{{state=\"{state}\"}} {count}");
         }
         let _ = writeln!(
@@ -235,10 +247,8 @@ impl Metrics {
         );
         let _ = writeln!(
             out,
-            "# HELP reconciled_agents_connected Agents connected (distinct agent ids per tenant).\n# TYPE reconciled_agents_connected gauge\nreconciled_agents_connected {}",
-            agents.connected()
+            "# HELP reconciled_agents_connected Agents connected (distinct agent ids per tenant).\n# TYPE reconciled_agents_connected gauge\nreconciled_agents_connected {agents_connected}"
         );
-        let size = store.size_on_disk().unwrap_or(0);
         let _ = writeln!(
             out,
             "# HELP reconciled_store_bytes Store size on disk.\n# TYPE reconciled_store_bytes gauge\nreconciled_store_bytes {size}"
@@ -247,25 +257,34 @@ impl Metrics {
     }
 }
 
-/// Serves `GET /metrics` on `listen` until the task is dropped.
+/// Serves `GET /metrics` on `listen` until `shutdown` is cancelled; then
+/// ends the scrapes still open and returns once they have.
 pub async fn serve(
     listen: SocketAddr,
     metrics: Arc<Metrics>,
-    directory: Arc<TenantDirectory>,
-    agents: Arc<AgentCounts>,
-    store: Arc<dyn Store>,
+    gauges: GaugeSource,
+    shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let listener = TcpListener::bind(listen).await?;
     debug!(addr = %listen, "Metrics endpoint listening.");
+    let mut scrapes = JoinSet::new();
     loop {
-        let (mut stream, _) = listener.accept().await?;
-        let (metrics, directory, agents, store) = (
-            metrics.clone(),
-            directory.clone(),
-            agents.clone(),
-            store.clone(),
-        );
-        tokio::spawn(async move {
+        let accepted = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        // Reap finished scrapes so the set stays small.
+        while scrapes.try_join_next().is_some() {}
+        let (mut stream, _) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                warn!(%error, "Accepting a metrics connection failed.");
+                continue;
+            }
+        };
+        let (metrics, gauges) = (metrics.clone(), gauges.clone());
+        scrapes.spawn(async move {
             let mut request = vec![0u8; 4096];
             let read = match stream.read(&mut request).await {
                 Ok(read) => read,
@@ -276,7 +295,7 @@ pub async fn serve(
             };
             let request = String::from_utf8_lossy(&request[..read]);
             let response = if request.starts_with("GET /metrics") {
-                let body = metrics.render(&directory, &agents, &*store);
+                let body = metrics.render(&gauges());
                 format!(
                     "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()
@@ -288,4 +307,6 @@ pub async fn serve(
             let _ = stream.write_all(response.as_bytes()).await;
         });
     }
+    scrapes.shutdown().await;
+    Ok(())
 }

@@ -87,25 +87,19 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     };
     let directory = TenantDirectory::load(store.clone(), settings)?;
     let agents = AgentCounts::new(config.max_agents_per_tenant);
-    if let Some(listen) = config.metrics_listen {
-        let (metrics, directory, agents, store) = (
-            metrics.clone(),
-            directory.clone(),
-            agents.clone(),
-            store.clone(),
-        );
+    let shutdown = CancellationToken::new();
+    let metrics_endpoint = config.metrics_listen.map(|listen| {
+        let gauges = gauge_source(directory.clone(), agents.clone(), store.clone());
+        let (metrics, stop) = (metrics.clone(), shutdown.clone());
+        info!(addr = %listen, "Metrics endpoint listening.");
         tokio::spawn(async move {
-            if let Err(error) =
-                crate::metrics::serve(listen, metrics, directory, agents, store).await
-            {
+            if let Err(error) = crate::metrics::serve(listen, metrics, gauges, stop).await {
                 tracing::error!(%error, addr = %listen, "The metrics endpoint stopped; check --metrics-listen.");
             }
-        });
-        info!(addr = %listen, "Metrics endpoint listening.");
-    }
+        })
+    });
     info!(tenants = directory.len(), "Tenants loaded.");
 
-    let shutdown = CancellationToken::new();
     let context = ApiContext {
         directory: directory.clone(),
         admin,
@@ -198,10 +192,27 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         stopping.cancel();
     };
     serve_until(router, connections, signalled, config.shutdown_grace).await?;
+    if let Some(endpoint) = metrics_endpoint {
+        // `stopping` was cancelled when the signal came: the endpoint ends.
+        let _ = endpoint.await;
+    }
     directory.stop_all();
     let spent = signalled_at.get().map_or(Duration::ZERO, Instant::elapsed);
     flush_store(&*store, config.shutdown_grace.saturating_sub(spent)).await;
     Ok(())
+}
+
+/// The metrics gauges, read from their owners at each scrape.
+fn gauge_source(
+    directory: Arc<TenantDirectory>,
+    agents: Arc<AgentCounts>,
+    store: Arc<dyn Store>,
+) -> crate::metrics::GaugeSource {
+    Arc::new(move || crate::metrics::Gauges {
+        agents_connected: agents.connected() as u64,
+        store_bytes: store.size_on_disk().unwrap_or(0),
+        ..directory.gauges()
+    })
 }
 
 /// Waits, at most `budget`, until every commit queued before this call is

@@ -162,6 +162,9 @@ pub enum ApiError {
         /// What exists, e.g. `tenant "acme"`.
         what: String,
     },
+    /// The tenant was deleted while a stream of it was open: `NOT_FOUND`.
+    #[error("the tenant was deleted; its watch has ended")]
+    TenantDeleted,
     /// The service cannot serve the request now (e.g. shutting down):
     /// `UNAVAILABLE`, which clients retry.
     #[error("{message}")]
@@ -224,7 +227,7 @@ impl ApiError {
             Self::InvalidArgument { .. } | Self::ItemInOtherSubgraph { .. } => {
                 Code::InvalidArgument
             }
-            Self::NotFound { .. } => Code::NotFound,
+            Self::NotFound { .. } | Self::TenantDeleted => Code::NotFound,
             Self::GenerationMismatch { .. }
             | Self::UnsupportedProtocol { .. }
             | Self::TypeHeld { .. } => Code::FailedPrecondition,
@@ -289,6 +292,7 @@ impl ApiError {
             )),
             Self::ItemInOtherSubgraph { .. } => Some(self.item_in_other_subgraph_details()),
             Self::NotFound { .. }
+            | Self::TenantDeleted
             | Self::Unauthenticated { .. }
             | Self::PageTokenExpired
             | Self::AlreadyExists { .. }
@@ -318,6 +322,35 @@ impl ApiError {
             ),
         );
         details
+    }
+}
+
+impl From<crate::watch::WatchError> for ApiError {
+    fn from(error: crate::watch::WatchError) -> Self {
+        use crate::watch::WatchError;
+        match error {
+            WatchError::SlowConsumer { retry_after } => Self::SlowConsumer { retry_after },
+            WatchError::RevisionCompacted {
+                requested,
+                compact_revision,
+            } => Self::RevisionCompacted {
+                requested,
+                compact_revision,
+            },
+            WatchError::TenantDeleted => Self::TenantDeleted,
+            WatchError::ShuttingDown => Self::Unavailable {
+                message: String::from(
+                    "the server is shutting down; resume the watch from the last revision received",
+                ),
+            },
+            WatchError::History(message) => Self::internal(message),
+        }
+    }
+}
+
+impl From<crate::watch::WatchError> for Status {
+    fn from(error: crate::watch::WatchError) -> Self {
+        ApiError::from(error).into()
     }
 }
 

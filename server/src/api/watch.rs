@@ -9,15 +9,15 @@ use std::sync::Arc;
 use prost::Message;
 use reconciled_proto::v1;
 use tokio::sync::mpsc;
-use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt as _};
 use tonic::Status;
 
 use crate::graph::ItemRef;
 use crate::tenant::{TenantHandle, TenantSnapshot};
-use crate::watch::TenantFilter;
 use crate::watch::fleet::{FleetLog, FleetWire};
 use crate::watch::stream::{HistorySource, Wire, follow};
+use crate::watch::{TenantFilter, WatchError};
 
 use super::context::{WatchSettings, invalid};
 use super::convert::{intended_item_to_proto, item_status};
@@ -108,7 +108,7 @@ pub fn watch_tenant(
         )
         .await;
     });
-    Ok(Box::pin(ReceiverStream::new(receiver)))
+    Ok(Box::pin(to_statuses(receiver)))
 }
 
 /// The start revision, if the history still holds what follows it (0, the
@@ -129,7 +129,7 @@ fn check_start<E: 'static>(history: &dyn HistorySource<E>, start: u64) -> Result
 async fn send_snapshot(
     snapshot: &TenantSnapshot,
     filter: &TenantFilter,
-    sender: &mpsc::Sender<Result<v1::WatchResponse, Status>>,
+    sender: &mpsc::Sender<Result<v1::WatchResponse, WatchError>>,
     message_bytes: usize,
 ) -> bool {
     let revision = snapshot.record.revision;
@@ -191,7 +191,7 @@ fn merged_keys(snapshot: &TenantSnapshot) -> impl Iterator<Item = &ItemRef> {
 }
 
 async fn send(
-    sender: &mpsc::Sender<Result<v1::WatchResponse, Status>>,
+    sender: &mpsc::Sender<Result<v1::WatchResponse, WatchError>>,
     message: v1::watch_response::Message,
 ) -> bool {
     sender
@@ -256,5 +256,13 @@ pub fn watch_fleet(
         )
         .await;
     });
-    Ok(Box::pin(ReceiverStream::new(receiver)))
+    Ok(Box::pin(to_statuses(receiver)))
+}
+
+/// The follower's messages as a gRPC stream: the error that ends it
+/// becomes its status.
+fn to_statuses<M: Send + 'static>(
+    receiver: mpsc::Receiver<Result<M, WatchError>>,
+) -> impl Stream<Item = Result<M, Status>> + Send {
+    ReceiverStream::new(receiver).map(|message| message.map_err(Status::from))
 }

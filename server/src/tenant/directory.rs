@@ -5,6 +5,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::api::convert::timestamp_from_ms;
@@ -52,6 +54,11 @@ pub struct TenantDirectory {
     settings: OwnerSettings,
     inner: RwLock<Inner>,
     admin: tokio::sync::Mutex<()>,
+    /// Purges of deleted tenants under way; [`TenantDirectory::shutdown`]
+    /// ends and awaits them (they resume at the next start).
+    purges: std::sync::Mutex<JoinSet<()>>,
+    /// Cancelled at shutdown: purges stop between batches.
+    stopping: CancellationToken,
 }
 
 impl TokenDirectory for TenantDirectory {
@@ -69,6 +76,8 @@ impl TenantDirectory {
             settings,
             inner: RwLock::new(Inner::default()),
             admin: tokio::sync::Mutex::new(()),
+            purges: std::sync::Mutex::new(JoinSet::new()),
+            stopping: CancellationToken::new(),
         });
         let mut records = Vec::new();
         for (key, value) in scan_all(&*store, keys::tenant_names_prefix())? {
@@ -273,9 +282,19 @@ impl TenantDirectory {
 
     fn spawn_purge(&self, id: u64) {
         let store = self.store.clone();
-        tokio::spawn(async move {
-            match purge(&*store, id).await {
-                Ok(removed) => info!(tenant_id = id, removed, "Deleted tenant purged."),
+        let stop = self.stopping.clone();
+        let mut purges = self
+            .purges
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        while purges.try_join_next().is_some() {}
+        purges.spawn(async move {
+            match purge(&*store, id, &stop).await {
+                Ok(Some(removed)) => info!(tenant_id = id, removed, "Deleted tenant purged."),
+                Ok(None) => info!(
+                    tenant_id = id,
+                    "Purge of a deleted tenant paused for shutdown; it resumes at the next start."
+                ),
                 Err(error) => {
                     warn!(tenant_id = id, %error, "Purging a deleted tenant failed; it resumes at the next start.")
                 }
@@ -302,6 +321,23 @@ impl TenantDirectory {
             deleted,
         };
         Ok(fleet.commit_durably(batch, Some(event), now).await?)
+    }
+
+    /// The gauges the tenants own (items by state, operations in flight,
+    /// queued commands, watchers, tenants), summed over every live tenant.
+    pub fn gauges(&self) -> crate::metrics::Gauges {
+        let mut gauges = crate::metrics::Gauges::default();
+        for handle in self.read().by_name.values() {
+            let snapshot = handle.snapshots.latest();
+            gauges.tenants += 1;
+            gauges.queued_commands += handle.queued_commands() as u64;
+            gauges.watchers += handle.events.hub.watchers() as u64;
+            gauges.operations_in_flight += snapshot.in_flight as u64;
+            for (state, count) in snapshot.counts.by_state() {
+                *gauges.items_by_state.entry(state).or_default() += count;
+            }
+        }
+        gauges
     }
 
     /// Ends every open watch stream (at shutdown).
@@ -358,11 +394,19 @@ fn load_states(
 }
 
 /// Deletes every key of tenant `id` in bounded batches, then its purge
-/// marker. Returns how many keys were removed.
-pub async fn purge(store: &dyn Store, id: u64) -> Result<usize, TenantError> {
+/// marker. Returns how many keys were removed, or `None` when `stop` was
+/// cancelled first (the marker stays: the purge resumes at the next start).
+pub async fn purge(
+    store: &dyn Store,
+    id: u64,
+    stop: &CancellationToken,
+) -> Result<Option<usize>, TenantError> {
     let prefix = keys::tenant_prefix(id);
     let mut removed = 0;
     loop {
+        if stop.is_cancelled() {
+            return Ok(None);
+        }
         let page = store.scan(&prefix, None, PURGE_BATCH)?;
         if page.is_empty() {
             break;
@@ -377,7 +421,7 @@ pub async fn purge(store: &dyn Store, id: u64) -> Result<usize, TenantError> {
     let mut batch = WriteBatch::new();
     batch.delete(keys::purge_key(id));
     store.commit(batch).await?;
-    Ok(removed)
+    Ok(Some(removed))
 }
 
 fn hex(bytes: &[u8]) -> String {

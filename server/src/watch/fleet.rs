@@ -16,9 +16,9 @@ use prost::Message;
 use reconciled_proto::v1;
 use serde::{Deserialize, Serialize};
 
-use crate::api::status::ApiError;
 use crate::store::{CommitHandle, Store, StoreError, WriteBatch, keys};
 
+use super::error::WatchError;
 use super::history::Retention;
 use super::hub::{Hub, Revision};
 use super::stream::{HistorySource, Wire};
@@ -246,7 +246,7 @@ impl HistorySource<v1::FleetEvent> for FleetLog {
         after: u64,
         bound: u64,
         max: usize,
-    ) -> Result<Vec<Arc<Revision<v1::FleetEvent>>>, ApiError> {
+    ) -> Result<Vec<Arc<Revision<v1::FleetEvent>>>, WatchError> {
         let page = self
             .store
             .scan(
@@ -254,9 +254,7 @@ impl HistorySource<v1::FleetEvent> for FleetLog {
                 Some(&keys::fleet_event_key(after)),
                 max.min(SCAN_EVENTS),
             )
-            .map_err(|error| {
-                ApiError::internal(format!("reading the fleet log failed: {error}"))
-            })?;
+            .map_err(|error| WatchError::History(format!("the fleet log: {error}")))?;
         let mut out = Vec::new();
         for (key, value) in page {
             let Some(revision) = keys::parse_fleet_event_key(&key) else {
@@ -266,7 +264,7 @@ impl HistorySource<v1::FleetEvent> for FleetLog {
                 break;
             }
             let event = v1::FleetEvent::decode(value.as_slice()).map_err(|error| {
-                ApiError::internal(format!("fleet event {revision} does not decode: {error}"))
+                WatchError::History(format!("fleet event {revision} does not decode: {error}"))
             })?;
             out.push(Arc::new(Revision {
                 revision,

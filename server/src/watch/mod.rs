@@ -13,6 +13,7 @@
 //! Events travel and are stored in their wire form (`reconciled.v1`), so a
 //! resumed stream carries exactly what the live one did.
 
+pub mod error;
 pub mod events;
 pub mod fleet;
 pub mod history;
@@ -20,6 +21,7 @@ pub mod hub;
 pub mod stream;
 pub mod tenant;
 
+pub use error::WatchError;
 pub use history::Retention;
 pub use stream::FollowSettings;
 pub use tenant::{TenantEvents, TenantFilter};

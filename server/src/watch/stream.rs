@@ -13,11 +13,9 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tonic::Status;
 
-use crate::api::status::ApiError;
-
-use super::hub::{CloseReason, Revision, RingRead, Subscription};
+use super::error::WatchError;
+use super::hub::{Revision, RingRead, Subscription};
 
 /// Where a watcher's history comes from.
 pub trait HistorySource<E>: Send + Sync + 'static {
@@ -26,7 +24,8 @@ pub trait HistorySource<E>: Send + Sync + 'static {
 
     /// Complete groups after `after` and at most `bound`, at most `max` of
     /// them, in revision order.
-    fn read(&self, after: u64, bound: u64, max: usize) -> Result<Vec<Arc<Revision<E>>>, ApiError>;
+    fn read(&self, after: u64, bound: u64, max: usize)
+    -> Result<Vec<Arc<Revision<E>>>, WatchError>;
 }
 
 /// How a sequence's messages look on the wire, and which events a watcher
@@ -62,7 +61,8 @@ pub struct FollowSettings {
 /// Revisions read from history per step.
 const HISTORY_STEP: usize = 64;
 
-type Sender<M> = mpsc::Sender<Result<M, Status>>;
+/// Where a follower sends its messages, or the error that ends the stream.
+pub type Sender<M> = mpsc::Sender<Result<M, WatchError>>;
 
 /// Follows the sequence from `cursor` (everything up to it was seen) until
 /// the watcher goes away or the stream must end; sends into `out`.
@@ -84,14 +84,14 @@ pub async fn follow<E, W>(
         subscription.mark_seen();
         match hub.read_after(cursor) {
             RingRead::Closed(reason) => {
-                let _ = out.send(Err(closed_status(reason))).await;
+                let _ = out.send(Err(reason.into())).await;
                 return;
             }
             RingRead::Behind { .. } if live => {
-                let error = ApiError::SlowConsumer {
+                let error = WatchError::SlowConsumer {
                     retry_after: settings.retry_after,
                 };
-                let _ = out.send(Err(error.into())).await;
+                let _ = out.send(Err(error)).await;
                 return;
             }
             RingRead::Behind { .. } => {
@@ -99,7 +99,7 @@ pub async fn follow<E, W>(
                 let groups = match catch_up(&*history, cursor, bound) {
                     Ok(groups) => groups,
                     Err(error) => {
-                        let _ = out.send(Err(error.into())).await;
+                        let _ = out.send(Err(error)).await;
                         return;
                     }
                 };
@@ -146,8 +146,8 @@ fn catch_up<E: 'static>(
     history: &dyn HistorySource<E>,
     cursor: u64,
     bound: u64,
-) -> Result<Vec<Arc<Revision<E>>>, ApiError> {
-    let compacted = |floor: u64| ApiError::RevisionCompacted {
+) -> Result<Vec<Arc<Revision<E>>>, WatchError> {
+    let compacted = |floor: u64| WatchError::RevisionCompacted {
         requested: cursor,
         compact_revision: floor,
     };
@@ -204,14 +204,4 @@ where
         }
     }
     true
-}
-
-/// The status a stream ends with when its hub closes.
-pub fn closed_status(reason: CloseReason) -> Status {
-    match reason {
-        CloseReason::Deleted => Status::not_found("the tenant was deleted; its watch has ended"),
-        CloseReason::ShuttingDown => Status::unavailable(
-            "the server is shutting down; resume the watch from the last revision received",
-        ),
-    }
 }

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use prost::Message;
 use reconciled_proto::v1;
 
-use crate::api::status::ApiError;
 use crate::store::Store;
 
+use super::error::WatchError;
 use super::history::{HistoryError, read_after};
 use super::hub::{Hub, Revision};
 use super::stream::{HistorySource, Wire};
@@ -69,14 +69,14 @@ impl HistorySource<v1::Event> for TenantEvents {
         after: u64,
         bound: u64,
         max: usize,
-    ) -> Result<Vec<Arc<Revision<v1::Event>>>, ApiError> {
+    ) -> Result<Vec<Arc<Revision<v1::Event>>>, WatchError> {
         read_after(&*self.store, self.tenant_id, after, bound, max).map_err(history_error)
     }
 }
 
-/// A history read failure as an API error.
-pub fn history_error(error: HistoryError) -> ApiError {
-    ApiError::internal(format!("reading the event history failed: {error}"))
+/// A history read failure as a watch error.
+pub fn history_error(error: HistoryError) -> WatchError {
+    WatchError::History(error.to_string())
 }
 
 /// What one `Reconciler.Watch` asked for.
