@@ -4,6 +4,8 @@
 //! The crate is organised in rooms with one job each:
 //! - [`graph`]: the item model, validation, dependency indexes, predicates (pure).
 //! - [`engine`]: the planner (pure) and the executor around it.
+//! - [`wire`]: conversions between proto messages and the engine's types
+//!   (pure), below [`api`], [`watch`] and [`tenant`].
 #![forbid(unsafe_code)]
 
 pub mod agents;
@@ -21,3 +23,4 @@ pub mod telemetry;
 pub mod tenant;
 pub mod tls;
 pub mod watch;
+pub mod wire;

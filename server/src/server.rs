@@ -84,6 +84,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         event_retention: retention,
         watch_ring_events: config.watch_ring_events,
         fleet: Some(fleet.clone()),
+        ..OwnerSettings::default()
     };
     let directory = TenantDirectory::load(store.clone(), settings)?;
     let agents = AgentCounts::new(config.max_agents_per_tenant);

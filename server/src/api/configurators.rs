@@ -24,12 +24,12 @@ use crate::engine::exec::{
 use crate::graph::validate::{FieldViolation, validate_name};
 use crate::graph::{OperationError, code};
 use crate::tenant::{ExternalChange, TenantHandle};
-
-use super::context::{ApiContext, invalid};
-use super::convert::{
+use crate::wire::{
     duration_from_ms, duration_to_ms, item_from_proto_at, item_ref_from_proto, item_to_proto,
     operation_error_from_status, operation_kind_to_proto, properties_from_struct,
 };
+
+use super::context::{ApiContext, invalid};
 use super::status::ApiError;
 
 /// How long an agent has to send Register after opening the stream.

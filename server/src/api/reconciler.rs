@@ -19,13 +19,13 @@ use crate::graph::{ItemRef, subgraph_contains};
 use crate::tenant::oplog::LogEntry;
 use crate::tenant::submit::normalize_subgraph;
 use crate::tenant::{ExternalChange, TenantHandle, TenantSnapshot, ValidatedSubmit};
-
-use super::context::{ApiContext, invalid};
-use super::convert::{
+use crate::wire::{
     duration_to_ms, intended_item_to_proto, item_from_proto_at, item_ref_from_proto,
     item_ref_to_proto, item_status, operation_error_to_status, operation_kind_to_proto,
     plan_to_proto_with_items, timestamp_from_ms,
 };
+
+use super::context::{ApiContext, invalid};
 use super::paging::PageToken;
 use super::status::ApiError;
 use super::views::tenant_status;

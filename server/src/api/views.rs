@@ -2,10 +2,8 @@
 
 use reconciled_proto::v1;
 
-use crate::tenant::conditions::Condition;
 use crate::tenant::{TenantLimits, TenantSnapshot};
-
-use super::convert::timestamp_from_ms;
+use crate::wire::{condition_to_proto, timestamp_from_ms};
 
 /// A tenant's status as of a snapshot.
 pub fn tenant_status(snapshot: &TenantSnapshot) -> v1::TenantStatus {
@@ -29,23 +27,6 @@ pub fn tenant_status(snapshot: &TenantSnapshot) -> v1::TenantStatus {
         intended_items: snapshot.intended.len() as u64,
         operations_in_flight: snapshot.in_flight as u64,
         connected_item_types: snapshot.connected_item_types.clone(),
-    }
-}
-
-/// One condition as a proto message.
-pub fn condition_to_proto(condition: &Condition) -> v1::Condition {
-    let status = if condition.status {
-        v1::ConditionStatus::True
-    } else {
-        v1::ConditionStatus::False
-    };
-    v1::Condition {
-        r#type: condition.kind.as_str().to_string(),
-        status: status.into(),
-        reason: condition.reason.clone(),
-        message: condition.message.clone(),
-        observed_generation: condition.observed_generation,
-        last_transition_time: Some(timestamp_from_ms(condition.last_transition_ms)),
     }
 }
 

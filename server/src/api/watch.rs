@@ -18,9 +18,9 @@ use crate::tenant::{TenantHandle, TenantSnapshot};
 use crate::watch::fleet::{FleetLog, FleetWire};
 use crate::watch::stream::{HistorySource, Wire, follow};
 use crate::watch::{TenantFilter, WatchError};
+use crate::wire::{intended_item_to_proto, item_status};
 
 use super::context::{WatchSettings, invalid};
-use super::convert::{intended_item_to_proto, item_status};
 use super::status::ApiError;
 
 /// Messages buffered per stream between the follower and the transport.

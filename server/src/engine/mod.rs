@@ -1,8 +1,10 @@
 //! The engine: the pure planner and the machinery that drives its plans.
 
+pub mod conditions;
 pub mod exec;
 pub mod plan;
 pub mod transition;
+pub mod waiting;
 
 #[cfg(test)]
 mod testkit;

@@ -9,11 +9,10 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::api::convert::timestamp_from_ms;
-use crate::api::views::condition_to_proto;
 use crate::auth::{TokenDirectory, TokenHash, TokenKind, generate_token};
 use crate::store::{Store, WriteBatch, keys};
 use crate::watch::hub::CloseReason;
+use crate::wire::{condition_to_proto, timestamp_from_ms};
 use reconciled_proto::v1;
 
 use super::error::TenantError;

@@ -1,7 +1,7 @@
 //! Tenants at run time: each tenant's state lives with one owner task that
 //! alone changes it; readers use published snapshots.
 
-pub mod conditions;
+pub mod clock;
 pub mod directory;
 pub mod error;
 pub mod oplog;
@@ -11,8 +11,8 @@ pub mod sessions;
 pub mod snapshot;
 pub mod state;
 pub mod submit;
-pub mod waiting;
 
+pub use clock::{Clock, SimulatedClock, SystemClock};
 pub use directory::{DirectoryError, TenantDirectory};
 pub use error::TenantError;
 pub use owner::{ExternalChange, OwnerSettings, SubmitOutcome, TenantHandle};

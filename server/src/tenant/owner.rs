@@ -6,10 +6,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use reconciled_proto::v1;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, instrument, warn};
 
@@ -24,7 +28,8 @@ use crate::watch::events::{ItemChange, conditions_changed, intent_changed, stamp
 use crate::watch::fleet::FleetLog;
 use crate::watch::history::{self, Retention};
 
-use super::conditions::{Progress, compute_conditions};
+use super::clock::{Clock, SystemClock, system_now_ms};
+use crate::engine::conditions::{Progress, compute_conditions};
 use super::error::TenantError;
 use super::record::{StoredIntended, TenantRecord, encode};
 use super::snapshot::{SnapshotHistory, TenantSnapshot};
@@ -52,6 +57,13 @@ pub struct OwnerSettings {
     /// The fleet log, told of every change of a tenant's conditions (absent
     /// in engine tests).
     pub fleet: Option<Arc<FleetLog>>,
+    /// Where owners read the time: wall clock for what is stored or shown,
+    /// monotonic time for deadlines.
+    pub clock: Arc<dyn Clock>,
+    /// Seed of each owner's random numbers (its boot number, retry and
+    /// resync jitter); `None`: a random seed. A simulation sets it so that
+    /// one seed replays a run exactly.
+    pub rng_seed: Option<u64>,
 }
 
 impl Default for OwnerSettings {
@@ -65,6 +77,8 @@ impl Default for OwnerSettings {
             event_retention: Retention::default(),
             watch_ring_events: DEFAULT_RING_EVENTS,
             fleet: None,
+            clock: Arc::new(SystemClock),
+            rng_seed: None,
         }
     }
 }
@@ -260,19 +274,16 @@ impl TenantHandle {
     }
 }
 
-/// Now, in unix milliseconds.
+/// Now, in unix milliseconds, on the system's wall clock (for code outside
+/// an owner; owners read [`OwnerSettings::clock`]).
 pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| {
-            u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
-        })
+    system_now_ms()
 }
 
 /// The planner's view of the world, as the owner sees it.
 struct Environment<'a> {
     type_rules: &'a HashMap<String, TypeRules>,
-    sessions: &'a HashMap<String, Holder>,
+    sessions: &'a BTreeMap<String, Holder>,
     unconverged: &'a BTreeSet<ItemRef>,
     now_ms: u64,
 }
@@ -300,6 +311,18 @@ pub(super) struct Holder {
     pub(super) in_flight: usize,
 }
 
+/// The in-memory deadlines of one operation, on the monotonic clock
+/// (DESIGN section 4): a wall-clock step must neither time out nor extend
+/// every operation. The stored `started_at_ms` and `cancel_requested_at_ms`
+/// are for display only.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Deadline {
+    /// When the operation times out (its delivery plus its timeout).
+    pub(super) timeout_at: Instant,
+    /// When an unanswered cancel makes the outcome unknown.
+    pub(super) cancel_at: Option<Instant>,
+}
+
 /// What a pass looks at.
 pub(super) enum Scope {
     /// Every unconverged item.
@@ -316,23 +339,29 @@ pub(super) struct Owner {
     pub(super) no_configurator_since_ms: Option<u64>,
     /// Stored type specs with their epochs.
     pub(super) specs: HashMap<String, (TypeSpec, u64)>,
-    /// The live session of each item type.
-    pub(super) sessions: HashMap<String, Holder>,
+    /// The live session of each item type. Ordered maps wherever the
+    /// owner iterates, so that one seed gives one run (simulation).
+    pub(super) sessions: BTreeMap<String, Holder>,
     /// In-flight (or lost) operations by op id.
-    pub(super) operations: HashMap<String, ItemRef>,
+    pub(super) operations: BTreeMap<String, ItemRef>,
+    /// Deadlines of in-flight operations by op id (monotonic clock).
+    pub(super) deadlines: HashMap<String, Deadline>,
     /// For each item: the waiting items that named it in `blocked_by`.
     pub(super) waiters: HashMap<ItemRef, BTreeSet<ItemRef>>,
     /// Items with a ready operation not dispatched for lack of capacity.
-    pub(super) undispatched: HashMap<String, BTreeSet<ItemRef>>,
+    pub(super) undispatched: BTreeMap<String, BTreeSet<ItemRef>>,
     /// Completed operations, for `Reconcile` answers.
     pub(super) log: Arc<super::oplog::OperationLog>,
     pub(super) next_operation: u64,
     /// Random per owner start: op ids never repeat across restarts.
     pub(super) boot: u32,
-    /// The earliest backoff deadline among waiting items (unix ms).
+    /// The owner's random numbers (boot number, retry and resync jitter).
+    pub(super) rng: StdRng,
+    /// The earliest backoff deadline among waiting items (unix ms: retry
+    /// times are stored and shown).
     pub(super) next_retry_ms: Option<u64>,
-    /// When the next periodic full pass is due (unix ms).
-    pub(super) next_resync_ms: u64,
+    /// When the next periodic full pass is due (monotonic clock).
+    pub(super) next_resync: Instant,
     /// Items of READ-capable types to read back (periodic resync).
     pub(super) pending_reads: BTreeSet<ItemRef>,
     /// Committed events, for watchers.
@@ -353,6 +382,12 @@ impl Owner {
         events: Arc<TenantEvents>,
     ) -> Self {
         let log = snapshots.log();
+        let mut rng = match settings.rng_seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_rng(&mut rand::rng()),
+        };
+        let boot = rng.random();
+        let next_resync = settings.clock.monotonic();
         let oldest_event_ms =
             history::oldest_after(&*store, state.record.id, state.record.events_floor())
                 .unwrap_or_else(|error| {
@@ -366,15 +401,17 @@ impl Owner {
             snapshots,
             no_configurator_since_ms: None,
             specs: HashMap::new(),
-            sessions: HashMap::new(),
-            operations: HashMap::new(),
+            sessions: BTreeMap::new(),
+            operations: BTreeMap::new(),
+            deadlines: HashMap::new(),
             waiters: HashMap::new(),
-            undispatched: HashMap::new(),
+            undispatched: BTreeMap::new(),
             log,
             next_operation: 0,
-            boot: rand::random(),
+            boot,
+            rng,
             next_retry_ms: None,
-            next_resync_ms: 0,
+            next_resync,
             pending_reads: BTreeSet::new(),
             events,
             pending_events: Vec::new(),
@@ -395,19 +432,17 @@ impl Owner {
             let command = match deferred.take() {
                 Some(command) => command,
                 None => {
-                    let deadline = self.next_deadline_ms();
+                    let deadline = self.next_deadline();
                     let timer = async {
                         match deadline {
-                            Some(at) => {
-                                tokio::time::sleep(Duration::from_millis(
-                                    at.saturating_sub(now_ms()),
-                                ))
-                                .await
-                            }
+                            Some(at) => tokio::time::sleep_until(at).await,
                             None => std::future::pending::<()>().await,
                         }
                     };
+                    // Biased: the order of the branches, not tokio's random
+                    // pick, decides what runs first (one seed, one run).
                     tokio::select! {
+                        biased;
                         () = stop.cancelled() => break,
                         () = timer => {
                             if let Err(error) = self.on_timer().await {
@@ -517,7 +552,7 @@ impl Owner {
             apply_change(&mut intended, &change);
             let mut seeds = self.state.unconverged.clone();
             seeds.extend(change.content_changed.iter().cloned());
-            let now = now_ms();
+            let now = self.now();
             let plan = plan_operations(
                 &intended,
                 &self.state.current,
@@ -630,7 +665,7 @@ impl Owner {
         record: Option<TenantRecord>,
         mut batch: WriteBatch,
     ) -> Result<(), TenantError> {
-        let now = now_ms();
+        let now = self.now();
         let updates = coalesce(updates);
         let mut record = record.unwrap_or_else(|| self.state.record.clone());
         record.revision = self.state.record.revision + 1;
@@ -742,6 +777,16 @@ impl Owner {
         Ok(pruned.floor)
     }
 
+    /// Now on the wall clock (unix ms): for what is stored or shown.
+    pub(super) fn now(&self) -> u64 {
+        self.settings.clock.now_ms()
+    }
+
+    /// Now on the monotonic clock: for deadlines.
+    pub(super) fn monotonic(&self) -> Instant {
+        self.settings.clock.monotonic()
+    }
+
     fn environment(&self, now_ms: u64) -> Environment<'_> {
         Environment {
             type_rules: &self.state.type_rules,
@@ -771,7 +816,7 @@ impl Owner {
         intent: Option<IntentChange>,
     ) -> Result<Plan, TenantError> {
         let started = std::time::Instant::now();
-        let now = now_ms();
+        let now = self.now();
         let mut seeds = match scope {
             Scope::Full => self.state.unconverged.clone(),
             Scope::Items(items) => {
@@ -1057,8 +1102,8 @@ impl Owner {
 
 /// Whether two condition sets differ in anything but their messages.
 fn significant_change(
-    before: &[super::conditions::Condition],
-    after: &[super::conditions::Condition],
+    before: &[crate::engine::conditions::Condition],
+    after: &[crate::engine::conditions::Condition],
 ) -> bool {
     before.len() != after.len()
         || before.iter().zip(after).any(|(b, a)| {
@@ -1090,9 +1135,9 @@ fn fleet_event(record: &TenantRecord, now: u64) -> v1::FleetEvent {
         conditions: record
             .conditions
             .iter()
-            .map(crate::api::views::condition_to_proto)
+            .map(crate::wire::condition_to_proto)
             .collect(),
-        time: Some(crate::api::convert::timestamp_from_ms(now)),
+        time: Some(crate::wire::timestamp_from_ms(now)),
         deleted: false,
     }
 }
@@ -1105,3 +1150,6 @@ fn intent_keys(change: &IntentChange) -> impl Iterator<Item = ItemRef> + '_ {
         .map(|entry| entry.item.item_ref())
         .chain(change.removals.iter().cloned())
 }
+
+#[cfg(test)]
+mod tests;

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::conditions::Condition;
+use crate::engine::conditions::Condition;
 use super::error::TenantError;
 use crate::graph::{CurrentItem, Item};
 

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use rand::Rng;
 use reconciled_proto::v1;
@@ -24,9 +25,10 @@ use crate::graph::{
 };
 use crate::store::{WriteBatch, keys};
 use crate::watch::events;
+use tokio::time::Instant;
 
 use super::error::TenantError;
-use super::owner::{Holder, Owner, Scope, now_ms};
+use super::owner::{Deadline, Holder, Owner, Scope};
 use super::record::{decode, encode};
 use super::state::scan_all;
 
@@ -64,8 +66,9 @@ struct StoredSpec {
 /// (DESIGN section 4, poison operations).
 pub const MAX_REDELIVERIES: u32 = 5;
 
-fn random_in(low: u64, high: u64) -> u64 {
-    rand::rng().random_range(low..=high)
+/// A uniformly random number in `[low, high]` from the owner's generator.
+fn random_in(rng: &mut rand::rngs::StdRng, low: u64, high: u64) -> u64 {
+    rng.random_range(low..=high)
 }
 
 impl Owner {
@@ -108,7 +111,7 @@ impl Owner {
     /// A retry time stored before a restart waits at most the policy's
     /// longest wait from now (clocks move; policies change).
     fn clamp_retry_times(&mut self) {
-        let now = now_ms();
+        let now = self.now();
         let clamped: Vec<(ItemRef, CurrentItem)> = self
             .state
             .current
@@ -152,6 +155,55 @@ impl Owner {
         for (item_type, holder) in &mut self.sessions {
             holder.in_flight = counts.get(item_type.as_str()).copied().unwrap_or(0);
         }
+        self.track_deadlines();
+    }
+
+    /// Keeps one deadline per operation in flight: forgets those of
+    /// operations that ended or whose outcome is unknown (they wait for a
+    /// report, not a clock), and gives any running operation without one
+    /// its full timeout from now.
+    fn track_deadlines(&mut self) {
+        let current = &self.state.current;
+        let running = |op_id: &str, item: &ItemRef| {
+            current
+                .get(item)
+                .filter(|c| c.state != ItemState::Unknown)
+                .and_then(|c| c.in_flight.as_ref())
+                .filter(|operation| operation.op_id == op_id)
+                .cloned()
+        };
+        let operations = &self.operations;
+        self.deadlines.retain(|op_id, _| {
+            operations
+                .get(op_id)
+                .is_some_and(|item| running(op_id, item).is_some())
+        });
+        let now = self.settings.clock.monotonic();
+        let cancel_timeout = self.settings.cancel_timeout;
+        for (op_id, item) in &self.operations {
+            if self.deadlines.contains_key(op_id) {
+                continue;
+            }
+            if let Some(operation) = running(op_id, item) {
+                self.deadlines.insert(
+                    op_id.clone(),
+                    Deadline {
+                        timeout_at: now + Duration::from_millis(operation.timeout_ms),
+                        cancel_at: operation.cancel_requested.then(|| now + cancel_timeout),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Starts the clock of an operation just (re)delivered to an agent: it
+    /// has its full timeout from now (the agent is told a duration).
+    fn start_deadline(&mut self, op_id: &str, timeout_ms: u64) {
+        let deadline = Deadline {
+            timeout_at: self.monotonic() + Duration::from_millis(timeout_ms),
+            cancel_at: None,
+        };
+        self.deadlines.insert(op_id.to_owned(), deadline);
     }
 
     /// Operations in flight (sent and not answered; lost ones excluded).
@@ -313,9 +365,12 @@ impl Owner {
                     ),
                 };
                 let failures = current.attempts.saturating_add(1);
-                let retry_at_ms =
-                    self.spec(&item.item_type)
-                        .retry_at(now_ms(), failures, false, random_in);
+                let now = self.settings.clock.now_ms();
+                let spec = self.spec(&item.item_type);
+                let rng = &mut self.rng;
+                let retry_at_ms = spec.retry_at(now, failures, false, |low, high| {
+                    random_in(rng, low, high)
+                });
                 let failed = completed(
                     &self.state.current,
                     current,
@@ -350,6 +405,7 @@ impl Owner {
                 && let Some(order) = order_for(&self.state.current, item, operation, holder.epoch)
             {
                 let _ = holder.link.sender.send(ToAgent::Operation(order));
+                self.start_deadline(&operation.op_id, operation.timeout_ms);
             }
         }
         if updates.is_empty() {
@@ -366,6 +422,7 @@ impl Owner {
             let order = order_for(&self.state.current, &item, &operation, holder.epoch);
             if let Some(order) = order {
                 let _ = holder.link.sender.send(ToAgent::Operation(order));
+                self.start_deadline(&operation.op_id, operation.timeout_ms);
             }
         }
         Ok(())
@@ -387,7 +444,7 @@ impl Owner {
         if matches {
             let mut updated = (**current).clone();
             if let Some(operation) = updated.in_flight.as_mut() {
-                operation.last_progress_ms = Some(now_ms());
+                operation.last_progress_ms = Some(self.settings.clock.now_ms());
             }
             self.state.current.insert(item, updated);
             self.publish();
@@ -437,7 +494,7 @@ impl Owner {
         &mut self,
         batch: Vec<(u64, String, u32, AgentOutcome)>,
     ) -> Result<(), TenantError> {
-        let now = now_ms();
+        let now = self.now();
         let mut accepted: Vec<AcceptedResult> = Vec::new();
         for (session_id, op_id, attempt, outcome) in batch {
             if let Some(result) = self.accept_result(session_id, op_id, attempt, outcome, now) {
@@ -542,6 +599,8 @@ impl Owner {
             ) && let Some(order) = order_for(&self.state.current, &item, operation, holder.epoch)
             {
                 let _ = holder.link.sender.send(ToAgent::Operation(order));
+                let (op_id, timeout_ms) = (operation.op_id.clone(), operation.timeout_ms);
+                self.start_deadline(&op_id, timeout_ms);
             }
             return None;
         }
@@ -588,7 +647,10 @@ impl Owner {
             AgentOutcome::Failed(error) => {
                 let spec = self.spec(&item.item_type);
                 let failures = current.attempts.saturating_add(1);
-                let retry_at_ms = spec.retry_at(now, failures, error.is_terminal(), random_in);
+                let rng = &mut self.rng;
+                let retry_at_ms = spec.retry_at(now, failures, error.is_terminal(), |low, high| {
+                    random_in(rng, low, high)
+                });
                 Completion::Failed { error, retry_at_ms }
             }
         };
@@ -710,6 +772,8 @@ impl Owner {
     /// Sends a cancel for every in-flight operation the plan found
     /// superseded by an intent change.
     pub(super) fn cancel_superseded(&mut self, plan: &Plan) {
+        let now = self.now();
+        let cancel_at = self.monotonic() + self.settings.cancel_timeout;
         for item in &plan.cancel {
             let Some(current) = self.state.current.get(item) else {
                 continue;
@@ -722,10 +786,13 @@ impl Owner {
                     op_id: operation.op_id.clone(),
                 });
             }
+            if let Some(deadline) = self.deadlines.get_mut(&operation.op_id) {
+                deadline.cancel_at = Some(cancel_at);
+            }
             let mut marked = (**current).clone();
             if let Some(operation) = marked.in_flight.as_mut() {
                 operation.cancel_requested = true;
-                operation.cancel_requested_at_ms = Some(now_ms());
+                operation.cancel_requested_at_ms = Some(now);
             }
             self.state.current.insert(item.clone(), marked);
         }
@@ -864,6 +931,7 @@ impl Owner {
             if let Some(order) = order_for(&self.state.current, &item, &in_flight, holder.epoch) {
                 debug!(tenant = %self.state.record.name, item = %item, op_id = %order.op_id, kind = order.kind.as_str(), "Operation dispatched.");
                 let _ = holder.link.sender.send(ToAgent::Operation(order));
+                self.start_deadline(&in_flight.op_id, in_flight.timeout_ms);
             }
         }
     }
@@ -901,26 +969,30 @@ impl Owner {
         taken
     }
 
-    /// The earliest time the owner must wake up: an operation deadline or
-    /// a retry time.
-    pub(super) fn next_deadline_ms(&self) -> Option<u64> {
-        let cancel_timeout =
-            u64::try_from(self.settings.cancel_timeout.as_millis()).unwrap_or(u64::MAX);
-        let deadlines = self.operations.values().filter_map(|item| {
+    /// The earliest time (monotonic) the owner must wake up: an operation
+    /// or cancel deadline, a retry time, or the next resync.
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        let deadlines = self.operations.iter().filter_map(|(op_id, item)| {
             let current = self.state.current.get(item)?;
             let operation = current.in_flight.as_ref()?;
-            if current.state == ItemState::Unknown {
+            if current.state == ItemState::Unknown || operation.op_id != *op_id {
                 return None;
             }
-            Some(match operation.cancel_requested_at_ms {
-                Some(at) => at.saturating_add(cancel_timeout),
-                None => operation.started_at_ms.saturating_add(operation.timeout_ms),
-            })
+            let deadline = self.deadlines.get(op_id)?;
+            if operation.cancel_requested {
+                deadline.cancel_at
+            } else {
+                Some(deadline.timeout_at)
+            }
         });
-        deadlines
-            .chain(self.next_retry_ms)
-            .chain(Some(self.next_resync_ms))
-            .min()
+        // Retry times are wall-clock times (stored and shown): wake up when
+        // the wall clock says so.
+        let now = self.now();
+        let monotonic = self.monotonic();
+        let retry = self
+            .next_retry_ms
+            .map(|at| monotonic + Duration::from_millis(at.saturating_sub(now)));
+        deadlines.chain(retry).chain(Some(self.next_resync)).min()
     }
 
     /// Picks the time of the next periodic full pass: the resync interval
@@ -931,24 +1003,30 @@ impl Owner {
             .max(1);
         let jitter = interval / 10;
         let wait = random_in(
+            &mut self.rng,
             interval.saturating_sub(jitter),
             interval.saturating_add(jitter),
         );
-        self.next_resync_ms = now_ms().saturating_add(wait);
+        self.next_resync = self.monotonic() + Duration::from_millis(wait);
     }
 
     /// Times out operations past their deadline, then runs a full pass
     /// (which also picks up items whose retry time came).
     pub(super) async fn on_timer(&mut self) -> Result<(), TenantError> {
-        let now = now_ms();
-        self.expire_cancels(now).await?;
+        let now = self.now();
+        let monotonic = self.monotonic();
+        self.expire_cancels(monotonic).await?;
         let expired: Vec<(ItemRef, Arc<CurrentItem>)> = self
             .operations
-            .values()
-            .filter_map(|item| {
+            .iter()
+            .filter_map(|(op_id, item)| {
                 let current = self.state.current.get(item)?;
                 let operation = current.in_flight.as_ref()?;
-                let due = operation.started_at_ms.saturating_add(operation.timeout_ms) <= now;
+                let due = operation.op_id == *op_id
+                    && self
+                        .deadlines
+                        .get(op_id)
+                        .is_some_and(|deadline| deadline.timeout_at <= monotonic);
                 (due && current.state != ItemState::Unknown && !operation.cancel_requested)
                     .then(|| (item.clone(), current.clone()))
             })
@@ -971,7 +1049,10 @@ impl Owner {
                 ),
             };
             let failures = current.attempts.saturating_add(1);
-            let retry_at_ms = spec.retry_at(now, failures, false, random_in);
+            let rng = &mut self.rng;
+            let retry_at_ms = spec.retry_at(now, failures, false, |low, high| {
+                random_in(rng, low, high)
+            });
             self.finish(
                 &item,
                 &current,
@@ -983,7 +1064,7 @@ impl Owner {
         if self.next_retry_ms.is_some_and(|at| at <= now) {
             self.next_retry_ms = None;
         }
-        if self.next_resync_ms <= now {
+        if self.next_resync <= monotonic {
             debug!(tenant = %self.state.record.name, "Periodic resync.");
             self.schedule_resync();
             self.schedule_reads();
@@ -1064,19 +1145,22 @@ impl Owner {
     /// Cancels that got no answer within the cancel timeout: the item's
     /// outcome is unknown; it gets no new operation until the old one
     /// reports or its session ends.
-    async fn expire_cancels(&mut self, now: u64) -> Result<(), TenantError> {
-        let timeout = u64::try_from(self.settings.cancel_timeout.as_millis()).unwrap_or(u64::MAX);
+    async fn expire_cancels(&mut self, now: Instant) -> Result<(), TenantError> {
         let mut updates: CurrentUpdates = Vec::new();
-        for item in self.operations.values() {
+        for (op_id, item) in &self.operations {
             let Some(current) = self.state.current.get(item) else {
                 continue;
             };
             let Some(operation) = &current.in_flight else {
                 continue;
             };
-            let expired = operation
-                .cancel_requested_at_ms
-                .is_some_and(|at| at.saturating_add(timeout) <= now);
+            let expired = operation.op_id == *op_id
+                && operation.cancel_requested
+                && self
+                    .deadlines
+                    .get(op_id)
+                    .and_then(|deadline| deadline.cancel_at)
+                    .is_some_and(|at| at <= now);
             if expired && current.state != ItemState::Unknown {
                 updates.push((
                     item.clone(),

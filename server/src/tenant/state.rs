@@ -9,7 +9,7 @@ use crate::store::{Record, Store, WriteBatch, keys};
 
 use super::error::TenantError;
 use super::record::{StoredIntended, TenantRecord, decode, encode};
-use super::waiting::WaitingSet;
+use crate::engine::waiting::WaitingSet;
 
 /// Items per page when loading a tenant from the store.
 const LOAD_PAGE: usize = 10_000;

@@ -11,14 +11,13 @@ use prost::Message;
 use reconciled_proto::v1;
 use reconciled_proto::v1::event::Body;
 
-use crate::api::convert::{
-    item_ref_to_proto, item_state_to_proto, item_status, operation_error_to_status,
-    operation_kind_to_proto, timestamp_from_ms,
-};
-use crate::api::views::condition_to_proto;
+use crate::engine::conditions::Condition;
 use crate::engine::plan::WaitingItem;
 use crate::graph::{CurrentItem, IntendedItem, ItemRef, OperationError, OperationKind};
-use crate::tenant::conditions::Condition;
+use crate::wire::{
+    condition_to_proto, item_ref_to_proto, item_state_to_proto, item_status,
+    operation_error_to_status, operation_kind_to_proto, timestamp_from_ms,
+};
 
 /// An item status larger than this travels without its full `status`
 /// (state and error still do): stored events stay under the store's value

@@ -33,7 +33,7 @@
 //! The raw records are the server's own: keys from
 //! `store::keys::intended_item_key`, values `StoredIntended` encoded with the
 //! server's `tenant::record::encode`, items converted from the same protobuf
-//! items with the server's `api::convert::item_from_proto`. Every timed
+//! items with the server's `wire::item_from_proto`. Every timed
 //! submit changes a property of every item (`round`), so every request
 //! stores N items; the raw runs alternate between two pre-encoded rounds so
 //! that encoding is not charged to the raw path. Everything runs on
@@ -324,7 +324,7 @@ fn stored_records(
         .into_iter()
         .enumerate()
         .map(|(index, proto)| {
-            let mut item = reconciled::api::convert::item_from_proto(proto, index)
+            let mut item = reconciled::wire::item_from_proto(proto, index)
                 .map_err(|violations| anyhow!("benchmark item is invalid: {violations:?}"))?;
             // The server places items with no subgraph in the request's.
             item.subgraph = subgraph_of(client);

@@ -3,8 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::plan::WaitReason;
-
+use super::plan::WaitReason;
 use super::waiting::WaitingSummary;
 
 /// The three condition types.
@@ -222,7 +221,7 @@ mod tests {
     use super::*;
     use crate::engine::plan::{BlockedBy, WaitingItem};
     use crate::graph::{ItemRef, OperationKind};
-    use crate::tenant::waiting::WaitingSet;
+    use crate::engine::waiting::WaitingSet;
 
     fn waiting(reason: WaitReason) -> WaitingSummary {
         let item = ItemRef::new("t", "a");

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use imbl::OrdMap;
 
-use crate::engine::plan::{WaitReason, WaitingItem};
+use super::plan::{WaitReason, WaitingItem};
 use crate::graph::ItemRef;
 
 /// Counts over the waiting items.
