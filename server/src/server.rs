@@ -197,9 +197,18 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         // `stopping` was cancelled when the signal came: the endpoint ends.
         let _ = endpoint.await;
     }
-    directory.stop_all();
     let spent = signalled_at.get().map_or(Duration::ZERO, Instant::elapsed);
-    flush_store(&*store, config.shutdown_grace.saturating_sub(spent)).await;
+    let budget = config.shutdown_grace.saturating_sub(spent);
+    // Owners finish the command they are on (at most a commit): give them
+    // a moment even when the drain used up the grace period.
+    let owners_budget = budget.max(Duration::from_secs(1));
+    if tokio::time::timeout(owners_budget, directory.shutdown())
+        .await
+        .is_err()
+    {
+        warn!("Tenant owners did not stop within the shutdown grace period.");
+    }
+    flush_store(&*store, budget).await;
     Ok(())
 }
 
@@ -217,9 +226,9 @@ fn gauge_source(
 }
 
 /// Waits, at most `budget`, until every commit queued before this call is
-/// durable. Acknowledged commits are durable already; this covers commits
-/// the tenant owners queued while stopping. Commits still queued when the
-/// process exits are finished when the store is dropped.
+/// durable. Every tenant task has ended by now, so this is the last
+/// commit; the store's writer then drains and joins when the store is
+/// dropped at the end of `serve`.
 async fn flush_store(store: &dyn Store, budget: Duration) {
     match tokio::time::timeout(budget, store.commit(WriteBatch::new())).await {
         Ok(Ok(())) => info!("Store flushed."),

@@ -254,7 +254,8 @@ impl TenantDirectory {
         let handle = self
             .get(name)
             .ok_or_else(|| DirectoryError::NotFound(name.to_string()))?;
-        handle.stop();
+        // Nothing of the owner may commit after the tombstone.
+        handle.stop_and_wait().await;
         let mut record = handle.snapshots.latest().record.clone();
         record.deleted = true;
         let mut batch = WriteBatch::new();
@@ -346,11 +347,24 @@ impl TenantDirectory {
         }
     }
 
-    /// Stops every owner (at shutdown).
-    pub fn stop_all(&self) {
-        for handle in self.read().by_name.values() {
+    /// Stops every owner and every purge, and waits for them all: once
+    /// this returns, no tenant task commits anything (at shutdown).
+    pub async fn shutdown(&self) {
+        self.stopping.cancel();
+        let handles: Vec<TenantHandle> = self.read().by_name.values().cloned().collect();
+        for handle in &handles {
             handle.stop();
         }
+        for handle in &handles {
+            handle.stop_and_wait().await;
+        }
+        let mut purges = std::mem::take(
+            &mut *self
+                .purges
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        while purges.join_next().await.is_some() {}
     }
 }
 
@@ -436,4 +450,62 @@ fn parse_hash(text: &str) -> Option<[u8; 32]> {
         *byte = u8::from_str_radix(text.get(index * 2..index * 2 + 2)?, 16).ok()?;
     }
     Some(hash)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::InMemoryStore;
+    use crate::tenant::submit::ValidatedSubmit;
+
+    fn empty_submit() -> ValidatedSubmit {
+        ValidatedSubmit {
+            subgraph: String::new(),
+            items: Vec::new(),
+            expected_generation: None,
+            dry_run: false,
+        }
+    }
+
+    fn directory() -> Arc<TenantDirectory> {
+        let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+        TenantDirectory::load(store, OwnerSettings::default()).expect("an empty store loads")
+    }
+
+    #[tokio::test]
+    async fn shutdown_returns_once_every_owner_has_stopped() {
+        let directory = directory();
+        for name in ["a", "b", "c"] {
+            directory
+                .create(name, TenantLimits::default())
+                .await
+                .expect("tenant created");
+        }
+        let handles: Vec<TenantHandle> = ["a", "b", "c"]
+            .iter()
+            .filter_map(|name| directory.get(name))
+            .collect();
+        directory.shutdown().await;
+        for handle in handles {
+            let answer = handle.submit(empty_submit()).await;
+            assert!(
+                matches!(answer, Err(TenantError::Gone)),
+                "a stopped owner takes no command: {answer:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_deleted_tenants_owner_has_stopped_when_delete_returns() {
+        let directory = directory();
+        directory
+            .create("gone", TenantLimits::default())
+            .await
+            .expect("tenant created");
+        let handle = directory.get("gone").expect("tenant is live");
+        directory.delete("gone").await.expect("tenant deleted");
+        let answer = handle.submit(empty_submit()).await;
+        assert!(matches!(answer, Err(TenantError::Gone)), "{answer:?}");
+        assert!(directory.get("gone").is_none());
+    }
 }

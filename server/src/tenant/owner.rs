@@ -168,6 +168,8 @@ pub struct TenantHandle {
     /// Committed events, for watchers.
     pub events: Arc<TenantEvents>,
     stop: CancellationToken,
+    /// Cancelled when the owner task has ended (however it ended).
+    stopped: CancellationToken,
 }
 
 impl TenantHandle {
@@ -194,9 +196,14 @@ impl TenantHandle {
             snapshots: snapshots.clone(),
             events: events.clone(),
             stop: stop.clone(),
+            stopped: CancellationToken::new(),
         };
         let owner = Owner::new(state, store, settings, snapshots, events);
-        tokio::spawn(owner.run(receiver, stop));
+        let finished = handle.stopped.clone().drop_guard();
+        tokio::spawn(async move {
+            let _finished = finished;
+            owner.run(receiver, stop).await;
+        });
         handle
     }
 
@@ -262,6 +269,14 @@ impl TenantHandle {
     /// Stops the owner; queued commands fail with [`TenantError::Gone`].
     pub fn stop(&self) {
         self.stop.cancel();
+    }
+
+    /// Stops the owner and waits until its task has ended: the command it
+    /// was handling is finished and committed, and it commits nothing
+    /// after this returns.
+    pub async fn stop_and_wait(&self) {
+        self.stop.cancel();
+        self.stopped.cancelled().await;
     }
 
     async fn ask<T>(&self, command: impl FnOnce(Reply<T>) -> Command) -> Result<T, TenantError> {
