@@ -29,12 +29,12 @@ use crate::watch::fleet::FleetLog;
 use crate::watch::history::{self, Retention};
 
 use super::clock::{Clock, SystemClock, system_now_ms};
-use crate::engine::conditions::{Progress, compute_conditions};
 use super::error::TenantError;
 use super::record::{StoredIntended, TenantRecord, encode};
 use super::snapshot::{SnapshotHistory, TenantSnapshot};
 use super::state::TenantState;
 use super::submit::{IntentChange, ValidatedSubmit, apply_change, prepare_submit};
+use crate::engine::conditions::{Progress, compute_conditions};
 
 /// Settings every tenant owner shares.
 #[derive(Clone, Debug)]
@@ -904,7 +904,8 @@ impl Owner {
         if let Some(saved) = saved_intent {
             self.restore_intent(saved);
         }
-        self.cancel_superseded(&plan);
+        // Cancels are marked in this pass's commit and sent after it.
+        let (cancel_marks, cancels) = self.prepare_cancels(&plan);
         let mut intent_writes = WriteBatch::new();
         if let Some(change) = &intent {
             self.write_intent(&mut intent_writes, change)?;
@@ -918,6 +919,7 @@ impl Owner {
         let mut writes = pending;
         writes.extend(bookkeeping);
         writes.extend(journal);
+        writes.extend(cancel_marks);
         if !writes.is_empty() || record.is_some() || !self.pending_events.is_empty() {
             // On error nothing changed in the store; the next pass recounts
             // the room the picked operations took, and looks at the seeds
@@ -933,6 +935,7 @@ impl Owner {
         if let Some(change) = &intent {
             self.apply_intent(change);
         }
+        self.send_cancels(cancels);
         self.send_dispatched(starts, now);
         self.publish();
         self.settings.metrics.pass(started.elapsed().as_secs_f64());

@@ -368,9 +368,8 @@ impl Owner {
                 let now = self.settings.clock.now_ms();
                 let spec = self.spec(&item.item_type);
                 let rng = &mut self.rng;
-                let retry_at_ms = spec.retry_at(now, failures, false, |low, high| {
-                    random_in(rng, low, high)
-                });
+                let retry_at_ms =
+                    spec.retry_at(now, failures, false, |low, high| random_in(rng, low, high));
                 let failed = completed(
                     &self.state.current,
                     current,
@@ -769,11 +768,15 @@ impl Owner {
         Ok(())
     }
 
-    /// Sends a cancel for every in-flight operation the plan found
-    /// superseded by an intent change.
-    pub(super) fn cancel_superseded(&mut self, plan: &Plan) {
+    /// The cancels of every in-flight operation the plan found superseded
+    /// by an intent change: the in-flight records marked as cancelled, for
+    /// the pass's
+    /// commit, and the operations to send a cancel for once it is durable
+    /// (a transition is committed before it is acted on).
+    pub(super) fn prepare_cancels(&self, plan: &Plan) -> (CurrentUpdates, Vec<(ItemRef, String)>) {
         let now = self.now();
-        let cancel_at = self.monotonic() + self.settings.cancel_timeout;
+        let mut marks: CurrentUpdates = Vec::new();
+        let mut cancels = Vec::new();
         for item in &plan.cancel {
             let Some(current) = self.state.current.get(item) else {
                 continue;
@@ -781,20 +784,30 @@ impl Owner {
             let Some(operation) = &current.in_flight else {
                 continue;
             };
-            if let Some(holder) = self.sessions.get(&*item.item_type) {
-                let _ = holder.link.sender.send(ToAgent::Cancel {
-                    op_id: operation.op_id.clone(),
-                });
-            }
-            if let Some(deadline) = self.deadlines.get_mut(&operation.op_id) {
-                deadline.cancel_at = Some(cancel_at);
-            }
+            cancels.push((item.clone(), operation.op_id.clone()));
             let mut marked = (**current).clone();
             if let Some(operation) = marked.in_flight.as_mut() {
                 operation.cancel_requested = true;
                 operation.cancel_requested_at_ms = Some(now);
             }
-            self.state.current.insert(item.clone(), marked);
+            marks.push((item.clone(), Some(marked)));
+        }
+        (marks, cancels)
+    }
+
+    /// Sends the cancels of committed cancel marks and starts their cancel
+    /// timeouts.
+    pub(super) fn send_cancels(&mut self, cancels: Vec<(ItemRef, String)>) {
+        let cancel_at = self.monotonic() + self.settings.cancel_timeout;
+        for (item, op_id) in cancels {
+            if let Some(holder) = self.sessions.get(&*item.item_type) {
+                let _ = holder.link.sender.send(ToAgent::Cancel {
+                    op_id: op_id.clone(),
+                });
+            }
+            if let Some(deadline) = self.deadlines.get_mut(&op_id) {
+                deadline.cancel_at = Some(cancel_at);
+            }
         }
     }
 
@@ -1050,9 +1063,8 @@ impl Owner {
             };
             let failures = current.attempts.saturating_add(1);
             let rng = &mut self.rng;
-            let retry_at_ms = spec.retry_at(now, failures, false, |low, high| {
-                random_in(rng, low, high)
-            });
+            let retry_at_ms =
+                spec.retry_at(now, failures, false, |low, high| random_in(rng, low, high));
             self.finish(
                 &item,
                 &current,

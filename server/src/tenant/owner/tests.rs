@@ -18,6 +18,7 @@ const TIMEOUT_MS: u64 = 10_000;
 
 /// A tenant with one agent session for type `t`, under a simulated clock.
 struct Harness {
+    store: Arc<InMemoryStore>,
     handle: TenantHandle,
     clock: Arc<SimulatedClock>,
     agent: mpsc::UnboundedReceiver<ToAgent>,
@@ -44,7 +45,7 @@ async fn start(seed: u64) -> Harness {
         rng_seed: Some(seed),
         ..OwnerSettings::default()
     };
-    let handle = TenantHandle::spawn(TenantState::new(record), store, settings);
+    let handle = TenantHandle::spawn(TenantState::new(record), store.clone(), settings);
     let (sender, agent) = mpsc::unbounded_channel();
     let mut spec = TypeSpec::new("t");
     spec.operation_timeout_ms = TIMEOUT_MS;
@@ -64,6 +65,7 @@ async fn start(seed: u64) -> Harness {
         .await
         .expect("registered");
     Harness {
+        store,
         handle,
         clock,
         agent,
@@ -127,9 +129,9 @@ async fn a_wall_clock_step_neither_expires_nor_extends_operations() {
     // Two hours back: the deadline does not move either.
     harness.clock.step_wall_clock(-7_200_000);
     tokio::time::sleep(Duration::from_millis(6_500)).await;
-    let cancelled = received(&mut harness.agent)
-        .into_iter()
-        .any(|message| matches!(message, ToAgent::Cancel { op_id: cancelled } if cancelled == op_id));
+    let cancelled = received(&mut harness.agent).into_iter().any(
+        |message| matches!(message, ToAgent::Cancel { op_id: cancelled } if cancelled == op_id),
+    );
     assert!(cancelled, "the operation times out 10 s after it was sent");
     let snapshot = harness.handle.snapshots.latest();
     let current = snapshot
@@ -173,7 +175,82 @@ async fn one_seed_gives_the_same_op_ids_and_retry_times() {
     }
     let first = run(42).await;
     assert_eq!(first.0.len(), 2);
-    assert!(first.1.is_some(), "the timed-out operation waits for a retry");
+    assert!(
+        first.1.is_some(),
+        "the timed-out operation waits for a retry"
+    );
     assert_eq!(run(42).await, first);
-    assert_ne!(run(43).await.0, first.0, "another seed, another boot number");
+    assert_ne!(
+        run(43).await.0,
+        first.0,
+        "another seed, another boot number"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancel_is_committed_before_it_is_sent() {
+    use crate::store::Store as _;
+    use crate::tenant::record::decode;
+
+    let mut harness = start(1).await;
+    let first = ValidatedSubmit {
+        items: vec![(
+            Item::new(
+                "t",
+                "a",
+                serde_json::json!({"v": 1})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+            ),
+            Vec::new(),
+        )],
+        ..submit(&[])
+    };
+    harness.handle.submit(first).await.expect("submitted");
+    settle().await;
+    let Some(ToAgent::Operation(create)) = received(&mut harness.agent).pop() else {
+        panic!("the create of t/a is sent");
+    };
+    let second = ValidatedSubmit {
+        items: vec![(
+            Item::new(
+                "t",
+                "a",
+                serde_json::json!({"v": 2})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+            ),
+            Vec::new(),
+        )],
+        ..submit(&[])
+    };
+    harness.handle.submit(second).await.expect("submitted");
+    settle().await;
+    let cancels: Vec<String> = received(&mut harness.agent)
+        .into_iter()
+        .filter_map(|message| match message {
+            ToAgent::Cancel { op_id } => Some(op_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        cancels,
+        [create.op_id.clone()],
+        "the superseded create is cancelled"
+    );
+    let key = crate::store::keys::current_item_key(7, "t", "a");
+    let stored = harness
+        .store
+        .get(&key)
+        .expect("readable")
+        .expect("journaled");
+    let stored: crate::graph::CurrentItem = decode(&key, &stored).expect("decodes");
+    let operation = stored.in_flight.expect("still in flight");
+    assert_eq!(operation.op_id, create.op_id);
+    assert!(
+        operation.cancel_requested,
+        "the cancel is in the store once sent"
+    );
 }
