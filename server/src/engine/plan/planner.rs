@@ -615,7 +615,11 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     }
 
     /// Whether `dependent` (which relies on `required` now) is intended
-    /// without `required` and needs only a Modify to get there.
+    /// without `required`, needs only a Modify to get there, and every
+    /// dependency of its new value is satisfied now (DESIGN §2: exists,
+    /// created, no operation planned, in flight or failed on it, predicate
+    /// true). Only then can it be modified before `required` is deleted
+    /// without waiting on anything that could wait on that Delete.
     fn retargets_away(&mut self, dependent: Id, required: Id) -> bool {
         if !self.marks.has(dependent, OPERABLE) || self.is_deleting(dependent) {
             return false;
@@ -624,8 +628,40 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             return false;
         };
         let required_item = self.node(required).item;
-        entry.item.dependency_on(required_item).is_none()
-            && matches!(self.need(dependent), Need::Modify { .. })
+        if entry.item.dependency_on(required_item).is_some()
+            || !matches!(self.need(dependent), Need::Modify { .. })
+        {
+            return false;
+        }
+        let dependencies = self.required(dependent);
+        (0..dependencies.len as usize).all(|index| {
+            let dependency = self.edge(dependencies, index);
+            let predicate = entry.predicates.get(index).and_then(Option::as_ref);
+            self.satisfied_now(dependency, predicate)
+        })
+    }
+
+    /// Whether a dependency on `id` is satisfied as things stand, before
+    /// any operation of this plan: created, not planned for deletion or
+    /// dropped, nothing planned, running or failed on it, predicate true.
+    fn satisfied_now(&mut self, id: Id, predicate: Option<&Predicate>) -> bool {
+        if self.is_deleting(id) || self.is_dropped(id) {
+            return false;
+        }
+        let Some(current) = self.current_of(id) else {
+            return false;
+        };
+        if !current.is_created() || current.is_busy() || current.has_failed_modify() {
+            return false;
+        }
+        if self.needs_change(id) {
+            return false;
+        }
+        predicate.is_none_or(|predicate| {
+            predicate
+                .evaluate(&current.effective_properties())
+                .unwrap_or(false)
+        })
     }
 
     /// Removes `id` from current state without a call; what depends on it
@@ -801,10 +837,15 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             }
             self.marks.set(id, DELETE_IN_PROGRESS);
             stack.push((id, true));
+            // Only dependents planned for deletion get a Delete: one that
+            // is retargeted away (rule 7) is modified instead, and this
+            // Delete waits for it.
             let dependents = self.current_dependents(id);
             for index in 0..dependents.len as usize {
                 let dependent = self.edge(dependents, index);
-                if self.holds_a_delete(dependent) && self.node(dependent).delete_schedule.is_none()
+                if self.is_deleting(dependent)
+                    && self.holds_a_delete(dependent)
+                    && self.node(dependent).delete_schedule.is_none()
                 {
                     stack.push((dependent, false));
                 }

@@ -202,6 +202,69 @@ fn retargeting_a_dependency_modifies_the_dependent_before_deleting_the_old_one()
 }
 
 #[test]
+fn a_retargeting_plan_holds_the_modify_alone_and_the_old_dependency_waits_for_it() {
+    // The dispatch rounds of `Case` re-plan before every operation, which
+    // would hide a plan that also deletes the retargeted item: look at the
+    // plan itself.
+    let app_on = |target: &str| item("t/app", json!({})).depends_on(on(target));
+    let mut world = World::converged(vec![
+        app_on("t/old"),
+        item("t/old", json!({})),
+        item("t/new", json!({})),
+        item("t/top", json!({})).depends_on(on("t/app")),
+    ]);
+    world.intend(vec![
+        app_on("t/new"),
+        item("t/new", json!({})),
+        item("t/top", json!({})).depends_on(on("t/app")),
+    ]);
+    let plan = world.plan();
+    let operations: Vec<String> = plan
+        .operations
+        .iter()
+        .map(|o| format!("{} {}", o.kind.as_str(), o.item))
+        .collect();
+    assert_eq!(operations, ["modify t/app"], "app's dependent top is untouched");
+    let waiting: Vec<(String, String)> = plan
+        .waiting
+        .iter()
+        .map(|w| (w.item.to_string(), w.blocked_by[0].item.to_string()))
+        .collect();
+    assert_eq!(waiting, [("t/old".to_string(), "t/app".to_string())]);
+}
+
+#[test]
+fn a_retargeted_dependent_whose_new_dependency_is_being_modified_is_deleted_instead() {
+    // b moves from a to c while c is modified and a is recreated around
+    // c's Modify: b's new dependency is not satisfied now, so b is not
+    // modified first (that would wait on c, which waits on a's delete,
+    // which would wait on b): b is deleted and created again (rule 7 asks
+    // for satisfied dependencies).
+    let mut world = World::converged(vec![
+        item("t/c", json!({"v": 0})),
+        item("t/a", json!({})).depends_on(Dependency {
+            recreate_when_modified: true,
+            ..on("t/c")
+        }),
+        b_on_a(),
+    ]);
+    world.intend(vec![
+        item("t/c", json!({"v": 1})),
+        item("t/a", json!({})).depends_on(Dependency {
+            recreate_when_modified: true,
+            ..on("t/c")
+        }),
+        item("t/b", json!({})).depends_on(on("t/c")),
+    ]);
+    world.run_to_quiescence(20);
+    assert!(world.is_converged(), "{:?}", world.labels());
+    assert_eq!(
+        world.labels(),
+        ["delete t/b", "delete t/a", "modify t/c", "create t/a", "create t/b"]
+    );
+}
+
+#[test]
 fn a_retargeted_dependent_whose_new_dependency_is_missing_is_deleted_instead() {
     // b moves from a to c, but c does not exist: rule 5 deletes b first.
     let b_on_c = || item("t/b", json!({})).depends_on(on("t/c"));
