@@ -124,6 +124,7 @@ pub fn completed(
             next_attempt_at_ms: retry_at_ms,
             failed_generation: operation.target_generation,
             retry_of: Some(retry_of(&operation)),
+            gave_up: retry_at_ms.is_none(),
             in_flight: None,
             ..existing.clone()
         }),
@@ -326,6 +327,7 @@ pub fn bookkeeping_updates(current: &CurrentGraph, plan: &Plan) -> CurrentUpdate
                 attempts: 0,
                 next_attempt_at_ms: None,
                 retry_of: None,
+                gave_up: false,
                 ..(**existing).clone()
             };
             updates.push((item.clone(), Some(settled)));

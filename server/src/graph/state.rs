@@ -205,6 +205,11 @@ pub struct CurrentItem {
     /// (same kind, same target generation) keeps its op id (DESIGN §4).
     #[serde(default)]
     pub retry_of: Option<RetryOf>,
+    /// The last failure allows no further attempt: its code is terminal or
+    /// the type's `max_attempts` is used up. Like a terminal code, only an
+    /// intent change retries it.
+    #[serde(default)]
+    pub gave_up: bool,
 }
 
 /// An operation that ended without success and will be tried again under
@@ -285,6 +290,7 @@ impl CurrentItem {
             unknown_was_created: false,
             needs_recreate_answer: None,
             retry_of: None,
+            gave_up: false,
         }
     }
 
@@ -306,6 +312,7 @@ impl CurrentItem {
             unknown_was_created: false,
             needs_recreate_answer: None,
             retry_of: None,
+            gave_up: false,
         }
     }
 
@@ -336,15 +343,17 @@ impl CurrentItem {
         self.in_flight.is_some() || self.state == ItemState::Unknown
     }
 
-    /// The last operation failed with a terminal code for the intent
-    /// generation `intended_generation` (0 when the item left the intent).
+    /// The last operation failed for good (a terminal code, or
+    /// `max_attempts` used up) for the intent generation
+    /// `intended_generation` (0 when the item left the intent).
     pub fn failed_terminally_at(&self, intended_generation: u64) -> bool {
         self.state == ItemState::Failed
             && self.failed_generation == intended_generation
-            && self
-                .last_error
-                .as_ref()
-                .is_some_and(OperationError::is_terminal)
+            && (self.gave_up
+                || self
+                    .last_error
+                    .as_ref()
+                    .is_some_and(OperationError::is_terminal))
     }
 
     /// A failed Modify: blocks Creates and Modifies of dependents.

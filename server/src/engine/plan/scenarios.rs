@@ -224,7 +224,11 @@ fn a_retargeting_plan_holds_the_modify_alone_and_the_old_dependency_waits_for_it
         .iter()
         .map(|o| format!("{} {}", o.kind.as_str(), o.item))
         .collect();
-    assert_eq!(operations, ["modify t/app"], "app's dependent top is untouched");
+    assert_eq!(
+        operations,
+        ["modify t/app"],
+        "app's dependent top is untouched"
+    );
     let waiting: Vec<(String, String)> = plan
         .waiting
         .iter()
@@ -260,7 +264,13 @@ fn a_retargeted_dependent_whose_new_dependency_is_being_modified_is_deleted_inst
     assert!(world.is_converged(), "{:?}", world.labels());
     assert_eq!(
         world.labels(),
-        ["delete t/b", "delete t/a", "modify t/c", "create t/a", "create t/b"]
+        [
+            "delete t/b",
+            "delete t/a",
+            "modify t/c",
+            "create t/a",
+            "create t/b"
+        ]
     );
 }
 
@@ -607,6 +617,42 @@ fn a_terminal_failure_stops_retries_until_the_intent_changes() {
     world.intend(vec![item("t/a", json!({"v": 2}))]);
     world.run_to_quiescence(5);
     assert_eq!(world.labels(), ["create t/a", "create t/a"]);
+}
+
+#[test]
+fn a_retryable_failure_past_max_attempts_stops_retries_like_a_terminal_one() {
+    // The executor gives no retry time once max_attempts is used up.
+    let mut world = World::new();
+    world.intend(vec![item("t/a", json!({})), b_on_a()]);
+    let error = crate::graph::OperationError {
+        code: code::UNAVAILABLE,
+        message: "still down".into(),
+    };
+    world.script(
+        Create,
+        "t/a",
+        crate::engine::transition::Completion::Failed {
+            error,
+            retry_at_ms: None,
+        },
+    );
+    world.run_to_quiescence(5);
+    world.environment.now_ms += 3_600_000;
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["create t/a"], "no retry after giving up");
+    let plan = world.plan();
+    let reasons: Vec<(String, WaitReason)> = plan
+        .waiting
+        .iter()
+        .map(|w| (w.item.to_string(), w.reason))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("t/a".to_string(), WaitReason::TerminalFailure),
+            ("t/b".to_string(), WaitReason::Dependency)
+        ]
+    );
 }
 
 #[test]
