@@ -24,10 +24,10 @@ use base64::Engine as _;
 use rand::TryRngCore as _;
 use sha2::{Digest as _, Sha256};
 use subtle::ConstantTimeEq as _;
-use tonic::Status;
 use tonic::metadata::MetadataMap;
 
 use crate::config::Config;
+use crate::status::ApiError;
 
 /// Prefix of tenant tokens.
 pub const TENANT_TOKEN_PREFIX: &str = "rcd_";
@@ -309,27 +309,27 @@ fn write_token_file(data_dir: &Path, path: &Path, token: &str) -> Result<Written
 /// The scheme is case-insensitive (RFC 7235). Missing, non-ASCII or
 /// malformed metadata is `UNAUTHENTICATED` with a message saying what is
 /// expected.
-pub fn bearer_token(metadata: &MetadataMap) -> Result<&str, Status> {
+pub fn bearer_token(metadata: &MetadataMap) -> Result<&str, ApiError> {
     const EXPECTED: &str = "send metadata `authorization: Bearer <token>`";
     let value = metadata
         .get("authorization")
-        .ok_or_else(|| Status::unauthenticated(format!("missing credentials: {EXPECTED}")))?;
+        .ok_or_else(|| ApiError::unauthenticated(format!("missing credentials: {EXPECTED}")))?;
     let value = value.to_str().map_err(|_| {
-        Status::unauthenticated(format!(
+        ApiError::unauthenticated(format!(
             "malformed authorization metadata (not ASCII): {EXPECTED}"
         ))
     })?;
     let (scheme, token) = value.split_once(' ').ok_or_else(|| {
-        Status::unauthenticated(format!("malformed authorization metadata: {EXPECTED}"))
+        ApiError::unauthenticated(format!("malformed authorization metadata: {EXPECTED}"))
     })?;
     if !scheme.eq_ignore_ascii_case("bearer") {
-        return Err(Status::unauthenticated(format!(
+        return Err(ApiError::unauthenticated(format!(
             "unsupported authorization scheme {scheme:?}: {EXPECTED}"
         )));
     }
     let token = token.trim();
     if token.is_empty() {
-        return Err(Status::unauthenticated(format!(
+        return Err(ApiError::unauthenticated(format!(
             "empty bearer token: {EXPECTED}"
         )));
     }
@@ -388,7 +388,7 @@ pub fn authenticate(
     metadata: &MetadataMap,
     admin: &AdminToken,
     directory: &impl TokenDirectory,
-) -> Result<Caller, Status> {
+) -> Result<Caller, ApiError> {
     let token = bearer_token(metadata)?;
     let hash = TokenHash::of(token);
     if admin.hash.ct_eq(&hash) {
@@ -396,7 +396,7 @@ pub fn authenticate(
     }
     match directory.tenant_by_token_hash(hash.as_bytes()) {
         Some(tenant_id) => Ok(Caller::Tenant { tenant_id }),
-        None => Err(Status::unauthenticated(
+        None => Err(ApiError::unauthenticated(
             "invalid bearer token: use the admin token or a tenant token from CreateTenant / RotateToken",
         )),
     }
@@ -469,12 +469,11 @@ mod tests {
             Some("Bearer "),
             Some("Bearer"),
         ] {
-            let status = bearer_token(&metadata(value)).expect_err("rejected");
-            assert_eq!(status.code(), Code::Unauthenticated, "{value:?}");
+            let error = bearer_token(&metadata(value)).expect_err("rejected");
+            assert_eq!(error.code(), Code::Unauthenticated, "{value:?}");
             assert!(
-                status.message().contains("authorization: Bearer"),
-                "{value:?}: {}",
-                status.message()
+                error.to_string().contains("authorization: Bearer"),
+                "{value:?}: {error}"
             );
         }
     }

@@ -6,6 +6,8 @@
 //! - [`engine`]: the planner (pure) and the executor around it.
 //! - [`wire`]: conversions between proto messages and the engine's types
 //!   (pure), below [`api`], [`watch`] and [`tenant`].
+//! - [`status`]: the one place where errors become `tonic::Status`
+//!   ([`status::ApiError`]), below [`api`], [`auth`] and [`limits`].
 #![forbid(unsafe_code)]
 
 pub mod agents;
@@ -18,6 +20,7 @@ pub mod graph;
 pub mod limits;
 pub mod metrics;
 pub mod server;
+pub mod status;
 pub mod store;
 pub mod telemetry;
 pub mod tenant;

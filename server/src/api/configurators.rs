@@ -23,6 +23,7 @@ use crate::engine::exec::{
 };
 use crate::graph::validate::{FieldViolation, validate_name};
 use crate::graph::{OperationError, code};
+use crate::status::ApiError;
 use crate::tenant::{ExternalChange, TenantHandle};
 use crate::wire::{
     duration_from_ms, duration_to_ms, item_from_proto_at, item_ref_from_proto, item_to_proto,
@@ -30,7 +31,6 @@ use crate::wire::{
 };
 
 use super::context::{ApiContext, invalid};
-use super::status::ApiError;
 
 /// How long an agent has to send Register after opening the stream.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -70,10 +70,10 @@ impl Configurators for ConfiguratorsService {
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(REGISTER_TIMEOUT, inbound.message())
             .await
-            .map_err(|_| {
-                Status::deadline_exceeded("send Register as the first message within 10 s")
+            .map_err(|_| ApiError::DeadlineExceeded {
+                message: String::from("send Register as the first message within 10 s"),
             })??
-            .ok_or_else(|| Status::invalid_argument("the stream ended before Register"))?;
+            .ok_or(ApiError::StreamEndedBeforeRegister)?;
         let Some(v1::agent_message::Message::Register(register)) = first.message else {
             return Err(invalid("message", "the first message on Connect must be Register").into());
         };
@@ -307,7 +307,8 @@ impl Session {
                 () = self.shutdown.cancelled() => {
                     // The agent keeps unacknowledged results and sends them
                     // again after reconnecting; operations stay journaled.
-                    let _ = self.outbound.send(Err(Status::unavailable(SHUTTING_DOWN))).await;
+                    let closing = ApiError::Unavailable { message: SHUTTING_DOWN.to_owned() };
+                    let _ = self.outbound.send(Err(closing.into())).await;
                     break "the server is shutting down".to_string();
                 }
                 message = self.inbound.message() => match message {
@@ -331,9 +332,12 @@ impl Session {
                 },
                 _ = heartbeat.tick() => {
                     if last_heard.elapsed() > self.lease {
-                        let _ = self.outbound.send(Err(Status::deadline_exceeded(
-                            "no message within the lease; reconnect and register again",
-                        ))).await;
+                        let expired = ApiError::DeadlineExceeded {
+                            message: String::from(
+                                "no message within the lease; reconnect and register again",
+                            ),
+                        };
+                        let _ = self.outbound.send(Err(expired.into())).await;
                         break "the lease expired".to_string();
                     }
                     let beat = v1::ServerMessage { message: Some(v1::server_message::Message::Heartbeat(v1::Heartbeat {})) };

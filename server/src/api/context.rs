@@ -4,16 +4,14 @@
 
 use std::sync::Arc;
 
-use tonic::Status;
 use tonic::metadata::MetadataMap;
 
 use crate::auth::{AdminToken, Caller, authenticate};
 use crate::graph::validate::{FieldViolation, ValidationLimits};
+use crate::status::ApiError;
 use crate::tenant::{DirectoryError, TenantDirectory, TenantError, TenantHandle};
 use crate::watch::FollowSettings;
 use crate::watch::fleet::FleetLog;
-
-use super::status::ApiError;
 
 /// Shared state of the gRPC services.
 #[derive(Clone)]
@@ -50,7 +48,7 @@ pub struct WatchSettings {
 
 impl ApiContext {
     /// Authenticates the caller from the request metadata.
-    pub fn caller(&self, metadata: &MetadataMap) -> Result<Caller, Status> {
+    pub fn caller(&self, metadata: &MetadataMap) -> Result<Caller, ApiError> {
         authenticate(metadata, &self.admin, &*self.directory)
     }
 
@@ -66,13 +64,15 @@ impl ApiContext {
     }
 
     /// Refuses callers that are not the admin.
-    pub fn require_admin(&self, caller: Caller) -> Result<(), Status> {
+    pub fn require_admin(&self, caller: Caller) -> Result<(), ApiError> {
         if caller.is_admin() {
             Ok(())
         } else {
-            Err(Status::permission_denied(
-                "this RPC needs the admin token; tenant tokens may only use their own tenant",
-            ))
+            Err(ApiError::PermissionDenied {
+                message: String::from(
+                    "this RPC needs the admin token; tenant tokens may only use their own tenant",
+                ),
+            })
         }
     }
 }

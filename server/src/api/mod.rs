@@ -1,8 +1,9 @@
-//! The gRPC edge: the services, tenant views, and the one place where
-//! internal errors become `tonic::Status`. The conversions between proto and
-//! internal types live one room below, in [`crate::wire`], so that
+//! The gRPC edge: the services and tenant views. The conversions between
+//! proto and internal types live one room below, in [`crate::wire`], so that
 //! [`crate::watch`] and [`crate::tenant`] can use them without importing
-//! from here. Proto types stop here; everything inward speaks the engine's
+//! from here; the one place where errors become `tonic::Status` is
+//! [`crate::status`], below this room and below [`crate::auth`] and
+//! [`crate::limits`], which refuse calls too. Proto types stop here; everything inward speaks the engine's
 //! own types, with one exception: watch and fleet events are built, stored
 //! and streamed in their wire form (see [`crate::watch`]).
 
@@ -10,7 +11,6 @@ pub mod configurators;
 pub mod context;
 pub mod paging;
 pub mod reconciler;
-pub mod status;
 pub mod tenants;
 pub mod views;
 pub mod watch;

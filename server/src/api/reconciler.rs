@@ -16,6 +16,7 @@ use crate::engine::plan::WaitReason;
 use crate::graph::ItemState;
 use crate::graph::validate::{FieldViolation, validate_items, validate_name};
 use crate::graph::{ItemRef, subgraph_contains};
+use crate::status::ApiError;
 use crate::tenant::oplog::LogEntry;
 use crate::tenant::submit::normalize_subgraph;
 use crate::tenant::{ExternalChange, TenantHandle, TenantSnapshot, ValidatedSubmit};
@@ -27,7 +28,6 @@ use crate::wire::{
 
 use super::context::{ApiContext, invalid};
 use super::paging::PageToken;
-use super::status::ApiError;
 use super::views::tenant_status;
 
 /// How long `Reconcile{wait}` waits when the request names no timeout,

@@ -6,10 +6,10 @@ use tonic::{Request, Response, Status};
 use tracing::instrument;
 
 use crate::graph::validate::validate_name;
+use crate::status::ApiError;
 
 use super::context::{ApiContext, invalid};
 use super::paging::{decode_text, encode_text};
-use super::status::ApiError;
 use super::views::{limits_from_proto, tenant_to_proto};
 
 /// Tenants per ListTenants page when the request names no size, and the most.

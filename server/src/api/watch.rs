@@ -14,6 +14,7 @@ use tokio_stream::{Stream, StreamExt as _};
 use tonic::Status;
 
 use crate::graph::ItemRef;
+use crate::status::ApiError;
 use crate::tenant::{TenantHandle, TenantSnapshot};
 use crate::watch::fleet::{FleetLog, FleetWire};
 use crate::watch::stream::{HistorySource, Wire, follow};
@@ -21,7 +22,6 @@ use crate::watch::{TenantFilter, WatchError};
 use crate::wire::{intended_item_to_proto, item_status};
 
 use super::context::{WatchSettings, invalid};
-use super::status::ApiError;
 
 /// Messages buffered per stream between the follower and the transport.
 const STREAM_BUFFER: usize = 16;
@@ -264,5 +264,28 @@ pub fn watch_fleet(
 fn to_statuses<M: Send + 'static>(
     receiver: mpsc::Receiver<Result<M, WatchError>>,
 ) -> impl Stream<Item = Result<M, Status>> + Send {
-    ReceiverStream::new(receiver).map(|message| message.map_err(Status::from))
+    ReceiverStream::new(receiver)
+        .map(|message| message.map_err(|error| Status::from(ApiError::from(error))))
+}
+
+impl From<WatchError> for ApiError {
+    fn from(error: WatchError) -> Self {
+        match error {
+            WatchError::SlowConsumer { retry_after } => Self::SlowConsumer { retry_after },
+            WatchError::RevisionCompacted {
+                requested,
+                compact_revision,
+            } => Self::RevisionCompacted {
+                requested,
+                compact_revision,
+            },
+            WatchError::TenantDeleted => Self::TenantDeleted,
+            WatchError::ShuttingDown => Self::Unavailable {
+                message: String::from(
+                    "the server is shutting down; resume the watch from the last revision received",
+                ),
+            },
+            WatchError::History(message) => Self::internal(message),
+        }
+    }
 }

@@ -13,17 +13,16 @@ mod connections;
 mod rate;
 
 use std::collections::HashSet;
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use prost::Message as _;
 use tokio::sync::Semaphore;
-use tonic::Code;
 use tonic::body::Body;
 use tonic::codegen::BoxFuture;
 use tonic::codegen::http::{Request, Response};
-use tonic_types::{ErrorDetails, StatusExt as _};
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt as _};
 
@@ -31,6 +30,8 @@ pub use agents::{AgentCounts, AgentSlot, TooManyAgents};
 use connections::connection_slot;
 pub use connections::{ConnectionSlot, ConnectionSlots, LimitedConnectInfo, LimitedConnection};
 use rate::RateLimiter;
+
+use crate::status::ApiError;
 
 /// Locks a mutex of the limits' bookkeeping; a poisoned lock still holds
 /// consistent counts (no update panics halfway).
@@ -143,11 +144,16 @@ pub struct LimitsService<S> {
     shared: Arc<Shared>,
 }
 
+// The wrapped service cannot fail (tonic's router answers every call with a
+// response), so whatever the unary stack fails with comes from its own load
+// shedding or timeout.
 impl<S> Service<Request<Body>> for LimitsService<S>
 where
-    S: Service<Request<Body>, Response = Response<Body>> + Clone + Send + 'static,
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
 {
     type Response = Response<Body>;
     type Error = BoxError;
@@ -217,12 +223,15 @@ impl<S> LimitsService<S> {
 
 /// `RESOURCE_EXHAUSTED` with a `RetryInfo`, as an HTTP response.
 fn retry_later(message: &str, retry_after: Duration) -> Response<Body> {
-    tonic::Status::with_error_details(
-        Code::ResourceExhausted,
-        message,
-        ErrorDetails::with_retry_info(Some(retry_after)),
-    )
-    .into_http()
+    refuse(ApiError::Overloaded {
+        message: message.to_owned(),
+        retry_after,
+    })
+}
+
+/// The status of `error` as an HTTP response.
+fn refuse(error: ApiError) -> Response<Body> {
+    tonic::Status::from(error).into_http()
 }
 
 /// Turns a failure of the unary stack (shed, timed out) into a status.
@@ -234,13 +243,18 @@ fn unary_failure(error: BoxError, timeout: Duration) -> Response<Body> {
             BUSY_RETRY_AFTER,
         )
     } else if error.is::<tower::timeout::error::Elapsed>() {
-        tonic::Status::deadline_exceeded(format!(
-            "the call ran longer than the server allows ({} s, request_timeout_secs)",
-            timeout.as_secs()
-        ))
-        .into_http()
+        refuse(ApiError::DeadlineExceeded {
+            message: format!(
+                "the call ran longer than the server allows ({} s, request_timeout_secs)",
+                timeout.as_secs()
+            ),
+        })
     } else {
-        tonic::Status::from_error(error).into_http()
+        // The wrapped service is infallible and the concurrency limit only
+        // waits, so nothing else can fail here.
+        refuse(ApiError::internal(format!(
+            "the limits layer failed unexpectedly: {error}"
+        )))
     }
 }
 
@@ -260,12 +274,7 @@ fn message_too_large_as_quota(response: Response<Body>) -> Response<Body> {
         })
         .map(percent_decode);
     match (out_of_range, too_large) {
-        (true, Some(message)) => tonic::Status::with_error_details(
-            Code::ResourceExhausted,
-            format!("the request is larger than the server accepts: {message}; split it (e.g. into subgraphs)"),
-            ErrorDetails::with_quota_failure_violation("max_message_bytes", message),
-        )
-        .into_http(),
+        (true, Some(detail)) => refuse(ApiError::MessageTooLarge { detail }),
         _ => response,
     }
 }

@@ -1,5 +1,6 @@
 //! Why a watch cannot start, or why it ended. The API layer maps these to
-//! gRPC statuses (`api/status.rs`); nothing here knows the wire.
+//! API errors (`api/watch.rs`), which [`crate::status`] turns into gRPC
+//! statuses; nothing here knows the wire.
 
 use std::time::Duration;
 

@@ -1,11 +1,17 @@
-//! Errors of the API layer and their one mapping to `tonic::Status`
-//! (DESIGN section 8, error table).
+//! The one place where errors become `tonic::Status` (DESIGN section 8,
+//! error table).
 //!
-//! Handlers turn whatever went wrong into an [`ApiError`]; `From<ApiError>
-//! for tonic::Status` picks the gRPC code, writes a message that says what
-//! went wrong and what to do, and attaches the `google.rpc` details
-//! (`BadRequest`, `ErrorInfo`, `QuotaFailure`, `RetryInfo`) that clients
-//! decode with `tonic_types::StatusExt`.
+//! Whatever refuses a call (the handlers in [`crate::api`], authentication
+//! in [`crate::auth`], the global limits in [`crate::limits`]) says why with
+//! an [`ApiError`]; `From<ApiError> for tonic::Status` picks the gRPC code,
+//! writes a message that says what went wrong and what to do, and attaches
+//! the `google.rpc` details (`BadRequest`, `ErrorInfo`, `QuotaFailure`,
+//! `RetryInfo`) that clients decode with `tonic_types::StatusExt`.
+//!
+//! This room sits below every room that refuses calls and depends only on
+//! [`crate::graph`], so any of them may use it without reaching up into
+//! `api/`. Conversions from a room's own errors into [`ApiError`] live next
+//! to the callers that need them (e.g. `From<WatchError>` in `api/watch.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -149,6 +155,47 @@ pub enum ApiError {
         /// The subgraph that lists it now (empty = root).
         subgraph: String,
     },
+    /// A global server limit (connections, request rate, unary calls
+    /// running at once) refused the call: `RESOURCE_EXHAUSTED` with a
+    /// `RetryInfo` saying when to try again.
+    #[error("{message}")]
+    Overloaded {
+        /// Which limit was reached (naming its setting) and what to do.
+        message: String,
+        /// How long to wait before retrying.
+        retry_after: Duration,
+    },
+    /// The request message is larger than `max_message_bytes`:
+    /// `RESOURCE_EXHAUSTED` with a `QuotaFailure` on `max_message_bytes`
+    /// whose description is `detail`.
+    #[error(
+        "the request is larger than the server accepts: {detail}; split it \
+         (e.g. into subgraphs)"
+    )]
+    MessageTooLarge {
+        /// What the transport said about the sizes, e.g. `decoded message
+        /// length too large: found 17000000 bytes, the limit is: 16777216 bytes`.
+        detail: String,
+    },
+    /// The caller is authenticated but this RPC is not for it (e.g. a
+    /// tenant token on an admin RPC): `PERMISSION_DENIED`, no details.
+    #[error("{message}")]
+    PermissionDenied {
+        /// What the RPC needs and what the caller's token may do instead.
+        message: String,
+    },
+    /// Something did not happen in time (a call ran past the server's
+    /// timeout, an agent did not register or went silent past its lease):
+    /// `DEADLINE_EXCEEDED`, no details.
+    #[error("{message}")]
+    DeadlineExceeded {
+        /// What took too long, the limit, and what to do.
+        message: String,
+    },
+    /// A `Configurators.Connect` stream ended before its first message,
+    /// which must be `Register`: `INVALID_ARGUMENT`, no details.
+    #[error("the stream ended before Register")]
+    StreamEndedBeforeRegister,
     /// A page token refers to a revision that is no longer available:
     /// `ABORTED`.
     #[error(
@@ -214,6 +261,13 @@ impl ApiError {
         }
     }
 
+    /// Missing or bad credentials, with a message saying what to send.
+    pub fn unauthenticated(message: impl Into<String>) -> Self {
+        Self::Unauthenticated {
+            message: message.into(),
+        }
+    }
+
     /// An internal error with this message.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::Internal {
@@ -224,15 +278,20 @@ impl ApiError {
     /// The gRPC code this error maps to.
     pub fn code(&self) -> Code {
         match self {
-            Self::InvalidArgument { .. } | Self::ItemInOtherSubgraph { .. } => {
-                Code::InvalidArgument
-            }
+            Self::InvalidArgument { .. }
+            | Self::ItemInOtherSubgraph { .. }
+            | Self::StreamEndedBeforeRegister => Code::InvalidArgument,
             Self::NotFound { .. } | Self::TenantDeleted => Code::NotFound,
             Self::GenerationMismatch { .. }
             | Self::UnsupportedProtocol { .. }
             | Self::TypeHeld { .. } => Code::FailedPrecondition,
             Self::Unauthenticated { .. } => Code::Unauthenticated,
-            Self::QuotaExceeded { .. } | Self::SlowConsumer { .. } => Code::ResourceExhausted,
+            Self::QuotaExceeded { .. }
+            | Self::SlowConsumer { .. }
+            | Self::Overloaded { .. }
+            | Self::MessageTooLarge { .. } => Code::ResourceExhausted,
+            Self::PermissionDenied { .. } => Code::PermissionDenied,
+            Self::DeadlineExceeded { .. } => Code::DeadlineExceeded,
             Self::RevisionCompacted { .. } => Code::OutOfRange,
             Self::PageTokenExpired => Code::Aborted,
             Self::AlreadyExists { .. } => Code::AlreadyExists,
@@ -263,9 +322,13 @@ impl ApiError {
                 subject.clone(),
                 description.clone(),
             )),
-            Self::SlowConsumer { retry_after } => {
+            Self::SlowConsumer { retry_after } | Self::Overloaded { retry_after, .. } => {
                 Some(ErrorDetails::with_retry_info(Some(*retry_after)))
             }
+            Self::MessageTooLarge { detail } => Some(ErrorDetails::with_quota_failure_violation(
+                "max_message_bytes",
+                detail.clone(),
+            )),
             Self::RevisionCompacted {
                 requested,
                 compact_revision,
@@ -294,6 +357,9 @@ impl ApiError {
             Self::NotFound { .. }
             | Self::TenantDeleted
             | Self::Unauthenticated { .. }
+            | Self::PermissionDenied { .. }
+            | Self::DeadlineExceeded { .. }
+            | Self::StreamEndedBeforeRegister
             | Self::PageTokenExpired
             | Self::AlreadyExists { .. }
             | Self::Unavailable { .. }
@@ -322,35 +388,6 @@ impl ApiError {
             ),
         );
         details
-    }
-}
-
-impl From<crate::watch::WatchError> for ApiError {
-    fn from(error: crate::watch::WatchError) -> Self {
-        use crate::watch::WatchError;
-        match error {
-            WatchError::SlowConsumer { retry_after } => Self::SlowConsumer { retry_after },
-            WatchError::RevisionCompacted {
-                requested,
-                compact_revision,
-            } => Self::RevisionCompacted {
-                requested,
-                compact_revision,
-            },
-            WatchError::TenantDeleted => Self::TenantDeleted,
-            WatchError::ShuttingDown => Self::Unavailable {
-                message: String::from(
-                    "the server is shutting down; resume the watch from the last revision received",
-                ),
-            },
-            WatchError::History(message) => Self::internal(message),
-        }
-    }
-}
-
-impl From<crate::watch::WatchError> for Status {
-    fn from(error: crate::watch::WatchError) -> Self {
-        ApiError::from(error).into()
     }
 }
 
@@ -521,11 +558,15 @@ mod tests {
 
     #[test]
     fn bad_credentials_are_unauthenticated() {
-        let status = status(ApiError::Unauthenticated {
-            message: "missing authorization metadata; send `authorization: Bearer <token>`".into(),
-        });
+        let status = status(ApiError::unauthenticated(
+            "missing authorization metadata; send `authorization: Bearer <token>`",
+        ));
         assert_eq!(status.code(), Code::Unauthenticated);
-        assert!(status.message().contains("Bearer"));
+        assert_eq!(
+            status.message(),
+            "missing authorization metadata; send `authorization: Bearer <token>`"
+        );
+        assert!(status.get_error_details_vec().is_empty());
     }
 
     #[test]
@@ -607,6 +648,78 @@ mod tests {
         );
         assert_eq!(metadata_of(&status, "item").as_deref(), Some("vlan/10"));
         assert_eq!(violation_fields(&status), ["items[4]"]);
+    }
+
+    #[test]
+    fn overloads_are_resource_exhausted_with_retry_info_and_the_message_verbatim() {
+        let message = "the server's request rate limit (max_requests_per_second) is reached; \
+                       retry after the delay in RetryInfo";
+        let status = status(ApiError::Overloaded {
+            message: message.into(),
+            retry_after: Duration::from_millis(250),
+        });
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert_eq!(status.message(), message);
+        assert_eq!(
+            status
+                .get_details_retry_info()
+                .and_then(|info| info.retry_delay),
+            Some(Duration::from_millis(250))
+        );
+        assert!(status.get_details_quota_failure().is_none());
+    }
+
+    #[test]
+    fn oversized_messages_are_quota_failures_on_max_message_bytes() {
+        let detail = "Error, decoded message length too large: found 17000000 bytes, \
+                      the limit is: 16777216 bytes";
+        let status = status(ApiError::MessageTooLarge {
+            detail: detail.into(),
+        });
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert_eq!(
+            status.message(),
+            format!(
+                "the request is larger than the server accepts: {detail}; split it \
+                 (e.g. into subgraphs)"
+            )
+        );
+        let violations = status
+            .get_details_quota_failure()
+            .map(|quota| quota.violations)
+            .unwrap_or_default();
+        assert_eq!(violations.len(), 1);
+        assert_eq!(violations[0].subject, "max_message_bytes");
+        assert_eq!(violations[0].description, detail);
+        assert!(status.get_details_retry_info().is_none());
+    }
+
+    #[test]
+    fn permission_denied_and_deadline_exceeded_carry_their_message_and_no_details() {
+        let denied = status(ApiError::PermissionDenied {
+            message: "this RPC needs the admin token".into(),
+        });
+        assert_eq!(denied.code(), Code::PermissionDenied);
+        assert_eq!(denied.message(), "this RPC needs the admin token");
+        assert!(denied.get_error_details_vec().is_empty());
+
+        let late = status(ApiError::DeadlineExceeded {
+            message: "send Register as the first message within 10 s".into(),
+        });
+        assert_eq!(late.code(), Code::DeadlineExceeded);
+        assert_eq!(
+            late.message(),
+            "send Register as the first message within 10 s"
+        );
+        assert!(late.get_error_details_vec().is_empty());
+    }
+
+    #[test]
+    fn a_stream_ending_before_register_is_invalid_without_details() {
+        let status = status(ApiError::StreamEndedBeforeRegister);
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(status.message(), "the stream ended before Register");
+        assert!(status.get_error_details_vec().is_empty());
     }
 
     #[test]
