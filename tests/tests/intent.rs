@@ -97,7 +97,7 @@ async fn a_submitted_intent_is_stored_planned_and_shown_pending_without_configur
         .find(|c| c.r#type == "Ready")
         .expect("Ready condition");
     assert_eq!(ready.status, v1::ConditionStatus::False as i32);
-    assert_eq!(ready.reason, "WAITING_FOR_CONFIGURATOR");
+    assert_eq!(ready.reason, "WaitingForConfigurator");
 }
 
 #[tokio::test]

@@ -415,7 +415,8 @@ async fn a_wait_answer_asks_again_later_without_counting_an_attempt() {
     let again = agent.next_operation().await;
     assert_eq!(label(&again), "create dir/etc");
     assert_eq!(again.attempt, 1, "WAIT does not count an attempt");
-    assert_ne!(again.op_id, first.op_id);
+    // DESIGN section 4: a re-ask after WAIT keeps the op id and attempt.
+    assert_eq!(again.op_id, first.op_id, "the re-ask is the same operation");
     agent.answer(&again, v1::Outcome::Done).await;
     let graph = client
         .get_graph(v1::GetGraphRequest {

@@ -733,7 +733,7 @@ async fn fleet_lists_every_tenant_with_conditions_and_counts() {
         .find(|line| line.starts_with("acme "))
         .unwrap_or_else(|| panic!("no row for acme: {fleet:?}"));
     assert!(
-        acme.contains("PENDING 2") && acme.contains("WAITING_FOR_CONFIGURATOR"),
+        acme.contains("PENDING 2") && acme.contains("WaitingForConfigurator"),
         "{acme}"
     );
     assert!(

@@ -15,7 +15,9 @@
 //!   remembered too, so a re-delivery after the acknowledgement (the server
 //!   re-issues journaled operations after a reconnect or restart) is
 //!   answered without running again; older ones run again (operations are
-//!   idempotent).
+//!   idempotent). A `WAIT` answer settles nothing: the server asks again
+//!   later with the same op_id and attempt, and that request runs the
+//!   operation again.
 //! - **Results until acknowledged.** Every result is kept until its
 //!   `ResultAck`. The server acknowledges every result it receives, in order,
 //!   so acks pop results per (op_id, attempt) first in, first out. After a
@@ -394,7 +396,7 @@ impl SessionState {
             self.unacked.remove(&key);
         }
         if let Some(result) = acknowledged
-            && result.outcome() != v1::Outcome::InProgress
+            && settles(result.outcome())
         {
             self.remember_acked(key.clone(), result);
         }
@@ -436,7 +438,8 @@ impl SessionState {
         actions.push(Action::Start(start));
     }
 
-    /// The newest final result held or remembered for `key`, if any.
+    /// The newest result held or remembered for `key` that settles the
+    /// operation (not `IN_PROGRESS`, not `WAIT`), if any.
     fn known_final_result(&self, key: &OpKey) -> Option<v1::OperationResult> {
         self.unacked
             .get(key)
@@ -445,7 +448,7 @@ impl SessionState {
                     .results
                     .iter()
                     .rev()
-                    .find(|result| result.outcome() != v1::Outcome::InProgress)
+                    .find(|result| settles(result.outcome()))
                     .cloned()
             })
             .or_else(|| self.acked.get(key).cloned())
@@ -786,6 +789,29 @@ mod tests {
             action,
             Action::Event(AgentEvent::OperationReceived { op_id, .. }) if op_id == "op-1"
         )));
+    }
+
+    #[test]
+    fn a_re_ask_after_wait_runs_the_operation_again_under_the_same_key() {
+        let mut state = state();
+        let _ = state.on_server_message(create("op-1", 1));
+        let actions = state.on_operation_event(finished(
+            "op-1",
+            1,
+            Outcome::Wait {
+                retry_after: Duration::from_millis(200),
+            },
+        ));
+        assert_eq!(
+            sent_results(&actions),
+            [("op-1".to_string(), 1, v1::Outcome::Wait)]
+        );
+        let _ = state.on_server_message(ack("op-1", 1));
+        // DESIGN section 4: the re-ask keeps op_id and attempt, and asks
+        // the configurator again.
+        let actions = state.on_server_message(create("op-1", 1));
+        assert_eq!(starts(&actions).len(), 1, "the re-ask runs again");
+        assert!(sent_results(&actions).is_empty(), "no cached WAIT is replayed");
     }
 
     #[test]
@@ -1136,4 +1162,11 @@ mod tests {
         assert_eq!(heartbeat_interval(&registered), Duration::from_secs(1));
         assert_eq!(lease(&registered), Duration::from_secs(2));
     }
+}
+
+/// Whether a result settles its operation, so that a repeated request is
+/// answered with it: `IN_PROGRESS` promises a later result and `WAIT` asks
+/// to be asked again (DESIGN section 4), so neither does.
+fn settles(outcome: v1::Outcome) -> bool {
+    !matches!(outcome, v1::Outcome::InProgress | v1::Outcome::Wait)
 }

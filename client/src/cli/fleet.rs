@@ -188,7 +188,7 @@ mod tests {
             name: "acme".into(),
             status: Some(v1::TenantStatus {
                 conditions: vec![
-                    condition("Ready", false, "WAITING_FOR_CONFIGURATOR"),
+                    condition("Ready", false, "WaitingForConfigurator"),
                     condition("Reconciling", false, ""),
                     condition("Stalled", false, ""),
                 ],
@@ -207,6 +207,6 @@ mod tests {
             "{text}"
         );
         assert!(row.contains("PENDING 2"), "{text}");
-        assert!(row.ends_with("WAITING_FOR_CONFIGURATOR"), "{text}");
+        assert!(row.ends_with("WaitingForConfigurator"), "{text}");
     }
 }

@@ -35,7 +35,7 @@ pub struct Condition {
     pub kind: ConditionKind,
     /// Whether it holds.
     pub status: bool,
-    /// A CamelCase or UPPER_CASE reason code.
+    /// A CamelCase reason code (DESIGN section 5), e.g. `WaitingForDependencies`.
     pub reason: String,
     /// A sentence for humans.
     pub message: String,
@@ -200,12 +200,12 @@ fn waiting_summary(waiting: &WaitingSummary) -> (String, String) {
         return ("Converged".into(), String::new());
     };
     let code = match reason {
-        WaitReason::Dependency => "WAITING_FOR_DEPENDENCIES",
-        WaitReason::NoConfigurator => "WAITING_FOR_CONFIGURATOR",
-        WaitReason::Backoff => "WAITING_FOR_RETRY",
-        WaitReason::Blocked => "BLOCKED",
-        WaitReason::TerminalFailure => "TERMINAL_FAILURE",
-        WaitReason::UnknownOutcome => "UNKNOWN_OUTCOME",
+        WaitReason::Dependency => "WaitingForDependencies",
+        WaitReason::NoConfigurator => "WaitingForConfigurator",
+        WaitReason::Backoff => "WaitingForRetry",
+        WaitReason::Blocked => "Blocked",
+        WaitReason::TerminalFailure => "TerminalFailure",
+        WaitReason::UnknownOutcome => "UnknownOutcome",
     };
     (
         code.into(),
@@ -286,7 +286,7 @@ mod tests {
             .iter()
             .find(|c| c.kind == ConditionKind::Ready)
             .expect("ready condition");
-        assert_eq!(ready.reason, "WAITING_FOR_CONFIGURATOR");
+        assert_eq!(ready.reason, "WaitingForConfigurator");
         p.now_ms = 900 + 300_000;
         let (late, _) = compute_conditions(&early, 0, &p);
         assert!(status(&late, ConditionKind::Stalled));
