@@ -115,6 +115,9 @@ pub enum Step {
     LongRunning(Gate),
     /// Never answers (a cancellation is still recorded).
     Hang,
+    /// Answers nothing until cancelled, then ends with `CANCELLED`, as a
+    /// configurator that honours cancellation does.
+    UntilCancelled,
 }
 
 #[derive(Debug, Default)]
@@ -322,6 +325,11 @@ impl Recorder {
                 ctx.cancelled().await;
                 self.record_cancellation(ctx.op_id());
                 std::future::pending().await
+            }
+            Step::UntilCancelled => {
+                ctx.cancelled().await;
+                self.record_cancellation(ctx.op_id());
+                Outcome::failed(Code::Cancelled, "cancelled by the server")
             }
         }
     }

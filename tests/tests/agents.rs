@@ -481,7 +481,10 @@ async fn a_changed_intent_cancels_the_running_create_accepts_its_late_result_and
 #[tokio::test]
 async fn an_operation_that_outlives_its_timeout_fails_with_deadline_exceeded_and_is_retried() {
     let recorder = Recorder::new();
-    recorder.script(OperationKind::Create, t_ref("a"), [Step::Hang]);
+    // The retry keeps the op id (DESIGN 4); the SDK starts attempt 2 once
+    // the cancelled attempt 1 has returned, so the configurator honours
+    // the cancel here.
+    recorder.script(OperationKind::Create, t_ref("a"), [Step::UntilCancelled]);
     let (tenant, _agent) = tenant_with_agent(
         TypeSpec::new("t")
             .operation_timeout(Duration::from_millis(300))
@@ -502,6 +505,10 @@ async fn an_operation_that_outlives_its_timeout_fails_with_deadline_exceeded_and
     let received = recorder.wait_for_operations(2).await;
     assert_eq!(labels(&received), ["create t/a", "create t/a"]);
     assert_eq!((received[0].attempt, received[1].attempt), (1, 2));
+    assert_eq!(
+        received[0].op_id, received[1].op_id,
+        "a retry keeps its op id"
+    );
     assert!(
         recorder.cancelled().contains(&received[0].op_id),
         "the timed-out attempt is cancelled on the agent"

@@ -13,6 +13,12 @@
 //!   the server acknowledges it and resends it after reconnecting;
 //! - answers `CancelOperation` by firing the operation's cancellation token
 //!   and sending `CancelAck` once its result is out;
+//! - runs two attempts of one operation never at once: a retry (same op_id,
+//!   next attempt, e.g. after a timeout) cancels the older attempt and
+//!   starts when it has returned, so a configurator must return once its
+//!   context is cancelled ([`OperationContext::cancelled`]);
+//! - asks the configurator again when the server re-asks after `WAIT`
+//!   (same op_id and attempt);
 //! - sends heartbeats every `heartbeat_interval` and reconnects when the
 //!   server falls silent for its lease;
 //! - reconnects with exponential backoff and jitter (100 ms doubling to 5 s
