@@ -811,7 +811,10 @@ mod tests {
         // the configurator again.
         let actions = state.on_server_message(create("op-1", 1));
         assert_eq!(starts(&actions).len(), 1, "the re-ask runs again");
-        assert!(sent_results(&actions).is_empty(), "no cached WAIT is replayed");
+        assert!(
+            sent_results(&actions).is_empty(),
+            "no cached WAIT is replayed"
+        );
     }
 
     #[test]

@@ -19,9 +19,11 @@ use tracing::{debug, instrument, warn};
 
 use crate::agents::{FromAgent, Grant, Registration, RegistrationError, SessionLink};
 use crate::engine::exec::TypeSpec;
-use crate::engine::plan::{Plan, PlanEnvironment, TypeRules, WaitReason, plan_operations};
+use crate::engine::plan::{
+    BlockedBy, Plan, PlanEnvironment, TypeRules, WaitReason, WaitingItem, plan_operations,
+};
 use crate::engine::transition::{CurrentUpdates, apply_updates, bookkeeping_updates, coalesce};
-use crate::graph::{CurrentItem, IntendedItem, Item, ItemRef};
+use crate::graph::{CurrentItem, IntendedItem, Item, ItemRef, OperationKind};
 use crate::store::{Store, WriteBatch};
 use crate::watch::TenantEvents;
 use crate::watch::events::{ItemChange, conditions_changed, intent_changed, stamp};
@@ -379,6 +381,10 @@ pub(super) struct Owner {
     pub(super) next_resync: Instant,
     /// Items of READ-capable types to read back (periodic resync).
     pub(super) pending_reads: BTreeSet<ItemRef>,
+    /// Items a pass changed without an operation (dropped with a vanished
+    /// external item, or settled after a failure): the next turn of the
+    /// loop plans them again, so what they now need is planned and shown.
+    pub(super) follow_up: BTreeSet<ItemRef>,
     /// Committed events, for watchers.
     pub(super) events: Arc<TenantEvents>,
     /// Events of the next commit that the commit cannot derive itself
@@ -428,6 +434,7 @@ impl Owner {
             next_retry_ms: None,
             next_resync,
             pending_reads: BTreeSet::new(),
+            follow_up: BTreeSet::new(),
             events,
             pending_events: Vec::new(),
             oldest_event_ms,
@@ -444,6 +451,13 @@ impl Owner {
         self.schedule_resync();
         let mut deferred: Option<Command> = None;
         loop {
+            if !self.follow_up.is_empty() {
+                let items = std::mem::take(&mut self.follow_up);
+                if let Err(error) = self.pass(Scope::Items(items)).await {
+                    warn!(tenant = %self.state.record.name, %error, "Follow-up pass failed.");
+                }
+                continue;
+            }
             let command = match deferred.take() {
                 Some(command) => command,
                 None => {
@@ -1023,18 +1037,40 @@ impl Owner {
             .extend(plan.unconverged.iter().cloned());
         for (key, _) in &plan.forget {
             self.state.unconverged.insert(key.clone());
+            self.follow_up.insert(key.clone());
         }
+        self.follow_up.extend(plan.settle.iter().cloned());
         // Operations that wait for other operations of the plan are woken
-        // by those operations' results, like waiting items by their blockers.
+        // by those operations' results, like waiting items by their
+        // blockers, and meanwhile show what they wait for (DESIGN 2).
         for (index, operation) in plan.operations.iter().enumerate() {
+            let mut blocked_by = Vec::new();
+            let mut waits_for_dependency = false;
             for predecessor in plan.predecessors(index) {
-                let blocker = plan.operations[predecessor].item.clone();
-                if blocker != operation.item {
+                let blocker = &plan.operations[predecessor];
+                if blocker.item != operation.item {
                     self.waiters
-                        .entry(blocker)
+                        .entry(blocker.item.clone())
                         .or_default()
                         .insert(operation.item.clone());
+                    waits_for_dependency |= blocker.kind != OperationKind::Delete;
+                    blocked_by.push(BlockedBy {
+                        item: blocker.item.clone(),
+                        why: format!("its {} runs first", blocker.kind.as_str()),
+                    });
                 }
+            }
+            if !blocked_by.is_empty() {
+                self.state.waiting.insert(WaitingItem {
+                    item: operation.item.clone(),
+                    operation: operation.kind,
+                    reason: if waits_for_dependency {
+                        WaitReason::Dependency
+                    } else {
+                        WaitReason::Blocked
+                    },
+                    blocked_by,
+                });
             }
         }
         let mut next_retry = self.next_retry_ms.filter(|at| *at > now);
