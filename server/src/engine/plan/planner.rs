@@ -183,8 +183,6 @@ pub(super) struct Planner<'a, E> {
     /// that shapes the plan follows.
     pub(super) order: Vec<Id>,
     queue: Vec<Id>,
-    /// Modify(key) waits for the Deletes of these dependents (rule 6).
-    deletes_before_modify: FxHashMap<Id, BTreeSet<Id>>,
     /// One in-flight Delete per item type: Creates of that type wait.
     inflight_deletes_by_type: FxHashMap<&'a str, Id>,
 }
@@ -213,7 +211,6 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             examined: Vec::new(),
             order: Vec::new(),
             queue: Vec::new(),
-            deletes_before_modify: FxHashMap::default(),
             inflight_deletes_by_type: FxHashMap::default(),
         }
     }
@@ -742,13 +739,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             let recreate = required_is_modified
                 && still_intended.is_some_and(|intended| intended.recreate_when_modified);
             if predicate_fails || recreate {
+                // The dependency's Modify waits for this Delete (see
+                // `modify_waits_for_dependents`).
                 self.mark_deleting(id);
-                if required_is_modified {
-                    self.deletes_before_modify
-                        .entry(required)
-                        .or_default()
-                        .insert(id);
-                }
                 return;
             }
         }
@@ -1095,8 +1088,11 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         schedule
     }
 
-    /// A Modify waits for operations in flight on its dependents, and for the
-    /// Deletes of dependents that must go before it (rule 6).
+    /// A Modify waits for the operations of its current dependents: those
+    /// in flight, and the Deletes this plan gives them (whether they go for
+    /// this Modify's sake, rules 4 and 6, or for their own), so that no
+    /// dependent is being deleted while the item it relies on changes
+    /// (rule 8).
     fn modify_waits_for_dependents(
         &mut self,
         id: Id,
@@ -1106,6 +1102,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let dependents = self.current_dependents(id);
         for index in 0..dependents.len as usize {
             let dependent = self.edge(dependents, index);
+            let deleting = self.is_deleting(dependent) && !self.is_dropped(dependent);
             let node = self.node(dependent);
             if let Some(current) = node.current
                 && current.is_busy()
@@ -1114,25 +1111,17 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                     item: node.item.clone(),
                     why: busy_words(current),
                 });
+                continue;
             }
-        }
-        let Some(dependents) = self.deletes_before_modify.get(&id) else {
-            return;
-        };
-        let mut dependents: Vec<Id> = dependents.iter().copied().collect();
-        dependents.sort_unstable_by(|&a, &b| self.node(a).item.cmp(self.node(b).item));
-        for dependent in dependents {
-            let node = &self.nodes[dependent as usize];
+            if !deleting {
+                continue;
+            }
             match &node.delete_schedule {
                 Some(Schedule::Ready { .. }) => after.push((dependent, OperationKind::Delete)),
-                Some(Schedule::Waiting { reason, .. }) => {
-                    if !node.busy() {
-                        blocked_by.push(BlockedBy {
-                            item: node.item.clone(),
-                            why: format!("its delete waits ({})", reason_words(*reason)),
-                        });
-                    }
-                }
+                Some(Schedule::Waiting { reason, .. }) => blocked_by.push(BlockedBy {
+                    item: node.item.clone(),
+                    why: format!("its delete waits ({})", reason_words(*reason)),
+                }),
                 Some(Schedule::NotNeeded) | None => {}
             }
         }

@@ -656,6 +656,24 @@ fn a_retryable_failure_past_max_attempts_stops_retries_like_a_terminal_one() {
 }
 
 #[test]
+fn a_modify_waits_for_the_planned_delete_of_a_dependent_that_leaves_the_intent() {
+    // b on a; b leaves, a changes: b is not being deleted while a changes.
+    let mut world = World::converged(vec![a(), b_on_a()]);
+    world.intend(vec![item("t/a", json!({"v": 2}))]);
+    let plan = world.plan();
+    let ready: Vec<String> = plan
+        .ready()
+        .map(|index| {
+            let operation = &plan.operations[index];
+            format!("{} {}", operation.kind.as_str(), operation.item)
+        })
+        .collect();
+    assert_eq!(ready, ["delete t/b"], "modify t/a waits for it");
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["delete t/b", "modify t/a"]);
+}
+
+#[test]
 fn a_create_waits_for_a_failed_modify_of_its_dependency() {
     let mut world = Case {
         current: vec![item("t/a", json!({"v": 1}))],
