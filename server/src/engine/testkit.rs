@@ -206,6 +206,14 @@ impl World {
             fn is_converged(&self, item: &ItemRef) -> bool {
                 !self.unconverged.contains(item)
             }
+            fn deletes_of_type(&self, item_type: &str) -> Vec<ItemRef> {
+                // Every unconverged item of the type: a superset is fine.
+                self.unconverged
+                    .iter()
+                    .filter(|item| &*item.item_type == item_type)
+                    .cloned()
+                    .collect()
+            }
         }
         let environment = Seeded {
             inner: &self.environment,

@@ -75,7 +75,16 @@ impl WaitingSet {
         }
     }
 
-    /// What `item` waits for.
+    /// The waiting items of one item type, in identity order.
+    pub fn of_type<'s>(&'s self, item_type: &'s str) -> impl Iterator<Item = &'s WaitingItem> + 's {
+        let start = ItemRef::new(item_type, "");
+        self.items
+            .range(start..)
+            .take_while(move |(key, _)| &*key.item_type == item_type)
+            .map(|(_, waiting)| waiting)
+    }
+
+    /// The waiting entry of `item`, if it waits.
     pub fn get(&self, item: &ItemRef) -> Option<&WaitingItem> {
         self.items.get(item)
     }

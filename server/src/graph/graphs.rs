@@ -367,6 +367,11 @@ pub struct CurrentGraph {
 }
 
 impl CurrentGraph {
+    /// The graph's own copy of identity `item`, if the item is current.
+    pub fn identity(&self, item: &ItemRef) -> Option<&ItemRef> {
+        self.items.get_key_value(item).map(|(key, _)| key)
+    }
+
     /// The current item with identity `item`.
     pub fn get(&self, item: &ItemRef) -> Option<&Arc<CurrentItem>> {
         self.items.get(item)

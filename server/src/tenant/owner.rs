@@ -120,6 +120,9 @@ pub struct SubmitOutcome {
     pub revision: u64,
 }
 
+/// How long a failed timer pass waits before the timer fires again.
+const TIMER_RETRY: Duration = Duration::from_secs(1);
+
 /// Results taken into one pass (and one commit) at most.
 const MAX_RESULTS_PER_PASS: usize = 256;
 
@@ -302,6 +305,9 @@ struct Environment<'a> {
     type_rules: &'a HashMap<String, TypeRules>,
     sessions: &'a BTreeMap<String, Holder>,
     unconverged: &'a BTreeSet<ItemRef>,
+    state: &'a TenantState,
+    operations: &'a BTreeMap<String, ItemRef>,
+    undispatched: &'a BTreeMap<String, BTreeSet<ItemRef>>,
     now_ms: u64,
 }
 
@@ -317,6 +323,29 @@ impl PlanEnvironment for Environment<'_> {
     }
     fn is_converged(&self, item: &ItemRef) -> bool {
         !self.unconverged.contains(item)
+    }
+    fn deletes_of_type(&self, item_type: &str) -> Vec<ItemRef> {
+        let in_flight = self.operations.values().filter(|item| {
+            *item.item_type == *item_type
+                && self
+                    .state
+                    .current
+                    .get(item)
+                    .and_then(|c| c.in_flight.as_ref())
+                    .is_some_and(|operation| operation.kind == OperationKind::Delete)
+        });
+        let waiting = self
+            .state
+            .waiting
+            .of_type(item_type)
+            .filter(|waiting| waiting.operation == OperationKind::Delete)
+            .map(|waiting| &waiting.item);
+        let undispatched = self.undispatched.get(item_type).into_iter().flatten();
+        in_flight
+            .chain(waiting)
+            .chain(undispatched)
+            .cloned()
+            .collect()
     }
 }
 
@@ -379,6 +408,8 @@ pub(super) struct Owner {
     pub(super) next_retry_ms: Option<u64>,
     /// When the next periodic full pass is due (monotonic clock).
     pub(super) next_resync: Instant,
+    /// After a failed timer pass: the timer fires again no earlier.
+    pub(super) timer_retry: Option<Instant>,
     /// Items of READ-capable types to read back (periodic resync).
     pub(super) pending_reads: BTreeSet<ItemRef>,
     /// Items a pass changed without an operation (dropped with a vanished
@@ -433,6 +464,7 @@ impl Owner {
             rng,
             next_retry_ms: None,
             next_resync,
+            timer_retry: None,
             pending_reads: BTreeSet::new(),
             follow_up: BTreeSet::new(),
             events,
@@ -474,8 +506,15 @@ impl Owner {
                         biased;
                         () = stop.cancelled() => break,
                         () = timer => {
-                            if let Err(error) = self.on_timer().await {
-                                warn!(tenant = %self.state.record.name, %error, "Timer pass failed.");
+                            match self.on_timer().await {
+                                Ok(()) => self.timer_retry = None,
+                                Err(error) => {
+                                    // Nothing changed, so the deadline that
+                                    // woke us is still due: wait before
+                                    // trying again rather than spin.
+                                    warn!(tenant = %self.state.record.name, %error, "Timer pass failed; retrying in a second.");
+                                    self.timer_retry = Some(self.monotonic() + TIMER_RETRY);
+                                }
                             }
                             continue;
                         }
@@ -821,6 +860,9 @@ impl Owner {
             type_rules: &self.state.type_rules,
             sessions: &self.sessions,
             unconverged: &self.state.unconverged,
+            state: &self.state,
+            operations: &self.operations,
+            undispatched: &self.undispatched,
             now_ms,
         }
     }
@@ -894,7 +936,7 @@ impl Owner {
         };
         let bookkeeping = bookkeeping_updates(&self.state.current, &plan);
         let (mut starts, mut journal, waiting_for_room) = self.prepare_dispatch(&plan, now);
-        let (reads, read_journal) = self.prepare_reads(now);
+        let (reads, read_journal) = self.prepare_reads(now, &plan, &starts);
         starts.extend(reads);
         journal.extend(read_journal);
         // Retry times and waiters are read from the state the plan saw.

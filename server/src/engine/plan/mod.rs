@@ -54,6 +54,15 @@ pub trait PlanEnvironment {
         let _ = item;
         false
     }
+    /// Items of `item_type` whose Delete is in flight or planned, as far
+    /// as the caller keeps them apart from the pass's seeds. A pass that
+    /// may create an item of that type examines them too, so that its
+    /// Creates wait for those Deletes (rule 8) whatever it was seeded
+    /// with. None is right when every unconverged item is a seed.
+    fn deletes_of_type(&self, item_type: &str) -> Vec<ItemRef> {
+        let _ = item_type;
+        Vec::new()
+    }
 }
 
 /// Why an item that needs an operation cannot have it yet.
@@ -219,3 +228,9 @@ mod scenarios;
 
 #[cfg(test)]
 mod properties;
+
+#[cfg(test)]
+mod oracle;
+
+#[cfg(test)]
+mod oracle_properties;

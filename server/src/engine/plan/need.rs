@@ -56,12 +56,12 @@ pub(super) fn own_need(
             let Some(applied) = &current.applied else {
                 return Need::Modify { ask: false };
             };
-            if applied.same_content(&intended.item) {
-                if dependency_was_modified(intended, current, current_graph) {
-                    Need::Recreate
-                } else {
-                    Need::Nothing
-                }
+            // A `recreate_when_modified` dependency modified since the item
+            // was created recreates it, whether or not its intent changed too.
+            if dependency_was_modified(intended, current, current_graph) {
+                Need::Recreate
+            } else if applied.same_content(&intended.item) {
+                Need::Nothing
             } else {
                 change_need(applied, intended, current, environment)
             }
@@ -121,12 +121,13 @@ fn dependency_was_modified(
             let Some(required) = current_graph.get(&dependency.requires) else {
                 return false;
             };
-            let recorded = current
+            // Only a dependency the existing item was created (or last
+            // modified) under has a mark; one the new intent adds does not
+            // recreate it.
+            current
                 .dependency_marks
                 .get(&dependency.requires)
-                .copied()
-                .unwrap_or(0);
-            recorded != required.modifications
+                .is_some_and(|&recorded| recorded != required.modifications)
         })
 }
 

@@ -185,6 +185,9 @@ pub(super) struct Planner<'a, E> {
     queue: Vec<Id>,
     /// One in-flight Delete per item type: Creates of that type wait.
     inflight_deletes_by_type: FxHashMap<&'a str, Id>,
+    /// Dependents the cascade spared because the intent retargets them
+    /// (rule 7); checked again once the cascade is complete.
+    retargeted: Vec<Id>,
 }
 
 impl<'a, E: PlanEnvironment> Planner<'a, E> {
@@ -212,6 +215,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             order: Vec::new(),
             queue: Vec::new(),
             inflight_deletes_by_type: FxHashMap::default(),
+            retargeted: Vec::new(),
         }
     }
 
@@ -246,8 +250,16 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             self.node_mut(id).seed = true;
             self.visit(id);
         }
+
+        let mut covered_types = BTreeSet::new();
         loop {
-            self.process_queue();
+            loop {
+                self.process_queue();
+                self.recheck_retargeted();
+                if !self.expand || !self.visit_deletes_of_new_types(&mut covered_types) {
+                    break;
+                }
+            }
             self.order = self.identity_order();
             for node in &mut self.nodes {
                 node.delete_schedule = None;
@@ -554,6 +566,32 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
     }
 
+    /// Examines the items whose Delete is in flight or planned (as the
+    /// environment knows them) of every type an examined item that is ours
+    /// to create has, and that no earlier call covered: a Create of that
+    /// type waits for them (rule 8). Whether it examined anything new.
+    fn visit_deletes_of_new_types(&mut self, covered: &mut BTreeSet<&'a str>) -> bool {
+        let current: &'a CurrentGraph = self.current;
+        let environment = self.environment;
+        let mut fresh = Vec::new();
+        for &id in &self.examined {
+            let item: &'a ItemRef = self.node(id).item;
+            if self.marks.has(id, OPERABLE) && covered.insert(&*item.item_type) {
+                fresh.push(&*item.item_type);
+            }
+        }
+        let before = self.examined.len();
+        for item_type in fresh {
+            for item in environment.deletes_of_type(item_type) {
+                if let Some(key) = current.identity(&item) {
+                    let id = self.id(key);
+                    self.visit(id);
+                }
+            }
+        }
+        self.examined.len() > before
+    }
+
     /// Examines what `id`'s fate depends on upstream: the items it relies
     /// on now (its applied dependencies) and will rely on (its intended
     /// ones), where they are not converged. A deletion planned anywhere
@@ -602,12 +640,50 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                     continue;
                 }
                 let node = self.node(dependent);
-                if node.current.is_some_and(|c| c.may_exist() || c.is_busy())
-                    && !self.retargets_away(dependent, id)
-                {
+                if !node.current.is_some_and(|c| c.may_exist() || c.is_busy()) {
+                    continue;
+                }
+                if self.retargets_away(dependent, id) {
+                    self.retargeted.push(dependent);
+                } else {
                     stack.push(dependent);
                 }
             }
+        }
+    }
+
+    /// A spared retargeted dependent whose new dependency the rest of the
+    /// cascade planned for deletion (or otherwise left unsatisfied) is
+    /// deleted after all; repeated until nothing changes, since that
+    /// deletion cascades in turn.
+    fn recheck_retargeted(&mut self) {
+        loop {
+            let mut doomed = Vec::new();
+            for index in 0..self.retargeted.len() {
+                let dependent = self.retargeted[index];
+                if self.is_deleting(dependent) {
+                    continue;
+                }
+                let Some(entry) = self.intended_of(dependent) else {
+                    continue;
+                };
+                let dependencies = self.required(dependent);
+                let satisfied = (0..dependencies.len as usize).all(|index| {
+                    let dependency = self.edge(dependencies, index);
+                    let predicate = entry.predicates.get(index).and_then(Option::as_ref);
+                    self.satisfied_now(dependency, predicate)
+                });
+                if !satisfied {
+                    doomed.push(dependent);
+                }
+            }
+            if doomed.is_empty() {
+                return;
+            }
+            for dependent in doomed {
+                self.mark_deleting(dependent);
+            }
+            self.process_queue();
         }
     }
 
@@ -688,6 +764,10 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let Some(applied) = current.applied.as_ref() else {
             return;
         };
+        // Every gone dependency counts, in any order: one that takes the
+        // item with it (`auto_deleted_by_external`) drops it without a
+        // call, any other gone one deletes it.
+        let (mut gone_plain, mut gone_auto) = (false, false);
         for dependency in &applied.dependencies {
             let required = self.id(&dependency.requires);
             let dropped = self.is_dropped(required);
@@ -698,12 +778,19 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             };
             if gone {
                 if dependency.auto_deleted_by_external {
-                    self.drop_item(id);
+                    gone_auto = true;
                 } else {
-                    self.mark_deleting(id);
+                    gone_plain = true;
                 }
-                return;
             }
+        }
+        if gone_auto {
+            self.drop_item(id);
+            return;
+        }
+        if gone_plain {
+            self.mark_deleting(id);
+            return;
         }
         if self.is_deleting(id) || current.is_busy() {
             return;
