@@ -913,6 +913,22 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                     None => {}
                 }
             }
+            // DESIGN 4: an UNKNOWN item blocks operations on its
+            // dependents, including one whose Modify drops it.
+            let unknown_dependency = self
+                .current
+                .get(item)
+                .and_then(|c| c.applied.as_ref())
+                .is_some_and(|applied| {
+                    applied.required_items().any(|required| {
+                        self.current
+                            .get(required)
+                            .is_some_and(|c| c.state == crate::graph::ItemState::Unknown)
+                    })
+                });
+            if unknown_dependency {
+                blocked = true;
+            }
         }
         if kind == OperationKind::Create {
             // Rule 8: a Delete of the same type in flight holds Creates.

@@ -37,8 +37,8 @@ use super::marks::{
 use super::need::{Need, own_need};
 use super::{BlockedBy, PlanEnvironment, WaitReason};
 use crate::graph::{
-    CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, ItemId, ItemRef, ItemSummary,
-    OperationKind, Predicate, Properties,
+    CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, ItemId, ItemRef, ItemState,
+    ItemSummary, OperationKind, Predicate, Properties,
 };
 
 /// Index of an item in the planner's arena.
@@ -1135,6 +1135,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
         if kind == OperationKind::Modify {
             self.modify_waits_for_dependents(id, &mut after, &mut waits_on_operations);
+            self.modify_waits_for_unknown_dependencies(id, &mut waits_on_operations);
         }
         if kind == OperationKind::Create
             && let Some(&deleting) = self.inflight_deletes_by_type.get(&*item.item_type)
@@ -1210,6 +1211,33 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                     why: format!("its delete waits ({})", reason_words(*reason)),
                 }),
                 Some(Schedule::NotNeeded) | None => {}
+            }
+        }
+    }
+
+    /// An UNKNOWN item blocks operations on its dependents (DESIGN 4),
+    /// also on one whose Modify drops the dependency: it depends on the
+    /// item until that Modify is done. (Dependencies the intent keeps are
+    /// checked with the others.)
+    fn modify_waits_for_unknown_dependencies(&mut self, id: Id, blocked_by: &mut Vec<BlockedBy>) {
+        let Some(applied) = self.current_of(id).and_then(|c| c.applied.as_ref()) else {
+            return;
+        };
+        let Some(intended) = self.intended_of(id) else {
+            return;
+        };
+        for dependency in &applied.dependencies {
+            if intended.item.dependency_on(&dependency.requires).is_some() {
+                continue;
+            }
+            let required = self.id(&dependency.requires);
+            if let Some(current) = self.current_of(required)
+                && current.state == ItemState::Unknown
+            {
+                blocked_by.push(BlockedBy {
+                    item: self.node(required).item.clone(),
+                    why: busy_words(current),
+                });
             }
         }
     }

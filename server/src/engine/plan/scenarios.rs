@@ -846,6 +846,28 @@ fn an_unknown_outcome_blocks_the_item_and_its_dependents_but_never_deletes_them(
     );
 }
 
+#[test]
+fn an_unknown_outcome_blocks_a_dependent_whose_modify_drops_the_dependency() {
+    // Found by the simulator (seed 1009): b's new intent no longer needs a,
+    // but b depends on a until that Modify is done, and a is UNKNOWN.
+    let mut world = World::converged(vec![a(), b_on_a()]);
+    let a_ref = parse_ref("t/a");
+    let mut unknown = (**world.current.get(&a_ref).expect("a")).clone();
+    unknown.state = ItemState::Unknown;
+    unknown.unknown_was_created = true;
+    world.current.insert(a_ref, unknown);
+    world.intend(vec![a(), item("t/b", json!({"v": 2}))]);
+    let plan = world.plan();
+    assert!(plan.operations.is_empty(), "{plan:?}");
+    let b = plan
+        .waiting
+        .iter()
+        .find(|w| w.item == parse_ref("t/b"))
+        .expect("b waits");
+    assert_eq!((b.operation, b.reason), (Modify, WaitReason::Blocked));
+    assert_eq!(b.blocked_by[0].item, parse_ref("t/a"));
+}
+
 // Rule 9: external items ---------------------------------------------------------
 
 fn external(identity: &str) -> Item {
