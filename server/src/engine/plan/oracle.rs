@@ -778,7 +778,15 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
             return Some(Self::wait(WaitReason::NoConfigurator));
         }
         let mut after = BTreeSet::new();
-        let mut blocked = false;
+        // DESIGN 4: an UNKNOWN dependency blocks operations on its
+        // dependents, Deletes included.
+        let mut blocked = current.applied.as_ref().is_some_and(|applied| {
+            applied.required_items().any(|required| {
+                self.current
+                    .get(required)
+                    .is_some_and(|c| c.state == crate::graph::ItemState::Unknown)
+            })
+        });
         let dependents: Vec<ItemRef> = self
             .current_dependents
             .get(item)

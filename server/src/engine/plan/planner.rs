@@ -958,6 +958,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
         let mut after = Vec::new();
         let mut blocked_by = Vec::new();
+        // DESIGN 4: an UNKNOWN dependency blocks operations on its
+        // dependents, Deletes included.
+        self.waits_for_unknown_dependencies(id, false, &mut blocked_by);
         let dependents = self.current_dependents(id);
         for index in 0..dependents.len as usize {
             let dependent = self.edge(dependents, index);
@@ -1135,7 +1138,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
         if kind == OperationKind::Modify {
             self.modify_waits_for_dependents(id, &mut after, &mut waits_on_operations);
-            self.modify_waits_for_unknown_dependencies(id, &mut waits_on_operations);
+            self.waits_for_unknown_dependencies(id, true, &mut waits_on_operations);
         }
         if kind == OperationKind::Create
             && let Some(&deleting) = self.inflight_deletes_by_type.get(&*item.item_type)
@@ -1215,19 +1218,25 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
     }
 
-    /// An UNKNOWN item blocks operations on its dependents (DESIGN 4),
-    /// also on one whose Modify drops the dependency: it depends on the
-    /// item until that Modify is done. (Dependencies the intent keeps are
-    /// checked with the others.)
-    fn modify_waits_for_unknown_dependencies(&mut self, id: Id, blocked_by: &mut Vec<BlockedBy>) {
+    /// An UNKNOWN item blocks operations on its dependents (DESIGN 4): on
+    /// `id`, while its applied value depends on one. For a Modify
+    /// (`only_dropped`), the dependencies its intent keeps are checked with
+    /// the others, so only those it drops are looked at here: it depends on
+    /// them until the Modify is done.
+    fn waits_for_unknown_dependencies(
+        &mut self,
+        id: Id,
+        only_dropped: bool,
+        blocked_by: &mut Vec<BlockedBy>,
+    ) {
         let Some(applied) = self.current_of(id).and_then(|c| c.applied.as_ref()) else {
             return;
         };
-        let Some(intended) = self.intended_of(id) else {
-            return;
-        };
+        let intended = self.intended_of(id);
         for dependency in &applied.dependencies {
-            if intended.item.dependency_on(&dependency.requires).is_some() {
+            let kept =
+                intended.is_some_and(|i| i.item.dependency_on(&dependency.requires).is_some());
+            if only_dropped && kept {
                 continue;
             }
             let required = self.id(&dependency.requires);

@@ -868,6 +868,27 @@ fn an_unknown_outcome_blocks_a_dependent_whose_modify_drops_the_dependency() {
     assert_eq!(b.blocked_by[0].item, parse_ref("t/a"));
 }
 
+#[test]
+fn an_unknown_outcome_blocks_the_delete_of_a_dependent() {
+    // Found by the simulator (seed 1009): DESIGN 4 blocks every operation
+    // on a dependent of an UNKNOWN item, Deletes included.
+    let mut world = World::converged(vec![a(), b_on_a()]);
+    let a_ref = parse_ref("t/a");
+    let mut unknown = (**world.current.get(&a_ref).expect("a")).clone();
+    unknown.state = ItemState::Unknown;
+    unknown.unknown_was_created = true;
+    world.current.insert(a_ref, unknown);
+    world.intend(vec![a()]);
+    let plan = world.plan();
+    assert!(plan.operations.is_empty(), "{plan:?}");
+    let b = plan
+        .waiting
+        .iter()
+        .find(|w| w.item == parse_ref("t/b"))
+        .expect("b waits");
+    assert_eq!((b.operation, b.reason), (Delete, WaitReason::Blocked));
+}
+
 // Rule 9: external items ---------------------------------------------------------
 
 fn external(identity: &str) -> Item {
