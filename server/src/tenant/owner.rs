@@ -355,6 +355,8 @@ pub(super) struct Holder {
     pub(super) link: SessionLink,
     pub(super) epoch: u64,
     pub(super) in_flight: usize,
+    /// Of `in_flight`: drift READs (observation, not work).
+    pub(super) reads_in_flight: usize,
 }
 
 /// The in-memory deadlines of one operation, on the monotonic clock
@@ -667,6 +669,15 @@ impl Owner {
         &mut self,
         changes: Vec<ExternalChange>,
     ) -> Result<u64, TenantError> {
+        for segment in flap_segments(changes) {
+            self.report_segment(segment).await?;
+        }
+        Ok(self.state.record.revision)
+    }
+
+    /// Records reports in which no item vanishes and comes back, in one
+    /// commit and one pass (the last report of an item wins).
+    async fn report_segment(&mut self, changes: Vec<ExternalChange>) -> Result<(), TenantError> {
         let mut updates: CurrentUpdates = Vec::new();
         let mut latest: BTreeMap<ItemRef, Option<CurrentItem>> = BTreeMap::new();
         for change in changes {
@@ -690,12 +701,12 @@ impl Owner {
         }
         updates.extend(latest);
         if updates.is_empty() {
-            return Ok(self.state.record.revision);
+            return Ok(());
         }
         let touched: BTreeSet<ItemRef> = updates.iter().map(|(key, _)| key.clone()).collect();
         self.commit_current_updates(updates, None).await?;
         self.pass(Scope::Items(touched)).await?;
-        Ok(self.state.record.revision)
+        Ok(())
     }
 
     async fn set_token_hash(&mut self, token_hash: String) -> Result<(), TenantError> {
@@ -1154,7 +1165,8 @@ impl Owner {
     fn conditions_record(&mut self, now: u64, ready_operations: usize) -> Option<TenantRecord> {
         let progress = Progress {
             generation: self.state.record.generation,
-            in_flight: self.in_flight_count(),
+            // A drift READ is observation, not work (DESIGN section 5).
+            in_flight: self.work_in_flight(),
             ready_operations,
             waiting: self.state.waiting.summary(),
             no_configurator_since_ms: self.no_configurator_since_ms,
@@ -1236,6 +1248,28 @@ fn fleet_event(record: &TenantRecord, now: u64) -> v1::FleetEvent {
         time: Some(crate::wire::timestamp_from_ms(now)),
         deleted: false,
     }
+}
+
+/// Splits reports where an item that vanished comes back: its vanishing
+/// must be planned (dependents auto-deleted with it are dropped, rule 9)
+/// before it exists again, not folded into "it exists".
+fn flap_segments(changes: Vec<ExternalChange>) -> Vec<Vec<ExternalChange>> {
+    let mut segments = Vec::new();
+    let mut segment = Vec::new();
+    let mut vanished: BTreeSet<ItemRef> = BTreeSet::new();
+    for change in changes {
+        let comes_back = matches!(&change, ExternalChange::Put { item, .. } if vanished.contains(&item.item_ref()));
+        if comes_back {
+            segments.push(std::mem::take(&mut segment));
+            vanished.clear();
+        }
+        if let ExternalChange::Delete { item } = &change {
+            vanished.insert(item.clone());
+        }
+        segment.push(change);
+    }
+    segments.push(segment);
+    segments
 }
 
 /// Every item an intent change stores or removes.

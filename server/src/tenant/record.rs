@@ -6,8 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::conditions::Condition;
 use super::error::TenantError;
+use crate::engine::conditions::Condition;
 use crate::graph::{CurrentItem, Item};
 
 /// Per-tenant limits; 0 means "the server default".

@@ -21,7 +21,8 @@ use crate::engine::exec::TypeSpec;
 use crate::engine::plan::Plan;
 use crate::engine::transition::{Completion, CurrentUpdates, completed, started};
 use crate::graph::{
-    CurrentItem, InFlight, ItemRef, ItemState, OperationError, OperationKind, code,
+    CurrentItem, Dependency, InFlight, ItemRef, ItemState, OperationError, OperationKind,
+    Predicate, code,
 };
 use crate::store::{WriteBatch, keys};
 use crate::watch::events;
@@ -99,7 +100,8 @@ impl Owner {
             }
             if current.state != ItemState::Unknown {
                 let before = self.state.displayed(&key);
-                if let Some(lost) = completed(&self.state.current, &current, Completion::Lost) {
+                if let Some(lost) = completed(&self.state.current, &current, lost_outcome(&current))
+                {
                     self.state.current.insert(key.clone(), lost);
                 }
                 self.state.recount_item(&key, before);
@@ -143,17 +145,25 @@ impl Owner {
                 .and_then(|c| c.in_flight.as_ref())
                 .is_some_and(|operation| &operation.op_id == op_id)
         });
-        let mut counts: HashMap<&str, usize> = HashMap::new();
+        let mut counts: HashMap<&str, (usize, usize)> = HashMap::new();
         for item in self.operations.values() {
-            if current
-                .get(item)
-                .is_some_and(|c| c.state != ItemState::Unknown)
-            {
-                *counts.entry(&*item.item_type).or_default() += 1;
+            let Some(current) = current.get(item) else {
+                continue;
+            };
+            if current.state != ItemState::Unknown {
+                let read = current
+                    .in_flight
+                    .as_ref()
+                    .is_some_and(|operation| operation.kind == OperationKind::Read);
+                let count = counts.entry(&*item.item_type).or_default();
+                count.0 += 1;
+                count.1 += usize::from(read);
             }
         }
         for (item_type, holder) in &mut self.sessions {
-            holder.in_flight = counts.get(item_type.as_str()).copied().unwrap_or(0);
+            let (in_flight, reads) = counts.get(item_type.as_str()).copied().unwrap_or((0, 0));
+            holder.in_flight = in_flight;
+            holder.reads_in_flight = reads;
         }
         self.track_deadlines();
     }
@@ -209,6 +219,15 @@ impl Owner {
     /// Operations in flight (sent and not answered; lost ones excluded).
     pub(super) fn in_flight_count(&self) -> usize {
         self.sessions.values().map(|holder| holder.in_flight).sum()
+    }
+
+    /// Operations in flight that are work: all but drift READs, which
+    /// observe a converged item and must not make it Reconciling.
+    pub(super) fn work_in_flight(&self) -> usize {
+        self.sessions
+            .values()
+            .map(|holder| holder.in_flight.saturating_sub(holder.reads_in_flight))
+            .sum()
     }
 
     /// How many more operations the tenant's `max_operations_in_flight`
@@ -315,6 +334,7 @@ impl Owner {
                     link: registration.link.clone(),
                     epoch: grant.epoch,
                     in_flight: 0,
+                    reads_in_flight: 0,
                 },
             );
         }
@@ -337,6 +357,7 @@ impl Owner {
         let mut orders = Vec::new();
         let mut resend = Vec::new();
         let mut abandoned = Vec::new();
+        let mut maybe_created = Vec::new();
         for item in self.operations.values() {
             if !types.contains(&*item.item_type) {
                 continue;
@@ -379,6 +400,65 @@ impl Owner {
                 updates.push((item.clone(), failed));
                 continue;
             }
+            let broken = self.broken_dependencies(&operation);
+            if !broken.is_empty() {
+                // What it applies can no longer be applied (a dependency
+                // vanished or no longer satisfies its predicate while the
+                // outcome was unknown): sending it again would break rule
+                // 1. The operation the intent needs now is sent instead
+                // (DESIGN section 4, UNKNOWN).
+                info!(
+                    tenant = %self.state.record.name,
+                    item = %item,
+                    op_id = %operation.op_id,
+                    dependency = %broken[0].requires,
+                    "A lost operation's dependency no longer holds; it is not sent again."
+                );
+                abandoned.push(operation.op_id.clone());
+                match (operation.kind, operation.target.clone()) {
+                    (OperationKind::Create, Some(_)) => {
+                        let gone_with_external = broken.iter().all(|dependency| {
+                            dependency.auto_deleted_by_external
+                                && self.state.current.get(&dependency.requires).is_none()
+                        });
+                        if gone_with_external {
+                            // Created or not, it went with the external item
+                            // it was auto-deleted by: nothing exists.
+                            updates.push((item.clone(), None));
+                        } else {
+                            // It may exist, on a dependency that no longer
+                            // holds: delete what it may have created.
+                            let created = completed(
+                                &self.state.current,
+                                current,
+                                Completion::Done { observed: None },
+                            );
+                            if let Some(created) = created {
+                                maybe_created.push((
+                                    item.clone(),
+                                    created,
+                                    operation.target_generation,
+                                ));
+                            }
+                        }
+                    }
+                    _ => {
+                        // A Modify ends as if the agent had said WAIT: the
+                        // item exists with the old value or the new one, no
+                        // attempt is counted, and the planner deletes it
+                        // (rule 5) or, once the dependency holds again,
+                        // asks again under the same op id and attempt (an
+                        // agent that applied it answers with its result).
+                        let now = self.settings.clock.now_ms();
+                        let completion = Completion::Wait { retry_at_ms: now };
+                        updates.push((
+                            item.clone(),
+                            completed(&self.state.current, current, completion),
+                        ));
+                    }
+                }
+                continue;
+            }
             let operation = InFlight {
                 redeliveries: operation.redeliveries + 1,
                 ..operation
@@ -399,6 +479,25 @@ impl Owner {
             orders.push((item.clone(), operation));
             updates.push((item.clone(), Some(restarted)));
         }
+        // A lost Create whose dependency no longer holds may have created
+        // the item: a Delete of the value it applied, dispatched now (no
+        // dependent can exist: the unknown outcome blocked them).
+        for (item, existing, generation) in maybe_created {
+            let spec = self.spec(&item.item_type);
+            let delete = InFlight::new(
+                OperationKind::Delete,
+                self.next_op_id(),
+                1,
+                generation,
+                self.settings.clock.now_ms(),
+                spec.operation_timeout_ms,
+            );
+            // As if the Create had been applied (its dependency marks
+            // recorded), then deleted.
+            let deleting = started(Some(&existing), None, delete.clone());
+            updates.push((item.clone(), Some(deleting)));
+            orders.push((item, delete));
+        }
         for (item, operation) in &resend {
             if let Some(holder) = self.sessions.get(&*item.item_type)
                 && let Some(order) = order_for(&self.state.current, item, operation, holder.epoch)
@@ -412,9 +511,11 @@ impl Owner {
         }
         self.commit_current_updates(updates, None).await?;
         for op_id in abandoned {
-            self.operations.remove(&op_id);
+            self.forget_operation(&op_id);
         }
         for (item, operation) in orders {
+            self.operations
+                .insert(operation.op_id.clone(), item.clone());
             let Some(holder) = self.sessions.get(&*item.item_type) else {
                 continue;
             };
@@ -425,6 +526,42 @@ impl Owner {
             }
         }
         Ok(())
+    }
+
+    /// For a lost Create or Modify (not a question): the dependencies of
+    /// the value it applies that no longer hold (each must exist, be
+    /// created and satisfy its predicate).
+    fn broken_dependencies<'a>(&self, operation: &'a InFlight) -> Vec<&'a Dependency> {
+        if operation.question
+            || !matches!(
+                operation.kind,
+                OperationKind::Create | OperationKind::Modify
+            )
+        {
+            return Vec::new();
+        }
+        let Some(target) = operation.target.as_ref() else {
+            return Vec::new();
+        };
+        target
+            .dependencies
+            .iter()
+            .filter(|dependency| {
+                !self
+                    .state
+                    .current
+                    .get(&dependency.requires)
+                    .is_some_and(|required| {
+                        required.is_created()
+                            && (dependency.must_satisfy.is_empty()
+                                || Predicate::compile(&dependency.must_satisfy)
+                                    .and_then(|predicate| {
+                                        predicate.evaluate(&required.effective_properties())
+                                    })
+                                    .unwrap_or(false))
+                    })
+            })
+            .collect()
     }
 
     /// Notes a progress heartbeat of a running operation (shown as its last
@@ -546,7 +683,9 @@ impl Owner {
                 .finished(result.kind, result.outcome, seconds);
             self.log
                 .ended(&result.op_id, result.attempt, now, result.error.clone());
-            self.operations.remove(&result.op_id);
+            // The pass above may already have dispatched the retry, under
+            // the same op id: forget the id only if nothing runs under it.
+            self.forget_operation(&result.op_id);
             self.send_to_session(result.session_id, result.ack());
         }
         Ok(())
@@ -634,6 +773,13 @@ impl Owner {
                     }
                 }
             }
+            AgentOutcome::Wait { .. } if is_read => {
+                // Observation, not work: no backoff for a READ either; the
+                // next resync reads again.
+                Completion::Read {
+                    observed: current.observed.as_deref().cloned().unwrap_or_default(),
+                }
+            }
             AgentOutcome::Done { needs_recreate, .. }
                 if current.in_flight.as_ref().is_some_and(|o| o.question) =>
             {
@@ -707,8 +853,26 @@ impl Owner {
             .await?;
         self.log
             .ended(&operation.op_id, operation.attempt, now, error);
-        self.operations.remove(&operation.op_id);
+        self.forget_operation(&operation.op_id);
         Ok(())
+    }
+
+    /// Forgets op id `op_id` once it ended, unless an attempt of it runs
+    /// again (a retry keeps its op id): then it still names that attempt.
+    fn forget_operation(&mut self, op_id: &str) {
+        let Some(item) = self.operations.get(op_id) else {
+            return;
+        };
+        let runs_again = self
+            .state
+            .current
+            .get(item)
+            .and_then(|c| c.in_flight.as_ref())
+            .is_some_and(|operation| operation.op_id == op_id);
+        if !runs_again {
+            self.operations.remove(op_id);
+            self.deadlines.remove(op_id);
+        }
     }
 
     /// A session ended: its types are free, and the outcome of its
@@ -755,7 +919,7 @@ impl Owner {
             }
             updates.push((
                 item.clone(),
-                completed(&self.state.current, current, Completion::Lost),
+                completed(&self.state.current, current, lost_outcome(current)),
             ));
             touched.insert(item.clone());
         }
@@ -1005,7 +1169,11 @@ impl Owner {
         let retry = self
             .next_retry_ms
             .map(|at| monotonic + Duration::from_millis(at.saturating_sub(now)));
-        deadlines.chain(retry).chain(Some(self.next_resync)).min()
+        let next = deadlines.chain(retry).chain(Some(self.next_resync)).min();
+        match (next, self.timer_retry) {
+            (Some(next), Some(retry)) => Some(next.max(retry)),
+            (next, _) => next,
+        }
     }
 
     /// Picks the time of the next periodic full pass: the resync interval
@@ -1053,7 +1221,6 @@ impl Owner {
                     op_id: operation.op_id.clone(),
                 });
             }
-            let spec = self.spec(&item.item_type);
             let error = OperationError {
                 code: code::DEADLINE_EXCEEDED,
                 message: format!(
@@ -1061,17 +1228,21 @@ impl Owner {
                     operation.timeout_ms
                 ),
             };
-            let failures = current.attempts.saturating_add(1);
-            let rng = &mut self.rng;
-            let retry_at_ms =
-                spec.retry_at(now, failures, false, |low, high| random_in(rng, low, high));
-            self.finish(
-                &item,
-                &current,
-                Completion::Failed { error, retry_at_ms },
-                now,
-            )
-            .await?;
+            let completion = if operation.kind == OperationKind::Read {
+                // A READ is observation: one that times out changes
+                // nothing (the next resync reads again), like a failed one.
+                Completion::Read {
+                    observed: current.observed.as_deref().cloned().unwrap_or_default(),
+                }
+            } else {
+                let spec = self.spec(&item.item_type);
+                let failures = current.attempts.saturating_add(1);
+                let rng = &mut self.rng;
+                let retry_at_ms =
+                    spec.retry_at(now, failures, false, |low, high| random_in(rng, low, high));
+                Completion::Failed { error, retry_at_ms }
+            };
+            self.finish(&item, &current, completion, now).await?;
         }
         if self.next_retry_ms.is_some_and(|at| at <= now) {
             self.next_retry_ms = None;
@@ -1114,7 +1285,19 @@ impl Owner {
 
     /// Picks queued READs whose type's session has room and prepares their
     /// journal records (a READ changes no state until it reports).
-    pub(super) fn prepare_reads(&mut self, now: u64) -> (Vec<(ItemRef, InFlight)>, CurrentUpdates) {
+    ///
+    /// Items the pass works on (`plan.unconverged`) or dispatches now
+    /// (`dispatched`) are not read: one operation per item at a time, and
+    /// the operation's own result reports what it observed.
+    pub(super) fn prepare_reads(
+        &mut self,
+        now: u64,
+        plan: &Plan,
+        dispatched: &[(ItemRef, InFlight)],
+    ) -> (Vec<(ItemRef, InFlight)>, CurrentUpdates) {
+        let dispatched: HashSet<&ItemRef> = dispatched.iter().map(|(item, _)| item).collect();
+        self.pending_reads
+            .retain(|item| !dispatched.contains(item) && !plan.unconverged.contains(item));
         let mut starts = Vec::new();
         let mut updates: CurrentUpdates = Vec::new();
         let queued: Vec<ItemRef> = self.pending_reads.iter().cloned().collect();
@@ -1136,6 +1319,7 @@ impl Owner {
                 continue;
             }
             holder.in_flight += 1;
+            holder.reads_in_flight += 1;
             tenant_room -= 1;
             let in_flight = InFlight::new(
                 OperationKind::Read,
@@ -1176,7 +1360,7 @@ impl Owner {
             if expired && current.state != ItemState::Unknown {
                 updates.push((
                     item.clone(),
-                    completed(&self.state.current, current, Completion::Lost),
+                    completed(&self.state.current, current, lost_outcome(current)),
                 ));
             }
         }
@@ -1184,6 +1368,19 @@ impl Owner {
             return Ok(());
         }
         self.commit_current_updates(updates, None).await
+    }
+}
+
+/// How an operation whose outcome was lost (its session ended, the server
+/// restarted, its cancel went unanswered) ends: the item's outcome becomes
+/// unknown, except for a drift READ, which is observation and changes
+/// nothing (the next resync reads again).
+fn lost_outcome(current: &CurrentItem) -> Completion {
+    match &current.in_flight {
+        Some(operation) if operation.kind == OperationKind::Read => Completion::Read {
+            observed: current.observed.as_deref().cloned().unwrap_or_default(),
+        },
+        _ => Completion::Lost,
     }
 }
 

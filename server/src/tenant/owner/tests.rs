@@ -1,31 +1,51 @@
-//! Tests of the owner's clocks and randomness: deadlines on the monotonic
-//! clock, and one seed giving one run.
+//! Tests of the owner: deadlines on the monotonic clock, one seed giving
+//! one run, and regressions the simulator found in the executor.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::agents::{Registration, SessionLink, ToAgent};
+use crate::agents::{AgentOutcome, FromAgent, OperationOrder, Registration, SessionLink, ToAgent};
 use crate::engine::exec::{RetryPolicy, TypeSpec};
 use crate::graph::{Item, ItemRef, ItemState, code};
-use crate::store::InMemoryStore;
+use crate::store::{InMemoryStore, Store};
 use crate::tenant::clock::{Clock, SimulatedClock};
 use crate::tenant::record::{TenantLimits, TenantRecord};
-use crate::tenant::{OwnerSettings, TenantHandle, TenantState, ValidatedSubmit};
+use crate::tenant::{ExternalChange, OwnerSettings, TenantHandle, TenantState, ValidatedSubmit};
 
 const TIMEOUT_MS: u64 = 10_000;
 
 /// A tenant with one agent session for type `t`, under a simulated clock.
 struct Harness {
-    store: Arc<InMemoryStore>,
+    store: Arc<dyn Store>,
     handle: TenantHandle,
     clock: Arc<SimulatedClock>,
     agent: mpsc::UnboundedReceiver<ToAgent>,
 }
 
 async fn start(seed: u64) -> Harness {
-    let store = Arc::new(InMemoryStore::new());
+    let mut spec = TypeSpec::new("t");
+    spec.operation_timeout_ms = TIMEOUT_MS;
+    spec.retry = RetryPolicy::Random {
+        min_ms: 1_000,
+        max_ms: 60_000,
+    };
+    start_with(
+        seed,
+        spec,
+        OwnerSettings::default(),
+        Arc::new(InMemoryStore::new()),
+    )
+    .await
+}
+
+async fn start_with(
+    seed: u64,
+    spec: TypeSpec,
+    settings: OwnerSettings,
+    store: Arc<dyn Store>,
+) -> Harness {
     let record = TenantRecord {
         id: 7,
         name: "clocks".into(),
@@ -43,16 +63,10 @@ async fn start(seed: u64) -> Harness {
     let settings = OwnerSettings {
         clock: clock.clone(),
         rng_seed: Some(seed),
-        ..OwnerSettings::default()
+        ..settings
     };
     let handle = TenantHandle::spawn(TenantState::new(record), store.clone(), settings);
     let (sender, agent) = mpsc::unbounded_channel();
-    let mut spec = TypeSpec::new("t");
-    spec.operation_timeout_ms = TIMEOUT_MS;
-    spec.retry = RetryPolicy::Random {
-        min_ms: 1_000,
-        max_ms: 60_000,
-    };
     handle
         .register(Registration {
             link: SessionLink {
@@ -189,7 +203,6 @@ async fn one_seed_gives_the_same_op_ids_and_retry_times() {
 
 #[tokio::test(start_paused = true)]
 async fn a_cancel_is_committed_before_it_is_sent() {
-    use crate::store::Store as _;
     use crate::tenant::record::decode;
 
     let mut harness = start(1).await;
@@ -237,7 +250,7 @@ async fn a_cancel_is_committed_before_it_is_sent() {
         .collect();
     assert_eq!(
         cancels,
-        [create.op_id.clone()],
+        std::slice::from_ref(&create.op_id),
         "the superseded create is cancelled"
     );
     let key = crate::store::keys::current_item_key(7, "t", "a");
@@ -252,5 +265,449 @@ async fn a_cancel_is_committed_before_it_is_sent() {
     assert!(
         operation.cancel_requested,
         "the cancel is in the store once sent"
+    );
+}
+
+// ----- Regressions found by the simulator (reconciled-tests, sim) -----------
+
+/// The operations in `messages`, in order.
+fn orders(messages: &[ToAgent]) -> Vec<&OperationOrder> {
+    messages
+        .iter()
+        .filter_map(|message| match message {
+            ToAgent::Operation(order) => Some(order),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn answer(harness: &Harness, session: u64, order: &OperationOrder, outcome: AgentOutcome) {
+    harness
+        .handle
+        .from_agent(
+            session,
+            FromAgent::Result {
+                op_id: order.op_id.clone(),
+                attempt: order.attempt,
+                outcome,
+            },
+        )
+        .await
+        .expect("owner running");
+    settle().await;
+}
+
+fn done() -> AgentOutcome {
+    AgentOutcome::Done {
+        observed: None,
+        needs_recreate: false,
+    }
+}
+
+async fn reconnect(harness: &mut Harness, session: u64, spec: TypeSpec) {
+    let (sender, agent) = mpsc::unbounded_channel();
+    harness
+        .handle
+        .register(Registration {
+            link: SessionLink {
+                session_id: session,
+                agent_id: "agent".into(),
+                sender,
+            },
+            types: vec![spec],
+        })
+        .await
+        .expect("registered again");
+    harness.agent = agent;
+    settle().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_under_the_same_op_id_is_still_tracked() {
+    // A retry keeps its op id. The result of the failed attempt used to
+    // forget that op id after the same pass had dispatched the retry: the
+    // retry then never timed out and its result was ignored.
+    let mut spec = TypeSpec::new("t");
+    spec.retry = RetryPolicy::Static { wait_ms: 0 };
+    let mut harness = start_with(
+        2,
+        spec,
+        OwnerSettings::default(),
+        Arc::new(InMemoryStore::new()),
+    )
+    .await;
+    harness.handle.submit(submit(&["a"])).await.expect("stored");
+    settle().await;
+    let first = received(&mut harness.agent);
+    let first = orders(&first)[0].clone();
+    let failed = AgentOutcome::Failed(crate::graph::OperationError {
+        code: code::UNAVAILABLE,
+        message: "busy".into(),
+    });
+    answer(&harness, 1, &first, failed).await;
+    let retry = received(&mut harness.agent);
+    let retry = orders(&retry)[0].clone();
+    assert_eq!(
+        (retry.op_id.as_str(), retry.attempt),
+        (first.op_id.as_str(), 2)
+    );
+    answer(&harness, 1, &retry, done()).await;
+    assert_eq!(state_of(&harness.handle, "a"), Some(ItemState::Created));
+    assert_eq!(harness.handle.snapshots.latest().in_flight, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drift_read_that_times_out_changes_nothing() {
+    // A READ is observation: one that times out used to mark a converged
+    // item FAILED (not created), which nothing ever cleared.
+    let mut spec = TypeSpec::new("t");
+    spec.supports_read = true;
+    spec.operation_timeout_ms = TIMEOUT_MS;
+    let settings = OwnerSettings {
+        resync_interval: Duration::from_secs(100),
+        ..OwnerSettings::default()
+    };
+    let mut harness = start_with(3, spec, settings, Arc::new(InMemoryStore::new())).await;
+    harness.handle.submit(submit(&["a"])).await.expect("stored");
+    settle().await;
+    let create = received(&mut harness.agent);
+    answer(&harness, 1, orders(&create)[0], done()).await;
+    // The resync sends a READ; nobody answers it.
+    tokio::time::sleep(Duration::from_secs(115)).await;
+    let messages = received(&mut harness.agent);
+    assert!(
+        orders(&messages)
+            .iter()
+            .any(|order| order.kind == crate::graph::OperationKind::Read),
+        "the resync reads the item"
+    );
+    tokio::time::sleep(Duration::from_millis(TIMEOUT_MS + 1_000)).await;
+    assert_eq!(state_of(&harness.handle, "a"), Some(ItemState::Created));
+    let snapshot = harness.handle.snapshots.latest();
+    assert!(
+        snapshot
+            .current
+            .get(&ItemRef::new("t", "a"))
+            .is_some_and(|c| c.last_error.is_none())
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_read_and_an_operation_on_one_item_are_not_dispatched_together() {
+    // A queued drift READ and a due retry on the same item used to start in
+    // one pass: the commit kept the READ, which was sent twice, and the
+    // retry was counted in flight but never sent.
+    let mut spec = TypeSpec::new("t");
+    spec.supports_read = true;
+    let settings = OwnerSettings {
+        resync_interval: Duration::from_secs(10),
+        ..OwnerSettings::default()
+    };
+    let mut harness = start_with(4, spec.clone(), settings, Arc::new(InMemoryStore::new())).await;
+    harness.handle.submit(submit(&["a"])).await.expect("stored");
+    settle().await;
+    let create = received(&mut harness.agent);
+    answer(&harness, 1, orders(&create)[0], done()).await;
+    let mut changed = submit(&["a"]);
+    changed.items[0].0.properties.insert("v".into(), 1.into());
+    harness.handle.submit(changed).await.expect("stored");
+    settle().await;
+    let modify = received(&mut harness.agent);
+    let modify = orders(&modify)[0].clone();
+    assert_eq!(modify.kind, crate::graph::OperationKind::Modify);
+    // WAIT: the item is created again, its Modify due in 5 s. The agent
+    // goes away; the resync queues a READ of the idle item meanwhile.
+    answer(
+        &harness,
+        1,
+        &modify,
+        AgentOutcome::Wait {
+            retry_after_ms: 5_000,
+        },
+    )
+    .await;
+    harness.handle.session_closed(1, "gone".into()).await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    reconnect(&mut harness, 2, spec).await;
+    let messages = received(&mut harness.agent);
+    let sent = orders(&messages);
+    assert_eq!(sent.len(), 1, "one operation per item: {sent:?}");
+    assert_eq!(sent[0].kind, crate::graph::OperationKind::Modify);
+    assert_eq!(sent[0].op_id, modify.op_id, "the re-ask keeps its op id");
+    assert_eq!(harness.handle.snapshots.latest().in_flight, 1);
+}
+
+/// `t/a`, depending on the external `e/x` (auto-deleted with it or not).
+fn submit_on_external(auto_deleted: bool) -> ValidatedSubmit {
+    let mut external = Item::new("e", "x", Default::default());
+    external.external = true;
+    let mut dependency = crate::graph::Dependency::on(ItemRef::new("e", "x"));
+    dependency.auto_deleted_by_external = auto_deleted;
+    let dependent = Item::new("t", "a", Default::default()).depends_on(dependency);
+    ValidatedSubmit {
+        subgraph: String::new(),
+        items: vec![(external, Vec::new()), (dependent, vec![None])],
+        expected_generation: None,
+        dry_run: false,
+    }
+}
+
+async fn lose_a_create_then_lose_its_external(auto_deleted: bool) -> (Harness, OperationOrder) {
+    let spec = TypeSpec::new("t");
+    let mut harness = start_with(
+        5,
+        spec.clone(),
+        OwnerSettings::default(),
+        Arc::new(InMemoryStore::new()),
+    )
+    .await;
+    harness
+        .handle
+        .submit(submit_on_external(auto_deleted))
+        .await
+        .expect("stored");
+    let mut external = Item::new("e", "x", Default::default());
+    external.external = true;
+    harness
+        .handle
+        .report_external(vec![ExternalChange::Put {
+            item: external,
+            modified: false,
+        }])
+        .await
+        .expect("reported");
+    settle().await;
+    let create = received(&mut harness.agent);
+    let create = orders(&create)[0].clone();
+    assert_eq!(create.kind, crate::graph::OperationKind::Create);
+    // The agent goes away with the Create (its outcome is lost), then the
+    // external item it depends on vanishes, then the agent comes back.
+    harness.handle.session_closed(1, "gone".into()).await;
+    harness
+        .handle
+        .report_external(vec![ExternalChange::Delete {
+            item: ItemRef::new("e", "x"),
+        }])
+        .await
+        .expect("reported");
+    reconnect(&mut harness, 2, spec).await;
+    (harness, create)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_create_whose_dependency_vanished_is_deleted_not_sent_again() {
+    // Re-sending the lost Create would apply a value whose dependency no
+    // longer exists (rule 1). It may have been applied, so what it may
+    // have created is deleted.
+    let (mut harness, create) = lose_a_create_then_lose_its_external(false).await;
+    let messages = received(&mut harness.agent);
+    let sent = orders(&messages);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].kind, crate::graph::OperationKind::Delete);
+    assert_ne!(sent[0].op_id, create.op_id);
+    answer(&harness, 2, sent[0], done()).await;
+    assert_eq!(state_of(&harness.handle, "a"), None, "PENDING again");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_create_gone_with_its_external_item_is_forgotten() {
+    // Auto-deleted by the external item: created or not, it is gone.
+    let (mut harness, _) = lose_a_create_then_lose_its_external(true).await;
+    assert!(orders(&received(&mut harness.agent)).is_empty());
+    assert_eq!(state_of(&harness.handle, "a"), None, "PENDING again");
+}
+
+/// A store whose commits can be made to fail, counting attempts.
+#[derive(Debug, Default)]
+struct FailingStore {
+    inner: InMemoryStore,
+    failing: std::sync::atomic::AtomicBool,
+    attempts: std::sync::atomic::AtomicUsize,
+}
+
+impl Store for FailingStore {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, crate::store::StoreError> {
+        self.inner.get(key)
+    }
+    fn scan(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<crate::store::Record>, crate::store::StoreError> {
+        self.inner.scan(prefix, start_after, limit)
+    }
+    fn commit(&self, batch: crate::store::WriteBatch) -> crate::store::CommitHandle {
+        crate::store::CommitHandle::ready(self.commit_blocking(batch))
+    }
+    fn commit_blocking(
+        &self,
+        batch: crate::store::WriteBatch,
+    ) -> Result<(), crate::store::StoreError> {
+        use std::sync::atomic::Ordering;
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        if self.failing.load(Ordering::SeqCst) {
+            Err(crate::store::StoreError::Closed)
+        } else {
+            self.inner.commit_blocking(batch)
+        }
+    }
+    fn backup_to(&self, path: &std::path::Path) -> Result<(), crate::store::StoreError> {
+        self.inner.backup_to(path)
+    }
+    fn size_on_disk(&self) -> Result<u64, crate::store::StoreError> {
+        self.inner.size_on_disk()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timer_pass_that_cannot_commit_waits_before_trying_again() {
+    // Nothing changes when a timer pass fails, so its deadline stays due:
+    // the owner used to run it again at once, forever (and under paused
+    // time, this test never finished).
+    use std::sync::atomic::Ordering;
+    let store = Arc::new(FailingStore::default());
+    let mut spec = TypeSpec::new("t");
+    spec.operation_timeout_ms = 1_000;
+    let mut harness = start_with(6, spec, OwnerSettings::default(), store.clone()).await;
+    harness.handle.submit(submit(&["a"])).await.expect("stored");
+    settle().await;
+    assert_eq!(orders(&received(&mut harness.agent)).len(), 1);
+    store.failing.store(true, Ordering::SeqCst);
+    let before = store.attempts.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let attempts = store.attempts.load(Ordering::SeqCst) - before;
+    assert!(
+        (1..=12).contains(&attempts),
+        "{attempts} commit attempts in 10 s"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drift_read_leaves_a_converged_tenant_ready() {
+    // DESIGN section 5: a periodic drift READ is observation, not work. It
+    // used to count as an operation in flight: every resync made a
+    // converged tenant Reconciling and not Ready.
+    use crate::engine::conditions::ConditionKind;
+    let mut spec = TypeSpec::new("t");
+    spec.supports_read = true;
+    let settings = OwnerSettings {
+        resync_interval: Duration::from_secs(100),
+        ..OwnerSettings::default()
+    };
+    let mut harness = start_with(8, spec, settings, Arc::new(InMemoryStore::new())).await;
+    harness.handle.submit(submit(&["a"])).await.expect("stored");
+    settle().await;
+    let create = received(&mut harness.agent);
+    answer(&harness, 1, orders(&create)[0], done()).await;
+    tokio::time::sleep(Duration::from_secs(115)).await;
+    let messages = received(&mut harness.agent);
+    assert!(
+        orders(&messages)
+            .iter()
+            .any(|order| order.kind == crate::graph::OperationKind::Read),
+        "the resync reads the item"
+    );
+    let snapshot = harness.handle.snapshots.latest();
+    assert_eq!(snapshot.in_flight, 1, "the READ is shown in flight");
+    let status = |kind| {
+        snapshot
+            .record
+            .conditions
+            .iter()
+            .find(|c| c.kind == kind)
+            .map(|c| c.status)
+    };
+    assert_eq!(status(ConditionKind::Ready), Some(true));
+    assert_eq!(status(ConditionKind::Reconciling), Some(false));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drift_read_lost_with_its_session_changes_nothing() {
+    // A lost READ used to make the item UNKNOWN, blocking it and its
+    // dependents until a reconnect, for an observation.
+    use crate::engine::conditions::ConditionKind;
+    let mut spec = TypeSpec::new("t");
+    spec.supports_read = true;
+    let settings = OwnerSettings {
+        resync_interval: Duration::from_secs(100),
+        ..OwnerSettings::default()
+    };
+    let mut harness = start_with(9, spec, settings, Arc::new(InMemoryStore::new())).await;
+    harness.handle.submit(submit(&["a"])).await.expect("stored");
+    settle().await;
+    let create = received(&mut harness.agent);
+    answer(&harness, 1, orders(&create)[0], done()).await;
+    tokio::time::sleep(Duration::from_secs(115)).await;
+    assert!(
+        !orders(&received(&mut harness.agent)).is_empty(),
+        "a READ is in flight"
+    );
+    harness.handle.session_closed(1, "gone".into()).await;
+    settle().await;
+    assert_eq!(state_of(&harness.handle, "a"), Some(ItemState::Created));
+    let snapshot = harness.handle.snapshots.latest();
+    let ready = snapshot
+        .record
+        .conditions
+        .iter()
+        .find(|c| c.kind == ConditionKind::Ready)
+        .map(|c| c.status);
+    assert_eq!(ready, Some(true));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_external_item_that_vanishes_and_returns_in_one_report_takes_its_dependents() {
+    // One report "deleted, then back" used to fold into "it exists": the
+    // dependent auto-deleted with it was never dropped, so the server kept
+    // believing in an item that was gone (rule 9).
+    let spec = TypeSpec::new("t");
+    let mut harness = start_with(
+        10,
+        spec,
+        OwnerSettings::default(),
+        Arc::new(InMemoryStore::new()),
+    )
+    .await;
+    harness
+        .handle
+        .submit(submit_on_external(true))
+        .await
+        .expect("stored");
+    let mut external = Item::new("e", "x", Default::default());
+    external.external = true;
+    harness
+        .handle
+        .report_external(vec![ExternalChange::Put {
+            item: external.clone(),
+            modified: false,
+        }])
+        .await
+        .expect("reported");
+    settle().await;
+    let create = received(&mut harness.agent);
+    answer(&harness, 1, orders(&create)[0], done()).await;
+    assert_eq!(state_of(&harness.handle, "a"), Some(ItemState::Created));
+    harness
+        .handle
+        .report_external(vec![
+            ExternalChange::Delete {
+                item: ItemRef::new("e", "x"),
+            },
+            ExternalChange::Put {
+                item: external,
+                modified: false,
+            },
+        ])
+        .await
+        .expect("reported");
+    settle().await;
+    let again = received(&mut harness.agent);
+    let sent = orders(&again);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        sent[0].kind,
+        crate::graph::OperationKind::Create,
+        "t/a is created again"
     );
 }

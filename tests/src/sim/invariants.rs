@@ -1,0 +1,1355 @@
+//! The invariants a run checks, written from DESIGN (sections 2-6), not
+//! from the code:
+//!
+//! - **Dependencies** (§3 rules 1-9), checked when an agent receives an
+//!   operation, against the world the agents know: a Create or Modify
+//!   only when every dependency of the value it applies exists, its
+//!   predicate holds on that dependency's value, and no Modify or Delete
+//!   of that dependency is running; a Modify only when every dependent's
+//!   predicate holds on the new value and no operation of a dependent
+//!   runs (rules 6, 8); a Delete only when nothing existing depends on the
+//!   item and no running Create/Modify needs it (rules 2, 7, 8). External
+//!   items are never operated on (rule 9). A Create/Modify applies the
+//!   intended value of the generation it names (§4).
+//! - **Operations** (§4): an op id names one operation on one item toward
+//!   one target generation; its attempt grows by one, and only after a
+//!   FAILED outcome or a timeout (or a poison redelivery); a retry or a
+//!   re-ask after WAIT keeps the op id; orders carry the epoch granted to
+//!   the session; after a restart, a journaled operation resumes with its
+//!   op id and attempt (§6).
+//! - **Status** (§2, §5), on every published snapshot: counts by state
+//!   equal a recount of the graphs; Ready holds exactly when every intended
+//!   item is created at its intended value, nothing is left to delete,
+//!   every existing item's dependencies hold, and nothing but a drift READ
+//!   is in flight; Reconciling never holds with Stalled or Ready.
+//! - **Durability** (§6): after a crash, the acknowledged intent and
+//!   generation are there.
+//! - **Liveness** (§5): once faults stop and agents answer, the tenant goes
+//!   quiet converged (see [`check_converged`]), and a from-scratch plan
+//!   finds nothing the incremental passes missed.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use reconciled::agents::{AgentOutcome, OperationOrder};
+use reconciled::engine::conditions::ConditionKind;
+use reconciled::engine::plan::{PlanEnvironment, TypeRules, WaitReason, plan_everything};
+use reconciled::graph::{
+    CurrentGraph, CurrentItem, IntendedGraph, Item, ItemRef, ItemState, OperationKind, Predicate,
+    Properties,
+};
+use reconciled::tenant::TenantSnapshot;
+use reconciled::tenant::state::state_name;
+
+use super::intents::{IntentModel, Scenario};
+use super::world::{Agents, World};
+
+/// Redeliveries that do not count as attempts (DESIGN §4, poison operations).
+const MAX_REDELIVERIES: u32 = 5;
+
+/// A broken invariant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// Its name, stable across runs (shrinking keeps a failure only while
+    /// the same invariant breaks).
+    pub invariant: &'static str,
+    /// What was seen.
+    pub detail: String,
+}
+
+impl Violation {
+    /// A violation of `invariant`.
+    pub fn new(invariant: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            invariant,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "[{}] {}", self.invariant, self.detail)
+    }
+}
+
+fn fail<T>(invariant: &'static str, detail: impl Into<String>) -> Result<T, Violation> {
+    Err(Violation::new(invariant, detail))
+}
+
+/// Whether `predicate` holds on `properties` (an evaluation error is false).
+fn holds(predicate: &str, properties: &Properties) -> bool {
+    predicate.is_empty()
+        || Predicate::compile(predicate)
+            .and_then(|compiled| compiled.evaluate(properties))
+            .unwrap_or(false)
+}
+
+fn properties_text(properties: &Properties) -> String {
+    serde_json::Value::Object(properties.clone()).to_string()
+}
+
+/// Checks an operation an agent just received against the world: the
+/// dependency rules of DESIGN §3 and the content rule of §4.
+pub fn check_order(
+    order: &OperationOrder,
+    world: &World,
+    agents: &Agents,
+    model: &IntentModel,
+    unknown: &BTreeSet<ItemRef>,
+    now_ms: u64,
+    batch_ms: u64,
+) -> Result<(), Violation> {
+    let item = order.item.item_ref();
+    // UNKNOWN items (whose lost operation no agent holds again yet) block
+    // operations on their dependents (DESIGN §4).
+    let held_again = |key: &ItemRef| agents.pending().any(|p| p.order.item.item_ref() == *key);
+    for blocker in unknown {
+        if *blocker == item || held_again(blocker) {
+            continue;
+        }
+        let depends = order.item.dependency_on(blocker).is_some()
+            || world
+                .items
+                .get(&item)
+                .is_some_and(|w| w.value.dependency_on(blocker).is_some());
+        if depends {
+            return fail(
+                if order.kind == OperationKind::Delete {
+                    "an item whose outcome is unknown blocks the deletes of its dependents"
+                } else {
+                    "an item whose outcome is unknown blocks its dependents"
+                },
+                format!(
+                    "{} {item} (op {}) was sent while its dependency {blocker} is UNKNOWN",
+                    order.kind.as_str(),
+                    order.op_id
+                ),
+            );
+        }
+    }
+    if order.item.external || world.items.get(&item).is_some_and(|w| w.value.external) {
+        return fail(
+            "external items are never operated on",
+            format!("{} {item} was sent to an agent", order.kind.as_str()),
+        );
+    }
+    if order.question || order.kind == OperationKind::Read {
+        return Ok(());
+    }
+    // Operations the agents may still apply (running, or cancelled while
+    // running: their result is authoritative).
+    let running: Vec<&OperationOrder> = agents
+        .pending()
+        .filter(|p| p.effectful() && p.may_apply(now_ms))
+        .map(|p| &p.order)
+        .filter(|other| other.op_id != order.op_id)
+        .collect();
+    // Those delivered before this batch: within one batch, which of two
+    // operations started first is not known.
+    let running_before: Vec<&OperationOrder> = agents
+        .pending()
+        .filter(|p| p.effectful() && p.may_apply(now_ms) && p.sent_since_ms < batch_ms)
+        .map(|p| &p.order)
+        .filter(|other| other.op_id != order.op_id)
+        .collect();
+    match order.kind {
+        OperationKind::Create | OperationKind::Modify => {
+            let value = &order.item;
+            if let Some(intended) = model.value_at(order.generation, &item)
+                && !intended.same_content(value)
+            {
+                return fail(
+                    "operations apply the intended value of their generation",
+                    format!(
+                        "{} {item} toward generation {} applies {} but that generation intended {}",
+                        order.kind.as_str(),
+                        order.generation,
+                        super::intents::describe_item(value),
+                        super::intents::describe_item(intended)
+                    ),
+                );
+            }
+            for dependency in &value.dependencies {
+                let required = &dependency.requires;
+                let Some(existing) = world.items.get(required) else {
+                    return fail(
+                        "a create or modify runs only when its dependencies exist",
+                        format!(
+                            "{} {item} (op {}) was sent while its dependency {required} does not exist",
+                            order.kind.as_str(),
+                            order.op_id
+                        ),
+                    );
+                };
+                if !holds(&dependency.must_satisfy, &existing.value.properties) {
+                    return fail(
+                        "a create or modify runs only when its predicates hold",
+                        format!(
+                            "{} {item} (op {}) was sent while `{}` is false on {required} = {}",
+                            order.kind.as_str(),
+                            order.op_id,
+                            dependency.must_satisfy,
+                            properties_text(&existing.value.properties)
+                        ),
+                    );
+                }
+                if let Some(other) = running.iter().find(|other| {
+                    other.item.item_ref() == *required
+                        && matches!(other.kind, OperationKind::Modify | OperationKind::Delete)
+                }) {
+                    return fail(
+                        "a create or modify waits for a modify or delete of its dependency",
+                        format!(
+                            "{} {item} (op {}) was sent while a {} of its dependency {required} runs (op {})",
+                            order.kind.as_str(),
+                            order.op_id,
+                            other.kind.as_str(),
+                            other.op_id
+                        ),
+                    );
+                }
+            }
+            if order.kind == OperationKind::Modify {
+                for dependent in world.dependents_of(&item) {
+                    let Some(dependency) = dependent.value.dependency_on(&item) else {
+                        continue;
+                    };
+                    if !holds(&dependency.must_satisfy, &value.properties) {
+                        return fail(
+                            "a modify that breaks a dependent's predicate deletes the dependent first",
+                            format!(
+                                "modify {item} (op {}) to {} was sent while {} exists and requires `{}`",
+                                order.op_id,
+                                properties_text(&value.properties),
+                                dependent.value.item_ref(),
+                                dependency.must_satisfy
+                            ),
+                        );
+                    }
+                }
+                // (The value a running operation applies, or deletes, is
+                // what relies on this item; a dependent being retargeted
+                // away from it does not.)
+                // (A Delete of an item that is already gone, e.g. with an
+                // external item it was auto-deleted by, holds nothing up.)
+                if let Some(other) = running_before.iter().find(|other| {
+                    let other_item = other.item.item_ref();
+                    other_item != item
+                        && other.item.dependency_on(&item).is_some()
+                        && (other.kind != OperationKind::Delete
+                            || world.items.contains_key(&other_item))
+                }) {
+                    return fail(
+                        "a modify waits for operations of its dependents",
+                        format!(
+                            "modify {item} (op {}) was sent while {} {} (op {}) runs",
+                            order.op_id,
+                            other.kind.as_str(),
+                            other.item.item_ref(),
+                            other.op_id
+                        ),
+                    );
+                }
+            }
+        }
+        OperationKind::Delete => {
+            if let Some(dependent) = world.dependents_of(&item).next() {
+                return fail(
+                    "a delete runs only when nothing depends on the item",
+                    format!(
+                        "delete {item} (op {}) was sent while {} exists and depends on it",
+                        order.op_id,
+                        super::intents::describe_item(&dependent.value)
+                    ),
+                );
+            }
+            if let Some(other) = running.iter().find(|other| {
+                other.kind != OperationKind::Delete
+                    && other.item.item_ref() != item
+                    && other.item.dependency_on(&item).is_some()
+            }) {
+                return fail(
+                    "a delete waits for running operations that need the item",
+                    format!(
+                        "delete {item} (op {}) was sent while {} {} (op {}) needs it",
+                        order.op_id,
+                        other.kind.as_str(),
+                        other.item.item_ref(),
+                        other.op_id
+                    ),
+                );
+            }
+        }
+        OperationKind::Read => {}
+    }
+    Ok(())
+}
+
+/// What the agents know of one op id.
+#[derive(Clone, Debug)]
+struct OpRecord {
+    item: ItemRef,
+    kind: OperationKind,
+    generation: u64,
+    question: bool,
+    attempt: u32,
+    deliveries: u32,
+    failed: bool,
+    delivered_at_ms: u64,
+    timeout_ms: u64,
+}
+
+/// How the last operation of an item ended, as far as the agents said.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ending {
+    Open,
+    Retryable,
+    Waiting,
+    Finished,
+}
+
+/// An operation whose outcome the server lost (journaled at a restart,
+/// or dropped by an agent whose session ended), not resolved yet.
+#[derive(Clone, Debug)]
+pub struct LostOperation {
+    /// Its op id.
+    pub op_id: String,
+    /// Its attempt.
+    pub attempt: u32,
+    /// What it does.
+    pub kind: OperationKind,
+    /// What it applies (a Create or Modify), if known.
+    pub target: Option<Arc<Item>>,
+    /// Since the loss, the target's dependencies broke in the world, the
+    /// target stopped being the intent, or (for a Delete) the item vanished
+    /// with an external item it was auto-deleted by: the server may then
+    /// send the operation the intent needs instead (DESIGN §4, UNKNOWN).
+    pub may_be_replaced: bool,
+}
+
+/// The op ids, attempts and epochs the agents have seen: checks DESIGN §4
+/// and the journal rule of §6.
+#[derive(Clone, Debug, Default)]
+pub struct Ledger {
+    ops: BTreeMap<String, OpRecord>,
+    last_by_item: BTreeMap<ItemRef, (String, Ending)>,
+    /// Lost operations by item.
+    lost: BTreeMap<ItemRef, LostOperation>,
+    /// The newest epoch granted per type.
+    epochs: BTreeMap<String, u64>,
+    /// Items the last snapshot showed waiting for a retry (a next attempt
+    /// time and nothing in flight): their next operation, if it is the same
+    /// one, continues the failed or WAITed op id.
+    retry_pending: BTreeSet<ItemRef>,
+}
+
+impl Ledger {
+    /// An order arrived on a session granted `session_epoch` for its type,
+    /// at simulated `now_ms`; `delivered_at_ms` is the earliest time it can
+    /// have been sent.
+    pub fn on_order(
+        &mut self,
+        order: &OperationOrder,
+        session_epoch: Option<u64>,
+        delivered_at_ms: u64,
+        now_ms: u64,
+    ) -> Result<(), Violation> {
+        let item = order.item.item_ref();
+        if session_epoch != Some(order.epoch) {
+            return fail(
+                "orders carry the epoch granted to their session",
+                format!(
+                    "{} {item} (op {}) carries epoch {} on a session granted {:?}",
+                    order.kind.as_str(),
+                    order.op_id,
+                    order.epoch,
+                    session_epoch
+                ),
+            );
+        }
+        if order.kind != OperationKind::Read
+            && let Some(lost) = self.lost.remove(&item)
+            && lost.op_id != order.op_id
+        {
+            if !lost.may_be_replaced {
+                return fail(
+                    "lost operations resume with their op id",
+                    format!(
+                        "{item} had op {} attempt {} lost (journaled or dropped with its session), \
+                             but the next order for it is {} op {} attempt {}",
+                        lost.op_id,
+                        lost.attempt,
+                        order.kind.as_str(),
+                        order.op_id,
+                        order.attempt
+                    ),
+                );
+            }
+            // Replaced by what the intent needs now.
+            if let Some((last, ending)) = self.last_by_item.get_mut(&item)
+                && *last == lost.op_id
+            {
+                *ending = Ending::Finished;
+            }
+        }
+        match self.ops.get_mut(&order.op_id) {
+            Some(record) => {
+                if (
+                    &record.item,
+                    record.kind,
+                    record.generation,
+                    record.question,
+                ) != (&item, order.kind, order.generation, order.question)
+                {
+                    return fail(
+                        "an op id names one operation on one item toward one generation",
+                        format!(
+                            "op {} was {} {} toward generation {} (question: {}), now {} {item} toward {} (question: {})",
+                            order.op_id,
+                            record.kind.as_str(),
+                            record.item,
+                            record.generation,
+                            record.question,
+                            order.kind.as_str(),
+                            order.generation,
+                            order.question
+                        ),
+                    );
+                }
+                if order.attempt < record.attempt {
+                    return fail(
+                        "attempts never go back",
+                        format!(
+                            "op {} on {item} was at attempt {}, now attempt {}",
+                            order.op_id, record.attempt, order.attempt
+                        ),
+                    );
+                }
+                if order.attempt == record.attempt {
+                    record.deliveries += 1;
+                    record.delivered_at_ms = delivered_at_ms;
+                } else {
+                    let timed_out =
+                        now_ms >= record.delivered_at_ms.saturating_add(record.timeout_ms);
+                    let poison = record.deliveries >= MAX_REDELIVERIES;
+                    if order.attempt > record.attempt + 1 || !(record.failed || timed_out || poison)
+                    {
+                        return fail(
+                            "an attempt grows only after a failure or a timeout",
+                            format!(
+                                "op {} on {item} went from attempt {} to {} (failed reported: {}, \
+                                 {} ms since its delivery, timeout {} ms, {} deliveries)",
+                                order.op_id,
+                                record.attempt,
+                                order.attempt,
+                                record.failed,
+                                now_ms.saturating_sub(record.delivered_at_ms),
+                                record.timeout_ms,
+                                record.deliveries
+                            ),
+                        );
+                    }
+                    record.attempt = order.attempt;
+                    record.deliveries = 1;
+                    record.failed = false;
+                    record.delivered_at_ms = delivered_at_ms;
+                    record.timeout_ms = order.timeout_ms;
+                }
+            }
+            None => {
+                if order.kind != OperationKind::Read
+                    && self.retry_pending.contains(&item)
+                    && let Some((last, ending)) = self.last_by_item.get(&item)
+                    && *ending != Ending::Finished
+                    && let Some(previous) = self.ops.get(last)
+                    && (previous.kind, previous.generation, previous.question)
+                        == (order.kind, order.generation, order.question)
+                {
+                    return fail(
+                        "a retry keeps its op id",
+                        format!(
+                            "{} {item} toward generation {} got op {} while op {} for the same \
+                             operation had not finished ({ending:?})",
+                            order.kind.as_str(),
+                            order.generation,
+                            order.op_id,
+                            last
+                        ),
+                    );
+                }
+                self.ops.insert(
+                    order.op_id.clone(),
+                    OpRecord {
+                        item: item.clone(),
+                        kind: order.kind,
+                        generation: order.generation,
+                        question: order.question,
+                        attempt: order.attempt,
+                        deliveries: 1,
+                        failed: false,
+                        delivered_at_ms,
+                        timeout_ms: order.timeout_ms,
+                    },
+                );
+            }
+        }
+        if order.kind != OperationKind::Read {
+            self.last_by_item
+                .insert(item, (order.op_id.clone(), Ending::Open));
+        }
+        Ok(())
+    }
+
+    /// An agent sent a result.
+    pub fn on_result(&mut self, op_id: &str, attempt: u32, outcome: &AgentOutcome) {
+        let Some(record) = self.ops.get_mut(op_id) else {
+            return;
+        };
+        if attempt != record.attempt {
+            return;
+        }
+        if matches!(outcome, AgentOutcome::Failed(_)) {
+            record.failed = true;
+        }
+        let item = record.item.clone();
+        if self
+            .lost
+            .get(&item)
+            .is_some_and(|lost| lost.op_id == op_id && lost.attempt == attempt)
+        {
+            self.lost.remove(&item);
+        }
+        if let Some((last, ending)) = self.last_by_item.get_mut(&item)
+            && last == op_id
+        {
+            *ending = match outcome {
+                AgentOutcome::Done { .. } => Ending::Finished,
+                AgentOutcome::Failed(error) if error.is_terminal() => Ending::Finished,
+                AgentOutcome::Failed(_) => Ending::Retryable,
+                AgentOutcome::Wait { .. } => Ending::Waiting,
+                AgentOutcome::InProgress => *ending,
+            };
+        }
+    }
+
+    /// A registration granted `epoch` for `item_type`: epochs grow with
+    /// every takeover.
+    pub fn on_grant(&mut self, item_type: &str, epoch: u64) -> Result<(), Violation> {
+        let previous = self.epochs.insert(item_type.to_owned(), epoch);
+        match previous {
+            Some(previous) if previous >= epoch => fail(
+                "epochs grow with every registration",
+                format!("{item_type} was granted epoch {epoch} after epoch {previous}"),
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// The server restarted with these operations journaled.
+    pub fn on_restart(&mut self, journaled: BTreeMap<ItemRef, LostOperation>) {
+        // Operations lost earlier and not resolved stay lost: the restarted
+        // server owes them as much as the one before.
+        self.lost.extend(journaled);
+    }
+
+    /// An agent dropped an operation when its session ended: the server
+    /// lost its outcome.
+    pub fn on_dropped(&mut self, order: &OperationOrder) {
+        if order.kind == OperationKind::Read {
+            // Observation: any later operation may take its place.
+            return;
+        }
+        let target = matches!(order.kind, OperationKind::Create | OperationKind::Modify)
+            .then(|| order.item.clone());
+        self.lost.insert(
+            order.item.item_ref(),
+            LostOperation {
+                op_id: order.op_id.clone(),
+                attempt: order.attempt,
+                kind: order.kind,
+                target,
+                may_be_replaced: false,
+            },
+        );
+    }
+
+    /// Items vanished with an external item they were auto-deleted by:
+    /// whatever their lost operation did, they are gone, and the server may
+    /// drop them and plan them afresh (rule 9).
+    pub fn on_vanished(&mut self, items: &[ItemRef]) {
+        for item in items {
+            if let Some(lost) = self.lost.get_mut(item) {
+                lost.may_be_replaced = true;
+                if let Some((last, ending)) = self.last_by_item.get_mut(item)
+                    && *last == lost.op_id
+                {
+                    *ending = Ending::Finished;
+                }
+            }
+        }
+    }
+
+    /// After every step: the items the snapshot shows waiting for a retry.
+    pub fn note_retries(&mut self, snapshot: &TenantSnapshot) {
+        self.retry_pending = snapshot
+            .current
+            .iter()
+            .filter(|(_, c)| c.in_flight.is_none() && c.next_attempt_at_ms.is_some())
+            .map(|(key, _)| key.clone())
+            .collect();
+    }
+
+    /// After every step: notes lost operations the server may now replace
+    /// (their target's dependencies broke in the world, or the target is
+    /// no longer the intent).
+    pub fn observe(&mut self, world: &World, model: &IntentModel) {
+        for (item, lost) in &mut self.lost {
+            let replaceable = match &lost.target {
+                Some(target) => {
+                    let intended = model
+                        .items
+                        .get(item)
+                        .is_some_and(|intended| intended.same_content(target));
+                    let broken = target.dependencies.iter().any(|dependency| {
+                        !world
+                            .items
+                            .get(&dependency.requires)
+                            .is_some_and(|w| holds(&dependency.must_satisfy, &w.value.properties))
+                    });
+                    broken || !intended
+                }
+                None => lost.kind == OperationKind::Delete && !world.items.contains_key(item),
+            };
+            if replaceable {
+                lost.may_be_replaced = true;
+                if let Some((last, ending)) = self.last_by_item.get_mut(item)
+                    && *last == lost.op_id
+                {
+                    *ending = Ending::Finished;
+                }
+            }
+        }
+    }
+}
+
+fn conditions_text(snapshot: &TenantSnapshot) -> String {
+    snapshot
+        .record
+        .conditions
+        .iter()
+        .map(|c| {
+            format!(
+                "{}={} {}: {}",
+                c.kind.as_str(),
+                c.status,
+                c.reason,
+                c.message
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn condition(snapshot: &TenantSnapshot, kind: ConditionKind) -> Option<bool> {
+    snapshot
+        .record
+        .conditions
+        .iter()
+        .find(|c| c.kind == kind)
+        .map(|c| c.status)
+}
+
+/// Why the tenant is not converged, per DESIGN: an intended item not
+/// created at its intended value, an item left to delete, an existing
+/// item whose dependency does not hold, or an operation (other than a
+/// drift READ) in flight. `None` when converged.
+pub fn unconverged_reason(snapshot: &TenantSnapshot) -> Option<String> {
+    for (key, current) in snapshot.current.iter() {
+        if let Some(operation) = &current.in_flight
+            && (current.state == ItemState::Unknown || operation.kind != OperationKind::Read)
+        {
+            return Some(format!(
+                "{key} is {} ({} in flight)",
+                state_name(current.state),
+                operation.kind.as_str()
+            ));
+        }
+    }
+    for (key, entry) in snapshot.intended.iter() {
+        if entry.item.external {
+            continue;
+        }
+        let converged = snapshot.current.get(key).is_some_and(|c| {
+            c.state == ItemState::Created
+                && c.applied
+                    .as_ref()
+                    .is_some_and(|applied| applied.same_content(&entry.item))
+        });
+        if !converged {
+            return Some(format!(
+                "{key} is {} and not at its intended value",
+                snapshot
+                    .current
+                    .get(key)
+                    .map_or("PENDING", |c| state_name(c.state))
+            ));
+        }
+    }
+    for (key, current) in snapshot.current.iter() {
+        let Some(applied) = &current.applied else {
+            continue;
+        };
+        if applied.external {
+            continue;
+        }
+        if snapshot.intended.get(key).is_none() {
+            return Some(format!("{key} is left to delete"));
+        }
+        for dependency in &applied.dependencies {
+            let Some(required) = snapshot.current.get(&dependency.requires) else {
+                return Some(format!("{key} exists but {} does not", dependency.requires));
+            };
+            if !holds(&dependency.must_satisfy, &required.effective_properties()) {
+                return Some(format!(
+                    "{key} exists but `{}` is false on {}",
+                    dependency.must_satisfy, dependency.requires
+                ));
+            }
+            if dependency.recreate_when_modified
+                && current.dependency_marks.get(&dependency.requires)
+                    != Some(&required.modifications)
+            {
+                return Some(format!(
+                    "{key} must be recreated: {} was modified since",
+                    dependency.requires
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Checks a published snapshot (DESIGN §2, §5).
+pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<(), Violation> {
+    // Counts by state equal a recount.
+    let mut recount: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for (_, current) in snapshot.current.iter() {
+        *recount.entry(state_name(current.state)).or_default() += 1;
+    }
+    for (key, entry) in snapshot.intended.iter() {
+        if !entry.item.external && snapshot.current.get(key).is_none() {
+            *recount.entry("PENDING").or_default() += 1;
+        }
+    }
+    if recount != *snapshot.counts.by_state() {
+        return fail(
+            "counts by state equal a recount of the graphs",
+            format!(
+                "the snapshot counts {:?}, a recount gives {recount:?}",
+                snapshot.counts.by_state()
+            ),
+        );
+    }
+    // The acknowledged intent is the intent.
+    if snapshot.record.generation != model.generation {
+        return fail(
+            "the generation is the acknowledged one",
+            format!(
+                "the snapshot has generation {}, the last acknowledged submit {}",
+                snapshot.record.generation, model.generation
+            ),
+        );
+    }
+    let intended: BTreeMap<&ItemRef, &Item> = snapshot
+        .intended
+        .iter()
+        .map(|(key, entry)| (key, &*entry.item))
+        .collect();
+    let expected: BTreeMap<&ItemRef, &Item> = model.items.iter().collect();
+    if intended != expected {
+        return fail(
+            "the intent is the acknowledged one",
+            format!(
+                "intended items differ from the acknowledged intent: snapshot has {:?}, expected {:?}",
+                intended.keys().collect::<Vec<_>>(),
+                expected.keys().collect::<Vec<_>>()
+            ),
+        );
+    }
+    if snapshot.record.observed_generation > snapshot.record.generation {
+        return fail(
+            "the observed generation never passes the generation",
+            format!(
+                "observed generation {} > generation {}",
+                snapshot.record.observed_generation, snapshot.record.generation
+            ),
+        );
+    }
+    // Item states agree with their operations.
+    for (key, current) in snapshot.current.iter() {
+        let expected_kind = match current.state {
+            ItemState::Creating => Some(OperationKind::Create),
+            ItemState::Modifying => Some(OperationKind::Modify),
+            ItemState::Deleting => Some(OperationKind::Delete),
+            _ => None,
+        };
+        if let Some(kind) = expected_kind
+            && current
+                .in_flight
+                .as_ref()
+                .is_none_or(|operation| operation.kind != kind || operation.question)
+        {
+            return fail(
+                "an item's state names its operation in flight",
+                format!(
+                    "{key} is {} without that operation in flight",
+                    state_name(current.state)
+                ),
+            );
+        }
+    }
+    let in_flight = snapshot
+        .current
+        .iter()
+        .filter(|(_, c)| c.in_flight.is_some() && c.state != ItemState::Unknown)
+        .count();
+    if in_flight != snapshot.in_flight {
+        return fail(
+            "operations in flight are counted",
+            format!(
+                "the snapshot says {} in flight, its items {in_flight}",
+                snapshot.in_flight
+            ),
+        );
+    }
+    // Conditions.
+    let ready = condition(snapshot, ConditionKind::Ready);
+    let reconciling = condition(snapshot, ConditionKind::Reconciling);
+    let stalled = condition(snapshot, ConditionKind::Stalled);
+    if reconciling == Some(true) && stalled == Some(true) {
+        return fail(
+            "Reconciling and Stalled never hold together",
+            "both are true",
+        );
+    }
+    if reconciling == Some(true) && ready == Some(true) {
+        return fail("Reconciling and Ready never hold together", "both are true");
+    }
+    if let Some(ready) = ready {
+        let reason = unconverged_reason(snapshot);
+        match (ready, reason) {
+            (true, Some(reason)) => {
+                return fail(
+                    "Ready holds only when converged",
+                    format!("Ready is true but {reason}"),
+                );
+            }
+            (false, None) => {
+                return fail(
+                    "a converged tenant is Ready",
+                    format!(
+                        "every intended item is created at its intended value and nothing runs, \
+                         but Ready is false ({})",
+                        conditions_text(snapshot)
+                    ),
+                );
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Checks the state a restarted server loaded (before its first pass):
+/// the acknowledged intent survived. Returns the journaled operations.
+pub fn check_restart(
+    loaded: &TenantSnapshot,
+    model: &mut IntentModel,
+) -> Result<BTreeMap<ItemRef, LostOperation>, Violation> {
+    let generation = loaded.record.generation;
+    let loaded_items: BTreeMap<ItemRef, Item> = loaded
+        .intended
+        .iter()
+        .map(|(key, entry)| (key.clone(), (*entry.item).clone()))
+        .collect();
+    // A submit whose answer was lost with the store may or may not be there.
+    if let Some((uncertain, items)) = model.uncertain.take()
+        && uncertain == generation
+        && items == loaded_items
+    {
+        model.acknowledge(generation, items);
+    }
+    if generation != model.generation {
+        return fail(
+            "acknowledged submits survive a crash",
+            format!(
+                "the last acknowledged generation is {}, the restarted server has {generation}",
+                model.generation
+            ),
+        );
+    }
+    if loaded_items != model.items {
+        let differences: Vec<String> = loaded_items
+            .keys()
+            .chain(model.items.keys())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .filter(|key| loaded_items.get(*key) != model.items.get(*key))
+            .map(|key| {
+                format!(
+                    "{key}: restarted {:?}, acknowledged {:?}",
+                    loaded_items.get(key),
+                    model.items.get(key)
+                )
+            })
+            .collect();
+        return fail(
+            "acknowledged submits survive a crash",
+            format!(
+                "the restarted server's intent is not the acknowledged one: {}",
+                differences.join("; ")
+            ),
+        );
+    }
+    Ok(loaded
+        .current
+        .iter()
+        .filter_map(|(key, current)| {
+            let operation = current.in_flight.as_ref()?;
+            // A READ is observation: any later operation may take its place.
+            (operation.kind != OperationKind::Read).then(|| {
+                (
+                    key.clone(),
+                    LostOperation {
+                        op_id: operation.op_id.clone(),
+                        attempt: operation.attempt,
+                        kind: operation.kind,
+                        target: operation.target.clone(),
+                        may_be_replaced: false,
+                    },
+                )
+            })
+        })
+        .collect())
+}
+
+/// Whether `key` failed for good: a terminal code, or no retry left, for
+/// the intent it has now (a terminal failure holds until the item's intent
+/// changes; 0 when it left the intent).
+fn failed_for_good(snapshot: &TenantSnapshot, key: &ItemRef, current: &CurrentItem) -> bool {
+    let generation = snapshot
+        .intended
+        .get(key)
+        .map_or(0, |entry| entry.generation);
+    current.state == ItemState::Failed
+        && current.failed_generation == generation
+        && (current
+            .last_error
+            .as_ref()
+            .is_some_and(|error| error.is_terminal())
+            || current.next_attempt_at_ms.is_none())
+}
+
+/// Items connected to an item that failed for good, through dependency
+/// edges of the intent, the current graph or the world, either way.
+fn connected_to_failures(
+    snapshot: &TenantSnapshot,
+    world: &World,
+    model: &IntentModel,
+) -> BTreeSet<ItemRef> {
+    let mut edges: BTreeMap<ItemRef, BTreeSet<ItemRef>> = BTreeMap::new();
+    let mut link = |a: &ItemRef, b: &ItemRef| {
+        edges.entry(a.clone()).or_default().insert(b.clone());
+        edges.entry(b.clone()).or_default().insert(a.clone());
+    };
+    let values = model
+        .items
+        .values()
+        .cloned()
+        .map(Arc::new)
+        .chain(
+            snapshot
+                .current
+                .iter()
+                .filter_map(|(_, c)| c.applied.clone()),
+        )
+        .chain(
+            snapshot
+                .current
+                .iter()
+                .filter_map(|(_, c)| c.in_flight.as_ref().and_then(|o| o.target.clone())),
+        )
+        .chain(world.items.values().map(|w| w.value.clone()));
+    for value in values {
+        let key = value.item_ref();
+        for dependency in &value.dependencies {
+            link(&key, &dependency.requires);
+        }
+    }
+    let mut tainted: BTreeSet<ItemRef> = snapshot
+        .current
+        .iter()
+        .filter(|(key, c)| failed_for_good(snapshot, key, c))
+        .map(|(key, _)| key.clone())
+        .collect();
+    let mut frontier: Vec<ItemRef> = tainted.iter().cloned().collect();
+    while let Some(key) = frontier.pop() {
+        for next in edges.get(&key).into_iter().flatten() {
+            if tainted.insert(next.clone()) {
+                frontier.push(next.clone());
+            }
+        }
+    }
+    tainted
+}
+
+/// The planner's environment after the run: every configurator connected.
+struct Everything {
+    rules: HashMap<String, TypeRules>,
+    now_ms: u64,
+}
+
+impl PlanEnvironment for Everything {
+    fn type_rules(&self, item_type: &str) -> Option<&TypeRules> {
+        self.rules.get(item_type)
+    }
+    fn has_configurator(&self, _item_type: &str) -> bool {
+        true
+    }
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+}
+
+/// The items a snapshot shows UNKNOWN (an operation whose outcome is lost).
+pub fn unknown_items(snapshot: &TenantSnapshot) -> BTreeSet<ItemRef> {
+    snapshot
+        .current
+        .iter()
+        .filter(|(_, c)| c.state == ItemState::Unknown)
+        .map(|(key, _)| key.clone())
+        .collect()
+}
+
+/// Whether a quiet tenant still has a retry pending (then it is not
+/// quiet yet, only waiting for its backoff).
+pub fn retry_pending(snapshot: &TenantSnapshot) -> bool {
+    snapshot
+        .waiting
+        .iter()
+        .any(|(_, waiting)| waiting.reason == WaitReason::Backoff)
+}
+
+/// Checks a tenant that went quiet after the final phase (faults stopped,
+/// agents connected and answering DONE): it converged, as far as terminal
+/// failures and unsatisfiable dependencies allow, its view is the world's,
+/// its conditions say so, and a from-scratch plan has nothing ready.
+pub fn check_converged(
+    snapshot: &TenantSnapshot,
+    world: &World,
+    model: &IntentModel,
+    scenario: &Scenario,
+    now_ms: u64,
+) -> Result<(), Violation> {
+    for (key, current) in snapshot.current.iter() {
+        if current.in_flight.is_some() {
+            return fail(
+                "a quiet tenant has nothing in flight",
+                format!(
+                    "{key} is {} with an operation in flight",
+                    state_name(current.state)
+                ),
+            );
+        }
+    }
+    // A failure for good holds up what is connected to it (a dependent's
+    // failed Delete blocks its dependencies, a failed Create or Modify
+    // blocks its dependents, ...): the items connected to one, through
+    // any edge of either graph or the world, are exempt from the checks
+    // below. A run without such failures gets the strict checks.
+    let tainted = connected_to_failures(snapshot, world, model);
+    let terminal = |key: &ItemRef| tainted.contains(key);
+    // Which intended items must converge: not failed for good, and every
+    // dependency satisfiable (it converges, or is an external item that
+    // exists, and its predicate holds on its final value).
+    let mut expected: BTreeMap<ItemRef, bool> = BTreeMap::new();
+    let mut order: Vec<&ItemRef> = model.items.keys().collect();
+    order.sort_by_key(|key| scenario.rank(key).unwrap_or(usize::MAX));
+    for key in order {
+        let item = &model.items[key];
+        if item.external {
+            continue;
+        }
+        let satisfiable = !terminal(key)
+            && item.dependencies.iter().all(|dependency| {
+                let required = &dependency.requires;
+                let value = match model.items.get(required) {
+                    Some(target) if !target.external => expected
+                        .get(required)
+                        .copied()
+                        .unwrap_or(false)
+                        .then_some(&target.properties),
+                    _ => world
+                        .items
+                        .get(required)
+                        .filter(|w| w.value.external)
+                        .map(|w| &w.value.properties),
+                };
+                value.is_some_and(|properties| holds(&dependency.must_satisfy, properties))
+            });
+        expected.insert(key.clone(), satisfiable);
+    }
+    for (key, must) in &expected {
+        if !must {
+            continue;
+        }
+        let intended = &model.items[key];
+        let current = snapshot.current.get(key);
+        let converged = current.is_some_and(|c| {
+            c.state == ItemState::Created
+                && c.applied
+                    .as_ref()
+                    .is_some_and(|applied| applied.same_content(intended))
+        });
+        if !converged {
+            return fail(
+                "a quiet tenant converged",
+                format!(
+                    "{key} can be created (its dependencies hold) but is {} ({})",
+                    current.map_or("PENDING", |c| state_name(c.state)),
+                    snapshot
+                        .waiting
+                        .get(key)
+                        .map(|w| format!(
+                            "waiting {:?}: {}",
+                            w.reason,
+                            w.blocked_by
+                                .iter()
+                                .map(|b| format!("{} {}", b.item, b.why))
+                                .collect::<Vec<_>>()
+                                .join("; ")
+                        ))
+                        .unwrap_or_else(|| "not waiting".into())
+                ),
+            );
+        }
+        if !world
+            .items
+            .get(key)
+            .is_some_and(|w| w.value.same_content(intended))
+        {
+            return fail(
+                "a quiet tenant converged",
+                format!(
+                    "{key} is CREATED for the server but the world does not have its intended value"
+                ),
+            );
+        }
+        let existing = &world.items[key];
+        for (required, mark) in &existing.marks {
+            let counter = world.items.get(required).map_or(0, |w| w.modifications);
+            if *mark != counter {
+                return fail(
+                    "an item is recreated when a recreate_when_modified dependency is modified",
+                    format!(
+                        "{key} was created when {required} had {mark} modification(s); it has {counter} now"
+                    ),
+                );
+            }
+        }
+    }
+    // What may stay: items that failed for good, intended items that
+    // cannot converge, and whatever such items still depend on.
+    let mut held: BTreeSet<ItemRef> = tainted.clone();
+    for (key, current) in snapshot.current.iter() {
+        if failed_for_good(snapshot, key, current) || expected.get(key) == Some(&false) {
+            held.insert(key.clone());
+        }
+    }
+    for key in world.items.keys() {
+        if expected.get(key) == Some(&false) {
+            held.insert(key.clone());
+        }
+    }
+    loop {
+        let mut more = Vec::new();
+        for key in &held {
+            let values = snapshot
+                .current
+                .get(key)
+                .and_then(|c| c.applied.clone())
+                .into_iter()
+                .chain(world.items.get(key).map(|w| w.value.clone()));
+            for value in values {
+                for dependency in &value.dependencies {
+                    if !held.contains(&dependency.requires) {
+                        more.push(dependency.requires.clone());
+                    }
+                }
+            }
+        }
+        if more.is_empty() {
+            break;
+        }
+        held.extend(more);
+    }
+    for (key, existing) in &world.items {
+        if existing.value.external || held.contains(key) {
+            continue;
+        }
+        if !model.items.contains_key(key) {
+            return fail(
+                "a quiet tenant converged",
+                format!("{key} is no longer intended but still exists in the world"),
+            );
+        }
+        for dependency in &existing.value.dependencies {
+            let value = world.items.get(&dependency.requires);
+            if !value.is_some_and(|v| holds(&dependency.must_satisfy, &v.value.properties)) {
+                return fail(
+                    "a quiet tenant converged",
+                    format!(
+                        "{key} exists but its dependency on {} does not hold",
+                        dependency.requires
+                    ),
+                );
+            }
+        }
+    }
+    for (key, current) in snapshot.current.iter() {
+        let external = current.applied.as_ref().is_some_and(|a| a.external);
+        if external || held.contains(key) {
+            continue;
+        }
+        if !model.items.contains_key(key) {
+            return fail(
+                "a quiet tenant converged",
+                format!(
+                    "{key} is no longer intended but the server still has it as {}",
+                    state_name(current.state)
+                ),
+            );
+        }
+        if current.is_created() {
+            let world_value = world.items.get(key).map(|w| &w.value);
+            let same = match (&current.applied, world_value) {
+                (Some(applied), Some(value)) => applied.same_content(value),
+                _ => false,
+            };
+            if !same {
+                return fail(
+                    "the server's view is the world",
+                    format!(
+                        "the server has {key} as {} but the world has {}",
+                        current
+                            .applied
+                            .as_ref()
+                            .map_or("nothing".into(), |a| super::intents::describe_item(a)),
+                        world_value.map_or("nothing".into(), |v| super::intents::describe_item(v))
+                    ),
+                );
+            }
+        }
+    }
+    // Conditions of a quiet tenant.
+    let all_converged = expected.values().all(|must| *must) && held.is_empty();
+    let any_failed = snapshot
+        .current
+        .iter()
+        .any(|(key, c)| failed_for_good(snapshot, key, c));
+    let ready = condition(snapshot, ConditionKind::Ready);
+    let reconciling = condition(snapshot, ConditionKind::Reconciling);
+    let stalled = condition(snapshot, ConditionKind::Stalled);
+    if reconciling == Some(true) {
+        return fail("a quiet tenant is not Reconciling", "Reconciling is true");
+    }
+    if ready != Some(all_converged) {
+        return fail(
+            "a quiet tenant is Ready exactly when it converged",
+            format!(
+                "Ready is {ready:?} ({}); converged: {all_converged} (held: {held:?})",
+                conditions_text(snapshot)
+            ),
+        );
+    }
+    if !all_converged && any_failed && stalled != Some(true) {
+        let failed: Vec<String> = snapshot
+            .current
+            .iter()
+            .filter(|(key, c)| failed_for_good(snapshot, key, c))
+            .map(|(key, c)| {
+                format!(
+                    "{key} ({} failed: {:?}, attempts {}, next attempt {:?}, intended: {}, waiting: {:?})",
+                    c.last_operation.map_or("?", |k| k.as_str()),
+                    c.last_error,
+                    c.attempts,
+                    c.next_attempt_at_ms,
+                    model.items.contains_key(key),
+                    snapshot.waiting.get(key)
+                )
+            })
+            .collect();
+        return fail(
+            "a quiet tenant with a terminal failure is Stalled",
+            format!(
+                "Stalled is {stalled:?} ({}) but {} failed for good",
+                conditions_text(snapshot),
+                failed.join(", ")
+            ),
+        );
+    }
+    if snapshot.record.observed_generation != snapshot.record.generation {
+        return fail(
+            "a quiet tenant observed its generation",
+            format!(
+                "observed generation {} of {}",
+                snapshot.record.observed_generation, snapshot.record.generation
+            ),
+        );
+    }
+    // The incremental passes missed nothing a full plan would do.
+    let mut intended = IntendedGraph::default();
+    for (_, entry) in snapshot.intended.iter() {
+        intended.insert((**entry).clone());
+    }
+    let mut current = CurrentGraph::default();
+    for (key, entry) in snapshot.current.iter() {
+        current.insert(key.clone(), (**entry).clone());
+    }
+    let environment = Everything {
+        rules: scenario
+            .types
+            .iter()
+            .map(|spec| (spec.item_type.clone(), spec.rules()))
+            .collect(),
+        now_ms,
+    };
+    let plan = plan_everything(&intended, &current, &environment);
+    let ready: Vec<String> = plan
+        .ready()
+        .map(|index| {
+            let operation = &plan.operations[index];
+            format!("{} {}", operation.kind.as_str(), operation.item)
+        })
+        .collect();
+    if !ready.is_empty() {
+        return fail(
+            "the incremental planner misses no work",
+            format!(
+                "the tenant is quiet, but a full plan has ready operations: {}",
+                ready.join(", ")
+            ),
+        );
+    }
+    if !plan.forget.is_empty() || !plan.settle.is_empty() {
+        return fail(
+            "the incremental planner misses no work",
+            format!(
+                "the tenant is quiet, but a full plan forgets {:?} and settles {:?}",
+                plan.forget, plan.settle
+            ),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,889 @@
+//! The simulator proper: the real tenant owner (planner, executor,
+//! persistence through the real record encoding and store keys) on a
+//! current-thread tokio runtime with paused time, driven one step at a
+//! time, with the agents' side played by [`Agents`].
+//!
+//! After each step the simulator lets the owner finish everything it can
+//! do now (a 1 ms sleep: paused time only moves once every task is idle),
+//! delivers what the owner sent to the agents (checking each operation as
+//! it arrives), sends back what the agents answer at once, and repeats
+//! until the exchange stops; then it checks the published snapshot.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use reconciled::agents::{FromAgent, Registration, RegistrationError, SessionLink, ToAgent};
+use reconciled::engine::exec::TypeSpec;
+use reconciled::graph::ItemRef;
+use reconciled::graph::validate::{ValidationLimits, validate_items};
+use reconciled::store::Store as _;
+use reconciled::store::keys;
+use reconciled::tenant::record::{decode, encode};
+use reconciled::tenant::{
+    Clock as _, ExternalChange, OwnerSettings, SimulatedClock, TenantError, TenantHandle,
+    TenantLimits, TenantRecord, TenantState, ValidatedSubmit,
+};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::faults::FaultyStore;
+use super::intents::{Expected, IntentModel, Scenario, SubmitPlan, external_value};
+use super::invariants::{
+    Ledger, Violation, check_converged, check_order, check_restart, check_snapshot, retry_pending,
+    unknown_items,
+};
+use super::steps::{AgentView, Answer, Report, Step, View};
+use super::trace::Trace;
+use super::world::{Agents, Outgoing, Received, World, describe_outcome};
+
+/// The tenant's internal id.
+const TENANT_ID: u64 = 1;
+/// The simulated wall clock starts here (2024-01-01).
+const EPOCH_MS: u64 = 1_704_067_200_000;
+/// Exchanges between owner and agents after one step before it counts as
+/// a message storm.
+const MAX_EXCHANGES: usize = 200;
+/// Rounds of the final phase before a tenant that never goes quiet fails.
+const MAX_FINAL_ROUNDS: usize = 60;
+
+/// Counters of a run.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stats {
+    /// Steps run.
+    pub steps: usize,
+    /// Operations the agents received.
+    pub operations: usize,
+    /// Messages the agents received.
+    pub messages: usize,
+    /// Restarts of the server.
+    pub restarts: usize,
+    /// Simulated time at the end (ms).
+    pub simulated_ms: u64,
+    /// Submits the owner accepted.
+    pub submits: usize,
+    /// Rounds the final phase took.
+    pub final_rounds: usize,
+}
+
+/// One simulated tenant with its agents.
+pub struct Sim {
+    /// What the seed fixed.
+    pub scenario: Scenario,
+    settings: OwnerSettings,
+    clock: Arc<SimulatedClock>,
+    store: Arc<FaultyStore>,
+    handle: TenantHandle,
+    /// What exists.
+    pub world: World,
+    /// The agents.
+    pub agents: Agents,
+    /// The acknowledged intent.
+    pub model: IntentModel,
+    ledger: Ledger,
+    /// What happened.
+    pub trace: Trace,
+    origin: Instant,
+    next_session: u64,
+    /// A store death armed: the new owner's seed and the agents' luck.
+    armed: Option<(u64, u64)>,
+    /// The earliest time messages being delivered can have been sent.
+    sent_since_ms: u64,
+    /// Items UNKNOWN in the snapshot after the last step.
+    unknown: BTreeSet<ItemRef>,
+    /// External reports the server did not acknowledge (its store died):
+    /// the reporter sends them again once it is back.
+    unreported: Vec<ExternalChange>,
+    /// Counters.
+    pub stats: Stats,
+}
+
+impl Sim {
+    /// Starts the tenant's owner and connects every agent.
+    pub async fn start(
+        scenario: Scenario,
+        owner_seed: u64,
+        trace: Trace,
+    ) -> Result<Self, Violation> {
+        let clock = Arc::new(SimulatedClock::new(EPOCH_MS));
+        let settings = OwnerSettings {
+            clock: clock.clone(),
+            rng_seed: Some(owner_seed),
+            cancel_timeout: Duration::from_millis(scenario.cancel_timeout_ms),
+            resync_interval: Duration::from_millis(scenario.resync_interval_ms),
+            watch_ring_events: 64,
+            ..OwnerSettings::default()
+        };
+        let record = TenantRecord {
+            id: TENANT_ID,
+            name: "sim".into(),
+            created_at_ms: clock.now_ms(),
+            generation: 0,
+            observed_generation: 0,
+            revision: 1,
+            limits: TenantLimits {
+                max_operations_in_flight: scenario.max_operations_in_flight,
+                ..TenantLimits::default()
+            },
+            token_hash: String::new(),
+            deleted: false,
+            conditions: Vec::new(),
+            compact_revision: Some(0),
+        };
+        let encoded = encode(&record).expect("a tenant record encodes");
+        let store = Arc::new(FaultyStore::with_records([(
+            keys::tenant_record_key(TENANT_ID),
+            encoded,
+        )]));
+        let handle = TenantHandle::spawn(TenantState::new(record), store.clone(), settings.clone());
+        let agents = Agents::new(&scenario);
+        let mut sim = Self {
+            scenario,
+            settings,
+            clock,
+            store,
+            handle,
+            world: World::default(),
+            agents,
+            model: IntentModel::default(),
+            ledger: Ledger::default(),
+            trace,
+            origin: Instant::now(),
+            next_session: 1,
+            armed: None,
+            sent_since_ms: 0,
+            unknown: BTreeSet::new(),
+            unreported: Vec::new(),
+            stats: Stats::default(),
+        };
+        sim.trace.phase(
+            "setup",
+            0,
+            &format!("scenario {}", describe_scenario(&sim.scenario)),
+        );
+        for agent in 0..sim.agents.agents.len() {
+            sim.connect(agent).await?;
+        }
+        sim.settle().await?;
+        Ok(sim)
+    }
+
+    /// Simulated milliseconds since the start.
+    pub fn now_ms(&self) -> u64 {
+        u64::try_from(Instant::now().duration_since(self.origin).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// What the step generator may look at.
+    pub fn view(&self) -> View<'_> {
+        View {
+            scenario: &self.scenario,
+            model: &self.model,
+            pending: self.agents.pending_count(),
+            agents: self
+                .agents
+                .agents
+                .iter()
+                .map(|agent| AgentView {
+                    connected: agent.live.is_some(),
+                    superseded: !agent.superseded.is_empty(),
+                    unacked: !agent.unacked.is_empty(),
+                    history: !agent.history.is_empty(),
+                })
+                .collect(),
+            externals: self
+                .world
+                .items
+                .iter()
+                .filter(|(_, w)| w.value.external)
+                .map(|(key, w)| (key.clone(), w.value.properties.clone()))
+                .collect(),
+            store_death_armed: self.armed.is_some(),
+        }
+    }
+
+    /// Runs step `index`, then lets everything settle and checks the
+    /// invariants.
+    pub async fn apply(&mut self, index: usize, step: &Step) -> Result<(), Violation> {
+        let now = self.now_ms();
+        self.sent_since_ms = now;
+        self.trace.step(index, now, &step.to_string());
+        self.stats.steps += 1;
+        match step {
+            Step::Submit(plan) => self.submit(plan).await?,
+            Step::Report(reports) => self.report(reports).await?,
+            Step::Answer { pick, answer } => {
+                let (sent, note) = self.agents.answer(*pick, *answer, now, &mut self.world);
+                self.trace.note(note);
+                self.send(sent).await;
+            }
+            Step::Progress { pick } => {
+                let sent = self.agents.progress(*pick);
+                self.send(sent).await;
+            }
+            Step::Resend { agent } => {
+                let sent = self.agents.resend(*agent);
+                self.send(sent).await;
+            }
+            Step::Replay { agent, pick } => {
+                let sent = self.agents.replay(*agent, *pick);
+                self.send(sent).await;
+            }
+            Step::Disconnect { agent, luck } => self.end_sessions(*agent, false, *luck).await,
+            Step::CloseSuperseded { agent, luck } => self.end_sessions(*agent, true, *luck).await,
+            Step::Connect { agent } => self.connect(*agent).await?,
+            Step::Impostor { agent } => self.impostor(*agent).await?,
+            Step::Advance { ms } => self.advance(*ms).await?,
+            Step::ClockStep { ms } => self.clock.step_wall_clock(*ms),
+            Step::Crash { owner_seed, luck } => self.restart(*owner_seed, *luck).await?,
+            Step::ArmStoreDeath {
+                after_apply,
+                owner_seed,
+                luck,
+            } => {
+                self.store.arm_death(*after_apply);
+                self.armed = Some((*owner_seed, *luck));
+            }
+        }
+        self.settle().await?;
+        self.check().await
+    }
+
+    /// Restarts the server if its store died, then checks the snapshot.
+    async fn check(&mut self) -> Result<(), Violation> {
+        if self.store.dead() {
+            let (owner_seed, luck) = self.armed.take().unwrap_or((0, 0));
+            self.trace
+                .note("the store died: the server restarts from its bytes");
+            self.restart(owner_seed, luck).await?;
+            self.settle().await?;
+        }
+        if self.armed.is_some() && !self.store.armed() {
+            self.armed = None;
+        }
+        self.ledger.observe(&self.world, &self.model);
+        // RECONCILED_SIM_WATCH=type/name traces that item's current record
+        // after every step (for diagnosing a failing seed).
+        if let Ok(watched) = std::env::var("RECONCILED_SIM_WATCH") {
+            let snapshot = self.handle.snapshots.latest();
+            for (key, current) in snapshot.current.iter() {
+                if key.to_string() == watched {
+                    self.trace.note(format!("WATCH {key}: {current:?}"));
+                }
+            }
+        }
+        let snapshot = self.handle.snapshots.latest();
+        self.ledger.note_retries(&snapshot);
+        self.unknown = unknown_items(&snapshot);
+        check_snapshot(&snapshot, &self.model)
+    }
+
+    /// Lets the owner finish what it can do now and exchanges messages
+    /// with the agents until nobody has anything more to say.
+    async fn settle(&mut self) -> Result<(), Violation> {
+        for _ in 0..MAX_EXCHANGES {
+            // Paused time moves only once every task waits: after this
+            // sleep the owner is idle.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let received = self.agents.collect();
+            if received.is_empty() {
+                return Ok(());
+            }
+            let mut sent = Vec::new();
+            for message in received {
+                sent.extend(self.receive(message)?);
+            }
+            self.send(sent).await;
+        }
+        Err(Violation::new(
+            "the owner and its agents stop exchanging messages",
+            format!("still exchanging messages after {MAX_EXCHANGES} rounds"),
+        ))
+    }
+
+    /// Lets `ms` of simulated time pass, delivering what the owner sends
+    /// meanwhile (every simulated second); in the final phase the agents
+    /// also answer it at once.
+    async fn advance(&mut self, ms: u64) -> Result<(), Violation> {
+        self.advance_answering(ms, false).await
+    }
+
+    async fn advance_answering(&mut self, ms: u64, answer: bool) -> Result<(), Violation> {
+        let mut left = ms;
+        while left > 0 {
+            let chunk = left.min(1_000);
+            self.sent_since_ms = self.now_ms();
+            tokio::time::sleep(Duration::from_millis(chunk)).await;
+            left -= chunk;
+            let received = self.agents.collect();
+            let mut sent = Vec::new();
+            for message in received {
+                sent.extend(self.receive(message)?);
+            }
+            self.send(sent).await;
+            if answer {
+                self.answer_everything().await?;
+            }
+            if self.store.dead() {
+                // The process died: it restarts now, not after the rest
+                // of the wait.
+                break;
+            }
+        }
+        self.sent_since_ms = self.now_ms();
+        Ok(())
+    }
+
+    /// An agent receives a message: operations are checked on arrival.
+    fn receive(&mut self, received: Received) -> Result<Option<Outgoing>, Violation> {
+        self.stats.messages += 1;
+        let now = self.now_ms();
+        let Received {
+            agent,
+            session,
+            message,
+        } = received;
+        match message {
+            ToAgent::Operation(order) => {
+                self.stats.operations += 1;
+                let epoch = self.agents.epoch(agent, session, &order.item.item_type);
+                let key = (order.op_id.clone(), order.attempt);
+                let holder = &self.agents.agents[agent];
+                let known = holder.finished.contains_key(&key)
+                    || holder
+                        .pending
+                        .iter()
+                        .any(|p| p.order.op_id == order.op_id && p.order.attempt == order.attempt);
+                self.trace.note(format!(
+                    "{} <- {}{} {} op {} attempt {} gen {} epoch {}{}",
+                    holder.plan.id,
+                    order.kind.as_str(),
+                    if order.question { " question" } else { "" },
+                    super::intents::describe_item(&order.item),
+                    order.op_id,
+                    order.attempt,
+                    order.generation,
+                    order.epoch,
+                    if known { " (again)" } else { "" }
+                ));
+                self.ledger.observe(&self.world, &self.model);
+                self.ledger
+                    .on_order(&order, epoch, self.sent_since_ms, now)?;
+                if !known {
+                    // UNKNOWN before this step and still now: an item
+                    // resolved meanwhile (a resent result) no longer blocks.
+                    let still_unknown: BTreeSet<ItemRef> =
+                        unknown_items(&self.handle.snapshots.latest())
+                            .intersection(&self.unknown)
+                            .cloned()
+                            .collect();
+                    check_order(
+                        &order,
+                        &self.world,
+                        &self.agents,
+                        &self.model,
+                        &still_unknown,
+                        now,
+                        self.sent_since_ms,
+                    )?;
+                }
+                Ok(self
+                    .agents
+                    .receive_order(agent, session, order, self.sent_since_ms))
+            }
+            ToAgent::Cancel { op_id } => {
+                self.trace.note(format!(
+                    "{} <- cancel op {op_id}",
+                    self.agents.agents[agent].plan.id
+                ));
+                Ok(self.agents.receive_cancel(agent, session, &op_id, now))
+            }
+            ToAgent::Ack { op_id, attempt } => {
+                self.agents.receive_ack(agent, &op_id, attempt);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Sends the agents' messages to the owner.
+    async fn send(&mut self, sent: impl IntoIterator<Item = Outgoing>) {
+        for outgoing in sent {
+            if let FromAgent::Result {
+                op_id,
+                attempt,
+                outcome,
+            } = &outgoing.message
+            {
+                self.ledger.on_result(op_id, *attempt, outcome);
+                self.trace.note(format!(
+                    "session {} -> result op {op_id} attempt {attempt}: {}",
+                    outgoing.session,
+                    describe_outcome(outcome)
+                ));
+            }
+            // A stopped owner (after a crash) refuses: the message is lost,
+            // as it would be on a broken stream.
+            let _ = self
+                .handle
+                .from_agent(outgoing.session, outgoing.message)
+                .await;
+        }
+    }
+
+    async fn submit(&mut self, plan: &SubmitPlan) -> Result<(), Violation> {
+        let predicates = validate_items(&plan.items, &ValidationLimits::default()).unwrap_or_else(
+            |violations| panic!("the simulator generated an invalid intent: {violations:?}"),
+        );
+        let request = ValidatedSubmit {
+            subgraph: plan.scope.clone(),
+            items: plan.items.iter().cloned().zip(predicates).collect(),
+            expected_generation: plan.expected_generation,
+            dry_run: plan.dry_run,
+        };
+        let expected = self.model.expect(plan);
+        let answer = self.handle.submit(request).await;
+        let contract = "submits are answered as DESIGN §8 says";
+        match (expected, answer) {
+            (expected, Err(TenantError::Store(error))) if self.store.dead() => {
+                self.trace
+                    .note(format!("submit failed with the store ({error})"));
+                if let Expected::Accepted {
+                    generation, items, ..
+                } = expected
+                    && !plan.dry_run
+                {
+                    self.model.uncertain = Some((generation, items));
+                }
+                Ok(())
+            }
+            (Expected::GenerationMismatch, Err(TenantError::GenerationMismatch { .. })) => {
+                self.trace.note("refused: generation mismatch");
+                Ok(())
+            }
+            (
+                Expected::OutsideScope,
+                Err(TenantError::Invalid { .. } | TenantError::ItemInOtherSubgraph { .. }),
+            ) => {
+                self.trace.note("refused: item outside the scope");
+                Ok(())
+            }
+            (
+                Expected::Accepted {
+                    generation,
+                    changed,
+                    items,
+                },
+                Ok(outcome),
+            ) => {
+                if plan.dry_run {
+                    if outcome.generation != self.model.generation || outcome.changed != changed {
+                        return Err(Violation::new(
+                            contract,
+                            format!(
+                                "a dry run answered generation {} changed {}; expected generation {} changed {changed}",
+                                outcome.generation, outcome.changed, self.model.generation
+                            ),
+                        ));
+                    }
+                    return Ok(());
+                }
+                if outcome.generation != generation || outcome.changed != changed {
+                    return Err(Violation::new(
+                        contract,
+                        format!(
+                            "the submit answered generation {} changed {}; expected generation {generation} changed {changed}",
+                            outcome.generation, outcome.changed
+                        ),
+                    ));
+                }
+                self.trace.note(format!(
+                    "accepted: generation {generation}, changed {changed}"
+                ));
+                self.stats.submits += 1;
+                self.model.acknowledge(generation, items);
+                Ok(())
+            }
+            (expected, answer) => Err(Violation::new(
+                contract,
+                format!("expected {expected:?}, got {answer:?}"),
+            )),
+        }
+    }
+
+    async fn report(&mut self, reports: &[Report]) -> Result<(), Violation> {
+        let mut changes = Vec::new();
+        for report in reports {
+            match report {
+                Report::Put {
+                    item,
+                    properties,
+                    modified,
+                } => {
+                    let value = external_value(item, properties.clone());
+                    self.world.report_put(value.clone(), *modified);
+                    changes.push(ExternalChange::Put {
+                        item: value,
+                        modified: *modified,
+                    });
+                }
+                Report::Delete { item } => {
+                    let gone = self.world.report_delete(item);
+                    self.ledger.on_vanished(&gone);
+                    if !gone.is_empty() {
+                        self.trace.note(format!("vanished with {item}: {gone:?}"));
+                    }
+                    changes.push(ExternalChange::Delete { item: item.clone() });
+                }
+            }
+        }
+        match self.handle.report_external(changes.clone()).await {
+            Ok(_) => Ok(()),
+            Err(TenantError::Store(_)) if self.store.dead() => {
+                self.unreported.extend(changes);
+                Ok(())
+            }
+            Err(error) => Err(Violation::new(
+                "external reports are recorded",
+                format!("ReportExternal failed: {error}"),
+            )),
+        }
+    }
+
+    fn specs_of(&self, agent: usize) -> Vec<TypeSpec> {
+        self.agents.agents[agent]
+            .plan
+            .types
+            .iter()
+            .map(|&index| self.scenario.types[index].clone())
+            .collect()
+    }
+
+    /// Registers `agent` on a new session.
+    async fn connect(&mut self, agent: usize) -> Result<(), Violation> {
+        let session = self.next_session;
+        self.next_session += 1;
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let agent_id = self.agents.agents[agent].plan.id.clone();
+        let registration = Registration {
+            link: SessionLink {
+                session_id: session,
+                agent_id: agent_id.clone(),
+                sender,
+            },
+            types: self.specs_of(agent),
+        };
+        match self.handle.register(registration).await {
+            Ok(grants) => {
+                self.trace.note(format!(
+                    "{agent_id} registered on session {session}: {}",
+                    grants
+                        .iter()
+                        .map(|g| format!("{} epoch {}", g.item_type, g.epoch))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+                for grant in &grants {
+                    self.ledger.on_grant(&grant.item_type, grant.epoch)?;
+                }
+                let resent = self.agents.attach(agent, session, receiver, &grants);
+                self.send(resent).await;
+                Ok(())
+            }
+            Err(RegistrationError::Tenant(error)) if self.store.dead() => {
+                self.trace
+                    .note(format!("registration failed with the store ({error})"));
+                Ok(())
+            }
+            Err(error) => Err(Violation::new(
+                "a registration with the live agent id takes over at once",
+                format!("{agent_id} could not register: {error}"),
+            )),
+        }
+    }
+
+    /// Another agent id tries to register a type a live agent holds.
+    async fn impostor(&mut self, agent: usize) -> Result<(), Violation> {
+        let Some(spec) = self.specs_of(agent).into_iter().next() else {
+            return Ok(());
+        };
+        let session = self.next_session;
+        self.next_session += 1;
+        let (sender, _receiver) = mpsc::unbounded_channel();
+        let answer = self
+            .handle
+            .register(Registration {
+                link: SessionLink {
+                    session_id: session,
+                    agent_id: "impostor".into(),
+                    sender,
+                },
+                types: vec![spec.clone()],
+            })
+            .await;
+        match answer {
+            Err(RegistrationError::TypeHeld { .. }) => Ok(()),
+            Err(RegistrationError::Tenant(_)) if self.store.dead() => Ok(()),
+            other => Err(Violation::new(
+                "a type held by a live session is refused to another agent",
+                format!(
+                    "registering {} as another agent gave {other:?}",
+                    spec.item_type
+                ),
+            )),
+        }
+    }
+
+    /// Ends sessions of `agent` and tells the owner.
+    async fn end_sessions(&mut self, agent: usize, superseded_only: bool, luck: u64) {
+        let now = self.now_ms();
+        let (ended, notes, dropped) =
+            self.agents
+                .end_sessions(agent, superseded_only, luck, now, &mut self.world);
+        for note in notes {
+            self.trace.note(note);
+        }
+        // Only what the server still had in flight is lost to it.
+        let snapshot = self.handle.snapshots.latest();
+        for order in &dropped {
+            let in_flight = snapshot
+                .current
+                .get(&order.item.item_ref())
+                .and_then(|c| c.in_flight.as_ref())
+                .is_some_and(|o| o.op_id == order.op_id && o.attempt == order.attempt);
+            if in_flight {
+                self.ledger.on_dropped(order);
+            }
+        }
+        for session in ended {
+            self.handle
+                .session_closed(session, "the stream ended".into())
+                .await;
+        }
+    }
+
+    /// The server dies and restarts from the store's bytes only; the
+    /// agents lose their sessions and (mostly) reconnect at once.
+    async fn restart(&mut self, owner_seed: u64, luck: u64) -> Result<(), Violation> {
+        let now = self.now_ms();
+        for note in self.agents.server_died(luck, now, &mut self.world) {
+            self.trace.note(note);
+        }
+        self.handle.stop();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let store = Arc::new(FaultyStore::with_records(self.store.bytes()));
+        let key = keys::tenant_record_key(TENANT_ID);
+        let bytes = store
+            .get(&key)
+            .ok()
+            .flatten()
+            .ok_or_else(|| Violation::new("the tenant record is stored", "no tenant record"))?;
+        let record: TenantRecord = decode(&key, &bytes)
+            .map_err(|error| Violation::new("stored records decode", error.to_string()))?;
+        let state = TenantState::load(&*store, record)
+            .map_err(|error| Violation::new("stored records decode", error.to_string()))?;
+        let settings = OwnerSettings {
+            rng_seed: Some(owner_seed),
+            ..self.settings.clone()
+        };
+        let handle = TenantHandle::spawn(state, store.clone(), settings);
+        let loaded = handle.snapshots.latest();
+        self.store = store;
+        self.handle = handle;
+        self.stats.restarts += 1;
+        let journal = check_restart(&loaded, &mut self.model)?;
+        self.trace.note(format!(
+            "restarted at revision {} generation {}; journaled: {journal:?}",
+            loaded.record.revision, loaded.record.generation
+        ));
+        self.ledger.on_restart(journal);
+        // The reporter retries what was not acknowledged before anything
+        // else reaches the new server.
+        let unreported = std::mem::take(&mut self.unreported);
+        if !unreported.is_empty() {
+            self.trace.note(format!(
+                "{} external report(s) sent again",
+                unreported.len()
+            ));
+            self.handle
+                .report_external(unreported)
+                .await
+                .map_err(|error| {
+                    Violation::new("external reports are recorded", error.to_string())
+                })?;
+        }
+        let mut rng = StdRng::seed_from_u64(luck);
+        for agent in 0..self.agents.agents.len() {
+            if rng.random_bool(0.7) {
+                self.connect(agent).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The final phase: no more intent changes or faults; every agent
+    /// connected, answering DONE at once; time passes. The tenant must go
+    /// quiet (nothing exchanged through a period longer than every
+    /// timeout, backoff and cancel timeout) and be converged then.
+    pub async fn finish(&mut self) -> Result<(), Violation> {
+        self.store.disarm();
+        self.armed = None;
+        let now = self.now_ms();
+        self.trace
+            .phase("final", now, "faults stop; agents connect and answer DONE");
+        for agent in 0..self.agents.agents.len() {
+            if !self.agents.agents[agent].superseded.is_empty() {
+                self.end_sessions(agent, true, 0).await;
+            }
+            if self.agents.agents[agent].live.is_none() {
+                self.connect(agent).await?;
+            }
+        }
+        self.settle().await?;
+        let quiet_period = self.scenario.longest_wait_ms() + 1_000;
+        let mut quiet_rounds = 0;
+        for round in 0..MAX_FINAL_ROUNDS {
+            self.stats.final_rounds = round + 1;
+            let before = self.stats.messages;
+            self.answer_everything().await?;
+            self.check().await?;
+            let snapshot = self.handle.snapshots.latest();
+            let busy = snapshot.current.iter().any(|(_, c)| c.in_flight.is_some())
+                || retry_pending(&snapshot)
+                || self.agents.pending_count() > 0
+                || self.agents.agents.iter().any(|a| !a.unacked.is_empty());
+            let now = self.now_ms();
+            self.trace.phase(
+                "final",
+                now,
+                &format!("round {round}: {}", if busy { "busy" } else { "idle" }),
+            );
+            self.advance_answering(quiet_period, true).await?;
+            self.check().await?;
+            if !busy && self.stats.messages == before && self.agents.pending_count() == 0 {
+                quiet_rounds += 1;
+                if quiet_rounds >= 2 {
+                    let snapshot = self.handle.snapshots.latest();
+                    let now_wall = self.clock.now_ms();
+                    return check_converged(
+                        &snapshot,
+                        &self.world,
+                        &self.model,
+                        &self.scenario,
+                        now_wall,
+                    );
+                }
+            } else {
+                quiet_rounds = 0;
+            }
+        }
+        let snapshot = self.handle.snapshots.latest();
+        let busy: Vec<String> = snapshot
+            .current
+            .iter()
+            .filter(|(_, c)| c.in_flight.is_some())
+            .map(|(key, c)| format!("{key} {:?}", c.state))
+            .collect();
+        Err(Violation::new(
+            "the tenant goes quiet",
+            format!(
+                "still busy after {MAX_FINAL_ROUNDS} rounds of the final phase; in flight: {busy:?}, \
+                 agents hold {} operation(s)",
+                self.agents.pending_count()
+            ),
+        ))
+    }
+
+    /// Every agent answers DONE to everything it holds, and resends what
+    /// was not acknowledged, until nothing is left.
+    async fn answer_everything(&mut self) -> Result<(), Violation> {
+        for _ in 0..MAX_EXCHANGES {
+            let now = self.now_ms();
+            self.sent_since_ms = now;
+            if self.agents.pending_count() == 0
+                && self.agents.agents.iter().all(|a| a.unacked.is_empty())
+            {
+                return Ok(());
+            }
+            while self.agents.pending_count() > 0 {
+                let (sent, note) = self.agents.answer(
+                    0,
+                    Answer::Done {
+                        needs_recreate: false,
+                        observed: true,
+                    },
+                    now,
+                    &mut self.world,
+                );
+                self.trace.note(note);
+                self.send(sent).await;
+            }
+            for agent in 0..self.agents.agents.len() {
+                let sent = self.agents.resend(agent);
+                self.send(sent).await;
+            }
+            self.settle().await?;
+        }
+        Err(Violation::new(
+            "the tenant goes quiet",
+            "the agents never stop receiving operations",
+        ))
+    }
+}
+
+/// The scenario in one line.
+pub fn describe_scenario(scenario: &Scenario) -> String {
+    let types: Vec<String> = scenario
+        .types
+        .iter()
+        .map(|spec| {
+            format!(
+                "{}(recreate {:?}{}{} timeout {}s retry {:?} max_attempts {} in_flight {})",
+                spec.item_type,
+                spec.recreate_on_change,
+                if spec.ask_needs_recreate { " ask" } else { "" },
+                if spec.supports_read { " read" } else { "" },
+                spec.operation_timeout_ms / 1_000,
+                spec.retry,
+                spec.max_attempts,
+                spec.max_in_flight
+            )
+        })
+        .collect();
+    let pool: Vec<String> = scenario
+        .pool
+        .iter()
+        .map(|identity| {
+            if identity.external {
+                format!("{} (external)", identity.item)
+            } else {
+                identity.item.to_string()
+            }
+        })
+        .collect();
+    let agents: Vec<String> = scenario
+        .agents
+        .iter()
+        .map(|agent| {
+            format!(
+                "{}: {}",
+                agent.id,
+                agent
+                    .types
+                    .iter()
+                    .map(|&t| scenario.types[t].item_type.as_str())
+                    .collect::<Vec<_>>()
+                    .join("+")
+            )
+        })
+        .collect();
+    format!(
+        "types [{}]; pool in dependency order [{}]; agents [{}]; max in flight {}; cancel timeout {}s; resync {}s",
+        types.join(", "),
+        pool.join(", "),
+        agents.join(", "),
+        scenario.max_operations_in_flight,
+        scenario.cancel_timeout_ms / 1_000,
+        scenario.resync_interval_ms / 1_000
+    )
+}
