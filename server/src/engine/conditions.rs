@@ -220,8 +220,8 @@ fn waiting_summary(waiting: &WaitingSummary) -> (String, String) {
 mod tests {
     use super::*;
     use crate::engine::plan::{BlockedBy, WaitingItem};
-    use crate::graph::{ItemRef, OperationKind};
     use crate::engine::waiting::WaitingSet;
+    use crate::graph::{ItemRef, OperationKind};
 
     fn waiting(reason: WaitReason) -> WaitingSummary {
         let item = ItemRef::new("t", "a");
