@@ -703,7 +703,23 @@ impl Owner {
         if updates.is_empty() {
             return Ok(());
         }
-        let touched: BTreeSet<ItemRef> = updates.iter().map(|(key, _)| key.clone()).collect();
+        let mut touched: BTreeSet<ItemRef> = updates.iter().map(|(key, _)| key.clone()).collect();
+        // What depends on a reported item is planned again too: an external
+        // item's presence or value decides its dependents' fate (rule 9,
+        // predicates), and the planner does not walk down from an item it
+        // finds converged.
+        let dependents: Vec<ItemRef> = touched
+            .iter()
+            .flat_map(|key| {
+                self.state
+                    .current
+                    .dependents_of(key)
+                    .chain(self.state.intended.dependents_of(key))
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        touched.extend(dependents);
         self.commit_current_updates(updates, None).await?;
         self.pass(Scope::Items(touched)).await?;
         Ok(())

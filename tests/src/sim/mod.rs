@@ -112,7 +112,16 @@ pub fn run_steps(seed: u64, steps: Vec<Step>) -> Result<Passed, Box<Failure>> {
 /// [`run_seed`] on a thread of its own, failing after [`WATCHDOG`] of real
 /// time (the thread of a hung run is left behind).
 pub fn run_seed_watched(seed: u64, steps: usize) -> Result<Passed, Box<Failure>> {
-    watched(seed, Steps::Generated(steps), WATCHDOG)
+    run_seed_watched_for(seed, steps, WATCHDOG)
+}
+
+/// [`run_seed_watched`] with a watchdog of `limit`.
+pub fn run_seed_watched_for(
+    seed: u64,
+    steps: usize,
+    limit: Duration,
+) -> Result<Passed, Box<Failure>> {
+    watched(seed, Steps::Generated(steps), limit)
 }
 
 fn watched(seed: u64, steps: Steps, limit: Duration) -> Result<Passed, Box<Failure>> {

@@ -271,10 +271,17 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             self.schedule_deletes();
             self.schedule_changes();
             let doomed = self.modifies_that_must_delete();
-            if doomed.is_empty() {
+            // Each round must plan something more for deletion (the marks
+            // only grow, so the loop ends); a round that cannot is the end
+            // too, rather than a loop that never ends.
+            let fresh: Vec<Id> = doomed
+                .into_iter()
+                .filter(|&id| !self.is_deleting(id))
+                .collect();
+            if fresh.is_empty() {
                 break;
             }
-            for id in doomed {
+            for id in fresh {
                 self.mark_deleting(id);
             }
         }

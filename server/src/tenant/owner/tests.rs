@@ -711,3 +711,77 @@ async fn an_external_item_that_vanishes_and_returns_in_one_report_takes_its_depe
         "t/a is created again"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_external_item_that_returns_releases_its_dependents() {
+    // The pass after a report was seeded with the reported items only, and
+    // the planner does not walk down from an item it finds converged: a
+    // dependent that waited (for a configurator) to be deleted because its
+    // external item vanished kept waiting after the item came back, and
+    // the tenant never became Ready again.
+    use crate::engine::conditions::ConditionKind;
+    let spec = TypeSpec::new("t");
+    let mut harness = start_with(
+        11,
+        spec,
+        OwnerSettings::default(),
+        Arc::new(InMemoryStore::new()),
+    )
+    .await;
+    harness
+        .handle
+        .submit(submit_on_external(false))
+        .await
+        .expect("stored");
+    let mut external = Item::new("e", "x", Default::default());
+    external.external = true;
+    let put = || ExternalChange::Put {
+        item: external.clone(),
+        modified: false,
+    };
+    harness
+        .handle
+        .report_external(vec![put()])
+        .await
+        .expect("reported");
+    settle().await;
+    let create = received(&mut harness.agent);
+    answer(&harness, 1, orders(&create)[0], done()).await;
+    harness.handle.session_closed(1, "gone".into()).await;
+    harness
+        .handle
+        .report_external(vec![ExternalChange::Delete {
+            item: ItemRef::new("e", "x"),
+        }])
+        .await
+        .expect("reported");
+    settle().await;
+    assert!(
+        harness
+            .handle
+            .snapshots
+            .latest()
+            .waiting
+            .get(&ItemRef::new("t", "a"))
+            .is_some(),
+        "t/a waits to be deleted"
+    );
+    harness
+        .handle
+        .report_external(vec![put()])
+        .await
+        .expect("reported");
+    settle().await;
+    let snapshot = harness.handle.snapshots.latest();
+    assert!(
+        snapshot.waiting.get(&ItemRef::new("t", "a")).is_none(),
+        "nothing left to do"
+    );
+    let ready = snapshot
+        .record
+        .conditions
+        .iter()
+        .find(|c| c.kind == ConditionKind::Ready)
+        .map(|c| c.status);
+    assert_eq!(ready, Some(true));
+}
