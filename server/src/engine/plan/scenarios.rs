@@ -45,6 +45,15 @@ fn c_on_b() -> Item {
     item("t/c", json!({})).depends_on(on("t/b"))
 }
 
+/// Makes the created item `identity` UNKNOWN (its last outcome lost).
+fn make_unknown(world: &mut World, identity: &str) {
+    let key = parse_ref(identity);
+    let mut unknown = (**world.current.get(&key).expect("the item exists")).clone();
+    unknown.state = ItemState::Unknown;
+    unknown.unknown_was_created = true;
+    world.current.insert(key, unknown);
+}
+
 fn state_of(world: &World, identity: &str) -> Option<ItemState> {
     world.current.get(&parse_ref(identity)).map(|c| c.state)
 }
@@ -821,11 +830,7 @@ fn items_without_a_configurator_wait_and_go_ahead_when_one_connects() {
 #[test]
 fn an_unknown_outcome_blocks_the_item_and_its_dependents_but_never_deletes_them() {
     let mut world = World::converged(vec![a(), b_on_a()]);
-    let a_ref = parse_ref("t/a");
-    let mut unknown = (**world.current.get(&a_ref).expect("a")).clone();
-    unknown.state = ItemState::Unknown;
-    unknown.unknown_was_created = true;
-    world.current.insert(a_ref.clone(), unknown);
+    make_unknown(&mut world, "t/a");
     world.intend(vec![
         item("t/a", json!({"v": 2})),
         item("t/b", json!({"v": 2})).depends_on(on("t/a")),
@@ -851,11 +856,7 @@ fn an_unknown_outcome_blocks_a_dependent_whose_modify_drops_the_dependency() {
     // Found by the simulator (seed 1009): b's new intent no longer needs a,
     // but b depends on a until that Modify is done, and a is UNKNOWN.
     let mut world = World::converged(vec![a(), b_on_a()]);
-    let a_ref = parse_ref("t/a");
-    let mut unknown = (**world.current.get(&a_ref).expect("a")).clone();
-    unknown.state = ItemState::Unknown;
-    unknown.unknown_was_created = true;
-    world.current.insert(a_ref, unknown);
+    make_unknown(&mut world, "t/a");
     world.intend(vec![a(), item("t/b", json!({"v": 2}))]);
     let plan = world.plan();
     assert!(plan.operations.is_empty(), "{plan:?}");
@@ -873,11 +874,7 @@ fn an_unknown_outcome_blocks_the_delete_of_a_dependent() {
     // Found by the simulator (seed 1009): DESIGN 4 blocks every operation
     // on a dependent of an UNKNOWN item, Deletes included.
     let mut world = World::converged(vec![a(), b_on_a()]);
-    let a_ref = parse_ref("t/a");
-    let mut unknown = (**world.current.get(&a_ref).expect("a")).clone();
-    unknown.state = ItemState::Unknown;
-    unknown.unknown_was_created = true;
-    world.current.insert(a_ref, unknown);
+    make_unknown(&mut world, "t/a");
     world.intend(vec![a()]);
     let plan = world.plan();
     assert!(plan.operations.is_empty(), "{plan:?}");
