@@ -780,13 +780,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         let mut after = BTreeSet::new();
         // DESIGN 4: an UNKNOWN dependency blocks operations on its
         // dependents, Deletes included.
-        let mut blocked = current.applied.as_ref().is_some_and(|applied| {
-            applied.required_items().any(|required| {
-                self.current
-                    .get(required)
-                    .is_some_and(|c| c.state == crate::graph::ItemState::Unknown)
-            })
-        });
+        let mut blocked = self.relies_on_an_unknown_item(item);
         let dependents: Vec<ItemRef> = self
             .current_dependents
             .get(item)
@@ -816,6 +810,20 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         } else {
             Schedule::Planned(after)
         })
+    }
+
+    /// Whether `item`'s applied value depends on an item whose outcome is
+    /// unknown (DESIGN 4: that blocks every operation on `item`).
+    fn relies_on_an_unknown_item(&self, item: &ItemRef) -> bool {
+        self.current_of(item)
+            .and_then(|c| c.applied.as_ref())
+            .is_some_and(|applied| {
+                applied.required_items().any(|required| {
+                    self.current
+                        .get(required)
+                        .is_some_and(|c| c.state == crate::graph::ItemState::Unknown)
+                })
+            })
     }
 
     /// The Create or Modify of `item`, if one is needed.
@@ -923,18 +931,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
             }
             // DESIGN 4: an UNKNOWN item blocks operations on its
             // dependents, including one whose Modify drops it.
-            let unknown_dependency = self
-                .current
-                .get(item)
-                .and_then(|c| c.applied.as_ref())
-                .is_some_and(|applied| {
-                    applied.required_items().any(|required| {
-                        self.current
-                            .get(required)
-                            .is_some_and(|c| c.state == crate::graph::ItemState::Unknown)
-                    })
-                });
-            if unknown_dependency {
+            if self.relies_on_an_unknown_item(item) {
                 blocked = true;
             }
         }

@@ -671,16 +671,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 if self.is_deleting(dependent) {
                     continue;
                 }
-                let Some(entry) = self.intended_of(dependent) else {
-                    continue;
-                };
-                let dependencies = self.required(dependent);
-                let satisfied = (0..dependencies.len as usize).all(|index| {
-                    let dependency = self.edge(dependencies, index);
-                    let predicate = entry.predicates.get(index).and_then(Option::as_ref);
-                    self.satisfied_now(dependency, predicate)
-                });
-                if !satisfied {
+                if !self.intended_dependencies_satisfied_now(dependent) {
                     doomed.push(dependent);
                 }
             }
@@ -713,7 +704,16 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         {
             return false;
         }
-        let dependencies = self.required(dependent);
+        self.intended_dependencies_satisfied_now(dependent)
+    }
+
+    /// Whether every dependency of `id`'s intended value is satisfied now
+    /// (see [`Self::satisfied_now`]); false when `id` is not intended.
+    fn intended_dependencies_satisfied_now(&mut self, id: Id) -> bool {
+        let Some(entry) = self.intended_of(id) else {
+            return false;
+        };
+        let dependencies = self.required(id);
         (0..dependencies.len as usize).all(|index| {
             let dependency = self.edge(dependencies, index);
             let predicate = entry.predicates.get(index).and_then(Option::as_ref);
