@@ -1604,8 +1604,10 @@ async fn a_terminally_failed_delete_of_a_dependent_keeps_its_dependency_and_stal
     );
 }
 
-#[tokio::test]
-async fn a_create_waits_for_the_running_modify_of_its_dependency() {
+/// base exists; the next intent modifies base (long-running: it holds
+/// until `gate` opens) and adds app on base. Returns once the server has
+/// taken the Modify's IN_PROGRESS, with the generation of that intent.
+async fn app_behind_a_running_modify_of_base() -> (TestTenant, RunningAgent, Recorder, Gate, u64) {
     let recorder = Recorder::new();
     let gate = Gate::new();
     recorder.script(
@@ -1628,6 +1630,12 @@ async fn a_create_waits_for_the_running_modify_of_its_dependency() {
     .await;
     let modify = wait_for_label(&recorder, "modify t/base").await;
     wait_for_ack(&mut agent, &modify.op_id).await;
+    (tenant, agent, recorder, gate, generation)
+}
+
+#[tokio::test]
+async fn a_create_waits_for_the_running_modify_of_its_dependency() {
+    let (tenant, _agent, recorder, gate, generation) = app_behind_a_running_modify_of_base().await;
     assert_state(&tenant, "t/base", v1::ItemState::Modifying).await;
     let app = current(&tenant, "t/app").await;
     assert_eq!(
@@ -1777,28 +1785,7 @@ async fn a_delete_held_back_by_the_running_delete_of_a_dependent_names_it_in_its
 
 #[tokio::test]
 async fn a_create_held_back_by_the_running_modify_of_its_dependency_names_it_in_its_status() {
-    let recorder = Recorder::new();
-    let gate = Gate::new();
-    recorder.script(
-        OperationKind::Modify,
-        r("t/base"),
-        [Step::LongRunning(gate.clone())],
-    );
-    let (tenant, mut agent) = start_types(&["t"], &recorder).await;
-    let generation = submit(&tenant, vec![plain("t/base", json!({"v": "1"}))]).await;
-    recorder.wait_for_operations(1).await;
-    ready(&tenant, &recorder, generation).await;
-
-    let generation = submit(
-        &tenant,
-        vec![
-            plain("t/base", json!({"v": "2"})),
-            item("t/app", json!({}), vec![on("t/base")]),
-        ],
-    )
-    .await;
-    let modify = wait_for_label(&recorder, "modify t/base").await;
-    wait_for_ack(&mut agent, &modify.op_id).await;
+    let (tenant, _agent, recorder, gate, generation) = app_behind_a_running_modify_of_base().await;
     let app = wait_pending_operation(&tenant, "t/app", v1::OperationKind::Create).await;
     assert_eq!(app.reason, v1::WaitReason::Dependency as i32, "{app:#?}");
     assert!(
