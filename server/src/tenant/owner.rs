@@ -410,7 +410,8 @@ pub(super) struct Owner {
     pub(super) next_retry_ms: Option<u64>,
     /// When the next periodic full pass is due (monotonic clock).
     pub(super) next_resync: Instant,
-    /// After a failed timer pass: the timer fires again no earlier.
+    /// After a failed commit: when the next full pass runs (the timer
+    /// fires then, neither earlier nor later).
     pub(super) timer_retry: Option<Instant>,
     /// Items of READ-capable types to read back (periodic resync).
     pub(super) pending_reads: BTreeSet<ItemRef>,
@@ -935,7 +936,7 @@ impl Owner {
             .map(|(key, _)| (key.clone(), self.state.current.get(key).cloned()))
             .collect();
         apply_updates(&mut self.state.current, pending.clone());
-        self.recount_in_flight();
+        self.count_in_flight();
         seeds.extend(self.take_undispatched_with_room());
         let saved_intent = intent
             .as_ref()
@@ -1011,7 +1012,14 @@ impl Owner {
                 .commit_current_updates_with(writes, record, intent_writes)
                 .await
             {
+                // The seeds, and what this pass would have followed up,
+                // are unconverged again: a full pass a second from now
+                // looks at them (following up at once would spin while the
+                // store refuses writes).
                 self.state.unconverged.extend(seeds);
+                self.follow_up.clear();
+                self.timer_retry = Some(self.monotonic() + TIMER_RETRY);
+                self.count_in_flight();
                 return Err(error);
             }
         }
@@ -1020,6 +1028,7 @@ impl Owner {
         }
         self.send_cancels(cancels);
         self.send_dispatched(starts, now);
+        self.recount_in_flight();
         self.publish();
         self.settings.metrics.pass(started.elapsed().as_secs_f64());
         Ok(plan)

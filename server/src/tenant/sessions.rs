@@ -136,7 +136,9 @@ impl Owner {
     /// Recomputes each session's operations in flight from the items'
     /// journaled operations, and forgets index entries of operations that
     /// are no longer any item's (so counts cannot drift, whatever path an
-    /// operation ended on).
+    /// operation ended on). Only on committed state: an entry forgotten on
+    /// a tentative state whose commit then failed would make the resent
+    /// result unknown and leave its operation in flight with no deadline.
     pub(super) fn recount_in_flight(&mut self) {
         let current = &self.state.current;
         self.operations.retain(|op_id, item| {
@@ -145,19 +147,27 @@ impl Owner {
                 .and_then(|c| c.in_flight.as_ref())
                 .is_some_and(|operation| &operation.op_id == op_id)
         });
+        self.count_in_flight();
+        self.track_deadlines();
+    }
+
+    /// Counts each session's operations in flight (and READs among them)
+    /// on the state as it is now, tentative or committed; changes nothing
+    /// else.
+    pub(super) fn count_in_flight(&mut self) {
+        let current = &self.state.current;
         let mut counts: HashMap<&str, (usize, usize)> = HashMap::new();
-        for item in self.operations.values() {
+        for (op_id, item) in &self.operations {
             let Some(current) = current.get(item) else {
                 continue;
             };
-            if current.state != ItemState::Unknown {
-                let read = current
-                    .in_flight
-                    .as_ref()
-                    .is_some_and(|operation| operation.kind == OperationKind::Read);
+            let Some(operation) = current.in_flight.as_ref() else {
+                continue;
+            };
+            if &operation.op_id == op_id && current.state != ItemState::Unknown {
                 let count = counts.entry(&*item.item_type).or_default();
                 count.0 += 1;
-                count.1 += usize::from(read);
+                count.1 += usize::from(operation.kind == OperationKind::Read);
             }
         }
         for (item_type, holder) in &mut self.sessions {
@@ -165,7 +175,6 @@ impl Owner {
             holder.in_flight = in_flight;
             holder.reads_in_flight = reads;
         }
-        self.track_deadlines();
     }
 
     /// Keeps one deadline per operation in flight: forgets those of

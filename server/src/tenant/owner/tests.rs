@@ -785,3 +785,52 @@ async fn an_external_item_that_returns_releases_its_dependents() {
         .map(|c| c.status);
     assert_eq!(ready, Some(true));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_follow_up_pass_that_cannot_commit_waits_before_trying_again() {
+    // A failed Delete of an item that is intended again as it is needs
+    // nothing: the pass settles it and follows up on it. When that commit
+    // failed, the follow-up had already been queued, planned the same
+    // settle, failed again, and so on without end (simulator seed 196).
+    // And the failed pass forgot the Delete's op id: the resent result was
+    // acknowledged and ignored, and the Delete stayed in flight for ever.
+    use std::sync::atomic::Ordering;
+    let store = Arc::new(FailingStore::default());
+    let mut spec = TypeSpec::new("t");
+    spec.operation_timeout_ms = 600_000;
+    let mut harness = start_with(10, spec, OwnerSettings::default(), store.clone()).await;
+    harness.handle.submit(submit(&["a"])).await.expect("stored");
+    settle().await;
+    let create = received(&mut harness.agent);
+    answer(&harness, 1, orders(&create)[0], done()).await;
+    harness.handle.submit(submit(&[])).await.expect("stored");
+    settle().await;
+    let delete = received(&mut harness.agent);
+    let delete = orders(&delete)[0].clone();
+    assert_eq!(delete.kind, crate::graph::OperationKind::Delete);
+    harness.handle.submit(submit(&["a"])).await.expect("stored");
+    settle().await;
+
+    store.failing.store(true, Ordering::SeqCst);
+    let before = store.attempts.load(Ordering::SeqCst);
+    let refused = AgentOutcome::Failed(crate::graph::OperationError {
+        code: code::INVALID_ARGUMENT,
+        message: "refused".into(),
+    });
+    answer(&harness, 1, &delete, refused.clone()).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let attempts = store.attempts.load(Ordering::SeqCst) - before;
+    assert!(
+        (1..=12).contains(&attempts),
+        "{attempts} commit attempts in 10 s"
+    );
+
+    store.failing.store(false, Ordering::SeqCst);
+    answer(&harness, 1, &delete, refused).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        state_of(&harness.handle, "a"),
+        Some(ItemState::Created),
+        "once the store takes writes, the failed Delete is settled"
+    );
+}
