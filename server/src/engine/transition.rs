@@ -321,12 +321,15 @@ pub fn bookkeeping_updates(current: &CurrentGraph, plan: &Plan) -> CurrentUpdate
     }
     for item in &plan.settle {
         if let Some(existing) = current.get(item) {
+            // The failed operation is not needed now, but it may be again
+            // (a dependency's Create that was running fails, and the
+            // cascade that needed this Delete returns): then it is a retry
+            // of the same operation, under the same op id, and its attempts
+            // go on counting (DESIGN 4).
             let settled = CurrentItem {
                 state: ItemState::Created,
                 last_error: None,
-                attempts: 0,
                 next_attempt_at_ms: None,
-                retry_of: None,
                 gave_up: false,
                 ..(**existing).clone()
             };

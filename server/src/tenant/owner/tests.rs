@@ -834,3 +834,37 @@ async fn a_follow_up_pass_that_cannot_commit_waits_before_trying_again() {
         "once the store takes writes, the failed Delete is settled"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_settled_operation_needed_again_is_a_retry_under_its_op_id() {
+    // A failed Delete that is not needed any more is settled; when the same
+    // Delete is needed again, it is a retry of that operation (DESIGN 4: an
+    // op id names one operation on one item toward one target). Settling
+    // used to forget the op id, and the agent got a second Delete under a
+    // new one (simulator seeds 189, 2053, 2058, 2285, 1155).
+    let mut harness = start(11).await;
+    harness.handle.submit(submit(&["a"])).await.expect("stored");
+    settle().await;
+    let create = received(&mut harness.agent);
+    answer(&harness, 1, orders(&create)[0], done()).await;
+    harness.handle.submit(submit(&[])).await.expect("stored");
+    settle().await;
+    let first = received(&mut harness.agent);
+    let first = orders(&first)[0].clone();
+    assert_eq!(first.kind, crate::graph::OperationKind::Delete);
+    let unavailable = AgentOutcome::Failed(crate::graph::OperationError {
+        code: code::UNAVAILABLE,
+        message: "busy".into(),
+    });
+    answer(&harness, 1, &first, unavailable).await;
+    harness.handle.submit(submit(&["a"])).await.expect("stored");
+    settle().await;
+    assert_eq!(state_of(&harness.handle, "a"), Some(ItemState::Created));
+    harness.handle.submit(submit(&[])).await.expect("stored");
+    settle().await;
+    let again = received(&mut harness.agent);
+    let again = orders(&again);
+    assert_eq!(again.len(), 1, "one Delete: {again:?}");
+    assert_eq!(again[0].op_id, first.op_id, "the same operation");
+    assert_eq!(again[0].attempt, 2, "its second attempt");
+}
