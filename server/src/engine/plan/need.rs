@@ -42,7 +42,10 @@ pub(super) fn own_need(
     match (intended, current) {
         (None, None) => Need::Nothing,
         (None, Some(current)) => {
-            if current.may_exist() {
+            // An operation whose outcome is not known yet (in flight, or
+            // UNKNOWN) may have created the item: it must be deleted too,
+            // once that outcome is known.
+            if current.may_exist() || current.is_busy() {
                 Need::Delete
             } else {
                 Need::Nothing

@@ -77,7 +77,7 @@ use serde_json::Value;
 
 use super::{PlanEnvironment, WaitReason};
 use crate::graph::{
-    CurrentGraph, CurrentItem, Dependency, IntendedGraph, IntendedItem, Item, ItemRef,
+    CurrentGraph, CurrentItem, Dependency, IntendedGraph, IntendedItem, Item, ItemRef, ItemState,
     OperationKind, Predicate, Properties,
 };
 
@@ -441,7 +441,8 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         match (intended, current) {
             (None, None) => OwnNeed::Nothing,
             (None, Some(c)) => {
-                if c.may_exist() {
+                // A running or UNKNOWN operation may have created it.
+                if c.may_exist() || c.is_busy() {
                     OwnNeed::Delete
                 } else {
                     OwnNeed::Nothing
@@ -723,10 +724,12 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
     }
 
     fn busy_wait(current: &CurrentItem) -> Schedule {
-        let reason = if current.in_flight.is_some() {
-            WaitReason::Blocked
-        } else {
+        // An operation running is a block; one whose outcome is lost is
+        // an unknown outcome (DESIGN 4), journaled operation or not.
+        let reason = if current.state == ItemState::Unknown || current.in_flight.is_none() {
             WaitReason::UnknownOutcome
+        } else {
+            WaitReason::Blocked
         };
         Schedule::Waiting {
             reason,

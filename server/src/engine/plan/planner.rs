@@ -1403,6 +1403,11 @@ fn check_predicate(
 
 fn busy_words(current: &CurrentItem) -> String {
     match &current.in_flight {
+        Some(operation) if current.state == ItemState::Unknown => format!(
+            "outcome of its {} (op {}) is unknown",
+            operation.kind.as_str(),
+            operation.op_id
+        ),
         Some(operation) => format!(
             "{} in flight (op {})",
             operation.kind.as_str(),
@@ -1425,10 +1430,10 @@ pub(super) fn reason_words(reason: WaitReason) -> &'static str {
 }
 
 fn waiting_on_itself(item: &ItemRef, current: &CurrentItem, kind: OperationKind) -> Schedule {
-    let reason = if current.in_flight.is_some() {
-        WaitReason::Blocked
-    } else {
+    let reason = if current.state == ItemState::Unknown || current.in_flight.is_none() {
         WaitReason::UnknownOutcome
+    } else {
+        WaitReason::Blocked
     };
     Schedule::Waiting {
         kind,

@@ -870,6 +870,32 @@ fn an_unknown_outcome_blocks_a_dependent_whose_modify_drops_the_dependency() {
 }
 
 #[test]
+fn an_item_whose_create_outcome_is_unknown_waits_to_be_deleted_when_it_leaves_the_intent() {
+    // Found by the simulator (seeds 1130, 1196, 1278, 2202): the lost Create
+    // may have created the item, so leaving the intent needs a Delete once
+    // the outcome is known; the item used to need nothing, and the tenant
+    // was Ready meanwhile.
+    let mut world = World::new();
+    world.intend(vec![a()]);
+    world.dispatch(&parse_ref("t/a"), Create, 1);
+    let mut lost = (**world.current.get(&parse_ref("t/a")).expect("creating")).clone();
+    lost.state = ItemState::Unknown;
+    world.current.insert(parse_ref("t/a"), lost);
+    world.intend(vec![]);
+    let plan = world.plan();
+    assert!(plan.operations.is_empty(), "{plan:?}");
+    let waiting: Vec<_> = plan
+        .waiting
+        .iter()
+        .map(|w| (w.item.to_string(), w.operation, w.reason))
+        .collect();
+    assert_eq!(
+        waiting,
+        [("t/a".to_string(), Delete, WaitReason::UnknownOutcome)]
+    );
+}
+
+#[test]
 fn an_unknown_outcome_blocks_the_delete_of_a_dependent() {
     // Found by the simulator (seed 1009): DESIGN 4 blocks every operation
     // on a dependent of an UNKNOWN item, Deletes included.
