@@ -112,6 +112,9 @@ pub fn completed(
     let Some(operation) = existing.in_flight.clone() else {
         return Some(existing.clone());
     };
+    if existing.gone_with_external && !matches!(completion, Completion::Lost) {
+        return None;
+    }
     match completion {
         Completion::Done { observed } => {
             completed_successfully(current, existing, &operation, observed)
@@ -304,6 +307,64 @@ pub fn coalesce(updates: CurrentUpdates) -> CurrentUpdates {
         .filter(|(index, (item, _))| last.get(item) == Some(index))
         .map(|(_, update)| update)
         .collect()
+}
+
+/// Rule 9 for items that are busy when external items vanish: each item
+/// that an `auto_deleted_by_external` dependency ties to a vanished item
+/// (through its applied value or the target of its running operation), and
+/// transitively to such an item, goes with it. Idle ones the planner drops;
+/// busy ones that are gone whatever their operation reports are marked
+/// [`CurrentItem::gone_with_external`] here, so that they do not exist
+/// afterwards, even if the external item is back by then.
+pub fn mark_gone_with_externals(
+    current: &CurrentGraph,
+    vanished: impl IntoIterator<Item = ItemRef>,
+) -> CurrentUpdates {
+    let mut gone: Vec<ItemRef> = vanished.into_iter().collect();
+    let mut seen: std::collections::BTreeSet<ItemRef> = gone.iter().cloned().collect();
+    let mut updates = Vec::new();
+    while let Some(required) = gone.pop() {
+        for dependent in current.dependents_of(&required) {
+            let Some(entry) = current.get(dependent) else {
+                continue;
+            };
+            let ties = |item: &Item| {
+                item.dependencies
+                    .iter()
+                    .any(|d| d.auto_deleted_by_external && d.requires == required)
+            };
+            let applied_ties = entry.applied.as_deref().is_some_and(ties);
+            let target_ties = || {
+                entry
+                    .in_flight
+                    .as_ref()
+                    .and_then(|operation| operation.target.as_deref())
+                    .is_some_and(ties)
+            };
+            // Gone whatever the running operation does: a Create that, if
+            // it happened, made an item tied to it; a Delete or READ of a
+            // tied item; a Modify from a tied value to a tied value. (A
+            // Modify that ties or unties the item leaves it to the planner
+            // once the outcome is known.)
+            let gone_whatever = match entry.in_flight.as_ref().map(|o| o.kind) {
+                Some(OperationKind::Create) => target_ties(),
+                Some(OperationKind::Modify) => applied_ties && target_ties(),
+                Some(OperationKind::Delete | OperationKind::Read) | None => applied_ties,
+            };
+            if !(applied_ties || target_ties()) || !seen.insert(dependent.clone()) {
+                continue;
+            }
+            if gone_whatever && entry.is_busy() && !entry.gone_with_external {
+                let marked = CurrentItem {
+                    gone_with_external: true,
+                    ..(**entry).clone()
+                };
+                updates.push((dependent.clone(), Some(marked)));
+            }
+            gone.push(dependent.clone());
+        }
+    }
+    updates
 }
 
 /// What a plan decides without any operation, as updates of current items:

@@ -210,6 +210,12 @@ pub struct CurrentItem {
     /// intent change retries it.
     #[serde(default)]
     pub gave_up: bool,
+    /// An external item this item is `auto_deleted_by_external` on vanished
+    /// while an operation of it ran or its outcome was unknown: whatever
+    /// that operation reports, the item does not exist afterwards (DESIGN
+    /// 3, rule 9), and a lost one is not sent again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gone_with_external: bool,
 }
 
 /// An operation that ended without success and will be tried again under
@@ -291,6 +297,7 @@ impl CurrentItem {
             needs_recreate_answer: None,
             retry_of: None,
             gave_up: false,
+            gone_with_external: false,
         }
     }
 
@@ -313,6 +320,7 @@ impl CurrentItem {
             needs_recreate_answer: None,
             retry_of: None,
             gave_up: false,
+            gone_with_external: false,
         }
     }
 

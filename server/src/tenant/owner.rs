@@ -22,7 +22,9 @@ use crate::engine::exec::TypeSpec;
 use crate::engine::plan::{
     BlockedBy, Plan, PlanEnvironment, TypeRules, WaitReason, WaitingItem, plan_operations,
 };
-use crate::engine::transition::{CurrentUpdates, apply_updates, bookkeeping_updates, coalesce};
+use crate::engine::transition::{
+    CurrentUpdates, apply_updates, bookkeeping_updates, coalesce, mark_gone_with_externals,
+};
 use crate::graph::{CurrentItem, IntendedItem, Item, ItemRef, OperationKind};
 use crate::store::{Store, WriteBatch};
 use crate::watch::TenantEvents;
@@ -700,10 +702,16 @@ impl Owner {
                 }
             }
         }
+        let vanished: Vec<ItemRef> = latest
+            .iter()
+            .filter(|(key, reported)| reported.is_none() && self.state.current.get(key).is_some())
+            .map(|(key, _)| key.clone())
+            .collect();
         updates.extend(latest);
         if updates.is_empty() {
             return Ok(());
         }
+        updates.extend(mark_gone_with_externals(&self.state.current, vanished));
         let mut touched: BTreeSet<ItemRef> = updates.iter().map(|(key, _)| key.clone()).collect();
         // What depends on a reported item is planned again too: an external
         // item's presence or value decides its dependents' fate (rule 9,

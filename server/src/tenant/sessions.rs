@@ -383,6 +383,13 @@ impl Owner {
                 resend.push((item.clone(), operation));
                 continue;
             }
+            if current.gone_with_external {
+                // Whatever it did went with its external item: nothing to
+                // send again, nothing exists.
+                abandoned.push(operation.op_id.clone());
+                updates.push((item.clone(), None));
+                continue;
+            }
             if operation.redeliveries >= MAX_REDELIVERIES {
                 // A poison operation (it keeps losing its agent): from now on
                 // a loss counts as an UNAVAILABLE failure, so it cannot loop
@@ -798,6 +805,21 @@ impl Owner {
             AgentOutcome::Wait { retry_after_ms } => Completion::Wait {
                 retry_at_ms: now.saturating_add(retry_after_ms),
             },
+            AgentOutcome::Failed(error)
+                if error.code == code::NOT_FOUND
+                    && current.in_flight.as_ref().is_some_and(|operation| {
+                        matches!(
+                            operation.kind,
+                            OperationKind::Modify | OperationKind::Delete
+                        )
+                    }) =>
+            {
+                // The configurator has no such item: a Delete has nothing
+                // left to do, and a Modify has nothing to modify. Either way
+                // the item is gone from current state; if it is intended,
+                // the next pass creates it (docs/configurators.md).
+                Completion::Vanished
+            }
             AgentOutcome::Failed(error) => {
                 let spec = self.spec(&item.item_type);
                 let failures = current.attempts.saturating_add(1);

@@ -290,6 +290,8 @@ pub fn check_order(
 #[derive(Clone, Debug)]
 struct OpRecord {
     item: ItemRef,
+    /// The value the order carried (the target of a Create or Modify).
+    value: Arc<Item>,
     kind: OperationKind,
     generation: u64,
     question: bool,
@@ -336,6 +338,9 @@ pub struct Ledger {
     last_by_item: BTreeMap<ItemRef, (String, Ending)>,
     /// Lost operations by item.
     lost: BTreeMap<ItemRef, LostOperation>,
+    /// Op ids that were running when their item vanished with an external
+    /// item: lost later, they may be replaced too.
+    vanished_ops: BTreeSet<String>,
     /// The newest epoch granted per type.
     epochs: BTreeMap<String, u64>,
     /// Items the last snapshot showed waiting for a retry (a next attempt
@@ -482,6 +487,7 @@ impl Ledger {
                     order.op_id.clone(),
                     OpRecord {
                         item: item.clone(),
+                        value: order.item.clone(),
                         kind: order.kind,
                         generation: order.generation,
                         question: order.question,
@@ -550,7 +556,11 @@ impl Ledger {
     pub fn on_restart(&mut self, journaled: BTreeMap<ItemRef, LostOperation>) {
         // Operations lost earlier and not resolved stay lost: the restarted
         // server owes them as much as the one before.
-        self.lost.extend(journaled);
+        self.lost
+            .extend(journaled.into_iter().map(|(item, mut lost)| {
+                lost.may_be_replaced |= self.vanished_ops.contains(&lost.op_id);
+                (item, lost)
+            }));
     }
 
     /// An agent dropped an operation when its session ended: the server
@@ -569,16 +579,53 @@ impl Ledger {
                 attempt: order.attempt,
                 kind: order.kind,
                 target,
-                may_be_replaced: false,
+                may_be_replaced: self.vanished_ops.contains(&order.op_id),
             },
         );
     }
 
-    /// Items vanished with an external item they were auto-deleted by:
-    /// whatever their lost operation did, they are gone, and the server may
-    /// drop them and plan them afresh (rule 9).
-    pub fn on_vanished(&mut self, items: &[ItemRef]) {
-        for item in items {
+    /// Items vanished with external item `external` they were auto-deleted
+    /// by: whatever their lost operation did, they are gone, and the server
+    /// may drop them and plan them afresh (rule 9). So may a lost Create
+    /// whose target is auto-deleted by a vanished item (if it happened, its
+    /// item went too), at any depth.
+    pub fn on_vanished(&mut self, external: &ItemRef, gone: &[ItemRef]) {
+        let mut vanished: Vec<ItemRef> = gone.to_vec();
+        vanished.push(external.clone());
+        loop {
+            let tied: Vec<ItemRef> = self
+                .lost
+                .iter()
+                .filter(|(item, lost)| {
+                    !vanished.contains(item)
+                        && lost.target.as_ref().is_some_and(|target| {
+                            target.dependencies.iter().any(|d| {
+                                d.auto_deleted_by_external && vanished.contains(&d.requires)
+                            })
+                        })
+                })
+                .map(|(item, _)| item.clone())
+                .collect();
+            if tied.is_empty() {
+                break;
+            }
+            vanished.extend(tied);
+        }
+        for (item, (op_id, ending)) in &self.last_by_item {
+            let Some(record) = self.ops.get(op_id) else {
+                continue;
+            };
+            let tied_create = record.kind == OperationKind::Create
+                && record
+                    .value
+                    .dependencies
+                    .iter()
+                    .any(|d| d.auto_deleted_by_external && vanished.contains(&d.requires));
+            if *ending == Ending::Open && (vanished.contains(item) || tied_create) {
+                self.vanished_ops.insert(op_id.clone());
+            }
+        }
+        for item in &vanished {
             if let Some(lost) = self.lost.get_mut(item) {
                 lost.may_be_replaced = true;
                 if let Some((last, ending)) = self.last_by_item.get_mut(item)

@@ -529,7 +529,7 @@ impl Sim {
                 }
                 Report::Delete { item } => {
                     let gone = self.world.report_delete(item);
-                    self.ledger.on_vanished(&gone);
+                    self.ledger.on_vanished(item, &gone);
                     if !gone.is_empty() {
                         self.trace.note(format!("vanished with {item}: {gone:?}"));
                     }

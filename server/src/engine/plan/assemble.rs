@@ -159,12 +159,28 @@ fn classify_bookkeeping<E: PlanEnvironment>(
     let Some(current) = node.current else {
         return false;
     };
-    if planner.is_dropped(id) {
-        plan.forget
-            .push((item.clone(), ForgetReason::DeletedWithExternal));
+    let busy = current.is_busy();
+    if planner.is_dropped(id) || current.gone_with_external {
+        if busy {
+            // Gone with its external item while an operation of it runs:
+            // the operation is superseded, and the item is forgotten once
+            // that operation reports (a late DONE cannot bring it back, and
+            // nothing is created in its place while it may still run).
+            if let Some(operation) = &current.in_flight
+                && matches!(
+                    operation.kind,
+                    OperationKind::Create | OperationKind::Modify
+                )
+                && !operation.cancel_requested
+            {
+                plan.cancel.push(item.clone());
+            }
+        } else {
+            plan.forget
+                .push((item.clone(), ForgetReason::DeletedWithExternal));
+        }
         return true;
     }
-    let busy = current.is_busy();
     if let Some(operation) = &current.in_flight {
         let superseded = matches!(
             operation.kind,

@@ -129,6 +129,9 @@ pub(super) struct ItemDecision {
     pub own_need: OwnNeed,
     /// Removed from current state without a Delete call (rule 9).
     pub dropped: bool,
+    /// An operation of it runs or its outcome is unknown (a dropped busy
+    /// item is forgotten once that operation reports).
+    pub busy: bool,
     /// Planned for deletion (rule 8: follows from the diff).
     pub planned_for_deletion: bool,
     /// Its Delete, if one is needed.
@@ -255,11 +258,12 @@ impl OraclePlan {
             .collect()
     }
 
-    /// Items removed from current state without a call.
+    /// Items removed from current state without a call, now (a busy one
+    /// once its operation reports).
     pub fn dropped(&self) -> BTreeSet<ItemRef> {
         self.items
             .iter()
-            .filter(|(_, decision)| decision.dropped)
+            .filter(|(_, decision)| decision.dropped && !decision.busy)
             .map(|(item, _)| item.clone())
             .collect()
     }
@@ -1079,6 +1083,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                 ItemDecision {
                     own_need: self.own(&item),
                     dropped: self.dropped.contains(&item),
+                    busy: self.current_of(&item).is_some_and(|c| c.is_busy()),
                     planned_for_deletion: self.doomed.contains(&item),
                     delete: delete.map(decision),
                     change: change.map(|(kind, s)| (kind, decision(s))),

@@ -868,3 +868,140 @@ async fn a_settled_operation_needed_again_is_a_retry_under_its_op_id() {
     assert_eq!(again[0].op_id, first.op_id, "the same operation");
     assert_eq!(again[0].attempt, 2, "its second attempt");
 }
+
+/// Reports the external item `e/x` present (`true`) or vanished.
+async fn report_x(harness: &Harness, present: bool) {
+    let change = if present {
+        let mut external = Item::new("e", "x", Default::default());
+        external.external = true;
+        ExternalChange::Put {
+            item: external,
+            modified: false,
+        }
+    } else {
+        ExternalChange::Delete {
+            item: ItemRef::new("e", "x"),
+        }
+    };
+    harness
+        .handle
+        .report_external(vec![change])
+        .await
+        .expect("reported");
+    settle().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_create_gone_with_its_external_item_is_not_sent_again_when_it_is_back() {
+    // Simulator seed 185: the external item vanished and came back while
+    // the Create's outcome was lost. Sent again under its op id, the
+    // agent's de-duplication answered DONE from its cache for an item
+    // that had gone with the external item; the server recorded it.
+    let (mut harness, create) = {
+        let spec = TypeSpec::new("t");
+        let mut harness = start_with(
+            12,
+            spec,
+            OwnerSettings::default(),
+            Arc::new(InMemoryStore::new()),
+        )
+        .await;
+        harness
+            .handle
+            .submit(submit_on_external(true))
+            .await
+            .expect("stored");
+        report_x(&harness, true).await;
+        let create = received(&mut harness.agent);
+        (harness, orders(&create)[0].clone())
+    };
+    harness.handle.session_closed(1, "gone".into()).await;
+    report_x(&harness, false).await;
+    report_x(&harness, true).await;
+    reconnect(&mut harness, 2, TypeSpec::new("t")).await;
+    let messages = received(&mut harness.agent);
+    let sent = orders(&messages);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].kind, crate::graph::OperationKind::Create);
+    assert_ne!(
+        sent[0].op_id, create.op_id,
+        "a new Create, not the lost one"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_modify_running_when_its_external_item_vanishes_is_cancelled_and_its_item_forgotten() {
+    // Rule 9 with an operation in flight: the item went with the external
+    // item whatever the Modify does. A late DONE used to record it as
+    // existing (and, once the external item was back, nothing recreated it).
+    let mut harness = start(13).await;
+    harness
+        .handle
+        .submit(submit_on_external(true))
+        .await
+        .expect("stored");
+    report_x(&harness, true).await;
+    let create = received(&mut harness.agent);
+    answer(&harness, 1, orders(&create)[0], done()).await;
+    let mut changed = submit_on_external(true);
+    changed.items[1].0.properties.insert("v".into(), 2.into());
+    harness.handle.submit(changed).await.expect("stored");
+    settle().await;
+    let modify = received(&mut harness.agent);
+    let modify = orders(&modify)[0].clone();
+    assert_eq!(modify.kind, crate::graph::OperationKind::Modify);
+
+    report_x(&harness, false).await;
+    let messages = received(&mut harness.agent);
+    assert!(
+        messages
+            .iter()
+            .any(|m| matches!(m, ToAgent::Cancel { op_id } if *op_id == modify.op_id)),
+        "the Modify is cancelled: {messages:?}"
+    );
+    report_x(&harness, true).await;
+    answer(&harness, 1, &modify, done()).await;
+    let messages = received(&mut harness.agent);
+    let sent = orders(&messages);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        sent[0].kind,
+        crate::graph::OperationKind::Create,
+        "the late DONE records nothing: the item is created again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn not_found_to_a_modify_or_a_delete_means_the_item_is_gone() {
+    // Simulator seed 1020: an agent that lost an item answered NOT_FOUND to
+    // its Modify, a retryable code, and the Modify was retried for ever.
+    let not_found = || {
+        AgentOutcome::Failed(crate::graph::OperationError {
+            code: code::NOT_FOUND,
+            message: "no such item".into(),
+        })
+    };
+    let mut harness = start(14).await;
+    harness.handle.submit(submit(&["a"])).await.expect("stored");
+    settle().await;
+    let create = received(&mut harness.agent);
+    answer(&harness, 1, orders(&create)[0], done()).await;
+    let mut changed = submit(&["a"]);
+    changed.items[0].0.properties.insert("v".into(), 2.into());
+    harness.handle.submit(changed).await.expect("stored");
+    settle().await;
+    let modify = received(&mut harness.agent);
+    answer(&harness, 1, orders(&modify)[0], not_found()).await;
+    let again = received(&mut harness.agent);
+    let again = orders(&again);
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(again[0].kind, crate::graph::OperationKind::Create);
+    answer(&harness, 1, again[0], done()).await;
+
+    harness.handle.submit(submit(&[])).await.expect("stored");
+    settle().await;
+    let delete = received(&mut harness.agent);
+    answer(&harness, 1, orders(&delete)[0], not_found()).await;
+    assert_eq!(state_of(&harness.handle, "a"), None, "deleted");
+    assert!(orders(&received(&mut harness.agent)).is_empty(), "no retry");
+}
