@@ -72,6 +72,7 @@ mod item;
 mod outcome;
 mod runner;
 mod session;
+mod shutdown;
 mod spec;
 
 pub use configurator::Configurator;
@@ -81,4 +82,8 @@ pub use events::{AgentEvent, Grant};
 pub use item::{Dependency, ExternalReport, Item, ItemRef, PropertiesError};
 pub use outcome::{OperationKind, Outcome, ReadOutcome, ResultKind, is_terminal_code};
 pub use runner::{Agent, AgentBuilder, AgentHandle, AgentStopped, EVENT_CAPACITY};
+pub use shutdown::shutdown_signal;
 pub use spec::TypeSpec;
+/// The token behind [`OperationContext::cancelled`] (re-exported from
+/// `tokio-util`, so agents need no version-matched dependency on it).
+pub use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
