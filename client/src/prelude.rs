@@ -13,6 +13,7 @@
 //! | [`Code`] | `tonic::Code`, a gRPC status code | [`Outcome::failed`], [`ReadOutcome::Failed`] |
 //! | [`Properties`], [`Value`], [`json!`] | `serde_json` object, value and macro | [`Item::properties`], [`Outcome::done_observed`] |
 //! | [`CancellationToken`] | `tokio_util::sync::CancellationToken` | [`OperationContext::cancellation_token`] |
+//! | [`tokio`] | the runtime crate | [`Agent::events`] (a `tokio::sync::broadcast::Receiver`) |
 //!
 //! The crates themselves are re-exported at the crate root
 //! ([`crate::tonic`], [`crate::serde_json`], [`crate::tokio`],
@@ -97,6 +98,10 @@ pub use serde_json::Value;
 
 /// Builds a [`Value`] from JSON syntax (`serde_json::json!`).
 pub use serde_json::json;
+
+/// The async runtime the SDK runs on (the crate `tokio`), for `tokio::fs`,
+/// `tokio::select!`, `tokio::spawn` and friends in configurators.
+pub use tokio;
 
 /// The token behind [`OperationContext::cancelled`]
 /// (`tokio_util::sync::CancellationToken`), e.g. to hand to other tasks.
