@@ -26,6 +26,12 @@
 //!   ([`AgentError`]); a type held by another agent (`TYPE_HELD`) is retried,
 //!   since that agent's lease may expire.
 //!
+//! A configurator that stops because it was cancelled returns
+//! [`Outcome::cancelled`] ("cancelled as asked", not a failed attempt).
+//! `use reconciled_client::prelude::*` imports all of this module an agent
+//! needs; the guide `docs/agents.md` goes from an empty crate to a tested
+//! agent.
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use reconciled_client::agent::{Agent, Configurator, Item, OperationContext, Outcome, TypeSpec};
