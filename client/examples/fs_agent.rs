@@ -47,12 +47,8 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Parser;
-use reconciled_client::agent::{
-    Agent, Configurator, Item, OperationContext, Outcome, ReadOutcome, TypeSpec,
-};
+use reconciled_client::prelude::*;
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
-use tonic::Code;
 
 /// The fs_agent example: manages directories and files under a root folder.
 #[derive(Debug, Parser)]
@@ -177,8 +173,8 @@ impl Directories {
     }
 }
 
-fn directory_observed(path: &str) -> Map<String, Value> {
-    let mut observed = Map::new();
+fn directory_observed(path: &str) -> Properties {
+    let mut observed = Properties::new();
     observed.insert("path".into(), json!(path));
     observed
 }
@@ -264,7 +260,9 @@ impl Files {
             )));
         }
         if ctx.is_cancelled() {
-            return Err(Outcome::failed(Code::Cancelled, "cancelled before writing"));
+            // Nothing written yet: the item is as it was, so this is not a
+            // failed attempt.
+            return Err(Outcome::cancelled());
         }
         // Write beside the target and rename over it, so a reader never sees
         // half a file.
@@ -301,8 +299,8 @@ impl Files {
     }
 }
 
-fn file_observed(path: &str, content: &str, mode: u32) -> Map<String, Value> {
-    let mut observed = Map::new();
+fn file_observed(path: &str, content: &str, mode: u32) -> Properties {
+    let mut observed = Properties::new();
     observed.insert("path".into(), json!(path));
     observed.insert("content".into(), json!(content));
     observed.insert("mode".into(), json!(mode));
@@ -394,27 +392,24 @@ impl Configurator for Files {
     }
 }
 
-/// Completes on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = terminate.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
+/// Adds the `directory` and `file` types, managed under `root`.
+fn with_item_types(builder: AgentBuilder, root: Arc<Root>) -> AgentBuilder {
+    builder
+        .item_type(
+            TypeSpec::new("directory")
+                .recreate_on_change(["/path"])
+                .supports_read(true),
+            Directories {
+                root: Arc::clone(&root),
+            },
+        )
+        .item_type(
+            TypeSpec::new("file")
+                .recreate_on_change(["/path"])
+                .supports_read(true)
+                .max_in_flight(16),
+            Files { root },
+        )
 }
 
 #[tokio::main]
@@ -437,22 +432,7 @@ async fn main() -> anyhow::Result<()> {
     });
     tracing::info!(root = %root.path.display(), tenant = %args.tenant, addr = %args.addr, "Starting fs_agent.");
 
-    let mut builder = Agent::builder(args.addr, args.tenant, args.token)
-        .item_type(
-            TypeSpec::new("directory")
-                .recreate_on_change(["/path"])
-                .supports_read(true),
-            Directories {
-                root: Arc::clone(&root),
-            },
-        )
-        .item_type(
-            TypeSpec::new("file")
-                .recreate_on_change(["/path"])
-                .supports_read(true)
-                .max_in_flight(16),
-            Files { root },
-        );
+    let mut builder = with_item_types(Agent::builder(args.addr, args.tenant, args.token), root);
     if let Some(agent_id) = args.agent_id {
         builder = builder.agent_id(agent_id);
     }
@@ -464,7 +444,39 @@ async fn main() -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use reconciled_client::testkit::TestServer;
+
     use super::*;
+
+    /// The agent against the real server: the testkit starts `reconciled`,
+    /// the intent converges, the files are there; an empty intent removes
+    /// them again.
+    #[tokio::test]
+    async fn directories_and_files_converge_and_go_away() {
+        let root = tempfile::tempdir().expect("a temporary root");
+        let root = Arc::new(Root {
+            path: root.path().canonicalize().expect("root"),
+        });
+        let server = TestServer::start().await.expect("the server starts");
+        let tenant = server.tenant("acme").await.expect("a tenant");
+        let agent = tenant
+            .start_agent(with_item_types(tenant.agent("fs-1"), Arc::clone(&root)))
+            .await
+            .expect("the agent registers");
+
+        let motd = Item::new("file", "motd")
+            .with_properties(&json!({"path": "etc/motd", "content": "hi\n", "mode": 0o600}))
+            .expect("properties")
+            .depends_on(ItemRef::new("directory", "etc"));
+        let etc = Item::new("directory", "etc").with_property("path", "etc");
+        tenant.converge([etc, motd]).await.expect("converges");
+        let written = std::fs::read_to_string(root.path.join("etc/motd")).expect("motd exists");
+        assert_eq!(written, "hi\n");
+
+        tenant.converge([]).await.expect("converges to nothing");
+        assert!(!root.path.join("etc").exists(), "the directory is gone");
+        agent.stop().await.expect("the agent stops cleanly");
+    }
 
     #[test]
     fn paths_that_leave_the_root_are_refused() {

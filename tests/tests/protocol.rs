@@ -13,6 +13,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
+use tonic_types::StatusExt as _;
 
 /// A raw agent: the outgoing queue and the incoming stream.
 struct RawAgent {
@@ -269,6 +270,55 @@ async fn an_unknown_protocol_version_and_a_held_type_are_refused() {
         }
         other => panic!("expected Registered, got {other:?}"),
     }
+}
+
+/// A recreate path without its leading `/` would match no property, and a
+/// later change of that property would be planned as an in-place Modify:
+/// the server refuses the registration with a field violation naming it.
+#[tokio::test]
+async fn a_recreate_path_that_is_not_a_json_pointer_is_refused_at_register() {
+    let (_server, channel, token) = acme().await;
+    let mut message = register("acme", "kv-1", &["kv", "other"], 1);
+    if let Some(v1::agent_message::Message::Register(register)) = &mut message.message {
+        register.item_types[0].recreate_on_change = vec!["/ok".into(), "key".into()];
+        register.item_types[1].recreate_on_change = vec!["/a~2".into()];
+    }
+    let refused = match connect(&channel, &token, message).await {
+        Err(status) => status,
+        Ok(mut agent) => agent.incoming.message().await.expect_err("refused"),
+    };
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    let violations = refused
+        .get_error_details()
+        .bad_request()
+        .map(|bad| bad.field_violations.clone())
+        .unwrap_or_default();
+    let fields: Vec<&str> = violations.iter().map(|v| v.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "register.item_types[0].recreate_on_change[1]",
+            "register.item_types[1].recreate_on_change[0]"
+        ],
+        "{refused:?}"
+    );
+    assert!(
+        violations[0].description.contains("\"key\"")
+            && violations[0].description.contains("\"/key\""),
+        "the description names the path and the fix: {:?}",
+        violations[0].description
+    );
+
+    // The same registration with JSON Pointers is accepted.
+    let mut message = register("acme", "kv-1", &["kv"], 1);
+    if let Some(v1::agent_message::Message::Register(register)) = &mut message.message {
+        register.item_types[0].recreate_on_change = vec!["/key".into(), "/a~1b".into()];
+    }
+    let mut agent = connect(&channel, &token, message).await.expect("registers");
+    assert!(matches!(
+        agent.next().await,
+        v1::server_message::Message::Registered(_)
+    ));
 }
 
 #[tokio::test]

@@ -44,6 +44,19 @@ pub enum AgentError {
     /// The agent handles no item type.
     #[error("the agent handles no item type; add one with AgentBuilder::item_type")]
     NoItemTypes,
+    /// A `recreate_on_change` path is not a JSON Pointer (RFC 6901) or `*`.
+    /// The server would refuse it too; accepted, a path such as `key` (for
+    /// `/key`) would never match, and a change of `key` would be applied as
+    /// a Modify instead of a recreate.
+    #[error("item type {item_type:?}: recreate_on_change path {path:?} {problem}")]
+    InvalidRecreatePath {
+        /// The item type whose spec holds the path.
+        item_type: String,
+        /// The path as given.
+        path: String,
+        /// What is wrong with it.
+        problem: reconciled_proto::pointer::PointerError,
+    },
     /// Two configurators were registered for one item type.
     #[error("item type {0:?} was registered twice; register each type once")]
     DuplicateItemType(String),

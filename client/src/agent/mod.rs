@@ -26,6 +26,12 @@
 //!   ([`AgentError`]); a type held by another agent (`TYPE_HELD`) is retried,
 //!   since that agent's lease may expire.
 //!
+//! A configurator that stops because it was cancelled returns
+//! [`Outcome::cancelled`] ("cancelled as asked", not a failed attempt).
+//! `use reconciled_client::prelude::*` imports all of this module an agent
+//! needs; the guide `docs/agents.md` goes from an empty crate to a tested
+//! agent.
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use reconciled_client::agent::{Agent, Configurator, Item, OperationContext, Outcome, TypeSpec};
@@ -72,6 +78,7 @@ mod item;
 mod outcome;
 mod runner;
 mod session;
+mod shutdown;
 mod spec;
 
 pub use configurator::Configurator;
@@ -81,4 +88,8 @@ pub use events::{AgentEvent, Grant};
 pub use item::{Dependency, ExternalReport, Item, ItemRef, PropertiesError};
 pub use outcome::{OperationKind, Outcome, ReadOutcome, ResultKind, is_terminal_code};
 pub use runner::{Agent, AgentBuilder, AgentHandle, AgentStopped, EVENT_CAPACITY};
+pub use shutdown::shutdown_signal;
 pub use spec::TypeSpec;
+/// The token behind [`OperationContext::cancelled`] (re-exported from
+/// `tokio-util`, so agents need no version-matched dependency on it).
+pub use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};

@@ -95,6 +95,20 @@ pub enum Outcome {
     /// [`OperationContext::finish_later`](super::OperationContext::finish_later),
     /// and send the final outcome through the [`Completion`](super::Completion).
     InProgress,
+    /// Stopped because the operation was cancelled, as asked
+    /// ([`OperationContext::cancelled`](super::OperationContext::cancelled)
+    /// fired: the server sent `CancelOperation`, a newer attempt replaced
+    /// this one, or the agent is shutting down). Not a failure: the server
+    /// must not count it as an attempt. Return it only once the operation
+    /// has stopped and left the item as a later (idempotent) operation can
+    /// take it over; if the work finished after all, return `Done` instead.
+    ///
+    /// On the wire (protocol version 1 has no outcome of its own for it) it
+    /// is `OUTCOME_FAILED` with `status.code = CANCELLED` (1). Returned
+    /// while the operation was *not* cancelled, the SDK sends a retryable
+    /// `ABORTED` failure instead, so a mistaken `cancelled()` cannot loop
+    /// without backoff.
+    Cancelled,
 }
 
 impl Outcome {
@@ -136,6 +150,25 @@ impl Outcome {
     /// Goes on in the background (see [`Outcome::InProgress`]).
     pub fn in_progress() -> Self {
         Self::InProgress
+    }
+
+    /// Cancelled as asked (see [`Outcome::Cancelled`]): return it when
+    /// [`OperationContext::cancelled`](super::OperationContext::cancelled)
+    /// fired and the operation stopped.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use reconciled_client::agent::{OperationContext, Outcome};
+    ///
+    /// async fn slow_create(ctx: &OperationContext) -> Outcome {
+    ///     tokio::select! {
+    ///         () = tokio::time::sleep(Duration::from_secs(60)) => Outcome::done(),
+    ///         () = ctx.cancelled() => Outcome::cancelled(),
+    ///     }
+    /// }
+    /// ```
+    pub fn cancelled() -> Self {
+        Self::Cancelled
     }
 }
 
@@ -251,9 +284,21 @@ pub(crate) fn result_message(op_id: &str, attempt: u32, answer: Answer) -> v1::O
             result.retry_after = Some(duration_to_proto(retry_after));
         }
         Outcome::InProgress => result.set_outcome(v1::Outcome::InProgress),
+        Outcome::Cancelled => {
+            result.set_outcome(v1::Outcome::Failed);
+            result.status = Some(rpc::Status {
+                code: Code::Cancelled as i32,
+                message: CANCELLED_MESSAGE.to_owned(),
+                details: Vec::new(),
+            });
+        }
     }
     result
 }
+
+/// The status message of a result for [`Outcome::Cancelled`].
+pub(crate) const CANCELLED_MESSAGE: &str =
+    "cancelled as asked: the operation stopped before it finished";
 
 /// What kind of result was sent, for [`AgentEvent`](super::AgentEvent)s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -332,6 +377,17 @@ mod tests {
         );
         assert_eq!(result.outcome(), v1::Outcome::Wait);
         assert_eq!(result.retry_after.map(|d| d.seconds), Some(3));
+    }
+
+    #[test]
+    fn cancelled_is_failed_with_code_cancelled_on_the_wire() {
+        let result = result_message("op", 2, Answer::Outcome(Outcome::cancelled()));
+        assert_eq!(result.outcome(), v1::Outcome::Failed);
+        assert_eq!(result.attempt, 2);
+        let status = result.status.as_ref().expect("a status");
+        assert_eq!(status.code, 1, "google.rpc.Code CANCELLED");
+        assert_eq!(status.message, CANCELLED_MESSAGE);
+        assert_eq!(ResultKind::of(&result), ResultKind::Failed(Code::Cancelled));
     }
 
     #[test]

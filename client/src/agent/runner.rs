@@ -123,8 +123,9 @@ impl AgentBuilder {
         self
     }
 
-    /// Checks the settings and builds the agent. Nothing connects until
-    /// [`Agent::run`].
+    /// Checks the settings (the endpoint, the token, one configurator per
+    /// type, every type's [`TypeSpec::validate`]) and builds the agent.
+    /// Nothing connects until [`Agent::run`].
     pub fn build(self) -> Result<Agent, AgentError> {
         let mut endpoint = Endpoint::from_shared(self.endpoint.clone())
             .map_err(|source| AgentError::InvalidEndpoint {
@@ -145,6 +146,7 @@ impl AgentBuilder {
         let mut types = HashMap::new();
         let mut specs = Vec::new();
         for (spec, configurator) in self.types {
+            spec.validate()?;
             let limit = match spec.in_flight_limit() {
                 0 => None,
                 limit => Some(Arc::new(Semaphore::new(limit as usize))),
@@ -741,10 +743,7 @@ async fn run_operation(
                     let result = result_message(
                         &key.op_id,
                         key.attempt,
-                        Answer::Outcome(Outcome::failed(
-                            Code::Cancelled,
-                            "cancelled while waiting for a free max_in_flight slot",
-                        )),
+                        Answer::Outcome(Outcome::cancelled()),
                     );
                     let _ = events.send(OperationEvent::Finished { key, result });
                     return;
@@ -769,6 +768,19 @@ async fn run_operation(
     let answer = match answer {
         Answer::Outcome(Outcome::InProgress) => {
             Answer::Outcome(finish_long_running(&context).await)
+        }
+        other => other,
+    };
+    let answer = match answer {
+        Answer::Outcome(Outcome::Cancelled) if !context.is_cancelled() => {
+            tracing::warn!(
+                "Configurator returned Outcome::cancelled() for an operation nobody cancelled."
+            );
+            Answer::Outcome(Outcome::failed(
+                Code::Aborted,
+                "the configurator returned Outcome::cancelled() but the operation was not \
+                 cancelled; return cancelled() only after OperationContext::cancelled() fired",
+            ))
         }
         other => other,
     };

@@ -368,10 +368,7 @@ impl SessionState {
             let result = result_message(
                 &key.op_id,
                 key.attempt,
-                Answer::Outcome(Outcome::failed(
-                    Code::Cancelled,
-                    "cancelled by the server before it started",
-                )),
+                Answer::Outcome(Outcome::cancelled()),
             );
             self.send_result(key, result, false, actions);
         }

@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
+use reconciled_proto::pointer::check_recreate_path;
 use reconciled_proto::v1;
 
+use super::error::AgentError;
 use crate::convert::duration_to_proto;
 
 /// How the server treats the items of one type: which property changes need
@@ -51,6 +53,13 @@ impl TypeSpec {
     /// `/vlan/id`) whose change needs a delete + create instead of a Modify;
     /// `"*"` means items of this type are never modified in place. Adds to
     /// the paths already set.
+    ///
+    /// Each path must be a JSON Pointer (RFC 6901: empty or starting with
+    /// `/`, `~` only as `~0` or `~1`) or `*`;
+    /// [`AgentBuilder::build`](super::AgentBuilder::build) refuses others
+    /// with [`AgentError::InvalidRecreatePath`](super::AgentError::InvalidRecreatePath),
+    /// and so does the server at `Register`. Check early with
+    /// [`TypeSpec::validate`].
     pub fn recreate_on_change<I, S>(mut self, paths: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -129,6 +138,28 @@ impl TypeSpec {
         self
     }
 
+    /// Checks what the spec declares: every `recreate_on_change` path must
+    /// be a JSON Pointer or `*`. The error names the type and the path.
+    ///
+    /// ```
+    /// use reconciled_client::agent::TypeSpec;
+    ///
+    /// assert!(TypeSpec::new("kv").recreate_on_change(["/key"]).validate().is_ok());
+    /// let error = TypeSpec::new("kv").recreate_on_change(["key"]).validate().unwrap_err();
+    /// assert!(error.to_string().contains("\"kv\""));
+    /// assert!(error.to_string().contains("\"key\""));
+    /// ```
+    pub fn validate(&self) -> Result<(), AgentError> {
+        for path in &self.spec.recreate_on_change {
+            check_recreate_path(path).map_err(|problem| AgentError::InvalidRecreatePath {
+                item_type: self.spec.item_type.clone(),
+                path: path.clone(),
+                problem,
+            })?;
+        }
+        Ok(())
+    }
+
     /// The most operations of this type running at once; 0: no limit.
     pub fn in_flight_limit(&self) -> u32 {
         self.spec.max_in_flight
@@ -176,6 +207,26 @@ mod tests {
                 assert_eq!(exponential.max.map(|d| d.seconds), Some(10));
             }
             other => panic!("unexpected policy {other:?}"),
+        }
+    }
+
+    #[test]
+    fn recreate_paths_must_be_json_pointers() {
+        for good in [&["/key"][..], &["*"], &["/a~1b", "/c"], &[""]] {
+            let spec = TypeSpec::new("kv").recreate_on_change(good.iter().copied());
+            assert!(spec.validate().is_ok(), "{good:?}");
+        }
+        for bad in ["key", "/a~2"] {
+            let error = TypeSpec::new("kv")
+                .recreate_on_change(["/fine", bad])
+                .validate()
+                .expect_err("refused");
+            match &error {
+                AgentError::InvalidRecreatePath {
+                    item_type, path, ..
+                } => assert_eq!((item_type.as_str(), path.as_str()), ("kv", bad)),
+                other => panic!("unexpected error {other:?}"),
+            }
         }
     }
 

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use reconciled_proto::PROTOCOL_VERSION;
+use reconciled_proto::pointer::check_recreate_path;
 use reconciled_proto::v1;
 use reconciled_proto::v1::configurators_server::Configurators;
 use tokio::sync::mpsc;
@@ -203,6 +204,16 @@ fn type_spec_from_proto(
             format!("{field}.item_type"),
             format!("the item type {problem}"),
         ));
+    }
+    for (index, path) in spec.recreate_on_change.iter().enumerate() {
+        // A path such as "key" (for "/key") would match nothing, and a
+        // change of `key` would be planned as an in-place Modify.
+        if let Err(problem) = check_recreate_path(path) {
+            violations.push(FieldViolation::new(
+                format!("{field}.recreate_on_change[{index}]"),
+                format!("the path {path:?} {problem}"),
+            ));
+        }
     }
     let mut converted = TypeSpec::new(spec.item_type.clone());
     converted.recreate_on_change = spec.recreate_on_change.clone();

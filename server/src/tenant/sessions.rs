@@ -762,6 +762,7 @@ impl Owner {
             .in_flight
             .as_ref()
             .is_some_and(|o| o.kind == OperationKind::Read);
+        let mut cancelled = None;
         let completion = match outcome {
             AgentOutcome::InProgress => {
                 self.send_to_session(session_id, ack);
@@ -805,6 +806,14 @@ impl Owner {
             AgentOutcome::Wait { retry_after_ms } => Completion::Wait {
                 retry_at_ms: now.saturating_add(retry_after_ms),
             },
+            AgentOutcome::Failed(error) if error.code == code::CANCELLED => {
+                // "Cancelled as asked" (the SDK's `Outcome::cancelled()`): the
+                // agent stopped because it was told to. Not a failure: no
+                // attempt is counted, no backoff; the next pass plans what
+                // the intent needs now.
+                cancelled = Some(error);
+                Completion::Wait { retry_at_ms: now }
+            }
             AgentOutcome::Failed(error)
                 if error.code == code::NOT_FOUND
                     && current.in_flight.as_ref().is_some_and(|operation| {
@@ -832,6 +841,7 @@ impl Owner {
         };
         let operation = current.in_flight.clone()?;
         let outcome = match &completion {
+            _ if cancelled.is_some() => "cancelled",
             Completion::Done { .. }
             | Completion::Read { .. }
             | Completion::Answered { .. }
@@ -841,13 +851,14 @@ impl Owner {
             Completion::Lost => "lost",
         };
         let wire_outcome = match &completion {
+            _ if cancelled.is_some() => v1::Outcome::Failed,
             Completion::Failed { .. } => v1::Outcome::Failed,
             Completion::Wait { .. } => v1::Outcome::Wait,
             _ => v1::Outcome::Done,
         };
         let error = match &completion {
             Completion::Failed { error, .. } => Some(error.clone()),
-            _ => None,
+            _ => cancelled,
         };
         let value = completed(&self.state.current, &current, completion);
         Some(AcceptedResult {
