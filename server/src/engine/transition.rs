@@ -113,7 +113,14 @@ pub fn completed(
         return Some(existing.clone());
     };
     if existing.gone_with_external && !matches!(completion, Completion::Lost) {
-        return None;
+        // A live report settles what the mark was for (not sending a lost
+        // operation again): the item is what the agent says, and the
+        // planner drops it if its external item is still gone.
+        let unmarked = CurrentItem {
+            gone_with_external: false,
+            ..existing.clone()
+        };
+        return completed(current, &unmarked, completion);
     }
     match completion {
         Completion::Done { observed } => {
@@ -313,9 +320,11 @@ pub fn coalesce(updates: CurrentUpdates) -> CurrentUpdates {
 /// that an `auto_deleted_by_external` dependency ties to a vanished item
 /// (through its applied value or the target of its running operation), and
 /// transitively to such an item, goes with it. Idle ones the planner drops;
-/// busy ones that are gone whatever their operation reports are marked
-/// [`CurrentItem::gone_with_external`] here, so that they do not exist
-/// afterwards, even if the external item is back by then.
+/// busy ones that are gone whatever their operation does are marked
+/// [`CurrentItem::gone_with_external`] here: if that operation's outcome is
+/// lost, it is not sent again (an agent could answer it from its
+/// de-duplication cache for an item that went, even if the external item
+/// is back by then); the item is forgotten instead.
 pub fn mark_gone_with_externals(
     current: &CurrentGraph,
     vanished: impl IntoIterator<Item = ItemRef>,

@@ -211,9 +211,10 @@ pub struct CurrentItem {
     #[serde(default)]
     pub gave_up: bool,
     /// An external item this item is `auto_deleted_by_external` on vanished
-    /// while an operation of it ran or its outcome was unknown: whatever
-    /// that operation reports, the item does not exist afterwards (DESIGN
-    /// 3, rule 9), and a lost one is not sent again.
+    /// while an operation of it ran or its outcome was unknown, and the item
+    /// went with it whatever that operation did (DESIGN 3, rule 9): if the
+    /// operation's outcome is lost, it is not sent again and the item is
+    /// forgotten. A live report clears the mark.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub gone_with_external: bool,
 }

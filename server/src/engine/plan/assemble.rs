@@ -160,12 +160,12 @@ fn classify_bookkeeping<E: PlanEnvironment>(
         return false;
     };
     let busy = current.is_busy();
-    if planner.is_dropped(id) || current.gone_with_external {
+    if planner.is_dropped(id) {
         if busy {
             // Gone with its external item while an operation of it runs:
-            // the operation is superseded, and the item is forgotten once
-            // that operation reports (a late DONE cannot bring it back, and
-            // nothing is created in its place while it may still run).
+            // the operation is superseded, and the item is dropped once
+            // that operation reports (nothing is created in its place while
+            // it may still run).
             if let Some(operation) = &current.in_flight
                 && matches!(
                     operation.kind,

@@ -930,10 +930,11 @@ async fn a_lost_create_gone_with_its_external_item_is_not_sent_again_when_it_is_
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_modify_running_when_its_external_item_vanishes_is_cancelled_and_its_item_forgotten() {
-    // Rule 9 with an operation in flight: the item went with the external
-    // item whatever the Modify does. A late DONE used to record it as
-    // existing (and, once the external item was back, nothing recreated it).
+async fn a_modify_running_when_its_external_item_vanishes_is_cancelled_and_dropped_once_it_reports()
+{
+    // Rule 9 with an operation in flight (simulator seeds 1067, 1169): the
+    // item used to be forgotten at once, and a Create of it could go out
+    // while the Modify still ran.
     let mut harness = start(13).await;
     harness
         .handle
@@ -959,16 +960,22 @@ async fn a_modify_running_when_its_external_item_vanishes_is_cancelled_and_its_i
             .any(|m| matches!(m, ToAgent::Cancel { op_id } if *op_id == modify.op_id)),
         "the Modify is cancelled: {messages:?}"
     );
-    report_x(&harness, true).await;
+    assert!(
+        state_of(&harness.handle, "a").is_some(),
+        "kept while the Modify may still run"
+    );
     answer(&harness, 1, &modify, done()).await;
+    assert_eq!(
+        state_of(&harness.handle, "a"),
+        None,
+        "dropped once it reports"
+    );
+    report_x(&harness, true).await;
     let messages = received(&mut harness.agent);
     let sent = orders(&messages);
     assert_eq!(sent.len(), 1, "{sent:?}");
-    assert_eq!(
-        sent[0].kind,
-        crate::graph::OperationKind::Create,
-        "the late DONE records nothing: the item is created again"
-    );
+    assert_eq!(sent[0].kind, crate::graph::OperationKind::Create);
+    assert_ne!(sent[0].op_id, modify.op_id);
 }
 
 #[tokio::test(start_paused = true)]
