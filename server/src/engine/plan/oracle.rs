@@ -369,13 +369,12 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         self.current_of(item).is_some_and(|c| c.is_busy())
     }
 
-    /// Something a Delete below it must wait for: it may exist or has an
-    /// operation running.
+    /// Something a Delete below it must wait for: it may exist (and is not
+    /// dropped), or has an operation running (dropped or not: a dropped
+    /// item goes once that operation reports).
     fn holds(&self, item: &ItemRef) -> bool {
-        !self.dropped.contains(item)
-            && self
-                .current_of(item)
-                .is_some_and(|c| c.may_exist() || c.is_busy())
+        self.current_of(item)
+            .is_some_and(|c| c.is_busy() || (c.may_exist() && !self.dropped.contains(item)))
     }
 
     /// Intended and not external: ours to create or modify.
@@ -765,7 +764,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
     }
 
     fn compute_delete(&mut self, item: &ItemRef) -> Option<Schedule> {
-        if !self.doomed.contains(item) || !self.holds(item) {
+        if !self.doomed.contains(item) || !self.holds(item) || self.dropped.contains(item) {
             return None;
         }
         let current = self.current_of(item)?;
@@ -799,8 +798,9 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
             if !self.holds(&dependent) {
                 continue;
             }
-            if !self.doomed.contains(&dependent) {
-                // It stays (a retargeting Modify moves it off first).
+            if self.dropped.contains(&dependent) || !self.doomed.contains(&dependent) {
+                // Dropped but still running, or staying (a retargeting
+                // Modify moves it off first).
                 blocked = true;
                 continue;
             }

@@ -895,13 +895,13 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
     }
 
-    /// Whether `id` is something a Delete must wait for.
+    /// Whether `id` is something a Delete must wait for: it may exist, or
+    /// an operation of it runs (a dropped item too, until that operation
+    /// reports).
     fn holds_a_delete(&self, id: Id) -> bool {
-        !self.is_dropped(id)
-            && self
-                .node(id)
-                .current
-                .is_some_and(|c| c.may_exist() || c.is_busy())
+        self.node(id)
+            .current
+            .is_some_and(|c| c.is_busy() || (c.may_exist() && !self.is_dropped(id)))
     }
 
     /// Schedules the Delete of `root` after those of its current dependents
@@ -975,6 +975,13 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 continue;
             }
             let node = self.node(dependent);
+            if self.is_dropped(dependent) {
+                blocked_by.push(BlockedBy {
+                    item: node.item.clone(),
+                    why: "goes with its external item once its running operation reports".into(),
+                });
+                continue;
+            }
             match &node.delete_schedule {
                 Some(Schedule::Ready { .. }) => after.push((dependent, kind)),
                 Some(Schedule::Waiting { reason, .. }) => blocked_by.push(BlockedBy {

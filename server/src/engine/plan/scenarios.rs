@@ -1055,3 +1055,37 @@ fn a_one_item_change_examines_only_its_neighbourhood() {
     assert_eq!(plan.operations.len(), 1);
     assert!(plan.examined <= 3, "examined {} items", plan.examined);
 }
+
+#[test]
+fn a_dependent_dropped_while_its_modify_runs_holds_the_delete_of_its_dependency() {
+    // Found by the simulator (seed 2232): a's Modify runs when the external
+    // item it goes with vanishes; a is dropped once that Modify reports.
+    // Until then, b (which a's values need) may not be deleted.
+    let mut external = item("e/x", json!({}));
+    external.external = true;
+    let a_on = |v: i64| {
+        item("t/a", json!({ "v": v }))
+            .depends_on(Dependency {
+                auto_deleted_by_external: true,
+                ..on("e/x")
+            })
+            .depends_on(on("t/b"))
+    };
+    let mut world = World::new();
+    world.report_external("e/x", json!({}));
+    world.intend(vec![external.clone(), item("t/b", json!({})), a_on(1)]);
+    world.run_to_quiescence(5);
+    world.intend(vec![external, item("t/b", json!({})), a_on(2)]);
+    world.dispatch(&parse_ref("t/a"), Modify, 3);
+    world.remove_external("e/x");
+    world.intend(vec![a_on(2)]);
+    let plan = world.plan();
+    assert!(plan.operations.is_empty(), "{plan:?}");
+    let b = plan
+        .waiting
+        .iter()
+        .find(|w| w.item == parse_ref("t/b"))
+        .expect("b's delete waits");
+    assert_eq!((b.operation, b.reason), (Delete, WaitReason::Blocked));
+    assert_eq!(b.blocked_by[0].item, parse_ref("t/a"));
+}
