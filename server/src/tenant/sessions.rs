@@ -366,7 +366,6 @@ impl Owner {
         let mut orders = Vec::new();
         let mut resend = Vec::new();
         let mut abandoned = Vec::new();
-        let mut maybe_created = Vec::new();
         for item in self.operations.values() {
             if !types.contains(&*item.item_type) {
                 continue;
@@ -443,19 +442,15 @@ impl Owner {
                             updates.push((item.clone(), None));
                         } else {
                             // It may exist, on a dependency that no longer
-                            // holds: delete what it may have created.
+                            // holds: recorded as created, the pass after this
+                            // registration deletes it once nothing blocks
+                            // that (an UNKNOWN dependency does, DESIGN 4).
                             let created = completed(
                                 &self.state.current,
                                 current,
                                 Completion::Done { observed: None },
                             );
-                            if let Some(created) = created {
-                                maybe_created.push((
-                                    item.clone(),
-                                    created,
-                                    operation.target_generation,
-                                ));
-                            }
+                            updates.push((item.clone(), created));
                         }
                     }
                     _ => {
@@ -494,25 +489,6 @@ impl Owner {
             };
             orders.push((item.clone(), operation));
             updates.push((item.clone(), Some(restarted)));
-        }
-        // A lost Create whose dependency no longer holds may have created
-        // the item: a Delete of the value it applied, dispatched now (no
-        // dependent can exist: the unknown outcome blocked them).
-        for (item, existing, generation) in maybe_created {
-            let spec = self.spec(&item.item_type);
-            let delete = InFlight::new(
-                OperationKind::Delete,
-                self.next_op_id(),
-                1,
-                generation,
-                self.settings.clock.now_ms(),
-                spec.operation_timeout_ms,
-            );
-            // As if the Create had been applied (its dependency marks
-            // recorded), then deleted.
-            let deleting = started(Some(&existing), None, delete.clone());
-            updates.push((item.clone(), Some(deleting)));
-            orders.push((item, delete));
         }
         for (item, operation) in &resend {
             if let Some(holder) = self.sessions.get(&*item.item_type)
