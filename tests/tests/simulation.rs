@@ -23,7 +23,7 @@ const WATCHDOG: Duration = Duration::from_secs(30);
 /// Seeds that still break an invariant (open defects, listed with their
 /// diagnosis in docs/testing.md, "Open"); the sweeps skip them. Replay one
 /// with `reconciled-sim --seed N`; once fixed, give it a test below.
-const KNOWN_BAD: &[u64] = &[48, 185, 189, 196, 366];
+const KNOWN_BAD: &[u64] = &[48];
 
 fn passes(seed: u64) {
     if let Err(failure) = sim::run_seed_watched_for(seed, STEPS, WATCHDOG) {
@@ -166,4 +166,49 @@ fn seed_1289_dependents_of_a_reported_item_are_planned_again() {
 #[test]
 fn seed_240_a_create_does_not_wait_for_a_delete_that_is_not_planned() {
     passes(240);
+}
+
+/// Fixed in the owner: a pass whose commit failed queued its follow-up
+/// again at once, forever, and forgot the op ids of the results it could
+/// not record.
+#[test]
+fn seed_196_a_failed_follow_up_pass_waits_and_keeps_its_op_ids() {
+    passes(196);
+}
+
+/// Fixed in the planner's bookkeeping: a settled failed operation needed
+/// again is a retry under its op id.
+#[test]
+fn seeds_189_2053_2058_2285_a_settled_operation_needed_again_keeps_its_op_id() {
+    for seed in [189, 2053, 2058, 2285] {
+        passes(seed);
+    }
+}
+
+/// Fixed in the planner: an item whose operation's outcome is unknown and
+/// which left the intent waits for its Delete (the tenant is not Ready).
+#[test]
+fn seed_2202_an_unknown_create_that_left_the_intent_is_not_ready() {
+    passes(2202);
+}
+
+/// Fixed in the owner and the planner (rule 9 with operations in flight):
+/// a lost operation of an item gone with its external item is not sent
+/// again; a running one holds what it needs until it reports; NOT_FOUND to
+/// a Modify means the item is gone.
+#[test]
+fn seeds_185_205_2013_2033_2232_rule_9_with_operations_in_flight() {
+    for seed in [185, 205, 2013, 2033, 2232] {
+        passes(seed);
+    }
+}
+
+/// Fixed in the owner: a lost Create whose dependency no longer holds is
+/// left to the planner (its Delete waits for an UNKNOWN dependency), and
+/// a report that an external item went and came back drops its dependents.
+#[test]
+fn seeds_366_2291_a_lost_create_on_a_broken_dependency_is_planned() {
+    for seed in [366, 2291] {
+        passes(seed);
+    }
 }
