@@ -9,7 +9,9 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::need::Need;
 use super::planner::{Id, OperationKey, Planner, Schedule, Span};
-use super::{ForgetReason, Plan, PlanEnvironment, PlannedOperation, WaitingItem};
+use super::{
+    BlockedBy, ForgetReason, Plan, PlanEnvironment, PlannedOperation, WaitReason, WaitingItem,
+};
 use crate::graph::{ItemRef, ItemState, OperationKind};
 
 /// An operation before ordering.
@@ -105,7 +107,9 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
                 waits = waiting_item(item, schedule);
             }
         }
-        let waits = waits.or(change_waits);
+        let waits = waits
+            .or(change_waits)
+            .or_else(|| dropped_while_busy(planner, id));
         let is_waiting = waits.is_some();
         if let Some(waits) = waits {
             waiting.push(waits);
@@ -143,6 +147,35 @@ fn hand_out(item: &ItemRef) -> ItemRef {
         item_type: item.item_type.clone(),
         name: Arc::from(&*item.name),
     }
+}
+
+/// An item dropped with its external item while an operation of it runs
+/// (or its outcome is unknown) waits for that operation: it goes once the
+/// operation reports, and the tenant is not Ready meanwhile.
+fn dropped_while_busy<E: PlanEnvironment>(planner: &Planner<'_, E>, id: Id) -> Option<WaitingItem> {
+    let node = planner.node(id);
+    let current = node.current.filter(|c| c.is_busy())?;
+    if !planner.is_dropped(id) {
+        return None;
+    }
+    let reason = if current.state == ItemState::Unknown {
+        WaitReason::UnknownOutcome
+    } else {
+        WaitReason::Blocked
+    };
+    let running = current.in_flight.as_ref().map_or_else(
+        || "its last operation".to_string(),
+        |operation| format!("its {} (op {})", operation.kind.as_str(), operation.op_id),
+    );
+    Some(WaitingItem {
+        item: node.item.clone(),
+        operation: OperationKind::Delete,
+        reason,
+        blocked_by: vec![BlockedBy {
+            item: node.item.clone(),
+            why: format!("goes with its external item once {running} reports"),
+        }],
+    })
 }
 
 /// Cancels, drops and settles for one item; whether they leave it

@@ -1076,7 +1076,14 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         };
         let mut items = BTreeMap::new();
         for item in universe {
-            let delete = self.delete_memo.get(&item).cloned().flatten();
+            let mut delete = self.delete_memo.get(&item).cloned().flatten();
+            if self.dropped.contains(&item)
+                && let Some(current) = self.current_of(&item).filter(|c| c.is_busy())
+            {
+                // Goes with its external item once its operation reports:
+                // it waits for that operation.
+                delete = Some(Self::busy_wait(current));
+            }
             let change = self.change_memo.get(&item).cloned().flatten();
             items.insert(
                 item.clone(),
