@@ -217,6 +217,14 @@ pub struct CurrentItem {
     /// forgotten. A live report clears the mark.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub gone_with_external: bool,
+    /// A lost Create may or may not have created the item (its dependency
+    /// no longer held when the outcome was found lost). It may exist, so it
+    /// is deleted if it must go; it is not created for its dependents, and
+    /// if it stays intended it is created again (agents' Creates are
+    /// idempotent) before anything is built on it (DESIGN 4,
+    /// `previous_uncertain`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub existence_uncertain: bool,
 }
 
 /// An operation that ended without success and will be tried again under
@@ -299,6 +307,7 @@ impl CurrentItem {
             retry_of: None,
             gave_up: false,
             gone_with_external: false,
+            existence_uncertain: false,
         }
     }
 
@@ -322,6 +331,7 @@ impl CurrentItem {
             retry_of: None,
             gave_up: false,
             gone_with_external: false,
+            existence_uncertain: false,
         }
     }
 
@@ -329,6 +339,9 @@ impl CurrentItem {
     /// after a Modify or Delete, or `Unknown` when it was created before.
     /// An item whose Create failed does not exist.
     pub fn is_created(&self) -> bool {
+        if self.existence_uncertain {
+            return false;
+        }
         match self.state {
             ItemState::Created | ItemState::Modifying => true,
             ItemState::Failed => matches!(
@@ -343,7 +356,7 @@ impl CurrentItem {
     /// Whether the item may exist on the configurator's side, so that it
     /// must be deleted when it leaves the intent.
     pub fn may_exist(&self) -> bool {
-        self.is_created() || self.state == ItemState::Deleting
+        self.existence_uncertain || self.is_created() || self.state == ItemState::Deleting
     }
 
     /// An operation is running or its outcome is unknown: nothing else may

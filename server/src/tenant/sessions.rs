@@ -442,14 +442,20 @@ impl Owner {
                             updates.push((item.clone(), None));
                         } else {
                             // It may exist, on a dependency that no longer
-                            // holds: recorded as created, the pass after this
-                            // registration deletes it once nothing blocks
-                            // that (an UNKNOWN dependency does, DESIGN 4).
+                            // holds: recorded as existence uncertain; the pass
+                            // after this registration deletes it once nothing
+                            // blocks that (an UNKNOWN dependency does, DESIGN
+                            // 4), or creates it again if it stays intended
+                            // and its dependency holds again.
                             let created = completed(
                                 &self.state.current,
                                 current,
                                 Completion::Done { observed: None },
-                            );
+                            )
+                            .map(|created| CurrentItem {
+                                existence_uncertain: true,
+                                ..created
+                            });
                             updates.push((item.clone(), created));
                         }
                     }
@@ -1425,7 +1431,7 @@ fn order_for(
         previous,
         timeout_ms: operation.timeout_ms,
         generation: operation.target_generation,
-        previous_uncertain: false,
+        previous_uncertain: entry.existence_uncertain,
         question: operation.question,
     })
 }

@@ -53,7 +53,7 @@ pub(super) fn own_need(
         }
         (Some(_), None) => Need::Create,
         (Some(intended), Some(current)) => {
-            if !current.may_exist() {
+            if !current.may_exist() || current.existence_uncertain {
                 return Need::Create;
             }
             let Some(applied) = &current.applied else {

@@ -453,7 +453,8 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
             }
             (Some(_), None) => OwnNeed::Create,
             (Some(i), Some(c)) => {
-                if !c.may_exist() {
+                // A Create whose outcome was uncertain is sent again.
+                if !c.may_exist() || c.existence_uncertain {
                     return OwnNeed::Create;
                 }
                 let Some(applied) = c.applied.as_ref() else {

@@ -1089,3 +1089,44 @@ fn a_dependent_dropped_while_its_modify_runs_holds_the_delete_of_its_dependency(
     assert_eq!((b.operation, b.reason), (Delete, WaitReason::Blocked));
     assert_eq!(b.blocked_by[0].item, parse_ref("t/a"));
 }
+
+#[test]
+fn an_item_whose_existence_is_uncertain_is_created_again_before_anything_is_built_on_it() {
+    // Found by the simulator (seeds 48, 1198): a lost Create whose
+    // dependency did not hold was recorded as created; its Delete waited,
+    // the dependency came back, and a dependent was created on an item
+    // that had never existed.
+    let mut world = World::converged(vec![a()]);
+    let mut uncertain = (**world.current.get(&parse_ref("t/a")).expect("a")).clone();
+    uncertain.existence_uncertain = true;
+    world.current.insert(parse_ref("t/a"), uncertain);
+    world.dirty.insert(parse_ref("t/a"));
+    world.intend(vec![a(), b_on_a()]);
+    let plan = world.plan();
+    assert_eq!(
+        planned_labels(&plan),
+        ["create t/a", "create t/b"],
+        "{plan:?}"
+    );
+    let b = plan
+        .operations
+        .iter()
+        .position(|o| o.item == parse_ref("t/b"))
+        .expect("b");
+    assert!(
+        plan.predecessors(b)
+            .any(|p| plan.operations[p].item == parse_ref("t/a")),
+        "b waits for a's Create"
+    );
+    // Not intended any more: it may exist, so it is deleted.
+    world.intend(vec![]);
+    assert_eq!(planned_labels(&world.plan()), ["delete t/a"]);
+}
+
+/// The operations of a plan as "kind item" labels, in plan order.
+fn planned_labels(plan: &super::Plan) -> Vec<String> {
+    plan.operations
+        .iter()
+        .map(|operation| format!("{} {}", operation.kind.as_str(), operation.item))
+        .collect()
+}
