@@ -220,3 +220,13 @@ fn seeds_366_2291_a_lost_create_on_a_broken_dependency_is_planned() {
 fn seed_48_an_item_of_uncertain_existence_is_created_again_before_use() {
     passes(48);
 }
+
+/// Fixed in the model: an item records its `recreate_when_modified`
+/// dependencies' counters as they were when its Create was sent, so a
+/// modification reported while the Create ran recreates it.
+#[test]
+fn seeds_4156_5440_5579_a_dependency_modified_during_a_create_recreates_it() {
+    for seed in [4156, 5440, 5579] {
+        passes(seed);
+    }
+}

@@ -96,8 +96,35 @@ pub fn begin_operation(
         }
         OperationKind::Delete | OperationKind::Read => None,
     };
-    let entry = started(current.get(item).map(|e| &**e), target, in_flight);
+    let mut entry = started(current.get(item).map(|e| &**e), target, in_flight);
+    record_dispatch_marks(current, &mut entry);
     current.insert(item.clone(), entry);
+}
+
+/// Records, on `entry`'s operation, the modification counters of its
+/// target's `recreate_when_modified` dependencies as they are now (at
+/// dispatch). Kept when the operation is re-delivered.
+pub fn record_dispatch_marks(current: &CurrentGraph, entry: &mut CurrentItem) {
+    let Some(operation) = entry.in_flight.as_mut() else {
+        return;
+    };
+    let Some(target) = operation.target.as_ref() else {
+        return;
+    };
+    if !operation.dispatch_marks.is_empty() {
+        return;
+    }
+    operation.dispatch_marks = target
+        .dependencies
+        .iter()
+        .filter(|dependency| dependency.recreate_when_modified)
+        .map(|dependency| {
+            let counter = current
+                .get(&dependency.requires)
+                .map_or(0, |required| required.modifications);
+            (dependency.requires.clone(), counter)
+        })
+        .collect();
 }
 
 /// The value of `existing` once its in-flight operation ended with
@@ -267,9 +294,15 @@ fn completed_successfully(
                 .iter()
                 .filter(|d| d.recreate_when_modified)
             {
-                let counter = current
+                let counter = operation
+                    .dispatch_marks
                     .get(&dependency.requires)
-                    .map_or(0, |required| required.modifications);
+                    .copied()
+                    .unwrap_or_else(|| {
+                        current
+                            .get(&dependency.requires)
+                            .map_or(0, |required| required.modifications)
+                    });
                 if created_now || !entry.dependency_marks.contains_key(&dependency.requires) {
                     entry
                         .dependency_marks

@@ -132,6 +132,17 @@ pub struct InFlight {
     /// of the current graph while the operation runs, so nothing it relies
     /// on is deleted underneath it.
     pub target: Option<Arc<Item>>,
+    /// For each `recreate_when_modified` dependency of `target`: the
+    /// required item's modification counter when the operation was first
+    /// dispatched. The applied item records these: a modification reported
+    /// while the operation ran may have come before or after the agent
+    /// applied it, and the earlier counter errs on the side of a recreate.
+    #[serde(
+        default,
+        with = "marks_as_pairs",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub dispatch_marks: BTreeMap<ItemRef, u64>,
 }
 
 impl InFlight {
@@ -158,6 +169,7 @@ impl InFlight {
             redeliveries: 0,
             question: false,
             target: None,
+            dispatch_marks: BTreeMap::new(),
         }
     }
 }

@@ -19,7 +19,9 @@ use crate::agents::{
 };
 use crate::engine::exec::TypeSpec;
 use crate::engine::plan::Plan;
-use crate::engine::transition::{Completion, CurrentUpdates, completed, started};
+use crate::engine::transition::{
+    Completion, CurrentUpdates, completed, record_dispatch_marks, started,
+};
 use crate::graph::{
     CurrentItem, Dependency, InFlight, ItemRef, ItemState, OperationError, OperationKind,
     Predicate, code,
@@ -1070,6 +1072,7 @@ impl Owner {
                 };
                 let existing = self.state.current.get(item).map(|c| &**c);
                 let mut value = started(existing, target, in_flight.clone());
+                record_dispatch_marks(&self.state.current, &mut value);
                 if in_flight.attempt == 1 {
                     // A new operation: its failures count from zero.
                     value.attempts = 0;

@@ -52,5 +52,6 @@ pub fn in_flight(kind: OperationKind) -> InFlight {
         redeliveries: 0,
         question: false,
         target: None,
+        dispatch_marks: Default::default(),
     }
 }

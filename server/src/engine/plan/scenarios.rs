@@ -1130,3 +1130,29 @@ fn planned_labels(plan: &super::Plan) -> Vec<String> {
         .map(|operation| format!("{} {}", operation.kind.as_str(), operation.item))
         .collect()
 }
+
+#[test]
+fn a_dependency_modified_while_a_create_runs_recreates_the_dependent() {
+    // Found by the simulator (seeds 1104, 4156, 5440, 5579): the agent
+    // created b, then a was reported modified, then b's DONE arrived
+    // (re-sent after a lost outcome). b recorded a's counter at completion
+    // and was never recreated; the counter at dispatch errs on the safe side.
+    let mut world = World::converged(vec![a()]);
+    let b = item("t/b", json!({})).depends_on(Dependency {
+        recreate_when_modified: true,
+        ..on("t/a")
+    });
+    world.intend(vec![a(), b]);
+    world.dispatch(&parse_ref("t/b"), Create, 2);
+    let mut modified = (**world.current.get(&parse_ref("t/a")).expect("a")).clone();
+    modified.modifications += 1;
+    world.current.insert(parse_ref("t/a"), modified);
+    world.dirty.insert(parse_ref("t/a"));
+    world.finish(&parse_ref("t/b"), Create);
+    let recorded = world
+        .current
+        .get(&parse_ref("t/b"))
+        .and_then(|b| b.dependency_marks.get(&parse_ref("t/a")).copied());
+    assert_eq!(recorded, Some(0), "the counter when the Create was sent");
+    assert_eq!(planned_labels(&world.plan()), ["delete t/b", "create t/b"]);
+}
