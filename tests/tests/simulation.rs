@@ -230,3 +230,13 @@ fn seeds_4156_5440_5579_a_dependency_modified_during_a_create_recreates_it() {
         passes(seed);
     }
 }
+
+/// Fixed in the model: a lost Modify that is not sent again leaves the
+/// value it may have applied as edges of the current graph, and the item is
+/// dropped with an external item only if that value goes with it too.
+#[test]
+fn seeds_3358_5098_a_value_a_lost_modify_may_have_applied_counts() {
+    for seed in [3358, 5098] {
+        passes(seed);
+    }
+}

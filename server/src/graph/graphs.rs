@@ -429,7 +429,11 @@ fn current_edges(entry: &CurrentItem) -> impl Iterator<Item = &ItemRef> {
         .iter()
         .filter_map(|operation| operation.target.as_ref())
         .flat_map(|item| item.required_items());
-    applied.chain(target)
+    let maybe_applied = entry
+        .maybe_applied
+        .iter()
+        .flat_map(|item| item.required_items());
+    applied.chain(target).chain(maybe_applied)
 }
 
 /// Whether subgraph `path` (a `/`-separated path, `""` = root) contains the

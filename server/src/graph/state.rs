@@ -237,6 +237,12 @@ pub struct CurrentItem {
     /// `previous_uncertain`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub existence_uncertain: bool,
+    /// A lost Modify that was not sent again (its dependency no longer
+    /// held) may have applied this value: its dependencies count as edges
+    /// of the current graph (nothing it may rely on is deleted under it)
+    /// until an operation of the item succeeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maybe_applied: Option<Arc<Item>>,
 }
 
 /// An operation that ended without success and will be tried again under
@@ -320,6 +326,7 @@ impl CurrentItem {
             gave_up: false,
             gone_with_external: false,
             existence_uncertain: false,
+            maybe_applied: None,
         }
     }
 
@@ -344,6 +351,7 @@ impl CurrentItem {
             gave_up: false,
             gone_with_external: false,
             existence_uncertain: false,
+            maybe_applied: None,
         }
     }
 

@@ -468,12 +468,18 @@ impl Owner {
                         // (rule 5) or, once the dependency holds again,
                         // asks again under the same op id and attempt (an
                         // agent that applied it answers with its result).
+                        // Its target's dependencies stay edges until an
+                        // operation of the item succeeds (it may hold it).
                         let now = self.settings.clock.now_ms();
                         let completion = Completion::Wait { retry_at_ms: now };
-                        updates.push((
-                            item.clone(),
-                            completed(&self.state.current, current, completion),
-                        ));
+                        let given_up =
+                            completed(&self.state.current, current, completion).map(|value| {
+                                CurrentItem {
+                                    maybe_applied: operation.target.clone(),
+                                    ..value
+                                }
+                            });
+                        updates.push((item.clone(), given_up));
                     }
                 }
                 continue;

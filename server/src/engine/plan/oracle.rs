@@ -396,11 +396,14 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         self.own.get(item).copied().unwrap_or(OwnNeed::Nothing)
     }
 
+    /// The dependencies of the item's applied value, and of the value a
+    /// lost Modify may have applied (`maybe_applied`).
     fn applied_dependencies(&self, item: &ItemRef) -> Vec<Dependency> {
         self.current_of(item)
-            .and_then(|c| c.applied.as_ref())
-            .map(|a| a.dependencies.clone())
-            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|c| c.applied.iter().chain(c.maybe_applied.iter()))
+            .flat_map(|value| value.dependencies.iter().cloned())
+            .collect()
     }
 
     fn in_backoff(&self, current: &CurrentItem) -> bool {
@@ -565,10 +568,16 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                 if self.dropped.contains(key) || !entry.may_exist() {
                     continue;
                 }
-                let dependencies = self.applied_dependencies(key);
-                let drop = dependencies
-                    .iter()
-                    .any(|d| d.auto_deleted_by_external && self.gone(&d.requires));
+                // Dropped when its value goes with a gone item, and so does
+                // any value a lost Modify may have applied.
+                let ties = |value: &Item| {
+                    value
+                        .dependencies
+                        .iter()
+                        .any(|d| d.auto_deleted_by_external && self.gone(&d.requires))
+                };
+                let drop = entry.applied.as_deref().is_some_and(ties)
+                    && entry.maybe_applied.as_deref().is_none_or(ties);
                 if drop {
                     self.dropped.insert(key.clone());
                     changed = true;

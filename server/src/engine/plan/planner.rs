@@ -37,7 +37,7 @@ use super::marks::{
 use super::need::{Need, own_need};
 use super::{BlockedBy, PlanEnvironment, WaitReason};
 use crate::graph::{
-    CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, ItemId, ItemRef, ItemState,
+    CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, Item, ItemId, ItemRef, ItemState,
     ItemSummary, OperationKind, Predicate, Properties,
 };
 
@@ -764,18 +764,11 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
     }
 
-    /// Rules for an item that exists: a dependency it relies on is gone, a
-    /// predicate fails for the dependency's next value, or a
-    /// `recreate_when_modified` dependency is about to be modified.
-    fn check_existing(&mut self, id: Id, current: &'a CurrentItem) {
-        let Some(applied) = current.applied.as_ref() else {
-            return;
-        };
-        // Every gone dependency counts, in any order: one that takes the
-        // item with it (`auto_deleted_by_external`) drops it without a
-        // call, any other gone one deletes it.
+    /// Whether a dependency of `value` is gone: (one that is not
+    /// `auto_deleted_by_external`, one that is).
+    fn gone_dependencies(&mut self, value: &'a Item) -> (bool, bool) {
         let (mut gone_plain, mut gone_auto) = (false, false);
-        for dependency in &applied.dependencies {
+        for dependency in &value.dependencies {
             let required = self.id(&dependency.requires);
             let dropped = self.is_dropped(required);
             let gone = match self.node(required).current {
@@ -791,6 +784,28 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 }
             }
         }
+        (gone_plain, gone_auto)
+    }
+
+    /// Rules for an item that exists: a dependency it relies on is gone, a
+    /// predicate fails for the dependency's next value, or a
+    /// `recreate_when_modified` dependency is about to be modified.
+    fn check_existing(&mut self, id: Id, current: &'a CurrentItem) {
+        let Some(applied) = current.applied.as_ref() else {
+            return;
+        };
+        // Every gone dependency counts, in any order: one that takes the
+        // item with it (`auto_deleted_by_external`) drops it without a
+        // call, any other gone one deletes it. An item that may hold
+        // another value (`maybe_applied`) is dropped only if that value
+        // goes too; otherwise it may exist, and is deleted.
+        let (applied_plain, applied_auto) = self.gone_dependencies(applied);
+        let (maybe_plain, maybe_auto) = match current.maybe_applied.as_deref() {
+            Some(maybe) => self.gone_dependencies(maybe),
+            None => (false, applied_auto),
+        };
+        let gone_auto = applied_auto && maybe_auto;
+        let gone_plain = !gone_auto && (applied_plain || maybe_plain || applied_auto || maybe_auto);
         if gone_auto {
             self.drop_item(id);
             return;

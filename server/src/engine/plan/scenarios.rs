@@ -1156,3 +1156,42 @@ fn a_dependency_modified_while_a_create_runs_recreates_the_dependent() {
     assert_eq!(recorded, Some(0), "the counter when the Create was sent");
     assert_eq!(planned_labels(&world.plan()), ["delete t/b", "create t/b"]);
 }
+
+#[test]
+fn an_item_that_may_hold_an_untied_value_is_deleted_not_dropped_and_holds_its_dependencies() {
+    // Found by the simulator (seed 3358): a's Modify toward a value that
+    // also needs b and is not auto-deleted by e/x was lost and not sent
+    // again. When e/x vanished, a was dropped and b deleted under it,
+    // although the agent had applied that Modify.
+    let mut external = item("e/x", json!({}));
+    external.external = true;
+    let tied = item("t/a", json!({"v": 1})).depends_on(Dependency {
+        auto_deleted_by_external: true,
+        ..on("e/x")
+    });
+    let untied = item("t/a", json!({"v": 2}))
+        .depends_on(on("e/x"))
+        .depends_on(on("t/b"));
+    let mut world = World::new();
+    world.report_external("e/x", json!({}));
+    world.intend(vec![external, item("t/b", json!({})), tied]);
+    world.run_to_quiescence(5);
+    let mut a = (**world.current.get(&parse_ref("t/a")).expect("a")).clone();
+    a.maybe_applied = Some(std::sync::Arc::new(untied));
+    world.current.insert(parse_ref("t/a"), a);
+    world.remove_external("e/x");
+    world.intend(vec![]);
+    let plan = world.plan();
+    assert!(plan.forget.is_empty(), "{plan:?}");
+    assert_eq!(planned_labels(&plan), ["delete t/a", "delete t/b"]);
+    let b = plan
+        .operations
+        .iter()
+        .position(|o| o.item == parse_ref("t/b"))
+        .expect("b");
+    assert!(
+        plan.predecessors(b)
+            .any(|p| plan.operations[p].item == parse_ref("t/a")),
+        "b's Delete waits for a's"
+    );
+}
