@@ -109,7 +109,8 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
         }
         let waits = waits
             .or(change_waits)
-            .or_else(|| dropped_while_busy(planner, id));
+            .or_else(|| dropped_while_busy(planner, id))
+            .or_else(|| outcome_unknown(planner, id));
         let is_waiting = waits.is_some();
         if let Some(waits) = waits {
             waiting.push(waits);
@@ -174,6 +175,27 @@ fn dropped_while_busy<E: PlanEnvironment>(planner: &Planner<'_, E>, id: Id) -> O
         blocked_by: vec![BlockedBy {
             item: node.item.clone(),
             why: format!("goes with its external item once {running} reports"),
+        }],
+    })
+}
+
+/// An UNKNOWN item that needs no operation of its own (its intent equals
+/// what it holds, or its lost operation was what it needed) still waits:
+/// until the outcome is known, the tenant is not Ready (DESIGN 5).
+fn outcome_unknown<E: PlanEnvironment>(planner: &Planner<'_, E>, id: Id) -> Option<WaitingItem> {
+    let node = planner.node(id);
+    let current = node.current.filter(|c| c.state == ItemState::Unknown)?;
+    let operation = current
+        .in_flight
+        .as_ref()
+        .map_or(OperationKind::Modify, |operation| operation.kind);
+    Some(WaitingItem {
+        item: node.item.clone(),
+        operation,
+        reason: WaitReason::UnknownOutcome,
+        blocked_by: vec![BlockedBy {
+            item: node.item.clone(),
+            why: super::planner::busy_words(current),
         }],
     })
 }

@@ -1094,7 +1094,25 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                 // it waits for that operation.
                 delete = Some(Self::busy_wait(current));
             }
-            let change = self.change_memo.get(&item).cloned().flatten();
+            let mut change = self.change_memo.get(&item).cloned().flatten();
+            if delete.is_none()
+                && change.is_none()
+                && let Some(current) = self
+                    .current_of(&item)
+                    .filter(|c| c.state == ItemState::Unknown)
+            {
+                // An UNKNOWN item waits for its outcome, whatever it needs.
+                let kind = current
+                    .in_flight
+                    .as_ref()
+                    .map_or(OperationKind::Modify, |operation| operation.kind);
+                let unknown = Self::wait(WaitReason::UnknownOutcome);
+                if kind == OperationKind::Delete {
+                    delete = Some(unknown);
+                } else {
+                    change = Some((kind, unknown));
+                }
+            }
             items.insert(
                 item.clone(),
                 ItemDecision {

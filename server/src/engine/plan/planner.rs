@@ -1423,7 +1423,7 @@ fn check_predicate(
     }
 }
 
-fn busy_words(current: &CurrentItem) -> String {
+pub(super) fn busy_words(current: &CurrentItem) -> String {
     match &current.in_flight {
         Some(operation) if current.state == ItemState::Unknown => format!(
             "outcome of its {} (op {}) is unknown",
