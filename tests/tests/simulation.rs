@@ -240,3 +240,13 @@ fn seeds_3358_5098_a_value_a_lost_modify_may_have_applied_counts() {
         passes(seed);
     }
 }
+
+/// Fixed in the planner and the owner: an UNKNOWN item always waits (the
+/// tenant is not Ready), and the pass after an external report looks at
+/// every unconverged item (a wait it settles does not outlive it).
+#[test]
+fn seeds_5237_5682_ready_follows_what_is_known() {
+    for seed in [5237, 5682] {
+        passes(seed);
+    }
+}

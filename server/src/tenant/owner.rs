@@ -729,6 +729,10 @@ impl Owner {
             })
             .collect();
         touched.extend(dependents);
+        // And every unconverged item: a dependent further down may have
+        // waited on what the report settles (a Delete no longer needed once
+        // an external item is back), and its wait must not outlive it.
+        touched.extend(self.state.unconverged.iter().cloned());
         self.commit_current_updates(updates, None).await?;
         self.pass(Scope::Items(touched)).await?;
         Ok(())
