@@ -6,6 +6,7 @@ pub mod directory;
 pub mod error;
 pub mod oplog;
 pub mod owner;
+pub mod persist;
 pub mod record;
 pub mod sessions;
 pub mod snapshot;

@@ -34,7 +34,8 @@ use crate::watch::history::{self, Retention};
 
 use super::clock::{Clock, SystemClock, system_now_ms};
 use super::error::TenantError;
-use super::record::{StoredIntended, TenantRecord, encode};
+use super::persist;
+use super::record::{StoredIntended, TenantRecord};
 use super::snapshot::{SnapshotHistory, TenantSnapshot};
 use super::state::TenantState;
 use super::submit::{IntentChange, ValidatedSubmit, apply_change, prepare_submit};
@@ -809,11 +810,8 @@ impl Owner {
         stamp(&mut events, record.revision, now);
         let floor = self.prune_events(&mut batch, record.revision, now)?;
         record.compact_revision = Some(floor);
-        history::write_revision(&mut batch, record.id, record.revision, &events);
-        batch.put(
-            crate::store::keys::tenant_record_key(record.id),
-            encode(&record)?,
-        );
+        persist::put_events(&mut batch, record.id, record.revision, &events);
+        persist::put_record(&mut batch, &record)?;
         self.commit_batch(batch, fleet_event, now).await?;
         if !events.is_empty() && self.oldest_event_ms.is_none() {
             self.oldest_event_ms = Some(now);
@@ -1098,17 +1096,10 @@ impl Owner {
                 item: (*entry.item).clone(),
                 generation: entry.generation,
             };
-            batch.put(
-                crate::store::keys::intended_item_key(id, &entry.item.item_type, &entry.item.name),
-                encode(&stored)?,
-            );
+            persist::put_intended(batch, id, &stored)?;
         }
         for key in &change.removals {
-            batch.delete(crate::store::keys::intended_item_key(
-                id,
-                &key.item_type,
-                &key.name,
-            ));
+            persist::delete_intended(batch, id, key);
         }
         Ok(())
     }

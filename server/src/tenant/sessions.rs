@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use rand::Rng;
 use reconciled_proto::v1;
-use serde::{Deserialize, Serialize};
 use tracing::{debug, info, info_span};
 
 use crate::agents::{
@@ -32,7 +31,8 @@ use tokio::time::Instant;
 
 use super::error::TenantError;
 use super::owner::{Deadline, Holder, Owner, Scope};
-use super::record::{decode, encode};
+use super::persist::{self, StoredSpec};
+use super::record::decode;
 use super::state::scan_all;
 
 /// A result that changes state, waiting for its commit.
@@ -56,13 +56,6 @@ impl AcceptedResult {
             attempt: self.attempt,
         }
     }
-}
-
-/// A registered item type as stored: the spec and the epoch of its owner.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-struct StoredSpec {
-    spec: TypeSpec,
-    epoch: u64,
 }
 
 /// Re-deliveries of a lost operation that do not count as failed attempts
@@ -297,10 +290,7 @@ impl Owner {
                 spec: spec.clone(),
                 epoch,
             };
-            batch.put(
-                keys::type_spec_key(self.state.record.id, &spec.item_type),
-                encode(&stored)?,
-            );
+            persist::put_type_spec(&mut batch, self.state.record.id, &stored)?;
             grants.push(Grant {
                 item_type: spec.item_type.clone(),
                 epoch,

@@ -8,7 +8,7 @@ use crate::graph::{CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, ItemR
 use crate::store::{Record, Store, WriteBatch, keys};
 
 use super::error::TenantError;
-use super::record::{StoredIntended, TenantRecord, decode, encode};
+use super::record::{StoredIntended, TenantRecord, decode};
 use crate::engine::waiting::WaitingSet;
 
 /// Items per page when loading a tenant from the store.
@@ -190,16 +190,7 @@ impl TenantState {
         item: &ItemRef,
         value: Option<&CurrentItem>,
     ) -> Result<(), TenantError> {
-        let current_key = keys::current_item_key(self.record.id, &item.item_type, &item.name);
-        match value {
-            Some(current) => {
-                batch.put(current_key, encode(current)?);
-            }
-            None => {
-                batch.delete(current_key);
-            }
-        }
-        Ok(())
+        super::persist::put_current(batch, self.record.id, item, value)
     }
 }
 
