@@ -10,7 +10,6 @@
 //!   ([`status::ApiError`]), below [`api`], [`auth`] and [`limits`].
 #![forbid(unsafe_code)]
 
-pub mod agents;
 pub mod api;
 pub mod auth;
 pub mod bootstrap;

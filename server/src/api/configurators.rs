@@ -16,16 +16,14 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
-use crate::agents::{
-    AgentOutcome, FromAgent, Registration, RegistrationError, SessionLink, ToAgent,
-};
+use crate::engine::exec::port::{AgentOutcome, FromAgent, Registration, SessionLink, ToAgent};
 use crate::engine::exec::{
     DEFAULT_MAX_IN_FLIGHT, DEFAULT_OPERATION_TIMEOUT_MS, RetryPolicy, TypeSpec,
 };
 use crate::graph::validate::{FieldViolation, validate_name};
 use crate::graph::{OperationError, code};
 use crate::status::ApiError;
-use crate::tenant::{ExternalChange, TenantHandle};
+use crate::tenant::{ExternalChange, RegistrationError, TenantHandle};
 use crate::wire::{
     duration_from_ms, duration_to_ms, item_from_proto_at, item_ref_from_proto, item_to_proto,
     operation_error_from_status, operation_kind_to_proto, properties_from_struct,

@@ -13,10 +13,11 @@ pub mod snapshot;
 pub mod state;
 pub mod submit;
 
+pub use crate::engine::exec::port::ExternalChange;
 pub use clock::{Clock, SimulatedClock, SystemClock};
 pub use directory::{DirectoryError, TenantDirectory};
 pub use error::TenantError;
-pub use owner::{ExternalChange, OwnerSettings, SubmitOutcome, TenantHandle};
+pub use owner::{OwnerSettings, RegistrationError, SubmitOutcome, TenantHandle};
 pub use record::{TenantLimits, TenantRecord};
 pub use snapshot::{SnapshotHistory, TenantSnapshot};
 pub use state::TenantState;

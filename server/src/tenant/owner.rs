@@ -17,15 +17,15 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, instrument, warn};
 
-use crate::agents::{FromAgent, Grant, Registration, RegistrationError, SessionLink};
 use crate::engine::exec::TypeSpec;
+use crate::engine::exec::port::{ExternalChange, FromAgent, Grant, Registration, SessionLink};
 use crate::engine::plan::{
     BlockedBy, Plan, PlanEnvironment, TypeRules, WaitReason, WaitingItem, plan_operations,
 };
 use crate::engine::transition::{
     CurrentUpdates, apply_updates, bookkeeping_updates, coalesce, mark_gone_with_externals,
 };
-use crate::graph::{CurrentItem, IntendedItem, Item, ItemRef, OperationKind};
+use crate::graph::{CurrentItem, IntendedItem, ItemRef, OperationKind};
 use crate::store::{Store, WriteBatch};
 use crate::watch::TenantEvents;
 use crate::watch::events::{ItemChange, conditions_changed, intent_changed, stamp};
@@ -91,23 +91,20 @@ impl Default for OwnerSettings {
 /// Default of [`OwnerSettings::watch_ring_events`].
 pub const DEFAULT_RING_EVENTS: usize = 10_000;
 
-/// A change of an external item's reported state.
-#[derive(Clone, Debug)]
-pub enum ExternalChange {
-    /// The item exists with these properties; `modified` bumps its
-    /// modification counter (dependents with `recreate_when_modified` are
-    /// recreated).
-    Put {
-        /// The reported item (its `external` flag is forced on).
-        item: Item,
-        /// Whether its content changed in a way dependents must see.
-        modified: bool,
+/// Why a registration was refused.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum RegistrationError {
+    /// Another live agent holds a type.
+    #[error("item type {item_type:?} is held by agent {holder:?}")]
+    TypeHeld {
+        /// The type.
+        item_type: String,
+        /// The holding agent.
+        holder: String,
     },
-    /// The item no longer exists.
-    Delete {
-        /// Its identity.
-        item: ItemRef,
-    },
+    /// The registration could not be stored.
+    #[error(transparent)]
+    Tenant(#[from] TenantError),
 }
 
 /// What a SubmitIntent did.

@@ -13,10 +13,10 @@ use rand::Rng;
 use reconciled_proto::v1;
 use tracing::{debug, info, info_span};
 
-use crate::agents::{
-    AgentOutcome, FromAgent, Grant, OperationOrder, Registration, RegistrationError, ToAgent,
-};
 use crate::engine::exec::TypeSpec;
+use crate::engine::exec::port::{
+    AgentOutcome, FromAgent, Grant, OperationOrder, Registration, ToAgent,
+};
 use crate::engine::plan::Plan;
 use crate::engine::transition::{
     Completion, CurrentUpdates, completed, record_dispatch_marks, started,
@@ -30,7 +30,7 @@ use crate::watch::events;
 use tokio::time::Instant;
 
 use super::error::TenantError;
-use super::owner::{Deadline, Holder, Owner, Scope};
+use super::owner::{Deadline, Holder, Owner, RegistrationError, Scope};
 use super::persist::{self, StoredSpec};
 use super::record::decode;
 use super::state::scan_all;

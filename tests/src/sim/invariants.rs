@@ -31,8 +31,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use reconciled::agents::{AgentOutcome, OperationOrder};
 use reconciled::engine::conditions::ConditionKind;
+use reconciled::engine::exec::port::{AgentOutcome, OperationOrder};
 use reconciled::engine::plan::{PlanEnvironment, TypeRules, WaitReason, plan_everything};
 use reconciled::graph::{
     CurrentGraph, CurrentItem, IntendedGraph, Item, ItemRef, ItemState, OperationKind, Predicate,

@@ -15,16 +15,16 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use reconciled::agents::{FromAgent, Registration, RegistrationError, SessionLink, ToAgent};
 use reconciled::engine::exec::TypeSpec;
+use reconciled::engine::exec::port::{FromAgent, Registration, SessionLink, ToAgent};
 use reconciled::graph::ItemRef;
 use reconciled::graph::validate::{ValidationLimits, validate_items};
 use reconciled::store::Store as _;
 use reconciled::store::keys;
 use reconciled::tenant::record::{decode, encode};
 use reconciled::tenant::{
-    Clock as _, ExternalChange, OwnerSettings, SimulatedClock, TenantError, TenantHandle,
-    TenantLimits, TenantRecord, TenantState, ValidatedSubmit,
+    Clock as _, ExternalChange, OwnerSettings, RegistrationError, SimulatedClock, TenantError,
+    TenantHandle, TenantLimits, TenantRecord, TenantState, ValidatedSubmit,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;

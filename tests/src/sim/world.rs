@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use reconciled::agents::{AgentOutcome, FromAgent, Grant, OperationOrder, ToAgent};
+use reconciled::engine::exec::port::{AgentOutcome, FromAgent, Grant, OperationOrder, ToAgent};
 use reconciled::graph::{Item, ItemRef, OperationError, OperationKind, Properties, code};
 use tokio::sync::mpsc;
 

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::agents::{AgentOutcome, FromAgent, OperationOrder, Registration, SessionLink, ToAgent};
+use crate::engine::exec::port::{
+    AgentOutcome, FromAgent, OperationOrder, Registration, SessionLink, ToAgent,
+};
 use crate::engine::exec::{RetryPolicy, TypeSpec};
 use crate::graph::{Item, ItemRef, ItemState, code};
 use crate::store::{InMemoryStore, Store};

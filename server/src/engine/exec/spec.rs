@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::plan::TypeRules;
+use crate::engine::plan::TypeRules;
 
 /// Default operation timeout when a type declares none.
 pub const DEFAULT_OPERATION_TIMEOUT_MS: u64 = 60_000;

@@ -6,9 +6,8 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::engine::exec::TypeSpec;
-use crate::graph::{Item, OperationError, OperationKind, Properties};
-use crate::tenant::ExternalChange;
+use super::spec::TypeSpec;
+use crate::graph::{Item, ItemRef, OperationError, OperationKind, Properties};
 
 /// An operation for an agent to run.
 #[derive(Clone, Debug)]
@@ -124,22 +123,6 @@ pub struct Registration {
     pub types: Vec<TypeSpec>,
 }
 
-/// Why a registration was refused.
-#[derive(Clone, Debug, thiserror::Error)]
-pub enum RegistrationError {
-    /// Another live agent holds a type.
-    #[error("item type {item_type:?} is held by agent {holder:?}")]
-    TypeHeld {
-        /// The type.
-        item_type: String,
-        /// The holding agent.
-        holder: String,
-    },
-    /// The registration could not be stored.
-    #[error(transparent)]
-    Tenant(#[from] crate::tenant::TenantError),
-}
-
 /// A granted type with its epoch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
@@ -147,4 +130,24 @@ pub struct Grant {
     pub item_type: String,
     /// The epoch of this session's ownership.
     pub epoch: u64,
+}
+
+/// A change of an external item's reported state (by `ReportExternal` or an
+/// agent's external update).
+#[derive(Clone, Debug)]
+pub enum ExternalChange {
+    /// The item exists with these properties; `modified` bumps its
+    /// modification counter (dependents with `recreate_when_modified` are
+    /// recreated).
+    Put {
+        /// The reported item (its `external` flag is forced on).
+        item: Item,
+        /// Whether its content changed in a way dependents must see.
+        modified: bool,
+    },
+    /// The item no longer exists.
+    Delete {
+        /// Its identity.
+        item: ItemRef,
+    },
 }

@@ -1,0 +1,8 @@
+//! The executor's rooms: what a configurator declares for a type
+//! ([`spec`]) and the messages between the executor and the agents'
+//! sessions ([`port`]); `api/configurators.rs` adapts the port to the wire.
+
+pub mod port;
+pub mod spec;
+
+pub use spec::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_OPERATION_TIMEOUT_MS, RetryPolicy, TypeSpec};
