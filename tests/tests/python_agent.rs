@@ -126,6 +126,16 @@ async fn the_python_agent_registers_applies_waits_and_reports_progress() {
         })
         .await;
     assert_eq!(slow.state, v1::ItemState::Creating as i32, "{slow:?}");
+    let shown = slow
+        .operation
+        .as_ref()
+        .map(|operation| operation.progress_message.clone());
+    assert!(
+        shown
+            .as_deref()
+            .is_some_and(|m| m.starts_with("waiting for ")),
+        "the agent's progress message is shown: {shown:?}"
+    );
 
     // The file both wait for appears: everything converges.
     std::fs::write(root.path().join("go"), "").expect("write the flag");

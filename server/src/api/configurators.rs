@@ -400,6 +400,7 @@ fn from_agent(message: v1::AgentMessage) -> Option<FromAgent> {
         Message::Progress(progress) => Some(FromAgent::Progress {
             op_id: progress.op_id,
             attempt: progress.attempt,
+            message: crate::engine::exec::port::bounded_progress_message(progress.message),
         }),
         Message::CancelAck(ack) => Some(FromAgent::CancelAck { op_id: ack.op_id }),
         Message::ExternalUpdate(update) => Some(FromAgent::External(external_changes(update))),

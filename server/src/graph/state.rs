@@ -143,6 +143,9 @@ pub struct InFlight {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     pub dispatch_marks: BTreeMap<ItemRef, u64>,
+    /// The message of the last progress report, if it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_message: Option<String>,
 }
 
 impl InFlight {
@@ -170,6 +173,7 @@ impl InFlight {
             question: false,
             target: None,
             dispatch_marks: BTreeMap::new(),
+            progress_message: None,
         }
     }
 }

@@ -562,7 +562,7 @@ impl Owner {
 
     /// Notes a progress heartbeat of a running operation (shown as its last
     /// progress time; kept in memory, not worth a durable commit).
-    fn record_progress(&mut self, op_id: &str, attempt: u32) {
+    fn record_progress(&mut self, op_id: &str, attempt: u32, message: String) {
         let Some(item) = self.operations.get(op_id).cloned() else {
             return;
         };
@@ -577,6 +577,9 @@ impl Owner {
             let mut updated = (**current).clone();
             if let Some(operation) = updated.in_flight.as_mut() {
                 operation.last_progress_ms = Some(self.settings.clock.now_ms());
+                if !message.is_empty() {
+                    operation.progress_message = Some(message);
+                }
             }
             self.state.current.insert(item, updated);
             self.publish();
@@ -595,9 +598,13 @@ impl Owner {
                 attempt,
                 outcome,
             } => self.result(session_id, op_id, attempt, outcome).await,
-            FromAgent::Progress { op_id, attempt } => {
+            FromAgent::Progress {
+                op_id,
+                attempt,
+                message,
+            } => {
                 debug!(tenant = %self.state.record.name, %op_id, attempt, "Operation progress.");
-                self.record_progress(&op_id, attempt);
+                self.record_progress(&op_id, attempt, message);
                 Ok(())
             }
             FromAgent::CancelAck { op_id } => {
@@ -742,7 +749,9 @@ impl Owner {
             .in_flight
             .as_ref()
             .is_some_and(|o| o.kind == OperationKind::Read);
-        let mut cancelled = None;
+        // A failure the agent reported that is not a failed attempt
+        // (cancelled as asked, NOT_FOUND): shown as FAILED with its error.
+        let mut reported_failure: Option<OperationError> = None;
         let completion = match outcome {
             AgentOutcome::InProgress => {
                 self.send_to_session(session_id, ack);
@@ -762,6 +771,7 @@ impl Owner {
             }
             AgentOutcome::Failed(error) if is_read => {
                 if error.code == code::NOT_FOUND {
+                    reported_failure = Some(error);
                     Completion::Vanished
                 } else {
                     // A failed READ changes nothing; the next resync tries again.
@@ -791,7 +801,7 @@ impl Owner {
                 // agent stopped because it was told to. Not a failure: no
                 // attempt is counted, no backoff; the next pass plans what
                 // the intent needs now.
-                cancelled = Some(error);
+                reported_failure = Some(error);
                 Completion::Wait { retry_at_ms: now }
             }
             AgentOutcome::Failed(error)
@@ -807,6 +817,7 @@ impl Owner {
                 // left to do, and a Modify has nothing to modify. Either way
                 // the item is gone from current state; if it is intended,
                 // the next pass creates it (docs/configurators.md).
+                reported_failure = Some(error);
                 Completion::Vanished
             }
             AgentOutcome::Failed(error) => {
@@ -821,7 +832,12 @@ impl Owner {
         };
         let operation = current.in_flight.clone()?;
         let outcome = match &completion {
-            _ if cancelled.is_some() => "cancelled",
+            _ if reported_failure
+                .as_ref()
+                .is_some_and(|error| error.code == code::CANCELLED) =>
+            {
+                "cancelled"
+            }
             Completion::Done { .. }
             | Completion::Read { .. }
             | Completion::Answered { .. }
@@ -831,14 +847,14 @@ impl Owner {
             Completion::Lost => "lost",
         };
         let wire_outcome = match &completion {
-            _ if cancelled.is_some() => v1::Outcome::Failed,
+            _ if reported_failure.is_some() => v1::Outcome::Failed,
             Completion::Failed { .. } => v1::Outcome::Failed,
             Completion::Wait { .. } => v1::Outcome::Wait,
             _ => v1::Outcome::Done,
         };
         let error = match &completion {
             Completion::Failed { error, .. } => Some(error.clone()),
-            _ => cancelled,
+            _ => reported_failure,
         };
         let value = completed(&self.state.current, &current, completion);
         Some(AcceptedResult {

@@ -170,7 +170,7 @@ pub fn in_flight_to_proto(operation: &InFlight) -> v1::InFlightOperation {
         started_at: Some(timestamp_from_ms(operation.started_at_ms)),
         timeout: Some(duration_from_ms(operation.timeout_ms)),
         last_progress_at: operation.last_progress_ms.map(timestamp_from_ms),
-        progress_message: String::new(),
+        progress_message: operation.progress_message.clone().unwrap_or_default(),
     }
 }
 

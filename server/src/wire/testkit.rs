@@ -53,5 +53,6 @@ pub fn in_flight(kind: OperationKind) -> InFlight {
         question: false,
         target: None,
         dispatch_marks: Default::default(),
+        progress_message: None,
     }
 }

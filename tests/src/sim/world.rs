@@ -534,6 +534,7 @@ impl Agents {
             message: FromAgent::Progress {
                 op_id: held.order.op_id.clone(),
                 attempt: held.order.attempt,
+                message: String::new(),
             },
         }]
     }

@@ -93,6 +93,9 @@ pub enum FromAgent {
         op_id: String,
         /// Its attempt.
         attempt: u32,
+        /// What it is doing, for humans (at most [`MAX_PROGRESS_MESSAGE`]
+        /// bytes: longer ones are cut).
+        message: String,
     },
     /// The agent saw a cancel.
     CancelAck {
@@ -150,4 +153,20 @@ pub enum ExternalChange {
         /// Its identity.
         item: ItemRef,
     },
+}
+
+/// The longest progress message kept, in bytes; longer ones are cut at a
+/// character boundary (an agent's text may not grow a stored record).
+pub const MAX_PROGRESS_MESSAGE: usize = 1024;
+
+/// `message` cut to at most [`MAX_PROGRESS_MESSAGE`] bytes.
+pub fn bounded_progress_message(mut message: String) -> String {
+    if message.len() > MAX_PROGRESS_MESSAGE {
+        let mut end = MAX_PROGRESS_MESSAGE;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+    }
+    message
 }

@@ -1098,3 +1098,40 @@ async fn a_short_wait_is_asked_again_while_another_operation_runs() {
     assert_eq!(again.len(), 1, "asked again after 200 ms: {again:?}");
     assert_eq!(again[0].op_id, first[1].op_id);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_progress_message_is_kept_with_the_operation_and_bounded() {
+    // An agent author saw progress messages dropped: the status always
+    // showed an empty one.
+    let mut harness = start(17).await;
+    harness.handle.submit(submit(&["a"])).await.expect("stored");
+    settle().await;
+    let create = received(&mut harness.agent);
+    let create = orders(&create)[0].clone();
+    answer(&harness, 1, &create, AgentOutcome::InProgress).await;
+    let long = "é".repeat(2_000);
+    for message in ["copying 10%".to_string(), long] {
+        harness
+            .handle
+            .from_agent(
+                1,
+                FromAgent::Progress {
+                    op_id: create.op_id.clone(),
+                    attempt: create.attempt,
+                    message: crate::engine::exec::port::bounded_progress_message(message),
+                },
+            )
+            .await
+            .expect("owner running");
+        settle().await;
+    }
+    let snapshot = harness.handle.snapshots.latest();
+    let shown = snapshot
+        .current
+        .get(&ItemRef::new("t", "a"))
+        .and_then(|a| a.in_flight.as_ref())
+        .and_then(|operation| operation.progress_message.clone())
+        .expect("a progress message");
+    assert!(shown.len() <= crate::engine::exec::port::MAX_PROGRESS_MESSAGE);
+    assert!(shown.starts_with('é'), "cut at a character boundary");
+}
