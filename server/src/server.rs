@@ -109,6 +109,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             max_item_bytes: config.max_item_bytes,
             ..ValidationLimits::default()
         },
+        default_max_items: config.max_items_per_tenant,
         heartbeat_interval: config.heartbeat_interval,
         lease: config.lease,
         fleet: fleet.clone(),

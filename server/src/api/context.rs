@@ -22,6 +22,8 @@ pub struct ApiContext {
     pub admin: Arc<AdminToken>,
     /// Limits applied to submitted items.
     pub limits: ValidationLimits,
+    /// `max_items` of tenants whose own limit is 0.
+    pub default_max_items: usize,
     /// How often configurator sessions exchange heartbeats.
     pub heartbeat_interval: std::time::Duration,
     /// How long a session may stay silent before it is closed.

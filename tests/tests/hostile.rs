@@ -1,0 +1,313 @@
+//! Hostile input (issue 12): what one tenant, agent or anonymous client
+//! sends cannot hurt another tenant or the server. Every test goes through
+//! the real binary; each checks the refusal's status and details, that
+//! nothing of a refused request was stored, and that bystanders are served.
+
+use reconciled_tests::agents::{DEADLINE, TestTenant, external_put};
+use reconciled_tests::api::{self, Bearer, item, violated_fields};
+use reconciled_tests::proto::v1;
+use reconciled_tests::proto::v1::configurators_client::ConfiguratorsClient;
+use reconciled_tests::{ServerOptions, ServerProcess};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+use tonic_types::StatusExt as _;
+
+/// A raw agent session: what it sends, and what the server answers.
+struct RawSession {
+    outgoing: mpsc::Sender<v1::AgentMessage>,
+    incoming: tonic::Streaming<v1::ServerMessage>,
+}
+
+impl RawSession {
+    /// Opens Connect for `tenant` with `token`, registers `item_type` and
+    /// waits for Registered.
+    async fn open(channel: &Channel, token: &str, tenant: &str, item_type: &str) -> RawSession {
+        let (outgoing, receiver) = mpsc::channel(16);
+        let register = v1::AgentMessage {
+            message: Some(v1::agent_message::Message::Register(v1::Register {
+                tenant: tenant.into(),
+                agent_id: "hostile-agent".into(),
+                protocol_version: reconciled_tests::proto::PROTOCOL_VERSION,
+                item_types: vec![v1::ItemTypeSpec {
+                    item_type: item_type.into(),
+                    ..Default::default()
+                }],
+            })),
+        };
+        outgoing.send(register).await.expect("queue open");
+        let mut incoming =
+            ConfiguratorsClient::with_interceptor(channel.clone(), Bearer::new(token))
+                .connect(ReceiverStream::new(receiver))
+                .await
+                .expect("Connect is accepted")
+                .into_inner();
+        let first = tokio::time::timeout(DEADLINE, incoming.message())
+            .await
+            .expect("Registered within the deadline")
+            .expect("the stream is healthy")
+            .expect("the stream is open");
+        assert!(
+            matches!(
+                first.message,
+                Some(v1::server_message::Message::Registered(_))
+            ),
+            "{first:?}"
+        );
+        RawSession { outgoing, incoming }
+    }
+
+    /// Sends an ExternalUpdate with `reports`.
+    async fn report(&self, reports: Vec<v1::ExternalReport>) {
+        let update = v1::AgentMessage {
+            message: Some(v1::agent_message::Message::ExternalUpdate(
+                v1::ExternalUpdate { reports },
+            )),
+        };
+        self.outgoing.send(update).await.expect("queue open");
+    }
+
+    /// Reads until the server ends the stream with an error, within the
+    /// deadline (heartbeats and other messages are skipped).
+    async fn ended_with(mut self) -> Status {
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            match tokio::time::timeout_at(deadline, self.incoming.message()).await {
+                Err(_) => panic!("the server did not end the session within {DEADLINE:?}"),
+                Ok(Err(status)) => return status,
+                Ok(Ok(None)) => panic!("the session ended without an error status"),
+                Ok(Ok(Some(_))) => continue,
+            }
+        }
+    }
+}
+
+/// An external report whose item is `item` as given (external set).
+fn put(mut reported: v1::Item) -> v1::ExternalReport {
+    reported.external = true;
+    v1::ExternalReport {
+        change: Some(v1::external_report::Change::Put(reported)),
+        modified: false,
+    }
+}
+
+/// Reports that ReportExternal refuses, with the field each refusal names
+/// (under `reports[0]`).
+fn invalid_reports() -> Vec<(&'static str, v1::ExternalReport, &'static str)> {
+    let mut with_dependency = item("ext", "with-dep", json!({}));
+    with_dependency
+        .dependencies
+        .push(api::dependency("ext", "other"));
+    vec![
+        (
+            "an empty type",
+            put(item("", "nameless-type", json!({}))),
+            "put.type",
+        ),
+        (
+            "a NUL in the name",
+            put(item("ext", "bad\u{0}name", json!({}))),
+            "put.name",
+        ),
+        (
+            "a control character in the type",
+            put(item("ext\u{7}", "bell", json!({}))),
+            "put.type",
+        ),
+        (
+            "an oversized value",
+            put(item("ext", "huge", json!({"blob": "x".repeat(70 * 1024)}))),
+            "put",
+        ),
+        ("a dependency", put(with_dependency), "put.dependencies"),
+        (
+            "an empty delete",
+            v1::ExternalReport {
+                change: Some(v1::external_report::Change::Delete(v1::ItemRef {
+                    r#type: String::new(),
+                    name: "x".into(),
+                })),
+                modified: false,
+            },
+            "delete.type",
+        ),
+    ]
+}
+
+async fn report_external(
+    tenant: &TestTenant,
+    reports: Vec<v1::ExternalReport>,
+) -> Result<u64, Status> {
+    tenant
+        .reconciler()
+        .report_external(v1::ReportExternalRequest {
+            tenant: tenant.name.clone(),
+            reports,
+        })
+        .await
+        .map(|response| response.into_inner().revision)
+}
+
+fn quota_subjects(status: &Status) -> Vec<String> {
+    status
+        .get_error_details()
+        .quota_failure()
+        .map(|failure| {
+            failure
+                .violations
+                .iter()
+                .map(|v| v.subject.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn an_agents_external_update_is_validated_like_report_external_and_stores_nothing() {
+    let mut tenant = TestTenant::start("acme").await;
+    for (what, report, field) in invalid_reports() {
+        let refused = report_external(&tenant, vec![report.clone()])
+            .await
+            .expect_err(what);
+        assert_eq!(refused.code(), Code::InvalidArgument, "{what}: {refused:?}");
+        assert!(
+            violated_fields(&refused).contains(&format!("reports[0].{field}")),
+            "{what}: {refused:?}"
+        );
+
+        let session = RawSession::open(&tenant.channel, &tenant.token, "acme", "agent-type").await;
+        session.report(vec![report]).await;
+        let ended = session.ended_with().await;
+        assert_eq!(ended.code(), Code::InvalidArgument, "{what}: {ended:?}");
+        assert!(
+            violated_fields(&ended).contains(&format!("external_update.reports[0].{field}")),
+            "{what}: {ended:?}"
+        );
+    }
+    // A valid report in the same update as an invalid one is not stored
+    // either: the update is refused as a whole.
+    let session = RawSession::open(&tenant.channel, &tenant.token, "acme", "agent-type").await;
+    session
+        .report(vec![
+            external_put("ext", "fine", json!({})),
+            put(item("", "bad", json!({}))),
+        ])
+        .await;
+    assert_eq!(session.ended_with().await.code(), Code::InvalidArgument);
+
+    assert!(tenant.current().await.is_empty(), "nothing was stored");
+    tenant.server.restart().await.expect("the server restarts");
+    tenant.channel = tenant.server.channel().await.expect("reconnects");
+    assert!(tenant.current().await.is_empty());
+
+    // The session path still accepts a valid report.
+    let session = RawSession::open(&tenant.channel, &tenant.token, "acme", "agent-type").await;
+    session
+        .report(vec![external_put("ext", "fine", json!({"up": true}))])
+        .await;
+    tenant
+        .wait_for_item("ext", "fine", "reported by the agent", |_| true)
+        .await;
+    drop(session);
+}
+
+#[tokio::test]
+async fn external_reports_are_held_to_the_tenants_item_limits_on_both_paths() {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("starts");
+    let channel = server.channel().await.expect("connects");
+    let token = api::tenants(&channel, &server.admin_token())
+        .create_tenant(v1::CreateTenantRequest {
+            name: "small".into(),
+            limits: Some(v1::TenantLimits {
+                max_items: 2,
+                max_request_items: 3,
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("creates the tenant")
+        .into_inner()
+        .token;
+    let tenant = TestTenant {
+        server,
+        channel,
+        name: "small".into(),
+        token,
+    };
+    let puts = |count: usize| -> Vec<v1::ExternalReport> {
+        (0..count)
+            .map(|i| external_put("ext", &format!("e{i}"), json!({})))
+            .collect()
+    };
+
+    for (count, subject) in [(4, "max_request_items"), (3, "max_items")] {
+        let refused = report_external(&tenant, puts(count))
+            .await
+            .expect_err("over a limit");
+        assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+        assert_eq!(quota_subjects(&refused), [subject], "{refused:?}");
+
+        let session = RawSession::open(&tenant.channel, &tenant.token, "small", "t").await;
+        session.report(puts(count)).await;
+        let ended = session.ended_with().await;
+        assert_eq!(ended.code(), Code::ResourceExhausted, "{ended:?}");
+        assert_eq!(quota_subjects(&ended), [subject], "{ended:?}");
+    }
+    assert!(tenant.current().await.is_empty(), "nothing was stored");
+    report_external(&tenant, puts(2))
+        .await
+        .expect("two items are within the limits");
+    assert_eq!(tenant.current().await.len(), 2);
+}
+
+#[tokio::test]
+async fn an_external_report_may_not_name_a_managed_item() {
+    let tenant = TestTenant::start("acme").await;
+    tenant
+        .submit(vec![item("svc", "managed", json!({"port": 80}))])
+        .await;
+    let delete = v1::ExternalReport {
+        change: Some(v1::external_report::Change::Delete(v1::ItemRef {
+            r#type: "svc".into(),
+            name: "managed".into(),
+        })),
+        modified: false,
+    };
+    for (report, field) in [
+        (external_put("svc", "managed", json!({"port": 81})), "put"),
+        (delete, "delete"),
+    ] {
+        let refused = report_external(&tenant, vec![report.clone()])
+            .await
+            .expect_err("a managed item cannot be reported");
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        assert_eq!(
+            violated_fields(&refused),
+            [format!("reports[0].{field}")],
+            "{refused:?}"
+        );
+        assert!(refused.message().contains("managed"), "{refused:?}");
+
+        let session = RawSession::open(&tenant.channel, &tenant.token, "acme", "other").await;
+        session.report(vec![report]).await;
+        let ended = session.ended_with().await;
+        assert_eq!(ended.code(), Code::InvalidArgument, "{ended:?}");
+        assert_eq!(
+            violated_fields(&ended),
+            [format!("external_update.reports[0].{field}")]
+        );
+    }
+    let managed = tenant
+        .item("svc", "managed")
+        .await
+        .expect("the managed item is in the current graph");
+    assert_eq!(
+        managed.state,
+        v1::ItemState::Pending as i32,
+        "the report changed nothing: {managed:?}"
+    );
+}
