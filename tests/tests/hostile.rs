@@ -3,6 +3,8 @@
 //! the real binary; each checks the refusal's status and details, that
 //! nothing of a refused request was stored, and that bystanders are served.
 
+use std::time::{Duration, Instant};
+
 use reconciled_tests::agents::{DEADLINE, TestTenant, external_put};
 use reconciled_tests::api::{self, Bearer, item, violated_fields};
 use reconciled_tests::proto::v1;
@@ -310,4 +312,94 @@ async fn an_external_report_may_not_name_a_managed_item() {
         v1::ItemState::Pending as i32,
         "the report changed nothing: {managed:?}"
     );
+}
+
+/// The nested loop of issue 12: a million steps without a budget.
+const NESTED_LOOP: &str = "self.xs.all(x, self.xs.all(y, x + y >= 0))";
+
+#[tokio::test]
+async fn an_expensive_predicate_is_stopped_by_its_budget_while_a_bystander_is_served() {
+    let heavy = TestTenant::start("heavy").await;
+    let bystander_token =
+        api::create_tenant(&heavy.channel, &heavy.server.admin_token(), "bystander").await;
+    let bystander = api::reconciler(&heavy.channel, &bystander_token);
+
+    let list: Vec<u32> = (0..1_000).collect();
+    heavy
+        .report_external(vec![external_put("list", "big", json!({ "xs": list }))])
+        .await;
+    let mut dependent = item("svc", "a", json!({}));
+    dependent.dependencies.push(v1::Dependency {
+        must_satisfy: NESTED_LOOP.into(),
+        ..api::dependency("list", "big")
+    });
+
+    // The bystander polls GetStatus while the heavy tenant plans.
+    let polling = tokio::spawn(async move {
+        let mut bystander = bystander;
+        let mut slowest = Duration::ZERO;
+        for _ in 0..40 {
+            let started = Instant::now();
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                bystander.get_status(v1::GetStatusRequest {
+                    tenant: "bystander".into(),
+                }),
+            )
+            .await
+            .expect("the bystander is answered within 5 s")
+            .expect("GetStatus succeeds");
+            slowest = slowest.max(started.elapsed());
+        }
+        slowest
+    });
+
+    let started = Instant::now();
+    heavy.submit(vec![dependent]).await;
+    let blocked = heavy
+        .wait_for_item("svc", "a", "blocked by an expensive predicate", |status| {
+            status
+                .blocked_by
+                .iter()
+                .any(|b| b.why.contains("PREDICATE_TOO_EXPENSIVE"))
+        })
+        .await;
+    let took = started.elapsed();
+    eprintln!("nested all() over 1,000 elements: blocked after {took:?}: {blocked:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let slowest = polling.await.expect("the bystander task ends");
+    eprintln!("slowest bystander GetStatus meanwhile: {slowest:?}");
+    assert!(slowest < Duration::from_secs(2), "{slowest:?}");
+}
+
+#[tokio::test]
+async fn predicates_beyond_the_compile_bounds_are_refused_with_their_field_path() {
+    let tenant = TestTenant::start("acme").await;
+    let nested = format!("{}true{}", "self.xs.all(x, ".repeat(4), ")".repeat(4));
+    let literal = format!(
+        "self.a in [{}]",
+        (0..300)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    for source in [nested, literal] {
+        let mut dependent = item("svc", "a", json!({}));
+        dependent.dependencies.push(v1::Dependency {
+            must_satisfy: source.clone(),
+            ..api::dependency("list", "big")
+        });
+        let refused = tenant
+            .reconciler()
+            .submit_intent(api::submit("acme", vec![dependent]))
+            .await
+            .expect_err("over a compile bound");
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        assert_eq!(
+            violated_fields(&refused),
+            ["items[0].dependencies[0].must_satisfy"],
+            "{source}: {refused:?}"
+        );
+    }
+    assert_eq!(tenant.status().await.generation, 0, "nothing was stored");
 }
