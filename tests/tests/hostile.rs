@@ -403,3 +403,58 @@ async fn predicates_beyond_the_compile_bounds_are_refused_with_their_field_path(
     }
     assert_eq!(tenant.status().await.generation, 0, "nothing was stored");
 }
+
+/// Every directory under `root` (itself included) with its mode, and every
+/// file with its mode.
+fn modes_under(root: &std::path::Path) -> Vec<(std::path::PathBuf, bool, u32)> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut found = Vec::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        let metadata = std::fs::symlink_metadata(&path).expect("stat");
+        if metadata.is_dir() {
+            for entry in std::fs::read_dir(&path).expect("list") {
+                pending.push(entry.expect("entry").path());
+            }
+        }
+        found.push((
+            path,
+            metadata.is_dir(),
+            metadata.permissions().mode() & 0o777,
+        ));
+    }
+    found
+}
+
+fn assert_private(root: &std::path::Path) {
+    let modes = modes_under(root);
+    assert!(
+        modes.len() > 3,
+        "the data directory holds the store: {modes:?}"
+    );
+    for (path, is_dir, mode) in modes {
+        let expected = if is_dir { 0o700 } else { 0o600 };
+        assert_eq!(mode, expected, "{} has mode {mode:o}", path.display());
+    }
+}
+
+#[tokio::test]
+async fn the_data_directory_and_database_are_private_even_with_an_admin_token_flag() {
+    use std::os::unix::fs::PermissionsExt as _;
+    // ServerOptions::default() passes --admin-token, the case of issue 12.
+    let mut tenant = TestTenant::start("acme").await;
+    tenant
+        .submit(vec![item("svc", "a", json!({"secret": "s3cr3t"}))])
+        .await;
+    let data_dir = tenant.server.data_dir();
+    assert_private(&data_dir);
+
+    // Modes an earlier version (or an operator) left loose are tightened.
+    tenant.server.terminate().await.expect("stops");
+    for (path, is_dir, _) in modes_under(&data_dir) {
+        let loose = if is_dir { 0o755 } else { 0o644 };
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(loose)).expect("chmod");
+    }
+    tenant.server.start_again().await.expect("starts again");
+    assert_private(&data_dir);
+}
