@@ -640,3 +640,95 @@ async fn a_big_anonymous_submit_intent_is_refused_before_it_is_decoded() {
     // The tenant is served as before.
     assert_eq!(tenant.status().await.generation, 1);
 }
+
+/// Opens a Watch of `tenant` with `token` and reads up to `synced`.
+async fn open_watch(
+    channel: &Channel,
+    token: &str,
+    tenant: &str,
+) -> tonic::Streaming<v1::WatchResponse> {
+    let mut stream = api::reconciler(channel, token)
+        .watch(v1::WatchRequest {
+            tenant: tenant.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("Watch opens")
+        .into_inner();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let message = tokio::time::timeout_at(deadline, stream.message())
+            .await
+            .expect("synced within the deadline")
+            .expect("the watch is healthy")
+            .expect("the watch is open");
+        if matches!(
+            message.message,
+            Some(v1::watch_response::Message::Synced(_))
+        ) {
+            return stream;
+        }
+    }
+}
+
+/// Reads `stream` until it fails, within the deadline.
+async fn watch_ended(mut stream: tonic::Streaming<v1::WatchResponse>) -> Status {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.message()).await {
+            Err(_) => panic!("the watch did not end within {DEADLINE:?}"),
+            Ok(Err(status)) => return status,
+            Ok(Ok(None)) => panic!("the watch ended without an error status"),
+            Ok(Ok(Some(_))) => continue,
+        }
+    }
+}
+
+#[tokio::test]
+async fn rotating_a_token_or_deleting_the_tenant_ends_every_stream_opened_with_the_old_token() {
+    let tenant = TestTenant::start("acme").await;
+    let admin = tenant.server.admin_token();
+    let watch = open_watch(&tenant.channel, &tenant.token, "acme").await;
+    let session = RawSession::open(&tenant.channel, &tenant.token, "acme", "t").await;
+    let admin_watch = open_watch(&tenant.channel, &admin, "acme").await;
+
+    let new_token = api::tenants(&tenant.channel, &admin)
+        .rotate_token(v1::RotateTokenRequest {
+            name: "acme".into(),
+        })
+        .await
+        .expect("rotates")
+        .into_inner()
+        .token;
+    let ended = watch_ended(watch).await;
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    assert!(ended.message().contains("rotated"), "{ended:?}");
+    let ended = session.ended_with().await;
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+
+    // A secret submitted after the rotation reaches only new-token streams.
+    let watch = open_watch(&tenant.channel, &new_token, "acme").await;
+    let session = RawSession::open(&tenant.channel, &new_token, "acme", "t").await;
+    api::reconciler(&tenant.channel, &new_token)
+        .submit_intent(api::submit(
+            "acme",
+            vec![item("t", "secret", json!({"key": "s3cr3t"}))],
+        ))
+        .await
+        .expect("submits with the new token");
+
+    api::tenants(&tenant.channel, &admin)
+        .delete_tenant(v1::DeleteTenantRequest {
+            name: "acme".into(),
+        })
+        .await
+        .expect("deletes");
+    let ended = watch_ended(watch).await;
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    let ended = session.ended_with().await;
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    // The admin's watch was not opened with a tenant token: it ends as
+    // every watch of a deleted tenant does.
+    let ended = watch_ended(admin_watch).await;
+    assert_eq!(ended.code(), Code::NotFound, "{ended:?}");
+}

@@ -31,7 +31,7 @@ use crate::wire::{
     operation_kind_to_proto, properties_from_struct,
 };
 
-use super::context::{ApiContext, invalid};
+use super::context::{ApiContext, credentials_revoked, invalid};
 use super::externals::validate_external_reports;
 
 /// How long an agent has to send Register after opening the stream.
@@ -69,6 +69,7 @@ impl Configurators for ConfiguratorsService {
         request: Request<Streaming<v1::AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
         let caller = self.context.caller(request.metadata())?;
+        let revoked = self.context.revocation(caller, request.metadata())?;
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(REGISTER_TIMEOUT, inbound.message())
             .await
@@ -140,6 +141,7 @@ impl Configurators for ConfiguratorsService {
             heartbeat_interval: self.context.heartbeat_interval,
             lease: self.context.lease,
             shutdown: self.context.shutdown.clone(),
+            revoked,
             limits: self.context.limits.clone(),
             default_max_items: self.context.default_max_items,
             _agent_slot: agent_slot,
@@ -308,6 +310,8 @@ struct Session {
     heartbeat_interval: Duration,
     lease: Duration,
     shutdown: tokio_util::sync::CancellationToken,
+    /// Cancelled when the token the session was opened with is revoked.
+    revoked: tokio_util::sync::CancellationToken,
     /// Limits that external updates are checked against.
     limits: ValidationLimits,
     /// `max_items` of tenants whose own limit is 0.
@@ -328,6 +332,10 @@ impl Session {
                     let closing = ApiError::Unavailable { message: SHUTTING_DOWN.to_owned() };
                     let _ = self.outbound.send(Err(closing.into())).await;
                     break "the server is shutting down".to_string();
+                }
+                () = self.revoked.cancelled() => {
+                    let _ = self.outbound.send(Err(credentials_revoked().into())).await;
+                    break "the session's token was revoked".to_string();
                 }
                 message = self.inbound.message() => match message {
                     Ok(Some(message)) => {

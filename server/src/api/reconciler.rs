@@ -174,10 +174,11 @@ impl Reconciler for ReconcilerService {
         request: Request<v1::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let caller = self.context.caller(request.metadata())?;
+        let revoked = self.context.revocation(caller, request.metadata())?;
         let request = request.into_inner();
         let handle = self.context.tenant(caller, &request.tenant)?;
         let stream = super::watch::watch_tenant(&handle, &request, self.context.watch)?;
-        Ok(Response::new(stream))
+        Ok(Response::new(super::watch::until_revoked(stream, revoked)))
     }
 
     #[instrument(skip_all, fields(tenant = %request.get_ref().tenant))]
