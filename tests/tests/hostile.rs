@@ -732,3 +732,54 @@ async fn rotating_a_token_or_deleting_the_tenant_ends_every_stream_opened_with_t
     let ended = watch_ended(admin_watch).await;
     assert_eq!(ended.code(), Code::NotFound, "{ended:?}");
 }
+
+#[tokio::test]
+async fn the_metrics_endpoint_closes_silent_connections_and_keeps_serving() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let addr = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+        probe.local_addr().expect("address").to_string()
+    };
+    let _tenant = TestTenant::start_with(
+        ServerOptions::default().arg("--metrics-listen").arg(&addr),
+        "acme",
+    )
+    .await;
+    // More silent connections than the endpoint serves at once (64): each
+    // is closed once the 5 s header timeout passes, the queued ones after
+    // they get a slot.
+    let started = Instant::now();
+    let mut silent = Vec::new();
+    for _ in 0..80 {
+        silent.push(
+            tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connects"),
+        );
+    }
+    for mut connection in silent {
+        let mut byte = [0_u8; 1];
+        match tokio::time::timeout(Duration::from_secs(30), connection.read(&mut byte)).await {
+            Ok(Ok(0) | Err(_)) => {}
+            Ok(Ok(_)) => {}
+            Err(_) => panic!("a silent connection was still open after 30 s"),
+        }
+    }
+    let took = started.elapsed();
+    eprintln!("80 silent metrics connections closed within {took:?}");
+
+    let mut scrape = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connects");
+    scrape
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .expect("request sent");
+    let mut response = String::new();
+    tokio::time::timeout(DEADLINE, scrape.read_to_string(&mut response))
+        .await
+        .expect("answered within the deadline")
+        .expect("response read");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(response.contains("reconciled_tenants 1"), "{response}");
+}
