@@ -340,7 +340,7 @@ impl Session {
                 message = self.inbound.message() => match message {
                     Ok(Some(message)) => {
                         last_heard = Instant::now();
-                        match self.from_agent(message) {
+                        match self.forwardable(message) {
                             Ok(Some(forward)) => {
                                 if self.handle.from_agent(self.id, forward).await.is_err() {
                                     break "the tenant was deleted".to_string();
@@ -420,7 +420,7 @@ impl Session {
     /// An agent message for the owner (`Ok(None)`: nothing to forward), or
     /// why the session must end: an `ExternalUpdate` that
     /// `ReportExternal` would refuse is refused here too, as a whole.
-    fn from_agent(&self, message: v1::AgentMessage) -> Result<Option<FromAgent>, ApiError> {
+    fn forwardable(&self, message: v1::AgentMessage) -> Result<Option<FromAgent>, ApiError> {
         use v1::agent_message::Message;
         let Some(message) = message.message else {
             return Ok(None);

@@ -101,7 +101,7 @@ where
             }
             Err(refused) => {
                 // The body is dropped unread: the transport resets the stream.
-                Box::pin(async move { Ok(refused) })
+                Box::pin(async move { Ok(*refused) })
             }
         }
     }
@@ -110,7 +110,7 @@ where
 impl Shared {
     /// The caller of an authenticated request (`None`: no token needed), or
     /// the response refusing it.
-    fn check(&self, request: &Request<Body>) -> Result<Option<Caller>, Response<Body>> {
+    fn check(&self, request: &Request<Body>) -> Result<Option<Caller>, Box<Response<Body>>> {
         let path = request.uri().path();
         let public = path.starts_with(HEALTH_PREFIX)
             || (path.starts_with(REFLECTION_PREFIX) && self.reflection == Reflection::Public);
@@ -120,6 +120,6 @@ impl Shared {
         let metadata = MetadataMap::from_headers(request.headers().clone());
         authenticate(&metadata, &self.admin, &*self.directory)
             .map(Some)
-            .map_err(|error| tonic::Status::from(error).into_http())
+            .map_err(|error| Box::new(tonic::Status::from(error).into_http()))
     }
 }

@@ -681,7 +681,8 @@ mod tests {
             assert_eq!(eval(source, subject.clone()), Ok(expected), "{source}");
         }
         let list: Vec<u32> = (0..100).collect();
-        let predicate = Predicate::compile("self.xs.all(x, self.xs.all(y, y >= 0))").unwrap();
+        let predicate =
+            Predicate::compile("self.xs.all(x, self.xs.all(y, y >= 0))").expect("compiles");
         let subject = props(json!({ "xs": list }));
         assert_eq!(predicate.evaluate_within(&subject, 10_201), Ok(true));
         assert!(matches!(
