@@ -29,6 +29,10 @@ use tonic::metadata::MetadataMap;
 use crate::config::Config;
 use crate::status::ApiError;
 
+mod layer;
+
+pub use layer::{AuthLayer, AuthService};
+
 /// Prefix of tenant tokens.
 pub const TENANT_TOKEN_PREFIX: &str = "rcd_";
 
@@ -387,7 +391,7 @@ impl TokenDirectory for HashMap<[u8; 32], u64> {
 pub fn authenticate(
     metadata: &MetadataMap,
     admin: &AdminToken,
-    directory: &impl TokenDirectory,
+    directory: &(impl TokenDirectory + ?Sized),
 ) -> Result<Caller, ApiError> {
     let token = bearer_token(metadata)?;
     let hash = TokenHash::of(token);

@@ -146,6 +146,9 @@ settings! {
     tls_client_ca: PathBuf,
         env = "RECONCILED_TLS_CLIENT_CA", default = "off", value_name = "PEM_FILE",
         help = "CA certificates (PEM) for mutual TLS: clients must present a certificate they signed";
+    reflection: Reflection,
+        env = "RECONCILED_REFLECTION", default = "authenticated", value_name = "MODE",
+        help = "Who may use gRPC server reflection: `public` (anyone), `authenticated` (any valid token) or `off`";
     log_format: LogFormat,
         env = "RECONCILED_LOG_FORMAT", default = "human", value_name = "FORMAT",
         help = "Log format";
@@ -254,6 +257,21 @@ pub enum LogFormat {
     Json,
 }
 
+/// Who may use gRPC server reflection (`grpc.reflection.v1` and
+/// `v1alpha`), which lists and describes every service and message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reflection {
+    /// Anyone who can reach the port, without a token.
+    Public,
+    /// Callers with a valid admin or tenant token (the default, DESIGN
+    /// section 9: every RPC but health is authenticated).
+    #[default]
+    Authenticated,
+    /// Not served at all (`UNIMPLEMENTED`).
+    Off,
+}
+
 /// A secret string (the admin token) whose `Debug` output is redacted, so a
 /// logged [`Config`] never shows it.
 #[derive(Clone, PartialEq, Eq)]
@@ -322,6 +340,8 @@ pub struct Config {
     /// CA certificates (PEM file) that client certificates must chain to;
     /// set: mutual TLS, a client certificate is required.
     pub tls_client_ca: Option<PathBuf>,
+    /// Who may use server reflection.
+    pub reflection: Reflection,
     /// Log output format.
     pub log_format: LogFormat,
     /// Log filter: a `tracing_subscriber::EnvFilter` directive (validated).
@@ -387,6 +407,7 @@ impl Default for Config {
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
+            reflection: Reflection::Authenticated,
             log_format: LogFormat::Human,
             log_filter: "info".to_owned(),
             max_message_bytes: 16 * MIB as usize,
@@ -546,6 +567,13 @@ impl SettingValue for bool {
     }
 }
 
+impl SettingValue for Reflection {
+    fn parse_setting(raw: &str) -> Result<Self, String> {
+        Reflection::from_str(raw.trim(), true)
+            .map_err(|_| "expected `public`, `authenticated` or `off`".to_owned())
+    }
+}
+
 impl SettingValue for LogFormat {
     fn parse_setting(raw: &str) -> Result<Self, String> {
         LogFormat::from_str(raw.trim(), true).map_err(|_| "expected `human` or `json`".to_owned())
@@ -654,6 +682,7 @@ impl Config {
             tls_cert: self.tls_cert.clone(),
             tls_key: self.tls_key.clone(),
             tls_client_ca: self.tls_client_ca.clone(),
+            reflection: Some(self.reflection),
             log_format: Some(self.log_format),
             log_level: Some(self.log_filter.clone()),
             max_message_bytes: Some(self.max_message_bytes as u64),
@@ -849,6 +878,7 @@ fn resolve(
         tls_cert: layer.tls_cert,
         tls_key: layer.tls_key,
         tls_client_ca: layer.tls_client_ca,
+        reflection: layer.reflection.unwrap_or(defaults.reflection),
         log_format: layer.log_format.unwrap_or(defaults.log_format),
         log_filter,
         max_message_bytes,
@@ -1036,6 +1066,29 @@ mod tests {
         assert_eq!(config.max_request_items, 7, "file applies");
         assert_eq!(config.max_commit_items, 10_000, "default applies");
         assert_eq!(config.config_file.as_deref(), Some(file.path()));
+    }
+
+    #[test]
+    fn reflection_is_authenticated_by_default_and_set_by_flag_env_or_file() {
+        assert_eq!(
+            load(&[], &[]).expect("loads").1.reflection,
+            Reflection::Authenticated
+        );
+        let flag = load(&["--reflection", "public"], &[]).expect("loads").1;
+        assert_eq!(flag.reflection, Reflection::Public);
+        let env = load(&[], &[("RECONCILED_REFLECTION", "off")])
+            .expect("loads")
+            .1;
+        assert_eq!(env.reflection, Reflection::Off);
+        let file = config_file("reflection = \"public\"\n");
+        let from_file = load(&["--config", path_of(&file)], &[]).expect("loads").1;
+        assert_eq!(from_file.reflection, Reflection::Public);
+        let bad = load(&[], &[("RECONCILED_REFLECTION", "sometimes")]).expect_err("refused");
+        assert!(
+            bad.to_string()
+                .contains("`public`, `authenticated` or `off`"),
+            "{bad}"
+        );
     }
 
     #[test]

@@ -17,6 +17,10 @@ use tracing_subscriber::{Layer, Registry};
 const EXIT_CONFIG: u8 = 2;
 
 fn main() -> ExitCode {
+    // Whatever the server writes (the store, its snapshots, backups, the
+    // admin token) is for its own user only; existing files are tightened
+    // when the store opens.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let (command, config) = match Config::load(std::env::args_os()) {
         Ok(loaded) => loaded,
         // --help, --version and command-line errors print themselves.

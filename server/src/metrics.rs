@@ -7,8 +7,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
@@ -257,8 +262,29 @@ impl Metrics {
     }
 }
 
+/// Scrapes served at once; a connection beyond waits in the kernel's
+/// accept queue until one ends.
+pub const MAX_SCRAPE_CONNECTIONS: usize = 64;
+
+/// How long a scraper may take to send its request headers before the
+/// connection is closed.
+pub const SCRAPE_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Longest a scrape connection stays open, whatever it does.
+pub const SCRAPE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long the accept loop pauses after an accept error (e.g. too many
+/// open files), so it neither spins nor stops.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
 /// Serves `GET /metrics` on `listen` until `shutdown` is cancelled; then
 /// ends the scrapes still open and returns once they have.
+///
+/// HTTP/1 by hyper: request headers must arrive within
+/// [`SCRAPE_READ_TIMEOUT`], a connection lives at most
+/// [`SCRAPE_CONNECTION_TIMEOUT`], at most [`MAX_SCRAPE_CONNECTIONS`] are
+/// served at once, and an accept error is logged and retried after a short
+/// pause: the endpoint outlives a descriptor shortage.
 pub async fn serve(
     listen: SocketAddr,
     metrics: Arc<Metrics>,
@@ -267,46 +293,88 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let listener = TcpListener::bind(listen).await?;
     debug!(addr = %listen, "Metrics endpoint listening.");
+    let slots = Arc::new(Semaphore::new(MAX_SCRAPE_CONNECTIONS));
     let mut scrapes = JoinSet::new();
     loop {
+        // Reap finished scrapes so the set stays small.
+        while scrapes.try_join_next().is_some() {}
+        let slot = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+        };
         let accepted = tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
             accepted = listener.accept() => accepted,
         };
-        // Reap finished scrapes so the set stays small.
-        while scrapes.try_join_next().is_some() {}
-        let (mut stream, _) = match accepted {
-            Ok(accepted) => accepted,
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
             Err(error) => {
-                warn!(%error, "Accepting a metrics connection failed.");
-                continue;
+                warn!(%error, "Accepting a metrics connection failed; retrying shortly.");
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(ACCEPT_ERROR_PAUSE) => continue,
+                }
             }
         };
         let (metrics, gauges) = (metrics.clone(), gauges.clone());
+        let stop = shutdown.clone();
         scrapes.spawn(async move {
-            let mut request = vec![0u8; 4096];
-            let read = match stream.read(&mut request).await {
-                Ok(read) => read,
-                Err(error) => {
-                    warn!(%error, "Reading a metrics request failed.");
-                    return;
+            let _slot = slot;
+            let service = hyper::service::service_fn(move |request| {
+                let response = respond(&request, &metrics, &gauges);
+                async move { Ok::<_, std::convert::Infallible>(response) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(SCRAPE_READ_TIMEOUT)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                () = stop.cancelled() => {}
+                served = tokio::time::timeout(SCRAPE_CONNECTION_TIMEOUT, connection) => {
+                    if let Ok(Err(error)) = served {
+                        debug!(%error, "A metrics connection failed.");
+                    }
                 }
-            };
-            let request = String::from_utf8_lossy(&request[..read]);
-            let response = if request.starts_with("GET /metrics") {
-                let body = metrics.render(&gauges());
-                format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                )
-            } else {
-                "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    .to_string()
-            };
-            let _ = stream.write_all(response.as_bytes()).await;
+            }
         });
     }
     scrapes.shutdown().await;
     Ok(())
+}
+
+/// The answer to one request: the exposition for `GET /metrics`, 404 for
+/// any other path, 405 for another method.
+fn respond<B>(
+    request: &hyper::Request<B>,
+    metrics: &Metrics,
+    gauges: &GaugeSource,
+) -> hyper::Response<Full<Bytes>> {
+    let (status, content_type, body) = if request.uri().path() != "/metrics" {
+        (hyper::StatusCode::NOT_FOUND, "text/plain", String::new())
+    } else if request.method() != hyper::Method::GET {
+        (
+            hyper::StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            String::new(),
+        )
+    } else {
+        (
+            hyper::StatusCode::OK,
+            "text/plain; version=0.0.4",
+            metrics.render(&gauges()),
+        )
+    };
+    let mut response = hyper::Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
+    response
 }

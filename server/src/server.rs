@@ -14,11 +14,11 @@ use tracing::{info, warn};
 
 use crate::api::context::WatchSettings;
 use crate::api::{ApiContext, ConfiguratorsService, ReconcilerService, TenantsService};
-use crate::auth::AdminToken;
+use crate::auth::{AdminToken, AuthLayer};
 use crate::bootstrap::{
     bind, health_and_reflection, incoming, serve_until, server_builder, shutdown_signal,
 };
-use crate::config::{Config, MigrateMode};
+use crate::config::{Config, MigrateMode, Reflection};
 use crate::graph::validate::ValidationLimits;
 use crate::limits::{AgentCounts, ConnectionSlots, GlobalLimits, LimitsLayer};
 use crate::store::{MigrationReport, SledOptions, Store, WriteBatch, open_and_migrate};
@@ -101,6 +101,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     });
     info!(tenants = directory.len(), "Tenants loaded.");
 
+    let authentication = AuthLayer::new(admin.clone(), directory.clone(), config.reflection);
     let context = ApiContext {
         directory: directory.clone(),
         admin,
@@ -109,6 +110,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             max_item_bytes: config.max_item_bytes,
             ..ValidationLimits::default()
         },
+        default_max_items: config.max_items_per_tenant,
         heartbeat_interval: config.heartbeat_interval,
         lease: config.lease,
         fleet: fleet.clone(),
@@ -135,6 +137,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         .max_encoding_message_size(limit);
 
     let (reporter, health, reflection_v1, reflection_v1alpha) = health_and_reflection()?;
+    // `off`: not served at all, so reflection calls answer UNIMPLEMENTED.
+    let served = config.reflection != Reflection::Off;
+    let reflection_v1 = served.then_some(reflection_v1);
+    let reflection_v1alpha = served.then_some(reflection_v1alpha);
     for service in SERVICES {
         reporter
             .set_service_status(service, ServingStatus::Serving)
@@ -160,10 +166,13 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
     let router = builder
         .layer(RpcSpanLayer)
+        // Before the limits: an anonymous call takes no connection slot,
+        // no rate token and no unary slot (issue 12, item 9).
+        .layer(authentication)
         .layer(LimitsLayer::new(&global))
         .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
+        .add_optional_service(reflection_v1)
+        .add_optional_service(reflection_v1alpha)
         .add_service(reconciler)
         .add_service(tenants)
         .add_service(configurators);

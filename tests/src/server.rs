@@ -219,6 +219,38 @@ impl ServerProcess {
         }
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The server's resident memory now (`VmRSS`) and its peak so far
+    /// (`VmHWM`), in bytes, from `/proc/<pid>/status`.
+    ///
+    /// # Panics
+    /// If the server is not running or `/proc` cannot be read (Linux only):
+    /// a test that measures memory must not pass without measuring.
+    pub fn memory(&self) -> (u64, u64) {
+        let pid = self.pid().expect("the server runs");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_else(|error| panic!("cannot read /proc/{pid}/status: {error}"));
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|rest| {
+                    rest.trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
+                .map(|kib| kib * 1024)
+                .unwrap_or_else(|| panic!("/proc/{pid}/status has no {name}"))
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
     /// The server's gRPC address, e.g. `127.0.0.1:41234`.
     pub fn addr(&self) -> SocketAddr {
         self.addr

@@ -10,7 +10,8 @@ async fn an_operator_can_drive_the_server_with_grpcurl_alone() {
         .expect("starts");
     let admin = format!("authorization: Bearer {}", server.admin_token());
 
-    let services = successful_stdout(&server.grpcurl(&[], &["list"]));
+    // Reflection needs a token (--reflection=authenticated, the default).
+    let services = successful_stdout(&server.grpcurl(&["-H", &admin], &["list"]));
     for service in [
         "reconciled.v1.Reconciler",
         "reconciled.v1.Tenants",
@@ -19,10 +20,12 @@ async fn an_operator_can_drive_the_server_with_grpcurl_alone() {
     ] {
         assert!(services.contains(service), "{services}");
     }
-    let described =
-        successful_stdout(&server.grpcurl(&[], &["describe", "reconciled.v1.Reconciler"]));
+    let described = successful_stdout(
+        &server.grpcurl(&["-H", &admin], &["describe", "reconciled.v1.Reconciler"]),
+    );
     assert!(described.contains("rpc SubmitIntent"), "{described}");
-    let message = successful_stdout(&server.grpcurl(&[], &["describe", "reconciled.v1.Item"]));
+    let message =
+        successful_stdout(&server.grpcurl(&["-H", &admin], &["describe", "reconciled.v1.Item"]));
     assert!(
         message.contains("must_satisfy") || message.contains("dependencies"),
         "{message}"

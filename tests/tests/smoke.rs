@@ -26,14 +26,17 @@ async fn server_is_healthy_lists_its_services_to_grpcurl_and_survives_a_restart(
         .expect("server starts");
     assert_eq!(health_status(&server).await, ServingStatus::Serving);
 
-    let services = successful_stdout(&server.grpcurl(&[], &["list"]));
+    // Reflection needs a token (--reflection=authenticated, the default).
+    let admin = format!("authorization: Bearer {}", server.admin_token());
+    let services = successful_stdout(&server.grpcurl(&["-H", &admin], &["list"]));
     for service in ["grpc.health.v1.Health", "reconciled.v1.Reconciler"] {
         assert!(
             services.lines().any(|line| line == service),
             "`grpcurl list` lacks {service}:\n{services}"
         );
     }
-    let health = successful_stdout(&server.grpcurl(&[], &["grpc.health.v1.Health/Check"]));
+    let health =
+        successful_stdout(&server.grpcurl(&["-H", &admin], &["grpc.health.v1.Health/Check"]));
     assert!(health.contains("\"SERVING\""), "{health}");
 
     let port = server.addr();

@@ -20,16 +20,17 @@ use crate::engine::exec::port::{AgentOutcome, FromAgent, Registration, SessionLi
 use crate::engine::exec::{
     DEFAULT_MAX_IN_FLIGHT, DEFAULT_OPERATION_TIMEOUT_MS, RetryPolicy, TypeSpec,
 };
-use crate::graph::validate::{FieldViolation, validate_name};
+use crate::graph::validate::{FieldViolation, ValidationLimits, validate_name};
 use crate::graph::{OperationError, code};
 use crate::status::ApiError;
-use crate::tenant::{ExternalChange, RegistrationError, TenantHandle};
+use crate::tenant::{RegistrationError, TenantHandle};
 use crate::wire::{
-    duration_from_ms, duration_to_ms, item_from_proto_at, item_ref_from_proto, item_to_proto,
-    operation_error_from_status, operation_kind_to_proto, properties_from_struct,
+    duration_from_ms, duration_to_ms, item_to_proto, operation_error_from_status,
+    operation_kind_to_proto, properties_from_struct,
 };
 
-use super::context::{ApiContext, invalid};
+use super::context::{ApiContext, credentials_revoked, invalid};
+use super::externals::validate_external_reports;
 
 /// How long an agent has to send Register after opening the stream.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -66,6 +67,7 @@ impl Configurators for ConfiguratorsService {
         request: Request<Streaming<v1::AgentMessage>>,
     ) -> Result<Response<Self::ConnectStream>, Status> {
         let caller = self.context.caller(request.metadata())?;
+        let revoked = self.context.revocation(caller, request.metadata())?;
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(REGISTER_TIMEOUT, inbound.message())
             .await
@@ -137,6 +139,9 @@ impl Configurators for ConfiguratorsService {
             heartbeat_interval: self.context.heartbeat_interval,
             lease: self.context.lease,
             shutdown: self.context.shutdown.clone(),
+            revoked,
+            limits: self.context.limits.clone(),
+            default_max_items: self.context.default_max_items,
             _agent_slot: agent_slot,
         };
         tokio::spawn(session.run());
@@ -303,6 +308,12 @@ struct Session {
     heartbeat_interval: Duration,
     lease: Duration,
     shutdown: tokio_util::sync::CancellationToken,
+    /// Cancelled when the token the session was opened with is revoked.
+    revoked: tokio_util::sync::CancellationToken,
+    /// Limits that external updates are checked against.
+    limits: ValidationLimits,
+    /// `max_items` of tenants whose own limit is 0.
+    default_max_items: usize,
     /// Counts this agent against the tenant's `max_agents` while it lives.
     _agent_slot: crate::limits::AgentSlot,
 }
@@ -320,13 +331,28 @@ impl Session {
                     let _ = self.outbound.send(Err(closing.into())).await;
                     break "the server is shutting down".to_string();
                 }
+                () = self.revoked.cancelled() => {
+                    let _ = self.outbound.send(Err(credentials_revoked().into())).await;
+                    break "the session's token was revoked".to_string();
+                }
                 message = self.inbound.message() => match message {
                     Ok(Some(message)) => {
                         last_heard = Instant::now();
-                        if let Some(forward) = from_agent(message)
-                            && self.handle.from_agent(self.id, forward).await.is_err() {
-                                break "the tenant was deleted".to_string();
+                        match self.forwardable(message) {
+                            Ok(Some(forward)) => {
+                                if self.handle.from_agent(self.id, forward).await.is_err() {
+                                    break "the tenant was deleted".to_string();
+                                }
                             }
+                            Ok(None) => {}
+                            Err(refused) => {
+                                // The agent has no other way to learn that its
+                                // report was refused; nothing of it was stored.
+                                let reason = format!("an external update was refused: {refused}");
+                                let _ = self.outbound.send(Err(refused.into())).await;
+                                break reason;
+                            }
+                        }
                     }
                     Ok(None) => break "the agent closed the stream".to_string(),
                     Err(status) => break format!("the stream failed: {}", status.message()),
@@ -388,29 +414,45 @@ fn to_agent(message: ToAgent) -> v1::ServerMessage {
     }
 }
 
-/// An agent message for the owner (`None`: nothing to forward).
-fn from_agent(message: v1::AgentMessage) -> Option<FromAgent> {
-    use v1::agent_message::Message;
-    match message.message? {
-        Message::Result(result) => Some(FromAgent::Result {
-            op_id: result.op_id.clone(),
-            attempt: result.attempt,
-            outcome: outcome_from_proto(result),
-        }),
-        Message::Progress(progress) => Some(FromAgent::Progress {
-            op_id: progress.op_id,
-            attempt: progress.attempt,
-            message: crate::engine::exec::port::bounded_progress_message(progress.message),
-        }),
-        Message::CancelAck(ack) => Some(FromAgent::CancelAck { op_id: ack.op_id }),
-        Message::ExternalUpdate(update) => Some(FromAgent::External(external_changes(update))),
-        Message::Heartbeat(_) => None,
-        Message::Register(_) => {
-            warn!(
-                "A second Register on a live session was ignored; open a new stream to change types."
-            );
-            None
-        }
+impl Session {
+    /// An agent message for the owner (`Ok(None)`: nothing to forward), or
+    /// why the session must end: an `ExternalUpdate` that
+    /// `ReportExternal` would refuse is refused here too, as a whole.
+    fn forwardable(&self, message: v1::AgentMessage) -> Result<Option<FromAgent>, ApiError> {
+        use v1::agent_message::Message;
+        let Some(message) = message.message else {
+            return Ok(None);
+        };
+        Ok(match message {
+            Message::Result(result) => Some(FromAgent::Result {
+                op_id: result.op_id.clone(),
+                attempt: result.attempt,
+                outcome: outcome_from_proto(result),
+            }),
+            Message::Progress(progress) => Some(FromAgent::Progress {
+                op_id: progress.op_id,
+                attempt: progress.attempt,
+                message: crate::engine::exec::port::bounded_progress_message(progress.message),
+            }),
+            Message::CancelAck(ack) => Some(FromAgent::CancelAck { op_id: ack.op_id }),
+            Message::ExternalUpdate(update) => {
+                let changes = validate_external_reports(
+                    update.reports,
+                    "external_update.reports",
+                    &self.handle,
+                    &self.limits,
+                    self.default_max_items,
+                )?;
+                Some(FromAgent::External(changes))
+            }
+            Message::Heartbeat(_) => None,
+            Message::Register(_) => {
+                warn!(
+                    "A second Register on a live session was ignored; open a new stream to change types."
+                );
+                None
+            }
+        })
     }
 }
 
@@ -441,32 +483,4 @@ fn outcome_from_proto(result: v1::OperationResult) -> AgentOutcome {
             message: "the agent sent a result without an outcome".into(),
         }),
     }
-}
-
-/// External reports from an agent; invalid ones are dropped with a warning.
-fn external_changes(update: v1::ExternalUpdate) -> Vec<ExternalChange> {
-    let mut changes = Vec::new();
-    for (index, report) in update.reports.into_iter().enumerate() {
-        match report.change {
-            Some(v1::external_report::Change::Put(item)) => {
-                match item_from_proto_at(item, &format!("reports[{index}].put")) {
-                    Ok(item) => changes.push(ExternalChange::Put {
-                        item,
-                        modified: report.modified,
-                    }),
-                    Err(problems) => warn!(
-                        ?problems,
-                        "An invalid external report from an agent was dropped."
-                    ),
-                }
-            }
-            Some(v1::external_report::Change::Delete(reference)) => {
-                changes.push(ExternalChange::Delete {
-                    item: item_ref_from_proto(reference),
-                })
-            }
-            None => {}
-        }
-    }
-    changes
 }

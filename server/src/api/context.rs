@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataMap;
 
 use crate::auth::{AdminToken, Caller, authenticate};
@@ -22,6 +23,8 @@ pub struct ApiContext {
     pub admin: Arc<AdminToken>,
     /// Limits applied to submitted items.
     pub limits: ValidationLimits,
+    /// `max_items` of tenants whose own limit is 0.
+    pub default_max_items: usize,
     /// How often configurator sessions exchange heartbeats.
     pub heartbeat_interval: std::time::Duration,
     /// How long a session may stay silent before it is closed.
@@ -60,6 +63,28 @@ impl ApiContext {
             _ => Err(ApiError::NotFound {
                 what: format!("tenant {name:?}"),
             }),
+        }
+    }
+
+    /// What ends a stream opened by `caller` (with the credentials in
+    /// `metadata`) once those credentials are revoked: a tenant token's
+    /// rotation or the tenant's deletion. The admin token is never revoked
+    /// while the server runs. Authenticates again after taking the signal,
+    /// so a rotation that raced the first check is refused here.
+    pub fn revocation(
+        &self,
+        caller: Caller,
+        metadata: &MetadataMap,
+    ) -> Result<CancellationToken, ApiError> {
+        match caller {
+            Caller::Admin => Ok(CancellationToken::new()),
+            Caller::Tenant { tenant_id } => {
+                let revoked = self.directory.credential_revoked(tenant_id);
+                if self.caller(metadata)? != caller {
+                    return Err(credentials_revoked());
+                }
+                Ok(revoked)
+            }
         }
     }
 
@@ -126,6 +151,15 @@ impl From<DirectoryError> for ApiError {
             DirectoryError::Tenant(error) => error.into(),
         }
     }
+}
+
+/// The status that ends a stream whose tenant token was rotated or whose
+/// tenant was deleted: `UNAUTHENTICATED`.
+pub fn credentials_revoked() -> ApiError {
+    ApiError::unauthenticated(
+        "the token this stream was opened with is no longer valid (the tenant's token \
+         was rotated or the tenant deleted); reconnect with the current token",
+    )
 }
 
 /// A single field violation as an API error.

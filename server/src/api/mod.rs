@@ -9,6 +9,7 @@
 
 pub mod configurators;
 pub mod context;
+pub mod externals;
 pub mod paging;
 pub mod reconciler;
 pub mod tenants;

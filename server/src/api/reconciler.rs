@@ -14,19 +14,20 @@ use std::time::Duration;
 
 use crate::engine::plan::WaitReason;
 use crate::graph::ItemState;
-use crate::graph::validate::{FieldViolation, validate_items, validate_name};
+use crate::graph::validate::validate_items;
 use crate::graph::{ItemRef, subgraph_contains};
 use crate::status::ApiError;
 use crate::tenant::oplog::LogEntry;
 use crate::tenant::submit::normalize_subgraph;
-use crate::tenant::{ExternalChange, TenantHandle, TenantSnapshot, ValidatedSubmit};
+use crate::tenant::{TenantHandle, TenantSnapshot, ValidatedSubmit};
 use crate::wire::{
-    duration_to_ms, intended_item_to_proto, item_from_proto_at, item_ref_from_proto,
-    item_ref_to_proto, item_status, operation_error_to_status, operation_kind_to_proto,
-    plan_to_proto_with_items, timestamp_from_ms,
+    duration_to_ms, intended_item_to_proto, item_from_proto_at, item_ref_to_proto, item_status,
+    operation_error_to_status, operation_kind_to_proto, plan_to_proto_with_items,
+    timestamp_from_ms,
 };
 
 use super::context::{ApiContext, invalid};
+use super::externals::validate_external_reports;
 use super::paging::PageToken;
 use super::views::tenant_status;
 
@@ -173,10 +174,11 @@ impl Reconciler for ReconcilerService {
         request: Request<v1::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let caller = self.context.caller(request.metadata())?;
+        let revoked = self.context.revocation(caller, request.metadata())?;
         let request = request.into_inner();
         let handle = self.context.tenant(caller, &request.tenant)?;
         let stream = super::watch::watch_tenant(&handle, &request, self.context.watch)?;
-        Ok(Response::new(stream))
+        Ok(Response::new(super::watch::until_revoked(stream, revoked)))
     }
 
     #[instrument(skip_all, fields(tenant = %request.get_ref().tenant))]
@@ -235,7 +237,13 @@ impl Reconciler for ReconcilerService {
         let caller = self.context.caller(request.metadata())?;
         let request = request.into_inner();
         let handle = self.context.tenant(caller, &request.tenant)?;
-        let changes = self.validate_reports(request.reports)?;
+        let changes = validate_external_reports(
+            request.reports,
+            "reports",
+            &handle,
+            &self.context.limits,
+            self.context.default_max_items,
+        )?;
         let revision = handle
             .report_external(changes)
             .await
@@ -297,81 +305,6 @@ impl ReconcilerService {
             expected_generation: request.expected_generation,
             dry_run: request.dry_run,
         })
-    }
-
-    /// Converts and validates external reports.
-    fn validate_reports(
-        &self,
-        reports: Vec<v1::ExternalReport>,
-    ) -> Result<Vec<ExternalChange>, ApiError> {
-        let mut violations = Vec::new();
-        let mut changes = Vec::with_capacity(reports.len());
-        if reports.len() > self.context.limits.max_request_items {
-            return Err(invalid(
-                "reports",
-                "too many reports in one request; split them",
-            ));
-        }
-        for (index, report) in reports.into_iter().enumerate() {
-            let field = format!("reports[{index}]");
-            match report.change {
-                Some(v1::external_report::Change::Put(item)) => {
-                    let path = format!("{field}.put");
-                    match item_from_proto_at(item, &path) {
-                        Ok(item) => {
-                            if !item.dependencies.is_empty() {
-                                violations.push(FieldViolation::new(
-                                    format!("{path}.dependencies"),
-                                    "external items cannot have dependencies; remove them",
-                                ));
-                                continue;
-                            }
-                            match validate_items(std::slice::from_ref(&item), &self.context.limits)
-                            {
-                                Ok(_) => changes.push(ExternalChange::Put {
-                                    item,
-                                    modified: report.modified,
-                                }),
-                                Err(problems) => {
-                                    violations.extend(problems.into_iter().map(|problem| {
-                                        FieldViolation::new(
-                                            problem.field.replacen("items[0]", &path, 1),
-                                            problem.description,
-                                        )
-                                    }))
-                                }
-                            }
-                        }
-                        Err(mut problems) => violations.append(&mut problems),
-                    }
-                }
-                Some(v1::external_report::Change::Delete(reference)) => {
-                    let item = item_ref_from_proto(reference);
-                    let mut ok = true;
-                    for (part, value) in [("type", &*item.item_type), ("name", &*item.name)] {
-                        if let Err(problem) = validate_name(value, &self.context.limits) {
-                            violations.push(FieldViolation::new(
-                                format!("{field}.delete.{part}"),
-                                format!("the {part} {problem}"),
-                            ));
-                            ok = false;
-                        }
-                    }
-                    if ok {
-                        changes.push(ExternalChange::Delete { item });
-                    }
-                }
-                None => violations.push(FieldViolation::new(
-                    field,
-                    "a report needs either `put` (the item exists) or `delete` (it is gone)",
-                )),
-            }
-        }
-        if violations.is_empty() {
-            Ok(changes)
-        } else {
-            Err(ApiError::invalid_argument(violations))
-        }
     }
 }
 

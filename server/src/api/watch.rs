@@ -3,14 +3,17 @@
 //! themselves are followed by [`crate::watch::stream::follow`].
 
 use std::collections::HashSet;
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use prost::Message;
 use reconciled_proto::v1;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt as _};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::Status;
 
 use crate::graph::ItemRef;
@@ -21,7 +24,7 @@ use crate::watch::stream::{HistorySource, Wire, follow};
 use crate::watch::{TenantFilter, WatchError};
 use crate::wire::{intended_item_to_proto, item_status};
 
-use super::context::{WatchSettings, invalid};
+use super::context::{WatchSettings, credentials_revoked, invalid};
 
 /// Messages buffered per stream between the follower and the transport.
 const STREAM_BUFFER: usize = 16;
@@ -31,6 +34,37 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = Result<v1::WatchResponse, Statu
 
 /// A stream of `Tenants.WatchFleet` messages.
 pub type FleetStream = Pin<Box<dyn Stream<Item = Result<v1::WatchFleetResponse, Status>> + Send>>;
+
+/// Ends `stream` with `UNAUTHENTICATED` once `revoked` is cancelled (the
+/// token it was opened with was rotated, or its tenant deleted).
+pub fn until_revoked(stream: WatchStream, revoked: CancellationToken) -> WatchStream {
+    Box::pin(UntilRevoked {
+        stream,
+        revoked: Box::pin(revoked.cancelled_owned()),
+        ended: false,
+    })
+}
+
+struct UntilRevoked {
+    stream: WatchStream,
+    revoked: Pin<Box<WaitForCancellationFutureOwned>>,
+    ended: bool,
+}
+
+impl Stream for UntilRevoked {
+    type Item = Result<v1::WatchResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        if self.revoked.as_mut().poll(cx).is_ready() {
+            self.ended = true;
+            return Poll::Ready(Some(Err(credentials_revoked().into())));
+        }
+        self.stream.as_mut().poll_next(cx)
+    }
+}
 
 /// Validates a Watch request's filter.
 pub fn tenant_filter(request: &v1::WatchRequest) -> Result<TenantFilter, ApiError> {

@@ -18,6 +18,14 @@
 //!   thread stack (the tokio default).
 //! - `cel::Program` is `Send + Sync`, so a compiled predicate is shared by
 //!   reference counting and evaluated from any thread.
+//! - Its loop macros (`all`, `exists`, `map`, ...) can make a short source
+//!   run for minutes (a nested `all` over a list of 1,000 elements visits a
+//!   million). So the environment expands them itself with a meter
+//!   ([`metered`]): one evaluation visits at most [`MAX_PREDICATE_STEPS`]
+//!   elements, then fails with [`PredicateError::TooExpensive`]. Compiling
+//!   also bounds the expression's size ([`MAX_PREDICATE_NODES`]), its loop
+//!   nesting ([`MAX_LOOP_NESTING`]) and its literal lists and maps
+//!   ([`MAX_LITERAL_ELEMENTS`]).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -40,6 +48,25 @@ pub const MAX_PREDICATE_BYTES: usize = 4096;
 /// `&&` and `||` chains are balanced, so they add little).
 pub const MAX_PREDICATE_DEPTH: usize = 24;
 
+/// The most expression nodes a compiled predicate may have (after macro
+/// expansion: a loop macro adds about eight).
+pub const MAX_PREDICATE_NODES: usize = 1_000;
+
+/// The most loop macros (`all`, `exists`, `exists_one`, `map`, `filter`)
+/// nested in one another.
+pub const MAX_LOOP_NESTING: usize = 3;
+
+/// The most elements of one literal list or map.
+pub const MAX_LITERAL_ELEMENTS: usize = 256;
+
+/// The most steps one evaluation may take: each loop costs one step plus
+/// one per element of what it loops over, charged before it starts.
+pub const MAX_PREDICATE_STEPS: u64 = 50_000;
+
+/// The reason text of [`PredicateError::TooExpensive`]; the planner shows it
+/// in `blocked_by`, so clients can match it.
+pub const PREDICATE_TOO_EXPENSIVE: &str = "PREDICATE_TOO_EXPENSIVE";
+
 /// The name the required item's properties are bound to.
 const SUBJECT: &str = "self";
 
@@ -57,8 +84,11 @@ const PARSER_STACK_BYTES: usize = 64 << 20;
 /// How many parser messages an error quotes.
 const MAX_QUOTED_PARSE_ERRORS: usize = 3;
 
-/// The standard CEL environment, built once (it costs about 0.4 ms).
-static ENVIRONMENT: LazyLock<Arc<Env>> = LazyLock::new(|| Arc::new(Env::stdlib()));
+/// The standard CEL environment with metered loops, built once (it costs
+/// about 0.4 ms).
+static ENVIRONMENT: LazyLock<Arc<Env>> = LazyLock::new(|| Arc::new(metered::environment()));
+
+mod metered;
 
 /// A compiled `must_satisfy` expression. Cheap to clone; `Send + Sync`.
 ///
@@ -93,6 +123,18 @@ pub enum PredicateError {
     Evaluation {
         /// The interpreter's error.
         message: String,
+    },
+    /// The evaluation took more than [`MAX_PREDICATE_STEPS`] steps and was
+    /// stopped. Upstream, this counts as "not satisfied"; the message starts
+    /// with [`PREDICATE_TOO_EXPENSIVE`].
+    #[error(
+        "PREDICATE_TOO_EXPENSIVE: must_satisfy needs more than {budget} evaluation steps \
+         (elements visited by all, exists, exists_one, map and filter, nested loops \
+         multiplied); make it visit fewer elements, e.g. avoid nesting loops over long lists"
+    )]
+    TooExpensive {
+        /// The budget that was exceeded.
+        budget: u64,
     },
     /// The expression evaluated to something other than a bool.
     #[error(
@@ -132,11 +174,27 @@ impl Predicate {
     ///
     /// A missing field, a type mismatch and the like are
     /// [`PredicateError::Evaluation`]; a result that is not a bool is
-    /// [`PredicateError::NotBoolean`].
+    /// [`PredicateError::NotBoolean`]; an evaluation over
+    /// [`MAX_PREDICATE_STEPS`] is stopped with
+    /// [`PredicateError::TooExpensive`].
     pub fn evaluate(&self, subject: &Properties) -> Result<bool, PredicateError> {
+        self.evaluate_within(subject, MAX_PREDICATE_STEPS)
+    }
+
+    /// [`evaluate`](Self::evaluate) with a budget of `steps`.
+    pub fn evaluate_within(
+        &self,
+        subject: &Properties,
+        steps: u64,
+    ) -> Result<bool, PredicateError> {
         let mut context = Context::with_env(Arc::clone(&ENVIRONMENT));
         context.add_variable_as_val(SUBJECT, Box::new(object_to_val(subject)));
-        let outcome = catch_unwind(AssertUnwindSafe(|| self.program.execute(&context)));
+        let (outcome, exceeded) = metered::with_budget(steps, || {
+            catch_unwind(AssertUnwindSafe(|| self.program.execute(&context)))
+        });
+        if exceeded {
+            return Err(PredicateError::TooExpensive { budget: steps });
+        }
         match outcome {
             Ok(Ok(Value::Bool(holds))) => Ok(holds),
             Ok(Ok(other)) => Err(PredicateError::NotBoolean {
@@ -217,9 +275,7 @@ fn parse_checked(source: &str) -> Result<Program, PredicateError> {
     let program = ENVIRONMENT
         .compile(source)
         .map_err(|errors| describe_parse_errors(&errors))?;
-    if deeper_than(program.expression(), MAX_PREDICATE_DEPTH) {
-        return Err(too_deep());
-    }
+    check_shape(program.expression())?;
     Ok(program)
 }
 
@@ -265,17 +321,54 @@ fn describe_parse_errors(errors: &ParseErrors) -> PredicateError {
     ))
 }
 
-/// Whether the tree under `root` is deeper than `limit`, found without
-/// recursion.
-fn deeper_than(root: &IdedExpr, limit: usize) -> bool {
-    let mut pending = vec![(root, 1_usize)];
-    while let Some((node, depth)) = pending.pop() {
-        if depth > limit {
-            return true;
+/// Checks the tree under `root`, without recursion: at most
+/// [`MAX_PREDICATE_DEPTH`] deep, [`MAX_PREDICATE_NODES`] nodes,
+/// [`MAX_LOOP_NESTING`] nested loops and [`MAX_LITERAL_ELEMENTS`] elements
+/// per literal list or map.
+fn check_shape(root: &IdedExpr) -> Result<(), PredicateError> {
+    let mut pending = vec![(root, 1_usize, 0_usize)];
+    let mut nodes = 0_usize;
+    let mut children = Vec::new();
+    while let Some((node, depth, loops)) = pending.pop() {
+        nodes += 1;
+        if depth > MAX_PREDICATE_DEPTH {
+            return Err(too_deep());
         }
-        push_children(&node.expr, depth + 1, &mut pending);
+        if nodes > MAX_PREDICATE_NODES {
+            return Err(parse_error(format!(
+                "it expands to more than {MAX_PREDICATE_NODES} expression nodes; simplify it \
+                 (each loop macro such as all() counts about eight)"
+            )));
+        }
+        let loops = match &node.expr {
+            Expr::Comprehension(_) => loops + 1,
+            _ => loops,
+        };
+        if loops > MAX_LOOP_NESTING {
+            return Err(parse_error(format!(
+                "it nests more than {MAX_LOOP_NESTING} loops (all, exists, exists_one, map, \
+                 filter) in one another; flatten it"
+            )));
+        }
+        let elements = match &node.expr {
+            Expr::List(list) => list.elements.len(),
+            Expr::Map(map) => map.entries.len(),
+            _ => 0,
+        };
+        if elements > MAX_LITERAL_ELEMENTS {
+            return Err(parse_error(format!(
+                "a literal list or map has {elements} elements, over the limit of \
+                 {MAX_LITERAL_ELEMENTS}; keep long lists in the required item's properties"
+            )));
+        }
+        push_children(&node.expr, depth + 1, &mut children);
+        pending.extend(
+            children
+                .drain(..)
+                .map(|(child, depth)| (child, depth, loops)),
+        );
     }
-    false
+    Ok(())
 }
 
 fn push_children<'a>(expr: &'a Expr, depth: usize, pending: &mut Vec<(&'a IdedExpr, usize)>) {
@@ -509,13 +602,93 @@ mod tests {
             format!("{}true{}", "(".repeat(200), ")".repeat(200)),
             format!("{}1 == 1", "1 + ".repeat(1000)),
             format!("self{} == 1", ".a".repeat(1000)),
-            format!("{}true{}", "[1].all(x, ".repeat(30), ")".repeat(30)),
             format!("{}1{} == 1", "int(".repeat(40), ")".repeat(40)),
         ];
         for source in &deep_sources {
             let message = parse_message(source);
             assert!(message.contains("nests deeper than 24"), "{message}");
         }
+    }
+
+    #[test]
+    fn loops_nested_too_deep_large_literals_and_huge_expressions_are_refused() {
+        let nested = format!("{}true{}", "[1].all(x, ".repeat(4), ")".repeat(4));
+        assert!(parse_message(&nested).contains("nests more than 3 loops"));
+        let three = format!("{}true{}", "[1].all(x, ".repeat(3), ")".repeat(3));
+        assert_eq!(eval(&three, json!({})), Ok(true));
+        let literal = format!(
+            "self.a in [{}]",
+            (0..300)
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        assert!(parse_message(&literal).contains("over the limit of 256"));
+        let terms: Vec<String> = (0..300).map(|i| format!("self.a=={i}")).collect();
+        let message = parse_message(&terms.join("&&"));
+        assert!(
+            message.contains("more than 1000 expression nodes"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_nested_loop_over_a_long_list_stops_at_the_budget_quickly() {
+        let list: Vec<u32> = (0..1_000).collect();
+        let subject = json!({ "xs": list });
+        for source in [
+            "self.xs.all(x, self.xs.all(y, x + y >= 0))",
+            "self.xs.exists(x, self.xs.exists(y, x + y < 0))",
+            "self.xs.all(x, self.xs.all(y, x + y >= 0)) || true",
+            "size(self.xs.map(x, self.xs.filter(y, y > x))) > 0",
+            "self.xs.exists_one(x, self.xs.all(y, y >= 0))",
+        ] {
+            let started = std::time::Instant::now();
+            let error = eval(source, subject.clone()).expect_err(source);
+            assert_eq!(
+                error,
+                PredicateError::TooExpensive {
+                    budget: MAX_PREDICATE_STEPS
+                },
+                "{source}"
+            );
+            assert!(error.to_string().starts_with(PREDICATE_TOO_EXPENSIVE));
+            let took = started.elapsed();
+            assert!(
+                took < std::time::Duration::from_secs(5),
+                "{source}: {took:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn loops_within_the_budget_give_the_standard_answers() {
+        let subject = json!({"xs": [1, 2, 3], "m": {"a": 1, "b": 2}});
+        let cases = [
+            ("self.xs.all(x, x > 0)", true),
+            ("self.xs.all(x, x > 1)", false),
+            ("self.xs.exists(x, x == 2)", true),
+            ("self.xs.exists_one(x, x > 2)", true),
+            ("self.xs.existsOne(x, x > 1)", false),
+            ("self.xs.map(x, x * 2) == [2, 4, 6]", true),
+            ("self.xs.map(x, x > 1, x * 10) == [20, 30]", true),
+            ("self.xs.filter(x, x != 2) == [1, 3]", true),
+            ("self.m.all(k, k in ['a', 'b'])", true),
+            ("[1, 'a'].exists(x, x == 1)", true),
+            ("has(self.m.a) && !has(self.m.c)", true),
+        ];
+        for (source, expected) in cases {
+            assert_eq!(eval(source, subject.clone()), Ok(expected), "{source}");
+        }
+        let list: Vec<u32> = (0..100).collect();
+        let predicate =
+            Predicate::compile("self.xs.all(x, self.xs.all(y, y >= 0))").expect("compiles");
+        let subject = props(json!({ "xs": list }));
+        assert_eq!(predicate.evaluate_within(&subject, 10_201), Ok(true));
+        assert!(matches!(
+            predicate.evaluate_within(&subject, 10_200),
+            Err(PredicateError::TooExpensive { .. })
+        ));
     }
 
     #[test]

@@ -11,6 +11,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 /// sled's segment size: large enough that no record goes to a blob file.
@@ -62,7 +63,53 @@ pub(crate) fn open_db(
         sync_dir(&directory)
             .map_err(|e| format!("fsyncing directory {}: {e}", directory.display()))?;
     }
+    make_private(dir)?;
     Ok(OpenedDb { db, log_file })
+}
+
+/// Mode of every directory of a store: only the server's user may list or
+/// enter it.
+pub(crate) const PRIVATE_DIR_MODE: u32 = 0o700;
+
+/// Mode of every file of a store: only the server's user may read or write.
+pub(crate) const PRIVATE_FILE_MODE: u32 = 0o600;
+
+/// Makes `dir` and everything under it private to the server's user
+/// (directories 0700, files 0600), whatever the umask or an earlier version
+/// left: the store holds every tenant's items and token hashes. Symbolic
+/// links are left alone (and not followed).
+pub(crate) fn make_private(dir: &Path) -> Result<(), String> {
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        let metadata = fs::symlink_metadata(&path)
+            .map_err(|e| format!("reading the mode of {}: {e}", path.display()))?;
+        let mode = if metadata.is_dir() {
+            let entries =
+                fs::read_dir(&path).map_err(|e| format!("listing {}: {e}", path.display()))?;
+            for entry in entries {
+                pending.push(
+                    entry
+                        .map_err(|e| format!("listing {}: {e}", path.display()))?
+                        .path(),
+                );
+            }
+            PRIVATE_DIR_MODE
+        } else if metadata.is_file() {
+            PRIVATE_FILE_MODE
+        } else {
+            continue;
+        };
+        if metadata.permissions().mode() & 0o777 != mode {
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode)).map_err(|e| {
+                format!(
+                    "making {} private (mode {mode:o}): {e}; run the server as the \
+                     directory's owner",
+                    path.display()
+                )
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// Creates a new store in `dir` holding `records`, durably. `dir` must not
@@ -106,4 +153,31 @@ where
 
 fn sync_dir(path: &Path) -> io::Result<()> {
     File::open(path)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        fs::metadata(path).expect("stat").permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn a_store_is_private_whatever_the_modes_before() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("data");
+        fs::create_dir_all(dir.join("nested")).expect("mkdir");
+        fs::write(dir.join("nested").join("loose"), b"x").expect("write");
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).expect("chmod");
+        fs::set_permissions(dir.join("nested/loose"), fs::Permissions::from_mode(0o644))
+            .expect("chmod");
+        drop(open_db(&dir, BACKUP_CACHE_BYTES, false).expect("opens"));
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join("nested")), 0o700);
+        assert_eq!(mode(&dir.join("nested/loose")), 0o600);
+        assert_eq!(mode(&sled_dir(&dir)), 0o700);
+        assert_eq!(mode(&sled_dir(&dir).join("db")), 0o600);
+        assert_eq!(mode(&sled_dir(&dir).join("conf")), 0o600);
+    }
 }

@@ -45,6 +45,18 @@ struct Inner {
     by_name: BTreeMap<String, TenantHandle>,
     by_token: HashMap<[u8; 32], u64>,
     token_of: HashMap<u64, [u8; 32]>,
+    /// Per tenant, cancelled when its current token stops being valid
+    /// (rotation, deletion); streams opened with that token end then.
+    credentials: HashMap<u64, CancellationToken>,
+}
+
+impl Inner {
+    /// Ends every stream opened with tenant `id`'s current token.
+    fn revoke_credentials(&mut self, id: u64) {
+        if let Some(revoked) = self.credentials.remove(&id) {
+            revoked.cancel();
+        }
+    }
 }
 
 /// All live tenants.
@@ -227,7 +239,17 @@ impl TenantDirectory {
             .map_or(1, u64::from_be_bytes))
     }
 
-    /// Replaces a tenant's token; returns the new one (shown once).
+    /// A token cancelled when tenant `id`'s current bearer token stops being
+    /// valid (RotateToken, DeleteTenant). A stream opened with a tenant
+    /// token takes it right after authenticating, then authenticates again
+    /// (a rotation in between is then seen), and ends with `UNAUTHENTICATED`
+    /// once it is cancelled.
+    pub fn credential_revoked(&self, id: u64) -> CancellationToken {
+        self.write().credentials.entry(id).or_default().clone()
+    }
+
+    /// Replaces a tenant's token; returns the new one (shown once); every
+    /// stream opened with the old token ends.
     pub async fn rotate_token(&self, name: &str) -> Result<String, DirectoryError> {
         let _admin = self.admin.lock().await;
         let handle = self
@@ -242,6 +264,7 @@ impl TenantDirectory {
             inner.by_token.remove(&old);
         }
         inner.by_token.insert(hash, handle.id);
+        inner.revoke_credentials(handle.id);
         info!(tenant = name, "Tenant token rotated.");
         Ok(token)
     }
@@ -254,6 +277,9 @@ impl TenantDirectory {
         let handle = self
             .get(name)
             .ok_or_else(|| DirectoryError::NotFound(name.to_string()))?;
+        // Streams opened with the tenant's token end now, with
+        // UNAUTHENTICATED, before the owner stops under them.
+        self.write().revoke_credentials(handle.id);
         // Nothing of the owner may commit after the tombstone.
         handle.stop_and_wait().await;
         let mut record = handle.snapshots.latest().record.clone();
@@ -270,6 +296,9 @@ impl TenantDirectory {
             if let Some(hash) = inner.token_of.remove(&handle.id) {
                 inner.by_token.remove(&hash);
             }
+            // A stream that authenticated while the tenant was being
+            // deleted took a new signal: end it too.
+            inner.revoke_credentials(handle.id);
         }
         info!(
             tenant = name,
