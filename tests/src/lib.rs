@@ -33,6 +33,7 @@ pub mod agents;
 pub mod api;
 mod binary;
 mod grpcurl;
+mod pip;
 mod python;
 mod server;
 pub mod sim;

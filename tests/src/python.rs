@@ -1,12 +1,9 @@
 //! Python with `grpcio` and stubs generated from `proto/`, for the test of
 //! the Python example agent (`examples/python`).
 
-use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
-
-use anyhow::{Context as _, bail};
 
 use crate::binary::{target_dir, workspace_root};
 
@@ -37,47 +34,7 @@ pub fn python_grpc_site() -> PathBuf {
 fn install() -> anyhow::Result<PathBuf> {
     let site = target_dir().join("tools").join("pypi-grpcio");
     let marker = site.join("grpc_tools").join("protoc.py");
-    if marker.exists() {
-        return Ok(site);
-    }
-    std::fs::create_dir_all(&site).with_context(|| format!("cannot create {}", site.display()))?;
-    let lock_path = site.with_extension("lock");
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .with_context(|| format!("cannot open the install lock {}", lock_path.display()))?;
-    lock.lock()
-        .with_context(|| format!("cannot take the install lock {}", lock_path.display()))?;
-    // Another process may have installed them while we waited for the lock.
-    if !marker.exists() {
-        let output = Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .args(["--no-input", "--target"])
-            .arg(&site)
-            .args(PYTHON_GRPC_PACKAGES)
-            .output()
-            .context("cannot run `python3 -m pip` (is Python 3 with pip installed?)")?;
-        if !output.status.success() {
-            bail!(
-                "`python3 -m pip install --target {} {}` failed ({}):\n{}",
-                site.display(),
-                PYTHON_GRPC_PACKAGES.join(" "),
-                output.status,
-                String::from_utf8_lossy(&output.stderr)
-            );
-        }
-    }
-    if !marker.exists() {
-        bail!("pip succeeded but {} does not exist", marker.display());
-    }
+    crate::pip::install_once(&site, &PYTHON_GRPC_PACKAGES, &marker)?;
     Ok(site)
 }
 
