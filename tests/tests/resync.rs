@@ -123,3 +123,47 @@ async fn drift_is_read_back_and_corrected_and_a_vanished_item_is_created_again()
     );
     tenant.wait_until_ready().await;
 }
+
+#[tokio::test]
+async fn reconcile_with_refresh_reads_now_and_corrects_drift_before_it_answers() {
+    // The periodic resync is an hour away: only the refresh can find the
+    // drift (the device's first READ reports v = 99).
+    let options = ServerOptions::default()
+        .arg("--resync-interval-secs")
+        .arg("3600");
+    let tenant = TestTenant::start_with(options, "acme").await;
+    let device = Arc::new(Device::default());
+    let spec = TypeSpec::new("t").supports_read(true);
+    let mut agent = RunningAgent::start(tenant.agent("agent-1").item_type(spec, device.clone()));
+    agent.connected().await;
+    tenant
+        .submit(vec![item_needing("t", "a", json!({"v": 1}), &[])])
+        .await;
+    device.wait_for("create v=1").await;
+    tenant.wait_until_ready().await;
+    assert!(
+        !device.entries().iter().any(|e| e.starts_with("read")),
+        "no READ before the refresh: {:?}",
+        device.entries()
+    );
+
+    let answer = tenant
+        .reconciler()
+        .reconcile(reconciled_proto::v1::ReconcileRequest {
+            tenant: "acme".into(),
+            wait: true,
+            refresh: true,
+            ..Default::default()
+        })
+        .await
+        .expect("reconcile")
+        .into_inner();
+    assert!(answer.converged, "{answer:?}");
+    let log = device.entries();
+    let read = log.iter().position(|e| e == "read 0");
+    let fixed = log.iter().position(|e| e == "modify v=99 -> v=1");
+    assert!(
+        matches!((read, fixed), (Some(read), Some(fixed)) if read < fixed),
+        "the refresh read the drift and the call waited for its correction: {log:?}"
+    );
+}

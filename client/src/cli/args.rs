@@ -297,6 +297,11 @@ pub(crate) struct ReconcileArgs {
     /// nothing ran (default: the server's, 3).
     #[arg(long, value_name = "N")]
     pub(crate) max_no_progress: Option<u32>,
+    /// Read every created item whose type supports READ now (instead of
+    /// waiting for the periodic resync), so drift is found and corrected;
+    /// with --wait, until the corrections are done.
+    #[arg(long)]
+    pub(crate) refresh: bool,
     /// Output format of the result (`json` and `yaml` show no progress).
     #[arg(short, long, value_enum, default_value_t = OutputFormat::Table)]
     pub(crate) output: OutputFormat,

@@ -74,6 +74,7 @@ pub(crate) async fn run(session: &Session, args: ReconcileArgs) -> Result<Exit, 
         wait: args.wait,
         timeout: Some(duration_to_proto(args.timeout)),
         max_no_progress_iterations: args.max_no_progress.unwrap_or(0),
+        refresh: args.refresh,
     };
     let what = format!("reconcile tenant {tenant:?}");
     let started = Instant::now();

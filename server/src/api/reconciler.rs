@@ -109,7 +109,10 @@ impl Reconciler for ReconcilerService {
         let log = handle.snapshots.log();
         let first_entry = log.next_sequence();
         let mut updates = handle.snapshots.subscribe();
-        handle.reconcile().await.map_err(ApiError::from)?;
+        handle
+            .reconcile(request.refresh)
+            .await
+            .map_err(ApiError::from)?;
         let mut iterations = 1u32;
         let mut outcome = scope_outcome(&handle.snapshots.latest(), &subgraph);
         if request.wait {
@@ -122,7 +125,7 @@ impl Reconciler for ReconcilerService {
                     // Nothing in flight and not done: run another pass and see
                     // whether it changes anything.
                     let before = handle.snapshots.latest().record.revision;
-                    handle.reconcile().await.map_err(ApiError::from)?;
+                    handle.reconcile(false).await.map_err(ApiError::from)?;
                     iterations += 1;
                     if handle.snapshots.latest().record.revision == before {
                         no_progress += 1;

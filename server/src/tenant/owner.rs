@@ -151,7 +151,7 @@ enum Command {
     SetTokenHash(String, Reply<()>),
     Submit(ValidatedSubmit, Reply<SubmitOutcome>),
     ReportExternal(Vec<ExternalChange>, Reply<u64>),
-    Reconcile(Reply<Plan>),
+    Reconcile(bool, Reply<Plan>),
     Register(
         Registration,
         oneshot::Sender<Result<Vec<Grant>, RegistrationError>>,
@@ -223,9 +223,11 @@ impl TenantHandle {
             .await
     }
 
-    /// Runs a pass now and returns its plan.
-    pub async fn reconcile(&self) -> Result<Plan, TenantError> {
-        self.ask(Command::Reconcile).await
+    /// Runs a pass now and returns its plan. With `refresh`, first queues a
+    /// READ of every created item whose type supports it (as the periodic
+    /// resync does).
+    pub async fn reconcile(&self, refresh: bool) -> Result<Plan, TenantError> {
+        self.ask(|reply| Command::Reconcile(refresh, reply)).await
     }
 
     /// Registers a configurator session for item types; answers the
@@ -574,7 +576,10 @@ impl Owner {
                 Command::SetTokenHash(token_hash, reply) => {
                     let _ = reply.send(self.set_token_hash(token_hash).await);
                 }
-                Command::Reconcile(reply) => {
+                Command::Reconcile(refresh, reply) => {
+                    if refresh {
+                        self.schedule_reads();
+                    }
                     let _ = reply.send(self.pass(Scope::Full).await);
                 }
                 Command::Register(registration, reply) => {
