@@ -139,6 +139,12 @@ pub fn completed(
     let Some(operation) = existing.in_flight.clone() else {
         return Some(existing.clone());
     };
+    if existing.gone_with_external && operation.question && !matches!(completion, Completion::Lost)
+    {
+        // An answer to a question changed nothing: the item went with its
+        // external item.
+        return None;
+    }
     if existing.gone_with_external && !matches!(completion, Completion::Lost) {
         // A live report settles what the mark was for (not sending a lost
         // operation again): the item is what the agent says, and the

@@ -421,6 +421,10 @@ pub(super) struct Owner {
     /// external item, or settled after a failure): the next turn of the
     /// loop plans them again, so what they now need is planned and shown.
     pub(super) follow_up: BTreeSet<ItemRef>,
+    /// UNKNOWN items whose lost operation waits to be sent again until an
+    /// UNKNOWN item it depends on is resolved (DESIGN 4: an UNKNOWN item
+    /// blocks operations on its dependents); retried after every command.
+    pub(super) deferred_redeliveries: BTreeSet<ItemRef>,
     /// Committed events, for watchers.
     pub(super) events: Arc<TenantEvents>,
     /// Events of the next commit that the commit cannot derive itself
@@ -472,6 +476,7 @@ impl Owner {
             timer_retry: None,
             pending_reads: BTreeSet::new(),
             follow_up: BTreeSet::new(),
+            deferred_redeliveries: BTreeSet::new(),
             events,
             pending_events: Vec::new(),
             oldest_event_ms,
@@ -488,6 +493,9 @@ impl Owner {
         self.schedule_resync();
         let mut deferred: Option<Command> = None;
         loop {
+            if let Err(error) = self.retry_deferred_redeliveries().await {
+                warn!(tenant = %self.state.record.name, %error, "Sending lost operations again failed.");
+            }
             if !self.follow_up.is_empty() {
                 let items = std::mem::take(&mut self.follow_up);
                 if let Err(error) = self.pass(Scope::Items(items)).await {

@@ -345,21 +345,84 @@ impl Owner {
             types = ?types,
             "Configurator registered."
         );
-        self.redeliver_lost(&types).await?;
+        self.redeliver_lost(&types, None).await?;
         self.pass(Scope::Full).await?;
         Ok(grants)
     }
 
+    /// Sends again the lost operations whose re-delivery waited for an
+    /// UNKNOWN dependency, once none does and their type has a session.
+    pub(super) async fn retry_deferred_redeliveries(&mut self) -> Result<(), TenantError> {
+        if self.deferred_redeliveries.is_empty() {
+            return Ok(());
+        }
+        let ready: BTreeSet<ItemRef> = self
+            .deferred_redeliveries
+            .iter()
+            .filter(|item| {
+                self.sessions.contains_key(&*item.item_type)
+                    && self.state.current.get(item).is_none_or(|current| {
+                        current.state != ItemState::Unknown
+                            || !self.waits_for_an_unknown_dependency(item, current)
+                    })
+            })
+            .cloned()
+            .collect();
+        if ready.is_empty() {
+            return Ok(());
+        }
+        for item in &ready {
+            self.deferred_redeliveries.remove(item);
+        }
+        let types: HashSet<String> = ready
+            .iter()
+            .map(|item| item.item_type.to_string())
+            .collect();
+        self.redeliver_lost(&types, Some(&ready)).await?;
+        self.pass(Scope::Items(ready)).await.map(|_| ())
+    }
+
+    /// Whether an item `item` relies on (by its applied value or its lost
+    /// operation's target) is UNKNOWN.
+    fn waits_for_an_unknown_dependency(&self, item: &ItemRef, current: &CurrentItem) -> bool {
+        let target = current
+            .in_flight
+            .as_ref()
+            .and_then(|operation| operation.target.as_deref());
+        current
+            .applied
+            .as_deref()
+            .into_iter()
+            .chain(target)
+            .flat_map(|value| value.dependencies.iter())
+            .any(|dependency| {
+                dependency.requires != *item
+                    && self
+                        .state
+                        .current
+                        .get(&dependency.requires)
+                        .is_some_and(|required| required.state == ItemState::Unknown)
+            })
+    }
+
     /// Sends lost operations of `types` again, with the same op id and
     /// attempt, to the session that now holds the type, and re-sends the
-    /// operations in flight on the type's previous session.
-    async fn redeliver_lost(&mut self, types: &HashSet<String>) -> Result<(), TenantError> {
+    /// operations in flight on the type's previous session. With `only`,
+    /// just the lost operations of those items. A lost operation of an item
+    /// that relies on an UNKNOWN item waits (DESIGN 4) until that is
+    /// resolved ([`Self::retry_deferred_redeliveries`]).
+    async fn redeliver_lost(
+        &mut self,
+        types: &HashSet<String>,
+        only: Option<&BTreeSet<ItemRef>>,
+    ) -> Result<(), TenantError> {
         let mut updates: CurrentUpdates = Vec::new();
         let mut orders = Vec::new();
         let mut resend = Vec::new();
         let mut abandoned = Vec::new();
+        let mut deferred = Vec::new();
         for item in self.operations.values() {
-            if !types.contains(&*item.item_type) {
+            if !types.contains(&*item.item_type) || only.is_some_and(|only| !only.contains(item)) {
                 continue;
             }
             let Some(current) = self.state.current.get(item) else {
@@ -371,7 +434,13 @@ impl Owner {
             if current.state != ItemState::Unknown {
                 // Sent to the previous session of this type: send it again
                 // (agents de-duplicate on op id and attempt).
-                resend.push((item.clone(), operation));
+                if only.is_none() {
+                    resend.push((item.clone(), operation));
+                }
+                continue;
+            }
+            if !current.gone_with_external && self.waits_for_an_unknown_dependency(item, current) {
+                deferred.push(item.clone());
                 continue;
             }
             if current.gone_with_external {
@@ -502,6 +571,7 @@ impl Owner {
                 self.start_deadline(&operation.op_id, operation.timeout_ms);
             }
         }
+        self.deferred_redeliveries.extend(deferred);
         if updates.is_empty() {
             return Ok(());
         }
