@@ -124,6 +124,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         },
         shutdown: shutdown.clone(),
         agents,
+        reply_bytes: config
+            .max_message_bytes
+            .saturating_sub(crate::api::context::REPLY_HEADROOM)
+            .max(config.max_message_bytes / 2),
     };
     let limit = config.max_message_bytes;
     let reconciler = ReconcilerServer::new(ReconcilerService::new(context.clone()))

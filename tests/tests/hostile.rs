@@ -783,3 +783,379 @@ async fn the_metrics_endpoint_closes_silent_connections_and_keeps_serving() {
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(response.contains("reconciled_tenants 1"), "{response}");
 }
+
+/// A `Reconcile{wait}` request for the whole of `tenant`.
+fn reconcile_wait(
+    tenant: &TestTenant,
+    timeout: Duration,
+    max_no_progress_iterations: u32,
+) -> v1::ReconcileRequest {
+    v1::ReconcileRequest {
+        tenant: tenant.name.clone(),
+        wait: true,
+        timeout: Some(prost_types::Duration {
+            seconds: i64::try_from(timeout.as_secs()).expect("a short timeout"),
+            nanos: 0,
+        }),
+        max_no_progress_iterations,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn reconcile_wait_honours_its_timeout_and_spaces_idle_passes() {
+    let tenant = TestTenant::start("acme").await;
+    // No agent serves type `nobody`: the tenant is idle, never converged.
+    tenant
+        .submit(vec![item("nobody", "waits", json!({}))])
+        .await;
+
+    // A huge no-progress count: the call ends at its 3 s timeout, having
+    // run a handful of passes, instead of spinning until the request
+    // timeout.
+    let started = Instant::now();
+    let reply = tokio::time::timeout(
+        Duration::from_secs(20),
+        tenant
+            .reconciler()
+            .reconcile(reconcile_wait(&tenant, Duration::from_secs(3), u32::MAX)),
+    )
+    .await
+    .expect("Reconcile{wait} answers within its 3 s timeout, not at the request timeout")
+    .expect("Reconcile succeeds")
+    .into_inner();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(2_900) && took < Duration::from_secs(6),
+        "took {took:?}"
+    );
+    assert!(!reply.converged);
+    // Passes at 0 s, 1 s and 3 s (1 s, then 2 s of backoff): three at most.
+    assert!(
+        (2..=3).contains(&reply.iterations),
+        "{} passes in 3 s",
+        reply.iterations
+    );
+
+    // Two passes without progress: they are 1 s and 2 s apart, so giving
+    // up takes about 3 s, not microseconds.
+    let started = Instant::now();
+    let reply = tenant
+        .reconciler()
+        .reconcile(reconcile_wait(&tenant, Duration::from_secs(30), 2))
+        .await
+        .expect("Reconcile succeeds")
+        .into_inner();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(2_900) && took < Duration::from_secs(10),
+        "took {took:?}"
+    );
+    assert_eq!(reply.iterations, 3);
+    assert!(!reply.converged && reply.require_rerun);
+
+    // The bystander health check and a GetStatus stayed quick throughout.
+    let started = Instant::now();
+    tenant.status().await;
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn reconcile_wait_sees_an_agent_registering_as_progress() {
+    let tenant = TestTenant::start("acme").await;
+    tenant
+        .submit(vec![item("late", "arrives", json!({}))])
+        .await;
+    // The wait gives up after two passes without progress (3 s); the agent
+    // that registers meanwhile creates the item, and the wait sees it.
+    let waiting = tokio::spawn({
+        let mut reconciler = tenant.reconciler();
+        let request = reconcile_wait(&tenant, Duration::from_secs(30), 2);
+        async move { reconciler.reconcile(request).await }
+    });
+    let recorder = reconciled_tests::agents::Recorder::new();
+    let mut agent = reconciled_tests::agents::RunningAgent::start(
+        tenant
+            .agent("late-agent")
+            .item_type(reconciled_client::agent::TypeSpec::new("late"), recorder),
+    );
+    agent.connected().await;
+    let reply = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .expect("Reconcile{wait} answers")
+        .expect("the call's task ran")
+        .expect("Reconcile succeeds")
+        .into_inner();
+    assert!(reply.converged, "{reply:?}");
+}
+
+/// `count` items `big/<prefix>-<i>` of about 60 KB each, listed in
+/// subgraph `prefix`, whose value says `version`.
+fn big_items(prefix: &str, count: usize, version: &str) -> Vec<v1::Item> {
+    (0..count)
+        .map(|index| {
+            let mut big = item(
+                "big",
+                &format!("{prefix}-{index:02}"),
+                json!({"version": version, "blob": "x".repeat(60_000)}),
+            );
+            big.subgraph = prefix.into();
+            big
+        })
+        .collect()
+}
+
+/// SubmitIntent of subgraph `subgraph` with `items`.
+async fn submit_subgraph(
+    tenant: &TestTenant,
+    subgraph: &str,
+    items: Vec<v1::Item>,
+) -> Result<v1::SubmitIntentResponse, Status> {
+    tenant
+        .reconciler()
+        .submit_intent(v1::SubmitIntentRequest {
+            tenant: tenant.name.clone(),
+            subgraph: subgraph.into(),
+            items,
+            ..Default::default()
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+#[tokio::test]
+async fn replies_are_sized_by_bytes_graph_pages_shrink_and_plans_are_cut_never_failed() {
+    use prost::Message as _;
+    const LIMIT: usize = 1024 * 1024;
+    let tenant = TestTenant::start_with(
+        ServerOptions::default().arg(format!("--max-message-bytes={LIMIT}")),
+        "acme",
+    )
+    .await;
+    // 30 items of 60 KB: 1.8 MB in all, 0.9 MB per request.
+    for prefix in ["a", "b"] {
+        submit_subgraph(&tenant, prefix, big_items(prefix, 15, "v1"))
+            .await
+            .unwrap_or_else(|status| panic!("subgraph {prefix}: {status:?}"));
+    }
+
+    // GetGraph with the default page size (500 items, 1.8 MB): pages are
+    // cut by size and together list every item once.
+    let mut names = Vec::new();
+    let mut pages = 0;
+    let mut token = String::new();
+    loop {
+        let page = tenant
+            .reconciler()
+            .get_graph(v1::GetGraphRequest {
+                tenant: tenant.name.clone(),
+                view: v1::GraphView::Intended.into(),
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("every page fits the message limit")
+            .into_inner();
+        assert!(page.encoded_len() <= LIMIT, "{} bytes", page.encoded_len());
+        assert!(!page.intended.is_empty(), "a page lists at least one item");
+        names.extend(
+            page.intended
+                .iter()
+                .map(|i| i.item.as_ref().expect("an intended item").name.clone()),
+        );
+        pages += 1;
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    let mut expected: Vec<String> = big_items("a", 15, "v1")
+        .into_iter()
+        .chain(big_items("b", 15, "v1"))
+        .map(|i| i.name)
+        .collect();
+    expected.sort();
+    assert_eq!(names, expected);
+    assert!(pages >= 2, "{pages} pages");
+
+    // Created by an agent, then the agent leaves: every item has a 60 KB
+    // applied value and waits for a configurator to be modified.
+    let recorder = reconciled_tests::agents::Recorder::new();
+    let spec = reconciled_client::agent::TypeSpec::new("big").max_in_flight(100);
+    let mut agent = reconciled_tests::agents::RunningAgent::start(
+        tenant.agent("big-agent").item_type(spec, recorder),
+    );
+    agent.connected().await;
+    tenant.wait_until_ready().await;
+    agent.stop().await.expect("the agent stops");
+    tenant
+        .wait_for_status("the agent gone", |status| {
+            !status.connected_item_types.iter().any(|t| t == "big")
+        })
+        .await;
+    for prefix in ["a", "b"] {
+        let reply = submit_subgraph(&tenant, prefix, big_items(prefix, 15, "v2"))
+            .await
+            .unwrap_or_else(|status| {
+                panic!("a committed change of {prefix} answers success: {status:?}")
+            });
+        assert!(reply.changed);
+        assert!(reply.encoded_len() <= LIMIT);
+    }
+    // The same intent again: a full pass whose plan lists all 30 waiting
+    // items with their 60 KB values (1.8 MB): cut to fit, and said so.
+    let generation = tenant.status().await.generation;
+    let reply = submit_subgraph(&tenant, "b", big_items("b", 15, "v2"))
+        .await
+        .expect("a large plan answers success");
+    assert!(!reply.changed);
+    assert_eq!(reply.generation, generation);
+    assert!(reply.plan_truncated, "the reply says the plan was cut");
+    let plan = reply.plan.as_ref().expect("a plan");
+    assert!(plan.truncated);
+    assert_eq!(plan.blocked, 30, "the counts cover the whole plan");
+    assert!(plan.waiting.len() < 30, "{} listed", plan.waiting.len());
+    assert!(
+        reply.encoded_len() <= LIMIT,
+        "{} bytes",
+        reply.encoded_len()
+    );
+}
+
+#[tokio::test]
+async fn an_agent_that_stops_reading_its_stream_loses_its_types_after_the_lease() {
+    let tenant = TestTenant::start_with(
+        ServerOptions::default()
+            .arg("--heartbeat-interval-secs=1")
+            .arg("--lease-secs=2"),
+        "acme",
+    )
+    .await;
+    // A connection with small HTTP/2 windows, so the server's sends back
+    // up soon after the agent stops reading.
+    let small = tonic::transport::Endpoint::from_shared(tenant.server.endpoint())
+        .expect("the endpoint is valid")
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .expect("the server accepts a connection");
+    let (outgoing, receiver) = mpsc::channel(16);
+    outgoing
+        .send(v1::AgentMessage {
+            message: Some(v1::agent_message::Message::Register(v1::Register {
+                tenant: tenant.name.clone(),
+                agent_id: "deaf-agent".into(),
+                protocol_version: reconciled_tests::proto::PROTOCOL_VERSION,
+                item_types: vec![v1::ItemTypeSpec {
+                    item_type: "flood".into(),
+                    max_in_flight: 10_000,
+                    ..Default::default()
+                }],
+            })),
+        })
+        .await
+        .expect("queue open");
+    let mut deaf = ConfiguratorsClient::with_interceptor(small, Bearer::new(&tenant.token))
+        .connect(ReceiverStream::new(receiver))
+        .await
+        .expect("Connect is accepted")
+        .into_inner();
+    let first = tokio::time::timeout(DEADLINE, deaf.message())
+        .await
+        .expect("Registered within the deadline")
+        .expect("the stream is healthy")
+        .expect("the stream is open");
+    assert!(matches!(
+        first.message,
+        Some(v1::server_message::Message::Registered(_))
+    ));
+    // The agent keeps sending heartbeats (it looks alive) but never reads
+    // again, while the server sends it 3,000 operations of 1 KB.
+    let beating = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(300));
+        loop {
+            tick.tick().await;
+            let beat = v1::AgentMessage {
+                message: Some(v1::agent_message::Message::Heartbeat(v1::Heartbeat {})),
+            };
+            if outgoing.send(beat).await.is_err() {
+                break;
+            }
+        }
+    });
+    tenant
+        .submit(
+            (0..3_000)
+                .map(|index| {
+                    item(
+                        "flood",
+                        &format!("f{index:04}"),
+                        json!({"pad": "p".repeat(1_000)}),
+                    )
+                })
+                .collect(),
+        )
+        .await;
+
+    // Another agent (another agent id) takes the type once the deaf
+    // session has lost it: within the lease after its stream filled up.
+    let started = Instant::now();
+    let mut refusals = 0;
+    loop {
+        let (queue, receiver) = mpsc::channel(4);
+        queue
+            .send(v1::AgentMessage {
+                message: Some(v1::agent_message::Message::Register(v1::Register {
+                    tenant: tenant.name.clone(),
+                    agent_id: "second-agent".into(),
+                    protocol_version: reconciled_tests::proto::PROTOCOL_VERSION,
+                    item_types: vec![v1::ItemTypeSpec {
+                        item_type: "flood".into(),
+                        ..Default::default()
+                    }],
+                })),
+            })
+            .await
+            .expect("queue open");
+        let attempt = ConfiguratorsClient::with_interceptor(
+            tenant.channel.clone(),
+            Bearer::new(&tenant.token),
+        )
+        .connect(ReceiverStream::new(receiver))
+        .await;
+        let answer = match attempt {
+            Ok(stream) => stream.into_inner().message().await,
+            Err(status) => Err(status),
+        };
+        match answer {
+            Ok(Some(message)) => {
+                assert!(
+                    matches!(
+                        message.message,
+                        Some(v1::server_message::Message::Registered(_))
+                    ),
+                    "{message:?}"
+                );
+                drop(queue);
+                break;
+            }
+            Err(status) if status.code() == Code::FailedPrecondition => {
+                // TYPE_HELD: the deaf agent still holds it; ask again.
+                refusals += 1;
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "the deaf agent still holds the type after {:?} ({refusals} refusals): {status:?}",
+                    started.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => panic!("unexpected answer: {other:?}"),
+        }
+    }
+    beating.abort();
+    // The server stayed healthy for everyone else.
+    let started = Instant::now();
+    tenant.status().await;
+    assert!(started.elapsed() < Duration::from_secs(1));
+}

@@ -2,6 +2,7 @@
 //! agent session. This module only translates between the stream and the
 //! tenant's owner, which decides everything (ownership, dispatch, results).
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -34,8 +35,12 @@ use super::externals::validate_external_reports;
 
 /// How long an agent has to send Register after opening the stream.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
-/// Messages buffered toward one agent before its session task waits.
+/// Messages buffered toward one agent in the stream's channel, and again
+/// in the session's backlog behind it. An agent whose stream stays full
+/// for longer than its lease loses the session (it is not reading).
 const OUTBOUND_BUFFER: usize = 1_024;
+/// How long a closing status may wait for room in a full stream.
+const CLOSING_SEND_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What an agent is told when the server closes its stream at shutdown.
 pub const SHUTTING_DOWN: &str =
@@ -104,6 +109,11 @@ impl Configurators for ConfiguratorsService {
             agent_id: register.agent_id.clone(),
             sender,
         };
+        // From here until the session task runs, a cancelled call (the
+        // client went away: this future is dropped) or a failed
+        // registration must not leave the owner holding the types for a
+        // session that no task serves.
+        let mut unclaimed = UnclaimedSession::new(handle.clone(), session_id);
         let grants = handle
             .register(Registration { link, types })
             .await
@@ -129,7 +139,8 @@ impl Configurators for ConfiguratorsService {
                 lease: Some(duration_from_ms(millis(self.context.lease))),
             })),
         };
-        let _ = outbound.send(Ok(registered)).await;
+        // A fresh channel: this cannot wait.
+        let _ = outbound.try_send(Ok(registered));
         let session = Session {
             id: session_id,
             handle,
@@ -143,9 +154,57 @@ impl Configurators for ConfiguratorsService {
             limits: self.context.limits.clone(),
             default_max_items: self.context.default_max_items,
             _agent_slot: agent_slot,
+            backlog: VecDeque::new(),
+            blocked_since: None,
         };
+        // The session task closes the session from now on.
+        unclaimed.claim();
         tokio::spawn(session.run());
         Ok(Response::new(Box::pin(ReceiverStream::new(stream))))
+    }
+}
+
+/// A session registered (or being registered) with the owner that no
+/// session task serves yet; dropped unclaimed, it tells the owner the
+/// session closed, so the item types it may hold are released.
+struct UnclaimedSession {
+    handle: Option<TenantHandle>,
+    session_id: u64,
+}
+
+impl UnclaimedSession {
+    fn new(handle: TenantHandle, session_id: u64) -> Self {
+        Self {
+            handle: Some(handle),
+            session_id,
+        }
+    }
+
+    /// The session task has the session now.
+    fn claim(&mut self) {
+        self.handle = None;
+    }
+}
+
+impl Drop for UnclaimedSession {
+    fn drop(&mut self) {
+        let Some(handle) = self.handle.take() else {
+            return;
+        };
+        let session_id = self.session_id;
+        // The owner handles commands in order: this comes after the
+        // Register it may already have received, and releases what it
+        // granted (nothing if it refused the registration).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                handle
+                    .session_closed(
+                        session_id,
+                        "the agent went away or was refused during registration".to_owned(),
+                    )
+                    .await;
+            });
+        }
     }
 }
 
@@ -316,23 +375,35 @@ struct Session {
     default_max_items: usize,
     /// Counts this agent against the tenant's `max_agents` while it lives.
     _agent_slot: crate::limits::AgentSlot,
+    /// Messages for the agent that did not fit its stream yet, at most
+    /// [`OUTBOUND_BUFFER`]; the owner's messages are not taken while full.
+    backlog: VecDeque<v1::ServerMessage>,
+    /// Since when the agent's stream has been full (the agent is not
+    /// reading); the session ends once that lasts longer than the lease.
+    blocked_since: Option<tokio::time::Instant>,
 }
 
 impl Session {
     async fn run(mut self) {
         let mut heartbeat = tokio::time::interval(self.heartbeat_interval);
         let mut last_heard = Instant::now();
+        // A second handle, so a pending `reserve` does not borrow `self`.
+        let outbound = self.outbound.clone();
         let reason = loop {
+            let stalled_until = self
+                .blocked_since
+                .map(|since| since + self.lease)
+                .unwrap_or_else(far_future);
             tokio::select! {
                 () = self.shutdown.cancelled() => {
                     // The agent keeps unacknowledged results and sends them
                     // again after reconnecting; operations stay journaled.
                     let closing = ApiError::Unavailable { message: SHUTTING_DOWN.to_owned() };
-                    let _ = self.outbound.send(Err(closing.into())).await;
+                    self.close_with(closing).await;
                     break "the server is shutting down".to_string();
                 }
                 () = self.revoked.cancelled() => {
-                    let _ = self.outbound.send(Err(credentials_revoked().into())).await;
+                    self.close_with(credentials_revoked()).await;
                     break "the session's token was revoked".to_string();
                 }
                 message = self.inbound.message() => match message {
@@ -349,7 +420,7 @@ impl Session {
                                 // The agent has no other way to learn that its
                                 // report was refused; nothing of it was stored.
                                 let reason = format!("an external update was refused: {refused}");
-                                let _ = self.outbound.send(Err(refused.into())).await;
+                                self.close_with(refused).await;
                                 break reason;
                             }
                         }
@@ -357,14 +428,36 @@ impl Session {
                     Ok(None) => break "the agent closed the stream".to_string(),
                     Err(status) => break format!("the stream failed: {}", status.message()),
                 },
-                message = self.outbox.recv() => match message {
+                permit = outbound.reserve(), if !self.backlog.is_empty() => match permit {
+                    Ok(permit) => {
+                        if let Some(message) = self.backlog.pop_front() {
+                            permit.send(Ok(message));
+                        }
+                        if self.backlog.is_empty() {
+                            self.blocked_since = None;
+                        }
+                    }
+                    Err(_) => break "the agent's stream is gone".to_string(),
+                },
+                message = self.outbox.recv(), if self.backlog.len() < OUTBOUND_BUFFER => match message {
                     Some(message) => {
-                        if self.outbound.send(Ok(to_agent(message))).await.is_err() {
-                            break "the agent's stream is gone".to_string();
+                        if let Err(gone) = self.queue(to_agent(message)) {
+                            break gone;
                         }
                     }
                     None => break "the server replaced this session".to_string(),
                 },
+                () = tokio::time::sleep_until(stalled_until), if self.blocked_since.is_some() => {
+                    let stalled = ApiError::DeadlineExceeded {
+                        message: format!(
+                            "the agent did not read its stream for longer than the lease ({} s) while {} messages waited; read the stream, then reconnect and register again",
+                            self.lease.as_secs(),
+                            self.backlog.len() + OUTBOUND_BUFFER,
+                        ),
+                    };
+                    self.close_with(stalled).await;
+                    break "the agent stopped reading its stream".to_string();
+                }
                 _ = heartbeat.tick() => {
                     if last_heard.elapsed() > self.lease {
                         let expired = ApiError::DeadlineExceeded {
@@ -372,12 +465,15 @@ impl Session {
                                 "no message within the lease; reconnect and register again",
                             ),
                         };
-                        let _ = self.outbound.send(Err(expired.into())).await;
+                        self.close_with(expired).await;
                         break "the lease expired".to_string();
                     }
-                    let beat = v1::ServerMessage { message: Some(v1::server_message::Message::Heartbeat(v1::Heartbeat {})) };
-                    if self.outbound.send(Ok(beat)).await.is_err() {
-                        break "the agent's stream is gone".to_string();
+                    // A heartbeat only matters if the stream has room.
+                    if self.backlog.is_empty() {
+                        let beat = v1::ServerMessage { message: Some(v1::server_message::Message::Heartbeat(v1::Heartbeat {})) };
+                        if let Err(gone) = self.queue(beat) {
+                            break gone;
+                        }
                     }
                 }
             }
@@ -385,6 +481,42 @@ impl Session {
         debug!(session = self.id, %reason, "Configurator session ended.");
         self.handle.session_closed(self.id, reason).await;
     }
+
+    /// Sends `message` to the agent without waiting: into the stream if it
+    /// has room, else into the backlog (the stream counts as blocked from
+    /// then on). `Err` when the agent's stream is gone.
+    fn queue(&mut self, message: v1::ServerMessage) -> Result<(), String> {
+        if self.backlog.is_empty() {
+            match self.outbound.try_send(Ok(message)) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    return Err("the agent's stream is gone".to_string());
+                }
+                Err(mpsc::error::TrySendError::Full(Ok(message))) => {
+                    self.backlog.push_back(message);
+                }
+                Err(mpsc::error::TrySendError::Full(Err(_))) => {}
+            }
+        } else {
+            self.backlog.push_back(message);
+        }
+        self.blocked_since
+            .get_or_insert_with(tokio::time::Instant::now);
+        Ok(())
+    }
+
+    /// Ends the agent's stream with `status`, waiting at most
+    /// [`CLOSING_SEND_TIMEOUT`] for room (an agent that does not read its
+    /// stream may never see it; its session ends either way).
+    async fn close_with(&self, status: impl Into<Status>) {
+        let _ = tokio::time::timeout(CLOSING_SEND_TIMEOUT, self.outbound.send(Err(status.into())))
+            .await;
+    }
+}
+
+/// An instant no session waits for (a select branch that is off).
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)
 }
 
 /// A server message for the wire.

@@ -38,7 +38,15 @@ pub struct ApiContext {
     pub fleet: Arc<FleetLog>,
     /// How watch streams behave.
     pub watch: WatchSettings,
+    /// The most bytes a unary reply may encode to: a little under the
+    /// server's `max_message_bytes`, so that GetGraph pages and plans are
+    /// cut to fit instead of failing with `OUT_OF_RANGE`.
+    pub reply_bytes: usize,
 }
+
+/// What a unary reply keeps free below `max_message_bytes`, for the
+/// fields outside the part that is cut to fit.
+pub const REPLY_HEADROOM: usize = 4 * 1024;
 
 /// How watch streams behave.
 #[derive(Clone, Copy, Debug)]

@@ -1,7 +1,6 @@
 //! The `reconciled.v1.Reconciler` service: intents, graphs, status and
 //! external reports of one tenant.
 
-use std::collections::BTreeSet;
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -40,6 +39,12 @@ const SHOWN_OPERATIONS: usize = 1_000;
 /// Items per GetGraph page when the request names no size, and the most.
 const DEFAULT_PAGE_SIZE: usize = 500;
 const MAX_PAGE_SIZE: usize = 5_000;
+/// Bytes of a SubmitIntent reply outside its plan (generation, revision,
+/// flags and the plan's own tag and length), with room to spare.
+const SUBMIT_REPLY_FIELDS: usize = 64;
+/// Bytes kept free in a GetGraph page for its `next_page_token` (a
+/// revision and an item identity of at most 2 × 253 bytes, hex-encoded).
+const PAGE_TOKEN_ROOM: usize = 2_048;
 
 /// The Reconciler service.
 #[derive(Clone)]
@@ -70,17 +75,25 @@ impl Reconciler for ReconcilerService {
         let validated = self.validate_submit(request)?;
         let outcome = handle.submit(validated).await.map_err(ApiError::from)?;
         let snapshot = handle.snapshots.latest();
-        let plan = plan_to_proto_with_items(
+        let mut plan = plan_to_proto_with_items(
             &outcome.plan,
             SHOWN_OPERATIONS,
             &snapshot.intended,
             &snapshot.current,
+        );
+        // The intent is committed: the reply must say so whatever the
+        // plan's size, so the plan is cut to fit rather than the call
+        // failing with OUT_OF_RANGE.
+        let plan_truncated = fit_plan(
+            &mut plan,
+            self.context.reply_bytes.saturating_sub(SUBMIT_REPLY_FIELDS),
         );
         Ok(Response::new(v1::SubmitIntentResponse {
             generation: outcome.generation,
             changed: outcome.changed,
             plan: Some(plan),
             revision: outcome.revision,
+            plan_truncated,
         }))
     }
 
@@ -117,34 +130,15 @@ impl Reconciler for ReconcilerService {
         let mut outcome = scope_outcome(&handle.snapshots.latest(), &subgraph);
         if request.wait {
             let deadline = tokio::time::Instant::now() + timeout;
-            let mut no_progress = 0;
-            while outcome == ScopeOutcome::Working
-                || (outcome == ScopeOutcome::Idle && no_progress < max_no_progress)
-            {
-                if outcome == ScopeOutcome::Idle {
-                    // Nothing in flight and not done: run another pass and see
-                    // whether it changes anything.
-                    let before = handle.snapshots.latest().record.revision;
-                    handle.reconcile(false).await.map_err(ApiError::from)?;
-                    iterations += 1;
-                    if handle.snapshots.latest().record.revision == before {
-                        no_progress += 1;
-                    } else {
-                        no_progress = 0;
-                    }
-                    outcome = scope_outcome(&handle.snapshots.latest(), &subgraph);
-                    continue;
-                }
-                tokio::select! {
-                    changed = updates.changed() => {
-                        if changed.is_err() {
-                            break;
-                        }
-                    }
-                    () = tokio::time::sleep_until(deadline) => break,
-                }
-                outcome = scope_outcome(&handle.snapshots.latest(), &subgraph);
-            }
+            (outcome, iterations) = wait_for_scope(
+                &handle,
+                &subgraph,
+                &mut updates,
+                outcome,
+                max_no_progress,
+                deadline,
+            )
+            .await?;
         }
         let snapshot = handle.snapshots.latest();
         let entries: Vec<_> = log
@@ -215,7 +209,14 @@ impl Reconciler for ReconcilerService {
             size => (size as usize).min(MAX_PAGE_SIZE),
         };
         Ok(Response::new(graph_page(
-            &snapshot, view, &subgraph, after, page_size,
+            &snapshot,
+            view,
+            &subgraph,
+            after,
+            PageBudget {
+                items: page_size,
+                bytes: self.context.reply_bytes,
+            },
         )))
     }
 
@@ -253,6 +254,106 @@ impl Reconciler for ReconcilerService {
             .map_err(ApiError::from)?;
         Ok(Response::new(v1::ReportExternalResponse { revision }))
     }
+}
+
+/// The first pause between two idle passes of `Reconcile{wait}`; each
+/// pause without progress doubles it, up to [`IDLE_PASS_MAX_BACKOFF`].
+const IDLE_PASS_FIRST_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest pause between two idle passes of `Reconcile{wait}`.
+const IDLE_PASS_MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// What the wait loop of `Reconcile{wait}` compares to tell progress: the
+/// revision (something was committed) and the connected item types (an
+/// agent registered, reconnected or went away).
+fn progress_mark(snapshot: &TenantSnapshot) -> (u64, Vec<String>) {
+    (
+        snapshot.record.revision,
+        snapshot.connected_item_types.clone(),
+    )
+}
+
+/// Waits until the scope converges or stalls, `max_no_progress` idle
+/// passes in a row change nothing, or `deadline` passes, whichever comes
+/// first; returns the scope's outcome and the passes run (counting the
+/// first one, already run by the caller).
+///
+/// Every branch honours the deadline. Idle passes (nothing in flight, not
+/// converged) are spaced by an exponential backoff from 1 s, capped at
+/// 60 s and never past the deadline, so "no progress for N passes" spans
+/// seconds, long enough for an agent to reconnect. A commit or a change in
+/// the connected item types (an agent registering) during the pause counts
+/// as progress: the count of idle passes starts over.
+async fn wait_for_scope(
+    handle: &TenantHandle,
+    subgraph: &str,
+    updates: &mut tokio::sync::watch::Receiver<Arc<TenantSnapshot>>,
+    mut outcome: ScopeOutcome,
+    max_no_progress: u32,
+    deadline: tokio::time::Instant,
+) -> Result<(ScopeOutcome, u32), Status> {
+    let mut iterations = 1u32;
+    let mut no_progress = 0u32;
+    let mut backoff = IDLE_PASS_FIRST_BACKOFF;
+    loop {
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        match outcome {
+            ScopeOutcome::Converged | ScopeOutcome::Stalled => break,
+            ScopeOutcome::Working => {
+                tokio::select! {
+                    changed = updates.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                    }
+                    () = tokio::time::sleep_until(deadline) => break,
+                }
+                backoff = IDLE_PASS_FIRST_BACKOFF;
+                no_progress = 0;
+            }
+            ScopeOutcome::Idle => {
+                if no_progress >= max_no_progress {
+                    break;
+                }
+                // Nothing in flight and not done: wait (for the backoff, or
+                // for progress), then run another pass and see whether it
+                // changes anything.
+                let mark = progress_mark(&handle.snapshots.latest());
+                let wake = (tokio::time::Instant::now() + backoff).min(deadline);
+                let mut progressed = false;
+                loop {
+                    tokio::select! {
+                        changed = updates.changed() => {
+                            if changed.is_err() {
+                                break;
+                            }
+                            if progress_mark(&handle.snapshots.latest()) != mark {
+                                progressed = true;
+                                break;
+                            }
+                        }
+                        () = tokio::time::sleep_until(wake) => break,
+                    }
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    break;
+                }
+                let before = handle.snapshots.latest().record.revision;
+                handle.reconcile(false).await.map_err(ApiError::from)?;
+                iterations = iterations.saturating_add(1);
+                if progressed || handle.snapshots.latest().record.revision != before {
+                    no_progress = 0;
+                    backoff = IDLE_PASS_FIRST_BACKOFF;
+                } else {
+                    no_progress += 1;
+                    backoff = (backoff * 2).min(IDLE_PASS_MAX_BACKOFF);
+                }
+            }
+        }
+        outcome = scope_outcome(&handle.snapshots.latest(), subgraph);
+    }
+    Ok((outcome, iterations))
 }
 
 /// Refuses a request with more items than the tenant's own
@@ -309,6 +410,34 @@ impl ReconcilerService {
             dry_run: request.dry_run,
         })
     }
+}
+
+/// Cuts `plan` to at most `budget` encoded bytes by dropping listed
+/// waiting items, then operations, from the end (the operations kept still
+/// refer only to earlier ones). Sets `truncated` and returns true if it
+/// cut anything; the counts keep covering the whole plan.
+fn fit_plan(plan: &mut v1::Plan, budget: usize) -> bool {
+    use prost::Message as _;
+    let mut size = plan.encoded_len();
+    if size <= budget {
+        return false;
+    }
+    while size > budget {
+        if let Some(waiting) = plan.waiting.pop() {
+            size = size.saturating_sub(field_len(7, waiting.encoded_len()));
+        } else if let Some(operation) = plan.operations.pop() {
+            size = size.saturating_sub(field_len(1, operation.encoded_len()));
+        } else {
+            break;
+        }
+    }
+    plan.truncated = true;
+    true
+}
+
+/// Encoded bytes of a message field with `tag` whose body is `len` bytes.
+fn field_len(tag: u32, len: usize) -> usize {
+    prost::encoding::key_len(tag) + prost::encoding::encoded_len_varint(len as u64) + len
 }
 
 /// How far a Reconcile's scope got.
@@ -403,21 +532,32 @@ fn in_scope(snapshot: &TenantSnapshot, item: &ItemRef, scope: &str) -> bool {
     }
 }
 
-/// One page of a graph listing: the next `page_size` identities after
-/// `after` among intended and current items, filtered by subgraph.
+/// How much one GetGraph page may hold.
+#[derive(Clone, Copy, Debug)]
+struct PageBudget {
+    /// The most item identities.
+    items: usize,
+    /// The most encoded bytes of the reply; a page always holds at least
+    /// one identity, so a listing always moves on.
+    bytes: usize,
+}
+
+/// One page of a graph listing: the identities after `after` among
+/// intended and current items, filtered by subgraph, while they fit
+/// `budget` (by count and by encoded size).
 fn graph_page(
     snapshot: &Arc<TenantSnapshot>,
     view: v1::GraphView,
     subgraph: &str,
     after: Option<ItemRef>,
-    page_size: usize,
+    budget: PageBudget,
 ) -> v1::GetGraphResponse {
+    use prost::Message as _;
     let lower = match &after {
         Some(key) => Bound::Excluded(key.clone()),
         None => Bound::Unbounded,
     };
     let with_current = view != v1::GraphView::Intended;
-    let mut keys: BTreeSet<ItemRef> = BTreeSet::new();
     let mut intended_keys = snapshot
         .intended
         .range((lower.clone(), Bound::Unbounded))
@@ -432,6 +572,14 @@ fn graph_page(
     } else {
         None
     };
+    let mut response = v1::GetGraphResponse {
+        revision: snapshot.record.revision,
+        generation: snapshot.record.generation,
+        ..v1::GetGraphResponse::default()
+    };
+    // The token is the only field added after the loop; keep room for it.
+    let mut size = response.encoded_len() + PAGE_TOKEN_ROOM;
+    let mut listed = 0usize;
     let mut last = None;
     let mut more = false;
     loop {
@@ -461,33 +609,38 @@ fn graph_page(
         if !in_scope(snapshot, key, subgraph) {
             continue;
         }
-        if keys.len() == page_size {
+        if listed == budget.items {
             more = true;
             break;
         }
-        keys.insert(key.clone());
-        last = Some(key.clone());
-    }
-    let mut response = v1::GetGraphResponse {
-        revision: snapshot.record.revision,
-        generation: snapshot.record.generation,
-        ..v1::GetGraphResponse::default()
-    };
-    for key in &keys {
         let intended = snapshot.intended.get(key);
-        if view != v1::GraphView::Current
-            && let Some(entry) = intended
-        {
-            response.intended.push(intended_item_to_proto(entry));
-        }
-        if with_current {
-            response.current.push(item_status(
+        let intended_proto = match intended {
+            Some(entry) if view != v1::GraphView::Current => Some(intended_item_to_proto(entry)),
+            _ => None,
+        };
+        let current_proto = with_current.then(|| {
+            item_status(
                 key,
                 snapshot.current.get(key).map(AsRef::as_ref),
                 intended.map(AsRef::as_ref),
                 snapshot.waiting.get(key),
-            ));
+            )
+        });
+        let added = intended_proto
+            .as_ref()
+            .map_or(0, |item| field_len(1, item.encoded_len()))
+            + current_proto
+                .as_ref()
+                .map_or(0, |status| field_len(2, status.encoded_len()));
+        if listed > 0 && size + added > budget.bytes {
+            more = true;
+            break;
         }
+        size += added;
+        listed += 1;
+        response.intended.extend(intended_proto);
+        response.current.extend(current_proto);
+        last = Some(key.clone());
     }
     if more && let Some(after) = last {
         response.next_page_token = PageToken {
