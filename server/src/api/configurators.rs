@@ -394,7 +394,11 @@ impl Session {
                 .blocked_since
                 .map(|since| since + self.lease)
                 .unwrap_or_else(far_future);
+            // Biased: a shutdown or a revoked token is told to the agent
+            // before the owner's end (a deleted tenant both revokes the
+            // token and stops its owner).
             tokio::select! {
+                biased;
                 () = self.shutdown.cancelled() => {
                     // The agent keeps unacknowledged results and sends them
                     // again after reconnecting; operations stay journaled.
@@ -412,6 +416,7 @@ impl Session {
                         match self.forwardable(message) {
                             Ok(Some(forward)) => {
                                 if self.handle.from_agent(self.id, forward).await.is_err() {
+                                    self.close_with_revocation_if_any().await;
                                     break "the tenant was deleted".to_string();
                                 }
                             }
@@ -445,7 +450,10 @@ impl Session {
                             break gone;
                         }
                     }
-                    None => break "the server replaced this session".to_string(),
+                    None => {
+                        self.close_with_revocation_if_any().await;
+                        break "the server replaced this session".to_string();
+                    }
                 },
                 () = tokio::time::sleep_until(stalled_until), if self.blocked_since.is_some() => {
                     let stalled = ApiError::DeadlineExceeded {
@@ -503,6 +511,15 @@ impl Session {
         self.blocked_since
             .get_or_insert_with(tokio::time::Instant::now);
         Ok(())
+    }
+
+    /// When the owner went away because the tenant was deleted, its token
+    /// is revoked too: says so (UNAUTHENTICATED) rather than ending the
+    /// stream without a status.
+    async fn close_with_revocation_if_any(&self) {
+        if self.revoked.is_cancelled() {
+            self.close_with(credentials_revoked()).await;
+        }
     }
 
     /// Ends the agent's stream with `status`, waiting at most
