@@ -93,21 +93,27 @@ impl Configurator for Device {
     }
 }
 
-#[tokio::test]
-async fn drift_is_read_back_and_corrected_and_a_vanished_item_is_created_again() {
+/// A tenant with `--resync-interval-secs resync_secs`, a [`Device`] agent
+/// whose type supports READ, and item `t/a` (v = 1) created on it.
+async fn device_with_one_item(resync_secs: u64) -> (TestTenant, Arc<Device>, RunningAgent) {
     let options = ServerOptions::default()
         .arg("--resync-interval-secs")
-        .arg("1");
+        .arg(resync_secs.to_string());
     let tenant = TestTenant::start_with(options, "acme").await;
     let device = Arc::new(Device::default());
     let spec = TypeSpec::new("t").supports_read(true);
     let mut agent = RunningAgent::start(tenant.agent("agent-1").item_type(spec, device.clone()));
     agent.connected().await;
-
     tenant
         .submit(vec![item_needing("t", "a", json!({"v": 1}), &[])])
         .await;
     device.wait_for("create v=1").await;
+    (tenant, device, agent)
+}
+
+#[tokio::test]
+async fn drift_is_read_back_and_corrected_and_a_vanished_item_is_created_again() {
+    let (tenant, device, _agent) = device_with_one_item(1).await;
     // The first resync reads v = 99: drift, corrected by a Modify from 99.
     device.wait_for("read 0").await;
     device.wait_for("modify v=99 -> v=1").await;
@@ -128,18 +134,7 @@ async fn drift_is_read_back_and_corrected_and_a_vanished_item_is_created_again()
 async fn reconcile_with_refresh_reads_now_and_corrects_drift_before_it_answers() {
     // The periodic resync is an hour away: only the refresh can find the
     // drift (the device's first READ reports v = 99).
-    let options = ServerOptions::default()
-        .arg("--resync-interval-secs")
-        .arg("3600");
-    let tenant = TestTenant::start_with(options, "acme").await;
-    let device = Arc::new(Device::default());
-    let spec = TypeSpec::new("t").supports_read(true);
-    let mut agent = RunningAgent::start(tenant.agent("agent-1").item_type(spec, device.clone()));
-    agent.connected().await;
-    tenant
-        .submit(vec![item_needing("t", "a", json!({"v": 1}), &[])])
-        .await;
-    device.wait_for("create v=1").await;
+    let (tenant, device, _agent) = device_with_one_item(3600).await;
     tenant.wait_until_ready().await;
     assert!(
         !device.entries().iter().any(|e| e.starts_with("read")),
