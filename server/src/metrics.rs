@@ -30,6 +30,8 @@ pub struct Gauges {
     pub operations_in_flight: u64,
     /// Live tenants.
     pub tenants: u64,
+    /// Tenants not served because their records could not be read.
+    pub tenants_quarantined: u64,
     /// Commands queued for the tenant owners.
     pub queued_commands: u64,
     /// Open Watch streams.
@@ -222,6 +224,7 @@ impl Metrics {
             items_by_state,
             operations_in_flight: in_flight,
             tenants,
+            tenants_quarantined,
             queued_commands: queued,
             watchers,
             agents_connected,
@@ -241,6 +244,10 @@ impl Metrics {
         let _ = writeln!(
             out,
             "# HELP reconciled_tenants Live tenants.\n# TYPE reconciled_tenants gauge\nreconciled_tenants {tenants}"
+        );
+        let _ = writeln!(
+            out,
+            "# HELP reconciled_tenants_quarantined Tenants not served because their stored records could not be read.\n# TYPE reconciled_tenants_quarantined gauge\nreconciled_tenants_quarantined {tenants_quarantined}"
         );
         let _ = writeln!(
             out,

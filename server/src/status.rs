@@ -39,6 +39,8 @@ pub mod reason {
     pub const UNSUPPORTED_PROTOCOL: &str = "UNSUPPORTED_PROTOCOL";
     /// An item type is already handled by another live agent session.
     pub const TYPE_HELD: &str = "TYPE_HELD";
+    /// A tenant's stored records could not be read at start-up.
+    pub const TENANT_QUARANTINED: &str = "TENANT_QUARANTINED";
 }
 
 /// Everything an RPC can fail with, in API terms. Each variant maps to one
@@ -139,6 +141,18 @@ pub enum ApiError {
         item_type: String,
         /// The agent that holds it.
         holder: String,
+    },
+    /// A tenant whose stored records could not be read at start-up is not
+    /// served: `FAILED_PRECONDITION` with `ErrorInfo{TENANT_QUARANTINED}`.
+    #[error(
+        "tenant {name:?} is quarantined: its stored records could not be read at start-up \
+         ({error}); delete it with DeleteTenant, or restore the data directory from a backup"
+    )]
+    TenantQuarantined {
+        /// The tenant.
+        name: String,
+        /// Why its records could not be read.
+        error: String,
     },
     /// An item is listed in a subgraph the request does not own:
     /// `INVALID_ARGUMENT` with `ErrorInfo{ITEM_IN_OTHER_SUBGRAPH}` and a
@@ -284,7 +298,8 @@ impl ApiError {
             Self::NotFound { .. } | Self::TenantDeleted => Code::NotFound,
             Self::GenerationMismatch { .. }
             | Self::UnsupportedProtocol { .. }
-            | Self::TypeHeld { .. } => Code::FailedPrecondition,
+            | Self::TypeHeld { .. }
+            | Self::TenantQuarantined { .. } => Code::FailedPrecondition,
             Self::Unauthenticated { .. } => Code::Unauthenticated,
             Self::QuotaExceeded { .. }
             | Self::SlowConsumer { .. }
@@ -352,6 +367,10 @@ impl ApiError {
             Self::TypeHeld { item_type, holder } => Some(error_info(
                 reason::TYPE_HELD,
                 [("item_type", item_type.clone()), ("holder", holder.clone())],
+            )),
+            Self::TenantQuarantined { name, error } => Some(error_info(
+                reason::TENANT_QUARANTINED,
+                [("tenant", name.clone()), ("error", error.clone())],
             )),
             Self::ItemInOtherSubgraph { .. } => Some(self.item_in_other_subgraph_details()),
             Self::NotFound { .. }

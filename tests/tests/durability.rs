@@ -109,3 +109,73 @@ async fn every_acknowledged_intent_survives_sigkill_at_random_moments() {
         acknowledged = names.len();
     }
 }
+
+#[tokio::test]
+async fn a_tenant_whose_records_cannot_be_read_is_quarantined_and_the_others_are_served() {
+    use reconciled::store::{SledOptions, SledStore, Store, WriteBatch, keys};
+    let mut server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("starts");
+    let channel = server.channel().await.expect("connects");
+    let admin = server.admin_token();
+    let good = create_tenant(&channel, &admin, "good").await;
+    create_tenant(&channel, &admin, "bad").await;
+    reconciler(&channel, &good)
+        .submit_intent(submit("good", intent(3)))
+        .await
+        .expect("stored");
+    server.terminate().await.expect("stops");
+
+    // Corrupt the bad tenant's record, as a torn disk or a bad restore would.
+    {
+        let store = SledStore::open(&server.data_dir(), SledOptions::default()).expect("opens");
+        let id = store
+            .get(&keys::tenant_name_key("bad"))
+            .expect("reads")
+            .and_then(|bytes| {
+                bytes
+                    .get(..8)
+                    .map(|b| u64::from_be_bytes(b.try_into().unwrap_or_default()))
+            })
+            .expect("the bad tenant is indexed");
+        let mut batch = WriteBatch::new();
+        batch.put(keys::tenant_record_key(id), b"{not json".to_vec());
+        store.commit_blocking(batch).expect("writes");
+    }
+
+    server
+        .start_again()
+        .await
+        .expect("starts with a corrupt tenant");
+    let channel = server.channel().await.expect("connects");
+    let (_, names) = intended_names(&channel, &good, "good").await;
+    assert_eq!(names.len(), 3, "the other tenant is served");
+    let refused = reconciled_tests::api::tenants(&channel, &admin)
+        .get_tenant(v1::GetTenantRequest { name: "bad".into() })
+        .await
+        .expect_err("quarantined");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("quarantined"), "{refused:?}");
+
+    reconciled_tests::api::tenants(&channel, &admin)
+        .delete_tenant(v1::DeleteTenantRequest { name: "bad".into() })
+        .await
+        .expect("a quarantined tenant can be deleted");
+    let gone = reconciled_tests::api::tenants(&channel, &admin)
+        .get_tenant(v1::GetTenantRequest { name: "bad".into() })
+        .await
+        .expect_err("deleted");
+    assert_eq!(gone.code(), tonic::Code::NotFound, "{gone:?}");
+    // The name is free again, and a restart serves everything.
+    create_tenant(&channel, &admin, "bad").await;
+    server.restart().await.expect("restarts");
+    let channel = server.channel().await.expect("connects");
+    reconciled_tests::api::tenants(&channel, &admin)
+        .get_tenant(v1::GetTenantRequest { name: "bad".into() })
+        .await
+        .expect("served");
+}

@@ -68,6 +68,14 @@ impl ApiContext {
     pub fn tenant(&self, caller: Caller, name: &str) -> Result<TenantHandle, ApiError> {
         match self.directory.get(name) {
             Some(handle) if caller.may_access(handle.id) => Ok(handle),
+            None if caller == Caller::Admin
+                && let Some(quarantined) = self.directory.quarantined(name) =>
+            {
+                Err(ApiError::TenantQuarantined {
+                    name: name.to_string(),
+                    error: quarantined.error,
+                })
+            }
             _ => Err(ApiError::NotFound {
                 what: format!("tenant {name:?}"),
             }),

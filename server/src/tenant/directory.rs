@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::auth::{TokenDirectory, TokenHash, TokenKind, generate_token};
 use crate::store::{Store, WriteBatch, keys};
@@ -48,6 +48,19 @@ struct Inner {
     /// Per tenant, cancelled when its current token stops being valid
     /// (rotation, deletion); streams opened with that token end then.
     credentials: HashMap<u64, CancellationToken>,
+    /// Tenants whose records could not be read at start-up, by name.
+    quarantined: BTreeMap<String, Quarantined>,
+}
+
+/// A tenant not served because its stored records could not be read at
+/// start-up; every other tenant is. An admin sees it (FAILED_PRECONDITION
+/// with its error) and can delete it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quarantined {
+    /// The tenant's id.
+    pub id: u64,
+    /// Why its records could not be read.
+    pub error: String,
 }
 
 impl Inner {
@@ -108,7 +121,15 @@ impl TenantDirectory {
                 );
                 continue;
             };
-            let record: TenantRecord = decode(&record_key, &bytes)?;
+            let record: TenantRecord = match decode(&record_key, &bytes) {
+                Ok(record) => record,
+                Err(error) => {
+                    let name = keys::parse_tenant_name_key(&key)
+                        .unwrap_or_else(|| format!("(tenant {id})"));
+                    directory.quarantine(name, id, &error);
+                    continue;
+                }
+            };
             if record.deleted {
                 continue;
             }
@@ -120,8 +141,13 @@ impl TenantDirectory {
             }
             records.push(record);
         }
-        for state in load_states(&*store, records)? {
-            directory.start(state);
+        for loaded in load_states(&*store, records)? {
+            match loaded {
+                Ok(state) => {
+                    directory.start(state);
+                }
+                Err((record, error)) => directory.quarantine(record.name, record.id, &error),
+            }
         }
         for (key, _) in scan_all(&*store, keys::purges_prefix())? {
             if let Some(id) = keys::parse_purge_key(&key) {
@@ -130,6 +156,33 @@ impl TenantDirectory {
             }
         }
         Ok(directory)
+    }
+
+    /// Keeps tenant `name` out of service: its records could not be read.
+    fn quarantine(&self, name: String, id: u64, error: &TenantError) {
+        error!(
+            tenant = %name,
+            tenant_id = id,
+            %error,
+            "A tenant's stored records cannot be read; it is quarantined (not served). Delete it with DeleteTenant or restore the data directory from a backup."
+        );
+        self.write().quarantined.insert(
+            name,
+            Quarantined {
+                id,
+                error: error.to_string(),
+            },
+        );
+    }
+
+    /// The quarantined tenant `name`, if it is one.
+    pub fn quarantined(&self, name: &str) -> Option<Quarantined> {
+        self.read().quarantined.get(name).cloned()
+    }
+
+    /// How many tenants are quarantined.
+    pub fn quarantined_count(&self) -> usize {
+        self.read().quarantined.len()
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
@@ -274,6 +327,11 @@ impl TenantDirectory {
     /// batches, resumed after a restart.
     pub async fn delete(&self, name: &str) -> Result<(), DirectoryError> {
         let _admin = self.admin.lock().await;
+        if self.get(name).is_none()
+            && let Some(quarantined) = self.quarantined(name)
+        {
+            return self.delete_quarantined(name, quarantined.id).await;
+        }
         let handle = self
             .get(name)
             .ok_or_else(|| DirectoryError::NotFound(name.to_string()))?;
@@ -306,6 +364,23 @@ impl TenantDirectory {
             "Tenant deleted; purging its records."
         );
         self.spawn_purge(handle.id);
+        Ok(())
+    }
+
+    /// Deletes a quarantined tenant: its name is freed and its keys are
+    /// purged (its record, unreadable, is not rewritten).
+    async fn delete_quarantined(&self, name: &str, id: u64) -> Result<(), DirectoryError> {
+        let mut batch = WriteBatch::new();
+        batch.put(keys::purge_key(id), Vec::new());
+        batch.delete(keys::tenant_name_key(name));
+        self.store.commit(batch).await.map_err(TenantError::from)?;
+        self.write().quarantined.remove(name);
+        info!(
+            tenant = name,
+            tenant_id = id,
+            "Quarantined tenant deleted; purging its records."
+        );
+        self.spawn_purge(id);
         Ok(())
     }
 
@@ -356,6 +431,7 @@ impl TenantDirectory {
     /// queued commands, watchers, tenants), summed over every live tenant.
     pub fn gauges(&self) -> crate::metrics::Gauges {
         let mut gauges = crate::metrics::Gauges::default();
+        gauges.tenants_quarantined = self.read().quarantined.len() as u64;
         for handle in self.read().by_name.values() {
             let snapshot = handle.snapshots.latest();
             gauges.tenants += 1;
@@ -400,10 +476,10 @@ impl TenantDirectory {
 /// Loads the tenants' graphs, on as many threads as there are cores (the
 /// start-up of a server with many tenants is mostly decoding). Returns them
 /// in the order of `records`.
-fn load_states(
-    store: &dyn Store,
-    records: Vec<TenantRecord>,
-) -> Result<Vec<TenantState>, TenantError> {
+/// A tenant's state, or its record and why its state could not be read.
+type Loaded = Result<TenantState, (TenantRecord, TenantError)>;
+
+fn load_states(store: &dyn Store, records: Vec<TenantRecord>) -> Result<Vec<Loaded>, TenantError> {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let chunk = records.len().div_ceil(threads).max(1);
     let mut chunks: Vec<Vec<TenantRecord>> = Vec::new();
@@ -418,8 +494,11 @@ fn load_states(
                 scope.spawn(move || {
                     chunk
                         .into_iter()
-                        .map(|record| TenantState::load(store, record))
-                        .collect::<Result<Vec<_>, _>>()
+                        .map(|record| {
+                            TenantState::load(store, record.clone())
+                                .map_err(|error| (record, error))
+                        })
+                        .collect::<Vec<Loaded>>()
                 })
             })
             .collect();
@@ -429,7 +508,7 @@ fn load_states(
                 key: String::from("(tenant load)"),
                 message: String::from("a loader thread panicked"),
             })?;
-            states.extend(loaded?);
+            states.extend(loaded);
         }
         Ok(states)
     })
