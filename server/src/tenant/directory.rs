@@ -146,7 +146,10 @@ impl TenantDirectory {
                 Ok(state) => {
                     directory.start(state);
                 }
-                Err((record, error)) => directory.quarantine(record.name, record.id, &error),
+                Err(failed) => {
+                    let (record, error) = *failed;
+                    directory.quarantine(record.name, record.id, &error);
+                }
             }
         }
         for (key, _) in scan_all(&*store, keys::purges_prefix())? {
@@ -430,8 +433,10 @@ impl TenantDirectory {
     /// The gauges the tenants own (items by state, operations in flight,
     /// queued commands, watchers, tenants), summed over every live tenant.
     pub fn gauges(&self) -> crate::metrics::Gauges {
-        let mut gauges = crate::metrics::Gauges::default();
-        gauges.tenants_quarantined = self.read().quarantined.len() as u64;
+        let mut gauges = crate::metrics::Gauges {
+            tenants_quarantined: self.read().quarantined.len() as u64,
+            ..Default::default()
+        };
         for handle in self.read().by_name.values() {
             let snapshot = handle.snapshots.latest();
             gauges.tenants += 1;
@@ -477,7 +482,7 @@ impl TenantDirectory {
 /// start-up of a server with many tenants is mostly decoding). Returns them
 /// in the order of `records`.
 /// A tenant's state, or its record and why its state could not be read.
-type Loaded = Result<TenantState, (TenantRecord, TenantError)>;
+type Loaded = Result<TenantState, Box<(TenantRecord, TenantError)>>;
 
 fn load_states(store: &dyn Store, records: Vec<TenantRecord>) -> Result<Vec<Loaded>, TenantError> {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
@@ -496,7 +501,7 @@ fn load_states(store: &dyn Store, records: Vec<TenantRecord>) -> Result<Vec<Load
                         .into_iter()
                         .map(|record| {
                             TenantState::load(store, record.clone())
-                                .map_err(|error| (record, error))
+                                .map_err(|error| Box::new((record, error)))
                         })
                         .collect::<Vec<Loaded>>()
                 })
