@@ -33,6 +33,12 @@ async fn start(seed: u64) -> Harness {
         min_ms: 1_000,
         max_ms: 60_000,
     };
+    start_spec(seed, spec).await
+}
+
+/// A tenant with one agent session for `spec`'s type, default settings,
+/// over an in-memory store.
+async fn start_spec(seed: u64, spec: TypeSpec) -> Harness {
     start_with(
         seed,
         spec,
@@ -331,13 +337,7 @@ async fn a_retry_under_the_same_op_id_is_still_tracked() {
     // retry then never timed out and its result was ignored.
     let mut spec = TypeSpec::new("t");
     spec.retry = RetryPolicy::Static { wait_ms: 0 };
-    let mut harness = start_with(
-        2,
-        spec,
-        OwnerSettings::default(),
-        Arc::new(InMemoryStore::new()),
-    )
-    .await;
+    let mut harness = start_spec(2, spec).await;
     harness.handle.submit(submit(&["a"])).await.expect("stored");
     settle().await;
     let first = received(&mut harness.agent);
@@ -439,10 +439,40 @@ async fn a_read_and_an_operation_on_one_item_are_not_dispatched_together() {
     assert_eq!(harness.handle.snapshots.latest().in_flight, 1);
 }
 
-/// `t/a`, depending on the external `e/x` (auto-deleted with it or not).
-fn submit_on_external(auto_deleted: bool) -> ValidatedSubmit {
+/// The external item `e/x`.
+fn external_x() -> Item {
     let mut external = Item::new("e", "x", Default::default());
     external.external = true;
+    external
+}
+
+/// A report that `e/x` exists (`true`) or vanished.
+fn x_reported(present: bool) -> ExternalChange {
+    if present {
+        ExternalChange::Put {
+            item: external_x(),
+            modified: false,
+        }
+    } else {
+        ExternalChange::Delete {
+            item: ItemRef::new("e", "x"),
+        }
+    }
+}
+
+/// Reports `e/x` present (`true`) or vanished, and lets the owner work.
+async fn report_x(harness: &Harness, present: bool) {
+    harness
+        .handle
+        .report_external(vec![x_reported(present)])
+        .await
+        .expect("reported");
+    settle().await;
+}
+
+/// `t/a`, depending on the external `e/x` (auto-deleted with it or not).
+fn submit_on_external(auto_deleted: bool) -> ValidatedSubmit {
+    let external = external_x();
     let mut dependency = crate::graph::Dependency::on(ItemRef::new("e", "x"));
     dependency.auto_deleted_by_external = auto_deleted;
     let dependent = Item::new("t", "a", Default::default()).depends_on(dependency);
@@ -456,29 +486,13 @@ fn submit_on_external(auto_deleted: bool) -> ValidatedSubmit {
 
 async fn lose_a_create_then_lose_its_external(auto_deleted: bool) -> (Harness, OperationOrder) {
     let spec = TypeSpec::new("t");
-    let mut harness = start_with(
-        5,
-        spec.clone(),
-        OwnerSettings::default(),
-        Arc::new(InMemoryStore::new()),
-    )
-    .await;
+    let mut harness = start_spec(5, spec.clone()).await;
     harness
         .handle
         .submit(submit_on_external(auto_deleted))
         .await
         .expect("stored");
-    let mut external = Item::new("e", "x", Default::default());
-    external.external = true;
-    harness
-        .handle
-        .report_external(vec![ExternalChange::Put {
-            item: external,
-            modified: false,
-        }])
-        .await
-        .expect("reported");
-    settle().await;
+    report_x(&harness, true).await;
     let create = received(&mut harness.agent);
     let create = orders(&create)[0].clone();
     assert_eq!(create.kind, crate::graph::OperationKind::Create);
@@ -487,9 +501,7 @@ async fn lose_a_create_then_lose_its_external(auto_deleted: bool) -> (Harness, O
     harness.handle.session_closed(1, "gone".into()).await;
     harness
         .handle
-        .report_external(vec![ExternalChange::Delete {
-            item: ItemRef::new("e", "x"),
-        }])
+        .report_external(vec![x_reported(false)])
         .await
         .expect("reported");
     reconnect(&mut harness, 2, spec).await;
@@ -663,44 +675,19 @@ async fn an_external_item_that_vanishes_and_returns_in_one_report_takes_its_depe
     // One report "deleted, then back" used to fold into "it exists": the
     // dependent auto-deleted with it was never dropped, so the server kept
     // believing in an item that was gone (rule 9).
-    let spec = TypeSpec::new("t");
-    let mut harness = start_with(
-        10,
-        spec,
-        OwnerSettings::default(),
-        Arc::new(InMemoryStore::new()),
-    )
-    .await;
+    let mut harness = start_spec(10, TypeSpec::new("t")).await;
     harness
         .handle
         .submit(submit_on_external(true))
         .await
         .expect("stored");
-    let mut external = Item::new("e", "x", Default::default());
-    external.external = true;
-    harness
-        .handle
-        .report_external(vec![ExternalChange::Put {
-            item: external.clone(),
-            modified: false,
-        }])
-        .await
-        .expect("reported");
-    settle().await;
+    report_x(&harness, true).await;
     let create = received(&mut harness.agent);
     answer(&harness, 1, orders(&create)[0], done()).await;
     assert_eq!(state_of(&harness.handle, "a"), Some(ItemState::Created));
     harness
         .handle
-        .report_external(vec![
-            ExternalChange::Delete {
-                item: ItemRef::new("e", "x"),
-            },
-            ExternalChange::Put {
-                item: external,
-                modified: false,
-            },
-        ])
+        .report_external(vec![x_reported(false), x_reported(true)])
         .await
         .expect("reported");
     settle().await;
@@ -722,42 +709,17 @@ async fn an_external_item_that_returns_releases_its_dependents() {
     // external item vanished kept waiting after the item came back, and
     // the tenant never became Ready again.
     use crate::engine::conditions::ConditionKind;
-    let spec = TypeSpec::new("t");
-    let mut harness = start_with(
-        11,
-        spec,
-        OwnerSettings::default(),
-        Arc::new(InMemoryStore::new()),
-    )
-    .await;
+    let mut harness = start_spec(11, TypeSpec::new("t")).await;
     harness
         .handle
         .submit(submit_on_external(false))
         .await
         .expect("stored");
-    let mut external = Item::new("e", "x", Default::default());
-    external.external = true;
-    let put = || ExternalChange::Put {
-        item: external.clone(),
-        modified: false,
-    };
-    harness
-        .handle
-        .report_external(vec![put()])
-        .await
-        .expect("reported");
-    settle().await;
+    report_x(&harness, true).await;
     let create = received(&mut harness.agent);
     answer(&harness, 1, orders(&create)[0], done()).await;
     harness.handle.session_closed(1, "gone".into()).await;
-    harness
-        .handle
-        .report_external(vec![ExternalChange::Delete {
-            item: ItemRef::new("e", "x"),
-        }])
-        .await
-        .expect("reported");
-    settle().await;
+    report_x(&harness, false).await;
     assert!(
         harness
             .handle
@@ -768,12 +730,7 @@ async fn an_external_item_that_returns_releases_its_dependents() {
             .is_some(),
         "t/a waits to be deleted"
     );
-    harness
-        .handle
-        .report_external(vec![put()])
-        .await
-        .expect("reported");
-    settle().await;
+    report_x(&harness, true).await;
     let snapshot = harness.handle.snapshots.latest();
     assert!(
         snapshot.waiting.get(&ItemRef::new("t", "a")).is_none(),
@@ -871,52 +828,21 @@ async fn a_settled_operation_needed_again_is_a_retry_under_its_op_id() {
     assert_eq!(again[0].attempt, 2, "its second attempt");
 }
 
-/// Reports the external item `e/x` present (`true`) or vanished.
-async fn report_x(harness: &Harness, present: bool) {
-    let change = if present {
-        let mut external = Item::new("e", "x", Default::default());
-        external.external = true;
-        ExternalChange::Put {
-            item: external,
-            modified: false,
-        }
-    } else {
-        ExternalChange::Delete {
-            item: ItemRef::new("e", "x"),
-        }
-    };
-    harness
-        .handle
-        .report_external(vec![change])
-        .await
-        .expect("reported");
-    settle().await;
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_lost_create_gone_with_its_external_item_is_not_sent_again_when_it_is_back() {
     // Simulator seed 185: the external item vanished and came back while
     // the Create's outcome was lost. Sent again under its op id, the
     // agent's de-duplication answered DONE from its cache for an item
     // that had gone with the external item; the server recorded it.
-    let (mut harness, create) = {
-        let spec = TypeSpec::new("t");
-        let mut harness = start_with(
-            12,
-            spec,
-            OwnerSettings::default(),
-            Arc::new(InMemoryStore::new()),
-        )
-        .await;
-        harness
-            .handle
-            .submit(submit_on_external(true))
-            .await
-            .expect("stored");
-        report_x(&harness, true).await;
-        let create = received(&mut harness.agent);
-        (harness, orders(&create)[0].clone())
-    };
+    let mut harness = start_spec(12, TypeSpec::new("t")).await;
+    harness
+        .handle
+        .submit(submit_on_external(true))
+        .await
+        .expect("stored");
+    report_x(&harness, true).await;
+    let create = received(&mut harness.agent);
+    let create = orders(&create)[0].clone();
     harness.handle.session_closed(1, "gone".into()).await;
     report_x(&harness, false).await;
     report_x(&harness, true).await;
