@@ -502,6 +502,33 @@ impl TestTenant {
         }
     }
 
+    /// Starts a server with default options and creates tenant `name` with
+    /// `limits`.
+    ///
+    /// # Panics
+    /// If the server does not start or the tenant cannot be created.
+    pub async fn start_with_limits(name: &str, limits: v1::TenantLimits) -> Self {
+        let server = ServerProcess::start(ServerOptions::default())
+            .await
+            .expect("the server starts");
+        let channel = server.channel().await.expect("connects to the server");
+        let token = api::tenants(&channel, &server.admin_token())
+            .create_tenant(v1::CreateTenantRequest {
+                name: name.to_owned(),
+                limits: Some(limits),
+            })
+            .await
+            .expect("creates the tenant")
+            .into_inner()
+            .token;
+        Self {
+            server,
+            channel,
+            name: name.to_owned(),
+            token,
+        }
+    }
+
     /// An agent builder for this tenant with id `agent_id` and quick
     /// reconnects (50 ms doubling to 250 ms).
     pub fn agent(&self, agent_id: &str) -> AgentBuilder {

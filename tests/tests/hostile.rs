@@ -217,29 +217,15 @@ async fn an_agents_external_update_is_validated_like_report_external_and_stores_
 
 #[tokio::test]
 async fn external_reports_are_held_to_the_tenants_item_limits_on_both_paths() {
-    let server = ServerProcess::start(ServerOptions::default())
-        .await
-        .expect("starts");
-    let channel = server.channel().await.expect("connects");
-    let token = api::tenants(&channel, &server.admin_token())
-        .create_tenant(v1::CreateTenantRequest {
-            name: "small".into(),
-            limits: Some(v1::TenantLimits {
-                max_items: 2,
-                max_request_items: 3,
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("creates the tenant")
-        .into_inner()
-        .token;
-    let tenant = TestTenant {
-        server,
-        channel,
-        name: "small".into(),
-        token,
-    };
+    let tenant = TestTenant::start_with_limits(
+        "small",
+        v1::TenantLimits {
+            max_items: 2,
+            max_request_items: 3,
+            ..Default::default()
+        },
+    )
+    .await;
     let puts = |count: usize| -> Vec<v1::ExternalReport> {
         (0..count)
             .map(|i| external_put("ext", &format!("e{i}"), json!({})))

@@ -279,28 +279,14 @@ async fn tenant_item_and_request_quotas_are_quota_failures() {
 
 #[tokio::test]
 async fn agents_beyond_the_tenants_limit_are_refused_until_one_leaves() {
-    let server = ServerProcess::start(ServerOptions::default())
-        .await
-        .expect("server starts");
-    let channel = server.channel().await.expect("connects");
-    let token = api::tenants(&channel, &server.admin_token())
-        .create_tenant(v1::CreateTenantRequest {
-            name: "acme".into(),
-            limits: Some(v1::TenantLimits {
-                max_agents: 1,
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("created")
-        .into_inner()
-        .token;
-    let tenant = TestTenant {
-        server,
-        channel,
-        name: "acme".into(),
-        token,
-    };
+    let tenant = TestTenant::start_with_limits(
+        "acme",
+        v1::TenantLimits {
+            max_agents: 1,
+            ..Default::default()
+        },
+    )
+    .await;
 
     let mut first = RunningAgent::start(
         tenant
@@ -329,28 +315,14 @@ async fn agents_beyond_the_tenants_limit_are_refused_until_one_leaves() {
 
 #[tokio::test]
 async fn a_tenant_never_has_more_operations_in_flight_than_its_limit() {
-    let server = ServerProcess::start(ServerOptions::default())
-        .await
-        .expect("server starts");
-    let channel = server.channel().await.expect("connects");
-    let token = api::tenants(&channel, &server.admin_token())
-        .create_tenant(v1::CreateTenantRequest {
-            name: "acme".into(),
-            limits: Some(v1::TenantLimits {
-                max_operations_in_flight: 1,
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("created")
-        .into_inner()
-        .token;
-    let tenant = TestTenant {
-        server,
-        channel,
-        name: "acme".into(),
-        token,
-    };
+    let tenant = TestTenant::start_with_limits(
+        "acme",
+        v1::TenantLimits {
+            max_operations_in_flight: 1,
+            ..Default::default()
+        },
+    )
+    .await;
     let gate = Gate::new();
     let recorder = Recorder::answering(Step::Hold(gate.clone()));
     let mut agent = RunningAgent::start(
