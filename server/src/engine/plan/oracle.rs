@@ -365,6 +365,17 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         self.current.get(item)
     }
 
+    /// The items whose current value (or running operation) requires
+    /// `item`, as an owned list.
+    fn current_dependents_of(&self, item: &ItemRef) -> Vec<ItemRef> {
+        self.current_dependents
+            .get(item)
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect()
+    }
+
     fn busy(&self, item: &ItemRef) -> bool {
         self.current_of(item).is_some_and(|c| c.is_busy())
     }
@@ -797,13 +808,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         // DESIGN 4: an UNKNOWN dependency blocks operations on its
         // dependents, Deletes included.
         let mut blocked = self.relies_on_an_unknown_item(item);
-        let dependents: Vec<ItemRef> = self
-            .current_dependents
-            .get(item)
-            .into_iter()
-            .flatten()
-            .cloned()
-            .collect();
+        let dependents = self.current_dependents_of(item);
         for dependent in dependents {
             if !self.holds(&dependent) {
                 continue;
@@ -923,13 +928,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
             // whatever the reason (rules 4 and 6 take dependents down for
             // this Modify's sake; others leave, or go with something else):
             // no dependent is being deleted while what it relies on changes.
-            let dependents: Vec<ItemRef> = self
-                .current_dependents
-                .get(item)
-                .into_iter()
-                .flatten()
-                .cloned()
-                .collect();
+            let dependents = self.current_dependents_of(item);
             for dependent in dependents {
                 if self.busy(&dependent) {
                     blocked = true;
