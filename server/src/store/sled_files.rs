@@ -43,13 +43,12 @@ pub(crate) fn open_db(
 ) -> Result<OpenedDb, String> {
     let sled_dir = sled_dir(dir);
     fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let db = sled::Config::new()
+    let config = sled::Config::new()
         .path(&sled_dir)
         .segment_size(SEGMENT_SIZE)
         .cache_capacity(cache_capacity_bytes)
-        .create_new(create_new)
-        .open()
-        .map_err(|e| format!("opening sled: {e}"))?;
+        .create_new(create_new);
+    let db = open_waiting_for_lock(&config).map_err(|e| format!("opening sled: {e}"))?;
     let log_path = sled_dir.join("db");
     // Write access is not used, but some platforms require it to fsync.
     let log_file = OpenOptions::new()
@@ -65,6 +64,28 @@ pub(crate) fn open_db(
     }
     make_private(dir)?;
     Ok(OpenedDb { db, log_file })
+}
+
+/// How long opening waits for sled's file lock: a store dropped a moment
+/// ago in this process releases it only once sled's background I/O threads
+/// let go of the database (a restart in-process, a migration reopening).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Opens `config`, retrying while its file lock is held, up to
+/// [`LOCK_WAIT`]; another process holding it still fails then.
+fn open_waiting_for_lock(config: &sled::Config) -> sled::Result<sled::Db> {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match config.open() {
+            Err(sled::Error::Io(error))
+                if error.kind() == std::io::ErrorKind::WouldBlock
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            opened => return opened,
+        }
+    }
 }
 
 /// Mode of every directory of a store: only the server's user may list or
