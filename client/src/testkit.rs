@@ -203,14 +203,25 @@ fn build_with_cargo(profile_dir: Option<&Path>) -> Result<PathBuf, String> {
             String::from_utf8_lossy(&output.stderr)
         ));
     }
-    String::from_utf8_lossy(&output.stdout)
+    reported_executable(&String::from_utf8_lossy(&output.stdout), "reconciled")
+        .ok_or_else(|| "cargo built reconciled but reported no executable".to_owned())
+}
+
+/// The executable of the binary target `name` among cargo's JSON messages.
+/// The package's library has the same target name but no executable, so
+/// only a `bin` artifact counts.
+fn reported_executable(cargo_messages: &str, name: &str) -> Option<PathBuf> {
+    cargo_messages
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find(|message| {
-            message["reason"] == "compiler-artifact" && message["target"]["name"] == "reconciled"
+        .filter(|message| {
+            message["reason"] == "compiler-artifact"
+                && message["target"]["name"] == name
+                && message["target"]["kind"]
+                    .as_array()
+                    .is_some_and(|kinds| kinds.iter().any(|kind| kind == "bin"))
         })
-        .and_then(|message| message["executable"].as_str().map(PathBuf::from))
-        .ok_or_else(|| "cargo built reconciled but reported no executable".to_owned())
+        .find_map(|message| message["executable"].as_str().map(PathBuf::from))
 }
 
 /// Tries `ListTenants` until the server answers and returns the admin
@@ -682,5 +693,26 @@ impl Drop for RunningAgent {
         if let Some(task) = self.task.take() {
             task.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_binary_is_found_after_the_library_of_the_same_name() {
+        let messages = [
+            r#"{"reason":"compiler-artifact","target":{"name":"reconciled","kind":["lib"]},"executable":null}"#,
+            r#"{"reason":"compiler-artifact","target":{"name":"reconciled","kind":["bin"]},"executable":"/t/debug/reconciled"}"#,
+            r#"{"reason":"build-finished","success":true}"#,
+        ]
+        .join("\n");
+        assert_eq!(
+            reported_executable(&messages, "reconciled"),
+            Some(PathBuf::from("/t/debug/reconciled"))
+        );
+        let library_only = messages.lines().next().unwrap();
+        assert_eq!(reported_executable(library_only, "reconciled"), None);
     }
 }
