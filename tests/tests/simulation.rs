@@ -270,3 +270,12 @@ fn seed_4616_a_lost_operation_waits_for_its_unknown_dependency() {
 fn seed_1129_a_question_does_not_bring_back_an_item_gone_with_its_external() {
     passes_in(1129, 500);
 }
+
+/// Fixed in the owner: a Modify that ties its item to an external item that
+/// went and came back while it ran leaves the item's existence uncertain
+/// (created again before anything is built on it), and a question about a
+/// tied item is not a tie of its own.
+#[test]
+fn seed_10247_a_modify_tying_an_item_to_a_returning_external_is_not_trusted() {
+    passes_in(10247, 500);
+}

@@ -147,13 +147,26 @@ pub fn completed(
     }
     if existing.gone_with_external && !matches!(completion, Completion::Lost) {
         // A live report settles what the mark was for (not sending a lost
-        // operation again): the item is what the agent says, and the
-        // planner drops it if its external item is still gone.
+        // operation again). A failure left the item as it was. A DONE of a
+        // Create or Modify that ties the item to the external item that
+        // went is ambiguous: applied before that item came back, the item
+        // went with it; applied after, it exists. So its existence is
+        // uncertain: the planner drops it if its external item is still
+        // gone, and otherwise creates it again (Creates are idempotent) or
+        // deletes it (DESIGN 3, rule 9; DESIGN 4, `previous_uncertain`).
+        let applied_a_tie = matches!(completion, Completion::Done { .. })
+            && matches!(
+                operation.kind,
+                OperationKind::Create | OperationKind::Modify
+            );
         let unmarked = CurrentItem {
             gone_with_external: false,
             ..existing.clone()
         };
-        return completed(current, &unmarked, completion);
+        return completed(current, &unmarked, completion).map(|settled| CurrentItem {
+            existence_uncertain: settled.existence_uncertain || applied_a_tie,
+            ..settled
+        });
     }
     match completion {
         Completion::Done { observed } => {
@@ -389,15 +402,20 @@ pub fn mark_gone_with_externals(
                     .and_then(|operation| operation.target.as_deref())
                     .is_some_and(ties)
             };
-            // Gone whatever the running operation does: a Create that, if
-            // it happened, made an item tied to it; a Delete or READ of a
-            // tied item; a Modify from a tied value to a tied value. (A
-            // Modify that ties or unties the item leaves it to the planner
-            // once the outcome is known.)
-            let gone_whatever = match entry.in_flight.as_ref().map(|o| o.kind) {
-                Some(OperationKind::Create) => target_ties(),
-                Some(OperationKind::Modify) => applied_ties && target_ties(),
-                Some(OperationKind::Delete | OperationKind::Read) | None => applied_ties,
+            // Gone if the running operation succeeds, whenever it ran: a
+            // Create or Modify that makes the item tied to it (applied
+            // before the external item came back, the item went with it);
+            // a Delete, READ or question (which change nothing) of a tied
+            // item. (A Modify that unties the item leaves it to the planner
+            // once the outcome is known: the agent answers NOT_FOUND if the
+            // item went first.)
+            let gone_whatever = match entry.in_flight.as_ref() {
+                Some(operation) if operation.question => applied_ties,
+                Some(operation) => match operation.kind {
+                    OperationKind::Create | OperationKind::Modify => target_ties(),
+                    OperationKind::Delete | OperationKind::Read => applied_ties,
+                },
+                None => applied_ties,
             };
             if !(applied_ties || target_ties()) || !seen.insert(dependent.clone()) {
                 continue;

@@ -444,10 +444,31 @@ impl Owner {
                 continue;
             }
             if current.gone_with_external {
-                // Whatever it did went with its external item: nothing to
-                // send again, nothing exists.
+                // Whatever it applied went with its external item: nothing
+                // to send again. A lost Create leaves nothing. A lost
+                // Modify may not have run, leaving the value before it: the
+                // item may exist, so the planner deletes it or creates it
+                // again (Creates are idempotent).
                 abandoned.push(operation.op_id.clone());
-                updates.push((item.clone(), None));
+                let remains = (operation.kind == OperationKind::Modify)
+                    .then(|| {
+                        let now = self.settings.clock.now_ms();
+                        let unmarked = CurrentItem {
+                            gone_with_external: false,
+                            ..(**current).clone()
+                        };
+                        completed(
+                            &self.state.current,
+                            &unmarked,
+                            Completion::Wait { retry_at_ms: now },
+                        )
+                    })
+                    .flatten()
+                    .map(|value| CurrentItem {
+                        existence_uncertain: true,
+                        ..value
+                    });
+                updates.push((item.clone(), remains));
                 continue;
             }
             if operation.redeliveries >= MAX_REDELIVERIES {

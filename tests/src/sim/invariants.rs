@@ -615,7 +615,10 @@ impl Ledger {
             let Some(record) = self.ops.get(op_id) else {
                 continue;
             };
-            let tied_create = record.kind == OperationKind::Create
+            // A Create or Modify that ties its item to a vanished external
+            // item: if it applied, the item went with it.
+            let tied_create = matches!(record.kind, OperationKind::Create | OperationKind::Modify)
+                && !record.question
                 && record
                     .value
                     .dependencies

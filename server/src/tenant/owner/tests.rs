@@ -907,6 +907,47 @@ async fn a_modify_running_when_its_external_item_vanishes_is_cancelled_and_dropp
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_modify_that_ties_an_item_to_an_external_item_that_went_and_came_back_is_created_again() {
+    // Simulator seed 10247: `t/a` is modified to be auto-deleted with `e/x`
+    // while `e/x` goes and comes back. The DONE cannot tell whether the
+    // Modify ran before `e/x` went (the item went with it) or after it came
+    // back; the item was recorded as existing and its dependents were built
+    // on nothing.
+    let mut harness = start(15).await;
+    harness
+        .handle
+        .submit(submit_on_external(false))
+        .await
+        .expect("stored");
+    report_x(&harness, true).await;
+    let create = received(&mut harness.agent);
+    answer(&harness, 1, orders(&create)[0], done()).await;
+    harness
+        .handle
+        .submit(submit_on_external(true))
+        .await
+        .expect("stored");
+    settle().await;
+    let modify = received(&mut harness.agent);
+    let modify = orders(&modify)[0].clone();
+    assert_eq!(modify.kind, crate::graph::OperationKind::Modify);
+    report_x(&harness, false).await;
+    report_x(&harness, true).await;
+    let _cancel = received(&mut harness.agent);
+
+    answer(&harness, 1, &modify, done()).await;
+    let messages = received(&mut harness.agent);
+    let sent = orders(&messages);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        sent[0].kind,
+        crate::graph::OperationKind::Create,
+        "created again (idempotent), not trusted to exist"
+    );
+    assert_ne!(sent[0].op_id, modify.op_id);
+}
+
+#[tokio::test(start_paused = true)]
 async fn not_found_to_a_modify_or_a_delete_means_the_item_is_gone() {
     // Simulator seed 1020: an agent that lost an item answered NOT_FOUND to
     // its Modify, a retryable code, and the Modify was retried for ever.
