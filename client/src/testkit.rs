@@ -712,7 +712,7 @@ mod tests {
             reported_executable(&messages, "reconciled"),
             Some(PathBuf::from("/t/debug/reconciled"))
         );
-        let library_only = messages.lines().next().unwrap();
+        let library_only = messages.lines().next().expect("three lines");
         assert_eq!(reported_executable(library_only, "reconciled"), None);
     }
 }
