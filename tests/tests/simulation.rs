@@ -279,3 +279,11 @@ fn seed_1129_a_question_does_not_bring_back_an_item_gone_with_its_external() {
 fn seed_10247_a_modify_tying_an_item_to_a_returning_external_is_not_trusted() {
     passes_in(10247, 500);
 }
+
+/// Fixed in the owner: a new operation of an item starts with no failure
+/// of its own, so a Delete given up on before the item came back into the
+/// intent is tried again when it leaves it once more.
+#[test]
+fn seed_10545_an_earlier_give_up_does_not_hold_a_new_operation() {
+    passes_in(10545, 500);
+}

@@ -1176,9 +1176,16 @@ impl Owner {
                 let existing = self.state.current.get(item).map(|c| &**c);
                 let mut value = started(existing, target, in_flight.clone());
                 record_dispatch_marks(&self.state.current, &mut value);
-                if in_flight.attempt == 1 {
-                    // A new operation: its failures count from zero.
+                let continues = existing
+                    .and_then(|c| c.retry_of.as_ref())
+                    .is_some_and(|retry| retry.op_id == in_flight.op_id);
+                if !continues {
+                    // A new operation: its failures count from zero, and an
+                    // earlier operation's failure (even one given up on)
+                    // says nothing about it.
                     value.attempts = 0;
+                    value.last_error = None;
+                    value.gave_up = false;
                 }
                 (item.clone(), Some(value))
             })

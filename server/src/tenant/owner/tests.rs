@@ -948,6 +948,54 @@ async fn a_modify_that_ties_an_item_to_an_external_item_that_went_and_came_back_
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_delete_given_up_on_is_tried_again_after_the_item_came_back_and_left() {
+    // Simulator seed 3034: an item whose Delete was given up on came back
+    // into the intent; its Modify answered WAIT, and when the item left
+    // the intent again, the earlier give-up still held: never deleted.
+    let spec = TypeSpec {
+        max_attempts: 1,
+        ..TypeSpec::new("t")
+    };
+    let mut harness = start_spec(16, spec).await;
+    harness.handle.submit(submit(&["a"])).await.expect("stored");
+    settle().await;
+    let create = received(&mut harness.agent);
+    answer(&harness, 1, orders(&create)[0], done()).await;
+    harness.handle.submit(submit(&[])).await.expect("stored");
+    settle().await;
+    let delete = received(&mut harness.agent);
+    let delete = orders(&delete)[0].clone();
+    assert_eq!(delete.kind, crate::graph::OperationKind::Delete);
+    let unavailable = AgentOutcome::Failed(crate::graph::OperationError {
+        code: code::UNAVAILABLE,
+        message: "busy".into(),
+    });
+    answer(&harness, 1, &delete, unavailable).await;
+    assert_eq!(state_of(&harness.handle, "a"), Some(ItemState::Failed));
+
+    let mut back = submit(&["a"]);
+    back.items[0].0.properties.insert("v".into(), 2.into());
+    harness.handle.submit(back).await.expect("stored");
+    settle().await;
+    let modify = received(&mut harness.agent);
+    let modify = orders(&modify)[0].clone();
+    assert_eq!(modify.kind, crate::graph::OperationKind::Modify);
+    let wait = AgentOutcome::Wait {
+        retry_after_ms: 60_000,
+    };
+    answer(&harness, 1, &modify, wait).await;
+    harness.handle.submit(submit(&[])).await.expect("stored");
+    // The item waits out the WAIT's minute (backoff is the item's), then
+    // its Delete goes.
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    let messages = received(&mut harness.agent);
+    let sent = orders(&messages);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].kind, crate::graph::OperationKind::Delete);
+    assert_ne!(sent[0].op_id, delete.op_id, "a new Delete");
+}
+
+#[tokio::test(start_paused = true)]
 async fn not_found_to_a_modify_or_a_delete_means_the_item_is_gone() {
     // Simulator seed 1020: an agent that lost an item answered NOT_FOUND to
     // its Modify, a retryable code, and the Modify was retried for ever.
