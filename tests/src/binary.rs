@@ -89,14 +89,16 @@ fn build_with_cargo() -> anyhow::Result<PathBuf> {
 }
 
 /// The example `name` of package `package`, built once per test process
-/// with the test's profile (e.g. the `fs_agent` example agent).
+/// with the test's profile (e.g. the `fs_agent` example agent). The build
+/// blocks the calling thread: call it before opening connections, which
+/// the server closes when their runtime misses its keepalive pings.
 pub fn example_binary(package: &str, name: &str) -> PathBuf {
     built_once(package, "example", name)
 }
 
 /// The binary `name` of package `package` (e.g. `reconctl` of
 /// `reconciled-client`), built once per test process with the test's
-/// profile.
+/// profile. Like [`example_binary`], call it before opening connections.
 pub fn package_binary(package: &str, name: &str) -> PathBuf {
     built_once(package, "bin", name)
 }

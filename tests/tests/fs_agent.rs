@@ -63,13 +63,17 @@ fn read(path: &Path) -> Option<String> {
 
 #[tokio::test]
 async fn the_example_agent_creates_changes_and_removes_real_files() {
+    // Built before any connection is open: the build blocks this test's
+    // runtime, and a connection that cannot answer the server's keepalive
+    // pings for 20 s is closed.
+    let agent_binary = example_binary("reconciled-client", "fs_agent");
     let server = ServerProcess::start(ServerOptions::default())
         .await
         .expect("server starts");
     let channel = server.channel().await.expect("connects");
     let token = create_tenant(&channel, &server.admin_token(), "acme").await;
     let root = tempfile::tempdir().expect("temp dir");
-    let agent = Command::new(example_binary("reconciled-client", "fs_agent"))
+    let agent = Command::new(agent_binary)
         .args([
             "--addr",
             &server.endpoint(),

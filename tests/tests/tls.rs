@@ -155,6 +155,9 @@ async fn a_tls_server_refuses_plaintext_clients_and_serves_tls_ones() {
 #[tokio::test]
 async fn mutual_tls_refuses_clients_without_a_certificate_and_an_agent_with_one_works() {
     let pki = Pki::new();
+    // Built before any connection is open (the build blocks this runtime,
+    // and the server closes connections that miss its keepalive pings).
+    let reconctl_binary = reconciled_tests::package_binary("reconciled-client", "reconctl");
     let tenant = TestTenant::start_with(pki.server_options(true), "acme").await;
     let admin = tenant.server.admin_token();
 
@@ -202,10 +205,7 @@ async fn mutual_tls_refuses_clients_without_a_certificate_and_an_agent_with_one_
     std::fs::write(pki.path("client.pem"), &pki.client_cert).expect("write PEM");
     std::fs::write(pki.path("client.key"), &pki.client_key).expect("write PEM");
     let reconctl = |with_identity: bool| {
-        let mut command = std::process::Command::new(reconciled_tests::package_binary(
-            "reconciled-client",
-            "reconctl",
-        ));
+        let mut command = std::process::Command::new(&reconctl_binary);
         command
             .args([
                 "--addr",
