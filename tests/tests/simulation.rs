@@ -287,3 +287,11 @@ fn seed_10247_a_modify_tying_an_item_to_a_returning_external_is_not_trusted() {
 fn seed_10545_an_earlier_give_up_does_not_hold_a_new_operation() {
     passes_in(10545, 500);
 }
+
+/// Fixed in the owner: an operation that waited for its type's room and
+/// was then dispatched by another pass left the room queue, so it no
+/// longer takes the room of the next waiting item when an operation ends.
+#[test]
+fn seed_1239_a_dispatched_operation_leaves_the_room_queue() {
+    passes_in(1239, 500);
+}

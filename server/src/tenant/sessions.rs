@@ -1135,6 +1135,15 @@ impl Owner {
             }
             holder.in_flight += 1;
             tenant_room -= 1;
+            // Dispatched now, whichever pass made it ready: it no longer
+            // waits for room (left in that queue, it would take the room
+            // of the next item waiting when an operation ends).
+            if let Some(queued) = self.undispatched.get_mut(&*item.item_type) {
+                queued.remove(item);
+                if queued.is_empty() {
+                    self.undispatched.remove(&*item.item_type);
+                }
+            }
             // A retry (after FAILED, a timeout or WAIT) of the same
             // operation keeps its op id; anything else is a new operation
             // and starts at attempt 1.

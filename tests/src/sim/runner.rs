@@ -272,6 +272,11 @@ impl Sim {
                     self.trace.note(format!("WATCH {key}: {current:?}"));
                 }
             }
+            for (key, waiting) in snapshot.waiting.iter() {
+                if key.to_string() == watched {
+                    self.trace.note(format!("WATCH {key} waits: {waiting:?}"));
+                }
+            }
         }
         let snapshot = self.handle.snapshots.latest();
         self.ledger.note_retries(&snapshot);
