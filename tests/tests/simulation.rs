@@ -295,3 +295,11 @@ fn seed_10545_an_earlier_give_up_does_not_hold_a_new_operation() {
 fn seed_1239_a_dispatched_operation_leaves_the_room_queue() {
     passes_in(1239, 500);
 }
+
+/// Fixed in the owner: items planned again leave their type's room queue
+/// unless they still wait for room, so an item that needs nothing any more
+/// cannot take the room of one whose Delete waits for it.
+#[test]
+fn seed_10458_the_room_queue_holds_only_items_that_wait_for_room() {
+    passes_in(10458, 500);
+}

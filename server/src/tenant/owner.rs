@@ -983,6 +983,10 @@ impl Owner {
             }
         };
         let bookkeeping = bookkeeping_updates(&self.state.current, &plan);
+        // The seeds were planned again: whether they still wait for room
+        // is decided anew below (an item queued for room may need nothing
+        // now, and would take the room of one that does).
+        self.unqueue_for_room(&seeds);
         let (mut starts, mut journal, waiting_for_room) = self.prepare_dispatch(&plan, now);
         let (reads, read_journal) = self.prepare_reads(now, &plan, &starts);
         starts.extend(reads);

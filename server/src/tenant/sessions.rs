@@ -1262,6 +1262,18 @@ impl Owner {
     /// Items whose ready operation waited for room, as many per type as the
     /// type's session has room for now (re-planning the whole backlog on
     /// every result would cost O(backlog) per operation).
+    /// Takes `items` out of their types' room queues.
+    pub(super) fn unqueue_for_room(&mut self, items: &BTreeSet<ItemRef>) {
+        for item in items {
+            if let Some(queued) = self.undispatched.get_mut(&*item.item_type) {
+                queued.remove(item);
+                if queued.is_empty() {
+                    self.undispatched.remove(&*item.item_type);
+                }
+            }
+        }
+    }
+
     pub(super) fn take_undispatched_with_room(&mut self) -> Vec<ItemRef> {
         let mut taken = Vec::new();
         let mut tenant_room = self.tenant_room();
