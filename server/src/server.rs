@@ -21,7 +21,9 @@ use crate::bootstrap::{
 use crate::config::{Config, MigrateMode, Reflection};
 use crate::graph::validate::ValidationLimits;
 use crate::limits::{AgentCounts, ConnectionSlots, GlobalLimits, LimitsLayer};
-use crate::store::{MigrationReport, SledOptions, Store, WriteBatch, open_and_migrate};
+use crate::store::{
+    ChunkedValues, MigrationReport, SledOptions, Store, WriteBatch, open_and_migrate,
+};
 use crate::telemetry::RpcSpanLayer;
 use crate::tenant::{OwnerSettings, TenantDirectory};
 use crate::watch::fleet::FleetLog;
@@ -49,7 +51,9 @@ fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     std::fs::create_dir_all(&config.data_dir)?;
     let (store, report) = open_and_migrate(&config.data_dir, sled_options(config), false)?;
     log_migrations(&report);
-    Ok(Arc::new(store))
+    // Records over one stored value (a 64 KiB item's current record while
+    // an operation runs holds two values) are kept as chunks.
+    Ok(Arc::new(ChunkedValues::new(store)?))
 }
 
 fn log_migrations(report: &MigrationReport) {

@@ -106,6 +106,8 @@ pub enum Step {
     Done,
     /// Answers `FAILED` with this code at once.
     Fail(Code),
+    /// Answers `FAILED` with this code and message at once.
+    FailWith(Code, String),
     /// Holds the operation open until the gate opens, then answers `DONE`
     /// (a cancellation meanwhile is recorded, and the operation still
     /// finishes: the result of a cancelled operation is authoritative).
@@ -303,6 +305,7 @@ impl Recorder {
         match step {
             Step::Done => Outcome::done(),
             Step::Fail(code) => Outcome::failed(code, format!("scripted failure {code:?}")),
+            Step::FailWith(code, message) => Outcome::failed(code, message),
             Step::Hold(gate) => {
                 tokio::select! {
                     () = gate.opened() => {}

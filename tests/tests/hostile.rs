@@ -1145,3 +1145,121 @@ async fn an_agent_that_stops_reading_its_stream_loses_its_types_after_the_lease(
     tenant.status().await;
     assert!(started.elapsed() < Duration::from_secs(1));
 }
+
+/// An item of `bytes` bytes of JSON at most (its `blob` fills it), whose
+/// value says `version`.
+fn item_of_size(name: &str, version: &str, bytes: usize) -> v1::Item {
+    let overhead = json!({"version": version, "blob": ""}).to_string().len();
+    item(
+        "big",
+        name,
+        json!({"version": version, "blob": "x".repeat(bytes - overhead)}),
+    )
+}
+
+#[tokio::test]
+async fn an_item_at_the_size_limit_is_created_modified_and_deleted() {
+    // Issue: while an operation ran, the current record held the applied
+    // and the target value, over the store's 64 KiB per value, so modifying
+    // an item over ~32 KiB failed with INTERNAL and an item near the limit
+    // could not even be created.
+    const NEAR_LIMIT: usize = 64 * 1024 - 200;
+    let tenant = TestTenant::start("acme").await;
+    let recorder = reconciled_tests::agents::Recorder::new();
+    let mut agent =
+        reconciled_tests::agents::RunningAgent::start(tenant.agent("big-agent").item_type(
+            reconciled_client::agent::TypeSpec::new("big"),
+            recorder.clone(),
+        ));
+    agent.connected().await;
+
+    tenant
+        .submit(vec![item_of_size("a", "v1", NEAR_LIMIT)])
+        .await;
+    tenant.wait_until_ready().await;
+    tenant
+        .submit(vec![item_of_size("a", "v2", NEAR_LIMIT)])
+        .await;
+    let modified = tenant
+        .wait_for_item("big", "a", "modified to v2", |status| {
+            status.state() == v1::ItemState::Created
+                && status
+                    .applied
+                    .as_ref()
+                    .and_then(|applied| applied.properties.as_ref())
+                    .is_some_and(|p| {
+                        p.fields.get("version").and_then(|v| v.kind.as_ref())
+                            == Some(&prost_types::value::Kind::StringValue("v2".into()))
+                    })
+        })
+        .await;
+    assert!(modified.last_error.is_none(), "{:?}", modified.last_error);
+    assert_eq!(recorder.labels(), ["create big/a", "modify big/a"]);
+
+    // Restarted, the server reads the large records back.
+    drop(agent);
+    let mut tenant = tenant;
+    tenant.server.restart().await.expect("the server restarts");
+    tenant.channel = tenant.server.channel().await.expect("reconnects");
+    assert_eq!(
+        tenant.item("big", "a").await.map(|s| s.state()),
+        Some(v1::ItemState::Created)
+    );
+    let mut agent =
+        reconciled_tests::agents::RunningAgent::start(tenant.agent("big-agent").item_type(
+            reconciled_client::agent::TypeSpec::new("big"),
+            recorder.clone(),
+        ));
+    agent.connected().await;
+    tenant.submit(Vec::new()).await;
+    tenant
+        .wait_for_status("the item deleted", |status| {
+            status.items_by_state.is_empty()
+        })
+        .await;
+    assert_eq!(
+        recorder.labels(),
+        ["create big/a", "modify big/a", "delete big/a"]
+    );
+}
+
+#[tokio::test]
+async fn a_failure_with_a_huge_message_is_recorded_cut_and_does_not_wedge_the_item() {
+    // Issue: a FAILED result with a 70 KB message was never stored and the
+    // item stayed CREATING for ever.
+    use reconciled_client::agent::OperationKind;
+    use reconciled_tests::agents::Step;
+    let tenant = TestTenant::start("acme").await;
+    let recorder = reconciled_tests::agents::Recorder::new();
+    recorder.script(
+        OperationKind::Create,
+        reconciled_client::agent::ItemRef::new("big", "a"),
+        [Step::FailWith(
+            tonic::Code::InvalidArgument,
+            "é".repeat(35_000),
+        )],
+    );
+    let mut agent =
+        reconciled_tests::agents::RunningAgent::start(tenant.agent("big-agent").item_type(
+            reconciled_client::agent::TypeSpec::new("big"),
+            recorder.clone(),
+        ));
+    agent.connected().await;
+    tenant.submit(vec![item("big", "a", json!({"v": 1}))]).await;
+    let failed = tenant
+        .wait_for_item("big", "a", "failed for good", |status| {
+            status.state() == v1::ItemState::Failed
+        })
+        .await;
+    let message = &failed.last_error.as_ref().expect("a last error").message;
+    assert!(message.len() <= 4 * 1024 + 64, "{} bytes", message.len());
+    assert!(message.starts_with("éé"), "{message:.40}");
+    assert!(
+        message.contains("70000 bytes"),
+        "says it was cut: {message:.80}…"
+    );
+
+    // Not wedged: a new intent is created.
+    tenant.submit(vec![item("big", "a", json!({"v": 2}))]).await;
+    tenant.wait_until_ready().await;
+}

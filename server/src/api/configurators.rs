@@ -605,13 +605,33 @@ impl Session {
     }
 }
 
+/// The largest observed values of a result kept (JSON bytes): those of
+/// the largest item ([`MAX_ITEM_BYTES_LIMIT`](crate::config::MAX_ITEM_BYTES_LIMIT)).
+/// Larger ones are dropped (the result still counts), so that what an
+/// agent reports cannot grow a stored record without bound.
+const MAX_OBSERVED_BYTES: usize = 64 * 1024;
+
 fn outcome_from_proto(result: v1::OperationResult) -> AgentOutcome {
     match v1::Outcome::try_from(result.outcome).unwrap_or(v1::Outcome::Unspecified) {
         v1::Outcome::Done => AgentOutcome::Done {
             needs_recreate: result.needs_recreate,
             observed: result
                 .observed
-                .and_then(|observed| properties_from_struct(observed, "observed").ok()),
+                .and_then(|observed| properties_from_struct(observed, "observed").ok())
+                .filter(|observed| {
+                    // Stored with the item: no larger than an item may be.
+                    let bytes = serde_json::to_vec(observed).map_or(usize::MAX, |json| json.len());
+                    let fits = bytes <= MAX_OBSERVED_BYTES;
+                    if !fits {
+                        warn!(
+                            op_id = %result.op_id,
+                            bytes,
+                            limit = MAX_OBSERVED_BYTES,
+                            "An agent reported observed values larger than an item may be; they were dropped."
+                        );
+                    }
+                    fits
+                }),
         },
         v1::Outcome::InProgress => AgentOutcome::InProgress,
         v1::Outcome::Wait => AgentOutcome::Wait {
@@ -631,5 +651,71 @@ fn outcome_from_proto(result: v1::OperationResult) -> AgentOutcome {
             code: code::INVALID_ARGUMENT,
             message: "the agent sent a result without an outcome".into(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done_observing(blob_bytes: usize) -> v1::OperationResult {
+        let mut fields = std::collections::BTreeMap::new();
+        fields.insert(
+            "blob".to_owned(),
+            prost_types::Value {
+                kind: Some(prost_types::value::Kind::StringValue(
+                    "x".repeat(blob_bytes),
+                )),
+            },
+        );
+        v1::OperationResult {
+            op_id: "op".into(),
+            attempt: 1,
+            outcome: v1::Outcome::Done.into(),
+            observed: Some(prost_types::Struct { fields }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn observed_values_larger_than_an_item_are_dropped_and_the_result_kept() {
+        let AgentOutcome::Done { observed, .. } = outcome_from_proto(done_observing(100)) else {
+            panic!("a DONE");
+        };
+        assert!(observed.is_some());
+        let AgentOutcome::Done { observed, .. } =
+            outcome_from_proto(done_observing(MAX_OBSERVED_BYTES))
+        else {
+            panic!("still a DONE");
+        };
+        assert!(observed.is_none(), "dropped");
+    }
+
+    #[test]
+    fn an_agents_error_message_is_cut_and_says_how_long_it_was() {
+        let result = v1::OperationResult {
+            op_id: "op".into(),
+            attempt: 1,
+            outcome: v1::Outcome::Failed.into(),
+            status: Some(reconciled_proto::google::rpc::Status {
+                code: 3,
+                message: "é".repeat(10_000),
+                details: Vec::new(),
+            }),
+            ..Default::default()
+        };
+        let AgentOutcome::Failed(error) = outcome_from_proto(result) else {
+            panic!("a FAILED");
+        };
+        assert!(
+            error.message.len() <= crate::engine::exec::port::MAX_ERROR_MESSAGE + 40,
+            "{}",
+            error.message.len()
+        );
+        assert!(
+            error.message.ends_with("(cut from 20000 bytes)"),
+            "{}",
+            &error.message[4000..]
+        );
     }
 }

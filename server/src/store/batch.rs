@@ -80,16 +80,22 @@ impl WriteBatch {
         self.writes
     }
 
-    /// Checks the limits every store enforces before anything is written.
+    /// Checks the limits every backend enforces before anything is written.
     pub fn validate(&self) -> Result<(), StoreError> {
+        self.validate_within(MAX_VALUE_BYTES)
+    }
+
+    /// Checks that no value is over `limit` bytes (a store's
+    /// [`max_value_bytes`](crate::store::Store::max_value_bytes)).
+    pub fn validate_within(&self, limit: usize) -> Result<(), StoreError> {
         for write in &self.writes {
             if let Write::Put { key, value } = write
-                && value.len() > MAX_VALUE_BYTES
+                && value.len() > limit
             {
                 return Err(StoreError::ValueTooLarge {
                     key: printable_key(key),
                     size: value.len(),
-                    limit: MAX_VALUE_BYTES,
+                    limit,
                 });
             }
         }

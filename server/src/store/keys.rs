@@ -8,6 +8,7 @@
 //! 0x00 "fleet_event" 0x00 <revision u64 BE>   -> fleet-wide event
 //! 0x00 "fleet_log"                            -> fleet log position (JSON)
 //! 0x01 <tenant id u64 BE> <kind u8> <rest>    -> a tenant's records (see RecordKind)
+//! 0x02 <key len u32 BE> <key> <index u32 BE>  -> a chunk of a large value (store/chunked.rs)
 //! ```
 //!
 //! Integers are big-endian and fixed width, so range scans come out in

@@ -9,6 +9,7 @@
 //! sled that means applied, flushed *and* fsynced by the group-commit writer.
 
 mod batch;
+mod chunked;
 mod commit;
 #[cfg(test)]
 mod conformance;
@@ -23,6 +24,7 @@ mod writer;
 use std::path::Path;
 
 pub use batch::{MAX_VALUE_BYTES, Write, WriteBatch};
+pub use chunked::{ChunkedValues, MAX_CHUNKED_VALUE_BYTES};
 pub use commit::CommitHandle;
 pub use error::StoreError;
 pub use memory::InMemoryStore;
@@ -68,6 +70,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Approximate size on disk in bytes (for metrics).
     fn size_on_disk(&self) -> Result<u64, StoreError>;
+
+    /// The largest value a commit may hold.
+    fn max_value_bytes(&self) -> usize {
+        MAX_VALUE_BYTES
+    }
 }
 
 /// Where a [`Store::scan`] of `prefix` starts: just after `start_after` when

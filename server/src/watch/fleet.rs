@@ -146,7 +146,7 @@ impl FleetLog {
         let Some(mut event) = event else {
             return Ok((self.store.commit(batch), None));
         };
-        batch.validate()?;
+        batch.validate_within(self.store.max_value_bytes())?;
         let mut sequencer = lock(&self.sequencer);
         let revision = sequencer.position.revision + 1;
         event.revision = revision;

@@ -65,11 +65,13 @@ pub fn operation_error_to_status(error: &OperationError) -> rpc::Status {
 }
 
 /// Converts a `google.rpc.Status` reported by a configurator to an
-/// operation error. Details are dropped: the engine keeps code and message.
+/// operation error. Details are dropped: the engine keeps the code and the
+/// message, cut to [`MAX_ERROR_MESSAGE`](crate::engine::exec::port::MAX_ERROR_MESSAGE)
+/// bytes.
 pub fn operation_error_from_status(status: &rpc::Status) -> OperationError {
     OperationError {
         code: status.code,
-        message: status.message.clone(),
+        message: crate::engine::exec::port::bounded_error_message(status.message.clone()),
     }
 }
 

@@ -161,12 +161,32 @@ pub const MAX_PROGRESS_MESSAGE: usize = 1024;
 
 /// `message` cut to at most [`MAX_PROGRESS_MESSAGE`] bytes.
 pub fn bounded_progress_message(mut message: String) -> String {
-    if message.len() > MAX_PROGRESS_MESSAGE {
-        let mut end = MAX_PROGRESS_MESSAGE;
+    cut_at_char_boundary(&mut message, MAX_PROGRESS_MESSAGE);
+    message
+}
+
+/// The longest error message of an agent's FAILED result kept, in bytes;
+/// a longer one is cut, and says so (it is stored with the item and shown
+/// in every status of it).
+pub const MAX_ERROR_MESSAGE: usize = 4 * 1024;
+
+/// `message` cut to at most [`MAX_ERROR_MESSAGE`] bytes and a note of how
+/// long it was.
+pub fn bounded_error_message(mut message: String) -> String {
+    if message.len() > MAX_ERROR_MESSAGE {
+        let length = message.len();
+        cut_at_char_boundary(&mut message, MAX_ERROR_MESSAGE);
+        message.push_str(&format!(" … (cut from {length} bytes)"));
+    }
+    message
+}
+
+fn cut_at_char_boundary(message: &mut String, limit: usize) {
+    if message.len() > limit {
+        let mut end = limit;
         while !message.is_char_boundary(end) {
             end -= 1;
         }
         message.truncate(end);
     }
-    message
 }
