@@ -86,6 +86,14 @@ impl<S: Store> ChunkedValues<S> {
             .chunked
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let small = batch.writes().iter().all(|write| match write {
+            Write::Put { value, .. } => value.len() <= MAX_VALUE_BYTES,
+            Write::Delete { .. } => true,
+        });
+        if small && chunked.is_empty() {
+            // The common case: nothing to split, no chunks to delete.
+            return Ok(batch);
+        }
         let mut out = WriteBatch::new();
         for write in batch.into_writes() {
             let key = match &write {
