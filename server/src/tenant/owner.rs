@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, instrument, warn};
 
-use crate::engine::exec::TypeSpec;
+use crate::engine::exec::TypeRegistry;
 use crate::engine::exec::port::{ExternalChange, FromAgent, Grant, Registration, SessionLink};
 use crate::engine::plan::{
     BlockedBy, Plan, PlanEnvironment, TypeRules, WaitReason, WaitingItem, plan_operations,
@@ -304,7 +304,7 @@ pub fn now_ms() -> u64 {
 
 /// The planner's view of the world, as the owner sees it.
 struct Environment<'a> {
-    type_rules: &'a HashMap<String, TypeRules>,
+    types: &'a TypeRegistry,
     sessions: &'a BTreeMap<String, Holder>,
     unconverged: &'a BTreeSet<ItemRef>,
     state: &'a TenantState,
@@ -315,7 +315,7 @@ struct Environment<'a> {
 
 impl PlanEnvironment for Environment<'_> {
     fn type_rules(&self, item_type: &str) -> Option<&TypeRules> {
-        self.type_rules.get(item_type)
+        self.types.rules(item_type)
     }
     fn has_configurator(&self, item_type: &str) -> bool {
         self.sessions.contains_key(item_type)
@@ -387,8 +387,8 @@ pub(super) struct Owner {
     pub(super) settings: OwnerSettings,
     pub(super) snapshots: Arc<SnapshotHistory>,
     pub(super) no_configurator_since_ms: Option<u64>,
-    /// Stored type specs with their epochs.
-    pub(super) specs: HashMap<String, (TypeSpec, u64)>,
+    /// Registered item types: specs, rules and epochs.
+    pub(super) types: TypeRegistry,
     /// The live session of each item type. Ordered maps wherever the
     /// owner iterates, so that one seed gives one run (simulation).
     pub(super) sessions: BTreeMap<String, Holder>,
@@ -461,7 +461,7 @@ impl Owner {
             settings,
             snapshots,
             no_configurator_since_ms: None,
-            specs: HashMap::new(),
+            types: TypeRegistry::default(),
             sessions: BTreeMap::new(),
             operations: BTreeMap::new(),
             deadlines: HashMap::new(),
@@ -905,7 +905,7 @@ impl Owner {
 
     fn environment(&self, now_ms: u64) -> Environment<'_> {
         Environment {
-            type_rules: &self.state.type_rules,
+            types: &self.types,
             sessions: &self.sessions,
             unconverged: &self.state.unconverged,
             state: &self.state,

@@ -75,11 +75,7 @@ impl Owner {
         for (key, value) in scan_all(&*self.store, &keys::type_specs_prefix(self.state.record.id))?
         {
             let stored: StoredSpec = decode(&key, &value)?;
-            self.state
-                .type_rules
-                .insert(stored.spec.item_type.clone(), stored.spec.rules());
-            self.specs
-                .insert(stored.spec.item_type.clone(), (stored.spec, stored.epoch));
+            self.types.insert(stored.spec, stored.epoch);
         }
         self.clamp_retry_times();
         let journaled: Vec<(ItemRef, CurrentItem)> = self
@@ -246,9 +242,10 @@ impl Owner {
     }
 
     fn spec(&self, item_type: &str) -> TypeSpec {
-        self.specs
-            .get(item_type)
-            .map_or_else(|| TypeSpec::new(item_type), |(spec, _)| spec.clone())
+        self.types
+            .spec(item_type)
+            .cloned()
+            .unwrap_or_else(|| TypeSpec::new(item_type))
     }
 
     fn holder_of_session(&self, session_id: u64) -> Option<&Holder> {
@@ -281,11 +278,7 @@ impl Owner {
         let mut batch = WriteBatch::new();
         let mut grants = Vec::new();
         for spec in &registration.types {
-            let epoch = self
-                .specs
-                .get(&spec.item_type)
-                .map_or(0, |(_, epoch)| *epoch)
-                + 1;
+            let epoch = self.types.epoch(&spec.item_type) + 1;
             let stored = StoredSpec {
                 spec: spec.clone(),
                 epoch,
@@ -324,11 +317,7 @@ impl Owner {
             .map(|s| s.item_type.clone())
             .collect();
         for (spec, grant) in registration.types.into_iter().zip(&grants) {
-            self.state
-                .type_rules
-                .insert(spec.item_type.clone(), spec.rules());
-            self.specs
-                .insert(spec.item_type.clone(), (spec.clone(), grant.epoch));
+            self.types.insert(spec.clone(), grant.epoch);
             self.sessions.insert(
                 spec.item_type.clone(),
                 Holder {
@@ -1417,10 +1406,10 @@ impl Owner {
     /// (a change made behind the service's back) is seen and corrected.
     pub(super) fn schedule_reads(&mut self) {
         let readable: HashSet<&String> = self
-            .specs
-            .iter()
-            .filter(|(_, (spec, _))| spec.supports_read)
-            .map(|(item_type, _)| item_type)
+            .types
+            .specs()
+            .filter(|spec| spec.supports_read)
+            .map(|spec| &spec.item_type)
             .collect();
         if readable.is_empty() {
             return;

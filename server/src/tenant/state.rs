@@ -1,9 +1,8 @@
 //! A tenant's in-memory state, owned by its owner task, and how it is
 //! loaded from the store and written back.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::engine::plan::TypeRules;
 use crate::graph::{CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, ItemRef, ItemState};
 use crate::store::{Record, Store, WriteBatch, keys};
 
@@ -78,8 +77,6 @@ pub struct TenantState {
     pub intended: IntendedGraph,
     /// What exists.
     pub current: CurrentGraph,
-    /// Recreate rules of the item types with a stored spec.
-    pub type_rules: HashMap<String, TypeRules>,
     /// Items the next pass must look at.
     pub unconverged: BTreeSet<ItemRef>,
     /// Items waiting, with reasons and what blocks them.
@@ -95,7 +92,6 @@ impl TenantState {
             record,
             intended: IntendedGraph::default(),
             current: CurrentGraph::default(),
-            type_rules: HashMap::new(),
             unconverged: BTreeSet::new(),
             waiting: WaitingSet::default(),
             counts: StateCounts::default(),

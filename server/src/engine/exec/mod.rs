@@ -3,6 +3,8 @@
 //! sessions ([`port`]); `api/configurators.rs` adapts the port to the wire.
 
 pub mod port;
+pub mod registry;
 pub mod spec;
 
+pub use registry::{RegisteredType, TypeRegistry};
 pub use spec::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_OPERATION_TIMEOUT_MS, RetryPolicy, TypeSpec};

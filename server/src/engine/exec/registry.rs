@@ -1,0 +1,88 @@
+//! The item types a tenant knows: for each, the spec its configurator
+//! declared (stored, so it outlives the session), the planner's rules
+//! derived from it, and the epoch of the registration that declared it.
+//! One map, so that the spec and the rules cannot disagree.
+
+use std::collections::HashMap;
+
+use super::spec::TypeSpec;
+use crate::engine::plan::TypeRules;
+
+/// One registered item type.
+#[derive(Clone, Debug)]
+pub struct RegisteredType {
+    /// What the configurator declared.
+    pub spec: TypeSpec,
+    /// The recreate rules the planner uses, derived from `spec`.
+    pub rules: TypeRules,
+    /// The epoch granted to the registration that declared it.
+    pub epoch: u64,
+}
+
+/// The registered item types of a tenant, by type name.
+#[derive(Clone, Debug, Default)]
+pub struct TypeRegistry {
+    types: HashMap<String, RegisteredType>,
+}
+
+impl TypeRegistry {
+    /// Records `spec`, declared by a registration granted `epoch`.
+    pub fn insert(&mut self, spec: TypeSpec, epoch: u64) {
+        let rules = spec.rules();
+        self.types.insert(
+            spec.item_type.clone(),
+            RegisteredType { spec, rules, epoch },
+        );
+    }
+
+    /// The type's spec, if registered.
+    pub fn spec(&self, item_type: &str) -> Option<&TypeSpec> {
+        self.types.get(item_type).map(|registered| &registered.spec)
+    }
+
+    /// The type's recreate rules, if registered.
+    pub fn rules(&self, item_type: &str) -> Option<&TypeRules> {
+        self.types
+            .get(item_type)
+            .map(|registered| &registered.rules)
+    }
+
+    /// The epoch of the type's last registration (0: never registered).
+    pub fn epoch(&self, item_type: &str) -> u64 {
+        self.types
+            .get(item_type)
+            .map_or(0, |registered| registered.epoch)
+    }
+
+    /// Every registered type's spec.
+    pub fn specs(&self) -> impl Iterator<Item = &TypeSpec> {
+        self.types.values().map(|registered| &registered.spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rules_follow_the_last_spec_registered() {
+        let mut registry = TypeRegistry::default();
+        assert_eq!(registry.epoch("t"), 0);
+        assert!(registry.rules("t").is_none());
+        registry.insert(TypeSpec::new("t"), 1);
+        assert!(
+            registry
+                .rules("t")
+                .is_some_and(|r| r.recreate_on_change.is_empty())
+        );
+        let mut again = TypeSpec::new("t");
+        again.recreate_on_change = vec!["/vlan".into()];
+        registry.insert(again, 2);
+        assert_eq!(registry.epoch("t"), 2);
+        assert_eq!(
+            registry.rules("t").map(|r| r.recreate_on_change.clone()),
+            Some(vec!["/vlan".to_owned()])
+        );
+        assert_eq!(registry.specs().count(), 1);
+    }
+}
