@@ -68,8 +68,10 @@ pub(crate) fn open_db(
 
 /// How long opening waits for sled's file lock: a store dropped a moment
 /// ago in this process releases it only once sled's background I/O threads
-/// let go of the database (a restart in-process, a migration reopening).
-const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// let go of the database (a restart in-process, a migration reopening, a
+/// backup opened right after it was written); on a loaded machine that
+/// took over 2 s.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Opens `config`, retrying while its file lock is held, up to
 /// [`LOCK_WAIT`]; another process holding it still fails then.
