@@ -12,8 +12,7 @@ use tracing::{error, info, warn};
 use crate::auth::{TokenDirectory, TokenHash, TokenKind, generate_token};
 use crate::store::{Store, WriteBatch, keys};
 use crate::watch::hub::CloseReason;
-use crate::wire::{condition_to_proto, timestamp_from_ms};
-use reconciled_proto::v1;
+use crate::wire::condition_to_proto;
 
 use super::error::TenantError;
 use super::owner::{OwnerSettings, TenantHandle, now_ms};
@@ -420,13 +419,7 @@ impl TenantDirectory {
             return Ok(self.store.commit(batch).await?);
         };
         let now = now_ms();
-        let event = v1::FleetEvent {
-            revision: 0,
-            tenant: name.to_string(),
-            conditions: Vec::new(),
-            time: Some(timestamp_from_ms(now)),
-            deleted,
-        };
+        let event = crate::wire::fleet_event(name, &[], now, deleted);
         Ok(fleet.commit_durably(batch, Some(event), now).await?)
     }
 

@@ -813,7 +813,7 @@ impl Owner {
             self.settings
                 .fleet
                 .as_ref()
-                .map(|_| fleet_event(&record, now))
+                .map(|_| crate::wire::fleet_event(&record.name, &record.conditions, now, false))
         } else {
             None
         };
@@ -1276,21 +1276,6 @@ fn significant_change(
 /// What a tentatively applied intent change replaced: the previous
 /// entries of its items and the previous generation.
 type SavedIntent = (Vec<(ItemRef, Option<Arc<IntendedItem>>)>, u64);
-
-/// The tenant's conditions as a fleet event.
-fn fleet_event(record: &TenantRecord, now: u64) -> v1::FleetEvent {
-    v1::FleetEvent {
-        revision: 0,
-        tenant: record.name.clone(),
-        conditions: record
-            .conditions
-            .iter()
-            .map(crate::wire::condition_to_proto)
-            .collect(),
-        time: Some(crate::wire::timestamp_from_ms(now)),
-        deleted: false,
-    }
-}
 
 /// Splits reports where an item that vanished comes back: its vanishing
 /// must be planned (dependents auto-deleted with it are dropped, rule 9)

@@ -18,7 +18,9 @@
 //!   <-> `google.rpc.Status`, item statuses, in-flight operations, conditions.
 //! - `time`: timestamps and durations.
 //! - `plan`: plans.
+//! - `fleet`: fleet events.
 
+mod fleet;
 mod items;
 mod plan;
 mod properties;
@@ -27,6 +29,7 @@ mod status;
 mod testkit;
 mod time;
 
+pub use fleet::fleet_event;
 pub use items::{
     intended_item_to_proto, item_from_proto, item_from_proto_at, item_ref_from_proto,
     item_ref_to_proto, item_to_proto,
