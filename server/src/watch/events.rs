@@ -225,3 +225,59 @@ pub fn drift_detected(item: &ItemRef, paths: Vec<String>) -> v1::Event {
         }),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::Item;
+
+    fn change_events(before: &CurrentItem, after: &CurrentItem) -> Vec<v1::Event> {
+        let item = ItemRef::new("t", "a");
+        let mut out = Vec::new();
+        ItemChange {
+            item: &item,
+            before: Some(before),
+            after: Some(after),
+            intended: None,
+            waiting: None,
+            epoch: 1,
+        }
+        .events(&mut out);
+        out
+    }
+
+    fn created() -> CurrentItem {
+        CurrentItem::created(Arc::new(Item::new("t", "a", Default::default())), 1)
+    }
+
+    #[test]
+    fn a_drift_read_that_sees_what_was_seen_before_emits_nothing() {
+        let mut observed = crate::graph::Properties::default();
+        observed.insert("up".into(), true.into());
+        let before = CurrentItem {
+            observed: Some(Arc::new(observed.clone())),
+            ..created()
+        };
+        // The same values, read again (a new allocation), and bookkeeping
+        // that no status shows.
+        let after = CurrentItem {
+            observed: Some(Arc::new(observed)),
+            next_attempt_at_ms: Some(5),
+            ..created()
+        };
+        assert!(change_events(&before, &after).is_empty());
+    }
+
+    #[test]
+    fn a_new_observed_value_is_a_status_change_of_a_created_item() {
+        let mut observed = crate::graph::Properties::default();
+        observed.insert("up".into(), false.into());
+        let after = CurrentItem {
+            observed: Some(Arc::new(observed)),
+            ..created()
+        };
+        let events = change_events(&created(), &after);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].kind(), v1::EventKind::ItemStatusChanged);
+    }
+}
