@@ -2,6 +2,8 @@
 //! alone changes it; readers use published snapshots.
 
 pub mod clock;
+#[cfg(test)]
+mod corrupt_records;
 pub mod directory;
 pub mod error;
 pub mod oplog;
