@@ -393,6 +393,56 @@ async fn an_operation_lost_with_its_agent_is_redelivered_to_the_agent_that_comes
 }
 
 #[tokio::test]
+async fn an_agent_shutting_down_hands_back_what_it_could_not_finish() {
+    // The operation honours cancellation; the agent's drain timeout runs
+    // out while it still runs. Handed back, it is not UNKNOWN at the server
+    // (nothing may have happened), and the next agent gets it under the
+    // same op id and attempt.
+    let tenant = TestTenant::start("acme").await;
+    let slow = Recorder::answering(Step::UntilCancelled);
+    let mut first = RunningAgent::start(
+        tenant
+            .agent("agent-1")
+            .item_type(TypeSpec::new("t"), slow.clone())
+            .drain_timeout(Duration::from_millis(200)),
+    );
+    first.connected().await;
+    tenant.submit(vec![item("t", "a", json!({"v": 1}))]).await;
+    let sent = slow.wait_for_operations(1).await.remove(0);
+
+    first.stop().await.expect("the agent shuts down cleanly");
+    assert_eq!(
+        slow.cancelled(),
+        std::slice::from_ref(&sent.op_id),
+        "it was cancelled"
+    );
+    let handed_back = tenant
+        .wait_for_status("the agent's session gone", |status| {
+            !status.connected_item_types.iter().any(|t| t == "t")
+        })
+        .await;
+    let a = tenant.item("t", "a").await.expect("t/a is listed");
+    assert_ne!(a.state(), v1::ItemState::Unknown, "handed back: {a:#?}");
+    assert_eq!(a.attempts, 0, "no attempt used: {a:#?}");
+    assert!(!condition_holds(&handed_back, "Ready"));
+
+    let recorder = Recorder::new();
+    let mut second = RunningAgent::start(
+        tenant
+            .agent("agent-1")
+            .item_type(TypeSpec::new("t"), recorder.clone()),
+    );
+    second.connected().await;
+    let again = recorder.wait_for_operations(1).await.remove(0);
+    assert_eq!(
+        (again.label().as_str(), again.op_id.as_str(), again.attempt),
+        ("create t/a", sent.op_id.as_str(), sent.attempt),
+        "asked again as the same operation"
+    );
+    tenant.wait_until_ready().await;
+}
+
+#[tokio::test]
 async fn a_second_agent_is_refused_a_held_type_and_takes_over_when_the_holder_leaves() {
     let tenant = TestTenant::start("acme").await;
     let first_recorder = Recorder::new();

@@ -38,6 +38,11 @@ pub const EVENT_CAPACITY: usize = 1024;
 const DEFAULT_RECONNECT_INITIAL: Duration = Duration::from_millis(100);
 const DEFAULT_RECONNECT_MAX: Duration = Duration::from_secs(5);
 const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// After the drain timeout, how long a shutting-down agent waits for the
+/// operations it cancelled to answer (CANCELLED: handed back) and for the
+/// server to acknowledge them, before it closes its stream.
+const HAND_BACK_GRACE: Duration = Duration::from_secs(2);
 const DEFAULT_REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -286,8 +291,12 @@ impl Agent {
     ///
     /// On shutdown it stops starting operations, lets running ones finish
     /// and waits for their results to be acknowledged (at most the
-    /// [drain timeout](AgentBuilder::drain_timeout)), cancels whatever still
-    /// runs and returns `Ok`. It returns an error only when the server
+    /// [drain timeout](AgentBuilder::drain_timeout)), then cancels whatever
+    /// still runs and hands it back: an operation that honours its
+    /// cancellation token and answers [`Outcome::cancelled`](super::Outcome::cancelled)
+    /// within 2 s more is reported as WAIT (not done: the server uses no
+    /// attempt and asks again, under the same op id and attempt, whoever
+    /// holds the type next). It then closes its stream and returns `Ok`. It returns an error only when the server
     /// refuses the agent for good (see [`AgentError`]).
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
         let shutdown = std::pin::pin!(shutdown);
@@ -546,6 +555,7 @@ impl Runner {
         let silence = tokio::time::sleep(lease);
         let mut silence = std::pin::pin!(silence);
         let mut drain_deadline: Option<Instant> = None;
+        let mut handing_back = false;
         loop {
             if drain_deadline.is_some() && self.state.is_idle() {
                 self.shut_down_session("the agent shut down");
@@ -565,12 +575,23 @@ impl Runner {
                     None
                 }
                 () = drain_expired => {
+                    if handing_back {
+                        self.shut_down_session("the agent shut down before its operations finished");
+                        return SessionEnd::Shutdown;
+                    }
+                    // Hand back what still runs: cancelled, each operation
+                    // that honours its token answers CANCELLED, which the
+                    // server takes as "not done, no attempt used" and sends
+                    // again later. Results still missing after the hand-back
+                    // grace are left to the server (UNKNOWN, re-delivered).
                     tracing::warn!(
                         timeout = ?self.agent.drain_timeout,
-                        "Shutting down: operations still running after the drain timeout are cancelled."
+                        "Shutting down: operations still running after the drain timeout are cancelled and handed back."
                     );
-                    self.shut_down_session("the agent shut down before its operations finished");
-                    return SessionEnd::Shutdown;
+                    self.state.hand_back();
+                    handing_back = true;
+                    drain_deadline = Some(Instant::now() + HAND_BACK_GRACE);
+                    None
                 }
                 message = inbound.message() => match message {
                     Ok(Some(message)) => {

@@ -111,6 +111,9 @@ pub(crate) struct SessionState {
     item_types: BTreeSet<String>,
     connected: bool,
     draining: bool,
+    /// Shutting down past the drain timeout: operations were cancelled to
+    /// be handed back.
+    handing_back: bool,
     running: HashMap<OpKey, Running>,
     /// A newer attempt per op id, waiting for an older attempt to finish.
     parked: HashMap<String, Parked>,
@@ -140,6 +143,7 @@ impl SessionState {
             item_types: item_types.into_iter().collect(),
             connected: false,
             draining: false,
+            handing_back: false,
             running: HashMap::new(),
             parked: HashMap::new(),
             cancel_pending: HashSet::new(),
@@ -213,6 +217,16 @@ impl SessionState {
         self.running.is_empty() && self.parked.is_empty() && self.unacked.is_empty()
     }
 
+    /// Shutdown past the drain timeout: cancels every running operation.
+    /// Each one that then answers CANCELLED is reported as WAIT (ask again
+    /// later, no attempt counted, same op id and attempt: DESIGN 4), so the
+    /// server keeps it for this agent's successor instead of dispatching
+    /// it again at once to this closing session.
+    pub(crate) fn hand_back(&mut self) {
+        self.handing_back = true;
+        self.cancel_all();
+    }
+
     /// Fires the cancellation token of every running operation.
     pub(crate) fn cancel_all(&mut self) {
         for running in self.running.values() {
@@ -268,8 +282,11 @@ impl SessionState {
                     ))));
                 }
             }
-            OperationEvent::Finished { key, result } => {
+            OperationEvent::Finished { key, mut result } => {
                 self.running.remove(&key);
+                if self.handing_back {
+                    handed_back(&mut result);
+                }
                 self.send_result(key.clone(), result, false, &mut actions);
                 self.after_attempt_ended(&key.op_id, &mut actions);
             }
@@ -642,6 +659,25 @@ const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(50);
 /// to be asked again (DESIGN section 4), so neither does.
 fn settles(outcome: v1::Outcome) -> bool {
     !matches!(outcome, v1::Outcome::InProgress | v1::Outcome::Wait)
+}
+
+/// How long the server waits before asking again for an operation a
+/// shutting-down agent handed back: long enough for the agent to close its
+/// stream first.
+const HAND_BACK_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A CANCELLED answer of an operation cancelled for shutdown, as WAIT.
+fn handed_back(result: &mut v1::OperationResult) {
+    let cancelled = result.outcome == i32::from(v1::Outcome::Failed)
+        && result
+            .status
+            .as_ref()
+            .is_some_and(|status| status.code == tonic::Code::Cancelled as i32);
+    if cancelled {
+        result.outcome = v1::Outcome::Wait.into();
+        result.status = None;
+        result.retry_after = prost_types::Duration::try_from(HAND_BACK_RETRY).ok();
+    }
 }
 
 #[cfg(test)]
