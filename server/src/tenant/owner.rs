@@ -17,8 +17,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, instrument, warn};
 
-use crate::engine::exec::TypeRegistry;
 use crate::engine::exec::port::{ExternalChange, FromAgent, Grant, Registration, SessionLink};
+use crate::engine::exec::{Room, TypeRegistry};
 use crate::engine::plan::{
     BlockedBy, Plan, PlanEnvironment, TypeRules, WaitReason, WaitingItem, plan_operations,
 };
@@ -309,7 +309,7 @@ struct Environment<'a> {
     unconverged: &'a BTreeSet<ItemRef>,
     state: &'a TenantState,
     operations: &'a BTreeMap<String, ItemRef>,
-    undispatched: &'a BTreeMap<String, BTreeSet<ItemRef>>,
+    room: &'a Room,
     now_ms: u64,
 }
 
@@ -342,12 +342,8 @@ impl PlanEnvironment for Environment<'_> {
             .of_type(item_type)
             .filter(|waiting| waiting.operation == OperationKind::Delete)
             .map(|waiting| &waiting.item);
-        let undispatched = self.undispatched.get(item_type).into_iter().flatten();
-        in_flight
-            .chain(waiting)
-            .chain(undispatched)
-            .cloned()
-            .collect()
+        let queued = self.room.queued_of(item_type);
+        in_flight.chain(waiting).chain(queued).cloned().collect()
     }
 }
 
@@ -356,9 +352,6 @@ impl PlanEnvironment for Environment<'_> {
 pub(super) struct Holder {
     pub(super) link: SessionLink,
     pub(super) epoch: u64,
-    pub(super) in_flight: usize,
-    /// Of `in_flight`: drift READs (observation, not work).
-    pub(super) reads_in_flight: usize,
 }
 
 /// The in-memory deadlines of one operation, on the monotonic clock
@@ -398,8 +391,8 @@ pub(super) struct Owner {
     pub(super) deadlines: HashMap<String, Deadline>,
     /// For each item: the waiting items that named it in `blocked_by`.
     pub(super) waiters: HashMap<ItemRef, BTreeSet<ItemRef>>,
-    /// Items with a ready operation not dispatched for lack of capacity.
-    pub(super) undispatched: BTreeMap<String, BTreeSet<ItemRef>>,
+    /// Room for operations by type, and the ready ones waiting for it.
+    pub(super) room: Room,
     /// Completed operations, for `Reconcile` answers.
     pub(super) log: Arc<super::oplog::OperationLog>,
     pub(super) next_operation: u64,
@@ -466,7 +459,7 @@ impl Owner {
             operations: BTreeMap::new(),
             deadlines: HashMap::new(),
             waiters: HashMap::new(),
-            undispatched: BTreeMap::new(),
+            room: Room::default(),
             log,
             next_operation: 0,
             boot,
@@ -910,7 +903,7 @@ impl Owner {
             unconverged: &self.state.unconverged,
             state: &self.state,
             operations: &self.operations,
-            undispatched: &self.undispatched,
+            room: &self.room,
             now_ms,
         }
     }
@@ -986,7 +979,7 @@ impl Owner {
         // The seeds were planned again: whether they still wait for room
         // is decided anew below (an item queued for room may need nothing
         // now, and would take the room of one that does).
-        self.unqueue_for_room(&seeds);
+        self.room.unqueue(&seeds);
         let (mut starts, mut journal, waiting_for_room) = self.prepare_dispatch(&plan, now);
         let (reads, read_journal) = self.prepare_reads(now, &plan, &starts);
         starts.extend(reads);
@@ -1208,7 +1201,7 @@ impl Owner {
         let progress = Progress {
             generation: self.state.record.generation,
             // A drift READ is observation, not work (DESIGN section 5).
-            in_flight: self.work_in_flight(),
+            in_flight: self.room.running_work(),
             ready_operations,
             waiting: self.state.waiting.summary(),
             no_configurator_since_ms: self.no_configurator_since_ms,
@@ -1237,7 +1230,7 @@ impl Owner {
     pub(super) fn publish(&self) {
         self.snapshots.publish(TenantSnapshot::capture(
             &self.state,
-            self.in_flight_count(),
+            self.room.running(),
             self.connected_item_types(),
         ));
     }

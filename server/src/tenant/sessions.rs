@@ -13,10 +13,10 @@ use rand::Rng;
 use reconciled_proto::v1;
 use tracing::{debug, info, info_span};
 
-use crate::engine::exec::TypeSpec;
 use crate::engine::exec::port::{
     AgentOutcome, FromAgent, Grant, OperationOrder, Registration, ToAgent,
 };
+use crate::engine::exec::{Limits, Running, TypeSpec};
 use crate::engine::plan::Plan;
 use crate::engine::transition::{
     Completion, CurrentUpdates, completed, record_dispatch_marks, started,
@@ -161,11 +161,15 @@ impl Owner {
                 count.1 += usize::from(operation.kind == OperationKind::Read);
             }
         }
-        for (item_type, holder) in &mut self.sessions {
-            let (in_flight, reads) = counts.get(item_type.as_str()).copied().unwrap_or((0, 0));
-            holder.in_flight = in_flight;
-            holder.reads_in_flight = reads;
-        }
+        let running: Vec<(String, Running)> = self
+            .sessions
+            .keys()
+            .map(|item_type| {
+                let (all, reads) = counts.get(item_type.as_str()).copied().unwrap_or((0, 0));
+                (item_type.clone(), Running { all, reads })
+            })
+            .collect();
+        self.room.set_running(running);
     }
 
     /// Keeps one deadline per operation in flight: forgets those of
@@ -214,31 +218,6 @@ impl Owner {
             cancel_at: None,
         };
         self.deadlines.insert(op_id.to_owned(), deadline);
-    }
-
-    /// Operations in flight (sent and not answered; lost ones excluded).
-    pub(super) fn in_flight_count(&self) -> usize {
-        self.sessions.values().map(|holder| holder.in_flight).sum()
-    }
-
-    /// Operations in flight that are work: all but drift READs, which
-    /// observe a converged item and must not make it Reconciling.
-    pub(super) fn work_in_flight(&self) -> usize {
-        self.sessions
-            .values()
-            .map(|holder| holder.in_flight.saturating_sub(holder.reads_in_flight))
-            .sum()
-    }
-
-    /// How many more operations the tenant's `max_operations_in_flight`
-    /// allows now (0 in the record: no tenant-wide limit).
-    fn tenant_room(&self) -> usize {
-        match self.state.record.limits.max_operations_in_flight {
-            0 => usize::MAX,
-            limit => usize::try_from(limit)
-                .unwrap_or(usize::MAX)
-                .saturating_sub(self.in_flight_count()),
-        }
     }
 
     fn spec(&self, item_type: &str) -> TypeSpec {
@@ -323,8 +302,6 @@ impl Owner {
                 Holder {
                     link: registration.link.clone(),
                     epoch: grant.epoch,
-                    in_flight: 0,
-                    reads_in_flight: 0,
                 },
             );
         }
@@ -1105,33 +1082,16 @@ impl Owner {
     ) -> (Vec<(ItemRef, InFlight)>, CurrentUpdates, usize) {
         let mut waiting_for_room = 0;
         let mut starts: Vec<(ItemRef, InFlight)> = Vec::new();
-        let mut tenant_room = self.tenant_room();
         for index in plan.ready() {
             let operation = &plan.operations[index];
             let item = &operation.item;
             let spec = self.spec(&item.item_type);
-            let limit = spec.max_in_flight.max(1) as usize;
-            let Some(holder) = self.sessions.get_mut(&*item.item_type) else {
-                continue;
-            };
-            if holder.in_flight >= limit || tenant_room == 0 {
-                self.undispatched
-                    .entry(item.item_type.to_string())
-                    .or_default()
-                    .insert(item.clone());
-                waiting_for_room += 1;
+            if !self.sessions.contains_key(&*item.item_type) {
                 continue;
             }
-            holder.in_flight += 1;
-            tenant_room -= 1;
-            // Dispatched now, whichever pass made it ready: it no longer
-            // waits for room (left in that queue, it would take the room
-            // of the next item waiting when an operation ends).
-            if let Some(queued) = self.undispatched.get_mut(&*item.item_type) {
-                queued.remove(item);
-                if queued.is_empty() {
-                    self.undispatched.remove(&*item.item_type);
-                }
+            if !self.room.admit(item, false, self.room_limits(&spec)) {
+                waiting_for_room += 1;
+                continue;
             }
             // A retry (after FAILED, a timeout or WAIT) of the same
             // operation keeps its op id; anything else is a new operation
@@ -1251,46 +1211,29 @@ impl Owner {
     /// Items whose ready operation waited for room, as many per type as the
     /// type's session has room for now (re-planning the whole backlog on
     /// every result would cost O(backlog) per operation).
-    /// Takes `items` out of their types' room queues.
-    pub(super) fn unqueue_for_room(&mut self, items: &BTreeSet<ItemRef>) {
-        for item in items {
-            if let Some(queued) = self.undispatched.get_mut(&*item.item_type) {
-                queued.remove(item);
-                if queued.is_empty() {
-                    self.undispatched.remove(&*item.item_type);
-                }
+    /// Items queued for room that now have some, to plan again.
+    pub(super) fn take_undispatched_with_room(&mut self) -> Vec<ItemRef> {
+        let types = &self.types;
+        let per_tenant = self.state.record.limits.max_operations_in_flight;
+        self.room.take_queued(|item_type| {
+            let per_type = types
+                .spec(item_type)
+                .map_or(crate::engine::exec::DEFAULT_MAX_IN_FLIGHT, |spec| {
+                    spec.max_in_flight
+                });
+            Limits {
+                per_type: per_type.max(1) as usize,
+                per_tenant,
             }
-        }
+        })
     }
 
-    pub(super) fn take_undispatched_with_room(&mut self) -> Vec<ItemRef> {
-        let mut taken = Vec::new();
-        let mut tenant_room = self.tenant_room();
-        let types: Vec<String> = self.undispatched.keys().cloned().collect();
-        for item_type in types {
-            let limit = self.spec(&item_type).max_in_flight.max(1) as usize;
-            let room = self
-                .sessions
-                .get(&item_type)
-                .map_or(0, |holder| limit.saturating_sub(holder.in_flight))
-                .min(tenant_room);
-            let Some(waiting) = self.undispatched.get_mut(&item_type) else {
-                continue;
-            };
-            for _ in 0..room {
-                match waiting.pop_first() {
-                    Some(item) => {
-                        taken.push(item);
-                        tenant_room -= 1;
-                    }
-                    None => break,
-                }
-            }
-            if waiting.is_empty() {
-                self.undispatched.remove(&item_type);
-            }
+    /// The limits that make room for an operation of `spec`'s type.
+    fn room_limits(&self, spec: &TypeSpec) -> Limits {
+        Limits {
+            per_type: spec.max_in_flight.max(1) as usize,
+            per_tenant: self.state.record.limits.max_operations_in_flight,
         }
-        taken
     }
 
     /// The earliest time (monotonic) the owner must wake up: an operation
@@ -1448,14 +1391,12 @@ impl Owner {
         let mut starts = Vec::new();
         let mut updates: CurrentUpdates = Vec::new();
         let queued: Vec<ItemRef> = self.pending_reads.iter().cloned().collect();
-        let mut tenant_room = self.tenant_room();
         for item in queued {
             let spec = self.spec(&item.item_type);
-            let limit = spec.max_in_flight.max(1) as usize;
-            let Some(holder) = self.sessions.get_mut(&*item.item_type) else {
-                continue;
-            };
-            if holder.in_flight >= limit || tenant_room == 0 {
+            let limits = self.room_limits(&spec);
+            if !self.sessions.contains_key(&*item.item_type)
+                || !self.room.has_room(&item.item_type, limits)
+            {
                 continue;
             }
             self.pending_reads.remove(&item);
@@ -1465,9 +1406,7 @@ impl Owner {
             if current.is_busy() || current.state != ItemState::Created {
                 continue;
             }
-            holder.in_flight += 1;
-            holder.reads_in_flight += 1;
-            tenant_room -= 1;
+            self.room.admit(&item, true, limits);
             let in_flight = InFlight::new(
                 OperationKind::Read,
                 self.next_op_id(),

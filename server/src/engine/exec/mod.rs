@@ -4,7 +4,9 @@
 
 pub mod port;
 pub mod registry;
+pub mod room;
 pub mod spec;
 
 pub use registry::{RegisteredType, TypeRegistry};
+pub use room::{Limits, Room, Running};
 pub use spec::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_OPERATION_TIMEOUT_MS, RetryPolicy, TypeSpec};

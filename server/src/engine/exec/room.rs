@@ -1,0 +1,259 @@
+//! Room for operations (DESIGN section 4: "each item type gets a fair
+//! share of the tenant's in-flight limit"): an item type runs at most its
+//! spec's `max_in_flight` operations at once, the tenant at most its
+//! `max_operations_in_flight`. A ready operation that finds no room waits
+//! in its type's queue, and when room frees, queued items are planned
+//! again. Pure bookkeeping: the executor decides what to dispatch, this
+//! says whether there is room.
+//!
+//! The queue holds exactly the items whose last plan made them ready
+//! without room: an item planned again leaves it ([`Room::unqueue`]) until
+//! it finds no room again, and an item dispatched leaves it. (An item left
+//! in the queue after it no longer needed room took the room of the next
+//! one when an operation ended, which then waited for ever.)
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::graph::ItemRef;
+
+/// Operations running and queued, by item type.
+#[derive(Clone, Debug, Default)]
+pub struct Room {
+    /// Running operations of each type with a live session: all of them,
+    /// and the drift READs among them (observation, not work).
+    running: HashMap<String, Running>,
+    /// Ready operations that found no room, by type.
+    queued: BTreeMap<String, BTreeSet<ItemRef>>,
+}
+
+/// The running operations of one type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Running {
+    /// Every running operation.
+    pub all: usize,
+    /// Of `all`: drift READs.
+    pub reads: usize,
+}
+
+/// The limits that make room: the type's and the tenant's (0: none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// The type's `max_in_flight` (at least 1).
+    pub per_type: usize,
+    /// The tenant's `max_operations_in_flight`; 0 means no limit.
+    pub per_tenant: u64,
+}
+
+impl Room {
+    /// Replaces the running counts with a recount: one entry per type that
+    /// has a live session (types without one run nothing).
+    pub fn set_running(&mut self, counts: impl IntoIterator<Item = (String, Running)>) {
+        self.running = counts.into_iter().collect();
+    }
+
+    /// Every running operation.
+    pub fn running(&self) -> usize {
+        self.running.values().map(|running| running.all).sum()
+    }
+
+    /// Running operations that are work (all but drift READs).
+    pub fn running_work(&self) -> usize {
+        self.running
+            .values()
+            .map(|running| running.all.saturating_sub(running.reads))
+            .sum()
+    }
+
+    /// Room left in the tenant.
+    fn tenant_room(&self, per_tenant: u64) -> usize {
+        match per_tenant {
+            0 => usize::MAX,
+            limit => usize::try_from(limit)
+                .unwrap_or(usize::MAX)
+                .saturating_sub(self.running()),
+        }
+    }
+
+    /// Room left for `item_type` (0 without a live session).
+    fn type_room(&self, item_type: &str, limits: Limits) -> usize {
+        self.running
+            .get(item_type)
+            .map_or(0, |running| {
+                limits.per_type.max(1).saturating_sub(running.all)
+            })
+            .min(self.tenant_room(limits.per_tenant))
+    }
+
+    /// Whether an operation of `item_type` would find room now.
+    pub fn has_room(&self, item_type: &str, limits: Limits) -> bool {
+        self.type_room(item_type, limits) > 0
+    }
+
+    /// Takes room for an operation on `item` (a drift READ with `read`) if
+    /// its type, which must have a live session, and the tenant have some:
+    /// `true`, and the item leaves its type's queue. Otherwise `false`; a
+    /// planned operation (not a READ) then waits in the queue.
+    pub fn admit(&mut self, item: &ItemRef, read: bool, limits: Limits) -> bool {
+        if self.type_room(&item.item_type, limits) == 0 {
+            if !read {
+                self.queued
+                    .entry(item.item_type.to_string())
+                    .or_default()
+                    .insert(item.clone());
+            }
+            return false;
+        }
+        let running = self.running.entry(item.item_type.to_string()).or_default();
+        running.all += 1;
+        running.reads += usize::from(read);
+        self.unqueue_one(item);
+        true
+    }
+
+    /// Whether `item_type` has a live session to run operations on.
+    pub fn has_session(&self, item_type: &str) -> bool {
+        self.running.contains_key(item_type)
+    }
+
+    /// Items planned again leave the queue; those still without room are
+    /// queued again by [`Room::admit`].
+    pub fn unqueue<'a>(&mut self, items: impl IntoIterator<Item = &'a ItemRef>) {
+        for item in items {
+            self.unqueue_one(item);
+        }
+    }
+
+    fn unqueue_one(&mut self, item: &ItemRef) {
+        if let Some(queued) = self.queued.get_mut(&*item.item_type) {
+            queued.remove(item);
+            if queued.is_empty() {
+                self.queued.remove(&*item.item_type);
+            }
+        }
+    }
+
+    /// Queued items that now have room, to be planned again: per type as
+    /// many as its room (in identity order), within the tenant's room. They
+    /// leave the queue.
+    pub fn take_queued(&mut self, limits_of: impl Fn(&str) -> Limits) -> Vec<ItemRef> {
+        let mut taken = Vec::new();
+        let types: Vec<String> = self.queued.keys().cloned().collect();
+        for item_type in types {
+            let limits = limits_of(&item_type);
+            let room = self.type_room(&item_type, limits).min(
+                self.tenant_room(limits.per_tenant)
+                    .saturating_sub(taken.len()),
+            );
+            let Some(queued) = self.queued.get_mut(&item_type) else {
+                continue;
+            };
+            for _ in 0..room {
+                match queued.pop_first() {
+                    Some(item) => taken.push(item),
+                    None => break,
+                }
+            }
+            if queued.is_empty() {
+                self.queued.remove(&item_type);
+            }
+        }
+        taken
+    }
+
+    /// The queued items of `item_type`.
+    pub fn queued_of(&self, item_type: &str) -> impl Iterator<Item = &ItemRef> {
+        self.queued.get(item_type).into_iter().flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(name: &str) -> ItemRef {
+        ItemRef::new("t", name)
+    }
+
+    const ONE_AT_A_TIME: Limits = Limits {
+        per_type: 1,
+        per_tenant: 0,
+    };
+
+    fn with_session() -> Room {
+        let mut room = Room::default();
+        room.set_running([("t".to_owned(), Running::default())]);
+        room
+    }
+
+    #[test]
+    fn a_type_runs_at_most_its_limit_and_queues_the_rest_in_identity_order() {
+        let mut room = with_session();
+        assert!(room.admit(&t("b"), false, ONE_AT_A_TIME));
+        assert!(!room.admit(&t("c"), false, ONE_AT_A_TIME));
+        assert!(!room.admit(&t("a"), false, ONE_AT_A_TIME));
+        assert_eq!(room.running(), 1);
+        assert_eq!(room.take_queued(|_| ONE_AT_A_TIME), Vec::<ItemRef>::new());
+        room.set_running([("t".to_owned(), Running::default())]);
+        assert_eq!(room.take_queued(|_| ONE_AT_A_TIME), vec![t("a")]);
+        assert_eq!(room.queued_of("t").collect::<Vec<_>>(), vec![&t("c")]);
+    }
+
+    #[test]
+    fn an_item_dispatched_by_another_pass_leaves_the_queue() {
+        // Simulator seed 1239: `b` stayed queued after it was dispatched;
+        // when room freed it was taken again instead of `c`, which then
+        // waited for ever.
+        let mut room = with_session();
+        assert!(room.admit(&t("a"), false, ONE_AT_A_TIME));
+        assert!(!room.admit(&t("b"), false, ONE_AT_A_TIME));
+        assert!(!room.admit(&t("c"), false, ONE_AT_A_TIME));
+        room.set_running([("t".to_owned(), Running::default())]);
+        // A pass seeded otherwise dispatches `b` directly.
+        assert!(room.admit(&t("b"), false, ONE_AT_A_TIME));
+        room.set_running([("t".to_owned(), Running::default())]);
+        assert_eq!(room.take_queued(|_| ONE_AT_A_TIME), vec![t("c")]);
+    }
+
+    #[test]
+    fn an_item_planned_again_leaves_the_queue_unless_it_still_waits_for_room() {
+        // Simulator seed 10458: a queued item that no longer needed anything
+        // took the room of the one whose Delete waited.
+        let mut room = with_session();
+        assert!(room.admit(&t("a"), false, ONE_AT_A_TIME));
+        assert!(!room.admit(&t("b"), false, ONE_AT_A_TIME));
+        assert!(!room.admit(&t("c"), false, ONE_AT_A_TIME));
+        room.unqueue([&t("b"), &t("c")]);
+        // Planned again, only `c` is still ready.
+        assert!(!room.admit(&t("c"), false, ONE_AT_A_TIME));
+        room.set_running([("t".to_owned(), Running::default())]);
+        assert_eq!(room.take_queued(|_| ONE_AT_A_TIME), vec![t("c")]);
+    }
+
+    #[test]
+    fn the_tenant_limit_caps_every_type_together_and_reads_are_not_queued() {
+        let mut room = Room::default();
+        room.set_running([
+            ("t".to_owned(), Running::default()),
+            ("u".to_owned(), Running::default()),
+        ]);
+        let limits = Limits {
+            per_type: 10,
+            per_tenant: 2,
+        };
+        assert!(room.admit(&t("a"), false, limits));
+        assert!(room.admit(&ItemRef::new("u", "x"), true, limits));
+        assert!(!room.admit(&t("b"), false, limits));
+        assert!(!room.admit(&t("r"), true, limits));
+        assert_eq!(room.running(), 2);
+        assert_eq!(room.running_work(), 1, "the READ is not work");
+        assert_eq!(room.queued_of("t").collect::<Vec<_>>(), vec![&t("b")]);
+    }
+
+    #[test]
+    fn a_type_without_a_session_has_no_room() {
+        let mut room = Room::default();
+        assert!(!room.has_session("t"));
+        assert!(!room.admit(&t("a"), false, ONE_AT_A_TIME));
+        assert_eq!(room.take_queued(|_| ONE_AT_A_TIME), Vec::<ItemRef>::new());
+    }
+}
