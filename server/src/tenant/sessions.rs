@@ -13,6 +13,9 @@ use rand::Rng;
 use reconciled_proto::v1;
 use tracing::{debug, info, info_span};
 
+use crate::engine::exec::lost::{
+    GiveUpReason, Redelivery, redelivery, waits_for_an_unknown_dependency,
+};
 use crate::engine::exec::port::{
     AgentOutcome, FromAgent, Grant, OperationOrder, Registration, ToAgent,
 };
@@ -22,8 +25,7 @@ use crate::engine::transition::{
     Completion, CurrentUpdates, completed, record_dispatch_marks, started,
 };
 use crate::graph::{
-    CurrentItem, Dependency, InFlight, ItemRef, ItemState, OperationError, OperationKind,
-    Predicate, code,
+    CurrentItem, InFlight, ItemRef, ItemState, OperationError, OperationKind, code,
 };
 use crate::store::{WriteBatch, keys};
 use crate::watch::events;
@@ -57,10 +59,6 @@ impl AcceptedResult {
         }
     }
 }
-
-/// Re-deliveries of a lost operation that do not count as failed attempts
-/// (DESIGN section 4, poison operations).
-pub const MAX_REDELIVERIES: u32 = 5;
 
 /// A uniformly random number in `[low, high]` from the owner's generator.
 fn random_in(rng: &mut rand::rngs::StdRng, low: u64, high: u64) -> u64 {
@@ -329,7 +327,7 @@ impl Owner {
                 self.sessions.contains_key(&*item.item_type)
                     && self.state.current.get(item).is_none_or(|current| {
                         current.state != ItemState::Unknown
-                            || !self.waits_for_an_unknown_dependency(item, current)
+                            || !waits_for_an_unknown_dependency(&self.state.current, item, current)
                     })
             })
             .cloned()
@@ -346,29 +344,6 @@ impl Owner {
             .collect();
         self.redeliver_lost(&types, Some(&ready)).await?;
         self.pass(Scope::Items(ready)).await.map(|_| ())
-    }
-
-    /// Whether an item `item` relies on (by its applied value or its lost
-    /// operation's target) is UNKNOWN.
-    fn waits_for_an_unknown_dependency(&self, item: &ItemRef, current: &CurrentItem) -> bool {
-        let target = current
-            .in_flight
-            .as_ref()
-            .and_then(|operation| operation.target.as_deref());
-        current
-            .applied
-            .as_deref()
-            .into_iter()
-            .chain(target)
-            .flat_map(|value| value.dependencies.iter())
-            .any(|dependency| {
-                dependency.requires != *item
-                    && self
-                        .state
-                        .current
-                        .get(&dependency.requires)
-                        .is_some_and(|required| required.state == ItemState::Unknown)
-            })
     }
 
     /// Sends lost operations of `types` again, with the same op id and
@@ -405,150 +380,39 @@ impl Owner {
                 }
                 continue;
             }
-            if !current.gone_with_external && self.waits_for_an_unknown_dependency(item, current) {
-                deferred.push(item.clone());
-                continue;
-            }
-            if current.gone_with_external {
-                // Whatever it applied went with its external item: nothing
-                // to send again. A lost Create leaves nothing. A lost
-                // Modify may not have run, leaving the value before it: the
-                // item may exist, so the planner deletes it or creates it
-                // again (Creates are idempotent).
-                abandoned.push(operation.op_id.clone());
-                let remains = (operation.kind == OperationKind::Modify)
-                    .then(|| {
-                        let now = self.settings.clock.now_ms();
-                        let unmarked = CurrentItem {
-                            gone_with_external: false,
-                            ..(**current).clone()
-                        };
-                        completed(
-                            &self.state.current,
-                            &unmarked,
-                            Completion::Wait { retry_at_ms: now },
-                        )
-                    })
-                    .flatten()
-                    .map(|value| CurrentItem {
-                        existence_uncertain: true,
-                        ..value
-                    });
-                updates.push((item.clone(), remains));
-                continue;
-            }
-            if operation.redeliveries >= MAX_REDELIVERIES {
-                // A poison operation (it keeps losing its agent): from now on
-                // a loss counts as an UNAVAILABLE failure, so it cannot loop
-                // forever past the type's max_attempts.
-                let error = OperationError {
-                    code: code::UNAVAILABLE,
-                    message: format!(
-                        "the operation's outcome was lost {} times (its agent went away each time)",
-                        operation.redeliveries + 1
-                    ),
-                };
-                let failures = current.attempts.saturating_add(1);
-                let now = self.settings.clock.now_ms();
-                let spec = self.spec(&item.item_type);
-                let rng = &mut self.rng;
-                let retry_at_ms =
-                    spec.retry_at(now, failures, false, |low, high| random_in(rng, low, high));
-                let failed = completed(
-                    &self.state.current,
-                    current,
-                    Completion::Failed { error, retry_at_ms },
-                );
-                abandoned.push(operation.op_id.clone());
-                updates.push((item.clone(), failed));
-                continue;
-            }
-            let broken = self.broken_dependencies(&operation);
-            if !broken.is_empty() {
-                // What it applies can no longer be applied (a dependency
-                // vanished or no longer satisfies its predicate while the
-                // outcome was unknown): sending it again would break rule
-                // 1. The operation the intent needs now is sent instead
-                // (DESIGN section 4, UNKNOWN).
-                info!(
-                    tenant = %self.state.record.name,
-                    item = %item,
-                    op_id = %operation.op_id,
-                    dependency = %broken[0].requires,
-                    "A lost operation's dependency no longer holds; it is not sent again."
-                );
-                abandoned.push(operation.op_id.clone());
-                match (operation.kind, operation.target.clone()) {
-                    (OperationKind::Create, Some(_)) => {
-                        let gone_with_external = broken.iter().all(|dependency| {
-                            dependency.auto_deleted_by_external
-                                && self.state.current.get(&dependency.requires).is_none()
-                        });
-                        if gone_with_external {
-                            // Created or not, it went with the external item
-                            // it was auto-deleted by: nothing exists.
-                            updates.push((item.clone(), None));
-                        } else {
-                            // It may exist, on a dependency that no longer
-                            // holds: recorded as existence uncertain; the pass
-                            // after this registration deletes it once nothing
-                            // blocks that (an UNKNOWN dependency does, DESIGN
-                            // 4), or creates it again if it stays intended
-                            // and its dependency holds again.
-                            let created = completed(
-                                &self.state.current,
-                                current,
-                                Completion::Done { observed: None },
-                            )
-                            .map(|created| CurrentItem {
-                                existence_uncertain: true,
-                                ..created
-                            });
-                            updates.push((item.clone(), created));
-                        }
+            let now = self.settings.clock.now_ms();
+            let spec = self.spec(&item.item_type);
+            let rng = &mut self.rng;
+            let retry_at = |failures| {
+                spec.retry_at(now, failures, false, |low, high| random_in(rng, low, high))
+            };
+            match redelivery(
+                &self.state.current,
+                item,
+                current,
+                &operation,
+                now,
+                retry_at,
+            ) {
+                Redelivery::Defer => deferred.push(item.clone()),
+                Redelivery::GiveUp { value, why } => {
+                    if let GiveUpReason::BrokenDependency(dependency) = &why {
+                        info!(
+                            tenant = %self.state.record.name,
+                            item = %item,
+                            op_id = %operation.op_id,
+                            dependency = %dependency,
+                            "A lost operation's dependency no longer holds; it is not sent again."
+                        );
                     }
-                    _ => {
-                        // A Modify ends as if the agent had said WAIT: the
-                        // item exists with the old value or the new one, no
-                        // attempt is counted, and the planner deletes it
-                        // (rule 5) or, once the dependency holds again,
-                        // asks again under the same op id and attempt (an
-                        // agent that applied it answers with its result).
-                        // Its target's dependencies stay edges until an
-                        // operation of the item succeeds (it may hold it).
-                        let now = self.settings.clock.now_ms();
-                        let completion = Completion::Wait { retry_at_ms: now };
-                        let given_up =
-                            completed(&self.state.current, current, completion).map(|value| {
-                                CurrentItem {
-                                    maybe_applied: operation.target.clone(),
-                                    ..value
-                                }
-                            });
-                        updates.push((item.clone(), given_up));
-                    }
+                    abandoned.push(operation.op_id.clone());
+                    updates.push((item.clone(), value));
                 }
-                continue;
+                Redelivery::Resend { operation, value } => {
+                    orders.push((item.clone(), operation));
+                    updates.push((item.clone(), Some(value)));
+                }
             }
-            let operation = InFlight {
-                redeliveries: operation.redeliveries + 1,
-                ..operation
-            };
-            let target = operation.target.clone();
-            let restarted = started(
-                Some(&CurrentItem {
-                    state: ItemState::Created,
-                    ..(**current).clone()
-                }),
-                target,
-                operation.clone(),
-            );
-            let restarted = CurrentItem {
-                unknown_was_created: false,
-                ..restarted
-            };
-            orders.push((item.clone(), operation));
-            updates.push((item.clone(), Some(restarted)));
         }
         for (item, operation) in &resend {
             if let Some(holder) = self.sessions.get(&*item.item_type)
@@ -579,42 +443,6 @@ impl Owner {
             }
         }
         Ok(())
-    }
-
-    /// For a lost Create or Modify (not a question): the dependencies of
-    /// the value it applies that no longer hold (each must exist, be
-    /// created and satisfy its predicate).
-    fn broken_dependencies<'a>(&self, operation: &'a InFlight) -> Vec<&'a Dependency> {
-        if operation.question
-            || !matches!(
-                operation.kind,
-                OperationKind::Create | OperationKind::Modify
-            )
-        {
-            return Vec::new();
-        }
-        let Some(target) = operation.target.as_ref() else {
-            return Vec::new();
-        };
-        target
-            .dependencies
-            .iter()
-            .filter(|dependency| {
-                !self
-                    .state
-                    .current
-                    .get(&dependency.requires)
-                    .is_some_and(|required| {
-                        required.is_created()
-                            && (dependency.must_satisfy.is_empty()
-                                || Predicate::compile(&dependency.must_satisfy)
-                                    .and_then(|predicate| {
-                                        predicate.evaluate(&required.effective_properties())
-                                    })
-                                    .unwrap_or(false))
-                    })
-            })
-            .collect()
     }
 
     /// Notes a progress heartbeat of a running operation (shown as its last

@@ -2,6 +2,7 @@
 //! ([`spec`]) and the messages between the executor and the agents'
 //! sessions ([`port`]); `api/configurators.rs` adapts the port to the wire.
 
+pub mod lost;
 pub mod port;
 pub mod registry;
 pub mod room;

@@ -1,0 +1,437 @@
+//! What becomes of an operation whose outcome was lost (its agent went
+//! away, or the server restarted: the item is UNKNOWN) when an agent holds
+//! its type again (DESIGN section 4, UNKNOWN and poison operations).
+//!
+//! Sent again under its op id and attempt, unless:
+//! - an item it relies on is UNKNOWN too: it waits for that outcome;
+//! - the item went with an external item while it ran: whatever it applied
+//!   went too;
+//! - it was lost too often (a poison operation): the loss counts as a
+//!   failure;
+//! - what it applies can no longer be applied (a dependency vanished or no
+//!   longer satisfies its predicate): the planner sends what the intent
+//!   needs now instead, with what this one may have done left uncertain.
+
+use crate::engine::transition::{Completion, completed, started};
+use crate::graph::predicate::Predicate;
+use crate::graph::{
+    CurrentGraph, CurrentItem, Dependency, InFlight, ItemRef, ItemState, OperationError,
+    OperationKind, code,
+};
+
+/// Re-deliveries of a lost operation that do not count as failed attempts
+/// (DESIGN section 4, poison operations).
+pub const MAX_REDELIVERIES: u32 = 5;
+
+/// What to do with one lost operation.
+#[derive(Debug, PartialEq)]
+pub enum Redelivery {
+    /// Not yet: an item it relies on is UNKNOWN.
+    Defer,
+    /// Not sent again; the item's record becomes `value` (`None`: the item
+    /// is forgotten).
+    GiveUp {
+        /// The item's new record.
+        value: Option<CurrentItem>,
+        /// Why.
+        why: GiveUpReason,
+    },
+    /// Sent again as `operation`, with the item's record `value`.
+    Resend {
+        /// The operation (its re-delivery counted).
+        operation: InFlight,
+        /// The item's record, running it again.
+        value: CurrentItem,
+    },
+}
+
+/// Why a lost operation is not sent again.
+#[derive(Debug, PartialEq, Eq)]
+pub enum GiveUpReason {
+    /// The item went with an external item while the operation ran.
+    GoneWithExternal,
+    /// It was lost more than [`MAX_REDELIVERIES`] times.
+    Poison,
+    /// This dependency of what it applies no longer holds.
+    BrokenDependency(ItemRef),
+}
+
+/// Decides what becomes of `entry`'s lost `operation` (the item is
+/// UNKNOWN). `retry_at` gives, for a number of failures, when the type's
+/// retry policy tries again (`None`: never), for a poison operation.
+pub fn redelivery(
+    current: &CurrentGraph,
+    item: &ItemRef,
+    entry: &CurrentItem,
+    operation: &InFlight,
+    now_ms: u64,
+    retry_at: impl FnOnce(u32) -> Option<u64>,
+) -> Redelivery {
+    if entry.gone_with_external {
+        // Whatever it applied went with its external item. A lost Create
+        // leaves nothing. A lost Modify may not have run, leaving the value
+        // before it: the item may exist, so the planner deletes it or
+        // creates it again (Creates are idempotent).
+        let value = (operation.kind == OperationKind::Modify)
+            .then(|| {
+                let unmarked = CurrentItem {
+                    gone_with_external: false,
+                    ..entry.clone()
+                };
+                completed(
+                    current,
+                    &unmarked,
+                    Completion::Wait {
+                        retry_at_ms: now_ms,
+                    },
+                )
+            })
+            .flatten()
+            .map(|value| CurrentItem {
+                existence_uncertain: true,
+                ..value
+            });
+        return Redelivery::GiveUp {
+            value,
+            why: GiveUpReason::GoneWithExternal,
+        };
+    }
+    if waits_for_an_unknown_dependency(current, item, entry) {
+        return Redelivery::Defer;
+    }
+    if operation.redeliveries >= MAX_REDELIVERIES {
+        // A poison operation (it keeps losing its agent): from now on a
+        // loss counts as an UNAVAILABLE failure, so it cannot loop forever
+        // past the type's max_attempts.
+        let error = OperationError {
+            code: code::UNAVAILABLE,
+            message: format!(
+                "the operation's outcome was lost {} times (its agent went away each time)",
+                operation.redeliveries + 1
+            ),
+        };
+        let retry_at_ms = retry_at(entry.attempts.saturating_add(1));
+        return Redelivery::GiveUp {
+            value: completed(current, entry, Completion::Failed { error, retry_at_ms }),
+            why: GiveUpReason::Poison,
+        };
+    }
+    if let Some(broken) = broken_dependencies(current, operation).first() {
+        return Redelivery::GiveUp {
+            value: applied_or_not(current, entry, operation, now_ms),
+            why: GiveUpReason::BrokenDependency(broken.requires.clone()),
+        };
+    }
+    let operation = InFlight {
+        redeliveries: operation.redeliveries + 1,
+        ..operation.clone()
+    };
+    let restarted = started(
+        Some(&CurrentItem {
+            state: ItemState::Created,
+            ..entry.clone()
+        }),
+        operation.target.clone(),
+        operation.clone(),
+    );
+    Redelivery::Resend {
+        operation,
+        value: CurrentItem {
+            unknown_was_created: false,
+            ..restarted
+        },
+    }
+}
+
+/// The record of an item whose lost Create or Modify is not sent again
+/// because a dependency of what it applies broke.
+fn applied_or_not(
+    current: &CurrentGraph,
+    entry: &CurrentItem,
+    operation: &InFlight,
+    now_ms: u64,
+) -> Option<CurrentItem> {
+    match (operation.kind, operation.target.as_ref()) {
+        (OperationKind::Create, Some(_)) => {
+            let broken = broken_dependencies(current, operation);
+            let gone_with_external = broken.iter().all(|dependency| {
+                dependency.auto_deleted_by_external && current.get(&dependency.requires).is_none()
+            });
+            if gone_with_external {
+                // Created or not, it went with the external item it was
+                // auto-deleted by: nothing exists.
+                return None;
+            }
+            // It may exist, on a dependency that no longer holds: existence
+            // uncertain; the planner deletes it once nothing blocks that (an
+            // UNKNOWN dependency does, DESIGN 4), or creates it again if it
+            // stays intended and its dependency holds again.
+            completed(current, entry, Completion::Done { observed: None }).map(|created| {
+                CurrentItem {
+                    existence_uncertain: true,
+                    ..created
+                }
+            })
+        }
+        _ => {
+            // A Modify ends as if the agent had said WAIT: the item exists
+            // with the old value or the new one, no attempt is counted, and
+            // the planner deletes it (rule 5) or, once the dependency holds
+            // again, asks again under the same op id and attempt (an agent
+            // that applied it answers with its result). Its target's
+            // dependencies stay edges until an operation of the item
+            // succeeds (it may hold it).
+            completed(
+                current,
+                entry,
+                Completion::Wait {
+                    retry_at_ms: now_ms,
+                },
+            )
+            .map(|value| CurrentItem {
+                maybe_applied: operation.target.clone(),
+                ..value
+            })
+        }
+    }
+}
+
+/// Whether an item that `item` relies on (by its applied value or its lost
+/// operation's target) is UNKNOWN.
+pub fn waits_for_an_unknown_dependency(
+    current: &CurrentGraph,
+    item: &ItemRef,
+    entry: &CurrentItem,
+) -> bool {
+    let target = entry
+        .in_flight
+        .as_ref()
+        .and_then(|operation| operation.target.as_deref());
+    entry
+        .applied
+        .as_deref()
+        .into_iter()
+        .chain(target)
+        .flat_map(|value| value.dependencies.iter())
+        .any(|dependency| {
+            dependency.requires != *item
+                && current
+                    .get(&dependency.requires)
+                    .is_some_and(|required| required.state == ItemState::Unknown)
+        })
+}
+
+/// For a lost Create or Modify (not a question): the dependencies of the
+/// value it applies that no longer hold (each must exist, be created and
+/// satisfy its predicate).
+pub fn broken_dependencies<'a>(
+    current: &CurrentGraph,
+    operation: &'a InFlight,
+) -> Vec<&'a Dependency> {
+    if operation.question
+        || !matches!(
+            operation.kind,
+            OperationKind::Create | OperationKind::Modify
+        )
+    {
+        return Vec::new();
+    }
+    let Some(target) = operation.target.as_ref() else {
+        return Vec::new();
+    };
+    target
+        .dependencies
+        .iter()
+        .filter(|dependency| {
+            !current.get(&dependency.requires).is_some_and(|required| {
+                required.is_created()
+                    && (dependency.must_satisfy.is_empty()
+                        || Predicate::compile(&dependency.must_satisfy)
+                            .and_then(|predicate| {
+                                predicate.evaluate(&required.effective_properties())
+                            })
+                            .unwrap_or(false))
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc as Shared;
+
+    use super::*;
+    use crate::graph::Item;
+
+    fn lost_create(target: Item) -> (InFlight, CurrentItem) {
+        let operation = InFlight {
+            target: Some(Shared::new(target)),
+            ..InFlight::new(OperationKind::Create, "op".into(), 1, 1, 0, 10_000)
+        };
+        let entry = CurrentItem {
+            state: ItemState::Unknown,
+            ..CurrentItem::creating(operation.clone())
+        };
+        (operation, entry)
+    }
+
+    fn on(name: &str) -> Dependency {
+        Dependency::on(ItemRef::new("t", name))
+    }
+
+    fn graph_with(entries: Vec<(&str, CurrentItem)>) -> CurrentGraph {
+        let mut graph = CurrentGraph::default();
+        for (name, entry) in entries {
+            graph.insert(ItemRef::new("t", name), entry);
+        }
+        graph
+    }
+
+    fn created(name: &str) -> CurrentItem {
+        CurrentItem::created(Shared::new(Item::new("t", name, Default::default())), 1)
+    }
+
+    fn never(_: u32) -> Option<u64> {
+        None
+    }
+
+    #[test]
+    fn a_lost_create_whose_dependencies_hold_is_sent_again_as_the_same_operation() {
+        let (operation, entry) =
+            lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let graph = graph_with(vec![("b", created("b"))]);
+        let Redelivery::Resend {
+            operation: again,
+            value,
+        } = redelivery(
+            &graph,
+            &ItemRef::new("t", "a"),
+            &entry,
+            &operation,
+            5,
+            never,
+        )
+        else {
+            panic!("sent again");
+        };
+        assert_eq!((again.op_id.as_str(), again.attempt), ("op", 1));
+        assert_eq!(again.redeliveries, 1);
+        assert_eq!(value.state, ItemState::Creating);
+    }
+
+    #[test]
+    fn a_lost_operation_waits_while_a_dependency_is_unknown() {
+        let (operation, entry) =
+            lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let unknown = CurrentItem {
+            state: ItemState::Unknown,
+            ..created("b")
+        };
+        let graph = graph_with(vec![("b", unknown)]);
+        assert_eq!(
+            redelivery(
+                &graph,
+                &ItemRef::new("t", "a"),
+                &entry,
+                &operation,
+                5,
+                never
+            ),
+            Redelivery::Defer
+        );
+    }
+
+    #[test]
+    fn a_lost_create_on_a_vanished_dependency_is_of_uncertain_existence() {
+        let (operation, entry) =
+            lost_create(Item::new("t", "a", Default::default()).depends_on(on("gone")));
+        let Redelivery::GiveUp { value, why } = redelivery(
+            &CurrentGraph::default(),
+            &ItemRef::new("t", "a"),
+            &entry,
+            &operation,
+            5,
+            never,
+        ) else {
+            panic!("not sent again");
+        };
+        assert_eq!(
+            why,
+            GiveUpReason::BrokenDependency(ItemRef::new("t", "gone"))
+        );
+        let value = value.expect("kept: it may exist");
+        assert!(value.existence_uncertain && value.in_flight.is_none());
+    }
+
+    #[test]
+    fn a_lost_create_auto_deleted_with_a_vanished_external_item_is_forgotten() {
+        let mut tied = on("x");
+        tied.auto_deleted_by_external = true;
+        let (operation, entry) =
+            lost_create(Item::new("t", "a", Default::default()).depends_on(tied));
+        let decided = redelivery(
+            &CurrentGraph::default(),
+            &ItemRef::new("t", "a"),
+            &entry,
+            &operation,
+            5,
+            never,
+        );
+        assert!(
+            matches!(decided, Redelivery::GiveUp { value: None, .. }),
+            "{decided:?}"
+        );
+    }
+
+    #[test]
+    fn a_poison_operation_fails_with_unavailable_and_the_types_retry_time() {
+        let (operation, entry) = lost_create(Item::new("t", "a", Default::default()));
+        let operation = InFlight {
+            redeliveries: MAX_REDELIVERIES,
+            ..operation
+        };
+        let Redelivery::GiveUp { value, why } = redelivery(
+            &CurrentGraph::default(),
+            &ItemRef::new("t", "a"),
+            &entry,
+            &operation,
+            5,
+            |failures| Some(100 * u64::from(failures)),
+        ) else {
+            panic!("not sent again");
+        };
+        assert_eq!(why, GiveUpReason::Poison);
+        let value = value.expect("failed");
+        assert_eq!(value.state, ItemState::Failed);
+        assert_eq!(value.last_error.map(|e| e.code), Some(code::UNAVAILABLE));
+        assert_eq!(value.next_attempt_at_ms, Some(100));
+    }
+
+    #[test]
+    fn a_lost_modify_of_an_item_gone_with_its_external_item_may_still_exist() {
+        let modify = InFlight {
+            target: Some(Shared::new(Item::new("t", "a", Default::default()))),
+            ..InFlight::new(OperationKind::Modify, "op".into(), 1, 2, 0, 10_000)
+        };
+        let entry = CurrentItem {
+            state: ItemState::Unknown,
+            in_flight: Some(modify.clone()),
+            gone_with_external: true,
+            unknown_was_created: true,
+            ..created("a")
+        };
+        let Redelivery::GiveUp { value, why } = redelivery(
+            &CurrentGraph::default(),
+            &ItemRef::new("t", "a"),
+            &entry,
+            &modify,
+            5,
+            never,
+        ) else {
+            panic!("not sent again");
+        };
+        assert_eq!(why, GiveUpReason::GoneWithExternal);
+        let value = value.expect("it may exist");
+        assert!(value.existence_uncertain && !value.gone_with_external);
+    }
+}
