@@ -11,13 +11,13 @@ use tracing::instrument;
 
 use std::time::Duration;
 
+use crate::engine::intent::normalize_subgraph;
 use crate::engine::plan::WaitReason;
 use crate::graph::ItemState;
 use crate::graph::validate::validate_items;
 use crate::graph::{ItemRef, subgraph_contains};
 use crate::status::ApiError;
 use crate::tenant::oplog::LogEntry;
-use crate::tenant::submit::normalize_subgraph;
 use crate::tenant::{TenantHandle, TenantSnapshot, ValidatedSubmit};
 use crate::wire::{
     duration_to_ms, intended_item_to_proto, item_from_proto_at, item_ref_to_proto, item_status,

@@ -2,6 +2,7 @@
 
 pub mod conditions;
 pub mod exec;
+pub mod intent;
 pub mod plan;
 pub mod transition;
 pub mod waiting;

@@ -561,8 +561,8 @@ fn parse_hash(text: &str) -> Option<[u8; 32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::intent::ValidatedSubmit;
     use crate::store::InMemoryStore;
-    use crate::tenant::submit::ValidatedSubmit;
 
     fn empty_submit() -> ValidatedSubmit {
         ValidatedSubmit {

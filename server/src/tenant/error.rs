@@ -1,6 +1,7 @@
 //! What can go wrong in a tenant's owner, in engine terms. The API layer
 //! maps these to gRPC statuses in one place.
 
+use crate::engine::intent::IntentError;
 use crate::graph::ItemRef;
 use crate::graph::validate::FieldViolation;
 use crate::store::StoreError;
@@ -80,4 +81,32 @@ pub enum TenantError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl From<IntentError> for TenantError {
+    fn from(error: IntentError) -> Self {
+        match error {
+            IntentError::Invalid { violations } => Self::Invalid { violations },
+            IntentError::DependencyCycle { cycle, field } => Self::DependencyCycle { cycle, field },
+            IntentError::ItemInOtherSubgraph {
+                field,
+                item,
+                subgraph,
+            } => Self::ItemInOtherSubgraph {
+                field,
+                item,
+                subgraph,
+            },
+            IntentError::GenerationMismatch { expected, actual } => {
+                Self::GenerationMismatch { expected, actual }
+            }
+            IntentError::Quota {
+                subject,
+                description,
+            } => Self::Quota {
+                subject,
+                description,
+            },
+        }
+    }
 }

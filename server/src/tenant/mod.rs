@@ -13,9 +13,9 @@ pub mod record;
 pub mod sessions;
 pub mod snapshot;
 pub mod state;
-pub mod submit;
 
 pub use crate::engine::exec::port::ExternalChange;
+pub use crate::engine::intent::ValidatedSubmit;
 pub use clock::{Clock, SimulatedClock, SystemClock};
 pub use directory::{DirectoryError, TenantDirectory};
 pub use error::TenantError;
@@ -23,4 +23,3 @@ pub use owner::{OwnerSettings, RegistrationError, SubmitOutcome, TenantHandle};
 pub use record::{TenantLimits, TenantRecord};
 pub use snapshot::{SnapshotHistory, TenantSnapshot};
 pub use state::TenantState;
-pub use submit::ValidatedSubmit;

@@ -38,8 +38,8 @@ use super::persist;
 use super::record::{StoredIntended, TenantRecord};
 use super::snapshot::{SnapshotHistory, TenantSnapshot};
 use super::state::TenantState;
-use super::submit::{IntentChange, ValidatedSubmit, apply_change, prepare_submit};
 use crate::engine::conditions::{Progress, compute_conditions};
+use crate::engine::intent::{IntentChange, ValidatedSubmit, apply_change, prepare_submit};
 
 /// Settings every tenant owner shares.
 #[derive(Clone, Debug)]

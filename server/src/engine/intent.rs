@@ -13,7 +13,55 @@ use std::sync::Arc;
 use crate::graph::validate::{FieldViolation, ItemPredicates, find_cycle};
 use crate::graph::{IntendedGraph, IntendedItem, Item, ItemRef, subgraph_contains};
 
-use super::error::TenantError;
+/// Why a submit is refused; nothing was stored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IntentError {
+    /// The request is invalid.
+    #[error("the request is invalid: {} problem(s), first: {}", violations.len(), violations.first().map(|v| format!("{}: {}", v.field, v.description)).unwrap_or_default())]
+    Invalid {
+        /// Each problem with its field path.
+        violations: Vec<FieldViolation>,
+    },
+    /// The intent would contain a dependency cycle.
+    #[error("the intent has a dependency cycle: {}", cycle.iter().map(ToString::to_string).collect::<Vec<_>>().join(" -> "))]
+    DependencyCycle {
+        /// The cycle, first item repeated at the end.
+        cycle: Vec<ItemRef>,
+        /// Field path of the request item that closes the cycle.
+        field: String,
+    },
+    /// An item of the request is already listed in a subgraph the request
+    /// does not own.
+    #[error(
+        "item {item} at {field} is listed in subgraph {subgraph:?}; submit it there, or remove it there first"
+    )]
+    ItemInOtherSubgraph {
+        /// Field path in the request.
+        field: String,
+        /// The item.
+        item: ItemRef,
+        /// Where it is listed now.
+        subgraph: String,
+    },
+    /// `expected_generation` did not match.
+    #[error(
+        "tenant generation is {actual} but expected_generation was {expected}; fetch the graph and resubmit"
+    )]
+    GenerationMismatch {
+        /// What the caller expected.
+        expected: u64,
+        /// The tenant's generation.
+        actual: u64,
+    },
+    /// A per-tenant limit would be exceeded.
+    #[error("{subject}: {description}")]
+    Quota {
+        /// The limit's name.
+        subject: String,
+        /// What exceeded it and what to do.
+        description: String,
+    },
+}
 
 /// A SubmitIntent whose items passed validation.
 #[derive(Clone, Debug)]
@@ -73,11 +121,11 @@ pub fn prepare_submit(
     generation: u64,
     max_items: usize,
     request: ValidatedSubmit,
-) -> Result<IntentChange, TenantError> {
+) -> Result<IntentChange, IntentError> {
     if let Some(expected) = request.expected_generation
         && expected != generation
     {
-        return Err(TenantError::GenerationMismatch {
+        return Err(IntentError::GenerationMismatch {
             expected,
             actual: generation,
         });
@@ -138,7 +186,7 @@ pub fn prepare_submit(
             .count()
         - change.removals.len();
     if new_total > max_items {
-        return Err(TenantError::Quota {
+        return Err(IntentError::Quota {
             subject: "max_items".into(),
             description: format!(
                 "the intent would hold {new_total} items, over the tenant's limit of {max_items}; remove items or raise the tenant's max_items"
@@ -154,7 +202,7 @@ fn place_items(
     intended: &IntendedGraph,
     scope: &str,
     items: Vec<(Item, ItemPredicates)>,
-) -> Result<Vec<(Item, ItemPredicates)>, TenantError> {
+) -> Result<Vec<(Item, ItemPredicates)>, IntentError> {
     let mut violations = Vec::new();
     let mut placed = Vec::with_capacity(items.len());
     for (index, (mut item, predicates)) in items.into_iter().enumerate() {
@@ -178,7 +226,7 @@ fn place_items(
         if let Some(existing) = intended.get(&item.item_ref())
             && !subgraph_contains(scope, &existing.item.subgraph)
         {
-            return Err(TenantError::ItemInOtherSubgraph {
+            return Err(IntentError::ItemInOtherSubgraph {
                 field: format!("items[{index}]"),
                 item: item.item_ref(),
                 subgraph: existing.item.subgraph.clone(),
@@ -189,7 +237,7 @@ fn place_items(
     if violations.is_empty() {
         Ok(placed)
     } else {
-        Err(TenantError::Invalid { violations })
+        Err(IntentError::Invalid { violations })
     }
 }
 
@@ -199,7 +247,7 @@ fn check_cycles(
     intended: &IntendedGraph,
     change: &IntentChange,
     listed: &BTreeMap<ItemRef, usize>,
-) -> Result<(), TenantError> {
+) -> Result<(), IntentError> {
     let upserted: BTreeMap<ItemRef, &IntendedItem> = change
         .upserts
         .iter()
@@ -225,7 +273,7 @@ fn check_cycles(
                 .find_map(|key| listed.get(key))
                 .copied()
                 .unwrap_or(0);
-            Err(TenantError::DependencyCycle {
+            Err(IntentError::DependencyCycle {
                 cycle,
                 field: format!("items[{index}].dependencies"),
             })
@@ -273,7 +321,7 @@ mod tests {
         graph: &mut IntendedGraph,
         generation: &mut u64,
         req: ValidatedSubmit,
-    ) -> Result<IntentChange, TenantError> {
+    ) -> Result<IntentChange, IntentError> {
         let change = prepare_submit(graph, *generation, 1_000, req)?;
         apply_change(graph, &change);
         *generation = change.generation;
@@ -365,7 +413,7 @@ mod tests {
         )
         .expect_err("rejected");
         match error {
-            TenantError::Invalid { violations } => {
+            IntentError::Invalid { violations } => {
                 assert_eq!(violations[0].field, "items[0].subgraph")
             }
             other => panic!("unexpected {other:?}"),
@@ -390,7 +438,7 @@ mod tests {
         )
         .expect_err("rejected");
         assert!(
-            matches!(error, TenantError::ItemInOtherSubgraph { ref subgraph, .. } if subgraph == "team/b"),
+            matches!(error, IntentError::ItemInOtherSubgraph { ref subgraph, .. } if subgraph == "team/b"),
             "{error:?}"
         );
     }
@@ -406,7 +454,7 @@ mod tests {
         let error =
             prepare_submit(&graph, generation, 1_000, request("two", vec![b])).expect_err("cycle");
         match error {
-            TenantError::DependencyCycle { cycle, field } => {
+            IntentError::DependencyCycle { cycle, field } => {
                 let names: Vec<String> = cycle.iter().map(|r| r.name.to_string()).collect();
                 assert_eq!(names, ["b", "a", "b"]);
                 assert_eq!(field, "items[0].dependencies");
@@ -423,7 +471,7 @@ mod tests {
         let error = prepare_submit(&graph, 0, 1_000, req).expect_err("mismatch");
         assert!(matches!(
             error,
-            TenantError::GenerationMismatch {
+            IntentError::GenerationMismatch {
                 expected: 3,
                 actual: 0
             }
@@ -440,6 +488,6 @@ mod tests {
             request("", vec![item("a", ""), item("b", "")]),
         )
         .expect_err("quota");
-        assert!(matches!(error, TenantError::Quota { .. }));
+        assert!(matches!(error, IntentError::Quota { .. }));
     }
 }
