@@ -65,8 +65,14 @@ fn main() -> ExitCode {
     let mut steps = 0usize;
     let mut explored = 0u64;
     let mut failed: Vec<(u64, String)> = Vec::new();
+    let mut with_an_agent_down = 0u64;
     for seed in seeds {
         explored += 1;
+        with_an_agent_down += u64::from(
+            sim::intents::Scenario::generate(seed)
+                .down_for_good
+                .is_some(),
+        );
         match sim::run_seed_watched(seed, args.steps) {
             Ok(passed) => {
                 steps += passed.stats.steps;
@@ -100,6 +106,7 @@ fn main() -> ExitCode {
         }
     }
     print_rate(explored, steps, started.elapsed());
+    println!("{with_an_agent_down} of them ended with an agent down for good");
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {

@@ -53,6 +53,11 @@ pub struct Scenario {
     pub cancel_timeout_ms: u64,
     /// The owner's periodic resync interval.
     pub resync_interval_ms: u64,
+    /// An agent that stays down for good in the final phase (VOPR's
+    /// liveness phase): everything its types do not hold up must still
+    /// converge. Drawn apart from the scenario's generator, so that a seed's
+    /// steps do not depend on it.
+    pub down_for_good: Option<usize>,
 }
 
 /// Predicates dependencies may carry: over properties the generator flips.
@@ -109,11 +114,16 @@ impl Scenario {
             };
             agents[owner].types.push(index);
         }
+        // A third of the scenarios with two agents or more keep one down.
+        let draw = splitmix(seed ^ 0xd0_77_f0_9d);
+        let down_for_good =
+            (agent_count >= 2 && draw % 3 == 0).then(|| (draw / 3) as usize % agent_count);
         Self {
             seed,
             types,
             pool,
             agents,
+            down_for_good,
             max_operations_in_flight: if rng.random_bool(0.3) {
                 rng.random_range(2..=6)
             } else {
@@ -126,6 +136,17 @@ impl Scenario {
                 3_600_000
             },
         }
+    }
+
+    /// The item types of the agent that stays down for good, if any.
+    pub fn down_types(&self) -> std::collections::BTreeSet<String> {
+        self.down_for_good
+            .and_then(|agent| self.agents.get(agent))
+            .into_iter()
+            .flat_map(|agent| agent.types.iter())
+            .filter_map(|index| self.types.get(*index))
+            .map(|spec| spec.item_type.clone())
+            .collect()
     }
 
     /// The spec of `item_type`, if the scenario has it.
@@ -603,4 +624,12 @@ pub fn external_value(item: &ItemRef, properties: Properties) -> Item {
 /// An `Arc` of a clone, for values shared with the world.
 pub fn shared(item: &Item) -> Arc<Item> {
     Arc::new(item.clone())
+}
+
+/// SplitMix64: one well-mixed number from `x`.
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }

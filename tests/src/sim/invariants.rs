@@ -987,6 +987,13 @@ pub fn check_restart(
 /// Whether `key` failed for good: a terminal code, or no retry left, for
 /// the intent it has now (a terminal failure holds until the item's intent
 /// changes; 0 when it left the intent).
+fn any_failed_for_good(snapshot: &TenantSnapshot) -> bool {
+    snapshot
+        .current
+        .iter()
+        .any(|(key, current)| failed_for_good(snapshot, key, current))
+}
+
 fn failed_for_good(snapshot: &TenantSnapshot, key: &ItemRef, current: &CurrentItem) -> bool {
     let generation = snapshot
         .intended
@@ -1007,6 +1014,7 @@ fn connected_to_failures(
     snapshot: &TenantSnapshot,
     world: &World,
     model: &IntentModel,
+    down_types: &BTreeSet<String>,
 ) -> BTreeSet<ItemRef> {
     let mut edges: BTreeMap<ItemRef, BTreeSet<ItemRef>> = BTreeMap::new();
     let mut link = |a: &ItemRef, b: &ItemRef| {
@@ -1037,11 +1045,21 @@ fn connected_to_failures(
             link(&key, &dependency.requires);
         }
     }
+    // Items of a type whose agent stays down hold up what is connected to
+    // them like failures do.
+    let down = model
+        .items
+        .keys()
+        .chain(snapshot.current.iter().map(|(key, _)| key))
+        .chain(world.items.keys())
+        .filter(|key| down_types.contains(&*key.item_type))
+        .cloned();
     let mut tainted: BTreeSet<ItemRef> = snapshot
         .current
         .iter()
         .filter(|(key, c)| failed_for_good(snapshot, key, c))
         .map(|(key, _)| key.clone())
+        .chain(down)
         .collect();
     let mut frontier: Vec<ItemRef> = tainted.iter().cloned().collect();
     while let Some(key) = frontier.pop() {
@@ -1054,9 +1072,11 @@ fn connected_to_failures(
     tainted
 }
 
-/// The planner's environment after the run: every configurator connected.
+/// The planner's environment after the run: every configurator connected
+/// but those of the agent that stays down.
 struct Everything {
     rules: HashMap<String, TypeRules>,
+    down_types: BTreeSet<String>,
     now_ms: u64,
 }
 
@@ -1064,8 +1084,8 @@ impl PlanEnvironment for Everything {
     fn type_rules(&self, item_type: &str) -> Option<&TypeRules> {
         self.rules.get(item_type)
     }
-    fn has_configurator(&self, _item_type: &str) -> bool {
-        true
+    fn has_configurator(&self, item_type: &str) -> bool {
+        !self.down_types.contains(item_type)
     }
     fn now_ms(&self) -> u64 {
         self.now_ms
@@ -1102,8 +1122,9 @@ pub fn check_converged(
     scenario: &Scenario,
     now_ms: u64,
 ) -> Result<(), Violation> {
+    let down_types = scenario.down_types();
     for (key, current) in snapshot.current.iter() {
-        if current.in_flight.is_some() {
+        if current.in_flight.is_some() && !down_types.contains(&*key.item_type) {
             return fail(
                 "a quiet tenant has nothing in flight",
                 format!(
@@ -1118,7 +1139,7 @@ pub fn check_converged(
     // blocks its dependents, ...): the items connected to one, through
     // any edge of either graph or the world, are exempt from the checks
     // below. A run without such failures gets the strict checks.
-    let tainted = connected_to_failures(snapshot, world, model);
+    let tainted = connected_to_failures(snapshot, world, model, &down_types);
     let terminal = |key: &ItemRef| tainted.contains(key);
     // Which intended items must converge: not failed for good, and every
     // dependency satisfiable (it converges, or is an external item that
@@ -1302,8 +1323,29 @@ pub fn check_converged(
             }
         }
     }
-    // Conditions of a quiet tenant.
-    let all_converged = expected.values().all(|must| *must) && held.is_empty();
+    // Conditions of a quiet tenant. With an agent down for good, its items
+    // are exempt from the checks above, but Ready still says whether the
+    // tenant as a whole converged: from the snapshot, every intended item
+    // CREATED at its intended value, nothing else left, nothing in flight.
+    let all_converged = if down_types.is_empty() {
+        expected.values().all(|must| *must) && held.is_empty()
+    } else {
+        let intended_created = model.items.iter().all(|(key, intended)| {
+            intended.external
+                || snapshot.current.get(key).is_some_and(|c| {
+                    c.state == ItemState::Created
+                        && c.applied
+                            .as_ref()
+                            .is_some_and(|applied| applied.same_content(intended))
+                })
+        });
+        let nothing_else = snapshot.current.iter().all(|(key, c)| {
+            c.in_flight.is_none()
+                && (model.items.contains_key(key)
+                    || c.applied.as_ref().is_some_and(|applied| applied.external))
+        });
+        intended_created && nothing_else && !any_failed_for_good(snapshot)
+    };
     let any_failed = snapshot
         .current
         .iter()
@@ -1373,6 +1415,7 @@ pub fn check_converged(
             .iter()
             .map(|spec| (spec.item_type.clone(), spec.rules()))
             .collect(),
+        down_types: down_types.clone(),
         now_ms,
     };
     let plan = plan_everything(&intended, &current, &environment);

@@ -89,6 +89,8 @@ pub struct Sim {
     next_session: u64,
     /// A store death armed: the new owner's seed and the agents' luck.
     armed: Option<(u64, u64)>,
+    /// In the final phase: the agent that stays down for good.
+    stays_down: Option<usize>,
     /// The earliest time messages being delivered can have been sent.
     sent_since_ms: u64,
     /// Items UNKNOWN in the snapshot after the last step.
@@ -153,6 +155,7 @@ impl Sim {
             origin: Instant::now(),
             next_session: 1,
             armed: None,
+            stays_down: None,
             sent_since_ms: 0,
             unknown: BTreeSet::new(),
             unreported: Vec::new(),
@@ -734,9 +737,26 @@ impl Sim {
         self.store.disarm();
         self.armed = None;
         let now = self.now_ms();
-        self.trace
-            .phase("final", now, "faults stop; agents connect and answer DONE");
+        let down = self.scenario.down_for_good;
+        self.stays_down = down;
+        let down_types = self.scenario.down_types();
+        let what = match down {
+            Some(agent) => format!(
+                "faults stop; agents connect and answer DONE, but agent {agent} ({}) stays down for good",
+                down_types.iter().cloned().collect::<Vec<_>>().join(", ")
+            ),
+            None => "faults stop; agents connect and answer DONE".to_owned(),
+        };
+        self.trace.phase("final", now, &what);
         for agent in 0..self.agents.agents.len() {
+            if Some(agent) == down {
+                if self.agents.agents[agent].live.is_some()
+                    || !self.agents.agents[agent].superseded.is_empty()
+                {
+                    self.end_sessions(agent, false, 0).await;
+                }
+                continue;
+            }
             if !self.agents.agents[agent].superseded.is_empty() {
                 self.end_sessions(agent, true, 0).await;
             }
@@ -753,10 +773,14 @@ impl Sim {
             self.answer_everything().await?;
             self.check().await?;
             let snapshot = self.handle.snapshots.latest();
-            let busy = snapshot.current.iter().any(|(_, c)| c.in_flight.is_some())
+            // A lost operation of a type whose agent stays down stays lost.
+            let busy = snapshot
+                .current
+                .iter()
+                .any(|(key, c)| c.in_flight.is_some() && !down_types.contains(&*key.item_type))
                 || retry_pending(&snapshot)
                 || self.agents.pending_count() > 0
-                || self.agents.agents.iter().any(|a| !a.unacked.is_empty());
+                || self.up_agents_hold_unacked();
             let now = self.now_ms();
             self.trace.phase(
                 "final",
@@ -799,15 +823,23 @@ impl Sim {
         ))
     }
 
+    /// Whether an agent that is not down for good holds a result the
+    /// server has not acknowledged.
+    fn up_agents_hold_unacked(&self) -> bool {
+        self.agents
+            .agents
+            .iter()
+            .enumerate()
+            .any(|(index, agent)| Some(index) != self.stays_down && !agent.unacked.is_empty())
+    }
+
     /// Every agent answers DONE to everything it holds, and resends what
     /// was not acknowledged, until nothing is left.
     async fn answer_everything(&mut self) -> Result<(), Violation> {
         for _ in 0..MAX_EXCHANGES {
             let now = self.now_ms();
             self.sent_since_ms = now;
-            if self.agents.pending_count() == 0
-                && self.agents.agents.iter().all(|a| a.unacked.is_empty())
-            {
+            if self.agents.pending_count() == 0 && !self.up_agents_hold_unacked() {
                 return Ok(());
             }
             while self.agents.pending_count() > 0 {
@@ -824,6 +856,9 @@ impl Sim {
                 self.send(sent).await;
             }
             for agent in 0..self.agents.agents.len() {
+                if Some(agent) == self.stays_down {
+                    continue;
+                }
                 let sent = self.agents.resend(agent);
                 self.send(sent).await;
             }
