@@ -117,7 +117,7 @@ impl Scenario {
         // A third of the scenarios with two agents or more keep one down.
         let draw = splitmix(seed ^ 0xd0_77_f0_9d);
         let down_for_good =
-            (agent_count >= 2 && draw % 3 == 0).then(|| (draw / 3) as usize % agent_count);
+            (agent_count >= 2 && draw.is_multiple_of(3)).then(|| (draw / 3) as usize % agent_count);
         Self {
             seed,
             types,
