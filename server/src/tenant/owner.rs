@@ -342,7 +342,7 @@ impl PlanEnvironment for Environment<'_> {
             .of_type(item_type)
             .filter(|waiting| waiting.operation == OperationKind::Delete)
             .map(|waiting| &waiting.item);
-        let queued = self.room.queued_of(item_type);
+        let queued = self.room.queued_deletes_of(item_type);
         in_flight.chain(waiting).chain(queued).cloned().collect()
     }
 }

@@ -917,7 +917,10 @@ impl Owner {
             if !self.sessions.contains_key(&*item.item_type) {
                 continue;
             }
-            if !self.room.admit(item, false, self.room_limits(&spec)) {
+            if !self
+                .room
+                .admit(item, operation.kind, self.room_limits(&spec))
+            {
                 waiting_for_room += 1;
                 continue;
             }
@@ -1234,7 +1237,7 @@ impl Owner {
             if current.is_busy() || current.state != ItemState::Created {
                 continue;
             }
-            self.room.admit(&item, true, limits);
+            self.room.admit(&item, OperationKind::Read, limits);
             let in_flight = InFlight::new(
                 OperationKind::Read,
                 self.next_op_id(),

@@ -12,9 +12,9 @@
 //! in the queue after it no longer needed room took the room of the next
 //! one when an operation ended, which then waited for ever.)
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
-use crate::graph::ItemRef;
+use crate::graph::{ItemRef, OperationKind};
 
 /// Operations running and queued, by item type.
 #[derive(Clone, Debug, Default)]
@@ -22,8 +22,8 @@ pub struct Room {
     /// Running operations of each type with a live session: all of them,
     /// and the drift READs among them (observation, not work).
     running: HashMap<String, Running>,
-    /// Ready operations that found no room, by type.
-    queued: BTreeMap<String, BTreeSet<ItemRef>>,
+    /// Ready operations that found no room, by type, with what they do.
+    queued: BTreeMap<String, BTreeMap<ItemRef, OperationKind>>,
 }
 
 /// The running operations of one type.
@@ -89,17 +89,18 @@ impl Room {
         self.type_room(item_type, limits) > 0
     }
 
-    /// Takes room for an operation on `item` (a drift READ with `read`) if
-    /// its type, which must have a live session, and the tenant have some:
-    /// `true`, and the item leaves its type's queue. Otherwise `false`; a
-    /// planned operation (not a READ) then waits in the queue.
-    pub fn admit(&mut self, item: &ItemRef, read: bool, limits: Limits) -> bool {
+    /// Takes room for operation `kind` on `item` if its type, which must
+    /// have a live session, and the tenant have some: `true`, and the item
+    /// leaves its type's queue. Otherwise `false`; a planned operation (not
+    /// a drift READ) then waits in the queue.
+    pub fn admit(&mut self, item: &ItemRef, kind: OperationKind, limits: Limits) -> bool {
+        let read = kind == OperationKind::Read;
         if self.type_room(&item.item_type, limits) == 0 {
             if !read {
                 self.queued
                     .entry(item.item_type.to_string())
                     .or_default()
-                    .insert(item.clone());
+                    .insert(item.clone(), kind);
             }
             return false;
         }
@@ -149,7 +150,7 @@ impl Room {
             };
             for _ in 0..room {
                 match queued.pop_first() {
-                    Some(item) => taken.push(item),
+                    Some((item, _)) => taken.push(item),
                     None => break,
                 }
             }
@@ -160,9 +161,24 @@ impl Room {
         taken
     }
 
+    /// The queued Deletes of `item_type` (a plan's Creates of a type wait
+    /// for its Deletes of that type, queued ones included).
+    pub fn queued_deletes_of(&self, item_type: &str) -> impl Iterator<Item = &ItemRef> {
+        self.queued
+            .get(item_type)
+            .into_iter()
+            .flatten()
+            .filter(|(_, kind)| **kind == OperationKind::Delete)
+            .map(|(item, _)| item)
+    }
+
     /// The queued items of `item_type`.
     pub fn queued_of(&self, item_type: &str) -> impl Iterator<Item = &ItemRef> {
-        self.queued.get(item_type).into_iter().flatten()
+        self.queued
+            .get(item_type)
+            .into_iter()
+            .flatten()
+            .map(|(item, _)| item)
     }
 }
 
@@ -188,9 +204,9 @@ mod tests {
     #[test]
     fn a_type_runs_at_most_its_limit_and_queues_the_rest_in_identity_order() {
         let mut room = with_session();
-        assert!(room.admit(&t("b"), false, ONE_AT_A_TIME));
-        assert!(!room.admit(&t("c"), false, ONE_AT_A_TIME));
-        assert!(!room.admit(&t("a"), false, ONE_AT_A_TIME));
+        assert!(room.admit(&t("b"), OperationKind::Create, ONE_AT_A_TIME));
+        assert!(!room.admit(&t("c"), OperationKind::Create, ONE_AT_A_TIME));
+        assert!(!room.admit(&t("a"), OperationKind::Create, ONE_AT_A_TIME));
         assert_eq!(room.running(), 1);
         assert_eq!(room.take_queued(|_| ONE_AT_A_TIME), Vec::<ItemRef>::new());
         room.set_running([("t".to_owned(), Running::default())]);
@@ -204,12 +220,12 @@ mod tests {
         // when room freed it was taken again instead of `c`, which then
         // waited for ever.
         let mut room = with_session();
-        assert!(room.admit(&t("a"), false, ONE_AT_A_TIME));
-        assert!(!room.admit(&t("b"), false, ONE_AT_A_TIME));
-        assert!(!room.admit(&t("c"), false, ONE_AT_A_TIME));
+        assert!(room.admit(&t("a"), OperationKind::Create, ONE_AT_A_TIME));
+        assert!(!room.admit(&t("b"), OperationKind::Create, ONE_AT_A_TIME));
+        assert!(!room.admit(&t("c"), OperationKind::Create, ONE_AT_A_TIME));
         room.set_running([("t".to_owned(), Running::default())]);
         // A pass seeded otherwise dispatches `b` directly.
-        assert!(room.admit(&t("b"), false, ONE_AT_A_TIME));
+        assert!(room.admit(&t("b"), OperationKind::Create, ONE_AT_A_TIME));
         room.set_running([("t".to_owned(), Running::default())]);
         assert_eq!(room.take_queued(|_| ONE_AT_A_TIME), vec![t("c")]);
     }
@@ -219,12 +235,12 @@ mod tests {
         // Simulator seed 10458: a queued item that no longer needed anything
         // took the room of the one whose Delete waited.
         let mut room = with_session();
-        assert!(room.admit(&t("a"), false, ONE_AT_A_TIME));
-        assert!(!room.admit(&t("b"), false, ONE_AT_A_TIME));
-        assert!(!room.admit(&t("c"), false, ONE_AT_A_TIME));
+        assert!(room.admit(&t("a"), OperationKind::Create, ONE_AT_A_TIME));
+        assert!(!room.admit(&t("b"), OperationKind::Create, ONE_AT_A_TIME));
+        assert!(!room.admit(&t("c"), OperationKind::Create, ONE_AT_A_TIME));
         room.unqueue([&t("b"), &t("c")]);
         // Planned again, only `c` is still ready.
-        assert!(!room.admit(&t("c"), false, ONE_AT_A_TIME));
+        assert!(!room.admit(&t("c"), OperationKind::Create, ONE_AT_A_TIME));
         room.set_running([("t".to_owned(), Running::default())]);
         assert_eq!(room.take_queued(|_| ONE_AT_A_TIME), vec![t("c")]);
     }
@@ -240,20 +256,33 @@ mod tests {
             per_type: 10,
             per_tenant: 2,
         };
-        assert!(room.admit(&t("a"), false, limits));
-        assert!(room.admit(&ItemRef::new("u", "x"), true, limits));
-        assert!(!room.admit(&t("b"), false, limits));
-        assert!(!room.admit(&t("r"), true, limits));
+        assert!(room.admit(&t("a"), OperationKind::Create, limits));
+        assert!(room.admit(&ItemRef::new("u", "x"), OperationKind::Read, limits));
+        assert!(!room.admit(&t("b"), OperationKind::Create, limits));
+        assert!(!room.admit(&t("r"), OperationKind::Read, limits));
         assert_eq!(room.running(), 2);
         assert_eq!(room.running_work(), 1, "the READ is not work");
         assert_eq!(room.queued_of("t").collect::<Vec<_>>(), vec![&t("b")]);
     }
 
     #[test]
+    fn only_queued_deletes_are_listed_as_deletes() {
+        let mut room = with_session();
+        assert!(room.admit(&t("a"), OperationKind::Create, ONE_AT_A_TIME));
+        assert!(!room.admit(&t("b"), OperationKind::Delete, ONE_AT_A_TIME));
+        assert!(!room.admit(&t("c"), OperationKind::Modify, ONE_AT_A_TIME));
+        assert_eq!(
+            room.queued_deletes_of("t").collect::<Vec<_>>(),
+            vec![&t("b")]
+        );
+        assert_eq!(room.queued_of("t").count(), 2);
+    }
+
+    #[test]
     fn a_type_without_a_session_has_no_room() {
         let mut room = Room::default();
         assert!(!room.has_session("t"));
-        assert!(!room.admit(&t("a"), false, ONE_AT_A_TIME));
+        assert!(!room.admit(&t("a"), OperationKind::Create, ONE_AT_A_TIME));
         assert_eq!(room.take_queued(|_| ONE_AT_A_TIME), Vec::<ItemRef>::new());
     }
 }
