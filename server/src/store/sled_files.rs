@@ -48,8 +48,8 @@ pub(crate) fn open_db(
         .segment_size(SEGMENT_SIZE)
         .cache_capacity(cache_capacity_bytes)
         .create_new(create_new);
-    let db = open_waiting_for_lock(&config).map_err(|e| format!("opening sled: {e}"))?;
     let log_path = sled_dir.join("db");
+    let db = open_waiting_for_lock(&config, &log_path).map_err(|e| format!("opening sled: {e}"))?;
     // Write access is not used, but some platforms require it to fsync.
     let log_file = OpenOptions::new()
         .write(true)
@@ -66,28 +66,55 @@ pub(crate) fn open_db(
     Ok(OpenedDb { db, log_file })
 }
 
-/// How long opening waits for sled's file lock: a store dropped a moment
-/// ago in this process releases it only once sled's background I/O threads
-/// let go of the database (a restart in-process, a migration reopening, a
-/// backup opened right after it was written); on a loaded machine that
-/// took over 2 s.
-const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long opening waits for sled's file lock held by another process:
+/// that one is using the store, so opening fails soon with a clear error.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Opens `config`, retrying while its file lock is held, up to
-/// [`LOCK_WAIT`]; another process holding it still fails then.
-fn open_waiting_for_lock(config: &sled::Config) -> sled::Result<sled::Db> {
-    let deadline = std::time::Instant::now() + LOCK_WAIT;
+/// How long opening waits for sled's file lock held by this process: a
+/// store dropped a moment ago releases it only once sled's background I/O
+/// threads let go of the database (a restart in-process, a migration
+/// reopening, a backup opened right after it was written), which on a
+/// loaded machine took over 10 s.
+const OWN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Opens `config`, retrying while its file lock on `db_file` is held: up
+/// to [`LOCK_WAIT`], or [`OWN_LOCK_WAIT`] while this process holds it.
+fn open_waiting_for_lock(config: &sled::Config, db_file: &Path) -> sled::Result<sled::Db> {
+    let started = std::time::Instant::now();
     loop {
         match config.open() {
             Err(sled::Error::Io(error))
                 if error.kind() == std::io::ErrorKind::WouldBlock
-                    && std::time::Instant::now() < deadline =>
+                    && (started.elapsed() < LOCK_WAIT
+                        || (started.elapsed() < OWN_LOCK_WAIT
+                            && locked_by_this_process(db_file))) =>
             {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
             opened => return opened,
         }
     }
+}
+
+/// Whether a lock on `file` is held by this process, from `/proc/locks`
+/// (`false` where that cannot be read).
+fn locked_by_this_process(file: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(metadata) = fs::metadata(file) else {
+        return false;
+    };
+    let Ok(locks) = fs::read_to_string("/proc/locks") else {
+        return false;
+    };
+    let pid = std::process::id().to_string();
+    let inode = metadata.ino().to_string();
+    // "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"
+    locks.lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.len() >= 6
+            && fields[4] == pid
+            && fields[5].rsplit(':').next() == Some(inode.as_str())
+    })
 }
 
 /// Mode of every directory of a store: only the server's user may list or
@@ -181,6 +208,18 @@ fn sync_dir(path: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_open_store_s_lock_is_seen_as_this_process_s() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let opened = open_db(root.path(), 1 << 20, true).expect("opens");
+        let db_file = sled_dir(root.path()).join("db");
+        assert!(locked_by_this_process(&db_file));
+        let other = root.path().join("other");
+        fs::write(&other, b"x").expect("write");
+        assert!(!locked_by_this_process(&other));
+        drop(opened);
+    }
 
     fn mode(path: &Path) -> u32 {
         fs::metadata(path).expect("stat").permissions().mode() & 0o777
