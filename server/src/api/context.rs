@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataMap;
 
 use crate::auth::{AdminToken, Caller, authenticate};
+use crate::engine::intent::IntentError;
 use crate::graph::validate::{FieldViolation, ValidationLimits};
 use crate::status::ApiError;
 use crate::tenant::{DirectoryError, TenantDirectory, TenantError, TenantHandle};
@@ -118,14 +119,14 @@ impl ApiContext {
     }
 }
 
-impl From<TenantError> for ApiError {
-    fn from(error: TenantError) -> Self {
+impl From<IntentError> for ApiError {
+    fn from(error: IntentError) -> Self {
         match error {
-            TenantError::Invalid { violations } => ApiError::invalid_argument(violations),
-            TenantError::DependencyCycle { cycle, field } => {
+            IntentError::Invalid { violations } => ApiError::invalid_argument(violations),
+            IntentError::DependencyCycle { cycle, field } => {
                 ApiError::dependency_cycle(field, &cycle)
             }
-            TenantError::ItemInOtherSubgraph {
+            IntentError::ItemInOtherSubgraph {
                 field,
                 item,
                 subgraph,
@@ -134,16 +135,24 @@ impl From<TenantError> for ApiError {
                 item,
                 subgraph,
             },
-            TenantError::GenerationMismatch { expected, actual } => {
+            IntentError::GenerationMismatch { expected, actual } => {
                 ApiError::GenerationMismatch { expected, actual }
             }
-            TenantError::Quota {
+            IntentError::Quota {
                 subject,
                 description,
             } => ApiError::QuotaExceeded {
                 subject,
                 description,
             },
+        }
+    }
+}
+
+impl From<TenantError> for ApiError {
+    fn from(error: TenantError) -> Self {
+        match error {
+            TenantError::Intent(error) => error.into(),
             TenantError::Gone => ApiError::NotFound {
                 what: "tenant".into(),
             },

@@ -17,6 +17,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reconciled::engine::exec::TypeSpec;
 use reconciled::engine::exec::port::{FromAgent, Registration, SessionLink, ToAgent};
+use reconciled::engine::intent::IntentError;
 use reconciled::graph::ItemRef;
 use reconciled::graph::validate::{ValidationLimits, validate_items};
 use reconciled::store::Store as _;
@@ -465,13 +466,18 @@ impl Sim {
                 }
                 Ok(())
             }
-            (Expected::GenerationMismatch, Err(TenantError::GenerationMismatch { .. })) => {
+            (
+                Expected::GenerationMismatch,
+                Err(TenantError::Intent(IntentError::GenerationMismatch { .. })),
+            ) => {
                 self.trace.note("refused: generation mismatch");
                 Ok(())
             }
             (
                 Expected::OutsideScope,
-                Err(TenantError::Invalid { .. } | TenantError::ItemInOtherSubgraph { .. }),
+                Err(TenantError::Intent(
+                    IntentError::Invalid { .. } | IntentError::ItemInOtherSubgraph { .. },
+                )),
             ) => {
                 self.trace.note("refused: item outside the scope");
                 Ok(())
