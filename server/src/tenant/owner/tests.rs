@@ -794,6 +794,26 @@ async fn a_follow_up_pass_that_cannot_commit_waits_before_trying_again() {
     );
 }
 
+/// Creates `t/a`, removes it from the intent, and answers its Delete
+/// UNAVAILABLE; returns that Delete.
+async fn create_a_then_fail_its_delete(harness: &mut Harness) -> OperationOrder {
+    harness.handle.submit(submit(&["a"])).await.expect("stored");
+    settle().await;
+    let create = received(&mut harness.agent);
+    answer(harness, 1, orders(&create)[0], done()).await;
+    harness.handle.submit(submit(&[])).await.expect("stored");
+    settle().await;
+    let delete = received(&mut harness.agent);
+    let delete = orders(&delete)[0].clone();
+    assert_eq!(delete.kind, crate::graph::OperationKind::Delete);
+    let unavailable = AgentOutcome::Failed(crate::graph::OperationError {
+        code: code::UNAVAILABLE,
+        message: "busy".into(),
+    });
+    answer(harness, 1, &delete, unavailable).await;
+    delete
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_settled_operation_needed_again_is_a_retry_under_its_op_id() {
     // A failed Delete that is not needed any more is settled; when the same
@@ -802,20 +822,7 @@ async fn a_settled_operation_needed_again_is_a_retry_under_its_op_id() {
     // used to forget the op id, and the agent got a second Delete under a
     // new one (simulator seeds 189, 2053, 2058, 2285, 1155).
     let mut harness = start(11).await;
-    harness.handle.submit(submit(&["a"])).await.expect("stored");
-    settle().await;
-    let create = received(&mut harness.agent);
-    answer(&harness, 1, orders(&create)[0], done()).await;
-    harness.handle.submit(submit(&[])).await.expect("stored");
-    settle().await;
-    let first = received(&mut harness.agent);
-    let first = orders(&first)[0].clone();
-    assert_eq!(first.kind, crate::graph::OperationKind::Delete);
-    let unavailable = AgentOutcome::Failed(crate::graph::OperationError {
-        code: code::UNAVAILABLE,
-        message: "busy".into(),
-    });
-    answer(&harness, 1, &first, unavailable).await;
+    let first = create_a_then_fail_its_delete(&mut harness).await;
     harness.handle.submit(submit(&["a"])).await.expect("stored");
     settle().await;
     assert_eq!(state_of(&harness.handle, "a"), Some(ItemState::Created));
@@ -957,20 +964,7 @@ async fn a_delete_given_up_on_is_tried_again_after_the_item_came_back_and_left()
         ..TypeSpec::new("t")
     };
     let mut harness = start_spec(16, spec).await;
-    harness.handle.submit(submit(&["a"])).await.expect("stored");
-    settle().await;
-    let create = received(&mut harness.agent);
-    answer(&harness, 1, orders(&create)[0], done()).await;
-    harness.handle.submit(submit(&[])).await.expect("stored");
-    settle().await;
-    let delete = received(&mut harness.agent);
-    let delete = orders(&delete)[0].clone();
-    assert_eq!(delete.kind, crate::graph::OperationKind::Delete);
-    let unavailable = AgentOutcome::Failed(crate::graph::OperationError {
-        code: code::UNAVAILABLE,
-        message: "busy".into(),
-    });
-    answer(&harness, 1, &delete, unavailable).await;
+    let delete = create_a_then_fail_its_delete(&mut harness).await;
     assert_eq!(state_of(&harness.handle, "a"), Some(ItemState::Failed));
 
     let mut back = submit(&["a"]);
