@@ -116,10 +116,11 @@ pub fn redelivery(
             why: GiveUpReason::Poison,
         };
     }
-    if let Some(broken) = broken_dependencies(current, operation).first() {
+    let broken = broken_dependencies(current, operation);
+    if let Some(first) = broken.first() {
         return Redelivery::GiveUp {
-            value: applied_or_not(current, entry, operation, now_ms),
-            why: GiveUpReason::BrokenDependency(broken.requires.clone()),
+            value: applied_or_not(current, entry, operation, &broken, now_ms),
+            why: GiveUpReason::BrokenDependency(first.requires.clone()),
         };
     }
     let operation = InFlight {
@@ -144,16 +145,16 @@ pub fn redelivery(
 }
 
 /// The record of an item whose lost Create or Modify is not sent again
-/// because a dependency of what it applies broke.
+/// because the dependencies `broken` of what it applies no longer hold.
 fn applied_or_not(
     current: &CurrentGraph,
     entry: &CurrentItem,
     operation: &InFlight,
+    broken: &[&Dependency],
     now_ms: u64,
 ) -> Option<CurrentItem> {
     match (operation.kind, operation.target.as_ref()) {
         (OperationKind::Create, Some(_)) => {
-            let broken = broken_dependencies(current, operation);
             let gone_with_external = broken.iter().all(|dependency| {
                 dependency.auto_deleted_by_external && current.get(&dependency.requires).is_none()
             });

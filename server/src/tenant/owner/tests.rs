@@ -864,6 +864,25 @@ async fn a_lost_create_gone_with_its_external_item_is_not_sent_again_when_it_is_
     );
 }
 
+/// Creates `t/a` on the external `e/x` as `created` submits it (with
+/// `e/x` reported), then submits `changed`; returns the Modify it causes.
+async fn create_on_x_then_modify(
+    harness: &mut Harness,
+    created: ValidatedSubmit,
+    changed: ValidatedSubmit,
+) -> OperationOrder {
+    harness.handle.submit(created).await.expect("stored");
+    report_x(harness, true).await;
+    let create = received(&mut harness.agent);
+    answer(harness, 1, orders(&create)[0], done()).await;
+    harness.handle.submit(changed).await.expect("stored");
+    settle().await;
+    let modify = received(&mut harness.agent);
+    let modify = orders(&modify)[0].clone();
+    assert_eq!(modify.kind, crate::graph::OperationKind::Modify);
+    modify
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_modify_running_when_its_external_item_vanishes_is_cancelled_and_dropped_once_it_reports()
 {
@@ -871,21 +890,9 @@ async fn a_modify_running_when_its_external_item_vanishes_is_cancelled_and_dropp
     // item used to be forgotten at once, and a Create of it could go out
     // while the Modify still ran.
     let mut harness = start(13).await;
-    harness
-        .handle
-        .submit(submit_on_external(true))
-        .await
-        .expect("stored");
-    report_x(&harness, true).await;
-    let create = received(&mut harness.agent);
-    answer(&harness, 1, orders(&create)[0], done()).await;
     let mut changed = submit_on_external(true);
     changed.items[1].0.properties.insert("v".into(), 2.into());
-    harness.handle.submit(changed).await.expect("stored");
-    settle().await;
-    let modify = received(&mut harness.agent);
-    let modify = orders(&modify)[0].clone();
-    assert_eq!(modify.kind, crate::graph::OperationKind::Modify);
+    let modify = create_on_x_then_modify(&mut harness, submit_on_external(true), changed).await;
 
     report_x(&harness, false).await;
     let messages = received(&mut harness.agent);
@@ -921,23 +928,12 @@ async fn a_modify_that_ties_an_item_to_an_external_item_that_went_and_came_back_
     // back; the item was recorded as existing and its dependents were built
     // on nothing.
     let mut harness = start(15).await;
-    harness
-        .handle
-        .submit(submit_on_external(false))
-        .await
-        .expect("stored");
-    report_x(&harness, true).await;
-    let create = received(&mut harness.agent);
-    answer(&harness, 1, orders(&create)[0], done()).await;
-    harness
-        .handle
-        .submit(submit_on_external(true))
-        .await
-        .expect("stored");
-    settle().await;
-    let modify = received(&mut harness.agent);
-    let modify = orders(&modify)[0].clone();
-    assert_eq!(modify.kind, crate::graph::OperationKind::Modify);
+    let modify = create_on_x_then_modify(
+        &mut harness,
+        submit_on_external(false),
+        submit_on_external(true),
+    )
+    .await;
     report_x(&harness, false).await;
     report_x(&harness, true).await;
     let _cancel = received(&mut harness.agent);
