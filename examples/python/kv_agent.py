@@ -48,10 +48,13 @@ class Agent:
         self.outbox.put(pb.AgentMessage(**message))
 
     def requests(self, outbox):
+        with self.lock:  # what still runs here, or waits for its ack: the server waits for it
+            outstanding = sorted({op_id for op_id, _ in self.running | self.unacked.keys()})
         yield pb.AgentMessage(register=pb.Register(
             tenant=self.args.tenant, agent_id=self.args.agent_id,
             protocol_version=PROTOCOL_VERSION,
-            item_types=[pb.ItemTypeSpec(item_type="pykv", recreate_on_change=["/key"])]))
+            item_types=[pb.ItemTypeSpec(item_type="pykv", recreate_on_change=["/key"])],
+            outstanding_op_ids=outstanding, lists_outstanding=True))
         while (message := outbox.get()) is not None:
             yield message
 

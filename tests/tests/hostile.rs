@@ -37,6 +37,7 @@ impl RawSession {
                     item_type: item_type.into(),
                     ..Default::default()
                 }],
+                ..Default::default()
             })),
         };
         outgoing.send(register).await.expect("queue open");
@@ -1038,6 +1039,7 @@ async fn an_agent_that_stops_reading_its_stream_loses_its_types_after_the_lease(
                     max_in_flight: 10_000,
                     ..Default::default()
                 }],
+                ..Default::default()
             })),
         })
         .await
@@ -1100,6 +1102,7 @@ async fn an_agent_that_stops_reading_its_stream_loses_its_types_after_the_lease(
                         item_type: "flood".into(),
                         ..Default::default()
                     }],
+                    ..Default::default()
                 })),
             })
             .await

@@ -21,6 +21,8 @@ struct RawAgent {
     incoming: tonic::Streaming<v1::ServerMessage>,
     /// Operations that arrived while waiting for something else.
     queued: std::collections::VecDeque<v1::OperationRequest>,
+    /// The heartbeat task.
+    heartbeats: tokio::task::JoinHandle<()>,
 }
 
 fn register(tenant: &str, agent_id: &str, types: &[&str], version: u32) -> v1::AgentMessage {
@@ -36,6 +38,7 @@ fn register(tenant: &str, agent_id: &str, types: &[&str], version: u32) -> v1::A
                     ..Default::default()
                 })
                 .collect(),
+            ..Default::default()
         })),
     }
 }
@@ -48,7 +51,7 @@ async fn connect(
     let (outgoing, receiver) = mpsc::channel(64);
     outgoing.send(first).await.expect("queue open");
     let beats = outgoing.clone();
-    tokio::spawn(async move {
+    let heartbeats = tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_secs(2));
         loop {
             every.tick().await;
@@ -69,10 +72,16 @@ async fn connect(
         outgoing,
         incoming,
         queued: Default::default(),
+        heartbeats,
     })
 }
 
 impl RawAgent {
+    /// Ends the session from the agent's side: its stream closes.
+    fn hang_up(self) {
+        self.heartbeats.abort();
+    }
+
     /// The next message that is not a heartbeat.
     async fn next(&mut self) -> v1::server_message::Message {
         loop {
@@ -478,4 +487,190 @@ async fn a_wait_answer_asks_again_later_without_counting_an_attempt() {
         .into_inner();
     assert_eq!(graph.current[0].state, v1::ItemState::Created as i32);
     assert_eq!(graph.current[0].attempts, 0);
+}
+
+/// The state of `tenant`'s item `app/a`.
+async fn state_of_a(client: &mut reconciled_tests::api::Reconciler, tenant: &str) -> i32 {
+    let graph = client
+        .get_graph(v1::GetGraphRequest {
+            tenant: tenant.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("graph")
+        .into_inner();
+    graph
+        .current
+        .iter()
+        .find(|current| {
+            current
+                .r#ref
+                .as_ref()
+                .is_some_and(|item| item.r#type == "app" && item.name == "a")
+        })
+        .map(|current| current.state)
+        .unwrap_or_default()
+}
+
+/// In `tenant`: app/a, which depends on the external item ext/x, is being
+/// created when its agent's session ends without an answer; then ext/x
+/// vanishes. Returns the lost Create and the client.
+async fn lose_a_create_whose_dependency_then_vanishes(
+    channel: &tonic::transport::Channel,
+    token: &str,
+    tenant: &str,
+) -> (v1::OperationRequest, reconciled_tests::api::Reconciler) {
+    let mut agent = connect(channel, token, register(tenant, "agent-1", &["app"], 1))
+        .await
+        .expect("registers");
+    assert!(matches!(
+        agent.next().await,
+        v1::server_message::Message::Registered(_)
+    ));
+    let mut client = reconciler(channel, token);
+    let external = v1::Item {
+        external: true,
+        ..item("ext", "x", json!({}))
+    };
+    client
+        .report_external(v1::ReportExternalRequest {
+            tenant: tenant.into(),
+            reports: vec![v1::ExternalReport {
+                change: Some(v1::external_report::Change::Put(external.clone())),
+                modified: false,
+            }],
+        })
+        .await
+        .expect("reported");
+    let mut a = item("app", "a", json!({}));
+    a.dependencies = vec![dependency("ext", "x")];
+    client
+        .submit_intent(submit(tenant, vec![external, a]))
+        .await
+        .expect("submitted");
+    let create = agent.next_operation().await;
+    assert_eq!(label(&create), "create app/a");
+
+    // The session ends with the Create unanswered: its outcome is lost.
+    agent.hang_up();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while state_of_a(&mut client, tenant).await != v1::ItemState::Unknown as i32 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "app/a never became UNKNOWN"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    client
+        .report_external(v1::ReportExternalRequest {
+            tenant: tenant.into(),
+            reports: vec![v1::ExternalReport {
+                change: Some(v1::external_report::Change::Delete(v1::ItemRef {
+                    r#type: "ext".into(),
+                    name: "x".into(),
+                })),
+                modified: false,
+            }],
+        })
+        .await
+        .expect("reported");
+    (create, client)
+}
+
+/// DESIGN 4 (lost operations): an operation whose outcome the server lost
+/// may still run at its agent, which lists it when it registers again. The
+/// server then waits for it (the same op id and attempt, which the agent
+/// de-duplicates) although its dependency vanished meanwhile, instead of
+/// acting as if it never ran. An agent that lists everything it runs,
+/// without it, gets what the intent needs now: the item may exist on a
+/// dependency that is gone, so it is deleted.
+#[tokio::test]
+async fn a_lost_operation_the_agent_lists_as_running_is_waited_for() {
+    let (server, channel, token) = acme().await;
+    let bravo = create_tenant(&channel, &server.admin_token(), "bravo").await;
+
+    let (lost, mut client) =
+        lose_a_create_whose_dependency_then_vanishes(&channel, &token, "acme").await;
+    let mut listing = register("acme", "agent-1", &["app"], 1);
+    if let Some(v1::agent_message::Message::Register(register)) = &mut listing.message {
+        register.outstanding_op_ids = vec![lost.op_id.clone()];
+        register.lists_outstanding = true;
+    }
+    let mut agent = connect(&channel, &token, listing).await.expect("registers");
+    assert!(matches!(
+        agent.next().await,
+        v1::server_message::Message::Registered(_)
+    ));
+    let again = agent.next_operation().await;
+    assert_eq!(
+        (label(&again).as_str(), again.op_id.as_str(), again.attempt),
+        ("create app/a", lost.op_id.as_str(), lost.attempt),
+        "the operation that still runs is waited for"
+    );
+    agent.answer(&again, v1::Outcome::Done).await;
+    // It ran: app/a exists on a dependency that is gone, so it goes.
+    let delete = agent.next_operation().await;
+    assert_eq!(label(&delete), "delete app/a");
+    assert_ne!(delete.op_id, lost.op_id);
+    assert_eq!(
+        state_of_a(&mut client, "acme").await,
+        v1::ItemState::Deleting as i32
+    );
+
+    let (lost, _client) =
+        lose_a_create_whose_dependency_then_vanishes(&channel, &bravo, "bravo").await;
+    let mut listing = register("bravo", "agent-1", &["app"], 1);
+    if let Some(v1::agent_message::Message::Register(register)) = &mut listing.message {
+        register.lists_outstanding = true;
+    }
+    let mut agent = connect(&channel, &bravo, listing).await.expect("registers");
+    assert!(matches!(
+        agent.next().await,
+        v1::server_message::Message::Registered(_)
+    ));
+    let next = agent.next_operation().await;
+    assert_eq!(
+        label(&next),
+        "delete app/a",
+        "not sent again: it runs nowhere, and may have run"
+    );
+    assert_ne!(next.op_id, lost.op_id);
+}
+
+/// Bad lists of outstanding operations are refused with a field path.
+#[tokio::test]
+async fn a_registration_with_a_bad_outstanding_list_is_refused() {
+    let (_server, channel, token) = acme().await;
+    let cases: [(Vec<String>, bool, &str); 3] = [
+        (vec!["op-1".into()], false, "register.lists_outstanding"),
+        (vec![String::new()], true, "register.outstanding_op_ids[0]"),
+        (
+            vec!["x".into(); 65_537],
+            true,
+            "register.outstanding_op_ids",
+        ),
+    ];
+    for (op_ids, lists, field) in cases {
+        let mut message = register("acme", "agent-1", &["app"], 1);
+        if let Some(v1::agent_message::Message::Register(register)) = &mut message.message {
+            register.outstanding_op_ids = op_ids;
+            register.lists_outstanding = lists;
+        }
+        let refused = match connect(&channel, &token, message).await {
+            Err(status) => status,
+            Ok(mut agent) => agent.incoming.message().await.expect_err("refused"),
+        };
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        let fields: Vec<String> = refused
+            .get_error_details()
+            .bad_request()
+            .map(|bad| {
+                bad.field_violations
+                    .iter()
+                    .map(|v| v.field.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(fields, [field], "{refused:?}");
+    }
 }

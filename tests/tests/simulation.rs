@@ -303,3 +303,24 @@ fn seed_1239_a_dispatched_operation_leaves_the_room_queue() {
 fn seed_10458_the_room_queue_holds_only_items_that_wait_for_room() {
     passes_in(10458, 500);
 }
+
+/// Fixed in the owner: a Create lost while its item went with an external
+/// item may still run at its agent and apply after the external item came
+/// back, so the item may exist with its target (existence uncertain) rather
+/// than being forgotten; its dependencies are not deleted under it.
+#[test]
+fn seed_11803_a_lost_create_gone_with_a_returning_external_may_exist() {
+    passes_in(11803, 500);
+}
+
+/// Fixed in the protocol: an agent lists, when it registers, the operations
+/// it still runs from earlier sessions, and the server waits for those
+/// instead of giving them up when their target left the intent or a
+/// dependency broke; before, it deleted a dependency under a Create that
+/// was still running at the agent (its cancel had timed out, and the agent
+/// reconnected).
+#[test]
+fn seeds_1063_11487_an_operation_the_agent_still_runs_is_waited_for() {
+    passes_in(1063, 500);
+    passes_in(11487, 500);
+}

@@ -178,6 +178,7 @@ impl AgentBuilder {
                 agent_id: agent_id.clone(),
                 protocol_version: reconciled_proto::PROTOCOL_VERSION,
                 item_types: specs,
+                ..Default::default()
             })),
         };
         let (events, _) = broadcast::channel(EVENT_CAPACITY);
@@ -438,7 +439,7 @@ impl Runner {
             let connecting = open_session(
                 self.agent.endpoint.clone(),
                 self.agent.bearer.clone(),
-                self.agent.register.clone(),
+                self.register_message(),
                 self.agent.register_timeout,
             );
             let (failure, was_registered) = match self.until(connecting, shutdown.as_mut()).await {
@@ -472,6 +473,16 @@ impl Runner {
         }
         self.state.cancel_all();
         Ok(())
+    }
+
+    /// The registration, listing the operations still outstanding here.
+    fn register_message(&self) -> v1::AgentMessage {
+        let mut message = self.agent.register.clone();
+        if let Some(v1::agent_message::Message::Register(register)) = message.message.as_mut() {
+            register.outstanding_op_ids = self.state.outstanding_op_ids();
+            register.lists_outstanding = true;
+        }
+        message
     }
 
     /// Records a failed session; returns the error to end `run` with if the

@@ -155,6 +155,21 @@ impl SessionState {
         }
     }
 
+    /// The op ids of the operations still running or parked here, or whose
+    /// result is not acknowledged: a registration lists them, so the server
+    /// waits for their outcomes instead of giving them up (an operation
+    /// whose session ended keeps running here).
+    pub(crate) fn outstanding_op_ids(&self) -> Vec<String> {
+        let op_ids: BTreeSet<&String> = self
+            .running
+            .keys()
+            .chain(self.unacked.keys())
+            .map(|key| &key.op_id)
+            .chain(self.parked.keys())
+            .collect();
+        op_ids.into_iter().cloned().collect()
+    }
+
     /// The server answered `Registered`: resend what is unacknowledged and
     /// what was reported meanwhile.
     pub(crate) fn connected(&mut self, registered: &v1::Registered) -> Vec<Action> {
@@ -1187,6 +1202,22 @@ mod tests {
             message: "x".into(),
         });
         assert!(actions.is_empty());
+    }
+
+    #[test]
+    fn a_registration_lists_what_runs_and_what_waits_for_its_ack() {
+        let mut state = state();
+        let _ = state.on_server_message(create("running", 1));
+        let _ = state.on_server_message(create("finished", 1));
+        let _ = state.on_operation_event(finished("finished", 1, Outcome::done()));
+        let _ = state.on_server_message(create("acked", 1));
+        let _ = state.on_operation_event(finished("acked", 1, Outcome::done()));
+        let _ = state.on_server_message(ack("acked", 1));
+        let _ = state.disconnected("gone".into(), None);
+        assert_eq!(
+            state.outstanding_op_ids(),
+            vec!["finished".to_owned(), "running".to_owned()]
+        );
     }
 
     #[test]

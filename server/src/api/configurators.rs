@@ -17,7 +17,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
-use crate::engine::exec::port::{AgentOutcome, FromAgent, Registration, SessionLink, ToAgent};
+use crate::engine::exec::port::{
+    AgentOutcome, FromAgent, Outstanding, Registration, SessionLink, ToAgent,
+};
 use crate::engine::exec::{
     DEFAULT_MAX_IN_FLIGHT, DEFAULT_OPERATION_TIMEOUT_MS, RetryPolicy, TypeSpec,
 };
@@ -91,7 +93,7 @@ impl Configurators for ConfiguratorsService {
             .into());
         }
         let handle = self.context.tenant(caller, &register.tenant)?;
-        let types = self.type_specs(&register)?;
+        let (types, outstanding) = self.validated(&register)?;
         let max_agents = handle.snapshots.latest().record.limits.max_agents;
         let agent_slot = self
             .context
@@ -115,7 +117,11 @@ impl Configurators for ConfiguratorsService {
         // session that no task serves.
         let mut unclaimed = UnclaimedSession::new(handle.clone(), session_id);
         let grants = handle
-            .register(Registration { link, types })
+            .register(Registration {
+                link,
+                types,
+                outstanding,
+            })
             .await
             .map_err(|error| match error {
                 RegistrationError::TypeHeld { item_type, holder } => {
@@ -214,7 +220,9 @@ fn millis(duration: Duration) -> u64 {
 
 impl ConfiguratorsService {
     /// Validates and converts the item type specs of a Register.
-    fn type_specs(&self, register: &v1::Register) -> Result<Vec<TypeSpec>, ApiError> {
+    /// The item type specs and the outstanding operations of `register`,
+    /// or every problem with them.
+    fn validated(&self, register: &v1::Register) -> Result<(Vec<TypeSpec>, Outstanding), ApiError> {
         let mut violations = Vec::new();
         if let Err(problem) = validate_name(&register.agent_id, &self.context.limits) {
             violations.push(FieldViolation::new(
@@ -246,12 +254,57 @@ impl ConfiguratorsService {
                 Err(mut problems) => violations.append(&mut problems),
             }
         }
+        let outstanding = outstanding_from_proto(register, &mut violations);
         if violations.is_empty() {
-            Ok(specs)
+            Ok((specs, outstanding))
         } else {
             Err(ApiError::invalid_argument(violations))
         }
     }
+}
+
+/// Most op ids a registration may list as outstanding.
+pub const MAX_OUTSTANDING_OP_IDS: usize = 65_536;
+/// Longest op id a registration may list, in bytes.
+pub const MAX_OP_ID_BYTES: usize = 256;
+
+/// The operations a registering agent says it still runs; problems go to
+/// `violations`.
+fn outstanding_from_proto(
+    register: &v1::Register,
+    violations: &mut Vec<FieldViolation>,
+) -> Outstanding {
+    if register.outstanding_op_ids.len() > MAX_OUTSTANDING_OP_IDS {
+        violations.push(FieldViolation::new(
+            "register.outstanding_op_ids",
+            format!(
+                "{} op ids listed; at most {MAX_OUTSTANDING_OP_IDS} may be",
+                register.outstanding_op_ids.len()
+            ),
+        ));
+        return Outstanding::Unsaid;
+    }
+    if let Some(index) = register
+        .outstanding_op_ids
+        .iter()
+        .position(|op_id| op_id.is_empty() || op_id.len() > MAX_OP_ID_BYTES)
+    {
+        violations.push(FieldViolation::new(
+            format!("register.outstanding_op_ids[{index}]"),
+            format!("an op id is 1 to {MAX_OP_ID_BYTES} bytes"),
+        ));
+        return Outstanding::Unsaid;
+    }
+    if !register.lists_outstanding {
+        if !register.outstanding_op_ids.is_empty() {
+            violations.push(FieldViolation::new(
+                "register.lists_outstanding",
+                "set it when listing outstanding_op_ids (the list must be complete)",
+            ));
+        }
+        return Outstanding::Unsaid;
+    }
+    Outstanding::Listed(register.outstanding_op_ids.iter().cloned().collect())
 }
 
 /// An item type spec from the wire.

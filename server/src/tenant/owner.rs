@@ -17,7 +17,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, instrument, warn};
 
-use crate::engine::exec::port::{ExternalChange, FromAgent, Grant, Registration, SessionLink};
+use crate::engine::exec::port::{
+    ExternalChange, FromAgent, Grant, Outstanding, Registration, SessionLink,
+};
 use crate::engine::exec::{Room, TypeRegistry};
 use crate::engine::plan::{
     BlockedBy, Plan, PlanEnvironment, TypeRules, WaitReason, WaitingItem, plan_operations,
@@ -352,6 +354,9 @@ impl PlanEnvironment for Environment<'_> {
 pub(super) struct Holder {
     pub(super) link: SessionLink,
     pub(super) epoch: u64,
+    /// What the agent said it still ran from earlier sessions when it
+    /// registered (shared by the types it registered together).
+    pub(super) outstanding: Arc<Outstanding>,
 }
 
 /// The in-memory deadlines of one operation, on the monotonic clock

@@ -293,6 +293,7 @@ impl Owner {
             .iter()
             .map(|s| s.item_type.clone())
             .collect();
+        let outstanding = Arc::new(registration.outstanding);
         for (spec, grant) in registration.types.into_iter().zip(&grants) {
             self.types.insert(spec.clone(), grant.epoch);
             self.sessions.insert(
@@ -300,6 +301,7 @@ impl Owner {
                 Holder {
                     link: registration.link.clone(),
                     epoch: grant.epoch,
+                    outstanding: outstanding.clone(),
                 },
             );
         }
@@ -382,6 +384,10 @@ impl Owner {
             }
             let now = self.settings.clock.now_ms();
             let spec = self.spec(&item.item_type);
+            let agent_holds = self
+                .sessions
+                .get(&*item.item_type)
+                .and_then(|holder| holder.outstanding.holds(&operation.op_id));
             let rng = &mut self.rng;
             let retry_at = |failures| {
                 spec.retry_at(now, failures, false, |low, high| random_in(rng, low, high))
@@ -391,6 +397,7 @@ impl Owner {
                 item,
                 current,
                 &operation,
+                agent_holds,
                 now,
                 retry_at,
             ) {

@@ -15,6 +15,8 @@
 //! - [`world`]: what exists, and the simulated agents.
 //! - [`faults`]: a store that dies at a commit, crashes, clock steps.
 //! - [`invariants`]: the checks.
+//! - [`counts`]: operation counts against a fault-free run of the same
+//!   steps.
 //! - [`runner`]: the loop that drives the owner.
 //! - [`trace`]: the record of a run, printed on failure.
 //!
@@ -22,6 +24,7 @@
 //! let outcome = reconciled_tests::sim::run_seed(7, 300);
 //! ```
 
+pub mod counts;
 pub mod faults;
 pub mod intents;
 pub mod invariants;
@@ -36,6 +39,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use self::counts::OpCounts;
 use self::intents::Scenario;
 use self::invariants::Violation;
 use self::runner::{Sim, Stats};
@@ -85,6 +89,8 @@ impl Failure {
 pub struct Passed {
     /// Its counters.
     pub stats: Stats,
+    /// Its operations per item.
+    pub counts: OpCounts,
     /// What happened.
     pub trace: Trace,
 }
@@ -169,17 +175,63 @@ fn watched(seed: u64, steps: Steps, limit: Duration) -> Result<Passed, Box<Failu
     }
 }
 
+/// Whether a run has its faults, or is the fault-free run its operation
+/// counts are compared with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Faults {
+    On,
+    Off,
+}
+
+/// Runs a seed, then its fault-free run, and compares their operation
+/// counts.
 fn run(seed: u64, steps: Steps, trace: Trace) -> Result<Passed, Box<Failure>> {
+    let (passed, taken) = run_once(seed, steps, trace.clone(), Faults::On)?;
+    let calm = counts::fault_free(&taken);
+    let (baseline, _) = run_once(seed, Steps::Given(calm.clone()), Trace::new(), Faults::Off)
+        .map_err(|mut failure| {
+            failure.violation.detail = format!(
+                "the fault-free run of these steps failed: {}",
+                failure.violation.detail
+            );
+            failure
+        })?;
+    if let Err(violation) = counts::compare(&passed.counts, &baseline.counts) {
+        return Err(Box::new(Failure {
+            seed,
+            steps: taken,
+            failed_at: None,
+            violation,
+            trace,
+        }));
+    }
+    Ok(passed)
+}
+
+fn run_once(
+    seed: u64,
+    steps: Steps,
+    trace: Trace,
+    faults: Faults,
+) -> Result<(Passed, Vec<Step>), Box<Failure>> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .expect("a current-thread runtime");
-    runtime.block_on(simulate(seed, steps, trace))
+    runtime.block_on(simulate(seed, steps, trace, faults))
 }
 
-async fn simulate(seed: u64, steps: Steps, trace: Trace) -> Result<Passed, Box<Failure>> {
-    let scenario = Scenario::generate(seed);
+async fn simulate(
+    seed: u64,
+    steps: Steps,
+    trace: Trace,
+    faults: Faults,
+) -> Result<(Passed, Vec<Step>), Box<Failure>> {
+    let mut scenario = Scenario::generate(seed);
+    if faults == Faults::Off {
+        scenario.down_for_good = None;
+    }
     let mut rng = StdRng::seed_from_u64(seed);
     let owner_seed = rng.random();
     let mut taken: Vec<Step> = Vec::new();
@@ -215,10 +267,12 @@ async fn simulate(seed: u64, steps: Steps, trace: Trace) -> Result<Passed, Box<F
     }
     let mut stats = sim.stats;
     stats.simulated_ms = sim.now_ms();
-    Ok(Passed {
+    let passed = Passed {
         stats,
+        counts: sim.counts.clone(),
         trace: sim.trace.clone(),
-    })
+    };
+    Ok((passed, taken))
 }
 
 /// Shrinks a failing run: drops steps (halves, quarters, ... single steps)

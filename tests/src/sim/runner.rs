@@ -30,6 +30,7 @@ use reconciled::tenant::{
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::counts::OpCounts;
 use super::faults::FaultyStore;
 use super::intents::{Expected, IntentModel, Scenario, SubmitPlan, external_value};
 use super::invariants::{
@@ -101,6 +102,8 @@ pub struct Sim {
     unreported: Vec<ExternalChange>,
     /// Counters.
     pub stats: Stats,
+    /// Operations per item, and the faults that touched each.
+    pub counts: OpCounts,
 }
 
 impl Sim {
@@ -161,6 +164,7 @@ impl Sim {
             unknown: BTreeSet::new(),
             unreported: Vec::new(),
             stats: Stats::default(),
+            counts: OpCounts::default(),
         };
         sim.trace.phase(
             "setup",
@@ -214,6 +218,7 @@ impl Sim {
         self.sent_since_ms = now;
         self.trace.step(index, now, &step.to_string());
         self.stats.steps += 1;
+        self.count_faults(step);
         match step {
             Step::Submit(plan) => self.submit(plan).await?,
             Step::Report(reports) => self.report(reports).await?,
@@ -254,9 +259,39 @@ impl Sim {
         self.check().await
     }
 
+    /// Counts the faults `step` brings to the items it meets.
+    fn count_faults(&mut self, step: &Step) {
+        match step {
+            Step::Answer { pick, answer } => {
+                if let Some(held) = self.agents.picked(*pick) {
+                    let item = held.order.item.item_ref();
+                    self.counts.on_answer(item, *answer);
+                }
+            }
+            Step::Disconnect { .. }
+            | Step::CloseSuperseded { .. }
+            | Step::Connect { .. }
+            | Step::Crash { .. } => self.count_fault_in_flight(),
+            _ => {}
+        }
+    }
+
+    /// A fault meets every operation in flight.
+    fn count_fault_in_flight(&mut self) {
+        let snapshot = self.handle.snapshots.latest();
+        let in_flight: Vec<ItemRef> = snapshot
+            .current
+            .iter()
+            .filter(|(_, current)| current.in_flight.is_some())
+            .map(|(key, _)| key.clone())
+            .collect();
+        self.counts.on_fault(&in_flight);
+    }
+
     /// Restarts the server if its store died, then checks the snapshot.
     async fn check(&mut self) -> Result<(), Violation> {
         if self.store.dead() {
+            self.count_fault_in_flight();
             let (owner_seed, luck) = self.armed.take().unwrap_or((0, 0));
             self.trace
                 .note("the store died: the server restarts from its bytes");
@@ -356,6 +391,7 @@ impl Sim {
         match message {
             ToAgent::Operation(order) => {
                 self.stats.operations += 1;
+                self.counts.on_order(&order);
                 let epoch = self.agents.epoch(agent, session, &order.item.item_type);
                 let key = (order.op_id.clone(), order.attempt);
                 let holder = &self.agents.agents[agent];
@@ -586,6 +622,7 @@ impl Sim {
                 sender,
             },
             types: self.specs_of(agent),
+            outstanding: self.agents.outstanding(agent),
         };
         match self.handle.register(registration).await {
             Ok(grants) => {
@@ -633,6 +670,7 @@ impl Sim {
                     sender,
                 },
                 types: vec![spec.clone()],
+                outstanding: Default::default(),
             })
             .await;
         match answer {

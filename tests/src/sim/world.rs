@@ -16,7 +16,9 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use reconciled::engine::exec::port::{AgentOutcome, FromAgent, Grant, OperationOrder, ToAgent};
+use reconciled::engine::exec::port::{
+    AgentOutcome, FromAgent, Grant, OperationOrder, Outstanding, ToAgent,
+};
 use reconciled::graph::{Item, ItemRef, OperationError, OperationKind, Properties, code};
 use tokio::sync::mpsc;
 
@@ -346,6 +348,32 @@ impl Agents {
     /// Every operation held, in a stable order (agents, then arrival).
     pub fn pending(&self) -> impl Iterator<Item = &PendingOp> {
         self.agents.iter().flat_map(|agent| agent.pending.iter())
+    }
+
+    /// The `pick`-th operation held (modulo how many are held), as
+    /// [`Agents::answer`] picks it.
+    pub fn picked(&self, pick: u64) -> Option<&PendingOp> {
+        let total = self.pending_count() as u64;
+        if total == 0 {
+            return None;
+        }
+        self.pending()
+            .nth(usize::try_from(pick % total).unwrap_or(0))
+    }
+
+    /// What `agent` lists as outstanding when it registers: the operations
+    /// it still runs (on any session) and those whose result was not
+    /// acknowledged, as the SDK does.
+    pub fn outstanding(&self, agent: usize) -> Outstanding {
+        let holder = &self.agents[agent];
+        Outstanding::Listed(
+            holder
+                .pending
+                .iter()
+                .map(|pending| pending.order.op_id.clone())
+                .chain(holder.unacked.keys().map(|(op_id, _)| op_id.clone()))
+                .collect(),
+        )
     }
 
     /// How many operations all agents hold.

@@ -2,7 +2,10 @@
 //! away, or the server restarted: the item is UNKNOWN) when an agent holds
 //! its type again (DESIGN section 4, UNKNOWN and poison operations).
 //!
-//! Sent again under its op id and attempt, unless:
+//! Sent again under its op id and attempt when the agent says it still
+//! runs it, or holds its result (it may apply whatever changed meanwhile,
+//! so the server waits for its outcome; the agent de-duplicates). Else sent
+//! again too, unless:
 //! - an item it relies on is UNKNOWN too: it waits for that outcome;
 //! - the item went with an external item while it ran: whatever it applied
 //!   went too;
@@ -57,40 +60,61 @@ pub enum GiveUpReason {
 }
 
 /// Decides what becomes of `entry`'s lost `operation` (the item is
-/// UNKNOWN). `retry_at` gives, for a number of failures, when the type's
+/// UNKNOWN). `agent_holds` is whether the agent that holds the type now
+/// said it still runs the operation or holds its result (`None`: it does
+/// not say). `retry_at` gives, for a number of failures, when the type's
 /// retry policy tries again (`None`: never), for a poison operation.
 pub fn redelivery(
     current: &CurrentGraph,
     item: &ItemRef,
     entry: &CurrentItem,
     operation: &InFlight,
+    agent_holds: Option<bool>,
     now_ms: u64,
     retry_at: impl FnOnce(u32) -> Option<u64>,
 ) -> Redelivery {
+    if agent_holds == Some(true) {
+        // It runs there, or its result is on the way: whatever changed
+        // meanwhile, its outcome is coming, and nothing may act as if it
+        // never ran. Sent again, it is not started twice.
+        return resend(entry, operation);
+    }
     if entry.gone_with_external {
-        // Whatever it applied went with its external item. A lost Create
-        // leaves nothing. A lost Modify may not have run, leaving the value
-        // before it: the item may exist, so the planner deletes it or
-        // creates it again (Creates are idempotent).
-        let value = (operation.kind == OperationKind::Modify)
-            .then(|| {
-                let unmarked = CurrentItem {
-                    gone_with_external: false,
-                    ..entry.clone()
-                };
-                completed(
-                    current,
-                    &unmarked,
-                    Completion::Wait {
-                        retry_at_ms: now_ms,
-                    },
-                )
-            })
-            .flatten()
-            .map(|value| CurrentItem {
-                existence_uncertain: true,
-                ..value
-            });
+        // It ties the item to an external item that went while it ran. It
+        // may still run at its agent (a lost outcome is not a stopped
+        // operation), and apply after the external item came back: then
+        // the item exists. So neither kind is sent again (an agent could
+        // answer from its de-duplication cache for an item that went), and
+        // the item's existence is uncertain: a lost Create may have applied
+        // its target; a lost Modify left the value before it or its target.
+        // The planner drops the item while its external item is gone, and
+        // otherwise creates it again under a new op id (Creates are
+        // idempotent) or deletes it (DESIGN 3, rule 9; DESIGN 4,
+        // `previous_uncertain`).
+        let unmarked = CurrentItem {
+            gone_with_external: false,
+            ..entry.clone()
+        };
+        // A Delete, READ or question of a tied item changes nothing: the
+        // item went.
+        let value = match operation.kind {
+            _ if operation.question => None,
+            OperationKind::Create => {
+                completed(current, &unmarked, Completion::Done { observed: None })
+            }
+            OperationKind::Modify => completed(
+                current,
+                &unmarked,
+                Completion::Wait {
+                    retry_at_ms: now_ms,
+                },
+            ),
+            OperationKind::Delete | OperationKind::Read => None,
+        }
+        .map(|value| CurrentItem {
+            existence_uncertain: true,
+            ..value
+        });
         return Redelivery::GiveUp {
             value,
             why: GiveUpReason::GoneWithExternal,
@@ -123,6 +147,11 @@ pub fn redelivery(
             why: GiveUpReason::BrokenDependency(first.requires.clone()),
         };
     }
+    resend(entry, operation)
+}
+
+/// `operation` sent again, its re-delivery counted.
+fn resend(entry: &CurrentItem, operation: &InFlight) -> Redelivery {
     let operation = InFlight {
         redeliveries: operation.redeliveries + 1,
         ..operation.clone()
@@ -309,6 +338,7 @@ mod tests {
             &ItemRef::new("t", "a"),
             &entry,
             &operation,
+            None,
             5,
             never,
         )
@@ -335,6 +365,7 @@ mod tests {
                 &ItemRef::new("t", "a"),
                 &entry,
                 &operation,
+                None,
                 5,
                 never
             ),
@@ -351,6 +382,7 @@ mod tests {
             &ItemRef::new("t", "a"),
             &entry,
             &operation,
+            None,
             5,
             never,
         ) else {
@@ -365,6 +397,46 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_operation_the_agent_still_runs_is_waited_for_whatever_changed() {
+        // Its dependency vanished: were it given up, the dependency could
+        // be deleted under an operation that still runs at the agent.
+        let (operation, entry) =
+            lost_create(Item::new("t", "a", Default::default()).depends_on(on("gone")));
+        let decided = redelivery(
+            &CurrentGraph::default(),
+            &ItemRef::new("t", "a"),
+            &entry,
+            &operation,
+            Some(true),
+            5,
+            never,
+        );
+        let Redelivery::Resend {
+            operation: again,
+            value,
+        } = decided
+        else {
+            panic!("waited for: {decided:?}");
+        };
+        assert_eq!((again.op_id.as_str(), again.attempt), ("op", 1));
+        assert_eq!(value.state, ItemState::Creating);
+        // An agent that lists what it runs, without this one, gets the
+        // decision for an operation that no longer runs anywhere.
+        assert!(matches!(
+            redelivery(
+                &CurrentGraph::default(),
+                &ItemRef::new("t", "a"),
+                &entry,
+                &operation,
+                Some(false),
+                5,
+                never,
+            ),
+            Redelivery::GiveUp { .. }
+        ));
+    }
+
+    #[test]
     fn a_lost_create_auto_deleted_with_a_vanished_external_item_is_forgotten() {
         let mut tied = on("x");
         tied.auto_deleted_by_external = true;
@@ -375,6 +447,7 @@ mod tests {
             &ItemRef::new("t", "a"),
             &entry,
             &operation,
+            None,
             5,
             never,
         );
@@ -396,6 +469,7 @@ mod tests {
             &ItemRef::new("t", "a"),
             &entry,
             &operation,
+            None,
             5,
             |failures| Some(100 * u64::from(failures)),
         ) else {
@@ -406,6 +480,32 @@ mod tests {
         assert_eq!(value.state, ItemState::Failed);
         assert_eq!(value.last_error.map(|e| e.code), Some(code::UNAVAILABLE));
         assert_eq!(value.next_attempt_at_ms, Some(100));
+    }
+
+    #[test]
+    fn a_lost_create_of_an_item_gone_with_its_external_item_may_exist_with_its_target() {
+        let (operation, entry) = lost_create(Item::new("t", "a", Default::default()));
+        let entry = CurrentItem {
+            gone_with_external: true,
+            ..entry
+        };
+        let Redelivery::GiveUp { value, why } = redelivery(
+            &CurrentGraph::default(),
+            &ItemRef::new("t", "a"),
+            &entry,
+            &operation,
+            None,
+            5,
+            never,
+        ) else {
+            panic!("not sent again");
+        };
+        assert_eq!(why, GiveUpReason::GoneWithExternal);
+        let value =
+            value.expect("it may exist: the Create may run after the external item is back");
+        assert!(value.existence_uncertain && !value.gone_with_external);
+        assert!(value.in_flight.is_none());
+        assert_eq!(value.applied, operation.target);
     }
 
     #[test]
@@ -426,6 +526,7 @@ mod tests {
             &ItemRef::new("t", "a"),
             &entry,
             &modify,
+            None,
             5,
             never,
         ) else {

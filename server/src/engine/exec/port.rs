@@ -124,6 +124,31 @@ pub struct Registration {
     pub link: SessionLink,
     /// The item types it handles.
     pub types: Vec<TypeSpec>,
+    /// What the agent still runs from earlier sessions.
+    pub outstanding: Outstanding,
+}
+
+/// The operations an agent says it still runs, or holds an unacknowledged
+/// result of, when it registers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Outstanding {
+    /// The agent does not say (an older agent): any lost operation may
+    /// still run there.
+    #[default]
+    Unsaid,
+    /// Exactly these op ids; no other operation runs at the agent.
+    Listed(std::collections::BTreeSet<String>),
+}
+
+impl Outstanding {
+    /// Whether the agent holds operation `op_id`: `None` when it does not
+    /// say.
+    pub fn holds(&self, op_id: &str) -> Option<bool> {
+        match self {
+            Self::Unsaid => None,
+            Self::Listed(op_ids) => Some(op_ids.contains(op_id)),
+        }
+    }
 }
 
 /// A granted type with its epoch.

@@ -83,6 +83,7 @@ async fn start_with(
                 sender,
             },
             types: vec![spec],
+            outstanding: Default::default(),
         })
         .await
         .expect("registered");
@@ -323,6 +324,7 @@ async fn reconnect(harness: &mut Harness, session: u64, spec: TypeSpec) {
                 sender,
             },
             types: vec![spec],
+            outstanding: Default::default(),
         })
         .await
         .expect("registered again");
