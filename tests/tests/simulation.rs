@@ -324,3 +324,13 @@ fn seeds_1063_11487_an_operation_the_agent_still_runs_is_waited_for() {
     passes_in(1063, 500);
     passes_in(11487, 500);
 }
+
+/// Fixed in the owner: an item whose Create waited to be asked again (after
+/// WAIT or a retryable failure) and that went with its external item keeps
+/// the Create's op id and attempts, instead of getting a new op id for the
+/// same operation.
+#[test]
+fn seeds_10550_11073_a_create_waiting_for_a_retry_keeps_its_op_id_when_its_item_goes() {
+    passes_in(10550, 500);
+    passes_in(11073, 500);
+}

@@ -209,6 +209,39 @@ pub fn completed(
     }
 }
 
+/// What is left of an item that went with its external item while its
+/// Create waited for a retry (after WAIT or a retryable failure): nothing
+/// exists, but asking again is the same operation, so it keeps its op id
+/// and attempts (DESIGN 4). `None` when no Create waits for a retry.
+fn create_to_retry(existing: &CurrentItem) -> Option<CurrentItem> {
+    let retry_of = existing
+        .retry_of
+        .clone()
+        .filter(|retry| retry.kind == OperationKind::Create)?;
+    if existing.in_flight.is_some() {
+        return None;
+    }
+    Some(CurrentItem {
+        state: if existing.last_error.is_some() {
+            ItemState::Failed
+        } else {
+            ItemState::Pending
+        },
+        applied: None,
+        applied_generation: 0,
+        observed: None,
+        last_operation: Some(OperationKind::Create),
+        dependency_marks: std::collections::BTreeMap::new(),
+        unknown_was_created: false,
+        needs_recreate_answer: None,
+        retry_of: Some(retry_of),
+        gone_with_external: false,
+        existence_uncertain: false,
+        maybe_applied: None,
+        ..existing.clone()
+    })
+}
+
 /// What a retry of `operation` continues: its kind, target and op id.
 fn retry_of(operation: &InFlight) -> RetryOf {
     RetryOf {
@@ -441,9 +474,13 @@ pub fn bookkeeping_updates(current: &CurrentGraph, plan: &Plan) -> CurrentUpdate
     let mut updates: CurrentUpdates = Vec::new();
     for (item, reason) in &plan.forget {
         match reason {
-            ForgetReason::DeletedWithExternal | ForgetReason::NeverCreated => {
-                updates.push((item.clone(), None));
+            ForgetReason::DeletedWithExternal => {
+                let kept = current
+                    .get(item)
+                    .and_then(|existing| create_to_retry(existing));
+                updates.push((item.clone(), kept));
             }
+            ForgetReason::NeverCreated => updates.push((item.clone(), None)),
         }
     }
     for item in &plan.settle {
@@ -485,4 +522,67 @@ pub fn apply_updates(current: &mut CurrentGraph, updates: CurrentUpdates) {
 pub fn apply_bookkeeping(current: &mut CurrentGraph, plan: &Plan) {
     let updates = bookkeeping_updates(current, plan);
     apply_updates(current, updates);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::engine::plan::{ForgetReason, Plan};
+    use crate::graph::Item;
+
+    fn waiting_to_retry_create(last_error: Option<OperationError>) -> CurrentItem {
+        CurrentItem {
+            state: ItemState::Created,
+            existence_uncertain: true,
+            last_error,
+            attempts: 2,
+            retry_of: Some(RetryOf {
+                kind: OperationKind::Create,
+                target_generation: 7,
+                op_id: "op-1".into(),
+            }),
+            ..CurrentItem::created(Arc::new(Item::new("t", "a", Default::default())), 7)
+        }
+    }
+
+    fn forgotten_with_external(entry: CurrentItem) -> Option<CurrentItem> {
+        let item = ItemRef::new("t", "a");
+        let mut current = CurrentGraph::default();
+        current.insert(item.clone(), entry);
+        let plan = Plan {
+            forget: vec![(item, ForgetReason::DeletedWithExternal)],
+            ..Plan::default()
+        };
+        bookkeeping_updates(&current, &plan)
+            .into_iter()
+            .next()
+            .expect("one update")
+            .1
+    }
+
+    #[test]
+    fn a_create_waiting_to_be_asked_again_keeps_its_op_id_when_its_item_goes() {
+        let kept = forgotten_with_external(waiting_to_retry_create(None)).expect("kept");
+        assert_eq!(kept.state, ItemState::Pending);
+        assert!(kept.applied.is_none() && !kept.existence_uncertain && !kept.may_exist());
+        assert_eq!(kept.retry_of.map(|retry| retry.op_id), Some("op-1".into()));
+        assert_eq!(kept.attempts, 2, "attempts go on counting");
+
+        let failed = forgotten_with_external(waiting_to_retry_create(Some(OperationError {
+            code: crate::graph::code::UNAVAILABLE,
+            message: "later".into(),
+        })))
+        .expect("kept");
+        assert_eq!(failed.state, ItemState::Failed);
+        assert!(!failed.may_exist());
+    }
+
+    #[test]
+    fn an_item_that_goes_with_its_external_item_is_otherwise_forgotten() {
+        let mut entry = waiting_to_retry_create(None);
+        entry.retry_of = None;
+        assert!(forgotten_with_external(entry).is_none());
+    }
 }
