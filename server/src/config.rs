@@ -170,6 +170,9 @@ settings! {
     max_concurrent_requests: u64,
         env = "RECONCILED_MAX_CONCURRENT_REQUESTS", default = "1024", value_name = "N",
         help = "Most unary calls running at once; further calls are shed with RESOURCE_EXHAUSTED";
+    max_reconcile_calls_per_tenant: u64,
+        env = "RECONCILED_MAX_RECONCILE_CALLS_PER_TENANT", default = "8", value_name = "N",
+        help = "Most Reconcile calls (waits included) one tenant, or the admin, runs at once; they take no unary slot";
     max_requests_per_second: u64,
         env = "RECONCILED_MAX_REQUESTS_PER_SECOND", default = "0", value_name = "N",
         help = "Calls accepted per second, all clients together (bursts up to one second's worth); 0 = no limit";
@@ -356,6 +359,9 @@ pub struct Config {
     pub max_connections: usize,
     /// Most unary calls running at once; further ones are shed.
     pub max_concurrent_requests: usize,
+    /// Reconcile calls one tenant (or the admin) runs at once; they take no
+    /// unary slot, so long waits cannot starve other tenants' calls.
+    pub max_reconcile_calls_per_tenant: usize,
     /// Calls accepted per second, all clients together; `None`: no limit.
     pub max_requests_per_second: Option<u64>,
     /// Longest a unary call may run.
@@ -415,6 +421,7 @@ impl Default for Config {
             max_item_bytes: MAX_ITEM_BYTES_LIMIT as usize,
             max_connections: 10_000,
             max_concurrent_requests: 1_024,
+            max_reconcile_calls_per_tenant: 8,
             max_requests_per_second: None,
             request_timeout: Duration::from_secs(900),
             max_agents_per_tenant: 1_000,
@@ -690,6 +697,7 @@ impl Config {
             max_item_bytes: Some(self.max_item_bytes as u64),
             max_connections: Some(self.max_connections as u64),
             max_concurrent_requests: Some(self.max_concurrent_requests as u64),
+            max_reconcile_calls_per_tenant: Some(self.max_reconcile_calls_per_tenant as u64),
             max_requests_per_second: Some(self.max_requests_per_second.unwrap_or(0)),
             request_timeout_secs: Some(self.request_timeout.as_secs()),
             max_agents_per_tenant: Some(self.max_agents_per_tenant as u64),
@@ -897,6 +905,11 @@ fn resolve(
             "max_concurrent_requests",
             layer.max_concurrent_requests,
             defaults.max_concurrent_requests,
+        )?,
+        max_reconcile_calls_per_tenant: count(
+            "max_reconcile_calls_per_tenant",
+            layer.max_reconcile_calls_per_tenant,
+            defaults.max_reconcile_calls_per_tenant,
         )?,
         max_requests_per_second: layer.max_requests_per_second.filter(|rate| *rate > 0),
         request_timeout: seconds(

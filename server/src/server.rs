@@ -159,6 +159,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let global = GlobalLimits {
         max_connections: config.max_connections,
         max_concurrent_requests: config.max_concurrent_requests,
+        max_reconcile_calls_per_tenant: config.max_reconcile_calls_per_tenant,
         max_requests_per_second: config.max_requests_per_second,
         request_timeout: config.request_timeout,
     };

@@ -118,14 +118,87 @@ async fn calls_over_the_request_rate_are_refused_with_a_retry_delay_then_served(
     served_again(&channel, &admin).await;
 }
 
+/// A Reconcile{wait} of `tenant` with a 60 s wait, retried while it is
+/// refused for want of a slot.
+fn spawn_reconcile_wait(
+    tenant: &TestTenant,
+) -> tokio::task::JoinHandle<Result<tonic::Response<v1::ReconcileResponse>, Status>> {
+    let mut waiting = tenant.reconciler();
+    let name = tenant.name.clone();
+    tokio::spawn(async move {
+        waiting
+            .reconcile(v1::ReconcileRequest {
+                tenant: name,
+                wait: true,
+                timeout: Some(prost_types::Duration {
+                    seconds: 60,
+                    nanos: 0,
+                }),
+                ..Default::default()
+            })
+            .await
+    })
+}
+
 #[tokio::test]
-async fn unary_calls_beyond_the_concurrency_limit_are_shed_and_long_calls_time_out() {
+async fn unary_calls_beyond_the_concurrency_limit_are_shed() {
+    let options = ServerOptions::default()
+        .arg("--max-concurrent-requests")
+        .arg("1");
+    let tenant = TestTenant::start_with(options, "acme").await;
+    let items: Vec<v1::Item> = (0..2_000)
+        .map(|index| item("t", &format!("n{index}"), json!({"v": index})))
+        .collect();
+    // Calls that overlap: with one slot, some are shed at once.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let shed = loop {
+        let calls: Vec<_> = (0..8)
+            .map(|_| {
+                let mut client = tenant.reconciler();
+                let request = api::submit(&tenant.name, items.clone());
+                tokio::spawn(async move { client.submit_intent(request).await })
+            })
+            .collect();
+        let mut shed = None;
+        for call in calls {
+            if let Err(status) = call.await.expect("the task did not panic")
+                && status.code() == Code::ResourceExhausted
+            {
+                shed = Some(status);
+            }
+        }
+        if let Some(status) = shed {
+            break status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no call was shed with one unary slot"
+        );
+    };
+    assert!(
+        shed.message().contains("max_concurrent_requests"),
+        "{shed:?}"
+    );
+    assert!(retry_delay(&shed).is_some(), "{shed:?}");
+    // The server serves again once the overlap is over.
+    tenant.submit(items).await;
+}
+
+/// Issue 12, item 9: a Reconcile{wait} takes no unary slot, so one
+/// tenant's long waits cannot starve other calls; each tenant has its own
+/// budget of Reconcile calls, and the request timeout still ends a wait.
+#[tokio::test]
+async fn reconcile_waits_take_no_unary_slot_and_have_a_budget_per_tenant() {
     let options = ServerOptions::default()
         .arg("--max-concurrent-requests")
         .arg("1")
+        .arg("--max-reconcile-calls-per-tenant")
+        .arg("1")
         .arg("--request-timeout-secs")
-        .arg("3");
+        .arg("4");
     let tenant = TestTenant::start_with(options, "acme").await;
+    let bravo_token =
+        api::create_tenant(&tenant.channel, &tenant.server.admin_token(), "bravo").await;
     let gate = Gate::new();
     let recorder = Recorder::new();
     recorder.script(
@@ -142,59 +215,67 @@ async fn unary_calls_beyond_the_concurrency_limit_are_shed_and_long_calls_time_o
     tenant.submit(vec![item("t", "held", json!({}))]).await;
     recorder.wait_for_operations(1).await;
 
-    // Reconcile{wait} blocks while the operation is held: it occupies the
-    // only unary slot until the request timeout cuts it off.
-    let mut waiting = tenant.reconciler();
-    let name = tenant.name.clone();
-    let reconcile = tokio::spawn(async move {
-        loop {
-            let answer = waiting
-                .reconcile(v1::ReconcileRequest {
-                    tenant: name.clone(),
-                    wait: true,
-                    timeout: Some(prost_types::Duration {
-                        seconds: 60,
-                        nanos: 0,
-                    }),
-                    ..Default::default()
-                })
-                .await;
-            match answer {
-                Err(status) if status.code() == Code::ResourceExhausted => continue,
-                other => return other,
-            }
-        }
-    });
-
+    // acme's wait blocks while the operation is held; a second Reconcile of
+    // acme is over its budget (which shows the first one runs).
+    let waiting = spawn_reconcile_wait(&tenant);
     let deadline = tokio::time::Instant::now() + DEADLINE;
-    let shed = loop {
+    let over_budget = loop {
         let answer = tenant
             .reconciler()
-            .get_status(v1::GetStatusRequest {
+            .reconcile(v1::ReconcileRequest {
                 tenant: tenant.name.clone(),
+                ..Default::default()
             })
             .await;
         match answer {
             Err(status) if status.code() == Code::ResourceExhausted => break status,
-            _ if tokio::time::Instant::now() >= deadline => {
-                panic!("no call was shed while Reconcile{{wait}} ran; last: {answer:?}")
-            }
-            _ => {}
+            _ => assert!(
+                tokio::time::Instant::now() < deadline,
+                "acme's second Reconcile was never refused: {answer:?}"
+            ),
         }
     };
-    assert!(
-        shed.message().contains("max_concurrent_requests"),
-        "{shed:?}"
+    assert_eq!(
+        quota_subjects(&over_budget),
+        ["max_reconcile_calls_per_tenant"],
+        "{over_budget:?}"
     );
-    assert!(retry_delay(&shed).is_some(), "{shed:?}");
 
-    let cut = reconcile
+    // Meanwhile the only unary slot is free for everyone, and bravo has a
+    // Reconcile budget of its own.
+    for _ in 0..5 {
+        tenant
+            .reconciler()
+            .get_status(v1::GetStatusRequest {
+                tenant: tenant.name.clone(),
+            })
+            .await
+            .expect("a unary call is served while acme waits");
+    }
+    api::reconciler(&tenant.channel, &bravo_token)
+        .reconcile(v1::ReconcileRequest {
+            tenant: "bravo".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("bravo's Reconcile is not held up by acme's");
+
+    let cut = waiting
         .await
         .expect("the task did not panic")
         .expect_err("the held Reconcile runs into the request timeout");
     assert_eq!(cut.code(), Code::DeadlineExceeded, "{cut:?}");
     assert!(cut.message().contains("request_timeout_secs"), "{cut:?}");
 
+    // Its place in the budget is free again.
+    tenant
+        .reconciler()
+        .reconcile(v1::ReconcileRequest {
+            tenant: tenant.name.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("acme's budget is free again");
     gate.open();
     tenant
         .wait_for_state("t", "held", v1::ItemState::Created)

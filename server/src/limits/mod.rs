@@ -10,6 +10,7 @@
 
 mod agents;
 mod connections;
+mod per_caller;
 mod rate;
 
 use std::collections::HashSet;
@@ -29,8 +30,10 @@ use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt as _};
 pub use agents::{AgentCounts, AgentSlot, TooManyAgents};
 use connections::connection_slot;
 pub use connections::{ConnectionSlot, ConnectionSlots, LimitedConnectInfo, LimitedConnection};
+use per_caller::PerCaller;
 use rate::RateLimiter;
 
+use crate::auth::Caller;
 use crate::status::ApiError;
 
 /// Locks a mutex of the limits' bookkeeping; a poisoned lock still holds
@@ -43,6 +46,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// How long a refused client is asked to wait when the server is busy.
 const BUSY_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// `Reconcile`: charged to its caller's own budget instead of a unary slot
+/// (its waits may last minutes); the request timeout still applies.
+const RECONCILE_PATH: &str = "/reconciled.v1.Reconciler/Reconcile";
 
 /// Path prefix of the health service, which no limit applies to.
 const HEALTH_PREFIX: &str = "/grpc.health.v1.Health/";
@@ -61,6 +68,8 @@ pub struct GlobalLimits {
     pub max_connections: usize,
     /// Unary calls running at once; more are shed.
     pub max_concurrent_requests: usize,
+    /// `Reconcile` calls one tenant (or the admin) runs at once.
+    pub max_reconcile_calls_per_tenant: usize,
     /// Calls accepted per second, all clients together; `None`: no limit.
     pub max_requests_per_second: Option<u64>,
     /// Longest a unary call may run.
@@ -79,6 +88,7 @@ pub struct LimitsLayer {
 struct Shared {
     rate: Option<RateLimiter>,
     unary_slots: Arc<Semaphore>,
+    reconciles: Arc<PerCaller>,
     timeout: Duration,
     streaming: HashSet<String>,
 }
@@ -90,6 +100,7 @@ impl LimitsLayer {
             shared: Arc::new(Shared {
                 rate: limits.max_requests_per_second.map(RateLimiter::new),
                 unary_slots: Arc::new(Semaphore::new(limits.max_concurrent_requests)),
+                reconciles: PerCaller::new(limits.max_reconcile_calls_per_tenant),
                 timeout: limits.request_timeout,
                 streaming: streaming_paths(),
             }),
@@ -179,6 +190,27 @@ where
             let call = inner.oneshot(request);
             return Box::pin(async move { call.await.map_err(Into::into) });
         }
+        if path == RECONCILE_PATH
+            && let Some(caller) = request.extensions().get::<Caller>()
+        {
+            let Some(permit) = self.shared.reconciles.admit(caller) else {
+                let refusal = reconcile_budget_used(self.shared.reconciles.max());
+                return Box::pin(async move { Ok(refusal) });
+            };
+            let timeout = self.shared.timeout;
+            let call = ServiceBuilder::new()
+                .timeout(timeout)
+                .service(inner)
+                .oneshot(request);
+            return Box::pin(async move {
+                let answer = call.await;
+                drop(permit);
+                Ok(match answer {
+                    Ok(response) => message_too_large_as_quota(response),
+                    Err(error) => unary_failure(error, timeout),
+                })
+            });
+        }
         let unary = ServiceBuilder::new()
             .load_shed()
             .layer(GlobalConcurrencyLimitLayer::with_semaphore(
@@ -232,6 +264,17 @@ fn retry_later(message: &str, retry_after: Duration) -> Response<Body> {
 /// The status of `error` as an HTTP response.
 fn refuse(error: ApiError) -> Response<Body> {
     tonic::Status::from(error).into_http()
+}
+
+/// The answer to a `Reconcile` over its caller's budget.
+fn reconcile_budget_used(max: usize) -> Response<Body> {
+    refuse(ApiError::QuotaExceeded {
+        subject: "max_reconcile_calls_per_tenant".into(),
+        description: format!(
+            "this tenant already runs {max} Reconcile calls (waits included); \
+             wait for one to end, or raise max_reconcile_calls_per_tenant"
+        ),
+    })
 }
 
 /// Turns a failure of the unary stack (shed, timed out) into a status.
