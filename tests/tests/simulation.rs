@@ -334,3 +334,12 @@ fn seeds_10550_11073_a_create_waiting_for_a_retry_keeps_its_op_id_when_its_item_
     passes_in(10550, 500);
     passes_in(11073, 500);
 }
+
+/// Fixed in the simulator's ledger: a restart no longer forgets that a lost
+/// operation's item went with its external item meanwhile (the journaled
+/// entry replaced what the ledger knew), so the Delete the server then
+/// plans under a new op id is not taken for a lost operation not resumed.
+#[test]
+fn seed_1119_a_restart_keeps_what_is_known_of_a_lost_operation() {
+    passes_in(1119, 500);
+}

@@ -556,11 +556,16 @@ impl Ledger {
     pub fn on_restart(&mut self, journaled: BTreeMap<ItemRef, LostOperation>) {
         // Operations lost earlier and not resolved stay lost: the restarted
         // server owes them as much as the one before.
-        self.lost
-            .extend(journaled.into_iter().map(|(item, mut lost)| {
-                lost.may_be_replaced |= self.vanished_ops.contains(&lost.op_id);
-                (item, lost)
-            }));
+        for (item, mut lost) in journaled {
+            // What was known of the same lost operation still holds (its
+            // item vanished with an external item meanwhile, say).
+            let known = self
+                .lost
+                .get(&item)
+                .is_some_and(|earlier| earlier.op_id == lost.op_id && earlier.may_be_replaced);
+            lost.may_be_replaced |= known || self.vanished_ops.contains(&lost.op_id);
+            self.lost.insert(item, lost);
+        }
     }
 
     /// An agent dropped an operation when its session ended: the server
