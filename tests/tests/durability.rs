@@ -160,6 +160,42 @@ async fn a_tenant_whose_records_cannot_be_read_is_quarantined_and_the_others_are
         "{refused:?}"
     );
     assert!(refused.message().contains("quarantined"), "{refused:?}");
+    // ListTenants shows it, in name order, with why; pages go across it.
+    let listed = reconciled_tests::api::tenants(&channel, &admin)
+        .list_tenants(v1::ListTenantsRequest::default())
+        .await
+        .expect("lists")
+        .into_inner()
+        .tenants;
+    let shown: Vec<(&str, bool)> = listed
+        .iter()
+        .map(|t| (t.name.as_str(), !t.quarantine_error.is_empty()))
+        .collect();
+    assert_eq!(shown, [("bad", true), ("good", false)], "{listed:?}");
+    assert!(
+        listed[0].quarantine_error.contains("unreadable"),
+        "{:?}",
+        listed[0].quarantine_error
+    );
+    let first_page = reconciled_tests::api::tenants(&channel, &admin)
+        .list_tenants(v1::ListTenantsRequest {
+            page_size: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("lists")
+        .into_inner();
+    assert_eq!(first_page.tenants[0].name, "bad");
+    let second_page = reconciled_tests::api::tenants(&channel, &admin)
+        .list_tenants(v1::ListTenantsRequest {
+            page_size: 1,
+            page_token: first_page.next_page_token,
+        })
+        .await
+        .expect("lists")
+        .into_inner();
+    assert_eq!(second_page.tenants[0].name, "good");
+    assert!(second_page.next_page_token.is_empty());
 
     reconciled_tests::api::tenants(&channel, &admin)
         .delete_tenant(v1::DeleteTenantRequest { name: "bad".into() })

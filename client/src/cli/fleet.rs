@@ -73,6 +73,14 @@ fn render(tenants: &[v1::Tenant]) -> String {
         "REASON",
     ]);
     for tenant in tenants {
+        if !tenant.quarantine_error.is_empty() {
+            // Not served: only its name and why are known.
+            let mut row = vec![tenant.name.clone()];
+            row.extend(std::iter::repeat_n("-".to_owned(), 8));
+            row.push(format!("Quarantined: {}", tenant.quarantine_error));
+            table.row(row);
+            continue;
+        }
         let status = tenant.status.clone().unwrap_or_default();
         table.row(vec![
             tenant.name.clone(),
@@ -180,6 +188,21 @@ mod tests {
             reason: reason.into(),
             ..v1::Condition::default()
         }
+    }
+
+    #[test]
+    fn a_quarantined_tenant_shows_why_in_the_table() {
+        let table = render(&[v1::Tenant {
+            name: "bad".into(),
+            quarantine_error: "stored record is unreadable".into(),
+            ..v1::Tenant::default()
+        }]);
+        let row = table.lines().nth(1).expect("a row");
+        assert!(row.starts_with("bad"), "{table}");
+        assert!(
+            row.contains("Quarantined: stored record is unreadable"),
+            "{table}"
+        );
     }
 
     #[test]

@@ -264,6 +264,7 @@ pub(crate) fn tenant(tenant: &v1::Tenant) -> Value {
             }),
         )
         .set("status", optional(tenant.status.as_ref(), tenant_status))
+        .set("quarantine_error", json!(tenant.quarantine_error))
         .done()
 }
 

@@ -10,7 +10,7 @@ use crate::status::ApiError;
 
 use super::context::{ApiContext, invalid};
 use super::paging::{decode_text, encode_text};
-use super::views::{limits_from_proto, tenant_to_proto};
+use super::views::{limits_from_proto, quarantined_to_proto, tenant_to_proto};
 
 /// Tenants per ListTenants page when the request names no size, and the most.
 const DEFAULT_PAGE_SIZE: usize = 100;
@@ -86,18 +86,31 @@ impl Tenants for TenantsService {
             0 => DEFAULT_PAGE_SIZE,
             size => (size as usize).min(MAX_PAGE_SIZE),
         };
-        let mut handles = self.context.directory.list(after.as_deref(), page_size + 1);
-        let more = handles.len() > page_size;
-        handles.truncate(page_size);
-        let next_page_token = match (more, handles.last()) {
-            (true, Some(last)) => encode_text(&last.name),
+        // Served and quarantined tenants, merged in name order.
+        let directory = &self.context.directory;
+        let served = directory
+            .list(after.as_deref(), page_size + 1)
+            .into_iter()
+            .map(|handle| {
+                (
+                    handle.name.clone(),
+                    tenant_to_proto(&handle.snapshots.latest()),
+                )
+            });
+        let quarantined = directory
+            .list_quarantined(after.as_deref(), page_size + 1)
+            .into_iter()
+            .map(|(name, quarantined)| (name.clone(), quarantined_to_proto(name, &quarantined)));
+        let mut tenants: Vec<(String, v1::Tenant)> = served.chain(quarantined).collect();
+        tenants.sort_by(|a, b| a.0.cmp(&b.0));
+        let more = tenants.len() > page_size;
+        tenants.truncate(page_size);
+        let next_page_token = match (more, tenants.last()) {
+            (true, Some((last, _))) => encode_text(last),
             _ => String::new(),
         };
         Ok(Response::new(v1::ListTenantsResponse {
-            tenants: handles
-                .iter()
-                .map(|h| tenant_to_proto(&h.snapshots.latest()))
-                .collect(),
+            tenants: tenants.into_iter().map(|(_, tenant)| tenant).collect(),
             next_page_token,
         }))
     }

@@ -2,7 +2,7 @@
 
 use reconciled_proto::v1;
 
-use crate::tenant::{TenantLimits, TenantSnapshot};
+use crate::tenant::{Quarantined, TenantLimits, TenantSnapshot};
 use crate::wire::{condition_to_proto, timestamp_from_ms};
 
 /// A tenant's status as of a snapshot.
@@ -53,6 +53,16 @@ pub fn limits_from_proto(limits: Option<v1::TenantLimits>) -> TenantLimits {
     }
 }
 
+/// A quarantined tenant as ListTenants shows it: its name and why its
+/// records could not be read.
+pub fn quarantined_to_proto(name: String, quarantined: &Quarantined) -> v1::Tenant {
+    v1::Tenant {
+        name,
+        quarantine_error: quarantined.error.clone(),
+        ..v1::Tenant::default()
+    }
+}
+
 /// A tenant with its status.
 pub fn tenant_to_proto(snapshot: &TenantSnapshot) -> v1::Tenant {
     v1::Tenant {
@@ -60,5 +70,6 @@ pub fn tenant_to_proto(snapshot: &TenantSnapshot) -> v1::Tenant {
         created_at: Some(timestamp_from_ms(snapshot.record.created_at_ms)),
         limits: Some(limits_to_proto(&snapshot.record.limits)),
         status: Some(tenant_status(snapshot)),
+        quarantine_error: String::new(),
     }
 }

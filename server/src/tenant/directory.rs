@@ -231,6 +231,25 @@ impl TenantDirectory {
             .collect()
     }
 
+    /// Up to `limit` quarantined tenants by name, after `after`.
+    pub fn list_quarantined(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Vec<(String, Quarantined)> {
+        let inner = self.read();
+        let range = match after {
+            Some(after) => inner
+                .quarantined
+                .range::<str, _>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded)),
+            None => inner.quarantined.range::<str, _>(..),
+        };
+        range
+            .take(limit)
+            .map(|(name, quarantined)| (name.clone(), quarantined.clone()))
+            .collect()
+    }
+
     /// Number of live tenants.
     pub fn len(&self) -> usize {
         self.read().by_name.len()

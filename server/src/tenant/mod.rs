@@ -17,7 +17,7 @@ pub mod state;
 pub use crate::engine::exec::port::ExternalChange;
 pub use crate::engine::intent::ValidatedSubmit;
 pub use clock::{Clock, SimulatedClock, SystemClock};
-pub use directory::{DirectoryError, TenantDirectory};
+pub use directory::{DirectoryError, Quarantined, TenantDirectory};
 pub use error::TenantError;
 pub use owner::{OwnerSettings, RegistrationError, SubmitOutcome, TenantHandle};
 pub use record::{TenantLimits, TenantRecord};
