@@ -561,9 +561,24 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                     let dependent = self.edge(dependents, index);
                     self.visit(dependent);
                 }
+                // An absent item that is still to be created blocks its
+                // absent intended dependents as it did before this pass:
+                // they wait for it, and their dependents for them, so the
+                // walk stops there (completing an operation costs its direct
+                // dependents, not the whole chain above). A seed's
+                // dependents are always looked at: the seed changed.
+                let blocks_as_before =
+                    !self.node(id).seed && need == Need::Create && current.is_none();
                 let intended: &'a IntendedGraph = self.intended;
                 if let Some(intended_id) = self.node(id).intended_id {
                     for dependent in intended.dependent_ids(intended_id) {
+                        if blocks_as_before
+                            && intended
+                                .identity(dependent)
+                                .is_none_or(|item| self.current.get(item).is_none())
+                        {
+                            continue;
+                        }
                         if let Some(dependent) = self.node_for_intended(dependent) {
                             self.visit(dependent);
                         }

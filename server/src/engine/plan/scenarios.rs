@@ -1195,3 +1195,77 @@ fn an_item_that_may_hold_an_untied_value_is_deleted_not_dropped_and_holds_its_de
         "b's Delete waits for a's"
     );
 }
+
+/// Issue 14: completing an operation costs its direct dependents, not the
+/// chain above them. On EVE's benchmark shape (item i depends on items
+/// i+1 to i+10), with the bottom half created, the pass after the Create
+/// of item k looks at the items it may unblock: its own dependents are
+/// planned, and the absent items above them, which still wait for those,
+/// are not walked again (their waits are unchanged).
+#[test]
+fn a_completion_in_a_deep_chain_plans_its_neighbourhood_not_the_chain_above() {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    use crate::engine::plan::{PlanEnvironment, plan_operations};
+    use crate::graph::{CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, ItemRef};
+
+    struct Seeds<'a>(&'a BTreeSet<ItemRef>);
+    impl PlanEnvironment for Seeds<'_> {
+        fn type_rules(&self, _item_type: &str) -> Option<&TypeRules> {
+            None
+        }
+        fn has_configurator(&self, _item_type: &str) -> bool {
+            true
+        }
+        fn now_ms(&self) -> u64 {
+            0
+        }
+        fn is_converged(&self, item: &ItemRef) -> bool {
+            !self.0.contains(item)
+        }
+    }
+
+    let name = |index: usize| format!("t/n{index:04}");
+    let (size, created_from) = (2_000, 1_000);
+    let mut intended = IntendedGraph::default();
+    let mut current = CurrentGraph::default();
+    for index in 0..size {
+        let mut value = item(&name(index), json!({}));
+        for required in index + 1..(index + 11).min(size) {
+            value = value.depends_on(on(&name(required)));
+        }
+        let entry = IntendedItem {
+            item: Arc::new(value),
+            generation: 1,
+            predicates: Arc::from(Vec::new()),
+        };
+        if index >= created_from {
+            current.insert(
+                entry.item.item_ref(),
+                CurrentItem::created(entry.item.clone(), 1),
+            );
+        }
+        intended.insert(entry);
+    }
+    // Item 1000 was just created: it and the items waiting for it are the seeds.
+    let seeds: BTreeSet<ItemRef> = (created_from - 10..=created_from)
+        .map(|index| parse_ref(&name(index)))
+        .collect();
+    let plan = plan_operations(&intended, &current, &seeds, &Seeds(&seeds));
+    assert!(
+        plan.examined <= 40,
+        "{} items examined for one completion",
+        plan.examined
+    );
+    let ready: Vec<String> = (0..plan.operations.len())
+        .filter(|&index| plan.predecessors(index).next().is_none())
+        .map(|index| plan.operations[index].item.to_string())
+        .filter(|item| !plan.waiting.iter().any(|w| w.item.to_string() == *item))
+        .collect();
+    assert_eq!(
+        ready,
+        [name(created_from - 1)],
+        "the next item down is ready"
+    );
+}

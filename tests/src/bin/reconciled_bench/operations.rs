@@ -159,6 +159,12 @@ pub struct OperationsArgs {
     /// perf's sampling frequency, in Hz.
     #[arg(long, default_value_t = 999)]
     perf_frequency: u32,
+    /// Deep dependency chains of EVE's benchmark shape: item n depends on
+    /// items n+1 to n+10, so operations run one after another. Compare with
+    /// the same number of items without dependencies at `--in-flight 1`
+    /// (the inherent bound: one round trip and one commit each).
+    #[arg(long)]
+    chain: bool,
 }
 
 impl OperationsArgs {
@@ -238,6 +244,7 @@ impl OperationsArgs {
                     agents,
                     in_flight,
                     items: self.items_for(in_flight),
+                    chain: self.chain,
                 });
             }
         }
@@ -251,6 +258,8 @@ struct Configuration {
     agents: usize,
     in_flight: u32,
     items: usize,
+    /// Items depend on the next ten (see [`OperationsArgs::chain`]).
+    chain: bool,
 }
 
 /// Runs `reconciled-bench operations`.
@@ -298,8 +307,15 @@ pub fn operations_benchmark(args: &OperationsArgs) -> anyhow::Result<()> {
     let mut reports = Vec::new();
     for configuration in configurations {
         println!(
-            "\n## {} agent(s), max_in_flight {}, {} items",
-            configuration.agents, configuration.in_flight, configuration.items
+            "\n## {} agent(s), max_in_flight {}, {} items{}",
+            configuration.agents,
+            configuration.in_flight,
+            configuration.items,
+            if configuration.chain {
+                ", each depending on the next ten"
+            } else {
+                ""
+            }
         );
         let perf = args
             .perf
@@ -667,7 +683,20 @@ impl Phase {
             Phase::Delete => return Vec::new(),
         };
         (0..configuration.items)
-            .map(|n| bench_item(n, configuration.agents, round))
+            .map(|n| {
+                let mut item = bench_item(n, configuration.agents, round);
+                if configuration.chain {
+                    item.dependencies = (n + 1..(n + 11).min(configuration.items))
+                        .map(|m| {
+                            api::dependency(
+                                &item_type(m % configuration.agents.max(1)),
+                                &format!("i{m}"),
+                            )
+                        })
+                        .collect();
+                }
+                item
+            })
             .collect()
     }
 }
@@ -1184,11 +1213,23 @@ mod tests {
             agents: 3,
             in_flight: 1,
             items: 7,
+            chain: false,
         };
         let items = Phase::Create.intent(configuration);
         assert_eq!(items.len(), 7);
         assert_eq!(items[4].r#type, "t1");
         assert_eq!(items[4].name, "i4");
+        assert!(items[4].dependencies.is_empty());
+        let chained = Phase::Create.intent(Configuration {
+            chain: true,
+            ..configuration
+        });
+        let required: Vec<&str> = chained[4]
+            .dependencies
+            .iter()
+            .filter_map(|d| d.requires.as_ref().map(|r| r.name.as_str()))
+            .collect();
+        assert_eq!(required, ["i5", "i6"], "the next ten, within the intent");
         assert!(Phase::Delete.intent(configuration).is_empty());
         let changed = Phase::Modify.intent(configuration);
         assert_ne!(items[0].properties, changed[0].properties);
@@ -1208,6 +1249,7 @@ mod tests {
             perf: None,
             perf_call_graph: "fp".to_owned(),
             perf_frequency: 999,
+            chain: false,
         };
         args.check().expect("valid");
         let configurations = args.configurations();
@@ -1217,7 +1259,8 @@ mod tests {
             Configuration {
                 agents: 1,
                 in_flight: 1,
-                items: 500
+                items: 500,
+                chain: false,
             }
         );
         assert_eq!(
@@ -1225,7 +1268,8 @@ mod tests {
             Configuration {
                 agents: 10,
                 in_flight: 64,
-                items: 2000
+                items: 2000,
+                chain: false,
             }
         );
     }
