@@ -307,6 +307,8 @@ export function mountFleet(root, { report, clear }) {
     }
   }
 
+  // "Since" columns age: re-render (no call to the server) now and then.
+  const clock = setInterval(schedule, 5000);
   if (scopedTenant) followTenant(scopedTenant);
   else followFleet();
   changed();
@@ -314,6 +316,7 @@ export function mountFleet(root, { report, clear }) {
   return {
     dispose() {
       abort.abort();
+      clearInterval(clock);
       window.removeEventListener('resize', schedule);
       if (frame) cancelAnimationFrame(frame);
     },

@@ -1,8 +1,538 @@
-// The tenant view (placeholder until the graph lands).
-import { h, replace } from './dom.js';
+// The tenant view: status, the dependency graph (states coloured,
+// subgraphs as clusters, external items marked, blocking edges red), the
+// selected item's panel (intended / applied / observed side by side, the
+// operation in flight, why it waits, the last error), the operation log and
+// the agents. Live through Reconciler.Watch: a snapshot, then every
+// committed change; an item an agent finishes changes colour in place.
+//
+// Large tenants: up to GRAPH_LIMIT items are drawn whole; beyond, the
+// graph shows the neighbourhood of the selected item (search to pick one).
 
-export function mountTenant(root, tenant, item, { report, clear }) {
-  void report; void clear;
-  replace(root, h('section', { id: 'tenant' }, h('h2', {}, tenant)));
-  return { tenant, select() {}, dispose() {} };
+import * as api from './api.js';
+import { ago, h, iso, replace } from './dom.js';
+import { itemChips, stateBadge, summarize } from './fleet.js';
+import { drawGraph } from './graph.js';
+import { CODE_NAMES } from './grpcweb.js';
+
+const GRAPH_LIMIT = 1500;
+const NEIGHBOURHOOD_LIMIT = 300;
+const LOG_LIMIT = 500;
+const LOG_HISTORY = 2000;
+const SEARCH_RESULTS = 50;
+
+/** The map key of an item reference. */
+export function keyOf(ref) {
+  return `${ref.type}\u0000${ref.name}`;
+}
+
+function label(ref) {
+  return `${ref.type}/${ref.name}`;
+}
+
+function short(enumName, prefix) {
+  return typeof enumName === 'string' ? enumName.replace(prefix, '') : String(enumName);
+}
+
+const stateOf = (status) => short(status.state, 'ITEM_STATE_');
+const kindOf = (kind) => short(kind, 'OPERATION_KIND_').toLowerCase();
+
+function errorText(status) {
+  if (!status) return '';
+  const code = CODE_NAMES[status.code] || `code ${status.code}`;
+  return `${code}: ${status.message}`;
+}
+
+/** Flattens a JSON value to JSON Pointer -> leaf (objects recurse). */
+export function flatten(value, prefix = '', out = new Map()) {
+  if (value && typeof value === 'object' && !Array.isArray(value) && Object.keys(value).length) {
+    for (const [key, inner] of Object.entries(value)) {
+      flatten(inner, `${prefix}/${key.replace(/~/g, '~0').replace(/\//g, '~1')}`, out);
+    }
+  } else if (prefix) {
+    out.set(prefix, JSON.stringify(value));
+  }
+  return out;
+}
+
+function sleep(ms, signal) {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    if (signal) signal.addEventListener('abort', () => { clearTimeout(timer); resolve(); }, { once: true });
+  });
+}
+
+/** Mounts the view of `tenantName` into `root`; returns { tenant, select, dispose }. */
+export function mountTenant(root, tenantName, selectedLabel, { report, clear }) {
+  const abort = new AbortController();
+  const intended = new Map();
+  const current = new Map();
+  const agents = new Map();
+  const log = [];
+  let status = null;
+  let selected = null;
+  let graph = null;
+  let needsLayout = true;
+  let frame = 0;
+  let synced = false;
+  let pendingSelection = selectedLabel;
+
+  const head = h('div', { id: 'tenant-head', class: 'tenant-head' }, h('h2', {}, tenantName), 'Loading…');
+  const search = h('input', { id: 'item-search', type: 'search', placeholder: 'Search items (type/name)', autocomplete: 'off' });
+  const results = h('ul', { id: 'search-results', class: 'search-results' });
+  const caption = h('span', { id: 'graph-caption', class: 'muted' });
+  const graphBox = h('div', { id: 'graph', class: 'graph-box' });
+  const panel = h('aside', { id: 'item-panel', class: 'item-panel' }, h('p', { class: 'muted' }, 'Select an item in the graph.'));
+  const logBox = h('section', { id: 'oplog', class: 'oplog' });
+  const agentsBox = h('section', { id: 'agents', class: 'agents' });
+  const live = h('span', { id: 'tenant-live', class: 'live off' }, 'connecting');
+  replace(root, h('section', { id: 'tenant', class: 'tenant', 'data-tenant': tenantName },
+    head,
+    h('div', { class: 'tenant-body' },
+      h('div', { class: 'graph-pane' },
+        h('div', { class: 'toolbar' }, search, caption, live), results, graphBox),
+      panel),
+    h('div', { class: 'tenant-bottom' }, logBox, agentsBox)));
+
+  search.addEventListener('input', renderSearch);
+
+  function schedule() {
+    if (!frame) frame = requestAnimationFrame(render);
+  }
+
+  function itemRefs() {
+    const keys = new Set([...intended.keys(), ...current.keys()]);
+    return keys;
+  }
+
+  function refOfKey(key) {
+    const [type, name] = key.split('\u0000');
+    return { type, name };
+  }
+
+  function stateOfKey(key) {
+    const status = current.get(key);
+    if (status) return stateOf(status);
+    return intended.has(key) ? 'PENDING' : 'UNKNOWN';
+  }
+
+  function model(keys) {
+    const nodes = [];
+    const edges = [];
+    for (const key of keys) {
+      const intent = intended.get(key);
+      const status = current.get(key);
+      const item = intent ? intent.item : status && status.applied;
+      const ref = refOfKey(key);
+      nodes.push({
+        key, type: ref.type, name: ref.name, state: stateOfKey(key),
+        external: Boolean((item && item.external) || (status && status.external)),
+        orphan: !intent,
+        subgraph: item ? item.subgraph : '',
+      });
+      const blockers = new Set(((status && status.blocked_by) || []).map((b) => keyOf(b.item)));
+      for (const dependency of (item && item.dependencies) || []) {
+        const from = keyOf(dependency.requires);
+        if (keys.has(from)) edges.push({ from, to: key, blocked: blockers.has(from) });
+      }
+    }
+    return { nodes, edges };
+  }
+
+  function neighbourhood(center) {
+    // Items within two hops of `center`, both directions, bounded.
+    const dependents = new Map();
+    for (const [key, intent] of intended) {
+      for (const dependency of intent.item.dependencies) {
+        const from = keyOf(dependency.requires);
+        if (!dependents.has(from)) dependents.set(from, []);
+        dependents.get(from).push(key);
+      }
+    }
+    const keys = new Set([center]);
+    let frontier = [center];
+    for (let hop = 0; hop < 2 && keys.size < NEIGHBOURHOOD_LIMIT; hop++) {
+      const next = [];
+      for (const key of frontier) {
+        const intent = intended.get(key);
+        const around = [...((intent && intent.item.dependencies) || []).map((d) => keyOf(d.requires)),
+          ...(dependents.get(key) || [])];
+        for (const other of around) {
+          if (keys.size >= NEIGHBOURHOOD_LIMIT) break;
+          if (!keys.has(other) && (intended.has(other) || current.has(other))) { keys.add(other); next.push(other); }
+        }
+      }
+      frontier = next;
+    }
+    return keys;
+  }
+
+  function layout() {
+    needsLayout = false;
+    const all = itemRefs();
+    const started = performance.now();
+    let keys = all;
+    if (all.size > GRAPH_LIMIT) {
+      if (!selected || !all.has(selected)) {
+        graph = null;
+        replace(graphBox, h('p', { class: 'muted', id: 'graph-too-large' },
+          `${all.size.toLocaleString()} items: too many to draw at once. Search for an item to see the graph around it.`));
+        caption.textContent = '';
+        return;
+      }
+      keys = neighbourhood(selected);
+    }
+    if (!keys.size) {
+      graph = null;
+      replace(graphBox, h('p', { class: 'muted' }, 'No items.'));
+      caption.textContent = '';
+      return;
+    }
+    graph = drawGraph(model(keys), { onSelect: (key) => navigate(key) });
+    replace(graphBox, graph.element);
+    if (selected) graph.select(selected);
+    const elapsed = Math.round(performance.now() - started);
+    graphBox.dataset.drawMs = String(elapsed);
+    graphBox.dataset.nodes = String(keys.size);
+    caption.textContent = keys === all
+      ? `${keys.size.toLocaleString()} items drawn in ${elapsed} ms`
+      : `${keys.size} of ${all.size.toLocaleString()} items around ${label(refOfKey(selected))} (${elapsed} ms)`;
+  }
+
+  function render() {
+    frame = 0;
+    if (!synced) return;
+    if (pendingSelection !== null) {
+      const wanted = pendingSelection;
+      pendingSelection = null;
+      for (const key of itemRefs()) if (label(refOfKey(key)) === wanted) { selected = key; needsLayout = true; }
+    }
+    if (needsLayout) layout();
+    renderHead();
+    renderPanel();
+    renderLog();
+    renderAgents();
+    root.dataset.rendered = String(performance.now());
+  }
+
+  function renderHead() {
+    const conditions = status ? status.conditions : [];
+    const { state, condition } = summarize(conditions);
+    replace(head,
+      h('h2', {}, tenantName),
+      stateBadge(state),
+      condition ? h('span', { class: 'condition', title: iso(condition.last_transition_time) },
+        h('b', {}, condition.reason), ` ${condition.message} · since ${ago(condition.last_transition_time)}`) : '',
+      status ? h('span', { class: 'gen', title: 'observed / intended generation' },
+        `generation ${status.observed_generation} / ${status.generation}`) : '',
+      status ? h('span', { class: 'chips' }, itemChips(status.items_by_state)) : '',
+      status && Number(status.operations_in_flight) ? h('span', { class: 'muted' }, `${status.operations_in_flight} in flight`) : '');
+  }
+
+  function valuesTable(intent, status) {
+    const columns = [
+      ['intended', intent ? intent.item.properties : undefined],
+      ['applied', status && status.applied ? status.applied.properties : undefined],
+      ['observed', status ? status.observed : undefined],
+    ];
+    const flat = columns.map(([, value]) => (value === undefined ? null : flatten(value)));
+    const paths = new Set();
+    for (const map of flat) if (map) for (const path of map.keys()) paths.add(path);
+    if (!paths.size) return h('p', { class: 'muted' }, 'No properties.');
+    const rows = [...paths].sort().map((path) => {
+      const values = flat.map((map) => (map ? map.get(path) : undefined));
+      const [want, applied, observed] = values;
+      const differs = (want !== undefined && flat[1] && want !== applied)
+        || (observed !== undefined && applied !== undefined && observed !== applied);
+      return h('tr', { class: differs ? 'diff' : '' }, h('td', { class: 'path' }, path),
+        values.map((value, i) => h('td', { class: flat[i] ? '' : 'muted' },
+          flat[i] ? (value === undefined ? '—' : value) : 'n/a')));
+    });
+    return h('table', { class: 'values' },
+      h('thead', {}, h('tr', {}, h('th', {}, 'property'), columns.map(([name]) => h('th', {}, name)))),
+      h('tbody', {}, rows));
+  }
+
+  function renderPanel() {
+    if (!selected) {
+      replace(panel, h('p', { class: 'muted' }, 'Select an item in the graph or search for one.'));
+      return;
+    }
+    const ref = refOfKey(selected);
+    const intent = intended.get(selected);
+    const item = current.get(selected);
+    const itemValue = intent ? intent.item : item && item.applied;
+    const state = stateOfKey(selected);
+    const op = item && item.operation;
+    const sections = [
+      h('h3', { id: 'item-title' }, label(ref), ' ', h('span', { class: `badge item-state state-item-${state}` }, state),
+        (itemValue && itemValue.external) || (item && item.external) ? h('span', { class: 'chip' }, 'external') : ''),
+      itemValue && (itemValue.label || itemValue.description)
+        ? h('p', { class: 'muted' }, [itemValue.label, itemValue.description].filter(Boolean).join(' — ')) : '',
+      h('dl', {},
+        h('dt', {}, 'subgraph'), h('dd', {}, (itemValue && itemValue.subgraph) || '(root)'),
+        h('dt', {}, 'generation'), h('dd', {},
+          `intended ${intent ? intent.generation : '—'} · applied ${item ? item.applied_generation : '—'}`),
+        !intent ? [h('dt', {}, 'intent'), h('dd', {}, 'not intended: will be deleted')] : ''),
+      h('h4', {}, 'Values'),
+      valuesTable(intent, item),
+    ];
+    if (op) {
+      sections.push(h('h4', {}, 'Operation in flight'), h('dl', { id: 'item-operation' },
+        h('dt', {}, 'operation'), h('dd', {}, `${kindOf(op.kind)} · attempt ${op.attempt} · to generation ${op.target_generation}`),
+        h('dt', {}, 'started'), h('dd', { title: iso(op.started_at) }, ago(op.started_at)),
+        h('dt', {}, 'timeout'), h('dd', {}, op.timeout !== undefined ? `${op.timeout} s` : '—'),
+        h('dt', {}, 'progress'), h('dd', {}, op.last_progress_at
+          ? `${op.progress_message || 'reported'} (${ago(op.last_progress_at)})` : 'none reported'),
+        h('dt', {}, 'op id'), h('dd', { class: 'mono' }, op.op_id)));
+    }
+    if (item && item.pending_operation !== 'OPERATION_KIND_UNSPECIFIED') {
+      sections.push(h('h4', {}, 'Waiting'), h('div', { id: 'item-waiting' },
+        h('p', {}, `${kindOf(item.pending_operation)} waits: ${short(item.reason, 'WAIT_REASON_').toLowerCase().replace(/_/g, ' ')}`),
+        item.blocked_by.length ? h('ul', {}, item.blocked_by.map((blocker) => h('li', {},
+          h('a', { href: itemLink(blocker.item) }, label(blocker.item)), ` — ${blocker.why}`))) : ''));
+    }
+    if (item && (item.last_error || item.attempts)) {
+      sections.push(h('h4', {}, 'Last error'), h('dl', { id: 'item-error' },
+        h('dt', {}, 'error'), h('dd', { class: 'error-text' }, item.last_error ? errorText(item.last_error) : 'none'),
+        h('dt', {}, 'operation'), h('dd', {}, kindOf(item.last_operation)),
+        h('dt', {}, 'attempts'), h('dd', {}, String(item.attempts)),
+        item.next_attempt_at ? [h('dt', {}, 'next attempt'), h('dd', { title: iso(item.next_attempt_at) }, item.next_attempt_at.toLocaleTimeString())] : ''));
+    }
+    if (itemValue && itemValue.dependencies.length) {
+      sections.push(h('h4', {}, 'Needs'), h('ul', {}, itemValue.dependencies.map((dependency) => h('li', {},
+        h('a', { href: itemLink(dependency.requires) }, label(dependency.requires)),
+        dependency.must_satisfy ? h('code', {}, ` ${dependency.must_satisfy}`) : ''))));
+    }
+    replace(panel, sections);
+  }
+
+  function itemLink(ref) {
+    return `#/tenant/${encodeURIComponent(tenantName)}?item=${encodeURIComponent(label(ref))}`;
+  }
+
+  function navigate(key) {
+    location.hash = itemLink(refOfKey(key));
+  }
+
+  function renderLog() {
+    const rows = log.slice(-200).reverse().map((entry) => h('tr', { class: entry.error ? 'failed' : '' },
+      h('td', { title: iso(entry.time) }, entry.time ? entry.time.toLocaleTimeString() : ''),
+      h('td', {}, h('a', { href: itemLink(entry.item) }, label(entry.item))),
+      h('td', {}, entry.kind),
+      h('td', {}, String(entry.attempt)),
+      h('td', {}, entry.what),
+      h('td', { class: 'error-text' }, entry.error || '')));
+    replace(logBox, h('h3', {}, 'Operation log'),
+      rows.length ? h('table', { class: 'log' },
+        h('thead', {}, h('tr', {}, ['time', 'item', 'operation', 'attempt', 'outcome', 'error'].map((t) => h('th', {}, t)))),
+        h('tbody', {}, rows)) : h('p', { class: 'muted' }, 'No operations yet.'));
+  }
+
+  function renderAgents() {
+    const types = status ? status.connected_item_types : [];
+    replace(agentsBox, h('h3', {}, 'Agents'),
+      h('p', {}, types.length ? `Connected item types: ${types.join(', ')}` : 'No item type has a connected agent.'),
+      agents.size ? h('ul', { id: 'agent-list' }, [...agents.values()].map((agent) => h('li', { class: agent.connected ? '' : 'muted' },
+        h('b', {}, agent.id), ` ${agent.types.join(', ')} — ${agent.connected ? 'connected' : `disconnected (${agent.reason})`} ${ago(agent.since)}`))) : '');
+  }
+
+  function renderSearch() {
+    const text = search.value.trim().toLowerCase();
+    if (!text) { results.replaceChildren(); return; }
+    const matches = [];
+    for (const key of itemRefs()) {
+      const name = label(refOfKey(key));
+      if (name.toLowerCase().includes(text)) {
+        matches.push(key);
+        if (matches.length >= SEARCH_RESULTS) break;
+      }
+    }
+    replace(results, matches.map((key) => h('li', {}, h('a', { href: itemLink(refOfKey(key)) }, label(refOfKey(key)),
+      ' ', h('span', { class: `chip item-${stateOfKey(key)}` }, stateOfKey(key).toLowerCase())))));
+  }
+
+  function recordOperation(event, time) {
+    const started = event.operation_started;
+    const finished = event.operation_finished;
+    const body = started || finished;
+    log.push({
+      time, item: body.item, kind: kindOf(body.kind), attempt: body.attempt,
+      what: started ? 'started' : short(finished.outcome, 'OUTCOME_').toLowerCase(),
+      error: finished && finished.error ? errorText(finished.error) : '',
+    });
+    if (log.length > LOG_LIMIT) log.splice(0, log.length - LOG_LIMIT);
+  }
+
+  function apply(event) {
+    if (event.item_status_changed) {
+      const change = event.item_status_changed;
+      const key = keyOf(change.item);
+      const blockers = (status) => (status ? status.blocked_by.map((b) => label(b.item)).join('\n') : '');
+      const before = blockers(current.get(key));
+      if (change.status) current.set(key, change.status); else current.delete(key);
+      const state = stateOfKey(key);
+      if (!graph || !graph.setState(key, state)) {
+        if (!graph || itemRefs().size <= GRAPH_LIMIT) needsLayout = true;
+      }
+      // Red edges follow what blocks what: redraw when that changed.
+      if (graph && blockers(change.status) !== before) needsLayout = true;
+    } else if (event.intent_changed) {
+      refreshIntent();
+    } else if (event.conditions_changed) {
+      if (status) status.conditions = event.conditions_changed.conditions;
+      refreshStatus();
+    } else if (event.agent_connected) {
+      const agent = event.agent_connected;
+      agents.set(agent.agent_id, { id: agent.agent_id, types: agent.item_types, connected: true, since: event.time, reason: '' });
+      refreshStatus();
+    } else if (event.agent_disconnected) {
+      const agent = event.agent_disconnected;
+      agents.set(agent.agent_id, { id: agent.agent_id, types: agent.item_types, connected: false, since: event.time, reason: agent.reason });
+      refreshStatus();
+    }
+  }
+
+  let statusInFlight = false;
+  let statusAgain = false;
+  async function refreshStatus() {
+    if (statusInFlight) { statusAgain = true; return; }
+    statusInFlight = true;
+    try {
+      do {
+        statusAgain = false;
+        status = await api.getStatus(tenantName, abort.signal);
+        schedule();
+      } while (statusAgain);
+    } catch (error) {
+      if (!abort.signal.aborted) report(error);
+    } finally {
+      statusInFlight = false;
+    }
+  }
+
+  let intentInFlight = false;
+  let intentAgain = false;
+  async function refreshIntent() {
+    if (intentInFlight) { intentAgain = true; return; }
+    intentInFlight = true;
+    try {
+      do {
+        intentAgain = false;
+        const fetched = await api.getGraph(tenantName, 'GRAPH_VIEW_INTENDED', abort.signal);
+        intended.clear();
+        for (const intent of fetched.intended) intended.set(keyOf(intent.item), intent);
+        needsLayout = true;
+        schedule();
+      } while (intentAgain);
+    } catch (error) {
+      if (!abort.signal.aborted) report(error);
+    } finally {
+      intentInFlight = false;
+    }
+  }
+
+  async function follow() {
+    let revision = 0;
+    let backoff = 500;
+    while (!abort.signal.aborted) {
+      try {
+        if (revision === 0) {
+          intended.clear();
+          current.clear();
+          synced = false;
+        }
+        for await (const message of api.watch(tenantName, revision, [], abort.signal)) {
+          backoff = 500;
+          if (message.snapshot) {
+            for (const item of message.snapshot.items) current.set(keyOf(item.ref), item);
+            for (const intent of message.snapshot.intended) intended.set(keyOf(intent.item), intent);
+          } else if (message.synced) {
+            revision = message.synced.revision;
+            synced = true;
+            needsLayout = true;
+            live.className = 'live on';
+            live.textContent = 'live';
+            clear();
+            refreshStatus();
+            if (!logFollowed) { logFollowed = true; followLog(revision); }
+            schedule();
+          } else if (message.events) {
+            for (const event of message.events.events) apply(event);
+            if (!message.events.continued) revision = message.events.revision;
+            schedule();
+          } else if (message.bookmark) {
+            revision = message.bookmark.revision;
+          }
+        }
+      } catch (error) {
+        if (abort.signal.aborted) return;
+        report(error);
+        if (error.codeName === 'OUT_OF_RANGE') revision = 0;
+        if (['UNAUTHENTICATED', 'PERMISSION_DENIED', 'NOT_FOUND'].includes(error.codeName)) {
+          live.className = 'live off';
+          live.textContent = 'denied';
+          replace(head, h('h2', {}, tenantName), h('p', { class: 'muted' }, 'This tenant cannot be shown.'));
+          return;
+        }
+      }
+      live.className = 'live off';
+      live.textContent = 'reconnecting';
+      await sleep(backoff, abort.signal);
+      backoff = Math.min(backoff * 2, 10000);
+    }
+  }
+
+  // The operation log has a stream of its own, filtered to operation
+  // events and started LOG_HISTORY revisions back, so it opens with the
+  // recent history and stays live (the main stream ignores these events).
+  let logFollowed = false;
+  async function followLog(syncedAt) {
+    let revision = Math.max(1, syncedAt - LOG_HISTORY);
+    let backoff = 500;
+    const kinds = ['EVENT_KIND_OPERATION_STARTED', 'EVENT_KIND_OPERATION_FINISHED'];
+    while (!abort.signal.aborted) {
+      try {
+        for await (const message of api.watch(tenantName, revision, kinds, abort.signal)) {
+          backoff = 500;
+          if (message.events) {
+            for (const event of message.events.events) recordOperation(event, event.time);
+            if (!message.events.continued) revision = message.events.revision;
+            schedule();
+          } else if (message.bookmark) {
+            revision = message.bookmark.revision;
+          }
+        }
+      } catch (error) {
+        if (abort.signal.aborted) return;
+        // History older than the server keeps: follow from the snapshot on.
+        if (error.codeName === 'OUT_OF_RANGE') { revision = syncedAt; continue; }
+        report(error);
+        if (['UNAUTHENTICATED', 'PERMISSION_DENIED', 'NOT_FOUND'].includes(error.codeName)) return;
+      }
+      await sleep(backoff, abort.signal);
+      backoff = Math.min(backoff * 2, 10000);
+    }
+  }
+
+  follow();
+  const clock = setInterval(schedule, 5000);
+
+  return {
+    tenant: tenantName,
+    select(wanted) {
+      pendingSelection = null;
+      selected = null;
+      for (const key of itemRefs()) if (label(refOfKey(key)) === wanted) selected = key;
+      if (!selected) pendingSelection = wanted;
+      if (graph && selected && graph.has(selected)) graph.select(selected);
+      else needsLayout = true;
+      results.replaceChildren();
+      schedule();
+    },
+    dispose() {
+      abort.abort();
+      clearInterval(clock);
+      if (frame) cancelAnimationFrame(frame);
+    },
+  };
 }

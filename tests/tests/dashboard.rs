@@ -7,10 +7,15 @@
 //! Screenshots of each view go to `<target>/dashboard-screenshots/`.
 
 use reconciled_client::agent::{ItemRef, OperationKind, TypeSpec};
-use reconciled_tests::agents::{Gate, Recorder, RunningAgent, Step, TestTenant, item_needing};
+use std::time::{Duration, Instant};
+
+use reconciled_tests::agents::{
+    Gate, Recorder, RunningAgent, Step, TestTenant, external_put, item_needing,
+};
 use reconciled_tests::api::{self, item};
 use reconciled_tests::browser::Browser;
 use reconciled_tests::proto::v1;
+use serde_json::Value;
 use serde_json::json;
 use tonic::Code;
 
@@ -196,12 +201,183 @@ async fn a_tenant_token_sees_its_own_tenant_and_no_other() {
     browser.close().await.expect("closes");
 }
 
-#[allow(dead_code)]
-fn unused() -> (ItemRef, OperationKind, v1::ItemState) {
-    let _ = item_needing;
-    (
-        ItemRef::new("t", "a"),
+
+/// An item name that is HTML if anything renders it as HTML.
+const XSS: &str = "<img src=x onerror=alert(1)>";
+
+/// The state the graph shows for item `type/name` (null if not drawn).
+const NODE_STATE: &str = "const key = arguments[0] + '\\u0000' + arguments[1]; \
+     const node = [...document.querySelectorAll('#graph-svg .node')].find((n) => n.dataset.key === key); \
+     return node ? node.dataset.state : null;";
+
+async fn node_state(browser: &Browser, item_type: &str, name: &str) -> Value {
+    browser
+        .eval(NODE_STATE, vec![json!(item_type), json!(name)])
+        .await
+        .expect("reads the graph")
+}
+
+async fn wait_for_node_state(browser: &Browser, item_type: &str, name: &str, state: &str) {
+    browser
+        .wait_until(
+            &format!("{item_type}/{name} to be {state} in the graph"),
+            &format!("{NODE_STATE} "),
+            vec![json!(item_type), json!(name)],
+        )
+        .await
+        .expect("the node is drawn");
+    let started = Instant::now();
+    loop {
+        if node_state(browser, item_type, name).await == json!(state) {
+            return;
+        }
+        assert!(
+            started.elapsed() < reconciled_tests::browser::BROWSER_DEADLINE,
+            "{item_type}/{name} never showed {state}: {}",
+            node_state(browser, item_type, name).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_tenant_view_follows_items_live_and_shows_failures_and_names_as_text() {
+    let held = Gate::new();
+    let recorder = Recorder::new();
+    recorder.script(OperationKind::Create, ItemRef::new("t", "b"), [Step::Hold(held.clone())]);
+    recorder.script(
         OperationKind::Create,
-        v1::ItemState::Created,
-    )
+        ItemRef::new("t", "bad"),
+        [Step::FailWith(Code::InvalidArgument, "disk full on /dev/sda1".into())],
+    );
+    let acme = TestTenant::start("acme").await;
+    let mut agent =
+        RunningAgent::start(acme.agent("agent-1").item_type(TypeSpec::new("t"), recorder.clone()));
+    agent.connected().await;
+    acme.report_external(vec![external_put("net", "uplink", json!({"mtu": 1500}))])
+        .await;
+    let mut uplink = item("net", "uplink", json!({"mtu": 1500}));
+    uplink.external = true;
+    let in_rack = |mut item: v1::Item| {
+        item.subgraph = "site/rack1".into();
+        item
+    };
+    acme.submit(vec![
+        uplink,
+        in_rack(item_needing("t", "a", json!({"port": 1}), &["net/uplink"])),
+        in_rack(item_needing("t", "b", json!({"port": 2}), &["t/a"])),
+        item_needing("t", "c", json!({"port": 3}), &["t/b"]),
+        item("t", "bad", json!({"disk": "/dev/sda1"})),
+        item("t", XSS, json!({"note": XSS})),
+    ])
+    .await;
+    recorder.wait_for_operations(4).await;
+
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &acme.server.admin_token(), None).await;
+    browser
+        .wait_for_text(&fleet_row("acme"), "acme")
+        .await
+        .expect("the fleet shows acme");
+    browser.click(&format!("{} a", fleet_row("acme"))).await.expect("opens acme");
+    wait_for_node_state(&browser, "t", "b", "CREATING").await;
+    wait_for_node_state(&browser, "t", "c", "PENDING").await;
+    wait_for_node_state(&browser, "t", "bad", "FAILED").await;
+
+    // The item panel of the held item: the operation in flight.
+    browser
+        .goto(&format!("{}#/tenant/acme?item=t/b", acme.server.dashboard_url()))
+        .await
+        .expect("selects t/b");
+    browser
+        .wait_for_text("#item-operation", "create · attempt 1")
+        .await
+        .expect("the panel shows the operation in flight");
+    let blocked = browser
+        .wait_until(
+            "a red edge from t/b to t/c",
+            "return document.querySelectorAll('#graph-svg .edge.blocked').length;",
+            vec![],
+        )
+        .await
+        .expect("what blocks what is drawn");
+    assert!(blocked.as_u64().unwrap_or(0) >= 1);
+    browser.screenshot("tenant").await.expect("screenshot");
+
+    // The agent finishes: the node turns CREATED within a second.
+    held.open();
+    let opened = Instant::now();
+    wait_for_node_state(&browser, "t", "b", "CREATED").await;
+    let recoloured = opened.elapsed();
+    println!("t/b recoloured {recoloured:?} after the agent finished");
+    assert!(
+        recoloured < Duration::from_secs(1),
+        "the graph took {recoloured:?} to show CREATED"
+    );
+    wait_for_node_state(&browser, "t", "c", "CREATED").await;
+    browser
+        .wait_for_text("#oplog", "done")
+        .await
+        .expect("the operation log shows finished operations");
+
+    // A failure's message, as the agent sent it.
+    browser
+        .goto(&format!("{}#/tenant/acme?item=t/bad", acme.server.dashboard_url()))
+        .await
+        .expect("selects t/bad");
+    let error = browser
+        .wait_for_text("#item-error", "disk full on /dev/sda1")
+        .await
+        .expect("the last error shows");
+    assert!(error.contains("INVALID_ARGUMENT"), "{error}");
+    browser.screenshot("item-failed").await.expect("screenshot");
+
+    // A name that is HTML stays text: found by search, shown in the panel,
+    // and nothing of it is parsed into an element.
+    browser.fill("#item-search", "onerror").await.expect("searches");
+    browser
+        .wait_for_text("#search-results", XSS)
+        .await
+        .expect("the search lists the name as text");
+    browser.click("#search-results a").await.expect("selects it");
+    let title = browser
+        .wait_for_text("#item-title", "onerror")
+        .await
+        .expect("the panel shows the name");
+    assert!(title.contains(XSS), "shown literally: {title}");
+    browser
+        .wait_for_text("#item-panel", "\"<img src=x onerror=alert(1)>\"")
+        .await
+        .expect("its property is shown as text too");
+    let images = browser
+        .eval("return document.querySelectorAll('img').length;", vec![])
+        .await
+        .expect("counts images");
+    assert_eq!(images, json!(0), "no element was made from item data");
+    assert!(
+        browser.client().get_alert_text().await.is_err(),
+        "no alert opened"
+    );
+    browser.screenshot("xss-as-text").await.expect("screenshot");
+    browser.close().await.expect("closes");
+}
+
+#[tokio::test]
+async fn a_tenant_named_like_html_is_listed_as_text() {
+    let acme = TestTenant::start("acme").await;
+    let admin = acme.server.admin_token();
+    api::create_tenant(&acme.channel, &admin, XSS).await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &admin, None).await;
+    let shown = browser
+        .wait_for_text("#fleet-rows", "onerror")
+        .await
+        .expect("the tenant is listed");
+    assert!(shown.contains(XSS), "shown literally: {shown}");
+    let images = browser
+        .eval("return document.querySelectorAll('img').length;", vec![])
+        .await
+        .expect("counts images");
+    assert_eq!(images, json!(0));
+    browser.close().await.expect("closes");
 }
