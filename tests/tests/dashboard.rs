@@ -381,3 +381,173 @@ async fn a_tenant_named_like_html_is_listed_as_text() {
     assert_eq!(images, json!(0));
     browser.close().await.expect("closes");
 }
+
+/// `count` items of type `t` named `i-00000`..., in ten subgraphs
+/// (`zone/0`..`zone/9`), each in a chain of ten with its predecessor.
+fn many_items(count: usize) -> Vec<v1::Item> {
+    (0..count)
+        .map(|i| {
+            let name = format!("i-{i:05}");
+            let mut item = if i % 10 == 0 {
+                item("t", &name, json!({"index": i}))
+            } else {
+                item_needing("t", &name, json!({"index": i}), &[&format!("t/i-{:05}", i - 1)])
+            };
+            item.subgraph = format!("zone/{}", (i / 10) % 10);
+            item
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_thousand_items_draw_under_two_seconds_and_ten_thousand_stay_navigable() {
+    let acme = TestTenant::start("acme").await;
+    let admin = acme.server.admin_token();
+    let huge_token = api::create_tenant(&acme.channel, &admin, "huge").await;
+    acme.submit(many_items(1_000)).await;
+    api::reconciler(&acme.channel, &huge_token)
+        .submit_intent(api::submit("huge", many_items(10_000)))
+        .await
+        .expect("10,000 items are accepted");
+
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &admin, None).await;
+    browser
+        .wait_for_text(&fleet_row("huge"), "huge")
+        .await
+        .expect("the fleet shows");
+    let opened = Instant::now();
+    browser
+        .goto(&format!("{}#/tenant/acme", acme.server.dashboard_url()))
+        .await
+        .expect("opens acme");
+    let drawn = browser
+        .wait_until(
+            "1,000 items drawn",
+            "const g = document.getElementById('graph'); \
+             return g && g.dataset.nodes === '1000' ? Number(g.dataset.drawMs) : null;",
+            vec![],
+        )
+        .await
+        .expect("the graph is drawn");
+    let draw_ms = drawn.as_f64().unwrap_or(f64::MAX);
+    println!(
+        "1,000 items: layout + draw {draw_ms} ms; {:?} from navigation to drawn (snapshot included)",
+        opened.elapsed()
+    );
+    assert!(draw_ms < 2000.0, "drawing 1,000 items took {draw_ms} ms");
+    browser.screenshot("tenant-1000").await.expect("screenshot");
+
+    // 10,000 items: too many to draw at once; search, then the graph
+    // around the chosen item.
+    let opened = Instant::now();
+    browser
+        .goto(&format!("{}#/tenant/huge", acme.server.dashboard_url()))
+        .await
+        .expect("opens huge");
+    browser
+        .wait_for_text("#graph-too-large", "10,000 items")
+        .await
+        .expect("the view says to search");
+    println!("10,000 items: snapshot shown after {:?}", opened.elapsed());
+    browser.fill("#item-search", "i-04242").await.expect("searches");
+    browser
+        .wait_for_text("#search-results", "t/i-04242")
+        .await
+        .expect("search finds the item");
+    let searched = Instant::now();
+    browser.click("#search-results a").await.expect("selects it");
+    let nodes = browser
+        .wait_until(
+            "the graph around t/i-04242",
+            "const g = document.getElementById('graph'); \
+             return g && g.dataset.nodes ? Number(g.dataset.nodes) : null;",
+            vec![],
+        )
+        .await
+        .expect("the neighbourhood is drawn");
+    println!(
+        "10,000 items: neighbourhood of {nodes} items drawn {:?} after the click",
+        searched.elapsed()
+    );
+    assert_eq!(node_state(&browser, "t", "i-04242").await, json!("PENDING"));
+    browser
+        .wait_for_text("#item-title", "t/i-04242")
+        .await
+        .expect("the item panel shows it");
+    browser.screenshot("tenant-10000").await.expect("screenshot");
+    browser.close().await.expect("closes");
+}
+
+#[tokio::test]
+async fn ten_thousand_tenants_list_and_filter_quickly() {
+    use futures::StreamExt as _;
+
+    let options = reconciled_tests::ServerOptions::default().arg("--fsync").arg("false");
+    let acme = TestTenant::start_with(options, "acme").await;
+    let admin = acme.server.admin_token();
+    let created = Instant::now();
+    futures::stream::iter(1..10_000)
+        .map(|i| {
+            let channel = acme.channel.clone();
+            let admin = admin.clone();
+            async move { api::create_tenant(&channel, &admin, &format!("tenant-{i:05}")).await }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await;
+    println!("10,000 tenants created in {:?}", created.elapsed());
+
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    let opened = Instant::now();
+    sign_in(&browser, &acme, &admin, None).await;
+    browser
+        .wait_for_text("#fleet-summary", "10000 tenants")
+        .await
+        .expect("every tenant is listed");
+    browser
+        .wait_until(
+            "the tenants' generations and counts",
+            "const gen = document.querySelector('#fleet-rows .row .c-gen'); \
+             return gen !== null && gen.innerText.includes('/');",
+            vec![],
+        )
+        .await
+        .expect("counts are shown");
+    println!("10,000 tenants: listed {:?} after sign-in", opened.elapsed());
+    let rows = browser
+        .eval("return document.querySelectorAll('#fleet-rows .row').length;", vec![])
+        .await
+        .expect("counts rows");
+    assert!(
+        rows.as_u64().unwrap_or(u64::MAX) < 100,
+        "only the rows in view exist: {rows}"
+    );
+    // A filter and a jump to the end each re-render within a frame or two.
+    let timing = browser
+        .eval(
+            "const input = document.getElementById('fleet-filter'); \
+             const t0 = performance.now(); \
+             input.value = 'tenant-099'; input.dispatchEvent(new Event('input')); \
+             return new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(() => { \
+               const filtered = performance.now() - t0; \
+               input.value = ''; input.dispatchEvent(new Event('input')); \
+               const scroller = document.getElementById('fleet-scroll'); \
+               requestAnimationFrame(() => { const t1 = performance.now(); \
+                 scroller.scrollTop = scroller.scrollHeight; \
+                 requestAnimationFrame(() => requestAnimationFrame(() => resolve({ filtered, \
+                   scrolled: performance.now() - t1, \
+                   shown: document.querySelectorAll('#fleet-rows .row').length, \
+                   last: [...document.querySelectorAll('#fleet-rows .row')].pop().dataset.tenant }))); }); })));",
+            vec![],
+        )
+        .await
+        .expect("measures");
+    println!("10,000 tenants: {timing}");
+    let filtered = timing["filtered"].as_f64().unwrap_or(f64::MAX);
+    let scrolled = timing["scrolled"].as_f64().unwrap_or(f64::MAX);
+    assert!(filtered < 500.0 && scrolled < 500.0, "{timing}");
+    assert_eq!(timing["last"], json!("tenant-09999"), "{timing}");
+    browser.screenshot("fleet-10000").await.expect("screenshot");
+    browser.close().await.expect("closes");
+}
