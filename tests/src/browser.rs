@@ -122,6 +122,12 @@ impl Browser {
     /// Starts ChromeDriver on a free loopback port and opens a headless
     /// Chromium session with a new, empty profile.
     pub async fn start() -> anyhow::Result<Browser> {
+        Self::start_with(false).await
+    }
+
+    /// [`Browser::start`], accepting any TLS certificate when
+    /// `accept_insecure_certs` (for servers with a test certificate).
+    pub async fn start_with(accept_insecure_certs: bool) -> anyhow::Result<Browser> {
         let (chromium, chromedriver) = chromium();
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|probe| probe.local_addr())
@@ -145,6 +151,7 @@ impl Browser {
         args.push(format!("--user-data-dir={}", profile.path().display()));
         let capabilities: Capabilities = serde_json::from_value(json!({
             "browserName": "chrome",
+            "acceptInsecureCerts": accept_insecure_certs,
             "goog:chromeOptions": { "binary": chromium, "args": args },
         }))
         .context("capabilities")?;

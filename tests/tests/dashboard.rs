@@ -201,7 +201,6 @@ async fn a_tenant_token_sees_its_own_tenant_and_no_other() {
     browser.close().await.expect("closes");
 }
 
-
 /// An item name that is HTML if anything renders it as HTML.
 const XSS: &str = "<img src=x onerror=alert(1)>";
 
@@ -244,15 +243,24 @@ async fn wait_for_node_state(browser: &Browser, item_type: &str, name: &str, sta
 async fn the_tenant_view_follows_items_live_and_shows_failures_and_names_as_text() {
     let held = Gate::new();
     let recorder = Recorder::new();
-    recorder.script(OperationKind::Create, ItemRef::new("t", "b"), [Step::Hold(held.clone())]);
+    recorder.script(
+        OperationKind::Create,
+        ItemRef::new("t", "b"),
+        [Step::Hold(held.clone())],
+    );
     recorder.script(
         OperationKind::Create,
         ItemRef::new("t", "bad"),
-        [Step::FailWith(Code::InvalidArgument, "disk full on /dev/sda1".into())],
+        [Step::FailWith(
+            Code::InvalidArgument,
+            "disk full on /dev/sda1".into(),
+        )],
     );
     let acme = TestTenant::start("acme").await;
-    let mut agent =
-        RunningAgent::start(acme.agent("agent-1").item_type(TypeSpec::new("t"), recorder.clone()));
+    let mut agent = RunningAgent::start(
+        acme.agent("agent-1")
+            .item_type(TypeSpec::new("t"), recorder.clone()),
+    );
     agent.connected().await;
     acme.report_external(vec![external_put("net", "uplink", json!({"mtu": 1500}))])
         .await;
@@ -279,14 +287,20 @@ async fn the_tenant_view_follows_items_live_and_shows_failures_and_names_as_text
         .wait_for_text(&fleet_row("acme"), "acme")
         .await
         .expect("the fleet shows acme");
-    browser.click(&format!("{} a", fleet_row("acme"))).await.expect("opens acme");
+    browser
+        .click(&format!("{} a", fleet_row("acme")))
+        .await
+        .expect("opens acme");
     wait_for_node_state(&browser, "t", "b", "CREATING").await;
     wait_for_node_state(&browser, "t", "c", "PENDING").await;
     wait_for_node_state(&browser, "t", "bad", "FAILED").await;
 
     // The item panel of the held item: the operation in flight.
     browser
-        .goto(&format!("{}#/tenant/acme?item=t/b", acme.server.dashboard_url()))
+        .goto(&format!(
+            "{}#/tenant/acme?item=t/b",
+            acme.server.dashboard_url()
+        ))
         .await
         .expect("selects t/b");
     browser
@@ -322,7 +336,10 @@ async fn the_tenant_view_follows_items_live_and_shows_failures_and_names_as_text
 
     // A failure's message, as the agent sent it.
     browser
-        .goto(&format!("{}#/tenant/acme?item=t/bad", acme.server.dashboard_url()))
+        .goto(&format!(
+            "{}#/tenant/acme?item=t/bad",
+            acme.server.dashboard_url()
+        ))
         .await
         .expect("selects t/bad");
     let error = browser
@@ -334,12 +351,18 @@ async fn the_tenant_view_follows_items_live_and_shows_failures_and_names_as_text
 
     // A name that is HTML stays text: found by search, shown in the panel,
     // and nothing of it is parsed into an element.
-    browser.fill("#item-search", "onerror").await.expect("searches");
+    browser
+        .fill("#item-search", "onerror")
+        .await
+        .expect("searches");
     browser
         .wait_for_text("#search-results", XSS)
         .await
         .expect("the search lists the name as text");
-    browser.click("#search-results a").await.expect("selects it");
+    browser
+        .click("#search-results a")
+        .await
+        .expect("selects it");
     let title = browser
         .wait_for_text("#item-title", "onerror")
         .await
@@ -391,7 +414,12 @@ fn many_items(count: usize) -> Vec<v1::Item> {
             let mut item = if i % 10 == 0 {
                 item("t", &name, json!({"index": i}))
             } else {
-                item_needing("t", &name, json!({"index": i}), &[&format!("t/i-{:05}", i - 1)])
+                item_needing(
+                    "t",
+                    &name,
+                    json!({"index": i}),
+                    &[&format!("t/i-{:05}", i - 1)],
+                )
             };
             item.subgraph = format!("zone/{}", (i / 10) % 10);
             item
@@ -450,13 +478,19 @@ async fn a_thousand_items_draw_under_two_seconds_and_ten_thousand_stay_navigable
         .await
         .expect("the view says to search");
     println!("10,000 items: snapshot shown after {:?}", opened.elapsed());
-    browser.fill("#item-search", "i-04242").await.expect("searches");
+    browser
+        .fill("#item-search", "i-04242")
+        .await
+        .expect("searches");
     browser
         .wait_for_text("#search-results", "t/i-04242")
         .await
         .expect("search finds the item");
     let searched = Instant::now();
-    browser.click("#search-results a").await.expect("selects it");
+    browser
+        .click("#search-results a")
+        .await
+        .expect("selects it");
     let nodes = browser
         .wait_until(
             "the graph around t/i-04242",
@@ -475,7 +509,10 @@ async fn a_thousand_items_draw_under_two_seconds_and_ten_thousand_stay_navigable
         .wait_for_text("#item-title", "t/i-04242")
         .await
         .expect("the item panel shows it");
-    browser.screenshot("tenant-10000").await.expect("screenshot");
+    browser
+        .screenshot("tenant-10000")
+        .await
+        .expect("screenshot");
     browser.close().await.expect("closes");
 }
 
@@ -483,7 +520,9 @@ async fn a_thousand_items_draw_under_two_seconds_and_ten_thousand_stay_navigable
 async fn ten_thousand_tenants_list_and_filter_quickly() {
     use futures::StreamExt as _;
 
-    let options = reconciled_tests::ServerOptions::default().arg("--fsync").arg("false");
+    let options = reconciled_tests::ServerOptions::default()
+        .arg("--fsync")
+        .arg("false");
     let acme = TestTenant::start_with(options, "acme").await;
     let admin = acme.server.admin_token();
     let created = Instant::now();
@@ -514,9 +553,15 @@ async fn ten_thousand_tenants_list_and_filter_quickly() {
         )
         .await
         .expect("counts are shown");
-    println!("10,000 tenants: listed {:?} after sign-in", opened.elapsed());
+    println!(
+        "10,000 tenants: listed {:?} after sign-in",
+        opened.elapsed()
+    );
     let rows = browser
-        .eval("return document.querySelectorAll('#fleet-rows .row').length;", vec![])
+        .eval(
+            "return document.querySelectorAll('#fleet-rows .row').length;",
+            vec![],
+        )
         .await
         .expect("counts rows");
     assert!(
@@ -549,5 +594,224 @@ async fn ten_thousand_tenants_list_and_filter_quickly() {
     assert!(filtered < 500.0 && scrolled < 500.0, "{timing}");
     assert_eq!(timing["last"], json!("tenant-09999"), "{timing}");
     browser.screenshot("fleet-10000").await.expect("screenshot");
+    browser.close().await.expect("closes");
+}
+
+/// Decodes `bytes` as `message_type` with the page's own codec
+/// (`/assets/proto.js`), in the browser; Dates come back as ISO strings.
+async fn decode_in_page(browser: &Browser, message_type: &str, bytes: Vec<u8>) -> Value {
+    browser
+        .client()
+        .execute_async(
+            "const [type, bytes, done] = arguments; \
+             import('/assets/proto.js').then(async (proto) => { \
+               await proto.loadSchema(); \
+               done(JSON.parse(JSON.stringify(proto.decode(type, Uint8Array.from(bytes))))); \
+             }).catch((error) => done({ error: String(error) }));",
+            vec![json!(message_type), json!(bytes)],
+        )
+        .await
+        .expect("the page decodes")
+}
+
+/// Encodes `object` as `message_type` with the page's codec.
+async fn encode_in_page(browser: &Browser, message_type: &str, object: Value) -> Vec<u8> {
+    let bytes = browser
+        .client()
+        .execute_async(
+            "const [type, object, done] = arguments; \
+             import('/assets/proto.js').then(async (proto) => { \
+               await proto.loadSchema(); \
+               done(Array.from(proto.encode(type, object))); \
+             }).catch((error) => done({ error: String(error) }));",
+            vec![json!(message_type), object],
+        )
+        .await
+        .expect("the page encodes");
+    serde_json::from_value(bytes.clone()).unwrap_or_else(|_| panic!("encoding failed: {bytes}"))
+}
+
+#[tokio::test]
+async fn the_pages_protobuf_codec_agrees_with_prost() {
+    use prost::Message as _;
+
+    let acme = TestTenant::start("acme").await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    browser
+        .goto(&acme.server.dashboard_url())
+        .await
+        .expect("opens the dashboard");
+
+    let properties = json!({
+        "n": 1.5, "s": "ä <b>", "b": false, "zero": 0, "empty": "", "none": null,
+        "list": [1, "a", {"k": true}], "nested": {"deep": {"x": -3}},
+    });
+    let status = v1::ItemStatus {
+        r#ref: Some(v1::ItemRef {
+            r#type: "t".into(),
+            name: "ä/<b>".into(),
+        }),
+        state: v1::ItemState::Failed as i32,
+        applied: Some(v1::Item {
+            external: true,
+            subgraph: "site/rack1".into(),
+            properties: Some(api::json_to_struct(properties.clone())),
+            dependencies: vec![v1::Dependency {
+                must_satisfy: "self.mtu >= 1500".into(),
+                ..api::dependency("net", "uplink")
+            }],
+            ..item("t", "ä/<b>", json!({}))
+        }),
+        applied_generation: (1 << 53) + 1,
+        attempts: 4,
+        last_error: Some(reconciled_tests::proto::google::rpc::Status {
+            code: Code::InvalidArgument as i32,
+            message: "bad".into(),
+            details: vec![],
+        }),
+        next_attempt_at: Some(prost_types::Timestamp {
+            seconds: 1_700_000_000,
+            nanos: 250_000_000,
+        }),
+        operation: Some(v1::InFlightOperation {
+            kind: v1::OperationKind::Modify as i32,
+            op_id: "1-abc".into(),
+            attempt: 2,
+            timeout: Some(prost_types::Duration {
+                seconds: 60,
+                nanos: 500_000_000,
+            }),
+            ..v1::InFlightOperation::default()
+        }),
+        blocked_by: vec![v1::BlockedBy {
+            item: Some(v1::ItemRef {
+                r#type: "net".into(),
+                name: "uplink".into(),
+            }),
+            why: "missing".into(),
+        }],
+        modifications: u64::MAX,
+        ..v1::ItemStatus::default()
+    };
+    let decoded =
+        decode_in_page(&browser, "reconciled.v1.ItemStatus", status.encode_to_vec()).await;
+    assert_eq!(
+        decoded["ref"],
+        json!({"type": "t", "name": "ä/<b>"}),
+        "{decoded}"
+    );
+    assert_eq!(decoded["state"], json!("ITEM_STATE_FAILED"));
+    assert_eq!(
+        decoded["applied"]["properties"], properties,
+        "Struct round trip"
+    );
+    assert_eq!(decoded["applied"]["external"], json!(true));
+    assert_eq!(
+        decoded["applied"]["dependencies"][0]["must_satisfy"],
+        json!("self.mtu >= 1500")
+    );
+    assert_eq!(
+        decoded["applied_generation"],
+        json!("9007199254740993"),
+        "beyond 2^53: a string"
+    );
+    assert_eq!(decoded["modifications"], json!("18446744073709551615"));
+    assert_eq!(decoded["attempts"], json!(4));
+    assert_eq!(decoded["last_error"]["code"], json!(3));
+    assert_eq!(
+        decoded["next_attempt_at"],
+        json!("2023-11-14T22:13:20.250Z")
+    );
+    assert_eq!(decoded["operation"]["timeout"], json!(60.5));
+    assert_eq!(decoded["operation"]["kind"], json!("OPERATION_KIND_MODIFY"));
+    assert_eq!(decoded["blocked_by"][0]["why"], json!("missing"));
+    assert_eq!(
+        decoded["pending_operation"],
+        json!("OPERATION_KIND_UNSPECIFIED"),
+        "defaults"
+    );
+
+    let tenant_status = v1::TenantStatus {
+        tenant: "acme".into(),
+        items_by_state: [("CREATED".to_owned(), 3), ("FAILED".to_owned(), 1)].into(),
+        connected_item_types: vec!["a".into(), "b".into()],
+        ..v1::TenantStatus::default()
+    };
+    let decoded = decode_in_page(
+        &browser,
+        "reconciled.v1.TenantStatus",
+        tenant_status.encode_to_vec(),
+    )
+    .await;
+    assert_eq!(
+        decoded["items_by_state"],
+        json!({"CREATED": 3, "FAILED": 1}),
+        "{decoded}"
+    );
+    assert_eq!(decoded["connected_item_types"], json!(["a", "b"]));
+
+    let encoded = encode_in_page(
+        &browser,
+        "reconciled.v1.WatchRequest",
+        json!({"tenant": "ä<b", "start_revision": 12_345_678_901_u64,
+               "kinds": ["EVENT_KIND_OPERATION_STARTED", "EVENT_KIND_AGENT_CONNECTED"]}),
+    )
+    .await;
+    let request =
+        v1::WatchRequest::decode(encoded.as_slice()).expect("prost decodes the page's bytes");
+    assert_eq!(
+        request,
+        v1::WatchRequest {
+            tenant: "ä<b".into(),
+            start_revision: 12_345_678_901,
+            item_types: vec![],
+            kinds: vec![
+                v1::EventKind::OperationStarted as i32,
+                v1::EventKind::AgentConnected as i32
+            ],
+        }
+    );
+    browser.close().await.expect("closes");
+}
+
+#[tokio::test]
+async fn the_dashboard_speaks_tls_when_the_grpc_port_does() {
+    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()])
+        .expect("a self-signed certificate");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cert = dir.path().join("server.pem");
+    let key = dir.path().join("server.key");
+    std::fs::write(&cert, certified.cert.pem()).expect("writes the certificate");
+    std::fs::write(&key, certified.signing_key.serialize_pem()).expect("writes the key");
+    let harness = tonic::transport::ClientTlsConfig::new().ca_certificate(
+        tonic::transport::Certificate::from_pem(certified.cert.pem()),
+    );
+    let options = reconciled_tests::ServerOptions::default()
+        .arg("--tls-cert")
+        .arg(cert.to_string_lossy().into_owned())
+        .arg("--tls-key")
+        .arg(key.to_string_lossy().into_owned())
+        .client_tls(harness);
+    let acme = TestTenant::start_with(options, "acme").await;
+    let url = acme.server.dashboard_url();
+    assert!(url.starts_with("https://"), "{url}");
+
+    let browser = Browser::start_with(true)
+        .await
+        .expect("headless Chromium starts");
+    // Plain HTTP to the TLS port gets no page.
+    let plain = url.replacen("https://", "http://", 1);
+    let _ = browser.goto(&plain).await;
+    let shown = browser
+        .eval("return document.getElementById('token') !== null;", vec![])
+        .await
+        .expect("reads the page");
+    assert_eq!(shown, json!(false), "no dashboard over plaintext");
+
+    sign_in(&browser, &acme, &acme.server.admin_token(), None).await;
+    browser
+        .wait_for_text(&fleet_row("acme"), "Ready")
+        .await
+        .expect("the fleet shows over TLS");
     browser.close().await.expect("closes");
 }

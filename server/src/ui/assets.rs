@@ -127,4 +127,29 @@ mod tests {
         assert!(!CONTENT_SECURITY_POLICY.contains("unsafe-inline"));
         assert!(!CONTENT_SECURITY_POLICY.contains("unsafe-eval"));
     }
+
+    #[test]
+    fn no_script_parses_html_or_evaluates_strings() {
+        // Item and tenant names are user data: the page builds DOM nodes
+        // from text only (dom.js), never from markup.
+        for asset in ASSETS
+            .iter()
+            .filter(|a| a.content_type.starts_with("text/javascript"))
+            .filter(|a| !a.path.contains("/vendor/"))
+        {
+            let text = std::str::from_utf8(asset.body).expect("utf-8");
+            for forbidden in [
+                "innerHTML",
+                "outerHTML",
+                "insertAdjacentHTML",
+                "document.write",
+                "eval(",
+                "new Function",
+                "DOMParser",
+                "createContextualFragment",
+            ] {
+                assert!(!text.contains(forbidden), "{} uses {forbidden}", asset.path);
+            }
+        }
+    }
 }
