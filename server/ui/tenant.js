@@ -132,8 +132,12 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
       const blockers = new Set(((status && status.blocked_by) || []).map((b) => keyOf(b.item)));
       for (const dependency of (item && item.dependencies) || []) {
         const from = keyOf(dependency.requires);
-        if (keys.has(from)) edges.push({ from, to: key, blocked: blockers.has(from) });
+        const blocking = blockers.delete(from);
+        if (keys.has(from)) edges.push({ from, to: key, blocked: blocking });
       }
+      // What blocks it without being a dependency (a dependent's Delete,
+      // a Delete of the same type): a dashed red edge from the blocker.
+      for (const from of blockers) if (keys.has(from) && from !== key) edges.push({ from, to: key, blocked: true, waits: true });
     }
     return { nodes, edges };
   }
@@ -376,6 +380,8 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
       }
       // Red edges follow what blocks what: redraw when that changed.
       if (graph && blockers(change.status) !== before) needsLayout = true;
+    } else if (event.operation_started || event.operation_finished) {
+      recordOperation(event, event.time);
     } else if (event.intent_changed) {
       refreshIntent();
     } else if (event.conditions_changed) {
@@ -431,43 +437,57 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
     }
   }
 
+  // One stream per view (browsers allow six HTTP/1.1 connections per
+  // origin): the graphs come from GetGraph at revision R, then Watch
+  // starts LOG_HISTORY revisions before R, so the operation log opens
+  // with recent history; events up to R only feed the log, later ones
+  // change the graphs.
   async function follow() {
-    let revision = 0;
+    let snapshotAt = 0;
+    let resumeFrom = 0;
     let backoff = 500;
     while (!abort.signal.aborted) {
       try {
-        if (revision === 0) {
+        if (snapshotAt === 0) {
+          const fetched = await api.getGraph(tenantName, 'GRAPH_VIEW_BOTH', abort.signal);
           intended.clear();
           current.clear();
-          synced = false;
+          for (const intent of fetched.intended) intended.set(keyOf(intent.item), intent);
+          for (const item of fetched.current) current.set(keyOf(item.ref), item);
+          snapshotAt = fetched.revision;
+          resumeFrom = Math.max(1, snapshotAt - LOG_HISTORY);
+          log.length = 0;
+          synced = true;
+          needsLayout = true;
+          live.className = 'live on';
+          live.textContent = 'live';
+          clear();
+          refreshStatus();
+          schedule();
         }
-        for await (const message of api.watch(tenantName, revision, [], abort.signal)) {
+        for await (const message of api.watch(tenantName, resumeFrom, [], abort.signal)) {
           backoff = 500;
-          if (message.snapshot) {
-            for (const item of message.snapshot.items) current.set(keyOf(item.ref), item);
-            for (const intent of message.snapshot.intended) intended.set(keyOf(intent.item), intent);
-          } else if (message.synced) {
-            revision = message.synced.revision;
-            synced = true;
-            needsLayout = true;
-            live.className = 'live on';
-            live.textContent = 'live';
-            clear();
-            refreshStatus();
-            if (!logFollowed) { logFollowed = true; followLog(revision); }
-            schedule();
-          } else if (message.events) {
-            for (const event of message.events.events) apply(event);
-            if (!message.events.continued) revision = message.events.revision;
+          if (message.events) {
+            const revision = message.events.revision;
+            for (const event of message.events.events) {
+              if (revision > snapshotAt) apply(event);
+              else if (event.operation_started || event.operation_finished) recordOperation(event, event.time);
+            }
+            if (!message.events.continued) resumeFrom = revision;
             schedule();
           } else if (message.bookmark) {
-            revision = message.bookmark.revision;
+            resumeFrom = Math.max(resumeFrom, message.bookmark.revision);
           }
         }
       } catch (error) {
         if (abort.signal.aborted) return;
+        if (error.codeName === 'OUT_OF_RANGE') {
+          // History before the snapshot is gone: follow from the snapshot;
+          // after it: take a new snapshot.
+          if (resumeFrom < snapshotAt) resumeFrom = snapshotAt; else snapshotAt = 0;
+          continue;
+        }
         report(error);
-        if (error.codeName === 'OUT_OF_RANGE') revision = 0;
         if (['UNAUTHENTICATED', 'PERMISSION_DENIED', 'NOT_FOUND'].includes(error.codeName)) {
           live.className = 'live off';
           live.textContent = 'denied';
@@ -477,38 +497,6 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
       }
       live.className = 'live off';
       live.textContent = 'reconnecting';
-      await sleep(backoff, abort.signal);
-      backoff = Math.min(backoff * 2, 10000);
-    }
-  }
-
-  // The operation log has a stream of its own, filtered to operation
-  // events and started LOG_HISTORY revisions back, so it opens with the
-  // recent history and stays live (the main stream ignores these events).
-  let logFollowed = false;
-  async function followLog(syncedAt) {
-    let revision = Math.max(1, syncedAt - LOG_HISTORY);
-    let backoff = 500;
-    const kinds = ['EVENT_KIND_OPERATION_STARTED', 'EVENT_KIND_OPERATION_FINISHED'];
-    while (!abort.signal.aborted) {
-      try {
-        for await (const message of api.watch(tenantName, revision, kinds, abort.signal)) {
-          backoff = 500;
-          if (message.events) {
-            for (const event of message.events.events) recordOperation(event, event.time);
-            if (!message.events.continued) revision = message.events.revision;
-            schedule();
-          } else if (message.bookmark) {
-            revision = message.bookmark.revision;
-          }
-        }
-      } catch (error) {
-        if (abort.signal.aborted) return;
-        // History older than the server keeps: follow from the snapshot on.
-        if (error.codeName === 'OUT_OF_RANGE') { revision = syncedAt; continue; }
-        report(error);
-        if (['UNAUTHENTICATED', 'PERMISSION_DENIED', 'NOT_FOUND'].includes(error.codeName)) return;
-      }
       await sleep(backoff, abort.signal);
       backoff = Math.min(backoff * 2, 10000);
     }

@@ -594,6 +594,40 @@ async fn ten_thousand_tenants_list_and_filter_quickly() {
     assert!(filtered < 500.0 && scrolled < 500.0, "{timing}");
     assert_eq!(timing["last"], json!("tenant-09999"), "{timing}");
     browser.screenshot("fleet-10000").await.expect("screenshot");
+
+    // Live at that size: an intent no agent serves turns one tenant
+    // Reconciling or not Ready, and its row says so.
+    browser
+        .fill("#fleet-filter", "tenant-05000")
+        .await
+        .expect("filters");
+    let token = api::tenants(&acme.channel, &admin)
+        .rotate_token(v1::RotateTokenRequest {
+            name: "tenant-05000".into(),
+        })
+        .await
+        .expect("rotates the token")
+        .into_inner()
+        .token;
+    let changed = Instant::now();
+    api::reconciler(&acme.channel, &token)
+        .submit_intent(api::submit("tenant-05000", vec![item("t", "a", json!({}))]))
+        .await
+        .expect("the intent is accepted");
+    browser
+        .wait_until(
+            "tenant-05000 to leave Ready",
+            "const row = document.querySelector('#fleet-rows .row'); \
+             return row && row.dataset.tenant === 'tenant-05000' && !row.innerText.includes('Ready') \
+               ? row.innerText : null;",
+            vec![],
+        )
+        .await
+        .expect("the change shows");
+    println!(
+        "10,000 tenants: a change shown {:?} after its commit",
+        changed.elapsed()
+    );
     browser.close().await.expect("closes");
 }
 
@@ -813,5 +847,44 @@ async fn the_dashboard_speaks_tls_when_the_grpc_port_does() {
         .wait_for_text(&fleet_row("acme"), "Ready")
         .await
         .expect("the fleet shows over TLS");
+    // Over TLS the browser multiplexes every stream on one HTTP/2
+    // connection (plaintext gRPC-Web is HTTP/1.1, six connections at most).
+    let protocols = browser
+        .eval(
+            "return [...new Set(performance.getEntriesByType('resource') \
+               .concat(performance.getEntriesByType('navigation')).map((e) => e.nextHopProtocol))];",
+            vec![],
+        )
+        .await
+        .expect("reads the protocols");
+    assert_eq!(protocols, json!(["h2"]), "HTTP/2 over TLS");
+    browser.close().await.expect("closes");
+}
+
+#[tokio::test]
+async fn the_server_stops_promptly_with_dashboard_streams_open() {
+    let mut acme = TestTenant::start("acme").await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &acme.server.admin_token(), None).await;
+    browser
+        .wait_for_text(&fleet_row("acme"), "Ready")
+        .await
+        .expect("the fleet streams");
+    let started = Instant::now();
+    let status = acme.server.terminate().await.expect("the server exits");
+    assert!(status.success(), "clean exit: {status:?}");
+    println!(
+        "stopped {:?} after SIGTERM with WatchFleet open",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    browser
+        .wait_for_text("#fleet-live", "reconnecting")
+        .await
+        .expect("the page says it lost the stream");
     browser.close().await.expect("closes");
 }
