@@ -99,13 +99,14 @@ export function mountFleet(root, { report, clear }) {
   function tenant(name) {
     let entry = tenants.get(name);
     if (!entry) {
-      entry = { name, conditions: [], fromFleet: false, status: null };
+      entry = { name, conditions: [], fromFleet: false, status: null, version: 0 };
       tenants.set(name, entry);
     }
     return entry;
   }
 
-  function changed() {
+  function changed(entry) {
+    if (entry) entry.version += 1;
     dirtyView = true;
     schedule();
   }
@@ -137,7 +138,19 @@ export function mountFleet(root, { report, clear }) {
     dirtyView = false;
   }
 
+  // Rows are rebuilt only when their tenant changed (or every few seconds,
+  // for the ages): a row under the pointer stays the same element.
+  const rowCache = new Map();
+  let ageTick = 0;
   function row(entry) {
+    const cached = rowCache.get(entry.name);
+    if (cached && cached.version === entry.version && cached.tick === ageTick) return cached.element;
+    const element = buildRow(entry);
+    rowCache.set(entry.name, { version: entry.version, tick: ageTick, element });
+    return element;
+  }
+
+  function buildRow(entry) {
     const { state, condition } = entry.summary;
     const status = entry.status;
     const generation = status ? `${status.observed_generation} / ${status.generation}` : '';
@@ -168,6 +181,10 @@ export function mountFleet(root, { report, clear }) {
     for (let i = first; i < last; i++) visible.push(row(view[i]));
     if (!view.length) visible.push(h('div', { class: 'empty' }, tenants.size ? 'No tenant matches.' : 'No tenants yet.'));
     rows.replaceChildren(...visible);
+    if (rowCache.size > 4 * (last - first) + 200) {
+      const keep = new Set(visible);
+      for (const [name, cached] of rowCache) if (!keep.has(cached.element)) rowCache.delete(name);
+    }
     root.dataset.rendered = String(performance.now());
   }
 
@@ -190,7 +207,7 @@ export function mountFleet(root, { report, clear }) {
           const entry = tenant(name);
           entry.status = status;
           if (!entry.fromFleet) entry.conditions = status.conditions;
-          changed();
+          changed(entry);
         })
         .catch((error) => { if (!abort.signal.aborted) report(error); })
         .finally(() => { refreshing -= 1; pump(); });
@@ -219,10 +236,11 @@ export function mountFleet(root, { report, clear }) {
           backoff = 500;
           if (message.events) {
             for (const event of message.events.events) {
-              if (event.deleted) { tenants.delete(event.tenant); refreshQueue.delete(event.tenant); continue; }
+              if (event.deleted) { tenants.delete(event.tenant); refreshQueue.delete(event.tenant); rowCache.delete(event.tenant); continue; }
               const entry = tenant(event.tenant);
               entry.conditions = event.conditions;
               entry.fromFleet = true;
+              entry.version += 1;
               if (listed) refresh(event.tenant);
             }
             if (!message.events.continued) revision = message.events.revision;
@@ -260,6 +278,7 @@ export function mountFleet(root, { report, clear }) {
           const entry = tenant(found.name);
           entry.status = found.status;
           if (!entry.fromFleet) entry.conditions = found.status ? found.status.conditions : [];
+          entry.version += 1;
         }
         pageToken = page.next_page_token;
         changed();
@@ -277,7 +296,7 @@ export function mountFleet(root, { report, clear }) {
         const entry = tenant(name);
         entry.status = status;
         entry.conditions = status.conditions;
-        changed();
+        changed(entry);
         clear();
         setLive(true, 'live');
         const kinds = ['EVENT_KIND_INTENT_CHANGED', 'EVENT_KIND_ITEM_STATUS_CHANGED',
@@ -288,7 +307,7 @@ export function mountFleet(root, { report, clear }) {
           for (const event of message.events.events) {
             if (event.conditions_changed) {
               entry.conditions = event.conditions_changed.conditions;
-              changed();
+              changed(entry);
             }
           }
           refresh(name);
@@ -308,7 +327,7 @@ export function mountFleet(root, { report, clear }) {
   }
 
   // "Since" columns age: re-render (no call to the server) now and then.
-  const clock = setInterval(schedule, 5000);
+  const clock = setInterval(() => { ageTick += 1; schedule(); }, 5000);
   if (scopedTenant) followTenant(scopedTenant);
   else followFleet();
   changed();

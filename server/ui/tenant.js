@@ -2,8 +2,9 @@
 // subgraphs as clusters, external items marked, blocking edges red), the
 // selected item's panel (intended / applied / observed side by side, the
 // operation in flight, why it waits, the last error), the operation log and
-// the agents. Live through Reconciler.Watch: a snapshot, then every
-// committed change; an item an agent finishes changes colour in place.
+// the agents. Live through one Reconciler.Watch stream after a GetGraph
+// snapshot (see follow()); an item an agent finishes changes colour in
+// place.
 //
 // Large tenants: up to GRAPH_LIMIT items are drawn whole; beyond, the
 // graph shows the neighbourhood of the selected item (search to pick one).
@@ -387,15 +388,21 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
     } else if (event.conditions_changed) {
       if (status) status.conditions = event.conditions_changed.conditions;
       refreshStatus();
-    } else if (event.agent_connected) {
-      const agent = event.agent_connected;
-      agents.set(agent.agent_id, { id: agent.agent_id, types: agent.item_types, connected: true, since: event.time, reason: '' });
-      refreshStatus();
-    } else if (event.agent_disconnected) {
-      const agent = event.agent_disconnected;
-      agents.set(agent.agent_id, { id: agent.agent_id, types: agent.item_types, connected: false, since: event.time, reason: agent.reason });
+    } else if (event.agent_connected || event.agent_disconnected) {
+      recordAgent(event);
       refreshStatus();
     }
+  }
+
+  // Agents by id, from the connect and disconnect events the stream has
+  // seen (history included): the API lists connected types, not agents.
+  function recordAgent(event) {
+    const connected = Boolean(event.agent_connected);
+    const agent = event.agent_connected || event.agent_disconnected;
+    agents.set(agent.agent_id, {
+      id: agent.agent_id, types: agent.item_types, connected, since: event.time,
+      reason: connected ? '' : agent.reason,
+    });
   }
 
   let statusInFlight = false;
@@ -472,6 +479,7 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
             for (const event of message.events.events) {
               if (revision > snapshotAt) apply(event);
               else if (event.operation_started || event.operation_finished) recordOperation(event, event.time);
+              else if (event.agent_connected || event.agent_disconnected) recordAgent(event);
             }
             if (!message.events.continued) resumeFrom = revision;
             schedule();

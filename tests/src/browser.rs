@@ -14,6 +14,7 @@
 //! [`BROWSER_DEADLINE`] passes, then fails with what the page showed.
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -23,6 +24,8 @@ use anyhow::{Context as _, bail};
 use fantoccini::wd::Capabilities;
 use fantoccini::{Client, ClientBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 use crate::binary::target_dir;
@@ -50,6 +53,8 @@ const CHROMIUM_FLAGS: &[&str] = &[
     "--disable-component-update",
     "--disable-sync",
     "--disable-quic",
+    "--disable-crash-reporter",
+    "--disable-breakpad",
     "--no-first-run",
     "--window-size=1440,900",
 ];
@@ -135,6 +140,9 @@ impl Browser {
             .port();
         let driver = Command::new(&chromedriver)
             .arg(format!("--port={port}"))
+            // Its own process group, which the browser inherits: see
+            // `end_driver`.
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -269,15 +277,24 @@ impl Browser {
             .with_context(|| format!("cannot type into {css}"))
     }
 
-    /// Clicks the first element matching `css`.
+    /// Clicks the first element matching `css`. A live page may replace
+    /// the element between finding and clicking it; then it is found again
+    /// (until [`BROWSER_DEADLINE`]).
     pub async fn click(&self, css: &str) -> anyhow::Result<()> {
-        self.client
-            .find(fantoccini::Locator::Css(css))
-            .await
-            .with_context(|| format!("no element {css}"))?
-            .click()
-            .await
-            .with_context(|| format!("cannot click {css}"))
+        let started = Instant::now();
+        loop {
+            let clicked = match self.client.find(fantoccini::Locator::Css(css)).await {
+                Ok(element) => element.click().await,
+                Err(error) => Err(error),
+            };
+            match clicked {
+                Ok(()) => return Ok(()),
+                Err(error) if started.elapsed() > BROWSER_DEADLINE => {
+                    return Err(error).with_context(|| format!("cannot click {css}"));
+                }
+                Err(_) => tokio::time::sleep(POLL_INTERVAL).await,
+            }
+        }
     }
 
     /// Saves a PNG of the window as
@@ -295,17 +312,23 @@ impl Browser {
     /// Ends the session and the driver.
     pub async fn close(mut self) -> anyhow::Result<()> {
         let closed = self.client.clone().close().await;
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
+        self.end_driver();
         closed.context("cannot close the browser session")
+    }
+
+    /// Kills the driver's process group: the driver and the browser it
+    /// started, even when a failing test never closed the session.
+    fn end_driver(&mut self) {
+        if let Ok(pid) = i32::try_from(self.driver.id()) {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        let _ = self.driver.wait();
     }
 }
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        // Killing the driver ends the browser it started.
-        let _ = self.driver.kill();
-        let _ = self.driver.wait();
+        self.end_driver();
     }
 }
 
