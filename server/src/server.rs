@@ -213,6 +213,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
 
     info!(%addr, data_dir = %config.data_dir.display(), "Listening.");
     println!("reconciled listening on {addr}");
+    if let Some(dashboard) = &dashboard {
+        println!("reconciled dashboard on {}", dashboard.url);
+    }
     let stopping = shutdown.clone();
     let watched = directory.clone();
     let signalled_at = Arc::new(OnceLock::new());
@@ -239,7 +242,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     if let Some(dashboard) = dashboard {
         // `stopping` was cancelled when the signal came: the dashboard
         // drains within the same grace period.
-        let _ = dashboard.await;
+        let _ = dashboard.task.await;
     }
     if let Some(endpoint) = metrics_endpoint {
         // `stopping` was cancelled when the signal came: the endpoint ends.

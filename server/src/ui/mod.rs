@@ -65,14 +65,21 @@ pub struct DashboardSettings {
     pub grace: Duration,
 }
 
+/// The dashboard being served.
+pub struct Dashboard {
+    /// Its URL, e.g. `http://127.0.0.1:8080/`.
+    pub url: String,
+    /// The serving task: ends once the port has drained after `shutdown`.
+    pub task: JoinHandle<()>,
+}
+
 /// Binds the dashboard port (failing the start when it cannot, like
-/// `--listen`) and serves it until `shutdown` is cancelled; the task ends
-/// once the port has drained.
+/// `--listen`) and serves it until `shutdown` is cancelled.
 pub async fn spawn(
     services: DashboardServices,
     settings: DashboardSettings,
     shutdown: CancellationToken,
-) -> Result<JoinHandle<()>, DashboardError> {
+) -> Result<Dashboard, DashboardError> {
     let bound = match tokio::net::TcpListener::bind(settings.listen).await {
         Ok(listener) => listener.local_addr().map(|addr| (listener, addr)),
         Err(source) => Err(source),
@@ -102,15 +109,18 @@ pub async fn spawn(
     let slots = settings.slots;
     let connections = incoming(listener).map(move |accepted| accepted.map(|io| slots.wrap(io)));
     info!(%addr, "Dashboard listening.");
-    println!("reconciled dashboard on {scheme}://{addr}");
     let grace = settings.grace;
-    Ok(tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         if let Err(failure) =
             serve_until(router, connections, shutdown.cancelled_owned(), grace).await
         {
             error!(error = %failure, %addr, "The dashboard stopped; check --ui-listen.");
         }
-    }))
+    });
+    Ok(Dashboard {
+        url: format!("{scheme}://{addr}/"),
+        task,
+    })
 }
 
 /// Why the dashboard port could not start.
