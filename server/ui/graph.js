@@ -12,6 +12,10 @@ const NODE_WIDTH = 180;
 const NODE_HEIGHT = 30;
 const CHARS = 24;
 const LARGE = 300;
+// A small graph is drawn at about its natural size, not blown up to fill
+// the pane; a large one is scaled down to fit (then zoom in).
+const MIN_VIEW_WIDTH = 900;
+const MIN_VIEW_HEIGHT = 420;
 
 function shorten(text) {
   return text.length > CHARS ? `${text.slice(0, CHARS - 1)}…` : text;
@@ -56,7 +60,7 @@ export function drawGraph(model, { onSelect } = {}) {
 
   const { width = 0, height = 0 } = graph.graph();
   const root = svg('svg', {
-    id: 'graph-svg', class: 'graph', viewBox: `0 0 ${Math.max(width, 1)} ${Math.max(height, 1)}`,
+    id: 'graph-svg', class: 'graph', viewBox: `0 0 ${Math.max(width, MIN_VIEW_WIDTH)} ${Math.max(height, MIN_VIEW_HEIGHT)}`,
     role: 'img', 'aria-label': 'dependency graph',
   });
   const defs = svg('defs', {},

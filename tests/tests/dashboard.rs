@@ -898,3 +898,101 @@ async fn the_server_stops_promptly_with_dashboard_streams_open() {
         .expect("the page says it lost the stream");
     browser.close().await.expect("closes");
 }
+
+/// A configurator whose links come up with a smaller MTU than intended and
+/// report it, as a real device might.
+struct ObservingLinks;
+
+impl reconciled_client::agent::Configurator for ObservingLinks {
+    async fn create(
+        &self,
+        _: &reconciled_client::agent::OperationContext,
+        _: &reconciled_client::agent::Item,
+    ) -> reconciled_client::agent::Outcome {
+        let observed = json!({"mtu": 1400, "carrier": "up"});
+        reconciled_client::agent::Outcome::done_observed(
+            observed.as_object().cloned().unwrap_or_default(),
+        )
+    }
+
+    async fn modify(
+        &self,
+        _: &reconciled_client::agent::OperationContext,
+        _: &reconciled_client::agent::Item,
+        _: &reconciled_client::agent::Item,
+    ) -> reconciled_client::agent::Outcome {
+        reconciled_client::agent::Outcome::done()
+    }
+
+    async fn delete(
+        &self,
+        _: &reconciled_client::agent::OperationContext,
+        _: &reconciled_client::agent::Item,
+    ) -> reconciled_client::agent::Outcome {
+        reconciled_client::agent::Outcome::done()
+    }
+}
+
+#[tokio::test]
+async fn the_item_panel_shows_intended_applied_and_observed_with_differences() {
+    let acme = TestTenant::start("acme").await;
+    let mut agent = RunningAgent::start(
+        acme.agent("agent-1")
+            .item_type(TypeSpec::new("link"), ObservingLinks),
+    );
+    agent.connected().await;
+    acme.submit(vec![item(
+        "link",
+        "eth0",
+        json!({"mtu": 1500, "name": "eth0"}),
+    )])
+    .await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &acme.server.admin_token(), None).await;
+    browser
+        .wait_for_text(&fleet_row("acme"), "acme")
+        .await
+        .expect("the fleet shows");
+    browser
+        .goto(&format!(
+            "{}#/tenant/acme?item=link/eth0",
+            acme.server.dashboard_url()
+        ))
+        .await
+        .expect("selects link/eth0");
+    wait_for_node_state(&browser, "link", "eth0", "CREATED").await;
+    let rows = browser
+        .wait_until(
+            "the values table with observed values",
+            "const rows = [...document.querySelectorAll('#item-panel table.values tbody tr')]; \
+             return rows.length === 3 && rows.some((r) => r.innerText.includes('1400')) \
+               ? rows.map((r) => [r.className, r.innerText]) : null;",
+            vec![],
+        )
+        .await
+        .expect("intended, applied and observed side by side");
+    let row = |path: &str| -> (String, String) {
+        let found = rows
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|row| row[1].as_str().unwrap_or_default().starts_with(path))
+            .unwrap_or_else(|| panic!("no row {path} in {rows}"));
+        (
+            found[0].as_str().unwrap_or_default().to_owned(),
+            found[1].as_str().unwrap_or_default().to_owned(),
+        )
+    };
+    let (class, text) = row("/mtu");
+    assert_eq!(
+        class, "diff",
+        "observed 1400 differs from applied 1500: {text}"
+    );
+    assert!(text.contains("1500") && text.contains("1400"), "{text}");
+    let (class, _) = row("/name");
+    assert_eq!(class, "", "intended = applied, nothing observed");
+    let (class, text) = row("/carrier");
+    assert_eq!(class, "", "only observed: nothing to compare: {text}");
+    browser.screenshot("item-values").await.expect("screenshot");
+    browser.close().await.expect("closes");
+}
