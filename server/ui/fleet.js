@@ -185,7 +185,6 @@ export function mountFleet(root, { report, clear }) {
       const keep = new Set(visible);
       for (const [name, cached] of rowCache) if (!keep.has(cached.element)) rowCache.delete(name);
     }
-    root.dataset.rendered = String(performance.now());
   }
 
   // Counts (items by state, generations, agents) come from GetTenant /

@@ -13,47 +13,14 @@ import * as api from './api.js';
 import { ago, h, iso, replace } from './dom.js';
 import { itemChips, stateBadge, summarize } from './fleet.js';
 import { drawGraph } from './graph.js';
-import { CODE_NAMES } from './grpcweb.js';
+import { errorText, keyOf, kindOf, label, short, stateOf } from './items.js';
+import { itemPanel } from './panel.js';
 
 const GRAPH_LIMIT = 1500;
 const NEIGHBOURHOOD_LIMIT = 300;
 const LOG_LIMIT = 500;
 const LOG_HISTORY = 2000;
 const SEARCH_RESULTS = 50;
-
-/** The map key of an item reference. */
-export function keyOf(ref) {
-  return `${ref.type}\u0000${ref.name}`;
-}
-
-function label(ref) {
-  return `${ref.type}/${ref.name}`;
-}
-
-function short(enumName, prefix) {
-  return typeof enumName === 'string' ? enumName.replace(prefix, '') : String(enumName);
-}
-
-const stateOf = (status) => short(status.state, 'ITEM_STATE_');
-const kindOf = (kind) => short(kind, 'OPERATION_KIND_').toLowerCase();
-
-function errorText(status) {
-  if (!status) return '';
-  const code = CODE_NAMES[status.code] || `code ${status.code}`;
-  return `${code}: ${status.message}`;
-}
-
-/** Flattens a JSON value to JSON Pointer -> leaf (objects recurse). */
-export function flatten(value, prefix = '', out = new Map()) {
-  if (value && typeof value === 'object' && !Array.isArray(value) && Object.keys(value).length) {
-    for (const [key, inner] of Object.entries(value)) {
-      flatten(inner, `${prefix}/${key.replace(/~/g, '~0').replace(/\//g, '~1')}`, out);
-    }
-  } else if (prefix) {
-    out.set(prefix, JSON.stringify(value));
-  }
-  return out;
-}
 
 function sleep(ms, signal) {
   return new Promise((resolve) => {
@@ -216,7 +183,6 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
     renderPanel();
     renderLog();
     renderAgents();
-    root.dataset.rendered = String(performance.now());
   }
 
   function renderHead() {
@@ -233,82 +199,15 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
       status && Number(status.operations_in_flight) ? h('span', { class: 'muted' }, `${status.operations_in_flight} in flight`) : '');
   }
 
-  function valuesTable(intent, status) {
-    const columns = [
-      ['intended', intent ? intent.item.properties : undefined],
-      ['applied', status && status.applied ? status.applied.properties : undefined],
-      ['observed', status ? status.observed : undefined],
-    ];
-    const flat = columns.map(([, value]) => (value === undefined ? null : flatten(value)));
-    const paths = new Set();
-    for (const map of flat) if (map) for (const path of map.keys()) paths.add(path);
-    if (!paths.size) return h('p', { class: 'muted' }, 'No properties.');
-    const rows = [...paths].sort().map((path) => {
-      const values = flat.map((map) => (map ? map.get(path) : undefined));
-      const [want, applied, observed] = values;
-      const differs = (want !== undefined && flat[1] && want !== applied)
-        || (observed !== undefined && applied !== undefined && observed !== applied);
-      return h('tr', { class: differs ? 'diff' : '' }, h('td', { class: 'path' }, path),
-        values.map((value, i) => h('td', { class: flat[i] ? '' : 'muted' },
-          flat[i] ? (value === undefined ? '—' : value) : 'n/a')));
-    });
-    return h('table', { class: 'values' },
-      h('thead', {}, h('tr', {}, h('th', {}, 'property'), columns.map(([name]) => h('th', {}, name)))),
-      h('tbody', {}, rows));
-  }
-
   function renderPanel() {
     if (!selected) {
       replace(panel, h('p', { class: 'muted' }, 'Select an item in the graph or search for one.'));
       return;
     }
-    const ref = refOfKey(selected);
-    const intent = intended.get(selected);
-    const item = current.get(selected);
-    const itemValue = intent ? intent.item : item && item.applied;
-    const state = stateOfKey(selected);
-    const op = item && item.operation;
-    const sections = [
-      h('h3', { id: 'item-title' }, label(ref), ' ', h('span', { class: `badge item-state state-item-${state}` }, state),
-        (itemValue && itemValue.external) || (item && item.external) ? h('span', { class: 'chip' }, 'external') : ''),
-      itemValue && (itemValue.label || itemValue.description)
-        ? h('p', { class: 'muted' }, [itemValue.label, itemValue.description].filter(Boolean).join(' — ')) : '',
-      h('dl', {},
-        h('dt', {}, 'subgraph'), h('dd', {}, (itemValue && itemValue.subgraph) || '(root)'),
-        h('dt', {}, 'generation'), h('dd', {},
-          `intended ${intent ? intent.generation : '—'} · applied ${item ? item.applied_generation : '—'}`),
-        !intent ? [h('dt', {}, 'intent'), h('dd', {}, 'not intended: will be deleted')] : ''),
-      h('h4', {}, 'Values'),
-      valuesTable(intent, item),
-    ];
-    if (op) {
-      sections.push(h('h4', {}, 'Operation in flight'), h('dl', { id: 'item-operation' },
-        h('dt', {}, 'operation'), h('dd', {}, `${kindOf(op.kind)} · attempt ${op.attempt} · to generation ${op.target_generation}`),
-        h('dt', {}, 'started'), h('dd', { title: iso(op.started_at) }, ago(op.started_at)),
-        h('dt', {}, 'timeout'), h('dd', {}, op.timeout !== undefined ? `${op.timeout} s` : '—'),
-        h('dt', {}, 'progress'), h('dd', {}, op.last_progress_at
-          ? `${op.progress_message || 'reported'} (${ago(op.last_progress_at)})` : 'none reported'),
-        h('dt', {}, 'op id'), h('dd', { class: 'mono' }, op.op_id)));
-    }
-    if (item && item.pending_operation !== 'OPERATION_KIND_UNSPECIFIED') {
-      sections.push(h('h4', {}, 'Waiting'), h('div', { id: 'item-waiting' },
-        h('p', {}, `${kindOf(item.pending_operation)} waits: ${short(item.reason, 'WAIT_REASON_').toLowerCase().replace(/_/g, ' ')}`),
-        item.blocked_by.length ? h('ul', {}, item.blocked_by.map((blocker) => h('li', {},
-          h('a', { href: itemLink(blocker.item) }, label(blocker.item)), ` — ${blocker.why}`))) : ''));
-    }
-    if (item && (item.last_error || item.attempts)) {
-      sections.push(h('h4', {}, 'Last error'), h('dl', { id: 'item-error' },
-        h('dt', {}, 'error'), h('dd', { class: 'error-text' }, item.last_error ? errorText(item.last_error) : 'none'),
-        h('dt', {}, 'operation'), h('dd', {}, kindOf(item.last_operation)),
-        h('dt', {}, 'attempts'), h('dd', {}, String(item.attempts)),
-        item.next_attempt_at ? [h('dt', {}, 'next attempt'), h('dd', { title: iso(item.next_attempt_at) }, item.next_attempt_at.toLocaleTimeString())] : ''));
-    }
-    if (itemValue && itemValue.dependencies.length) {
-      sections.push(h('h4', {}, 'Needs'), h('ul', {}, itemValue.dependencies.map((dependency) => h('li', {},
-        h('a', { href: itemLink(dependency.requires) }, label(dependency.requires)),
-        dependency.must_satisfy ? h('code', {}, ` ${dependency.must_satisfy}`) : ''))));
-    }
-    replace(panel, sections);
+    replace(panel, itemPanel({
+      ref: refOfKey(selected), intent: intended.get(selected), item: current.get(selected),
+      state: stateOfKey(selected), link: itemLink,
+    }));
   }
 
   function itemLink(ref) {

@@ -30,44 +30,33 @@ macro_rules! asset {
     };
 }
 
+/// An ES module under `server/ui/`, served under `/assets/`.
+macro_rules! script {
+    ($file:literal) => {
+        Asset {
+            path: concat!("/assets/", $file),
+            content_type: "text/javascript; charset=utf-8",
+            body: include_bytes!(concat!("../../ui/", $file)),
+        }
+    };
+}
+
 /// Every embedded file. `/` is the single page; views are addressed by the
 /// URL fragment (`#/tenant/NAME`), so no other HTML path exists.
 pub const ASSETS: &[Asset] = &[
     asset!("/", "index.html", "text/html; charset=utf-8"),
     asset!("/assets/style.css", "style.css", "text/css; charset=utf-8"),
-    asset!("/assets/app.js", "app.js", "text/javascript; charset=utf-8"),
-    asset!(
-        "/assets/proto.js",
-        "proto.js",
-        "text/javascript; charset=utf-8"
-    ),
-    asset!(
-        "/assets/grpcweb.js",
-        "grpcweb.js",
-        "text/javascript; charset=utf-8"
-    ),
-    asset!("/assets/api.js", "api.js", "text/javascript; charset=utf-8"),
-    asset!("/assets/dom.js", "dom.js", "text/javascript; charset=utf-8"),
-    asset!(
-        "/assets/fleet.js",
-        "fleet.js",
-        "text/javascript; charset=utf-8"
-    ),
-    asset!(
-        "/assets/tenant.js",
-        "tenant.js",
-        "text/javascript; charset=utf-8"
-    ),
-    asset!(
-        "/assets/graph.js",
-        "graph.js",
-        "text/javascript; charset=utf-8"
-    ),
-    asset!(
-        "/assets/vendor/dagre.esm.js",
-        "vendor/dagre.esm.js",
-        "text/javascript; charset=utf-8"
-    ),
+    script!("app.js"),
+    script!("proto.js"),
+    script!("grpcweb.js"),
+    script!("api.js"),
+    script!("dom.js"),
+    script!("fleet.js"),
+    script!("tenant.js"),
+    script!("items.js"),
+    script!("panel.js"),
+    script!("graph.js"),
+    script!("vendor/dagre.esm.js"),
     asset!(
         "/assets/vendor/dagre.LICENSE",
         "vendor/dagre.LICENSE",
