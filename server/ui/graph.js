@@ -106,10 +106,10 @@ export function drawGraph(model, { onSelect } = {}) {
     node.external ? svg('text', { x: x + NODE_WIDTH - 26, y: y + 12, class: 'ext' }, 'ext') : null);
     group.addEventListener('click', () => onSelect && onSelect(node.key));
     group.addEventListener('keydown', (event) => { if (event.key === 'Enter' && onSelect) onSelect(node.key); });
-    elements.set(node.key, { group, node });
+    elements.set(node.key, { group, node, x: box.x, y: box.y });
     layer.append(group);
   }
-  enablePanZoom(root, layer, width, height);
+  const view = enablePanZoom(root, layer);
 
   let selected = null;
   return {
@@ -123,6 +123,11 @@ export function drawGraph(model, { onSelect } = {}) {
       entry.group.setAttribute('class', nodeClass(entry.node, state) + (selected === key ? ' selected' : ''));
       entry.group.setAttribute('data-state', state);
       return true;
+    },
+    /** Zooms to natural size (if the graph is scaled down) around `key`. */
+    focus(key) {
+      const entry = elements.get(key);
+      if (entry) view.focus(entry.x, entry.y);
     },
     select(key) {
       if (selected && elements.has(selected)) {
@@ -140,22 +145,29 @@ function nodeClass(node, state) {
   return `node state-${state}${node.external ? ' external' : ''}${node.orphan ? ' orphan' : ''}`;
 }
 
-// Wheel zooms around the pointer, dragging pans: the layer's transform.
-function enablePanZoom(root, layer, width, height) {
+// Wheel zooms around the pointer, dragging pans: the layer's transform, in
+// viewBox units. Screen points map to viewBox units through the SVG's own
+// screen matrix (which includes the centring of preserveAspectRatio).
+// Returns { focus(x, y) }.
+function enablePanZoom(root, layer) {
   let scale = 1;
   let tx = 0;
   let ty = 0;
   let drag = null;
   const apply = () => layer.setAttribute('transform', `translate(${tx} ${ty}) scale(${scale})`);
+  const toView = (clientX, clientY) => {
+    const matrix = root.getScreenCTM();
+    if (!matrix) return { x: 0, y: 0 };
+    return new DOMPoint(clientX, clientY).matrixTransform(matrix.inverse());
+  };
+  // Screen pixels per viewBox unit.
+  const pixels = () => { const matrix = root.getScreenCTM(); return matrix ? matrix.a : 1; };
   root.addEventListener('wheel', (event) => {
     event.preventDefault();
-    const box = root.getBoundingClientRect();
-    const unit = Math.max(width / Math.max(box.width, 1), height / Math.max(box.height, 1), 1e-6);
-    const px = (event.clientX - box.left) * unit;
-    const py = (event.clientY - box.top) * unit;
+    const at = toView(event.clientX, event.clientY);
     const factor = event.deltaY < 0 ? 1.15 : 1 / 1.15;
-    tx = px - (px - tx) * factor;
-    ty = py - (py - ty) * factor;
+    tx = at.x - (at.x - tx) * factor;
+    ty = at.y - (at.y - ty) * factor;
     scale *= factor;
     apply();
   }, { passive: false });
@@ -166,11 +178,23 @@ function enablePanZoom(root, layer, width, height) {
   });
   root.addEventListener('pointermove', (event) => {
     if (!drag) return;
-    const box = root.getBoundingClientRect();
-    const unit = Math.max(width / Math.max(box.width, 1), height / Math.max(box.height, 1), 1e-6);
-    tx = drag.tx + (event.clientX - drag.x) * unit;
-    ty = drag.ty + (event.clientY - drag.y) * unit;
+    const perPixel = 1 / pixels();
+    tx = drag.tx + (event.clientX - drag.x) * perPixel;
+    ty = drag.ty + (event.clientY - drag.y) * perPixel;
     apply();
   });
   root.addEventListener('pointerup', () => { drag = null; });
+  return {
+    focus(x, y) {
+      // Only a graph drawn smaller than its natural size needs it.
+      const perPixel = 1 / pixels();
+      if (perPixel <= 1) return;
+      scale = perPixel;
+      const box = root.getBoundingClientRect();
+      const center = toView(box.left + box.width / 2, box.top + box.height / 2);
+      tx = center.x - x * scale;
+      ty = center.y - y * scale;
+      apply();
+    },
+  };
 }

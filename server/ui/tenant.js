@@ -161,7 +161,10 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
     }
     graph = drawGraph(model(keys), { onSelect: (key) => navigate(key) });
     replace(graphBox, graph.element);
-    if (selected) graph.select(selected);
+    if (selected) {
+      graph.select(selected);
+      graph.focus(selected);
+    }
     const elapsed = Math.round(performance.now() - started);
     graphBox.dataset.drawMs = String(elapsed);
     graphBox.dataset.nodes = String(keys.size);
@@ -419,8 +422,12 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
       selected = null;
       for (const key of itemRefs()) if (label(refOfKey(key)) === wanted) selected = key;
       if (!selected) pendingSelection = wanted;
-      if (graph && selected && graph.has(selected)) graph.select(selected);
-      else needsLayout = true;
+      if (graph && selected && graph.has(selected)) {
+        graph.select(selected);
+        graph.focus(selected);
+      } else {
+        needsLayout = true;
+      }
       results.replaceChildren();
       schedule();
     },

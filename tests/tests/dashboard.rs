@@ -474,6 +474,33 @@ async fn a_thousand_items_draw_under_two_seconds_and_ten_thousand_stay_navigable
     );
     assert!(draw_ms < 2000.0, "drawing 1,000 items took {draw_ms} ms");
     browser.screenshot("tenant-1000").await.expect("screenshot");
+    // Search zooms the whole graph to the item, at its natural size.
+    browser
+        .fill("#item-search", "i-00555")
+        .await
+        .expect("searches");
+    browser
+        .click("#search-results a")
+        .await
+        .expect("selects it");
+    let width = browser
+        .wait_until(
+            "t/i-00555 zoomed to the middle of the pane",
+            "const node = [...document.querySelectorAll('#graph-svg .node.selected')][0]; \
+             if (!node) return null; \
+             const box = node.getBoundingClientRect(); \
+             const pane = document.getElementById('graph').getBoundingClientRect(); \
+             const middle = (box.left + box.right) / 2 - (pane.left + pane.right) / 2; \
+             return Math.abs(middle) < 40 && box.width > 150 ? box.width : null;",
+            vec![],
+        )
+        .await
+        .expect("the selected node is shown readable");
+    println!("1,000 items: t/i-00555 focused at {width} px wide");
+    browser
+        .screenshot("tenant-1000-focused")
+        .await
+        .expect("screenshot");
 
     // 10,000 items: too many to draw at once; search, then the graph
     // around the chosen item.
