@@ -327,6 +327,10 @@ impl TestServer {
             .arg(dir.0.join("data"))
             .arg("--admin-token")
             .arg(&admin_token)
+            // Agent tests need no dashboard, and its default port is
+            // shared by every server on the machine.
+            .arg("--ui-listen")
+            .arg("off")
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err)

@@ -137,6 +137,9 @@ settings! {
     metrics_listen: SocketAddr,
         env = "RECONCILED_METRICS_LISTEN", default = "off", value_name = "ADDR",
         help = "Address of the Prometheus metrics HTTP endpoint";
+    ui_listen: UiListen,
+        env = "RECONCILED_UI_LISTEN", default = "127.0.0.1:8080", value_name = "ADDR|off",
+        help = "Address of the web dashboard (its pages and the gRPC-Web API they call), or `off`";
     tls_cert: PathBuf,
         env = "RECONCILED_TLS_CERT", default = "off (plaintext)", value_name = "PEM_FILE",
         help = "Server certificate chain (PEM); serves TLS when set, together with --tls-key";
@@ -275,6 +278,68 @@ pub enum Reflection {
     Off,
 }
 
+/// The `ui_listen` setting: an address, or `off`. Its text form is what
+/// the flag, the environment variable and the TOML key take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UiListen {
+    /// The dashboard is not served.
+    Off,
+    /// The dashboard is served on this address.
+    On(SocketAddr),
+}
+
+impl UiListen {
+    /// The address to listen on; `None` for `off`.
+    pub fn address(self) -> Option<SocketAddr> {
+        match self {
+            UiListen::Off => None,
+            UiListen::On(addr) => Some(addr),
+        }
+    }
+}
+
+impl From<Option<SocketAddr>> for UiListen {
+    fn from(addr: Option<SocketAddr>) -> Self {
+        addr.map_or(UiListen::Off, UiListen::On)
+    }
+}
+
+impl std::str::FromStr for UiListen {
+    type Err = String;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        let raw = raw.trim();
+        if raw.eq_ignore_ascii_case("off") {
+            return Ok(UiListen::Off);
+        }
+        raw.parse().map(UiListen::On).map_err(|_| {
+            "expected `off` or an IP address and port such as 127.0.0.1:8080".to_owned()
+        })
+    }
+}
+
+impl fmt::Display for UiListen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UiListen::Off => f.write_str("off"),
+            UiListen::On(addr) => write!(f, "{addr}"),
+        }
+    }
+}
+
+impl Serialize for UiListen {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for UiListen {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(deserializer)?;
+        raw.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// A secret string (the admin token) whose `Debug` output is redacted, so a
 /// logged [`Config`] never shows it.
 #[derive(Clone, PartialEq, Eq)]
@@ -336,6 +401,9 @@ pub struct Config {
     pub admin_token: Option<Secret>,
     /// Address of the Prometheus metrics endpoint; `None` turns it off.
     pub metrics_listen: Option<SocketAddr>,
+    /// Address of the web dashboard and its gRPC-Web endpoint; `None`
+    /// turns it off.
+    pub ui_listen: Option<SocketAddr>,
     /// Server certificate chain (PEM file); with `tls_key`, serves TLS.
     pub tls_cert: Option<PathBuf>,
     /// Private key of `tls_cert` (PEM file).
@@ -410,6 +478,7 @@ impl Default for Config {
             data_dir: PathBuf::from("./reconciled-data"),
             admin_token: None,
             metrics_listen: None,
+            ui_listen: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
@@ -541,6 +610,12 @@ impl SettingValue for SocketAddr {
         raw.parse().map_err(|_| {
             "expected an IP address and port such as 127.0.0.1:50051 or [::1]:50051".to_owned()
         })
+    }
+}
+
+impl SettingValue for UiListen {
+    fn parse_setting(raw: &str) -> Result<Self, String> {
+        raw.parse()
     }
 }
 
@@ -686,6 +761,7 @@ impl Config {
             data_dir: Some(PathBuf::from(self.data_dir.to_string_lossy().into_owned())),
             admin_token: self.admin_token.as_ref().map(|_| REDACTED.to_owned()),
             metrics_listen: self.metrics_listen,
+            ui_listen: Some(UiListen::from(self.ui_listen)),
             tls_cert: self.tls_cert.clone(),
             tls_key: self.tls_key.clone(),
             tls_client_ca: self.tls_client_ca.clone(),
@@ -883,6 +959,9 @@ fn resolve(
         data_dir,
         admin_token,
         metrics_listen: layer.metrics_listen,
+        ui_listen: layer
+            .ui_listen
+            .map_or(defaults.ui_listen, UiListen::address),
         tls_cert: layer.tls_cert,
         tls_key: layer.tls_key,
         tls_client_ca: layer.tls_client_ca,
@@ -1045,6 +1124,28 @@ mod tests {
         assert_eq!(config.cache_capacity_bytes, 1 << 30);
         assert!(config.fsync);
         assert_eq!(config.metrics_listen, None);
+        assert_eq!(
+            config.ui_listen,
+            Some("127.0.0.1:8080".parse().expect("addr"))
+        );
+    }
+
+    #[test]
+    fn ui_listen_takes_an_address_or_off_from_every_source() {
+        let (_, flag) = load(&["--ui-listen", "off"], &[]).expect("loads");
+        assert_eq!(flag.ui_listen, None);
+        let (_, env) = load(&[], &[("RECONCILED_UI_LISTEN", "127.0.0.1:9")]).expect("loads");
+        assert_eq!(env.ui_listen, Some("127.0.0.1:9".parse().expect("addr")));
+        let file = config_file("ui_listen = \"off\"\n");
+        let (_, from_file) = load(&["--config", path_of(&file)], &[]).expect("loads");
+        assert_eq!(from_file.ui_listen, None);
+        let error = load(&[], &[("RECONCILED_UI_LISTEN", "nowhere")])
+            .expect_err("not an address")
+            .to_string();
+        assert!(
+            error.contains("RECONCILED_UI_LISTEN") && error.contains("off"),
+            "{error}"
+        );
     }
 
     #[test]

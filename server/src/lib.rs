@@ -8,6 +8,8 @@
 //!   (pure), below [`api`], [`watch`] and [`tenant`].
 //! - [`status`]: the one place where errors become `tonic::Status`
 //!   ([`status::ApiError`]), below [`api`], [`auth`] and [`limits`].
+//! - [`ui`]: the web dashboard (embedded pages, served with the gRPC-Web
+//!   endpoint of the same services on `--ui-listen`).
 #![forbid(unsafe_code)]
 
 pub mod api;
@@ -24,5 +26,6 @@ pub mod store;
 pub mod telemetry;
 pub mod tenant;
 pub mod tls;
+pub mod ui;
 pub mod watch;
 pub mod wire;

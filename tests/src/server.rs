@@ -105,6 +105,9 @@ pub struct ServerProcess {
     binary: PathBuf,
     options: ServerOptions,
     addr: SocketAddr,
+    /// The dashboard's address (`--ui-listen`), unless the options turn it
+    /// off or choose it themselves.
+    ui_addr: Option<SocketAddr>,
     dir: Option<tempfile::TempDir>,
     starts: usize,
 }
@@ -127,6 +130,17 @@ impl ServerProcess {
                 binary: binary.clone(),
                 options: options.clone(),
                 addr: free_loopback_addr()?,
+                // Every server gets a dashboard port of its own: tests run
+                // in parallel and the default 127.0.0.1:8080 is shared.
+                ui_addr: if options
+                    .args
+                    .iter()
+                    .any(|arg| arg.starts_with("--ui-listen"))
+                {
+                    None
+                } else {
+                    Some(free_loopback_addr()?)
+                },
                 dir: dir.take(),
                 starts: 0,
             };
@@ -256,6 +270,21 @@ impl ServerProcess {
         self.addr
     }
 
+    /// The dashboard's URL, e.g. `http://127.0.0.1:41235/` (`https://` with
+    /// [`ServerOptions::client_tls`]).
+    ///
+    /// # Panics
+    /// If the options passed `--ui-listen` themselves.
+    pub fn dashboard_url(&self) -> String {
+        let addr = self.ui_addr.expect(
+            "the dashboard address is chosen by ServerProcess unless --ui-listen is passed",
+        );
+        match self.options.tls {
+            Some(_) => format!("https://{addr}/"),
+            None => format!("http://{addr}/"),
+        }
+    }
+
     /// The server's gRPC endpoint URI, e.g. `http://127.0.0.1:41234`
     /// (`https://127.0.0.1:41234` with [`ServerOptions::client_tls`]; test
     /// certificates name the IP address).
@@ -383,6 +412,12 @@ impl ServerProcess {
             .arg(self.addr.to_string())
             .arg("--data-dir")
             .arg(self.data_dir())
+            .args(
+                self.ui_addr
+                    .map(|addr| ["--ui-listen".to_owned(), addr.to_string()])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(&self.options.args)
             .stdin(Stdio::null())
             .stdout(log)

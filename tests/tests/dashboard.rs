@@ -1,0 +1,1025 @@
+//! The web dashboard in real headless Chromium against the real binary and
+//! real SDK agents: sign-in, the fleet view following WatchFleet live, the
+//! server's own messages for denied calls, tenant isolation, the tenant
+//! view following Watch live (an item going CREATING -> CREATED, a failure's
+//! message), and names that look like HTML shown as text.
+//!
+//! Screenshots of each view go to `<target>/dashboard-screenshots/`.
+
+use reconciled_client::agent::{ItemRef, OperationKind, TypeSpec};
+use std::time::{Duration, Instant};
+
+use reconciled_tests::agents::{
+    Gate, Recorder, RunningAgent, Step, TestTenant, external_put, item_needing,
+};
+use reconciled_tests::api::{self, item};
+use reconciled_tests::browser::Browser;
+use reconciled_tests::proto::v1;
+use serde_json::Value;
+use serde_json::json;
+use tonic::Code;
+
+/// Held by the tests that measure time or load the machine (thousands of
+/// items or tenants), so that one's load does not skew the other's figures.
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A page row selector for tenant `name` in the fleet view.
+fn fleet_row(name: &str) -> String {
+    format!("#fleet [data-tenant=\"{name}\"]")
+}
+
+/// Opens the dashboard and signs in with `token` (and `tenant`, for a
+/// tenant token).
+async fn sign_in(browser: &Browser, tenant: &TestTenant, token: &str, scope: Option<&str>) {
+    browser
+        .goto(&tenant.server.dashboard_url())
+        .await
+        .expect("opens the dashboard");
+    browser
+        .wait_until(
+            "the sign-in form",
+            "return document.getElementById('token');",
+            vec![],
+        )
+        .await
+        .expect("the sign-in form shows");
+    browser
+        .fill("#token", token)
+        .await
+        .expect("types the token");
+    if let Some(scope) = scope {
+        browser
+            .fill("#tenant", scope)
+            .await
+            .expect("types the tenant");
+    }
+    browser.click("#sign-in-button").await.expect("signs in");
+}
+
+#[tokio::test]
+async fn an_admin_sees_the_fleet_change_live_and_stalled_tenants_first() {
+    let held = Gate::new();
+    let recorder = Recorder::answering(Step::Hold(held.clone()));
+    let acme = TestTenant::start("acme").await;
+    let mut agent = RunningAgent::start(
+        acme.agent("agent-1")
+            .item_type(TypeSpec::new("t"), recorder.clone()),
+    );
+    agent.connected().await;
+    let admin = acme.server.admin_token();
+    let beta_token = api::create_tenant(&acme.channel, &admin, "beta").await;
+    // beta's only item fails terminally: beta is Stalled.
+    let failing = Recorder::answering(Step::FailWith(Code::InvalidArgument, "disk full".into()));
+    let mut beta_agent = RunningAgent::start(
+        reconciled_client::agent::Agent::builder(acme.server.endpoint(), "beta", &beta_token)
+            .agent_id("beta-agent")
+            .item_type(TypeSpec::new("t"), failing),
+    );
+    beta_agent.connected().await;
+    api::reconciler(&acme.channel, &beta_token)
+        .submit_intent(api::submit("beta", vec![item("t", "x", json!({}))]))
+        .await
+        .expect("beta's intent is accepted");
+
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &admin, None).await;
+    browser
+        .wait_for_text(&fleet_row("beta"), "Stalled")
+        .await
+        .expect("beta shows Stalled");
+    browser
+        .wait_for_text(&fleet_row("acme"), "Ready")
+        .await
+        .expect("acme shows Ready before any intent");
+
+    // Live: an intent makes acme Reconciling while its operation is held...
+    acme.submit(vec![item("t", "a", json!({"size": 1}))]).await;
+    browser
+        .wait_for_text(&fleet_row("acme"), "Reconciling")
+        .await
+        .expect("acme turns Reconciling without a reload");
+    let first = browser
+        .eval(
+            "return document.querySelector('#fleet-rows .row').dataset.tenant;",
+            vec![],
+        )
+        .await
+        .expect("reads the first row");
+    assert_eq!(first, json!("beta"), "Stalled tenants come first");
+    browser.screenshot("fleet").await.expect("screenshot");
+
+    // ...and Ready again when the agent finishes, with the counts refreshed.
+    held.open();
+    let row = browser
+        .wait_for_text(&fleet_row("acme"), "Ready")
+        .await
+        .expect("acme turns Ready without a reload");
+    browser
+        .wait_for_text(&fleet_row("acme"), "created 1")
+        .await
+        .unwrap_or_else(|error| panic!("acme's items by state refresh ({row}): {error}"));
+
+    // Filtering by name leaves one row.
+    browser
+        .fill("#fleet-filter", "bet")
+        .await
+        .expect("types a filter");
+    browser
+        .wait_until(
+            "one row after filtering",
+            "return document.querySelectorAll('#fleet-rows .row').length === 1;",
+            vec![],
+        )
+        .await
+        .expect("the filter applies");
+    browser.close().await.expect("closes");
+}
+
+#[tokio::test]
+async fn a_bad_token_shows_the_servers_message_not_a_blank_page() {
+    let acme = TestTenant::start("acme").await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, "rcda_not_a_real_token_at_all", None).await;
+    let shown = browser
+        .wait_for_text("#error", "UNAUTHENTICATED")
+        .await
+        .expect("the error banner shows");
+    assert!(
+        shown.contains("invalid bearer token"),
+        "the server's own message is shown: {shown}"
+    );
+    browser.screenshot("denied").await.expect("screenshot");
+    browser.close().await.expect("closes");
+}
+
+#[tokio::test]
+async fn a_tenant_token_sees_its_own_tenant_and_no_other() {
+    let acme = TestTenant::start("acme").await;
+    let admin = acme.server.admin_token();
+    api::create_tenant(&acme.channel, &admin, "beta").await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+
+    // Without a tenant name the page asks for the fleet, which needs the
+    // admin token: the server says so.
+    sign_in(&browser, &acme, &acme.token, None).await;
+    browser
+        .wait_for_text("#error", "PERMISSION_DENIED")
+        .await
+        .expect("the fleet is refused to a tenant token");
+
+    // Another tenant looks NOT_FOUND, as through the API.
+    browser.click("#sign-out").await.expect("signs out");
+    sign_in(&browser, &acme, &acme.token, Some("beta")).await;
+    browser
+        .wait_for_text("#error", "NOT_FOUND")
+        .await
+        .expect("another tenant is not found");
+    let leaked = browser
+        .eval("return document.getElementById('main').innerText;", vec![])
+        .await
+        .expect("reads the page");
+    assert!(
+        !leaked.as_str().unwrap_or_default().contains("Ready"),
+        "nothing about beta is shown: {leaked}"
+    );
+
+    // Its own tenant shows.
+    browser.click("#sign-out").await.expect("signs out");
+    sign_in(&browser, &acme, &acme.token, Some("acme")).await;
+    browser
+        .goto(&format!("{}#/", acme.server.dashboard_url()))
+        .await
+        .expect("opens the fleet");
+    browser
+        .wait_for_text(&fleet_row("acme"), "Ready")
+        .await
+        .expect("its own tenant shows");
+    let rows = browser
+        .eval(
+            "return document.querySelectorAll('#fleet-rows .row').length;",
+            vec![],
+        )
+        .await
+        .expect("counts rows");
+    assert_eq!(rows, json!(1), "only its own tenant is listed");
+    browser.close().await.expect("closes");
+}
+
+/// An item name that is HTML if anything renders it as HTML.
+const XSS: &str = "<img src=x onerror=alert(1)>";
+
+/// The state the graph shows for item `type/name` (null if not drawn).
+const NODE_STATE: &str = "const key = arguments[0] + '\\u0000' + arguments[1]; \
+     const node = [...document.querySelectorAll('#graph-svg .node')].find((n) => n.dataset.key === key); \
+     return node ? node.dataset.state : null;";
+
+async fn node_state(browser: &Browser, item_type: &str, name: &str) -> Value {
+    browser
+        .eval(NODE_STATE, vec![json!(item_type), json!(name)])
+        .await
+        .expect("reads the graph")
+}
+
+async fn wait_for_node_state(browser: &Browser, item_type: &str, name: &str, state: &str) {
+    browser
+        .wait_until(
+            &format!("{item_type}/{name} to be {state} in the graph"),
+            &format!("{NODE_STATE} "),
+            vec![json!(item_type), json!(name)],
+        )
+        .await
+        .expect("the node is drawn");
+    let started = Instant::now();
+    loop {
+        if node_state(browser, item_type, name).await == json!(state) {
+            return;
+        }
+        assert!(
+            started.elapsed() < reconciled_tests::browser::BROWSER_DEADLINE,
+            "{item_type}/{name} never showed {state}: {}",
+            node_state(browser, item_type, name).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_tenant_view_follows_items_live_and_shows_failures_and_names_as_text() {
+    let held = Gate::new();
+    let recorder = Recorder::new();
+    recorder.script(
+        OperationKind::Create,
+        ItemRef::new("t", "b"),
+        [Step::Hold(held.clone())],
+    );
+    recorder.script(
+        OperationKind::Create,
+        ItemRef::new("t", "bad"),
+        [Step::FailWith(
+            Code::InvalidArgument,
+            "disk full on /dev/sda1".into(),
+        )],
+    );
+    let acme = TestTenant::start("acme").await;
+    let mut agent = RunningAgent::start(
+        acme.agent("agent-1")
+            .item_type(TypeSpec::new("t"), recorder.clone()),
+    );
+    agent.connected().await;
+    acme.report_external(vec![external_put("net", "uplink", json!({"mtu": 1500}))])
+        .await;
+    let mut uplink = item("net", "uplink", json!({"mtu": 1500}));
+    uplink.external = true;
+    let in_rack = |mut item: v1::Item| {
+        item.subgraph = "site/rack1".into();
+        item
+    };
+    acme.submit(vec![
+        uplink,
+        in_rack(item_needing("t", "a", json!({"port": 1}), &["net/uplink"])),
+        in_rack(item_needing("t", "b", json!({"port": 2}), &["t/a"])),
+        item_needing("t", "c", json!({"port": 3}), &["t/b"]),
+        item("t", "bad", json!({"disk": "/dev/sda1"})),
+        item("t", XSS, json!({"note": XSS})),
+    ])
+    .await;
+    recorder.wait_for_operations(4).await;
+
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &acme.server.admin_token(), None).await;
+    browser
+        .wait_for_text(&fleet_row("acme"), "acme")
+        .await
+        .expect("the fleet shows acme");
+    browser
+        .click(&format!("{} a", fleet_row("acme")))
+        .await
+        .expect("opens acme");
+    wait_for_node_state(&browser, "t", "b", "CREATING").await;
+    wait_for_node_state(&browser, "t", "c", "PENDING").await;
+    wait_for_node_state(&browser, "t", "bad", "FAILED").await;
+
+    // The item panel of the held item: the operation in flight.
+    browser
+        .goto(&format!(
+            "{}#/tenant/acme?item=t/b",
+            acme.server.dashboard_url()
+        ))
+        .await
+        .expect("selects t/b");
+    browser
+        .wait_for_text("#item-operation", "create · attempt 1")
+        .await
+        .expect("the panel shows the operation in flight");
+    let blocked = browser
+        .wait_until(
+            "a red edge from t/b to t/c",
+            "return document.querySelectorAll('#graph-svg .edge.blocked').length;",
+            vec![],
+        )
+        .await
+        .expect("what blocks what is drawn");
+    assert!(blocked.as_u64().unwrap_or(0) >= 1);
+    browser.screenshot("tenant").await.expect("screenshot");
+
+    // The agent finishes: the node turns CREATED within a second.
+    held.open();
+    let opened = Instant::now();
+    wait_for_node_state(&browser, "t", "b", "CREATED").await;
+    let recoloured = opened.elapsed();
+    println!("t/b recoloured {recoloured:?} after the agent finished");
+    assert!(
+        recoloured < Duration::from_secs(1),
+        "the graph took {recoloured:?} to show CREATED"
+    );
+    wait_for_node_state(&browser, "t", "c", "CREATED").await;
+    browser
+        .wait_for_text("#oplog", "done")
+        .await
+        .expect("the operation log shows finished operations");
+    browser
+        .wait_for_text("#agent-list", "agent-1")
+        .await
+        .expect("the agent that connected before the page opened is listed");
+
+    // A failure's message, as the agent sent it.
+    browser
+        .goto(&format!(
+            "{}#/tenant/acme?item=t/bad",
+            acme.server.dashboard_url()
+        ))
+        .await
+        .expect("selects t/bad");
+    let error = browser
+        .wait_for_text("#item-error", "disk full on /dev/sda1")
+        .await
+        .expect("the last error shows");
+    assert!(error.contains("INVALID_ARGUMENT"), "{error}");
+    browser.screenshot("item-failed").await.expect("screenshot");
+
+    // A name that is HTML stays text: found by search, shown in the panel,
+    // and nothing of it is parsed into an element.
+    browser
+        .fill("#item-search", "onerror")
+        .await
+        .expect("searches");
+    browser
+        .wait_for_text("#search-results", XSS)
+        .await
+        .expect("the search lists the name as text");
+    browser
+        .click("#search-results a")
+        .await
+        .expect("selects it");
+    let title = browser
+        .wait_for_text("#item-title", "onerror")
+        .await
+        .expect("the panel shows the name");
+    assert!(title.contains(XSS), "shown literally: {title}");
+    browser
+        .wait_for_text("#item-panel", "\"<img src=x onerror=alert(1)>\"")
+        .await
+        .expect("its property is shown as text too");
+    let images = browser
+        .eval("return document.querySelectorAll('img').length;", vec![])
+        .await
+        .expect("counts images");
+    assert_eq!(images, json!(0), "no element was made from item data");
+    assert!(
+        browser.client().get_alert_text().await.is_err(),
+        "no alert opened"
+    );
+    browser.screenshot("xss-as-text").await.expect("screenshot");
+    browser.close().await.expect("closes");
+}
+
+#[tokio::test]
+async fn a_tenant_named_like_html_is_listed_as_text() {
+    let acme = TestTenant::start("acme").await;
+    let admin = acme.server.admin_token();
+    api::create_tenant(&acme.channel, &admin, XSS).await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &admin, None).await;
+    let shown = browser
+        .wait_for_text("#fleet-rows", "onerror")
+        .await
+        .expect("the tenant is listed");
+    assert!(shown.contains(XSS), "shown literally: {shown}");
+    let images = browser
+        .eval("return document.querySelectorAll('img').length;", vec![])
+        .await
+        .expect("counts images");
+    assert_eq!(images, json!(0));
+    browser.close().await.expect("closes");
+}
+
+/// `count` items of type `t` named `i-00000`..., in ten subgraphs
+/// (`zone/0`..`zone/9`), each in a chain of ten with its predecessor.
+fn many_items(count: usize) -> Vec<v1::Item> {
+    (0..count)
+        .map(|i| {
+            let name = format!("i-{i:05}");
+            let mut item = if i % 10 == 0 {
+                item("t", &name, json!({"index": i}))
+            } else {
+                item_needing(
+                    "t",
+                    &name,
+                    json!({"index": i}),
+                    &[&format!("t/i-{:05}", i - 1)],
+                )
+            };
+            item.subgraph = format!("zone/{}", (i / 10) % 10);
+            item
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_thousand_items_draw_under_two_seconds_and_ten_thousand_stay_navigable() {
+    let _heavy = HEAVY.lock().await;
+    let acme = TestTenant::start("acme").await;
+    let admin = acme.server.admin_token();
+    let huge_token = api::create_tenant(&acme.channel, &admin, "huge").await;
+    acme.submit(many_items(1_000)).await;
+    api::reconciler(&acme.channel, &huge_token)
+        .submit_intent(api::submit("huge", many_items(10_000)))
+        .await
+        .expect("10,000 items are accepted");
+
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &admin, None).await;
+    browser
+        .wait_for_text(&fleet_row("huge"), "huge")
+        .await
+        .expect("the fleet shows");
+    let opened = Instant::now();
+    browser
+        .goto(&format!("{}#/tenant/acme", acme.server.dashboard_url()))
+        .await
+        .expect("opens acme");
+    let drawn = browser
+        .wait_until(
+            "1,000 items drawn",
+            "const g = document.getElementById('graph'); \
+             return g && g.dataset.nodes === '1000' ? Number(g.dataset.drawMs) : null;",
+            vec![],
+        )
+        .await
+        .expect("the graph is drawn");
+    let draw_ms = drawn.as_f64().unwrap_or(f64::MAX);
+    println!(
+        "1,000 items: layout + draw {draw_ms} ms; {:?} from navigation to drawn (snapshot included)",
+        opened.elapsed()
+    );
+    assert!(draw_ms < 2000.0, "drawing 1,000 items took {draw_ms} ms");
+    browser.screenshot("tenant-1000").await.expect("screenshot");
+    // Search zooms the whole graph to the item, at its natural size.
+    browser
+        .fill("#item-search", "i-00555")
+        .await
+        .expect("searches");
+    browser
+        .click("#search-results a")
+        .await
+        .expect("selects it");
+    let width = browser
+        .wait_until(
+            "t/i-00555 zoomed to the middle of the pane",
+            "const node = [...document.querySelectorAll('#graph-svg .node.selected')][0]; \
+             if (!node) return null; \
+             const box = node.getBoundingClientRect(); \
+             const pane = document.getElementById('graph').getBoundingClientRect(); \
+             const middle = (box.left + box.right) / 2 - (pane.left + pane.right) / 2; \
+             return Math.abs(middle) < 40 && box.width > 150 ? box.width : null;",
+            vec![],
+        )
+        .await
+        .expect("the selected node is shown readable");
+    println!("1,000 items: t/i-00555 focused at {width} px wide");
+    browser
+        .screenshot("tenant-1000-focused")
+        .await
+        .expect("screenshot");
+
+    // 10,000 items: too many to draw at once; search, then the graph
+    // around the chosen item.
+    let opened = Instant::now();
+    browser
+        .goto(&format!("{}#/tenant/huge", acme.server.dashboard_url()))
+        .await
+        .expect("opens huge");
+    browser
+        .wait_for_text("#graph-too-large", "10,000 items")
+        .await
+        .expect("the view says to search");
+    println!("10,000 items: snapshot shown after {:?}", opened.elapsed());
+    browser
+        .fill("#item-search", "i-04242")
+        .await
+        .expect("searches");
+    browser
+        .wait_for_text("#search-results", "t/i-04242")
+        .await
+        .expect("search finds the item");
+    let searched = Instant::now();
+    browser
+        .click("#search-results a")
+        .await
+        .expect("selects it");
+    let nodes = browser
+        .wait_until(
+            "the graph around t/i-04242",
+            "const g = document.getElementById('graph'); \
+             return g && g.dataset.nodes ? Number(g.dataset.nodes) : null;",
+            vec![],
+        )
+        .await
+        .expect("the neighbourhood is drawn");
+    println!(
+        "10,000 items: neighbourhood of {nodes} items drawn {:?} after the click",
+        searched.elapsed()
+    );
+    assert_eq!(node_state(&browser, "t", "i-04242").await, json!("PENDING"));
+    browser
+        .wait_for_text("#item-title", "t/i-04242")
+        .await
+        .expect("the item panel shows it");
+    browser
+        .screenshot("tenant-10000")
+        .await
+        .expect("screenshot");
+    browser.close().await.expect("closes");
+}
+
+#[tokio::test]
+async fn ten_thousand_tenants_list_and_filter_quickly() {
+    use futures::StreamExt as _;
+
+    let _heavy = HEAVY.lock().await;
+    let options = reconciled_tests::ServerOptions::default()
+        .arg("--fsync")
+        .arg("false");
+    let acme = TestTenant::start_with(options, "acme").await;
+    let admin = acme.server.admin_token();
+    let created = Instant::now();
+    futures::stream::iter(1..10_000)
+        .map(|i| {
+            let channel = acme.channel.clone();
+            let admin = admin.clone();
+            async move { api::create_tenant(&channel, &admin, &format!("tenant-{i:05}")).await }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await;
+    println!("10,000 tenants created in {:?}", created.elapsed());
+
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    let opened = Instant::now();
+    sign_in(&browser, &acme, &admin, None).await;
+    browser
+        .wait_for_text("#fleet-summary", "10000 tenants")
+        .await
+        .expect("every tenant is listed");
+    browser
+        .wait_until(
+            "the tenants' generations and counts",
+            "const gen = document.querySelector('#fleet-rows .row .c-gen'); \
+             return gen !== null && gen.innerText.includes('/');",
+            vec![],
+        )
+        .await
+        .expect("counts are shown");
+    println!(
+        "10,000 tenants: listed {:?} after sign-in",
+        opened.elapsed()
+    );
+    let rows = browser
+        .eval(
+            "return document.querySelectorAll('#fleet-rows .row').length;",
+            vec![],
+        )
+        .await
+        .expect("counts rows");
+    assert!(
+        rows.as_u64().unwrap_or(u64::MAX) < 100,
+        "only the rows in view exist: {rows}"
+    );
+    // A filter and a jump to the end each re-render within a frame or two.
+    let timing = browser
+        .eval(
+            "const input = document.getElementById('fleet-filter'); \
+             const t0 = performance.now(); \
+             input.value = 'tenant-099'; input.dispatchEvent(new Event('input')); \
+             return new Promise((resolve) => requestAnimationFrame(() => requestAnimationFrame(() => { \
+               const filtered = performance.now() - t0; \
+               input.value = ''; input.dispatchEvent(new Event('input')); \
+               const scroller = document.getElementById('fleet-scroll'); \
+               requestAnimationFrame(() => { const t1 = performance.now(); \
+                 scroller.scrollTop = scroller.scrollHeight; \
+                 requestAnimationFrame(() => requestAnimationFrame(() => resolve({ filtered, \
+                   scrolled: performance.now() - t1, \
+                   shown: document.querySelectorAll('#fleet-rows .row').length, \
+                   last: [...document.querySelectorAll('#fleet-rows .row')].pop().dataset.tenant }))); }); })));",
+            vec![],
+        )
+        .await
+        .expect("measures");
+    println!("10,000 tenants: {timing}");
+    let filtered = timing["filtered"].as_f64().unwrap_or(f64::MAX);
+    let scrolled = timing["scrolled"].as_f64().unwrap_or(f64::MAX);
+    assert!(filtered < 500.0 && scrolled < 500.0, "{timing}");
+    assert_eq!(timing["last"], json!("tenant-09999"), "{timing}");
+    browser.screenshot("fleet-10000").await.expect("screenshot");
+
+    // Live at that size: an intent no agent serves turns one tenant
+    // Reconciling or not Ready, and its row says so.
+    browser
+        .fill("#fleet-filter", "tenant-05000")
+        .await
+        .expect("filters");
+    let token = api::tenants(&acme.channel, &admin)
+        .rotate_token(v1::RotateTokenRequest {
+            name: "tenant-05000".into(),
+        })
+        .await
+        .expect("rotates the token")
+        .into_inner()
+        .token;
+    let changed = Instant::now();
+    api::reconciler(&acme.channel, &token)
+        .submit_intent(api::submit("tenant-05000", vec![item("t", "a", json!({}))]))
+        .await
+        .expect("the intent is accepted");
+    browser
+        .wait_until(
+            "tenant-05000 to leave Ready",
+            "const row = document.querySelector('#fleet-rows .row'); \
+             return row && row.dataset.tenant === 'tenant-05000' && !row.innerText.includes('Ready') \
+               ? row.innerText : null;",
+            vec![],
+        )
+        .await
+        .expect("the change shows");
+    println!(
+        "10,000 tenants: a change shown {:?} after its commit",
+        changed.elapsed()
+    );
+    browser.close().await.expect("closes");
+}
+
+/// Decodes `bytes` as `message_type` with the page's own codec
+/// (`/assets/proto.js`), in the browser; Dates come back as ISO strings.
+async fn decode_in_page(browser: &Browser, message_type: &str, bytes: Vec<u8>) -> Value {
+    browser
+        .client()
+        .execute_async(
+            "const [type, bytes, done] = arguments; \
+             import('/assets/proto.js').then(async (proto) => { \
+               await proto.loadSchema(); \
+               done(JSON.parse(JSON.stringify(proto.decode(type, Uint8Array.from(bytes))))); \
+             }).catch((error) => done({ error: String(error) }));",
+            vec![json!(message_type), json!(bytes)],
+        )
+        .await
+        .expect("the page decodes")
+}
+
+/// Encodes `object` as `message_type` with the page's codec.
+async fn encode_in_page(browser: &Browser, message_type: &str, object: Value) -> Vec<u8> {
+    let bytes = browser
+        .client()
+        .execute_async(
+            "const [type, object, done] = arguments; \
+             import('/assets/proto.js').then(async (proto) => { \
+               await proto.loadSchema(); \
+               done(Array.from(proto.encode(type, object))); \
+             }).catch((error) => done({ error: String(error) }));",
+            vec![json!(message_type), object],
+        )
+        .await
+        .expect("the page encodes");
+    serde_json::from_value(bytes.clone()).unwrap_or_else(|_| panic!("encoding failed: {bytes}"))
+}
+
+#[tokio::test]
+async fn the_pages_protobuf_codec_agrees_with_prost() {
+    use prost::Message as _;
+
+    let acme = TestTenant::start("acme").await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    browser
+        .goto(&acme.server.dashboard_url())
+        .await
+        .expect("opens the dashboard");
+
+    let properties = json!({
+        "n": 1.5, "s": "ä <b>", "b": false, "zero": 0, "empty": "", "none": null,
+        "list": [1, "a", {"k": true}], "nested": {"deep": {"x": -3}},
+    });
+    let status = v1::ItemStatus {
+        r#ref: Some(v1::ItemRef {
+            r#type: "t".into(),
+            name: "ä/<b>".into(),
+        }),
+        state: v1::ItemState::Failed as i32,
+        applied: Some(v1::Item {
+            external: true,
+            subgraph: "site/rack1".into(),
+            properties: Some(api::json_to_struct(properties.clone())),
+            dependencies: vec![v1::Dependency {
+                must_satisfy: "self.mtu >= 1500".into(),
+                ..api::dependency("net", "uplink")
+            }],
+            ..item("t", "ä/<b>", json!({}))
+        }),
+        applied_generation: (1 << 53) + 1,
+        attempts: 4,
+        last_error: Some(reconciled_tests::proto::google::rpc::Status {
+            code: Code::InvalidArgument as i32,
+            message: "bad".into(),
+            details: vec![],
+        }),
+        next_attempt_at: Some(prost_types::Timestamp {
+            seconds: 1_700_000_000,
+            nanos: 250_000_000,
+        }),
+        operation: Some(v1::InFlightOperation {
+            kind: v1::OperationKind::Modify as i32,
+            op_id: "1-abc".into(),
+            attempt: 2,
+            timeout: Some(prost_types::Duration {
+                seconds: 60,
+                nanos: 500_000_000,
+            }),
+            ..v1::InFlightOperation::default()
+        }),
+        blocked_by: vec![v1::BlockedBy {
+            item: Some(v1::ItemRef {
+                r#type: "net".into(),
+                name: "uplink".into(),
+            }),
+            why: "missing".into(),
+        }],
+        modifications: u64::MAX,
+        ..v1::ItemStatus::default()
+    };
+    let decoded =
+        decode_in_page(&browser, "reconciled.v1.ItemStatus", status.encode_to_vec()).await;
+    assert_eq!(
+        decoded["ref"],
+        json!({"type": "t", "name": "ä/<b>"}),
+        "{decoded}"
+    );
+    assert_eq!(decoded["state"], json!("ITEM_STATE_FAILED"));
+    assert_eq!(
+        decoded["applied"]["properties"], properties,
+        "Struct round trip"
+    );
+    assert_eq!(decoded["applied"]["external"], json!(true));
+    assert_eq!(
+        decoded["applied"]["dependencies"][0]["must_satisfy"],
+        json!("self.mtu >= 1500")
+    );
+    assert_eq!(
+        decoded["applied_generation"],
+        json!("9007199254740993"),
+        "beyond 2^53: a string"
+    );
+    assert_eq!(decoded["modifications"], json!("18446744073709551615"));
+    assert_eq!(decoded["attempts"], json!(4));
+    assert_eq!(decoded["last_error"]["code"], json!(3));
+    assert_eq!(
+        decoded["next_attempt_at"],
+        json!("2023-11-14T22:13:20.250Z")
+    );
+    assert_eq!(decoded["operation"]["timeout"], json!(60.5));
+    assert_eq!(decoded["operation"]["kind"], json!("OPERATION_KIND_MODIFY"));
+    assert_eq!(decoded["blocked_by"][0]["why"], json!("missing"));
+    assert_eq!(
+        decoded["pending_operation"],
+        json!("OPERATION_KIND_UNSPECIFIED"),
+        "defaults"
+    );
+
+    let tenant_status = v1::TenantStatus {
+        tenant: "acme".into(),
+        items_by_state: [("CREATED".to_owned(), 3), ("FAILED".to_owned(), 1)].into(),
+        connected_item_types: vec!["a".into(), "b".into()],
+        ..v1::TenantStatus::default()
+    };
+    let decoded = decode_in_page(
+        &browser,
+        "reconciled.v1.TenantStatus",
+        tenant_status.encode_to_vec(),
+    )
+    .await;
+    assert_eq!(
+        decoded["items_by_state"],
+        json!({"CREATED": 3, "FAILED": 1}),
+        "{decoded}"
+    );
+    assert_eq!(decoded["connected_item_types"], json!(["a", "b"]));
+
+    let encoded = encode_in_page(
+        &browser,
+        "reconciled.v1.WatchRequest",
+        json!({"tenant": "ä<b", "start_revision": 12_345_678_901_u64,
+               "kinds": ["EVENT_KIND_OPERATION_STARTED", "EVENT_KIND_AGENT_CONNECTED"]}),
+    )
+    .await;
+    let request =
+        v1::WatchRequest::decode(encoded.as_slice()).expect("prost decodes the page's bytes");
+    assert_eq!(
+        request,
+        v1::WatchRequest {
+            tenant: "ä<b".into(),
+            start_revision: 12_345_678_901,
+            item_types: vec![],
+            kinds: vec![
+                v1::EventKind::OperationStarted as i32,
+                v1::EventKind::AgentConnected as i32
+            ],
+        }
+    );
+    browser.close().await.expect("closes");
+}
+
+#[tokio::test]
+async fn the_dashboard_speaks_tls_when_the_grpc_port_does() {
+    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()])
+        .expect("a self-signed certificate");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cert = dir.path().join("server.pem");
+    let key = dir.path().join("server.key");
+    std::fs::write(&cert, certified.cert.pem()).expect("writes the certificate");
+    std::fs::write(&key, certified.signing_key.serialize_pem()).expect("writes the key");
+    let harness = tonic::transport::ClientTlsConfig::new().ca_certificate(
+        tonic::transport::Certificate::from_pem(certified.cert.pem()),
+    );
+    let options = reconciled_tests::ServerOptions::default()
+        .arg("--tls-cert")
+        .arg(cert.to_string_lossy().into_owned())
+        .arg("--tls-key")
+        .arg(key.to_string_lossy().into_owned())
+        .client_tls(harness);
+    let acme = TestTenant::start_with(options, "acme").await;
+    let url = acme.server.dashboard_url();
+    assert!(url.starts_with("https://"), "{url}");
+
+    let browser = Browser::start_with(true)
+        .await
+        .expect("headless Chromium starts");
+    // Plain HTTP to the TLS port gets no page.
+    let plain = url.replacen("https://", "http://", 1);
+    let _ = browser.goto(&plain).await;
+    let shown = browser
+        .eval("return document.getElementById('token') !== null;", vec![])
+        .await
+        .expect("reads the page");
+    assert_eq!(shown, json!(false), "no dashboard over plaintext");
+
+    sign_in(&browser, &acme, &acme.server.admin_token(), None).await;
+    browser
+        .wait_for_text(&fleet_row("acme"), "Ready")
+        .await
+        .expect("the fleet shows over TLS");
+    // Over TLS the browser multiplexes every stream on one HTTP/2
+    // connection (plaintext gRPC-Web is HTTP/1.1, six connections at most).
+    let protocols = browser
+        .eval(
+            "return [...new Set(performance.getEntriesByType('resource') \
+               .concat(performance.getEntriesByType('navigation')).map((e) => e.nextHopProtocol))];",
+            vec![],
+        )
+        .await
+        .expect("reads the protocols");
+    assert_eq!(protocols, json!(["h2"]), "HTTP/2 over TLS");
+    browser.close().await.expect("closes");
+}
+
+#[tokio::test]
+async fn the_server_stops_promptly_with_dashboard_streams_open() {
+    let mut acme = TestTenant::start("acme").await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &acme.server.admin_token(), None).await;
+    browser
+        .wait_for_text(&fleet_row("acme"), "Ready")
+        .await
+        .expect("the fleet streams");
+    let started = Instant::now();
+    let status = acme.server.terminate().await.expect("the server exits");
+    assert!(status.success(), "clean exit: {status:?}");
+    println!(
+        "stopped {:?} after SIGTERM with WatchFleet open",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    browser
+        .wait_for_text("#fleet-live", "reconnecting")
+        .await
+        .expect("the page says it lost the stream");
+    browser.close().await.expect("closes");
+}
+
+/// A configurator whose links come up with a smaller MTU than intended and
+/// report it, as a real device might.
+struct ObservingLinks;
+
+impl reconciled_client::agent::Configurator for ObservingLinks {
+    async fn create(
+        &self,
+        _: &reconciled_client::agent::OperationContext,
+        _: &reconciled_client::agent::Item,
+    ) -> reconciled_client::agent::Outcome {
+        let observed = json!({"mtu": 1400, "carrier": "up"});
+        reconciled_client::agent::Outcome::done_observed(
+            observed.as_object().cloned().unwrap_or_default(),
+        )
+    }
+
+    async fn modify(
+        &self,
+        _: &reconciled_client::agent::OperationContext,
+        _: &reconciled_client::agent::Item,
+        _: &reconciled_client::agent::Item,
+    ) -> reconciled_client::agent::Outcome {
+        reconciled_client::agent::Outcome::done()
+    }
+
+    async fn delete(
+        &self,
+        _: &reconciled_client::agent::OperationContext,
+        _: &reconciled_client::agent::Item,
+    ) -> reconciled_client::agent::Outcome {
+        reconciled_client::agent::Outcome::done()
+    }
+}
+
+#[tokio::test]
+async fn the_item_panel_shows_intended_applied_and_observed_with_differences() {
+    let acme = TestTenant::start("acme").await;
+    let mut agent = RunningAgent::start(
+        acme.agent("agent-1")
+            .item_type(TypeSpec::new("link"), ObservingLinks),
+    );
+    agent.connected().await;
+    acme.submit(vec![item(
+        "link",
+        "eth0",
+        json!({"mtu": 1500, "name": "eth0"}),
+    )])
+    .await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &acme.server.admin_token(), None).await;
+    browser
+        .wait_for_text(&fleet_row("acme"), "acme")
+        .await
+        .expect("the fleet shows");
+    browser
+        .goto(&format!(
+            "{}#/tenant/acme?item=link/eth0",
+            acme.server.dashboard_url()
+        ))
+        .await
+        .expect("selects link/eth0");
+    wait_for_node_state(&browser, "link", "eth0", "CREATED").await;
+    let rows = browser
+        .wait_until(
+            "the values table with observed values",
+            "const rows = [...document.querySelectorAll('#item-panel table.values tbody tr')]; \
+             return rows.length === 3 && rows.some((r) => r.innerText.includes('1400')) \
+               ? rows.map((r) => [r.className, r.innerText]) : null;",
+            vec![],
+        )
+        .await
+        .expect("intended, applied and observed side by side");
+    let row = |path: &str| -> (String, String) {
+        let found = rows
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|row| row[1].as_str().unwrap_or_default().starts_with(path))
+            .unwrap_or_else(|| panic!("no row {path} in {rows}"));
+        (
+            found[0].as_str().unwrap_or_default().to_owned(),
+            found[1].as_str().unwrap_or_default().to_owned(),
+        )
+    };
+    let (class, text) = row("/mtu");
+    assert_eq!(
+        class, "diff",
+        "observed 1400 differs from applied 1500: {text}"
+    );
+    assert!(text.contains("1500") && text.contains("1400"), "{text}");
+    let (class, _) = row("/name");
+    assert_eq!(class, "", "intended = applied, nothing observed");
+    let (class, text) = row("/carrier");
+    assert_eq!(class, "", "only observed: nothing to compare: {text}");
+    browser.screenshot("item-values").await.expect("screenshot");
+    browser.close().await.expect("closes");
+}
