@@ -325,6 +325,25 @@ mod tests {
         None
     }
 
+    /// What becomes of `t/a`'s lost `operation` at time 5, with no retry
+    /// policy.
+    fn decide(
+        graph: &CurrentGraph,
+        entry: &CurrentItem,
+        operation: &InFlight,
+        agent_holds: Option<bool>,
+    ) -> Redelivery {
+        redelivery(
+            graph,
+            &ItemRef::new("t", "a"),
+            entry,
+            operation,
+            agent_holds,
+            5,
+            never,
+        )
+    }
+
     #[test]
     fn a_lost_create_whose_dependencies_hold_is_sent_again_as_the_same_operation() {
         let (operation, entry) =
@@ -333,15 +352,7 @@ mod tests {
         let Redelivery::Resend {
             operation: again,
             value,
-        } = redelivery(
-            &graph,
-            &ItemRef::new("t", "a"),
-            &entry,
-            &operation,
-            None,
-            5,
-            never,
-        )
+        } = decide(&graph, &entry, &operation, None)
         else {
             panic!("sent again");
         };
@@ -359,33 +370,16 @@ mod tests {
             ..created("b")
         };
         let graph = graph_with(vec![("b", unknown)]);
-        assert_eq!(
-            redelivery(
-                &graph,
-                &ItemRef::new("t", "a"),
-                &entry,
-                &operation,
-                None,
-                5,
-                never
-            ),
-            Redelivery::Defer
-        );
+        assert_eq!(decide(&graph, &entry, &operation, None), Redelivery::Defer);
     }
 
     #[test]
     fn a_lost_create_on_a_vanished_dependency_is_of_uncertain_existence() {
         let (operation, entry) =
             lost_create(Item::new("t", "a", Default::default()).depends_on(on("gone")));
-        let Redelivery::GiveUp { value, why } = redelivery(
-            &CurrentGraph::default(),
-            &ItemRef::new("t", "a"),
-            &entry,
-            &operation,
-            None,
-            5,
-            never,
-        ) else {
+        let Redelivery::GiveUp { value, why } =
+            decide(&CurrentGraph::default(), &entry, &operation, None)
+        else {
             panic!("not sent again");
         };
         assert_eq!(
@@ -402,15 +396,7 @@ mod tests {
         // be deleted under an operation that still runs at the agent.
         let (operation, entry) =
             lost_create(Item::new("t", "a", Default::default()).depends_on(on("gone")));
-        let decided = redelivery(
-            &CurrentGraph::default(),
-            &ItemRef::new("t", "a"),
-            &entry,
-            &operation,
-            Some(true),
-            5,
-            never,
-        );
+        let decided = decide(&CurrentGraph::default(), &entry, &operation, Some(true));
         let Redelivery::Resend {
             operation: again,
             value,
@@ -423,15 +409,7 @@ mod tests {
         // An agent that lists what it runs, without this one, gets the
         // decision for an operation that no longer runs anywhere.
         assert!(matches!(
-            redelivery(
-                &CurrentGraph::default(),
-                &ItemRef::new("t", "a"),
-                &entry,
-                &operation,
-                Some(false),
-                5,
-                never,
-            ),
+            decide(&CurrentGraph::default(), &entry, &operation, Some(false)),
             Redelivery::GiveUp { .. }
         ));
     }
@@ -442,15 +420,7 @@ mod tests {
         tied.auto_deleted_by_external = true;
         let (operation, entry) =
             lost_create(Item::new("t", "a", Default::default()).depends_on(tied));
-        let decided = redelivery(
-            &CurrentGraph::default(),
-            &ItemRef::new("t", "a"),
-            &entry,
-            &operation,
-            None,
-            5,
-            never,
-        );
+        let decided = decide(&CurrentGraph::default(), &entry, &operation, None);
         assert!(
             matches!(decided, Redelivery::GiveUp { value: None, .. }),
             "{decided:?}"
@@ -489,15 +459,9 @@ mod tests {
             gone_with_external: true,
             ..entry
         };
-        let Redelivery::GiveUp { value, why } = redelivery(
-            &CurrentGraph::default(),
-            &ItemRef::new("t", "a"),
-            &entry,
-            &operation,
-            None,
-            5,
-            never,
-        ) else {
+        let Redelivery::GiveUp { value, why } =
+            decide(&CurrentGraph::default(), &entry, &operation, None)
+        else {
             panic!("not sent again");
         };
         assert_eq!(why, GiveUpReason::GoneWithExternal);
@@ -521,15 +485,9 @@ mod tests {
             unknown_was_created: true,
             ..created("a")
         };
-        let Redelivery::GiveUp { value, why } = redelivery(
-            &CurrentGraph::default(),
-            &ItemRef::new("t", "a"),
-            &entry,
-            &modify,
-            None,
-            5,
-            never,
-        ) else {
+        let Redelivery::GiveUp { value, why } =
+            decide(&CurrentGraph::default(), &entry, &modify, None)
+        else {
             panic!("not sent again");
         };
         assert_eq!(why, GiveUpReason::GoneWithExternal);
