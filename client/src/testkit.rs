@@ -34,16 +34,16 @@
 //! [`reconciled_binary`] picks, in order:
 //!
 //! 1. `$RECONCILED_BIN`, if set (a prebuilt or installed server);
-//! 2. `reconciled` next to the test executable, in the cargo profile
-//!    directory it was built into (`target/debug/reconciled` when the test is
-//!    `target/debug/deps/<test>`): what `cargo build` or
-//!    `cargo test --workspace` in this repository left there. It is not
-//!    rebuilt: after changing the server, rebuild it or set
-//!    `RECONCILED_BIN`;
-//! 3. otherwise `cargo build -p reconciled --bin reconciled` with the test's
-//!    profile and target directory, run from the test's package directory
-//!    (this works inside the reconciled workspace, or in a workspace that
-//!    depends on the `reconciled` package).
+//! 2. under cargo (`cargo test` sets `CARGO`): `cargo build -p reconciled
+//!    --bin reconciled` with the test's profile and target directory, run
+//!    from the test's package directory (inside the reconciled workspace, or
+//!    a workspace that depends on the `reconciled` package). Cargo rebuilds
+//!    the server only if it changed (about a second otherwise), so a test
+//!    never runs against a stale binary (`cargo test` does not build another
+//!    package's binaries);
+//! 3. otherwise, or if that build fails, `reconciled` next to the test
+//!    executable, in the cargo profile directory it was built into
+//!    (`target/debug/reconciled` when the test is `target/debug/deps/<test>`).
 //!
 //! Dropping a [`TestServer`] kills the process and removes its directory
 //! (kept, with the path printed, if the test is panicking).
@@ -155,13 +155,21 @@ fn locate_or_build() -> Result<PathBuf, String> {
         };
     }
     let profile_dir = profile_dir();
+    let built = if std::env::var_os("CARGO").is_some() {
+        Some(build_with_cargo(profile_dir.as_deref()))
+    } else {
+        None
+    };
+    if let Some(Ok(path)) = built {
+        return Ok(path);
+    }
     if let Some(dir) = &profile_dir {
         let candidate = dir.join(format!("reconciled{}", std::env::consts::EXE_SUFFIX));
         if candidate.is_file() {
             return Ok(candidate);
         }
     }
-    build_with_cargo(profile_dir.as_deref())
+    built.unwrap_or_else(|| build_with_cargo(profile_dir.as_deref()))
 }
 
 /// `<target>/<profile>` of the running test executable, which lives in
