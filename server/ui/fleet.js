@@ -157,6 +157,13 @@ export function mountFleet(root, { report, clear }) {
     const behind = status && status.observed_generation !== status.generation;
     const types = status ? status.connected_item_types : [];
     const since = condition ? condition.last_transition_time : null;
+    if (entry.quarantine) {
+      return h('div', { class: 'row state-Stalled', 'data-tenant': entry.name },
+        h('span', { class: 'c-name', title: entry.name }, entry.name),
+        h('span', { class: 'c-state' }, stateBadge('Quarantined')),
+        h('span', { class: 'c-reason', title: entry.quarantine },
+          h('b', {}, 'Quarantined'), ` ${entry.quarantine}`));
+    }
     return h('div', { class: `row state-${state}`, 'data-tenant': entry.name },
       h('a', { class: 'c-name', href: `#/tenant/${encodeURIComponent(entry.name)}`, title: entry.name }, entry.name),
       h('span', { class: 'c-state' }, stateBadge(state)),
@@ -276,6 +283,8 @@ export function mountFleet(root, { report, clear }) {
         for (const found of page.tenants) {
           const entry = tenant(found.name);
           entry.status = found.status;
+          // Not served: its records could not be read at start-up.
+          entry.quarantine = found.quarantine_error || '';
           if (!entry.fromFleet) entry.conditions = found.status ? found.status.conditions : [];
           entry.version += 1;
         }

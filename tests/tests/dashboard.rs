@@ -1023,3 +1023,43 @@ async fn the_item_panel_shows_intended_applied_and_observed_with_differences() {
     browser.screenshot("item-values").await.expect("screenshot");
     browser.close().await.expect("closes");
 }
+
+/// A tenant whose records could not be read at start-up is quarantined:
+/// the fleet lists it with why, and serves the others.
+#[tokio::test]
+async fn a_quarantined_tenant_is_listed_with_why() {
+    use reconciled::store::{SledOptions, SledStore, Store as _, WriteBatch, keys};
+    let mut acme = TestTenant::start("acme").await;
+    let admin = acme.server.admin_token();
+    api::create_tenant(&acme.channel, &admin, "bad").await;
+    acme.server.terminate().await.expect("stops");
+    {
+        // A torn write of the tenant's record, as a bad restore would leave.
+        let store =
+            SledStore::open(&acme.server.data_dir(), SledOptions::default()).expect("opens");
+        let id = store
+            .get(&keys::tenant_name_key("bad"))
+            .expect("reads")
+            .and_then(|bytes| bytes.get(..8).map(|b| b.to_vec()))
+            .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+            .map(u64::from_be_bytes)
+            .expect("the tenant is indexed");
+        let mut batch = WriteBatch::new();
+        batch.put(keys::tenant_record_key(id), b"{not json".to_vec());
+        store.commit_blocking(batch).expect("writes");
+    }
+    acme.server.start_again().await.expect("starts");
+
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &admin, None).await;
+    let row = browser
+        .wait_for_text(&fleet_row("bad"), "Quarantined")
+        .await
+        .expect("the quarantined tenant is listed");
+    assert!(row.contains("unreadable"), "with why: {row}");
+    browser
+        .wait_for_text(&fleet_row("acme"), "acme")
+        .await
+        .expect("the other tenant is listed");
+    browser.close().await.expect("closes");
+}
