@@ -1,7 +1,8 @@
 //! Limits that protect the server: global ones (connections, request rate,
 //! unary calls running at once with load shedding, call timeouts, message
-//! size) applied by one tower layer in front of every service, and the
-//! per-tenant count of connected agents.
+//! size) applied by one tower layer in front of every service, each
+//! tenant's budget of `Reconcile` calls (which take no unary slot: a wait
+//! may last minutes), and the per-tenant count of connected agents.
 //!
 //! What exceeds a limit is refused with `RESOURCE_EXHAUSTED`: with a
 //! `RetryInfo` when waiting helps (rate, load, connections), with a
