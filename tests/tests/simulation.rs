@@ -343,3 +343,13 @@ fn seeds_10550_11073_a_create_waiting_for_a_retry_keeps_its_op_id_when_its_item_
 fn seed_1119_a_restart_keeps_what_is_known_of_a_lost_operation() {
     passes_in(1119, 500);
 }
+
+/// Fixed in the owner: a retry time already due was dropped by a pass that
+/// did not plan its item (after a wall-clock step forward), and nothing
+/// planned that item again: the tenant never went quiet. A due retry time
+/// now wakes the timer at once, and the timer plans every item whose
+/// backoff is over.
+#[test]
+fn seed_20191_a_due_retry_is_planned_whatever_the_last_pass_looked_at() {
+    passes(20191);
+}

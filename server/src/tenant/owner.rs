@@ -1166,7 +1166,10 @@ impl Owner {
                 });
             }
         }
-        let mut next_retry = self.next_retry_ms.filter(|at| *at > now);
+        // A retry time already due stays: the timer then fires at once and
+        // plans the items whose backoff is over (dropping it stranded an
+        // item this pass did not look at, after a wall-clock step forward).
+        let mut next_retry = self.next_retry_ms;
         for waiting in &plan.waiting {
             for blocker in &waiting.blocked_by {
                 if blocker.item != waiting.item {

@@ -1174,6 +1174,25 @@ impl Owner {
         }
         if self.next_retry_ms.is_some_and(|at| at <= now) {
             self.next_retry_ms = None;
+            // The items whose backoff is over are planned again, whatever
+            // the last passes looked at.
+            let due: Vec<ItemRef> = self
+                .state
+                .waiting
+                .items()
+                .iter()
+                .filter(|(item, waiting)| {
+                    waiting.reason == crate::engine::plan::WaitReason::Backoff
+                        && self
+                            .state
+                            .current
+                            .get(item)
+                            .and_then(|current| current.next_attempt_at_ms)
+                            .is_none_or(|at| at <= now)
+                })
+                .map(|(item, _)| item.clone())
+                .collect();
+            self.state.unconverged.extend(due);
         }
         if self.next_resync <= monotonic {
             debug!(tenant = %self.state.record.name, "Periodic resync.");

@@ -857,11 +857,25 @@ impl Sim {
             .filter(|(_, c)| c.in_flight.is_some())
             .map(|(key, c)| format!("{key} {:?}", c.state))
             .collect();
+        let backing_off: Vec<String> = snapshot
+            .waiting
+            .iter()
+            .filter(|(_, waiting)| waiting.reason == reconciled::engine::plan::WaitReason::Backoff)
+            .map(|(key, waiting)| {
+                let record = snapshot.current.get(key).map(|c| {
+                    format!(
+                        "{:?}, next attempt {:?}, retry of {:?}",
+                        c.state, c.next_attempt_at_ms, c.retry_of
+                    )
+                });
+                format!("{key} ({:?}: {record:?})", waiting.operation)
+            })
+            .collect();
         Err(Violation::new(
             "the tenant goes quiet",
             format!(
                 "still busy after {MAX_FINAL_ROUNDS} rounds of the final phase; in flight: {busy:?}, \
-                 agents hold {} operation(s)",
+                 waiting for a backoff: {backing_off:?}, agents hold {} operation(s)",
                 self.agents.pending_count()
             ),
         ))
