@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use reconciled_tests::api::{
-    Bearer, create_tenant, dependency, error_reason, item, reconciler, submit,
+    Bearer, create_tenant, dependency, error_reason, item, reconciler, submit, violated_fields,
 };
 use reconciled_tests::proto::v1;
 use reconciled_tests::proto::v1::configurators_client::ConfiguratorsClient;
@@ -661,16 +661,6 @@ async fn a_registration_with_a_bad_outstanding_list_is_refused() {
             Ok(mut agent) => agent.incoming.message().await.expect_err("refused"),
         };
         assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
-        let fields: Vec<String> = refused
-            .get_error_details()
-            .bad_request()
-            .map(|bad| {
-                bad.field_violations
-                    .iter()
-                    .map(|v| v.field.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
-        assert_eq!(fields, [field], "{refused:?}");
+        assert_eq!(violated_fields(&refused), [field], "{refused:?}");
     }
 }

@@ -1205,54 +1205,35 @@ fn an_item_that_may_hold_an_untied_value_is_deleted_not_dropped_and_holds_its_de
 #[test]
 fn a_completion_in_a_deep_chain_plans_its_neighbourhood_not_the_chain_above() {
     use std::collections::BTreeSet;
-    use std::sync::Arc;
 
-    use crate::engine::plan::{PlanEnvironment, plan_operations};
-    use crate::graph::{CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, ItemRef};
-
-    struct Seeds<'a>(&'a BTreeSet<ItemRef>);
-    impl PlanEnvironment for Seeds<'_> {
-        fn type_rules(&self, _item_type: &str) -> Option<&TypeRules> {
-            None
-        }
-        fn has_configurator(&self, _item_type: &str) -> bool {
-            true
-        }
-        fn now_ms(&self) -> u64 {
-            0
-        }
-        fn is_converged(&self, item: &ItemRef) -> bool {
-            !self.0.contains(item)
-        }
-    }
+    use crate::graph::{CurrentItem, ItemRef};
 
     let name = |index: usize| format!("t/n{index:04}");
     let (size, created_from) = (2_000, 1_000);
-    let mut intended = IntendedGraph::default();
-    let mut current = CurrentGraph::default();
-    for index in 0..size {
-        let mut value = item(&name(index), json!({}));
-        for required in index + 1..(index + 11).min(size) {
-            value = value.depends_on(on(&name(required)));
-        }
-        let entry = IntendedItem {
-            item: Arc::new(value),
-            generation: 1,
-            predicates: Arc::from(Vec::new()),
-        };
-        if index >= created_from {
-            current.insert(
-                entry.item.item_ref(),
-                CurrentItem::created(entry.item.clone(), 1),
-            );
-        }
-        intended.insert(entry);
+    let mut world = World::new();
+    world.intend(
+        (0..size)
+            .map(|index| {
+                (index + 1..(index + 11).min(size))
+                    .fold(item(&name(index), json!({})), |value, required| {
+                        value.depends_on(on(&name(required)))
+                    })
+            })
+            .collect(),
+    );
+    for index in created_from..size {
+        let key = parse_ref(&name(index));
+        let entry = world.intended.get(&key).expect("intended").clone();
+        world.current.insert(
+            key,
+            CurrentItem::created(entry.item.clone(), entry.generation),
+        );
     }
     // Item 1000 was just created: it and the items waiting for it are the seeds.
-    let seeds: BTreeSet<ItemRef> = (created_from - 10..=created_from)
-        .map(|index| parse_ref(&name(index)))
-        .collect();
-    let plan = plan_operations(&intended, &current, &seeds, &Seeds(&seeds));
+    let seed_names: Vec<String> = (created_from - 10..=created_from).map(name).collect();
+    let seed_refs: Vec<&str> = seed_names.iter().map(String::as_str).collect();
+    let seeds: BTreeSet<ItemRef> = seed_refs.iter().map(|seed| parse_ref(seed)).collect();
+    let plan = world.plan_seeded(&seed_refs, &seeds);
     assert!(
         plan.examined <= 40,
         "{} items examined for one completion",
