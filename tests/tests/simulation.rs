@@ -353,3 +353,11 @@ fn seed_1119_a_restart_keeps_what_is_known_of_a_lost_operation() {
 fn seed_20191_a_due_retry_is_planned_whatever_the_last_pass_looked_at() {
     passes(20191);
 }
+
+/// Fixed in the engine: a Delete that timed out after its item had gone
+/// with its external item put the item back as created, and a dependent
+/// was created on nothing (found by the fault-free replay).
+#[test]
+fn seed_20307_an_item_gone_with_its_external_item_stays_gone_when_its_delete_fails() {
+    passes(20307);
+}

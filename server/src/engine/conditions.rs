@@ -97,13 +97,19 @@ pub fn compute_conditions(
     } else if !quiescent {
         (
             "Reconciling".to_string(),
-            "operations are in flight or ready to run".to_string(),
+            "operations are in flight, ready to run or waiting to be retried".to_string(),
         )
     } else {
         waiting_summary(progress.waiting)
     };
+    let retrying = progress
+        .waiting
+        .by_reason
+        .get(&WaitReason::Backoff)
+        .copied()
+        .unwrap_or(0);
     let reconciling_message = format!(
-        "{} operation(s) in flight, {} ready to run",
+        "{} operation(s) in flight, {} ready to run, {retrying} waiting to be retried",
         progress.in_flight, progress.ready_operations
     );
     let drafts = [
@@ -117,7 +123,7 @@ pub fn compute_conditions(
                 "Progressing".to_string()
             },
             if quiescent {
-                "nothing in flight or ready to run".to_string()
+                "nothing in flight, ready to run or waiting to be retried".to_string()
             } else {
                 reconciling_message
             },

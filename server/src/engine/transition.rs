@@ -139,15 +139,19 @@ pub fn completed(
     let Some(operation) = existing.in_flight.clone() else {
         return Some(existing.clone());
     };
-    if existing.gone_with_external && operation.question && !matches!(completion, Completion::Lost)
-    {
-        // An answer to a question changed nothing: the item went with its
-        // external item.
+    let changes_nothing = operation.question
+        || matches!(operation.kind, OperationKind::Delete | OperationKind::Read);
+    if existing.gone_with_external && changes_nothing && !matches!(completion, Completion::Lost) {
+        // A question, READ or Delete cannot bring the item back, whatever
+        // its outcome (a failed or timed-out Delete too): the item went
+        // with its external item.
         return None;
     }
     if existing.gone_with_external && !matches!(completion, Completion::Lost) {
         // A live report settles what the mark was for (not sending a lost
-        // operation again). A failure left the item as it was. A DONE of a
+        // operation again). A failure left the item as it was: gone, if
+        // the value it had shares the tie that went (`still_tied`), and
+        // otherwise as before the operation. A DONE of a
         // Create or Modify that ties the item to the external item that
         // went is ambiguous: applied before that item came back, the item
         // went with it; applied after, it exists. So its existence is
@@ -159,6 +163,9 @@ pub fn completed(
                 operation.kind,
                 OperationKind::Create | OperationKind::Modify
             );
+        if !applied_a_tie && still_tied(existing, &operation) {
+            return None;
+        }
         let unmarked = CurrentItem {
             gone_with_external: false,
             ..existing.clone()
@@ -401,6 +408,26 @@ pub fn coalesce(updates: CurrentUpdates) -> CurrentUpdates {
         .collect()
 }
 
+/// Whether the value `existing` had before `operation` is tied (through an
+/// `auto_deleted_by_external` dependency) to every external item the
+/// operation's target is tied to: whichever of them went, the value went
+/// with it.
+fn still_tied(existing: &CurrentItem, operation: &InFlight) -> bool {
+    let ties = |item: &Item| -> std::collections::BTreeSet<ItemRef> {
+        item.dependencies
+            .iter()
+            .filter(|dependency| dependency.auto_deleted_by_external)
+            .map(|dependency| dependency.requires.clone())
+            .collect()
+    };
+    let (Some(applied), Some(target)) = (existing.applied.as_deref(), operation.target.as_deref())
+    else {
+        return false;
+    };
+    let target_ties = ties(target);
+    !target_ties.is_empty() && target_ties.is_subset(&ties(applied))
+}
+
 /// Rule 9 for items that are busy when external items vanish: each item
 /// that an `auto_deleted_by_external` dependency ties to a vanished item
 /// (through its applied value or the target of its running operation), and
@@ -584,5 +611,64 @@ mod tests {
         let mut entry = waiting_to_retry_create(None);
         entry.retry_of = None;
         assert!(forgotten_with_external(entry).is_none());
+    }
+
+    /// `t/a`, created tied (or not) to the external item `e/x`, running
+    /// `kind` towards a value tied to `e/x`, and marked gone with it.
+    fn marked_gone_with_x(kind: OperationKind, applied_tied: bool) -> CurrentItem {
+        let on_x = |tied: bool, version: i64| {
+            let mut dependency = crate::graph::Dependency::on(ItemRef::new("e", "x"));
+            dependency.auto_deleted_by_external = tied;
+            let mut item = Item::new("t", "a", Default::default());
+            item.properties.insert("v".into(), version.into());
+            item.dependencies.push(dependency);
+            Arc::new(item)
+        };
+        let target = matches!(kind, OperationKind::Create | OperationKind::Modify)
+            .then(|| on_x(true, 2));
+        let operation = InFlight::new(kind, "op-2".into(), 1, 8, 0, 10_000);
+        CurrentItem {
+            gone_with_external: true,
+            ..started(
+                Some(&CurrentItem::created(on_x(applied_tied, 1), 7)),
+                target,
+                operation,
+            )
+        }
+    }
+
+    fn timed_out() -> Completion {
+        Completion::Failed {
+            error: OperationError {
+                code: 4,
+                message: "the operation did not finish within 10000 ms".into(),
+            },
+            retry_at_ms: Some(20_000),
+        }
+    }
+
+    #[test]
+    fn a_delete_that_fails_after_its_item_went_with_its_external_item_leaves_it_gone() {
+        // Simulator seed 20307: the failed Delete left the item as created,
+        // and a dependent of it was created on nothing.
+        let entry = marked_gone_with_x(OperationKind::Delete, true);
+        let after = completed(&CurrentGraph::default(), &entry, timed_out());
+        assert_eq!(after, None);
+    }
+
+    #[test]
+    fn a_modify_that_fails_after_its_tied_item_went_leaves_it_gone() {
+        let entry = marked_gone_with_x(OperationKind::Modify, true);
+        let after = completed(&CurrentGraph::default(), &entry, timed_out());
+        assert_eq!(after, None);
+    }
+
+    #[test]
+    fn a_modify_that_would_have_tied_an_untied_item_fails_and_leaves_it_as_it_was() {
+        let entry = marked_gone_with_x(OperationKind::Modify, false);
+        let after = completed(&CurrentGraph::default(), &entry, timed_out()).expect("kept");
+        assert_eq!(after.state, ItemState::Failed);
+        assert!(!after.gone_with_external && !after.existence_uncertain);
+        assert_eq!(after.applied, entry.applied);
     }
 }
