@@ -731,20 +731,6 @@ pub fn unconverged_reason(snapshot: &TenantSnapshot) -> Option<String> {
             ));
         }
     }
-    for (key, current) in snapshot.current.iter() {
-        // An operation answered WAIT, or failed and retried, is asked again
-        // under its op id until it is superseded (DESIGN 4): a Delete asked
-        // again is still to run even if the item would now stay.
-        if let Some(retry) = &current.retry_of
-            && current.next_attempt_at_ms.is_some()
-            && !current.gave_up
-        {
-            return Some(format!(
-                "{key} waits to be asked its {} again",
-                retry.kind.as_str()
-            ));
-        }
-    }
     for (key, entry) in snapshot.intended.iter() {
         if entry.item.external {
             continue;
