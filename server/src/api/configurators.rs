@@ -17,9 +17,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
-use crate::engine::exec::port::{
-    AgentOutcome, FromAgent, Outstanding, Registration, SessionLink, ToAgent,
-};
+use crate::engine::exec::TypeHeld;
+use crate::engine::exec::port::{AgentOutcome, FromAgent, Outstanding, Registration, ToAgent};
 use crate::engine::exec::{
     DEFAULT_MAX_IN_FLIGHT, DEFAULT_OPERATION_TIMEOUT_MS, RetryPolicy, TypeSpec,
 };
@@ -106,25 +105,24 @@ impl Configurators for ConfiguratorsService {
 
         let (sender, outbox) = mpsc::unbounded_channel();
         let session_id = NEXT_SESSION.fetch_add(1, Ordering::Relaxed);
-        let link = SessionLink {
-            session_id,
-            agent_id: register.agent_id.clone(),
-            sender,
-        };
         // From here until the session task runs, a cancelled call (the
         // client went away: this future is dropped) or a failed
         // registration must not leave the owner holding the types for a
         // session that no task serves.
         let mut unclaimed = UnclaimedSession::new(handle.clone(), session_id);
         let grants = handle
-            .register(Registration {
-                link,
-                types,
-                outstanding,
-            })
+            .register(
+                Registration {
+                    session_id,
+                    agent_id: register.agent_id.clone(),
+                    types,
+                    outstanding,
+                },
+                sender,
+            )
             .await
             .map_err(|error| match error {
-                RegistrationError::TypeHeld { item_type, holder } => {
+                RegistrationError::TypeHeld(TypeHeld { item_type, holder }) => {
                     ApiError::TypeHeld { item_type, holder }
                 }
                 RegistrationError::Tenant(error) => ApiError::from(error),

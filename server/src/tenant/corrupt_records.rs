@@ -20,10 +20,11 @@ use serde_json::Value;
 
 use super::directory::TenantDirectory;
 use super::owner::OwnerSettings;
-use super::persist::{self, StoredSpec};
+use super::persist;
 use super::record::TenantLimits;
 use crate::engine::exec::TypeSpec;
 use crate::engine::exec::port::ExternalChange;
+use crate::engine::exec::{Commit, ItemWrite};
 use crate::engine::intent::ValidatedSubmit;
 use crate::graph::predicate::Predicate;
 use crate::graph::{CurrentItem, Dependency, InFlight, Item, ItemRef, OperationKind};
@@ -101,32 +102,23 @@ fn corpus() -> Records {
     });
     // What an agent's work leaves: a created item, one with a Create in
     // flight (journaled), a registered type.
-    let mut batch = WriteBatch::new();
     let a = Item::new("t", "a", Default::default());
-    persist::put_current(
-        &mut batch,
-        acme_id,
-        &ItemRef::new("t", "a"),
-        Some(&CurrentItem::created(Arc::new(a), 1)),
-    )
-    .expect("encoded");
     let running = InFlight::new(OperationKind::Create, "1-2-3".into(), 1, 1, 5, 60_000);
-    persist::put_current(
-        &mut batch,
-        acme_id,
-        &ItemRef::new("t", "b"),
-        Some(&CurrentItem::creating(running)),
-    )
-    .expect("encoded");
-    persist::put_type_spec(
-        &mut batch,
-        acme_id,
-        &StoredSpec {
-            spec: TypeSpec::new("t"),
-            epoch: 2,
-        },
-    )
-    .expect("encoded");
+    let written = |item: &str, value: CurrentItem| ItemWrite {
+        item: ItemRef::new("t", item),
+        before: None,
+        after: Some(Arc::new(value)),
+    };
+    let commit = Commit {
+        items: vec![
+            written("a", CurrentItem::created(Arc::new(a), 1)),
+            written("b", CurrentItem::creating(running)),
+        ],
+        specs: vec![(TypeSpec::new("t"), 2)],
+        ..Commit::default()
+    };
+    let mut batch = WriteBatch::new();
+    persist::write_commit(&mut batch, acme_id, &commit).expect("encoded");
     store.commit_blocking(batch).expect("committed");
     store.snapshot()
 }

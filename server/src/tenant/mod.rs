@@ -10,7 +10,6 @@ pub mod oplog;
 pub mod owner;
 pub mod persist;
 pub mod record;
-pub mod sessions;
 pub mod snapshot;
 pub mod state;
 

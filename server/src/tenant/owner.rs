@@ -1,47 +1,40 @@
-//! The owner of one tenant: a task that alone changes the tenant's state.
-//!
-//! Every change goes through its command queue: it computes the change,
-//! commits it durably to the store, then applies it in memory, re-plans and
-//! publishes a new snapshot. Readers use snapshots and never wait for it.
+//! The owner of one tenant: the task that alone changes the tenant's
+//! state. It is a thin actor over the tenant's [`Executor`]: it takes
+//! commands from its queue and wakes up when the executor asks to, hands
+//! each to the executor with the time, and carries out the [`Effects`]:
+//! makes the commit durable (through [`persist`], with the tenant record
+//! and the watch events), tells the executor, then sends to agents, logs,
+//! and publishes a snapshot. Readers use snapshots and never wait for it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
+use rand::Rng;
 use reconciled_proto::v1;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, instrument, warn};
+use tracing::{debug, info_span, warn};
 
-use crate::engine::exec::port::{
-    ExternalChange, FromAgent, Grant, Outstanding, Registration, SessionLink,
+use crate::engine::exec::port::{ExternalChange, FromAgent, Grant, Registration, ToAgent};
+use crate::engine::exec::{
+    AgentResult, Commit, Effects, Executor, ExecutorSettings, Now, TypeHeld,
 };
-use crate::engine::exec::{Room, TypeRegistry};
-use crate::engine::plan::{
-    BlockedBy, Plan, PlanEnvironment, TypeRules, WaitReason, WaitingItem, plan_operations,
-};
-use crate::engine::transition::{
-    CurrentUpdates, apply_updates, bookkeeping_updates, coalesce, mark_gone_with_externals,
-};
-use crate::graph::{CurrentItem, IntendedItem, ItemRef, OperationKind};
+use crate::engine::intent::ValidatedSubmit;
+use crate::engine::plan::Plan;
 use crate::store::{Store, WriteBatch};
 use crate::watch::TenantEvents;
-use crate::watch::events::{ItemChange, conditions_changed, intent_changed, stamp};
 use crate::watch::fleet::FleetLog;
 use crate::watch::history::{self, Retention};
 
 use super::clock::{Clock, SystemClock, system_now_ms};
 use super::error::TenantError;
+use super::oplog::OperationLog;
 use super::persist;
-use super::record::{StoredIntended, TenantRecord};
+use super::record::TenantRecord;
 use super::snapshot::{SnapshotHistory, TenantSnapshot};
 use super::state::TenantState;
-use crate::engine::conditions::{Progress, compute_conditions};
-use crate::engine::intent::{IntentChange, ValidatedSubmit, apply_change, prepare_submit};
 
 /// Settings every tenant owner shares.
 #[derive(Clone, Debug)]
@@ -97,13 +90,8 @@ pub const DEFAULT_RING_EVENTS: usize = 10_000;
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum RegistrationError {
     /// Another live agent holds a type.
-    #[error("item type {item_type:?} is held by agent {holder:?}")]
-    TypeHeld {
-        /// The type.
-        item_type: String,
-        /// The holding agent.
-        holder: String,
-    },
+    #[error(transparent)]
+    TypeHeld(#[from] TypeHeld),
     /// The registration could not be stored.
     #[error(transparent)]
     Tenant(#[from] TenantError),
@@ -122,15 +110,13 @@ pub struct SubmitOutcome {
     pub revision: u64,
 }
 
-/// How long a failed timer pass waits before the timer fires again.
-const TIMER_RETRY: Duration = Duration::from_secs(1);
-
 /// Results taken into one pass (and one commit) at most.
 const MAX_RESULTS_PER_PASS: usize = 256;
 
-/// Passes over more seeds than this run with `block_in_place`, so a big
-/// tenant's planning does not hold up small tenants on the same worker.
-const LARGE_PASS_SEEDS: usize = 2_000;
+/// Tenants with more items than this plan on a thread the runtime may
+/// leave (`block_in_place`), so that a big tenant's full passes do not
+/// hold up small tenants on the same worker.
+const LARGE_TENANT_ITEMS: usize = 2_000;
 
 type Reply<T> = oneshot::Sender<Result<T, TenantError>>;
 
@@ -156,6 +142,7 @@ enum Command {
     Reconcile(bool, Reply<Plan>),
     Register(
         Registration,
+        mpsc::UnboundedSender<ToAgent>,
         oneshot::Sender<Result<Vec<Grant>, RegistrationError>>,
     ),
     FromAgent(u64, FromAgent),
@@ -183,29 +170,17 @@ impl TenantHandle {
     /// Starts the owner task of a loaded tenant.
     pub fn spawn(state: TenantState, store: Arc<dyn Store>, settings: OwnerSettings) -> Self {
         let (commands, receiver) = mpsc::channel(256);
-        let snapshots = Arc::new(SnapshotHistory::new(TenantSnapshot::capture(
-            &state,
-            0,
-            Vec::new(),
-        )));
-        let events = Arc::new(TenantEvents::new(
-            store.clone(),
-            state.record.id,
-            state.record.events_floor(),
-            state.record.revision,
-            settings.watch_ring_events,
-        ));
-        let stop = CancellationToken::new();
+        let owner = Owner::new(state, store, settings);
         let handle = Self {
-            id: state.record.id,
-            name: state.record.name.clone(),
+            id: owner.record.id,
+            name: owner.record.name.clone(),
             commands,
-            snapshots: snapshots.clone(),
-            events: events.clone(),
-            stop: stop.clone(),
+            snapshots: owner.snapshots.clone(),
+            events: owner.events.clone(),
+            stop: CancellationToken::new(),
             stopped: CancellationToken::new(),
         };
-        let owner = Owner::new(state, store, settings, snapshots, events);
+        let stop = handle.stop.clone();
         let finished = handle.stopped.clone().drop_guard();
         tokio::spawn(async move {
             let _finished = finished;
@@ -232,15 +207,17 @@ impl TenantHandle {
         self.ask(|reply| Command::Reconcile(refresh, reply)).await
     }
 
-    /// Registers a configurator session for item types; answers the
-    /// granted types with their epochs, or why the registration is refused.
+    /// Registers a configurator session for item types; messages for the
+    /// session go to `sender`. Answers the granted types with their
+    /// epochs, or why the registration is refused.
     pub async fn register(
         &self,
         registration: Registration,
+        sender: mpsc::UnboundedSender<ToAgent>,
     ) -> Result<Vec<Grant>, RegistrationError> {
         let (reply, answer) = oneshot::channel();
         self.commands
-            .send(Queued::now(Command::Register(registration, reply)))
+            .send(Queued::now(Command::Register(registration, sender, reply)))
             .await
             .map_err(|_| RegistrationError::Tenant(TenantError::Gone))?;
         answer
@@ -304,209 +281,103 @@ pub fn now_ms() -> u64 {
     system_now_ms()
 }
 
-/// The planner's view of the world, as the owner sees it.
-struct Environment<'a> {
-    types: &'a TypeRegistry,
-    sessions: &'a BTreeMap<String, Holder>,
-    unconverged: &'a BTreeSet<ItemRef>,
-    state: &'a TenantState,
-    operations: &'a BTreeMap<String, ItemRef>,
-    room: &'a Room,
-    now_ms: u64,
-}
-
-impl PlanEnvironment for Environment<'_> {
-    fn type_rules(&self, item_type: &str) -> Option<&TypeRules> {
-        self.types.rules(item_type)
-    }
-    fn has_configurator(&self, item_type: &str) -> bool {
-        self.sessions.contains_key(item_type)
-    }
-    fn now_ms(&self) -> u64 {
-        self.now_ms
-    }
-    fn is_converged(&self, item: &ItemRef) -> bool {
-        !self.unconverged.contains(item)
-    }
-    fn deletes_of_type(&self, item_type: &str) -> Vec<ItemRef> {
-        let in_flight = self.operations.values().filter(|item| {
-            *item.item_type == *item_type
-                && self
-                    .state
-                    .current
-                    .get(item)
-                    .and_then(|c| c.in_flight.as_ref())
-                    .is_some_and(|operation| operation.kind == OperationKind::Delete)
-        });
-        let waiting = self
-            .state
-            .waiting
-            .of_type(item_type)
-            .filter(|waiting| waiting.operation == OperationKind::Delete)
-            .map(|waiting| &waiting.item);
-        let queued = self.room.queued_deletes_of(item_type);
-        in_flight.chain(waiting).chain(queued).cloned().collect()
-    }
-}
-
-/// The live session holding an item type.
-#[derive(Debug)]
-pub(super) struct Holder {
-    pub(super) link: SessionLink,
-    pub(super) epoch: u64,
-    /// What the agent said it still ran from earlier sessions when it
-    /// registered (shared by the types it registered together).
-    pub(super) outstanding: Arc<Outstanding>,
-}
-
-/// The in-memory deadlines of one operation, on the monotonic clock
-/// (DESIGN section 4): a wall-clock step must neither time out nor extend
-/// every operation. The stored `started_at_ms` and `cancel_requested_at_ms`
-/// are for display only.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Deadline {
-    /// When the operation times out (its delivery plus its timeout).
-    pub(super) timeout_at: Instant,
-    /// When an unanswered cancel makes the outcome unknown.
-    pub(super) cancel_at: Option<Instant>,
-}
-
-/// What a pass looks at.
-pub(super) enum Scope {
-    /// Every unconverged item.
-    Full,
-    /// These items (and what the planner reaches from them).
-    Items(BTreeSet<ItemRef>),
-}
-
-pub(super) struct Owner {
-    pub(super) state: TenantState,
-    pub(super) store: Arc<dyn Store>,
-    pub(super) settings: OwnerSettings,
-    pub(super) snapshots: Arc<SnapshotHistory>,
-    pub(super) no_configurator_since_ms: Option<u64>,
-    /// Registered item types: specs, rules and epochs.
-    pub(super) types: TypeRegistry,
-    /// The live session of each item type. Ordered maps wherever the
-    /// owner iterates, so that one seed gives one run (simulation).
-    pub(super) sessions: BTreeMap<String, Holder>,
-    /// In-flight (or lost) operations by op id.
-    pub(super) operations: BTreeMap<String, ItemRef>,
-    /// Deadlines of in-flight operations by op id (monotonic clock).
-    pub(super) deadlines: HashMap<String, Deadline>,
-    /// For each item: the waiting items that named it in `blocked_by`.
-    pub(super) waiters: HashMap<ItemRef, BTreeSet<ItemRef>>,
-    /// Room for operations by type, and the ready ones waiting for it.
-    pub(super) room: Room,
+/// The owner task's state.
+struct Owner {
+    /// The tenant record as last committed (its progress comes from the
+    /// executor).
+    record: TenantRecord,
+    executor: Executor,
+    store: Arc<dyn Store>,
+    settings: OwnerSettings,
+    snapshots: Arc<SnapshotHistory>,
+    events: Arc<TenantEvents>,
     /// Completed operations, for `Reconcile` answers.
-    pub(super) log: Arc<super::oplog::OperationLog>,
-    pub(super) next_operation: u64,
-    /// Random per owner start: op ids never repeat across restarts.
-    pub(super) boot: u32,
-    /// The owner's random numbers (boot number, retry and resync jitter).
-    pub(super) rng: StdRng,
-    /// The earliest backoff deadline among waiting items (unix ms: retry
-    /// times are stored and shown).
-    pub(super) next_retry_ms: Option<u64>,
-    /// When the next periodic full pass is due (monotonic clock).
-    pub(super) next_resync: Instant,
-    /// After a failed commit: when the next full pass runs (the timer
-    /// fires then, neither earlier nor later).
-    pub(super) timer_retry: Option<Instant>,
-    /// Items of READ-capable types to read back (periodic resync).
-    pub(super) pending_reads: BTreeSet<ItemRef>,
-    /// Items a pass changed without an operation (dropped with a vanished
-    /// external item, or settled after a failure): the next turn of the
-    /// loop plans them again, so what they now need is planned and shown.
-    pub(super) follow_up: BTreeSet<ItemRef>,
-    /// UNKNOWN items whose lost operation waits to be sent again until an
-    /// UNKNOWN item it depends on is resolved (DESIGN 4: an UNKNOWN item
-    /// blocks operations on its dependents); retried after every command.
-    pub(super) deferred_redeliveries: BTreeSet<ItemRef>,
-    /// Committed events, for watchers.
-    pub(super) events: Arc<TenantEvents>,
-    /// Events of the next commit that the commit cannot derive itself
-    /// (results, agents, intent changes, drift).
-    pub(super) pending_events: Vec<v1::Event>,
+    log: Arc<OperationLog>,
+    /// Where each live session's messages go.
+    links: HashMap<u64, mpsc::UnboundedSender<ToAgent>>,
+    /// The origin of the executor's monotonic milliseconds.
+    origin: Instant,
     /// The time of the oldest event kept, if any is.
-    pub(super) oldest_event_ms: Option<u64>,
+    oldest_event_ms: Option<u64>,
 }
 
 impl Owner {
-    fn new(
-        state: TenantState,
-        store: Arc<dyn Store>,
-        settings: OwnerSettings,
-        snapshots: Arc<SnapshotHistory>,
-        events: Arc<TenantEvents>,
-    ) -> Self {
-        let log = snapshots.log();
-        let mut rng = match settings.rng_seed {
-            Some(seed) => StdRng::seed_from_u64(seed),
-            None => StdRng::from_rng(&mut rand::rng()),
+    fn new(state: TenantState, store: Arc<dyn Store>, settings: OwnerSettings) -> Self {
+        let origin = settings.clock.monotonic();
+        let now = Now {
+            wall_ms: settings.clock.now_ms(),
+            mono_ms: 0,
         };
-        let boot = rng.random();
-        let next_resync = settings.clock.monotonic();
-        let oldest_event_ms =
-            history::oldest_after(&*store, state.record.id, state.record.events_floor())
-                .unwrap_or_else(|error| {
-                    warn!(tenant = %state.record.name, %error, "Reading the event log failed.");
-                    None
-                });
+        let record = state.record.clone();
+        let executor_settings = ExecutorSettings {
+            tenant_id: record.id,
+            max_items: record.limits.max_items,
+            default_max_items: settings.default_max_items,
+            max_operations_in_flight: record.limits.max_operations_in_flight,
+            configurator_grace_ms: millis(settings.configurator_grace),
+            resync_interval_ms: millis(settings.resync_interval),
+            cancel_timeout_ms: millis(settings.cancel_timeout),
+            seed: settings.rng_seed.unwrap_or_else(|| rand::rng().random()),
+        };
+        let progress = state.progress();
+        let executor = Executor::load(
+            state.intended,
+            state.current,
+            progress,
+            state.specs,
+            executor_settings,
+            now,
+        );
+        let snapshots = Arc::new(SnapshotHistory::new(TenantSnapshot::capture(
+            record.clone(),
+            executor.model(),
+            0,
+            Vec::new(),
+        )));
+        let events = Arc::new(TenantEvents::new(
+            store.clone(),
+            record.id,
+            record.events_floor(),
+            record.revision,
+            settings.watch_ring_events,
+        ));
+        let oldest_event_ms = history::oldest_after(&*store, record.id, record.events_floor())
+            .unwrap_or_else(|error| {
+                warn!(tenant = %record.name, %error, "Reading the event log failed.");
+                None
+            });
         Self {
-            state,
+            log: snapshots.log(),
+            record,
+            executor,
             store,
             settings,
             snapshots,
-            no_configurator_since_ms: None,
-            types: TypeRegistry::default(),
-            sessions: BTreeMap::new(),
-            operations: BTreeMap::new(),
-            deadlines: HashMap::new(),
-            waiters: HashMap::new(),
-            room: Room::default(),
-            log,
-            next_operation: 0,
-            boot,
-            rng,
-            next_retry_ms: None,
-            next_resync,
-            timer_retry: None,
-            pending_reads: BTreeSet::new(),
-            follow_up: BTreeSet::new(),
-            deferred_redeliveries: BTreeSet::new(),
             events,
-            pending_events: Vec::new(),
+            links: HashMap::new(),
+            origin,
             oldest_event_ms,
         }
     }
 
     async fn run(mut self, mut commands: mpsc::Receiver<Queued>, stop: CancellationToken) {
-        if let Err(error) = self.load_specs_and_journal() {
-            warn!(tenant = %self.state.record.name, %error, "Loading type specs failed.");
+        let now = self.now();
+        let (effects, _) = self.executor.reconcile(false, now);
+        if let Err(error) = self.carry_out(effects).await {
+            warn!(tenant = %self.record.name, %error, "First pass failed.");
         }
-        if let Err(error) = self.pass(Scope::Full).await {
-            warn!(tenant = %self.state.record.name, %error, "First pass failed.");
-        }
-        self.schedule_resync();
         let mut deferred: Option<Command> = None;
         loop {
-            if let Err(error) = self.retry_deferred_redeliveries().await {
-                warn!(tenant = %self.state.record.name, %error, "Sending lost operations again failed.");
-            }
-            if !self.follow_up.is_empty() {
-                let items = std::mem::take(&mut self.follow_up);
-                if let Err(error) = self.pass(Scope::Items(items)).await {
-                    warn!(tenant = %self.state.record.name, %error, "Follow-up pass failed.");
-                }
-                continue;
-            }
+            self.internal_work().await;
             let command = match deferred.take() {
                 Some(command) => command,
                 None => {
-                    let deadline = self.next_deadline();
+                    let wakeup = self
+                        .executor
+                        .next_wakeup(self.now())
+                        .map(|ms| self.origin + Duration::from_millis(ms));
                     let timer = async {
-                        match deadline {
+                        match wakeup {
                             Some(at) => tokio::time::sleep_until(at).await,
                             None => std::future::pending::<()>().await,
                         }
@@ -517,15 +388,10 @@ impl Owner {
                         biased;
                         () = stop.cancelled() => break,
                         () = timer => {
-                            match self.on_timer().await {
-                                Ok(()) => self.timer_retry = None,
-                                Err(error) => {
-                                    // Nothing changed, so the deadline that
-                                    // woke us is still due: wait before
-                                    // trying again rather than spin.
-                                    warn!(tenant = %self.state.record.name, %error, "Timer pass failed; retrying in a second.");
-                                    self.timer_retry = Some(self.monotonic() + TIMER_RETRY);
-                                }
+                            let now = self.now();
+                            let effects = self.large(|executor| executor.on_timer(now));
+                            if let Err(error) = self.carry_out(effects).await {
+                                warn!(tenant = %self.record.name, %error, "Timer pass failed; retrying in a second.");
                             }
                             continue;
                         }
@@ -547,7 +413,12 @@ impl Owner {
                 },
             ) = command
             {
-                let mut batch = vec![(session_id, op_id, attempt, outcome)];
+                let mut batch = vec![AgentResult {
+                    session_id,
+                    op_id,
+                    attempt,
+                    outcome,
+                }];
                 while batch.len() < MAX_RESULTS_PER_PASS {
                     match commands.try_recv().map(|queued| self.took(queued)) {
                         Ok(Command::FromAgent(
@@ -557,9 +428,12 @@ impl Owner {
                                 attempt,
                                 outcome,
                             },
-                        )) => {
-                            batch.push((session_id, op_id, attempt, outcome));
-                        }
+                        )) => batch.push(AgentResult {
+                            session_id,
+                            op_id,
+                            attempt,
+                            outcome,
+                        }),
                         Ok(other) => {
                             deferred = Some(other);
                             break;
@@ -567,289 +441,312 @@ impl Owner {
                         Err(_) => break,
                     }
                 }
-                if let Err(error) = self.results(batch).await {
-                    warn!(tenant = %self.state.record.name, %error, "Recording results failed.");
+                let effects = self.executor.results(batch, self.now());
+                if let Err(error) = self.carry_out(effects).await {
+                    warn!(tenant = %self.record.name, %error, "Recording results failed.");
                 }
                 continue;
             }
-            match command {
-                Command::Submit(request, reply) => {
-                    let _ = reply.send(self.submit(request).await);
-                }
-                Command::ReportExternal(changes, reply) => {
-                    let _ = reply.send(self.report_external(changes).await);
-                }
-                Command::SetTokenHash(token_hash, reply) => {
-                    let _ = reply.send(self.set_token_hash(token_hash).await);
-                }
-                Command::Reconcile(refresh, reply) => {
-                    if refresh {
-                        self.schedule_reads();
-                    }
-                    let _ = reply.send(self.pass(Scope::Full).await);
-                }
-                Command::Register(registration, reply) => {
-                    let _ = reply.send(self.register(registration).await);
-                }
-                Command::FromAgent(session_id, message) => {
-                    if let Err(error) = self.handle_agent_message(session_id, message).await {
-                        warn!(tenant = %self.state.record.name, %error, "Handling an agent message failed.");
-                    }
-                }
-                Command::SessionClosed(session_id, reason) => {
-                    if let Err(error) = self.session_closed(session_id, &reason).await {
-                        warn!(tenant = %self.state.record.name, %error, "Handling a closed session failed.");
-                    }
-                }
-            }
+            self.handle(command).await;
         }
-        debug!(tenant = %self.state.record.name, "Tenant owner stopped.");
+        debug!(tenant = %self.record.name, "Tenant owner stopped.");
     }
 
-    /// Takes a command off the queue, recording how long it waited.
-    fn took(&self, queued: Queued) -> Command {
-        self.settings
-            .metrics
-            .queue_wait(queued.at.elapsed().as_secs_f64());
-        queued.command
-    }
-
-    fn max_items(&self) -> usize {
-        match self.state.record.limits.max_items {
-            0 => self.settings.default_max_items,
-            limit => usize::try_from(limit).unwrap_or(usize::MAX),
-        }
-    }
-
-    async fn submit(&mut self, request: ValidatedSubmit) -> Result<SubmitOutcome, TenantError> {
-        let dry_run = request.dry_run;
-        let change = prepare_submit(
-            &self.state.intended,
-            self.state.record.generation,
-            self.max_items(),
-            request,
-        )?;
-        if dry_run {
-            let mut intended = self.state.intended.clone();
-            apply_change(&mut intended, &change);
-            let mut seeds = self.state.unconverged.clone();
-            seeds.extend(change.content_changed.iter().cloned());
-            let now = self.now();
-            let plan = plan_operations(
-                &intended,
-                &self.state.current,
-                &seeds,
-                &self.environment(now),
-            );
-            // The contract: a dry run leaves the generation as it is and
-            // says so.
-            return Ok(SubmitOutcome {
-                generation: self.state.record.generation,
-                changed: !change.is_empty(),
-                plan,
-                revision: self.state.record.revision,
-            });
-        }
-        if change.is_empty() {
-            let plan = self.pass(Scope::Full).await?;
-            return Ok(SubmitOutcome {
-                generation: self.state.record.generation,
-                changed: false,
-                plan,
-                revision: self.state.record.revision,
-            });
-        }
-
-        let seeds = change.content_changed.clone();
-        let plan = self
-            .pass_with(Scope::Items(seeds), Vec::new(), Some(change))
-            .await?;
-        debug!(
-            tenant = %self.state.record.name,
-            generation = self.state.record.generation,
-            "Intent stored."
-        );
-        Ok(SubmitOutcome {
-            generation: self.state.record.generation,
-            changed: true,
-            plan,
-            revision: self.state.record.revision,
-        })
-    }
-
-    pub(super) async fn report_external(
-        &mut self,
-        changes: Vec<ExternalChange>,
-    ) -> Result<u64, TenantError> {
-        for segment in flap_segments(changes) {
-            self.report_segment(segment).await?;
-        }
-        Ok(self.state.record.revision)
-    }
-
-    /// Records reports in which no item vanishes and comes back, in one
-    /// commit and one pass (the last report of an item wins).
-    async fn report_segment(&mut self, changes: Vec<ExternalChange>) -> Result<(), TenantError> {
-        let mut updates: CurrentUpdates = Vec::new();
-        let mut latest: BTreeMap<ItemRef, Option<CurrentItem>> = BTreeMap::new();
-        for change in changes {
-            match change {
-                ExternalChange::Put { mut item, modified } => {
-                    item.external = true;
-                    item.dependencies.clear();
-                    let key = item.item_ref();
-                    let previous_counter = match latest.get(&key) {
-                        Some(reported) => reported.as_ref().map_or(0, |r| r.modifications),
-                        None => self.state.current.get(&key).map_or(0, |c| c.modifications),
-                    };
-                    let mut entry = CurrentItem::created(Arc::new(item), 0);
-                    entry.modifications = previous_counter + u64::from(modified);
-                    latest.insert(key, Some(entry));
-                }
-                ExternalChange::Delete { item } => {
-                    latest.insert(item, None);
-                }
-            }
-        }
-        let vanished: Vec<ItemRef> = latest
-            .iter()
-            .filter(|(key, reported)| reported.is_none() && self.state.current.get(key).is_some())
-            .map(|(key, _)| key.clone())
-            .collect();
-        updates.extend(latest);
-        if updates.is_empty() {
-            return Ok(());
-        }
-        updates.extend(mark_gone_with_externals(&self.state.current, vanished));
-        let mut touched: BTreeSet<ItemRef> = updates.iter().map(|(key, _)| key.clone()).collect();
-        // What depends on a reported item is planned again too: an external
-        // item's presence or value decides its dependents' fate (rule 9,
-        // predicates), and the planner does not walk down from an item it
-        // finds converged.
-        let dependents: Vec<ItemRef> = touched
-            .iter()
-            .flat_map(|key| {
-                self.state
-                    .current
-                    .dependents_of(key)
-                    .chain(self.state.intended.dependents_of(key))
-                    .cloned()
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        touched.extend(dependents);
-        // And every unconverged item: a dependent further down may have
-        // waited on what the report settles (a Delete no longer needed once
-        // an external item is back), and its wait must not outlive it.
-        touched.extend(self.state.unconverged.iter().cloned());
-        self.commit_current_updates(updates, None).await?;
-        self.pass(Scope::Items(touched)).await?;
-        Ok(())
-    }
-
-    async fn set_token_hash(&mut self, token_hash: String) -> Result<(), TenantError> {
-        let mut record = self.state.record.clone();
-        record.token_hash = token_hash;
-        self.commit_current_updates(Vec::new(), Some(record))
-            .await?;
-        self.publish();
-        Ok(())
-    }
-
-    /// Commits new current values (and optionally a changed record) with a
-    /// new revision, then applies them in memory.
-    pub(super) async fn commit_current_updates(
-        &mut self,
-        updates: CurrentUpdates,
-        record: Option<TenantRecord>,
-    ) -> Result<(), TenantError> {
-        self.commit_current_updates_with(updates, record, WriteBatch::new())
-            .await
-    }
-
-    /// Commits new current values, an optional new record and `extra`
-    /// writes with a new revision, then applies the values in memory.
-    ///
-    /// The commit also stores the revision's events (the pending ones, plus
-    /// what the updates and the record say: item status changes, operations
-    /// started, conditions changed), prunes the event log beyond its
-    /// retention, and tells the fleet log of changed conditions; once
-    /// durable, the events go to watchers. On error nothing changed and the
-    /// pending events are dropped.
-    pub(super) async fn commit_current_updates_with(
-        &mut self,
-        updates: CurrentUpdates,
-        record: Option<TenantRecord>,
-        mut batch: WriteBatch,
-    ) -> Result<(), TenantError> {
+    /// Handles one command that is not a result.
+    async fn handle(&mut self, command: Command) {
         let now = self.now();
-        let updates = coalesce(updates);
-        let mut record = record.unwrap_or_else(|| self.state.record.clone());
-        record.revision = self.state.record.revision + 1;
-        let mut events = std::mem::take(&mut self.pending_events);
-        for (key, value) in &updates {
-            self.state
-                .write_current_value(&mut batch, key, value.as_ref())?;
-            ItemChange {
-                item: key,
-                before: self.state.current.get(key).map(|c| &**c),
-                after: value.as_ref(),
-                intended: self.state.intended.get(key).map(|i| &**i),
-                waiting: self.state.waiting.get(key),
-                epoch: self.sessions.get(&*key.item_type).map_or(0, |h| h.epoch),
+        match command {
+            Command::Submit(request, reply) => {
+                let size = request.items.len();
+                let answer = match self.large_for(size, |executor| executor.submit(request, now)) {
+                    Ok((effects, submitted)) => {
+                        self.carry_out(effects).await.map(|()| SubmitOutcome {
+                            generation: submitted.generation,
+                            changed: submitted.changed,
+                            plan: submitted.plan,
+                            revision: self.record.revision,
+                        })
+                    }
+                    Err(error) => Err(error.into()),
+                };
+                if answer.as_ref().is_ok_and(|outcome| outcome.changed) {
+                    debug!(tenant = %self.record.name, generation = self.executor.model().progress().generation, "Intent stored.");
+                }
+                let _ = reply.send(answer);
             }
-            .events(&mut events);
+            Command::ReportExternal(changes, reply) => {
+                let effects = self.large(|executor| executor.report_external(changes, now));
+                let answer = self.carry_out(effects).await.map(|()| self.record.revision);
+                let _ = reply.send(answer);
+            }
+            Command::SetTokenHash(token_hash, reply) => {
+                let _ = reply.send(self.set_token_hash(token_hash).await);
+            }
+            Command::Reconcile(refresh, reply) => {
+                let (effects, plan) = self.large(|executor| executor.reconcile(refresh, now));
+                let _ = reply.send(self.carry_out(effects).await.map(|()| plan));
+            }
+            Command::Register(registration, sender, reply) => {
+                let session_id = registration.session_id;
+                let answer = match self.large(|executor| executor.register(registration, now)) {
+                    Err(held) => Err(held.into()),
+                    Ok((effects, grants)) => {
+                        self.links.insert(session_id, sender);
+                        match self.carry_out(effects).await {
+                            Ok(()) => Ok(grants),
+                            Err(error) => {
+                                self.links.remove(&session_id);
+                                Err(error.into())
+                            }
+                        }
+                    }
+                };
+                let _ = reply.send(answer);
+            }
+            Command::FromAgent(session_id, message) => {
+                if let Err(error) = self.agent_message(session_id, message, now).await {
+                    warn!(tenant = %self.record.name, %error, "Handling an agent message failed.");
+                }
+            }
+            Command::SessionClosed(session_id, reason) => {
+                let effects = self.executor.session_closed(session_id, &reason, now);
+                self.links.remove(&session_id);
+                if let Err(error) = self.carry_out(effects).await {
+                    warn!(tenant = %self.record.name, %error, "Handling a closed session failed.");
+                }
+            }
         }
-        let conditions_changed_now =
-            significant_change(&self.state.record.conditions, &record.conditions)
-                || record.observed_generation != self.state.record.observed_generation;
-        let fleet_event = if conditions_changed_now {
-            events.push(conditions_changed(
-                &record.conditions,
-                record.observed_generation,
-            ));
-            self.settings
-                .fleet
-                .as_ref()
-                .map(|_| crate::wire::fleet_event(&record.name, &record.conditions, now, false))
+    }
+
+    /// Handles a message of session `session_id` that is not a result.
+    async fn agent_message(
+        &mut self,
+        session_id: u64,
+        message: FromAgent,
+        now: Now,
+    ) -> Result<(), TenantError> {
+        match message {
+            FromAgent::Result {
+                op_id,
+                attempt,
+                outcome,
+            } => {
+                let result = AgentResult {
+                    session_id,
+                    op_id,
+                    attempt,
+                    outcome,
+                };
+                let effects = self.executor.results(vec![result], now);
+                self.carry_out(effects).await
+            }
+            FromAgent::Progress {
+                op_id,
+                attempt,
+                message,
+            } => {
+                if self.executor.progress(&op_id, attempt, message, now) {
+                    self.publish();
+                }
+                Ok(())
+            }
+            FromAgent::CancelAck { op_id } => {
+                debug!(tenant = %self.record.name, %op_id, "Cancel acknowledged.");
+                Ok(())
+            }
+            FromAgent::External(changes) => {
+                let effects = self.large(|executor| executor.report_external(changes, now));
+                self.carry_out(effects).await
+            }
+        }
+    }
+
+    /// What the executor does between commands: lost operations whose
+    /// dependency is no longer UNKNOWN are sent again, and items a pass
+    /// changed without an operation are planned again, until neither has
+    /// anything left.
+    async fn internal_work(&mut self) {
+        if let Some(effects) = self.executor.redeliver_deferred(self.now())
+            && let Err(error) = self.carry_out(effects).await
+        {
+            warn!(tenant = %self.record.name, %error, "Sending lost operations again failed.");
+        }
+        while let Some(effects) = self.executor.follow_up(self.now()) {
+            if let Err(error) = self.carry_out(effects).await {
+                warn!(tenant = %self.record.name, %error, "Follow-up pass failed.");
+                break;
+            }
+            if let Some(effects) = self.executor.redeliver_deferred(self.now())
+                && let Err(error) = self.carry_out(effects).await
+            {
+                warn!(tenant = %self.record.name, %error, "Sending lost operations again failed.");
+            }
+        }
+    }
+
+    /// Runs `work` on the executor, on a thread the runtime may leave when
+    /// the tenant is large (a long pass must not hold up other tenants'
+    /// tasks on this worker).
+    fn large<T>(&mut self, work: impl FnOnce(&mut Executor) -> T) -> T {
+        self.large_for(0, work)
+    }
+
+    /// [`Self::large`] for an input that brings `incoming` items.
+    fn large_for<T>(&mut self, incoming: usize, work: impl FnOnce(&mut Executor) -> T) -> T {
+        let model = self.executor.model();
+        let size = model.intended.len().max(model.current.len()) + incoming;
+        let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|handle| {
+            handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+        });
+        if size > LARGE_TENANT_ITEMS && multi_thread {
+            tokio::task::block_in_place(|| work(&mut self.executor))
         } else {
-            None
-        };
-        stamp(&mut events, record.revision, now);
+            work(&mut self.executor)
+        }
+    }
+
+    /// Carries out an executor's effects: what does not wait for the
+    /// commit is sent, the commit is made durable, the executor is told,
+    /// and then what waited for it is sent, logged and published.
+    async fn carry_out(&mut self, effects: Effects) -> Result<(), TenantError> {
+        let started = std::time::Instant::now();
+        let Effects {
+            immediate,
+            commit,
+            sends,
+            started: dispatched,
+            finished,
+        } = effects;
+        for message in immediate {
+            self.send(message.session_id, message.message);
+        }
+        if !commit.is_empty()
+            && let Err(error) = self.commit(commit).await
+        {
+            self.executor.commit_failed(self.now());
+            return Err(error);
+        }
+        let now = self.now();
+        self.executor.committed(now);
+        for message in sends {
+            self.send(message.session_id, message.message);
+        }
+        for operation in dispatched {
+            let _span = info_span!(
+                "operation",
+                tenant = %self.record.name,
+                item = %operation.item,
+                op_id = %operation.op_id,
+                kind = operation.kind.as_str(),
+                attempt = operation.attempt,
+            )
+            .entered();
+            debug!("Operation dispatched.");
+            self.settings.metrics.dispatched(operation.kind);
+            self.log.started(
+                operation.item,
+                operation.kind,
+                operation.op_id,
+                operation.attempt,
+                operation.at_ms,
+                operation.previous_error,
+            );
+        }
+        for operation in finished {
+            let seconds = operation.duration_ms as f64 / 1e3;
+            let _span = info_span!(
+                "operation_result",
+                tenant = %self.record.name,
+                item = %operation.item,
+                op_id = %operation.op_id,
+                kind = operation.kind.as_str(),
+                outcome = operation.outcome.as_str(),
+                seconds,
+            )
+            .entered();
+            debug!("Operation result recorded.");
+            self.settings
+                .metrics
+                .finished(operation.kind, operation.outcome.as_str(), seconds);
+            self.log.ended(
+                &operation.op_id,
+                operation.attempt,
+                operation.at_ms,
+                operation.error,
+            );
+        }
+        self.publish();
+        self.settings.metrics.pass(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// Sends `message` to session `session_id`, if it is still connected.
+    fn send(&self, session_id: u64, message: ToAgent) {
+        if let Some(link) = self.links.get(&session_id) {
+            let _ = link.send(message);
+        }
+    }
+
+    /// The record to store now: the last committed one with the
+    /// executor's progress.
+    fn current_record(&self) -> TenantRecord {
+        let progress = self.executor.model().progress();
+        TenantRecord {
+            generation: progress.generation,
+            observed_generation: progress.observed_generation,
+            conditions: progress.conditions.clone(),
+            ..self.record.clone()
+        }
+    }
+
+    /// Makes an executor's commit durable with a new revision of the
+    /// tenant record and the commit's events; prunes the event log beyond
+    /// its retention and tells the fleet log of changed conditions. Once
+    /// durable, the events go to watchers.
+    async fn commit(&mut self, commit: Commit) -> Result<(), TenantError> {
+        let mut batch = WriteBatch::new();
+        persist::write_commit(&mut batch, self.record.id, &commit)?;
+        let record = self.current_record();
+        let events = crate::wire::events_to_proto(&commit.events);
+        let fleet_event = commit.conditions_changed.then(|| {
+            crate::wire::fleet_event(&record.name, &record.conditions, self.now().wall_ms, false)
+        });
+        self.commit_record(batch, record, events, fleet_event).await
+    }
+
+    /// Commits `batch` with `record` at the next revision and `events`.
+    async fn commit_record(
+        &mut self,
+        mut batch: WriteBatch,
+        mut record: TenantRecord,
+        mut events: Vec<v1::Event>,
+        fleet_event: Option<v1::FleetEvent>,
+    ) -> Result<(), TenantError> {
+        let now = self.now().wall_ms;
+        record.revision = self.record.revision + 1;
+        crate::wire::stamp(&mut events, record.revision, now);
         let floor = self.prune_events(&mut batch, record.revision, now)?;
         record.compact_revision = Some(floor);
         persist::put_events(&mut batch, record.id, record.revision, &events);
         persist::put_record(&mut batch, &record)?;
-        self.commit_batch(batch, fleet_event, now).await?;
+        match (&self.settings.fleet, fleet_event) {
+            (Some(fleet), event) => fleet.commit_durably(batch, event, now).await?,
+            (None, _) => self.store.commit(batch).await?,
+        }
         if !events.is_empty() && self.oldest_event_ms.is_none() {
             self.oldest_event_ms = Some(now);
         }
         self.events.hub.publish(record.revision, events);
-        let touched: Vec<ItemRef> = updates.iter().map(|(key, _)| key.clone()).collect();
-        let before: Vec<_> = touched
-            .iter()
-            .map(|key| self.state.displayed(key))
-            .collect();
-        apply_updates(&mut self.state.current, updates);
-        for (key, before) in touched.iter().zip(before) {
-            self.state.recount_item(key, before);
-        }
-        self.state.record = record;
+        self.record = record;
         Ok(())
     }
 
-    /// Commits `batch` durably, through the fleet log when the tenant's
-    /// conditions changed.
-    async fn commit_batch(
-        &self,
-        batch: WriteBatch,
-        fleet_event: Option<v1::FleetEvent>,
-        now: u64,
-    ) -> Result<(), TenantError> {
-        match &self.settings.fleet {
-            Some(fleet) => fleet.commit_durably(batch, fleet_event, now).await?,
-            None => self.store.commit(batch).await?,
-        }
+    async fn set_token_hash(&mut self, token_hash: String) -> Result<(), TenantError> {
+        let mut record = self.current_record();
+        record.token_hash = token_hash;
+        self.commit_record(WriteBatch::new(), record, Vec::new(), None)
+            .await?;
+        self.publish();
         Ok(())
     }
 
@@ -862,7 +759,7 @@ impl Owner {
         now: u64,
     ) -> Result<u64, TenantError> {
         let retention = self.settings.event_retention;
-        let floor = self.state.record.events_floor();
+        let floor = self.record.events_floor();
         // Prune in steps, not at every commit: each step scans the log.
         let slack = (retention.max_revisions / 16).max(1);
         let too_many = newest.saturating_sub(floor) > retention.max_revisions + slack;
@@ -875,7 +772,7 @@ impl Owner {
         let pruned = history::prune(
             &*self.store,
             batch,
-            self.state.record.id,
+            self.record.id,
             floor,
             newest,
             now,
@@ -891,422 +788,41 @@ impl Owner {
         Ok(pruned.floor)
     }
 
-    /// Now on the wall clock (unix ms): for what is stored or shown.
-    pub(super) fn now(&self) -> u64 {
-        self.settings.clock.now_ms()
-    }
-
-    /// Now on the monotonic clock: for deadlines.
-    pub(super) fn monotonic(&self) -> Instant {
-        self.settings.clock.monotonic()
-    }
-
-    fn environment(&self, now_ms: u64) -> Environment<'_> {
-        Environment {
-            types: &self.types,
-            sessions: &self.sessions,
-            unconverged: &self.state.unconverged,
-            state: &self.state,
-            operations: &self.operations,
-            room: &self.room,
-            now_ms,
+    /// Now, on both clocks.
+    fn now(&self) -> Now {
+        let mono = self
+            .settings
+            .clock
+            .monotonic()
+            .saturating_duration_since(self.origin);
+        Now {
+            wall_ms: self.settings.clock.now_ms(),
+            mono_ms: u64::try_from(mono.as_millis()).unwrap_or(u64::MAX),
         }
     }
 
-    /// Plans (all unconverged items, or the given ones and what they
-    /// unblock), applies the plan's bookkeeping, dispatches what is ready,
-    /// recomputes conditions, commits what changed and publishes a snapshot.
-    pub(super) async fn pass(&mut self, scope: Scope) -> Result<Plan, TenantError> {
-        self.pass_with(scope, Vec::new(), None).await
+    /// Takes a command off the queue, recording how long it waited.
+    fn took(&self, queued: Queued) -> Command {
+        self.settings
+            .metrics
+            .queue_wait(queued.at.elapsed().as_secs_f64());
+        queued.command
     }
 
-    /// A pass that first takes `pending` (e.g. an operation's result) into
-    /// account: it plans on the state with `pending` applied, then commits
-    /// `pending`, the plan's bookkeeping, the journal of the operations it
-    /// dispatches and the tenant record in ONE commit, then sends the
-    /// operations. If the commit fails, nothing changed.
-    #[instrument(name = "pass", skip_all, fields(tenant = %self.state.record.name))]
-    pub(super) async fn pass_with(
-        &mut self,
-        scope: Scope,
-        pending: CurrentUpdates,
-        intent: Option<IntentChange>,
-    ) -> Result<Plan, TenantError> {
-        let started = std::time::Instant::now();
-        let now = self.now();
-        let mut seeds = match scope {
-            Scope::Full => self.state.unconverged.clone(),
-            Scope::Items(items) => {
-                let mut seeds = items.clone();
-                for item in &items {
-                    if let Some(waiters) = self.waiters.remove(item) {
-                        seeds.extend(waiters);
-                    }
-                }
-                seeds
-            }
-        };
-
-        // Plan on the state with `pending` applied, then put it back: the
-        // commit below applies everything, counts included, in one go.
-        let saved: Vec<(ItemRef, Option<Arc<CurrentItem>>)> = pending
-            .iter()
-            .map(|(key, _)| (key.clone(), self.state.current.get(key).cloned()))
-            .collect();
-        apply_updates(&mut self.state.current, pending.clone());
-        self.count_in_flight();
-        seeds.extend(self.take_undispatched_with_room());
-        let saved_intent = intent
-            .as_ref()
-            .map(|change| self.apply_intent_tentatively(change));
-        let plan = {
-            let environment = self.environment(now);
-            let plan = || {
-                plan_operations(
-                    &self.state.intended,
-                    &self.state.current,
-                    &seeds,
-                    &environment,
-                )
-            };
-            let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|handle| {
-                handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
-            });
-            if seeds.len() > LARGE_PASS_SEEDS && multi_thread {
-                // A large pass takes a while: let the runtime move other
-                // tenants' tasks off this worker meanwhile.
-                tokio::task::block_in_place(plan)
-            } else {
-                plan()
-            }
-        };
-        let bookkeeping = bookkeeping_updates(&self.state.current, &plan);
-        // The seeds were planned again: whether they still wait for room
-        // is decided anew below (an item queued for room may need nothing
-        // now, and would take the room of one that does).
-        self.room.unqueue(&seeds);
-        let (mut starts, mut journal, waiting_for_room) = self.prepare_dispatch(&plan, now);
-        let (reads, read_journal) = self.prepare_reads(now, &plan, &starts);
-        starts.extend(reads);
-        journal.extend(read_journal);
-        // Retry times and waiters are read from the state the plan saw.
-        self.absorb(&seeds, &plan, now);
-        for (key, value) in saved {
-            match value {
-                Some(value) => {
-                    self.state.current.insert(key, (*value).clone());
-                }
-                None => {
-                    self.state.current.remove(&key);
-                }
-            }
-        }
-
-        let record = self.conditions_record(now, waiting_for_room);
-        let record = match (record, &intent) {
-            (None, Some(_)) => Some(self.state.record.clone()),
-            (record, _) => record,
-        };
-        if let Some(saved) = saved_intent {
-            self.restore_intent(saved);
-        }
-        // Cancels are marked in this pass's commit and sent after it.
-        let (cancel_marks, cancels) = self.prepare_cancels(&plan);
-        let mut intent_writes = WriteBatch::new();
-        if let Some(change) = &intent {
-            self.write_intent(&mut intent_writes, change)?;
-            let count = change.upserts.len() + change.removals.len();
-            self.pending_events.push(intent_changed(
-                change.generation,
-                count,
-                intent_keys(change),
-            ));
-        }
-        let mut writes = pending;
-        writes.extend(bookkeeping);
-        writes.extend(journal);
-        writes.extend(cancel_marks);
-        if !writes.is_empty() || record.is_some() || !self.pending_events.is_empty() {
-            // On error nothing changed in the store; the next pass recounts
-            // the room the picked operations took, and looks at the seeds
-            // again (the plan's bookkeeping above assumed this commit).
-            if let Err(error) = self
-                .commit_current_updates_with(writes, record, intent_writes)
-                .await
-            {
-                // The seeds, and what this pass would have followed up,
-                // are unconverged again: a full pass a second from now
-                // looks at them (following up at once would spin while the
-                // store refuses writes).
-                self.state.unconverged.extend(seeds);
-                self.follow_up.clear();
-                self.timer_retry = Some(self.monotonic() + TIMER_RETRY);
-                self.count_in_flight();
-                return Err(error);
-            }
-        }
-        if let Some(change) = &intent {
-            self.apply_intent(change);
-        }
-        self.send_cancels(cancels);
-        self.send_dispatched(starts, now);
-        self.recount_in_flight();
-        self.publish();
-        self.settings.metrics.pass(started.elapsed().as_secs_f64());
-        Ok(plan)
-    }
-
-    /// Applies an intent change in memory for planning; returns what to
-    /// restore (previous entries and generation).
-    fn apply_intent_tentatively(&mut self, change: &IntentChange) -> SavedIntent {
-        let previous = intent_keys(change)
-            .map(|key| (key.clone(), self.state.intended.get(&key).cloned()))
-            .collect();
-        let generation = self.state.record.generation;
-        apply_change(&mut self.state.intended, change);
-        self.state.record.generation = change.generation;
-        (previous, generation)
-    }
-
-    /// Undoes [`Owner::apply_intent_tentatively`].
-    fn restore_intent(&mut self, (previous, generation): SavedIntent) {
-        for (key, entry) in previous {
-            match entry {
-                Some(entry) => {
-                    self.state.intended.insert((*entry).clone());
-                }
-                None => {
-                    self.state.intended.remove(&key);
-                }
-            }
-        }
-        self.state.record.generation = generation;
-    }
-
-    /// Applies a committed intent change in memory, with its counts.
-    fn apply_intent(&mut self, change: &IntentChange) {
-        let touched: Vec<ItemRef> = intent_keys(change).collect();
-        let before: Vec<_> = touched
-            .iter()
-            .map(|key| self.state.displayed(key))
-            .collect();
-        apply_change(&mut self.state.intended, change);
-        for (key, before) in touched.iter().zip(before) {
-            self.state.recount_item(key, before);
-        }
-    }
-
-    /// Adds the writes that store an intent change.
-    fn write_intent(
-        &self,
-        batch: &mut WriteBatch,
-        change: &IntentChange,
-    ) -> Result<(), TenantError> {
-        let id = self.state.record.id;
-        for entry in &change.upserts {
-            let stored = StoredIntended {
-                item: (*entry.item).clone(),
-                generation: entry.generation,
-            };
-            persist::put_intended(batch, id, &stored)?;
-        }
-        for key in &change.removals {
-            persist::delete_intended(batch, id, key);
-        }
-        Ok(())
-    }
-
-    /// Merges a plan over `seeds` into the tenant's bookkeeping: the
-    /// unconverged set, the waiting set, and who waits on whom.
-    fn absorb(&mut self, seeds: &BTreeSet<ItemRef>, plan: &Plan, now: u64) {
-        for seed in seeds {
-            if !plan.unconverged.contains(seed) {
-                self.state.unconverged.remove(seed);
-            }
-            self.state.waiting.remove(seed);
-        }
-        self.state
-            .unconverged
-            .extend(plan.unconverged.iter().cloned());
-        for (key, _) in &plan.forget {
-            self.state.unconverged.insert(key.clone());
-            self.follow_up.insert(key.clone());
-        }
-        self.follow_up.extend(plan.settle.iter().cloned());
-        // Operations that wait for other operations of the plan are woken
-        // by those operations' results, like waiting items by their
-        // blockers, and meanwhile show what they wait for (DESIGN 2).
-        for (index, operation) in plan.operations.iter().enumerate() {
-            let mut blocked_by = Vec::new();
-            let mut waits_for_dependency = false;
-            for predecessor in plan.predecessors(index) {
-                let blocker = &plan.operations[predecessor];
-                if blocker.item != operation.item {
-                    self.waiters
-                        .entry(blocker.item.clone())
-                        .or_default()
-                        .insert(operation.item.clone());
-                    waits_for_dependency |= blocker.kind != OperationKind::Delete;
-                    blocked_by.push(BlockedBy {
-                        item: blocker.item.clone(),
-                        why: format!("its {} runs first", blocker.kind.as_str()),
-                    });
-                }
-            }
-            if !blocked_by.is_empty() {
-                self.state.waiting.insert(WaitingItem {
-                    item: operation.item.clone(),
-                    operation: operation.kind,
-                    reason: if waits_for_dependency {
-                        WaitReason::Dependency
-                    } else {
-                        WaitReason::Blocked
-                    },
-                    blocked_by,
-                });
-            }
-        }
-        // A retry time already due stays: the timer then fires at once and
-        // plans the items whose backoff is over (dropping it stranded an
-        // item this pass did not look at, after a wall-clock step forward).
-        let mut next_retry = self.next_retry_ms;
-        for waiting in &plan.waiting {
-            for blocker in &waiting.blocked_by {
-                if blocker.item != waiting.item {
-                    self.waiters
-                        .entry(blocker.item.clone())
-                        .or_default()
-                        .insert(waiting.item.clone());
-                }
-            }
-            if waiting.reason == WaitReason::Backoff {
-                let at = self
-                    .state
-                    .current
-                    .get(&waiting.item)
-                    .and_then(|c| c.next_attempt_at_ms);
-                next_retry = match (next_retry, at) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-            }
-            self.state.waiting.insert(waiting.clone());
-        }
-        self.next_retry_ms = next_retry;
-        let waits_for_configurator = !self.state.waiting.summary().without_configurator.is_empty();
-        self.no_configurator_since_ms =
-            match (waits_for_configurator, self.no_configurator_since_ms) {
-                (false, _) => None,
-                (true, Some(since)) => Some(since),
-                (true, None) => Some(now),
-            };
-    }
-
-    /// Recomputes the conditions. Returns the record to commit when they
-    /// changed in substance; a change of wording only is shown without a
-    /// commit.
-    fn conditions_record(&mut self, now: u64, ready_operations: usize) -> Option<TenantRecord> {
-        let progress = Progress {
-            generation: self.state.record.generation,
-            // A drift READ is observation, not work (DESIGN section 5).
-            in_flight: self.room.running_work(),
-            ready_operations,
-            waiting: self.state.waiting.summary(),
-            no_configurator_since_ms: self.no_configurator_since_ms,
-            configurator_grace_ms: u64::try_from(self.settings.configurator_grace.as_millis())
-                .unwrap_or(u64::MAX),
-            now_ms: now,
-        };
-        let (conditions, observed) = compute_conditions(
-            &self.state.record.conditions,
-            self.state.record.observed_generation,
-            &progress,
-        );
-        if !significant_change(&self.state.record.conditions, &conditions)
-            && observed == self.state.record.observed_generation
-        {
-            self.state.record.conditions = conditions;
-            return None;
-        }
-        let mut record = self.state.record.clone();
-        record.conditions = conditions;
-        record.observed_generation = observed;
-        Some(record)
-    }
-
-    /// Publishes a snapshot of the current state.
-    pub(super) fn publish(&self) {
+    /// Publishes a snapshot of the tenant as it is now.
+    fn publish(&self) {
         self.snapshots.publish(TenantSnapshot::capture(
-            &self.state,
-            self.room.running(),
-            self.connected_item_types(),
+            self.current_record(),
+            self.executor.model(),
+            self.executor.running_operations(),
+            self.executor.connected_item_types(),
         ));
     }
-
-    /// The item types a live session holds, sorted.
-    fn connected_item_types(&self) -> Vec<String> {
-        let mut types: Vec<String> = self.sessions.keys().cloned().collect();
-        types.sort();
-        types
-    }
 }
 
-/// Whether two condition sets differ in anything but their messages.
-fn significant_change(
-    before: &[crate::engine::conditions::Condition],
-    after: &[crate::engine::conditions::Condition],
-) -> bool {
-    before.len() != after.len()
-        || before.iter().zip(after).any(|(b, a)| {
-            (
-                b.kind,
-                b.status,
-                &b.reason,
-                b.observed_generation,
-                b.last_transition_ms,
-            ) != (
-                a.kind,
-                a.status,
-                &a.reason,
-                a.observed_generation,
-                a.last_transition_ms,
-            )
-        })
-}
-
-/// What a tentatively applied intent change replaced: the previous
-/// entries of its items and the previous generation.
-type SavedIntent = (Vec<(ItemRef, Option<Arc<IntendedItem>>)>, u64);
-
-/// Splits reports where an item that vanished comes back: its vanishing
-/// must be planned (dependents auto-deleted with it are dropped, rule 9)
-/// before it exists again, not folded into "it exists".
-fn flap_segments(changes: Vec<ExternalChange>) -> Vec<Vec<ExternalChange>> {
-    let mut segments = Vec::new();
-    let mut segment = Vec::new();
-    let mut vanished: BTreeSet<ItemRef> = BTreeSet::new();
-    for change in changes {
-        let comes_back = matches!(&change, ExternalChange::Put { item, .. } if vanished.contains(&item.item_ref()));
-        if comes_back {
-            segments.push(std::mem::take(&mut segment));
-            vanished.clear();
-        }
-        if let ExternalChange::Delete { item } = &change {
-            vanished.insert(item.clone());
-        }
-        segment.push(change);
-    }
-    segments.push(segment);
-    segments
-}
-
-/// Every item an intent change stores or removes.
-fn intent_keys(change: &IntentChange) -> impl Iterator<Item = ItemRef> + '_ {
-    change
-        .upserts
-        .iter()
-        .map(|entry| entry.item.item_ref())
-        .chain(change.removals.iter().cloned())
+/// A duration in whole milliseconds.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

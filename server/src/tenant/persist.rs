@@ -1,49 +1,77 @@
-//! Every key a tenant's owner writes, in one place: intended items, current
-//! items, registered type specs, the tenant record and its event log.
-//!
-//! Each owner commit is built from these functions into one [`WriteBatch`].
-//! This is the seam where a replicated store's fencing (DESIGN section 11:
-//! every commit conditional on the owner still holding the tenant) hooks
-//! in. The directory's own keys (names, ids, tombstones, purges) are the
-//! directory's, in `tenant/directory.rs`.
+//! Every key a tenant's owner writes, in one place: a commit of the
+//! executor ([`Commit`]) becomes one [`WriteBatch`] here, with the tenant
+//! record and the commit's events. This is the seam where a replicated
+//! store fences an owner's writes.
 
 use serde::{Deserialize, Serialize};
 
 use super::error::TenantError;
 use super::record::{StoredIntended, TenantRecord, encode};
-use crate::engine::exec::TypeSpec;
+use crate::engine::exec::{Commit, TypeSpec};
+use crate::engine::intent::IntentChange;
 use crate::graph::{CurrentItem, ItemRef};
 use crate::store::WriteBatch;
 use crate::store::keys;
 use reconciled_proto::v1;
 
-/// A registered item type as stored: the spec and the epoch of its owner.
+/// A type spec as stored, with the epoch of the registration that declared
+/// it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StoredSpec {
-    /// The spec the last registration declared.
+    /// The spec.
     pub spec: TypeSpec,
-    /// The epoch granted to that registration.
+    /// The epoch.
     pub epoch: u64,
 }
 
-/// Stores an intended item of tenant `tenant`.
-pub fn put_intended(
+/// Adds the writes of an executor's commit (items, intent, type specs)
+/// for tenant `tenant` to `batch`.
+pub fn write_commit(
     batch: &mut WriteBatch,
     tenant: u64,
-    stored: &StoredIntended,
+    commit: &Commit,
 ) -> Result<(), TenantError> {
-    let key = keys::intended_item_key(tenant, &stored.item.item_type, &stored.item.name);
-    batch.put(key, encode(stored)?);
+    for write in &commit.items {
+        put_current(batch, tenant, &write.item, write.after.as_deref())?;
+    }
+    if let Some(change) = &commit.intent {
+        write_intent(batch, tenant, change)?;
+    }
+    for (spec, epoch) in &commit.specs {
+        let stored = StoredSpec {
+            spec: spec.clone(),
+            epoch: *epoch,
+        };
+        batch.put(
+            keys::type_spec_key(tenant, &stored.spec.item_type),
+            encode(&stored)?,
+        );
+    }
     Ok(())
 }
 
-/// Removes an intended item of tenant `tenant`.
-pub fn delete_intended(batch: &mut WriteBatch, tenant: u64, item: &ItemRef) {
-    batch.delete(keys::intended_item_key(tenant, &item.item_type, &item.name));
+/// Adds the writes that store an intent change.
+fn write_intent(
+    batch: &mut WriteBatch,
+    tenant: u64,
+    change: &IntentChange,
+) -> Result<(), TenantError> {
+    for entry in &change.upserts {
+        let stored = StoredIntended {
+            item: (*entry.item).clone(),
+            generation: entry.generation,
+        };
+        let key = keys::intended_item_key(tenant, &stored.item.item_type, &stored.item.name);
+        batch.put(key, encode(&stored)?);
+    }
+    for key in &change.removals {
+        batch.delete(keys::intended_item_key(tenant, &key.item_type, &key.name));
+    }
+    Ok(())
 }
 
-/// Stores `value` as `item`'s current record (`None` deletes it).
-pub fn put_current(
+/// Writes `item`'s current value (`None`: deletes it).
+fn put_current(
     batch: &mut WriteBatch,
     tenant: u64,
     item: &ItemRef,
@@ -61,27 +89,13 @@ pub fn put_current(
     Ok(())
 }
 
-/// Stores the spec of a registered item type.
-pub fn put_type_spec(
-    batch: &mut WriteBatch,
-    tenant: u64,
-    stored: &StoredSpec,
-) -> Result<(), TenantError> {
-    batch.put(
-        keys::type_spec_key(tenant, &stored.spec.item_type),
-        encode(stored)?,
-    );
-    Ok(())
-}
-
-/// Stores the tenant record (every owner commit writes it: its revision is
-/// the commit's).
+/// Writes the tenant record.
 pub fn put_record(batch: &mut WriteBatch, record: &TenantRecord) -> Result<(), TenantError> {
     batch.put(keys::tenant_record_key(record.id), encode(record)?);
     Ok(())
 }
 
-/// Stores the events of revision `revision` in the tenant's event log.
+/// Writes the events of revision `revision`.
 pub fn put_events(batch: &mut WriteBatch, tenant: u64, revision: u64, events: &[v1::Event]) {
     crate::watch::history::write_revision(batch, tenant, revision, events);
 }

@@ -12,7 +12,7 @@ use crate::graph::{CurrentItem, IntendedItem, ItemRef};
 
 use super::oplog::OperationLog;
 use super::record::TenantRecord;
-use super::state::{StateCounts, TenantState};
+use crate::engine::exec::{StateCounts, TenantModel};
 
 /// How many recent snapshots stay available for paged reads.
 const RECENT_SNAPSHOTS: usize = 64;
@@ -39,16 +39,17 @@ pub struct TenantSnapshot {
 impl TenantSnapshot {
     /// Captures the owner's state.
     pub fn capture(
-        state: &TenantState,
+        record: TenantRecord,
+        model: &TenantModel,
         in_flight: usize,
         connected_item_types: Vec<String>,
     ) -> Self {
         Self {
-            record: state.record.clone(),
-            intended: state.intended.snapshot(),
-            current: state.current.snapshot(),
-            waiting: state.waiting.items(),
-            counts: state.counts.clone(),
+            record,
+            intended: model.intended.snapshot(),
+            current: model.current.snapshot(),
+            waiting: model.waiting.items(),
+            counts: model.counts().clone(),
             in_flight,
             connected_item_types,
         }

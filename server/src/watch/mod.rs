@@ -14,7 +14,6 @@
 //! resumed stream carries exactly what the live one did.
 
 pub mod error;
-pub mod events;
 pub mod fleet;
 pub mod history;
 pub mod hub;

@@ -18,8 +18,10 @@
 //!   <-> `google.rpc.Status`, item statuses, in-flight operations, conditions.
 //! - `time`: timestamps and durations.
 //! - `plan`: plans.
+//! - `events`: a tenant's watch events, from the executor's events.
 //! - `fleet`: fleet events.
 
+mod events;
 mod fleet;
 mod items;
 mod plan;
@@ -29,6 +31,7 @@ mod status;
 mod testkit;
 mod time;
 
+pub use events::{events_to_proto, stamp};
 pub use fleet::fleet_event;
 pub use items::{
     intended_item_to_proto, item_from_proto, item_from_proto_at, item_ref_from_proto,

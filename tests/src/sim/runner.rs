@@ -16,7 +16,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reconciled::engine::exec::TypeSpec;
-use reconciled::engine::exec::port::{FromAgent, Registration, SessionLink, ToAgent};
+use reconciled::engine::exec::port::{FromAgent, Registration, ToAgent};
 use reconciled::engine::intent::IntentError;
 use reconciled::graph::ItemRef;
 use reconciled::graph::validate::{ValidationLimits, validate_items};
@@ -616,15 +616,12 @@ impl Sim {
         let (sender, receiver) = mpsc::unbounded_channel();
         let agent_id = self.agents.agents[agent].plan.id.clone();
         let registration = Registration {
-            link: SessionLink {
-                session_id: session,
-                agent_id: agent_id.clone(),
-                sender,
-            },
+            session_id: session,
+            agent_id: agent_id.clone(),
             types: self.specs_of(agent),
             outstanding: self.agents.outstanding(agent),
         };
-        match self.handle.register(registration).await {
+        match self.handle.register(registration, sender).await {
             Ok(grants) => {
                 self.trace.note(format!(
                     "{agent_id} registered on session {session}: {}",
@@ -663,18 +660,18 @@ impl Sim {
         let (sender, _receiver) = mpsc::unbounded_channel();
         let answer = self
             .handle
-            .register(Registration {
-                link: SessionLink {
+            .register(
+                Registration {
                     session_id: session,
                     agent_id: "impostor".into(),
-                    sender,
+                    types: vec![spec.clone()],
+                    outstanding: Default::default(),
                 },
-                types: vec![spec.clone()],
-                outstanding: Default::default(),
-            })
+                sender,
+            )
             .await;
         match answer {
-            Err(RegistrationError::TypeHeld { .. }) => Ok(()),
+            Err(RegistrationError::TypeHeld(_)) => Ok(()),
             Err(RegistrationError::Tenant(_)) if self.store.dead() => Ok(()),
             other => Err(Violation::new(
                 "a type held by a live session is refused to another agent",

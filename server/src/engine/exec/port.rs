@@ -1,10 +1,8 @@
 //! Configurator sessions as the engine sees them: what the server sends to
 //! an agent and what an agent reports, without proto types. The gRPC
-//! stream itself lives in `api::configurators`; the tenant owner decides.
+//! stream itself lives in `api::configurators`; the executor decides.
 
 use std::sync::Arc;
-
-use tokio::sync::mpsc;
 
 use super::spec::TypeSpec;
 use crate::graph::{Item, ItemRef, OperationError, OperationKind, Properties};
@@ -106,22 +104,13 @@ pub enum FromAgent {
     External(Vec<ExternalChange>),
 }
 
-/// A live session as its tenant's owner knows it.
+/// A registration request of a session.
 #[derive(Clone, Debug)]
-pub struct SessionLink {
-    /// Unique per server process.
+pub struct Registration {
+    /// The session: unique per server process.
     pub session_id: u64,
     /// The agent's stable id (a reconnect keeps it).
     pub agent_id: String,
-    /// Messages to the agent.
-    pub sender: mpsc::UnboundedSender<ToAgent>,
-}
-
-/// A registration request.
-#[derive(Clone, Debug)]
-pub struct Registration {
-    /// The session.
-    pub link: SessionLink,
     /// The item types it handles.
     pub types: Vec<TypeSpec>,
     /// What the agent still runs from earlier sessions.

@@ -35,6 +35,24 @@ impl TypeRegistry {
         );
     }
 
+    /// The type's registration, if any.
+    pub fn get(&self, item_type: &str) -> Option<&RegisteredType> {
+        self.types.get(item_type)
+    }
+
+    /// Puts back what [`Self::get`] gave for `item_type` before a change
+    /// (`None`: the type was not registered).
+    pub fn restore(&mut self, item_type: &str, previous: Option<RegisteredType>) {
+        match previous {
+            Some(registered) => {
+                self.types.insert(item_type.to_owned(), registered);
+            }
+            None => {
+                self.types.remove(item_type);
+            }
+        }
+    }
+
     /// The type's spec, if registered.
     pub fn spec(&self, item_type: &str) -> Option<&TypeSpec> {
         self.types.get(item_type).map(|registered| &registered.spec)

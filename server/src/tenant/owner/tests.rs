@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::engine::exec::port::{
-    AgentOutcome, FromAgent, OperationOrder, Registration, SessionLink, ToAgent,
-};
+use crate::engine::exec::port::{AgentOutcome, FromAgent, OperationOrder, Registration, ToAgent};
 use crate::engine::exec::{RetryPolicy, TypeSpec};
 use crate::graph::{Item, ItemRef, ItemState, code};
 use crate::store::{InMemoryStore, Store};
@@ -76,15 +74,15 @@ async fn start_with(
     let handle = TenantHandle::spawn(TenantState::new(record), store.clone(), settings);
     let (sender, agent) = mpsc::unbounded_channel();
     handle
-        .register(Registration {
-            link: SessionLink {
+        .register(
+            Registration {
                 session_id: 1,
                 agent_id: "agent".into(),
-                sender,
+                types: vec![spec],
+                outstanding: Default::default(),
             },
-            types: vec![spec],
-            outstanding: Default::default(),
-        })
+            sender,
+        )
         .await
         .expect("registered");
     Harness {
@@ -317,15 +315,15 @@ async fn reconnect(harness: &mut Harness, session: u64, spec: TypeSpec) {
     let (sender, agent) = mpsc::unbounded_channel();
     harness
         .handle
-        .register(Registration {
-            link: SessionLink {
+        .register(
+            Registration {
                 session_id: session,
                 agent_id: "agent".into(),
-                sender,
+                types: vec![spec],
+                outstanding: Default::default(),
             },
-            types: vec![spec],
-            outstanding: Default::default(),
-        })
+            sender,
+        )
         .await
         .expect("registered again");
     harness.agent = agent;

@@ -1,0 +1,604 @@
+//! The executor of one tenant, sans IO: it plans, decides what runs on
+//! which agent session, takes results, times operations out and resolves
+//! lost ones, and says what that means as [`Effects`]. It has no store, no
+//! network, no clock and no metrics: every input carries the time
+//! ([`Now`]), and the tenant's owner (`tenant/owner.rs`) carries out the
+//! effects and reports back whether their commit became durable.
+//!
+//! Each input is one **transaction**. The executor stages its changes in
+//! memory (planning sees them; [`TenantModel`]) and returns them as one
+//! [`Commit`]; the owner makes it durable, then calls
+//! [`Executor::committed`] and sends what the effects say, or calls
+//! [`Executor::commit_failed`], which undoes the changes. Nothing is sent
+//! before its transition is durable (DESIGN 4 and 6), except what does not
+//! depend on it (acknowledgements of results that change nothing,
+//! re-deliveries of operations already journaled).
+//!
+//! The rooms it uses: [`TypeRegistry`] (specs, rules, epochs), [`Room`]
+//! (room under the in-flight limits), [`Deadlines`] (timeouts on the
+//! monotonic clock), [`lost`](super::lost) (what becomes of a lost
+//! operation), and the planner.
+
+mod agents;
+mod pass;
+mod timer;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::deadlines::Deadlines;
+use super::effects::{Commit, Effects, Finished, MAX_CHANGED_REFS, Message, Started, TenantEvent};
+use super::model::{TenantModel, TenantProgress};
+use super::port::{Outstanding, ToAgent};
+use super::registry::{RegisteredType, TypeRegistry};
+use super::room::Room;
+use super::spec::TypeSpec;
+use crate::engine::conditions::Condition;
+use crate::engine::intent::{IntentChange, IntentError, ValidatedSubmit, prepare_submit};
+use crate::engine::plan::{Plan, plan_operations};
+use crate::engine::transition::{Completion, completed};
+use crate::graph::{CurrentGraph, CurrentItem, IntendedGraph, ItemRef, ItemState, OperationKind};
+
+pub use agents::{AgentResult, TypeHeld};
+
+/// The time of an input: the wall clock for what is stored or shown
+/// (unix ms), the monotonic clock for deadlines (ms since any fixed
+/// origin; it never jumps).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Now {
+    /// Unix milliseconds.
+    pub wall_ms: u64,
+    /// Milliseconds of the monotonic clock.
+    pub mono_ms: u64,
+}
+
+/// Settings of an executor.
+#[derive(Clone, Debug)]
+pub struct ExecutorSettings {
+    /// The tenant's internal id (op ids start with it).
+    pub tenant_id: u64,
+    /// The tenant's item limit (0: `default_max_items`).
+    pub max_items: u64,
+    /// Used when `max_items` is 0.
+    pub default_max_items: usize,
+    /// The tenant's limit on operations in flight (0: none).
+    pub max_operations_in_flight: u64,
+    /// How long items may wait for a configurator before the tenant stalls.
+    pub configurator_grace_ms: u64,
+    /// Period of full passes, with ±10% jitter.
+    pub resync_interval_ms: u64,
+    /// How long a cancelled operation may take to report before its
+    /// outcome is unknown.
+    pub cancel_timeout_ms: u64,
+    /// Seed of the executor's random numbers (boot number, jitter).
+    pub seed: u64,
+}
+
+/// How long a failed transaction waits before a full pass tries again.
+const RETRY_AFTER_FAILED_COMMIT_MS: u64 = 1_000;
+
+/// The live session holding an item type.
+#[derive(Clone, Debug)]
+pub(crate) struct Holder {
+    pub(crate) session_id: u64,
+    pub(crate) agent_id: String,
+    pub(crate) epoch: u64,
+    /// What the agent said it still ran from earlier sessions when it
+    /// registered (shared by the types it registered together).
+    pub(crate) outstanding: Arc<Outstanding>,
+}
+
+/// What a pass looks at.
+pub(crate) enum Scope {
+    /// Every unconverged item.
+    Full,
+    /// These items (and what the planner reaches from them).
+    Items(BTreeSet<ItemRef>),
+}
+
+/// The transaction of the input being handled: what its commit holds
+/// beyond the staged items, what to do once it is durable, and how to undo
+/// what it changed besides the model if it is not.
+#[derive(Debug, Default)]
+struct Transaction {
+    events: Vec<TenantEvent>,
+    intent: Option<IntentChange>,
+    specs: Vec<(TypeSpec, u64)>,
+    immediate: Vec<Message>,
+    sends: Vec<Message>,
+    started: Vec<Started>,
+    finished: Vec<Finished>,
+    /// Operations whose clock starts when they are sent.
+    clocked: Vec<(String, u64)>,
+    /// Operations whose cancel is sent.
+    cancelled: Vec<String>,
+    /// Everything its passes looked at (unconverged again if it fails).
+    seeds: BTreeSet<ItemRef>,
+    /// A timer pass (it clears the retry after a failed commit).
+    timer: bool,
+    undo_types: Vec<(String, Option<RegisteredType>)>,
+    undo_sessions: Vec<(String, Option<Holder>)>,
+    undo_operations: Vec<(String, Option<ItemRef>)>,
+}
+
+/// What a SubmitIntent did.
+#[derive(Clone, Debug)]
+pub struct Submitted {
+    /// The generation afterwards (for a dry run: as it was).
+    pub generation: u64,
+    /// Whether anything changes.
+    pub changed: bool,
+    /// The plan after the submit (for a dry run: the plan it would give).
+    pub plan: Plan,
+}
+
+/// The executor of one tenant.
+#[derive(Debug)]
+pub struct Executor {
+    model: TenantModel,
+    settings: ExecutorSettings,
+    /// Registered item types: specs, rules and epochs.
+    types: TypeRegistry,
+    /// The live session of each item type. Ordered maps wherever the
+    /// executor iterates, so that one seed gives one run.
+    sessions: BTreeMap<String, Holder>,
+    /// In-flight (or lost) operations by op id.
+    operations: BTreeMap<String, ItemRef>,
+    deadlines: Deadlines,
+    /// For each item: the waiting items that named it in `blocked_by`.
+    waiters: HashMap<ItemRef, BTreeSet<ItemRef>>,
+    room: Room,
+    rng: StdRng,
+    /// Random per executor start: op ids never repeat across restarts.
+    boot: u32,
+    next_operation: u64,
+    /// The earliest backoff deadline among waiting items (unix ms: retry
+    /// times are stored and shown).
+    next_retry_ms: Option<u64>,
+    /// When the next periodic full pass is due (monotonic).
+    next_resync: u64,
+    /// After a failed commit: when the next full pass runs (monotonic).
+    timer_retry: Option<u64>,
+    /// Items of READ-capable types to read back (periodic resync).
+    pending_reads: BTreeSet<ItemRef>,
+    /// Items a pass changed without an operation: the next turn plans them
+    /// again, so what they now need is planned and shown.
+    follow_up: BTreeSet<ItemRef>,
+    /// UNKNOWN items whose lost operation waits to be sent again until an
+    /// UNKNOWN item it depends on is resolved (DESIGN 4).
+    deferred_redeliveries: BTreeSet<ItemRef>,
+    /// Since when some item waits for a configurator (unix ms).
+    no_configurator_since_ms: Option<u64>,
+    txn: Option<Transaction>,
+}
+
+impl Executor {
+    /// The executor of a tenant loaded from its store: `intended` and
+    /// `current` as stored, `progress` from its record, `specs` its stored
+    /// type specs with their epochs. Operations journaled before the
+    /// restart become lost (UNKNOWN), to be resolved when their type's
+    /// agent registers again; retry times wait at most the policy's
+    /// longest wait from now.
+    pub fn load(
+        intended: IntendedGraph,
+        mut current: CurrentGraph,
+        progress: TenantProgress,
+        specs: Vec<(TypeSpec, u64)>,
+        settings: ExecutorSettings,
+        now: Now,
+    ) -> Self {
+        let mut types = TypeRegistry::default();
+        for (spec, epoch) in specs {
+            types.insert(spec, epoch);
+        }
+        clamp_retry_times(&mut current, &types, now.wall_ms);
+        let mut operations = BTreeMap::new();
+        let journaled: Vec<(ItemRef, CurrentItem)> = current
+            .iter()
+            .filter(|(_, entry)| entry.in_flight.is_some())
+            .map(|(key, entry)| (key.clone(), (**entry).clone()))
+            .collect();
+        for (key, entry) in journaled {
+            if let Some(operation) = &entry.in_flight {
+                operations.insert(operation.op_id.clone(), key.clone());
+            }
+            if entry.state != ItemState::Unknown
+                && let Some(lost) = completed(&current, &entry, lost_outcome(&entry))
+            {
+                current.insert(key, lost);
+            }
+        }
+        let mut rng = StdRng::seed_from_u64(settings.seed);
+        let boot = rng.random();
+        let mut executor = Self {
+            model: TenantModel::new(intended, current, progress),
+            settings,
+            types,
+            sessions: BTreeMap::new(),
+            operations,
+            deadlines: Deadlines::default(),
+            waiters: HashMap::new(),
+            room: Room::default(),
+            rng,
+            boot,
+            next_operation: 0,
+            next_retry_ms: None,
+            next_resync: now.mono_ms,
+            timer_retry: None,
+            pending_reads: BTreeSet::new(),
+            follow_up: BTreeSet::new(),
+            deferred_redeliveries: BTreeSet::new(),
+            no_configurator_since_ms: None,
+            txn: None,
+        };
+        executor.schedule_resync(now);
+        executor
+    }
+
+    /// The tenant's state.
+    pub fn model(&self) -> &TenantModel {
+        &self.model
+    }
+
+    /// Operations running now.
+    pub fn running_operations(&self) -> usize {
+        self.room.running()
+    }
+
+    /// The item types a live session holds, sorted.
+    pub fn connected_item_types(&self) -> Vec<String> {
+        self.sessions.keys().cloned().collect()
+    }
+
+    /// The tenant's item limit.
+    fn max_items(&self) -> usize {
+        match self.settings.max_items {
+            0 => self.settings.default_max_items,
+            limit => usize::try_from(limit).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// Handles a SubmitIntent (validated by the caller): stages the intent
+    /// change and plans. A dry run plans on the changed intent and undoes
+    /// it, with no effects.
+    pub fn submit(
+        &mut self,
+        request: ValidatedSubmit,
+        now: Now,
+    ) -> Result<(Effects, Submitted), IntentError> {
+        let dry_run = request.dry_run;
+        let generation = self.model.progress().generation;
+        let change = prepare_submit(&self.model.intended, generation, self.max_items(), request)?;
+        if dry_run {
+            let mut seeds = self.model.unconverged.clone();
+            seeds.extend(change.content_changed.iter().cloned());
+            self.model.stage_intent(&change);
+            let plan = plan_operations(
+                &self.model.intended,
+                &self.model.current,
+                &seeds,
+                &self.environment(now.wall_ms),
+            );
+            self.model.rollback_staged();
+            let submitted = Submitted {
+                generation,
+                changed: !change.is_empty(),
+                plan,
+            };
+            return Ok((Effects::default(), submitted));
+        }
+        self.begin();
+        if change.is_empty() {
+            let plan = self.pass(Scope::Full, now);
+            let submitted = Submitted {
+                generation,
+                changed: false,
+                plan,
+            };
+            return Ok((self.end(), submitted));
+        }
+        let seeds = change.content_changed.clone();
+        self.model.stage_intent(&change);
+        let count = change.upserts.len() + change.removals.len();
+        let items = change
+            .upserts
+            .iter()
+            .map(|entry| entry.item.item_ref())
+            .chain(change.removals.iter().cloned())
+            .take(MAX_CHANGED_REFS)
+            .collect();
+        self.event(TenantEvent::IntentChanged {
+            generation: change.generation,
+            count,
+            items,
+        });
+        self.transaction().intent = Some(change);
+        let plan = self.pass(Scope::Items(seeds), now);
+        let submitted = Submitted {
+            generation: self.model.progress().generation,
+            changed: true,
+            plan,
+        };
+        Ok((self.end(), submitted))
+    }
+
+    /// Runs a full pass now (the `Reconcile` RPC). With `refresh`, first
+    /// queues a READ of every created item whose type supports it, as the
+    /// periodic resync does.
+    pub fn reconcile(&mut self, refresh: bool, now: Now) -> (Effects, Plan) {
+        self.begin();
+        if refresh {
+            self.schedule_reads();
+        }
+        let plan = self.pass(Scope::Full, now);
+        (self.end(), plan)
+    }
+
+    /// Opens the transaction of an input.
+    fn begin(&mut self) {
+        debug_assert!(self.txn.is_none(), "a transaction is still open");
+        self.txn = Some(Transaction::default());
+    }
+
+    /// The open transaction. Inputs open one before they stage anything.
+    fn transaction(&mut self) -> &mut Transaction {
+        self.txn.get_or_insert_with(Transaction::default)
+    }
+
+    fn event(&mut self, event: TenantEvent) {
+        self.transaction().events.push(event);
+    }
+
+    /// Closes the input's transaction into its effects; the transaction
+    /// stays open until [`Self::committed`] or [`Self::commit_failed`].
+    fn end(&mut self) -> Effects {
+        let writes = self.model.staged_writes();
+        let conditions_changed = self.model.progress_before().is_some_and(|before| {
+            let after = self.model.progress();
+            significant_change(&before.conditions, &after.conditions)
+                || before.observed_generation != after.observed_generation
+        });
+        let epochs: Vec<u64> = writes
+            .iter()
+            .map(|write| {
+                self.sessions
+                    .get(&*write.item.item_type)
+                    .map_or(0, |holder| holder.epoch)
+            })
+            .collect();
+        let changes: Vec<TenantEvent> = writes
+            .iter()
+            .zip(epochs)
+            .map(|(write, epoch)| {
+                TenantEvent::ItemChanged(super::effects::ItemChange {
+                    item: write.item.clone(),
+                    before: write.before.clone(),
+                    after: write.after.clone(),
+                    intended: self.model.intended.get(&write.item).cloned(),
+                    waiting: self.model.waiting.get(&write.item).cloned(),
+                    epoch,
+                })
+            })
+            .collect();
+        let progress = self.model.progress().clone();
+        let txn = self.transaction();
+        let mut events = std::mem::take(&mut txn.events);
+        events.extend(changes);
+        if conditions_changed {
+            events.push(TenantEvent::ConditionsChanged {
+                conditions: progress.conditions,
+                observed_generation: progress.observed_generation,
+            });
+        }
+        Effects {
+            immediate: std::mem::take(&mut txn.immediate),
+            commit: Commit {
+                items: writes,
+                intent: txn.intent.take(),
+                specs: std::mem::take(&mut txn.specs),
+                events,
+                conditions_changed,
+            },
+            sends: std::mem::take(&mut txn.sends),
+            started: std::mem::take(&mut txn.started),
+            finished: std::mem::take(&mut txn.finished),
+        }
+    }
+
+    /// The commit of the last input is durable: its changes stay, and the
+    /// operations it sent start their clocks.
+    pub fn committed(&mut self, now: Now) {
+        self.model.forget_staged();
+        let Some(txn) = self.txn.take() else {
+            return;
+        };
+        for (op_id, timeout_ms) in txn.clocked {
+            self.deadlines.start(&op_id, timeout_ms, now.mono_ms);
+        }
+        for op_id in txn.cancelled {
+            self.deadlines
+                .cancel_sent(&op_id, now.mono_ms, self.settings.cancel_timeout_ms);
+        }
+        if txn.timer {
+            self.timer_retry = None;
+        }
+        self.recount_in_flight(now);
+    }
+
+    /// The commit of the last input failed: nothing of it happened. Its
+    /// changes are undone; what its passes looked at is looked at again by
+    /// a full pass a second from now (at once would spin while the store
+    /// refuses writes).
+    pub fn commit_failed(&mut self, now: Now) {
+        self.model.rollback_staged();
+        let Some(txn) = self.txn.take() else {
+            return;
+        };
+        for (op_id, previous) in txn.undo_operations.into_iter().rev() {
+            match previous {
+                Some(item) => {
+                    self.operations.insert(op_id, item);
+                }
+                None => {
+                    self.operations.remove(&op_id);
+                }
+            }
+        }
+        for (item_type, previous) in txn.undo_sessions.into_iter().rev() {
+            match previous {
+                Some(holder) => {
+                    self.sessions.insert(item_type, holder);
+                }
+                None => {
+                    self.sessions.remove(&item_type);
+                }
+            }
+        }
+        for (item_type, previous) in txn.undo_types.into_iter().rev() {
+            self.types.restore(&item_type, previous);
+        }
+        self.model.unconverged.extend(txn.seeds);
+        self.follow_up.clear();
+        self.timer_retry = Some(now.mono_ms.saturating_add(RETRY_AFTER_FAILED_COMMIT_MS));
+        self.count_in_flight();
+    }
+
+    /// Records that operation `op_id` runs on `item` (staged).
+    fn track_operation(&mut self, op_id: &str, item: &ItemRef) {
+        let previous = self.operations.insert(op_id.to_owned(), item.clone());
+        self.transaction()
+            .undo_operations
+            .push((op_id.to_owned(), previous));
+    }
+
+    /// Recomputes each session's operations in flight from the items'
+    /// journaled operations, forgets index entries of operations that are
+    /// no longer any item's, and keeps one deadline per running operation.
+    /// Only on committed state.
+    fn recount_in_flight(&mut self, now: Now) {
+        let current = &self.model.current;
+        self.operations.retain(|op_id, item| {
+            current
+                .get(item)
+                .and_then(|c| c.in_flight.as_ref())
+                .is_some_and(|operation| &operation.op_id == op_id)
+        });
+        self.count_in_flight();
+        self.deadlines.track(
+            &self.operations,
+            &self.model.current,
+            now.mono_ms,
+            self.settings.cancel_timeout_ms,
+        );
+    }
+
+    /// The spec of `item_type` (a default one if it never registered).
+    fn spec(&self, item_type: &str) -> TypeSpec {
+        self.types
+            .spec(item_type)
+            .cloned()
+            .unwrap_or_else(|| TypeSpec::new(item_type))
+    }
+
+    /// A new op id: never repeated, across restarts too (the random boot
+    /// number).
+    fn next_op_id(&mut self) -> String {
+        self.next_operation += 1;
+        format!(
+            "{}-{:x}-{}",
+            self.settings.tenant_id, self.boot, self.next_operation
+        )
+    }
+
+    /// A uniformly random number in `[low, high]`.
+    fn random_in(&mut self, low: u64, high: u64) -> u64 {
+        self.rng.random_range(low..=high)
+    }
+
+    /// When a failure of `item_type`'s operation, its `failures`-th, may
+    /// be tried again (`None`: never).
+    fn retry_at(
+        &mut self,
+        item_type: &str,
+        now_ms: u64,
+        failures: u32,
+        terminal: bool,
+    ) -> Option<u64> {
+        let spec = self.spec(item_type);
+        let rng = &mut self.rng;
+        spec.retry_at(now_ms, failures, terminal, |low, high| {
+            rng.random_range(low..=high)
+        })
+    }
+}
+
+/// A retry time stored before a restart waits at most the policy's longest
+/// wait from now (clocks move; policies change).
+fn clamp_retry_times(current: &mut CurrentGraph, types: &TypeRegistry, now_ms: u64) {
+    let clamped: Vec<(ItemRef, CurrentItem)> = current
+        .iter()
+        .filter_map(|(key, entry)| {
+            let at = entry.next_attempt_at_ms?;
+            let max_delay = types.spec(&key.item_type).map_or_else(
+                || TypeSpec::new("").retry.max_delay_ms(),
+                |spec| spec.retry.max_delay_ms(),
+            );
+            let latest = now_ms.saturating_add(max_delay);
+            (at > latest).then(|| {
+                let mut clamped = (**entry).clone();
+                clamped.next_attempt_at_ms = Some(latest);
+                (key.clone(), clamped)
+            })
+        })
+        .collect();
+    for (key, value) in clamped {
+        current.insert(key, value);
+    }
+}
+
+/// How an operation whose outcome was lost (its session ended, the server
+/// restarted, its cancel went unanswered) ends: the item's outcome becomes
+/// unknown, except for a drift READ, which is observation and changes
+/// nothing (the next resync reads again).
+fn lost_outcome(current: &CurrentItem) -> Completion {
+    match &current.in_flight {
+        Some(operation) if operation.kind == OperationKind::Read => Completion::Read {
+            observed: current.observed.as_deref().cloned().unwrap_or_default(),
+        },
+        _ => Completion::Lost,
+    }
+}
+
+/// Whether two condition sets differ in anything but their messages.
+fn significant_change(before: &[Condition], after: &[Condition]) -> bool {
+    before.len() != after.len()
+        || before.iter().zip(after).any(|(b, a)| {
+            (
+                b.kind,
+                b.status,
+                &b.reason,
+                b.observed_generation,
+                b.last_transition_ms,
+            ) != (
+                a.kind,
+                a.status,
+                &a.reason,
+                a.observed_generation,
+                a.last_transition_ms,
+            )
+        })
+}
+
+/// The message that sends `order` to its session.
+fn to_session(session_id: u64, message: ToAgent) -> Message {
+    Message {
+        session_id,
+        message,
+    }
+}

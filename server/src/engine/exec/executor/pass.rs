@@ -1,0 +1,531 @@
+//! A pass: plan what the tenant needs, stage the plan's bookkeeping,
+//! journal the operations there is room for, remember who waits for what,
+//! recompute the conditions, and mark superseded operations cancelled.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use super::{Executor, Now, Scope, to_session};
+use crate::engine::conditions::{Progress, compute_conditions};
+use crate::engine::exec::effects::Started;
+use crate::engine::exec::model::TenantModel;
+use crate::engine::exec::port::{OperationOrder, ToAgent};
+use crate::engine::exec::room::{Limits, Room, Running};
+use crate::engine::exec::spec::{DEFAULT_MAX_IN_FLIGHT, TypeSpec};
+use crate::engine::exec::{Holder, TypeRegistry};
+use crate::engine::plan::{
+    BlockedBy, Plan, PlanEnvironment, TypeRules, WaitReason, WaitingItem, plan_operations,
+};
+use crate::engine::transition::{
+    CurrentUpdates, bookkeeping_updates, record_dispatch_marks, started,
+};
+use crate::graph::{CurrentGraph, InFlight, ItemRef, ItemState, OperationKind};
+
+/// The planner's view of the world, as the executor sees it.
+pub(super) struct Environment<'a> {
+    types: &'a TypeRegistry,
+    sessions: &'a BTreeMap<String, Holder>,
+    model: &'a TenantModel,
+    operations: &'a BTreeMap<String, ItemRef>,
+    room: &'a Room,
+    now_ms: u64,
+}
+
+impl PlanEnvironment for Environment<'_> {
+    fn type_rules(&self, item_type: &str) -> Option<&TypeRules> {
+        self.types.rules(item_type)
+    }
+    fn has_configurator(&self, item_type: &str) -> bool {
+        self.sessions.contains_key(item_type)
+    }
+    fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+    fn is_converged(&self, item: &ItemRef) -> bool {
+        !self.model.unconverged.contains(item)
+    }
+    fn deletes_of_type(&self, item_type: &str) -> Vec<ItemRef> {
+        let in_flight = self.operations.values().filter(|item| {
+            *item.item_type == *item_type
+                && self
+                    .model
+                    .current
+                    .get(item)
+                    .and_then(|c| c.in_flight.as_ref())
+                    .is_some_and(|operation| operation.kind == OperationKind::Delete)
+        });
+        let waiting = self
+            .model
+            .waiting
+            .of_type(item_type)
+            .filter(|waiting| waiting.operation == OperationKind::Delete)
+            .map(|waiting| &waiting.item);
+        let queued = self.room.queued_deletes_of(item_type);
+        in_flight.chain(waiting).chain(queued).cloned().collect()
+    }
+}
+
+impl Executor {
+    pub(super) fn environment(&self, now_ms: u64) -> Environment<'_> {
+        Environment {
+            types: &self.types,
+            sessions: &self.sessions,
+            model: &self.model,
+            operations: &self.operations,
+            room: &self.room,
+            now_ms,
+        }
+    }
+
+    /// Plans (every unconverged item, or the given ones and what they
+    /// unblock) on the state as staged so far, and stages what the plan
+    /// decides: its bookkeeping, the journal of the operations it
+    /// dispatches (sent once the commit is durable), the conditions and
+    /// cancel marks.
+    pub(super) fn pass(&mut self, scope: Scope, now: Now) -> Plan {
+        let mut seeds = match scope {
+            Scope::Full => self.model.unconverged.clone(),
+            Scope::Items(items) => {
+                let mut seeds = items.clone();
+                for item in &items {
+                    if let Some(waiters) = self.waiters.remove(item) {
+                        seeds.extend(waiters);
+                    }
+                }
+                seeds
+            }
+        };
+        self.count_in_flight();
+        seeds.extend(self.take_undispatched_with_room());
+        let plan = plan_operations(
+            &self.model.intended,
+            &self.model.current,
+            &seeds,
+            &self.environment(now.wall_ms),
+        );
+        let bookkeeping = bookkeeping_updates(&self.model.current, &plan);
+        // The seeds were planned again: whether they still wait for room
+        // is decided anew below (an item queued for room may need nothing
+        // now, and would take the room of one that does).
+        self.room.unqueue(&seeds);
+        let (mut starts, mut journal, waiting_for_room) = self.prepare_dispatch(&plan, now.wall_ms);
+        let (reads, read_journal) = self.prepare_reads(now.wall_ms, &plan, &starts);
+        starts.extend(reads);
+        journal.extend(read_journal);
+        // Retry times and waiters are read from the state the plan saw.
+        self.absorb(&seeds, &plan, now.wall_ms);
+        self.model.stage_updates(bookkeeping);
+        self.model.stage_updates(journal);
+        self.update_conditions(now.wall_ms, waiting_for_room);
+        self.stage_cancels(&plan, now.wall_ms);
+        self.dispatch(starts, now.wall_ms);
+        self.transaction().seeds.extend(seeds);
+        plan
+    }
+
+    /// Counts each session's operations in flight (and READs among them)
+    /// on the state as it is now, staged or committed.
+    pub(super) fn count_in_flight(&mut self) {
+        let current = &self.model.current;
+        let mut counts: HashMap<&str, (usize, usize)> = HashMap::new();
+        for (op_id, item) in &self.operations {
+            let Some(entry) = current.get(item) else {
+                continue;
+            };
+            let Some(operation) = entry.in_flight.as_ref() else {
+                continue;
+            };
+            if &operation.op_id == op_id && entry.state != ItemState::Unknown {
+                let count = counts.entry(&*item.item_type).or_default();
+                count.0 += 1;
+                count.1 += usize::from(operation.kind == OperationKind::Read);
+            }
+        }
+        let running: Vec<(String, Running)> = self
+            .sessions
+            .keys()
+            .map(|item_type| {
+                let (all, reads) = counts.get(item_type.as_str()).copied().unwrap_or((0, 0));
+                (item_type.clone(), Running { all, reads })
+            })
+            .collect();
+        self.room.set_running(running);
+    }
+
+    /// Items queued for room that now have some, to plan again (as many
+    /// per type as the type has room for: re-planning the whole backlog on
+    /// every result would cost O(backlog) per operation).
+    fn take_undispatched_with_room(&mut self) -> Vec<ItemRef> {
+        let types = &self.types;
+        let per_tenant = self.settings.max_operations_in_flight;
+        self.room.take_queued(|item_type| {
+            let per_type = types
+                .spec(item_type)
+                .map_or(DEFAULT_MAX_IN_FLIGHT, |spec| spec.max_in_flight);
+            Limits {
+                per_type: per_type.max(1) as usize,
+                per_tenant,
+            }
+        })
+    }
+
+    /// The limits that make room for an operation of `spec`'s type.
+    fn room_limits(&self, spec: &TypeSpec) -> Limits {
+        Limits {
+            per_type: spec.max_in_flight.max(1) as usize,
+            per_tenant: self.settings.max_operations_in_flight,
+        }
+    }
+
+    /// Picks every ready operation whose type has a live session with room
+    /// and prepares its journal record. Returns the operations, their
+    /// journal updates, and how many ready ones had to wait for room.
+    fn prepare_dispatch(
+        &mut self,
+        plan: &Plan,
+        now_ms: u64,
+    ) -> (Vec<(ItemRef, InFlight)>, CurrentUpdates, usize) {
+        let mut waiting_for_room = 0;
+        let mut starts: Vec<(ItemRef, InFlight)> = Vec::new();
+        for index in plan.ready() {
+            let operation = &plan.operations[index];
+            let item = &operation.item;
+            let spec = self.spec(&item.item_type);
+            if !self.sessions.contains_key(&*item.item_type) {
+                continue;
+            }
+            if !self
+                .room
+                .admit(item, operation.kind, self.room_limits(&spec))
+            {
+                waiting_for_room += 1;
+                continue;
+            }
+            // A retry (after FAILED, a timeout or WAIT) of the same
+            // operation keeps its op id; anything else is a new operation
+            // and starts at attempt 1.
+            let existing = self.model.current.get(item);
+            let continued = existing
+                .and_then(|c| c.retry_of.as_ref())
+                .and_then(|retry| retry.continues(operation.kind, operation.target_generation))
+                .map(str::to_owned);
+            let (op_id, attempt) = match continued {
+                Some(op_id) => (op_id, existing.map_or(1, |c| c.attempts.saturating_add(1))),
+                None => (self.next_op_id(), 1),
+            };
+            starts.push((
+                item.clone(),
+                InFlight {
+                    question: operation.ask_needs_recreate,
+                    ..InFlight::new(
+                        operation.kind,
+                        op_id,
+                        attempt,
+                        operation.target_generation,
+                        now_ms,
+                        spec.operation_timeout_ms,
+                    )
+                },
+            ));
+        }
+        let updates: CurrentUpdates = starts
+            .iter()
+            .map(|(item, in_flight)| {
+                let target = match in_flight.kind {
+                    OperationKind::Create | OperationKind::Modify => self
+                        .model
+                        .intended
+                        .get(item)
+                        .map(|entry| entry.item.clone()),
+                    OperationKind::Delete | OperationKind::Read => None,
+                };
+                let existing = self.model.current.get(item).map(|c| &**c);
+                let mut value = started(existing, target, in_flight.clone());
+                record_dispatch_marks(&self.model.current, &mut value);
+                let continues = existing
+                    .and_then(|c| c.retry_of.as_ref())
+                    .is_some_and(|retry| retry.op_id == in_flight.op_id);
+                if !continues {
+                    // A new operation: its failures count from zero, and an
+                    // earlier operation's failure (even one given up on)
+                    // says nothing about it.
+                    value.attempts = 0;
+                    value.last_error = None;
+                    value.gave_up = false;
+                }
+                (item.clone(), Some(value))
+            })
+            .collect();
+        (starts, updates, waiting_for_room)
+    }
+
+    /// Picks queued READs whose type's session has room and prepares their
+    /// journal records (a READ changes no state until it reports). Items
+    /// the pass works on or dispatches now are not read: one operation per
+    /// item at a time, and the operation's own result reports what it
+    /// observed.
+    fn prepare_reads(
+        &mut self,
+        now_ms: u64,
+        plan: &Plan,
+        dispatched: &[(ItemRef, InFlight)],
+    ) -> (Vec<(ItemRef, InFlight)>, CurrentUpdates) {
+        let dispatched: HashSet<&ItemRef> = dispatched.iter().map(|(item, _)| item).collect();
+        self.pending_reads
+            .retain(|item| !dispatched.contains(item) && !plan.unconverged.contains(item));
+        let mut starts = Vec::new();
+        let mut updates: CurrentUpdates = Vec::new();
+        let queued: Vec<ItemRef> = self.pending_reads.iter().cloned().collect();
+        for item in queued {
+            let spec = self.spec(&item.item_type);
+            let limits = self.room_limits(&spec);
+            if !self.sessions.contains_key(&*item.item_type)
+                || !self.room.has_room(&item.item_type, limits)
+            {
+                continue;
+            }
+            self.pending_reads.remove(&item);
+            let Some(current) = self.model.current.get(&item).cloned() else {
+                continue;
+            };
+            if current.is_busy() || current.state != ItemState::Created {
+                continue;
+            }
+            self.room.admit(&item, OperationKind::Read, limits);
+            let in_flight = InFlight::new(
+                OperationKind::Read,
+                self.next_op_id(),
+                1,
+                current.applied_generation,
+                now_ms,
+                spec.operation_timeout_ms,
+            );
+            updates.push((
+                item.clone(),
+                Some(started(Some(&current), None, in_flight.clone())),
+            ));
+            starts.push((item, in_flight));
+        }
+        (starts, updates)
+    }
+
+    /// Records the journaled operations of `starts` as running and queues
+    /// their orders for after the commit.
+    fn dispatch(&mut self, starts: Vec<(ItemRef, InFlight)>, now_ms: u64) {
+        for (item, in_flight) in starts {
+            self.track_operation(&in_flight.op_id, &item);
+            let previous_error = self
+                .model
+                .current
+                .get(&item)
+                .and_then(|c| c.last_error.clone());
+            let started = Started {
+                item: item.clone(),
+                kind: in_flight.kind,
+                op_id: in_flight.op_id.clone(),
+                attempt: in_flight.attempt,
+                at_ms: now_ms,
+                previous_error,
+            };
+            self.transaction().started.push(started);
+            self.send_journaled(&item);
+        }
+    }
+
+    /// Queues the order of `item`'s journaled operation for its type's
+    /// session, to send once the commit is durable; its clock starts then.
+    pub(super) fn send_journaled(&mut self, item: &ItemRef) {
+        let Some(holder) = self.sessions.get(&*item.item_type) else {
+            return;
+        };
+        let (session_id, epoch) = (holder.session_id, holder.epoch);
+        let Some(order) = self.order_for(item, epoch) else {
+            return;
+        };
+        let txn = self.transaction();
+        txn.clocked.push((order.op_id.clone(), order.timeout_ms));
+        txn.sends
+            .push(to_session(session_id, ToAgent::Operation(order)));
+    }
+
+    /// The order that sends `item`'s journaled operation to an agent.
+    pub(super) fn order_for(&self, item: &ItemRef, epoch: u64) -> Option<OperationOrder> {
+        order_for(&self.model.current, item, epoch)
+    }
+
+    /// Merges a plan over `seeds` into the tenant's bookkeeping: the
+    /// unconverged set, the waiting set, and who waits on whom.
+    fn absorb(&mut self, seeds: &BTreeSet<ItemRef>, plan: &Plan, now_ms: u64) {
+        for seed in seeds {
+            if !plan.unconverged.contains(seed) {
+                self.model.unconverged.remove(seed);
+            }
+            self.model.waiting.remove(seed);
+        }
+        self.model
+            .unconverged
+            .extend(plan.unconverged.iter().cloned());
+        for (key, _) in &plan.forget {
+            self.model.unconverged.insert(key.clone());
+            self.follow_up.insert(key.clone());
+        }
+        self.follow_up.extend(plan.settle.iter().cloned());
+        // Operations that wait for other operations of the plan are woken
+        // by those operations' results, like waiting items by their
+        // blockers, and meanwhile show what they wait for (DESIGN 2).
+        for (index, operation) in plan.operations.iter().enumerate() {
+            let mut blocked_by = Vec::new();
+            let mut waits_for_dependency = false;
+            for predecessor in plan.predecessors(index) {
+                let blocker = &plan.operations[predecessor];
+                if blocker.item != operation.item {
+                    self.waiters
+                        .entry(blocker.item.clone())
+                        .or_default()
+                        .insert(operation.item.clone());
+                    waits_for_dependency |= blocker.kind != OperationKind::Delete;
+                    blocked_by.push(BlockedBy {
+                        item: blocker.item.clone(),
+                        why: format!("its {} runs first", blocker.kind.as_str()),
+                    });
+                }
+            }
+            if !blocked_by.is_empty() {
+                self.model.waiting.insert(WaitingItem {
+                    item: operation.item.clone(),
+                    operation: operation.kind,
+                    reason: if waits_for_dependency {
+                        WaitReason::Dependency
+                    } else {
+                        WaitReason::Blocked
+                    },
+                    blocked_by,
+                });
+            }
+        }
+        // A retry time already due stays: the timer then fires at once and
+        // plans the items whose backoff is over (dropping it stranded an
+        // item this pass did not look at, after a wall-clock step forward).
+        let mut next_retry = self.next_retry_ms;
+        for waiting in &plan.waiting {
+            for blocker in &waiting.blocked_by {
+                if blocker.item != waiting.item {
+                    self.waiters
+                        .entry(blocker.item.clone())
+                        .or_default()
+                        .insert(waiting.item.clone());
+                }
+            }
+            if waiting.reason == WaitReason::Backoff {
+                let at = self
+                    .model
+                    .current
+                    .get(&waiting.item)
+                    .and_then(|c| c.next_attempt_at_ms);
+                next_retry = match (next_retry, at) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            self.model.waiting.insert(waiting.clone());
+        }
+        self.next_retry_ms = next_retry;
+        let waits_for_configurator = !self.model.waiting.summary().without_configurator.is_empty();
+        self.no_configurator_since_ms =
+            match (waits_for_configurator, self.no_configurator_since_ms) {
+                (false, _) => None,
+                (true, Some(since)) => Some(since),
+                (true, None) => Some(now_ms),
+            };
+    }
+
+    /// Recomputes the conditions: staged when they changed in substance; a
+    /// change of wording only is shown without a commit.
+    fn update_conditions(&mut self, now_ms: u64, ready_operations: usize) {
+        let before = self.model.progress();
+        let progress = Progress {
+            generation: before.generation,
+            // A drift READ is observation, not work (DESIGN section 5).
+            in_flight: self.room.running_work(),
+            ready_operations,
+            waiting: self.model.waiting.summary(),
+            no_configurator_since_ms: self.no_configurator_since_ms,
+            configurator_grace_ms: self.settings.configurator_grace_ms,
+            now_ms,
+        };
+        let (conditions, observed) =
+            compute_conditions(&before.conditions, before.observed_generation, &progress);
+        let significant = super::significant_change(&before.conditions, &conditions)
+            || observed != before.observed_generation;
+        if significant {
+            let mut next = before.clone();
+            next.conditions = conditions;
+            next.observed_generation = observed;
+            self.model.stage_progress(next);
+        } else {
+            self.model.reword_conditions(conditions);
+        }
+    }
+
+    /// Marks every in-flight operation the plan found superseded by an
+    /// intent change as cancelled (staged), and queues its cancel for
+    /// after the commit (a transition is committed before it is acted on).
+    fn stage_cancels(&mut self, plan: &Plan, now_ms: u64) {
+        for item in &plan.cancel {
+            let Some(current) = self.model.current.get(item) else {
+                continue;
+            };
+            let Some(operation) = &current.in_flight else {
+                continue;
+            };
+            let op_id = operation.op_id.clone();
+            let mut marked = (**current).clone();
+            if let Some(operation) = marked.in_flight.as_mut() {
+                operation.cancel_requested = true;
+                operation.cancel_requested_at_ms = Some(now_ms);
+            }
+            self.model.stage_current(item, Some(marked));
+            let session = self
+                .sessions
+                .get(&*item.item_type)
+                .map(|holder| holder.session_id);
+            let txn = self.transaction();
+            if let Some(session_id) = session {
+                txn.sends.push(to_session(
+                    session_id,
+                    ToAgent::Cancel {
+                        op_id: op_id.clone(),
+                    },
+                ));
+            }
+            txn.cancelled.push(op_id);
+        }
+    }
+}
+
+/// The order that sends `item`'s journaled operation to an agent.
+pub(super) fn order_for(
+    current: &CurrentGraph,
+    item: &ItemRef,
+    epoch: u64,
+) -> Option<OperationOrder> {
+    let entry = current.get(item)?;
+    let operation = entry.in_flight.as_ref()?;
+    let applied = entry.applied.clone();
+    let (subject, previous) = match operation.kind {
+        OperationKind::Create => (operation.target.clone()?, None),
+        OperationKind::Modify => (operation.target.clone()?, applied),
+        OperationKind::Delete | OperationKind::Read => (applied?, None),
+    };
+    Some(OperationOrder {
+        op_id: operation.op_id.clone(),
+        attempt: operation.attempt,
+        epoch,
+        kind: operation.kind,
+        item: subject,
+        previous,
+        timeout_ms: operation.timeout_ms,
+        generation: operation.target_generation,
+        previous_uncertain: entry.existence_uncertain,
+        question: operation.question,
+    })
+}

@@ -1,0 +1,448 @@
+//! Unit tests of the executor, driven directly: no store, no runtime, no
+//! clock. Each test plays the owner: it hands inputs with the time, reads
+//! the effects, and says whether their commit became durable.
+
+use crate::engine::exec::effects::{Effects, OperationOutcome, TenantEvent};
+use crate::engine::exec::port::{AgentOutcome, OperationOrder, Registration, ToAgent};
+use crate::engine::exec::{
+    AgentResult, Executor, ExecutorSettings, Now, RetryPolicy, TenantProgress, TypeSpec,
+};
+use crate::engine::intent::ValidatedSubmit;
+use crate::engine::testkit::on;
+use crate::graph::{
+    CurrentGraph, IntendedGraph, Item, ItemRef, ItemState, OperationError, OperationKind, code,
+};
+
+const WALL_START: u64 = 1_700_000_000_000;
+const TIMEOUT_MS: u64 = 10_000;
+
+fn at(ms: u64) -> Now {
+    Now {
+        wall_ms: WALL_START + ms,
+        mono_ms: ms,
+    }
+}
+
+fn spec() -> TypeSpec {
+    let mut spec = TypeSpec::new("t");
+    spec.operation_timeout_ms = TIMEOUT_MS;
+    spec.retry = RetryPolicy::Static { wait_ms: 1_000 };
+    spec
+}
+
+fn executor() -> Executor {
+    Executor::load(
+        IntendedGraph::default(),
+        CurrentGraph::default(),
+        TenantProgress::default(),
+        Vec::new(),
+        ExecutorSettings {
+            tenant_id: 7,
+            max_items: 0,
+            default_max_items: 1_000,
+            max_operations_in_flight: 0,
+            configurator_grace_ms: 300_000,
+            resync_interval_ms: 3_600_000,
+            cancel_timeout_ms: 5_000,
+            seed: 1,
+        },
+        at(0),
+    )
+}
+
+/// The executor with an agent on session 1 for type `t`.
+fn connected() -> Executor {
+    let mut executor = executor();
+    register(&mut executor, 1, "agent", at(0));
+    executor
+}
+
+fn register(executor: &mut Executor, session_id: u64, agent_id: &str, now: Now) -> Effects {
+    let (effects, _) = executor
+        .register(
+            Registration {
+                session_id,
+                agent_id: agent_id.into(),
+                types: vec![spec()],
+                outstanding: Default::default(),
+            },
+            now,
+        )
+        .expect("registered");
+    executor.committed(now);
+    effects
+}
+
+fn item(name: &str, version: i64) -> Item {
+    let mut item = Item::new("t", name, Default::default());
+    item.properties.insert("v".into(), version.into());
+    item
+}
+
+/// Submits `items` as the whole intent; the commit becomes durable.
+fn submit(executor: &mut Executor, items: Vec<Item>, now: Now) -> Effects {
+    let request = ValidatedSubmit {
+        subgraph: String::new(),
+        items: items
+            .into_iter()
+            .map(|item| {
+                let predicates = vec![None; item.dependencies.len()];
+                (item, predicates)
+            })
+            .collect(),
+        expected_generation: None,
+        dry_run: false,
+    };
+    let (effects, _) = executor.submit(request, now).expect("accepted");
+    executor.committed(now);
+    effects
+}
+
+fn answer(
+    executor: &mut Executor,
+    order: &OperationOrder,
+    outcome: AgentOutcome,
+    now: Now,
+) -> Effects {
+    let effects = executor.results(
+        vec![AgentResult {
+            session_id: 1,
+            op_id: order.op_id.clone(),
+            attempt: order.attempt,
+            outcome,
+        }],
+        now,
+    );
+    executor.committed(now);
+    effects
+}
+
+fn done() -> AgentOutcome {
+    AgentOutcome::Done {
+        observed: None,
+        needs_recreate: false,
+    }
+}
+
+fn orders(messages: &[crate::engine::exec::effects::Message]) -> Vec<OperationOrder> {
+    messages
+        .iter()
+        .filter_map(|message| match &message.message {
+            ToAgent::Operation(order) => Some(order.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn state_of(executor: &Executor, name: &str) -> Option<ItemState> {
+    executor
+        .model()
+        .current
+        .get(&ItemRef::new("t", name))
+        .map(|entry| entry.state)
+}
+
+#[test]
+fn an_operation_is_journaled_in_the_commit_and_sent_only_after_it() {
+    let mut executor = connected();
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    assert!(
+        effects.immediate.is_empty(),
+        "nothing goes out before the commit"
+    );
+    let journaled = effects
+        .commit
+        .items
+        .iter()
+        .find(|write| write.item == ItemRef::new("t", "a"))
+        .and_then(|write| write.after.as_ref())
+        .and_then(|after| after.in_flight.clone())
+        .expect("the Create is journaled in the commit");
+    let sent = orders(&effects.sends);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].op_id, journaled.op_id);
+    assert_eq!(sent[0].kind, OperationKind::Create);
+    assert!(
+        effects
+            .commit
+            .events
+            .iter()
+            .any(|event| matches!(event, TenantEvent::IntentChanged { generation: 1, .. }))
+    );
+    assert_eq!(effects.started.len(), 1);
+}
+
+#[test]
+fn a_dependent_is_dispatched_by_its_dependencys_result_and_acknowledged_after() {
+    let mut executor = connected();
+    let dependent = item("a", 1).depends_on(on("t/b"));
+    let effects = submit(&mut executor, vec![dependent, item("b", 1)], at(10));
+    let first = orders(&effects.sends);
+    assert_eq!(first.len(), 1, "only the dependency runs first");
+    assert_eq!(&*first[0].item.name, "b");
+    assert_eq!(
+        executor
+            .model()
+            .waiting
+            .get(&ItemRef::new("t", "a"))
+            .map(|w| w.operation),
+        Some(OperationKind::Create)
+    );
+
+    let effects = answer(&mut executor, &first[0], done(), at(20));
+    let next = orders(&effects.sends);
+    assert_eq!(next.len(), 1);
+    assert_eq!(&*next[0].item.name, "a");
+    let ack = effects
+        .sends
+        .iter()
+        .position(|message| matches!(&message.message, ToAgent::Ack { op_id, .. } if *op_id == first[0].op_id))
+        .expect("the result is acknowledged");
+    let order = effects
+        .sends
+        .iter()
+        .position(|message| matches!(message.message, ToAgent::Operation(_)))
+        .expect("the dependent is sent");
+    assert!(
+        order < ack,
+        "what the result unblocks is sent with its commit"
+    );
+    assert_eq!(effects.finished.len(), 1);
+    assert_eq!(effects.finished[0].outcome, OperationOutcome::Done);
+    assert_eq!(state_of(&executor, "b"), Some(ItemState::Created));
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Creating));
+}
+
+#[test]
+fn a_failed_commit_undoes_its_transaction_and_a_full_pass_tries_again_a_second_later() {
+    let mut executor = connected();
+    let before = executor.model().counts().clone();
+    let request = ValidatedSubmit {
+        subgraph: String::new(),
+        items: vec![(item("a", 1), Vec::new())],
+        expected_generation: None,
+        dry_run: false,
+    };
+    let (effects, submitted) = executor.submit(request, at(10)).expect("accepted");
+    assert_eq!(submitted.generation, 1);
+    assert!(!effects.commit.is_empty());
+    executor.commit_failed(at(10));
+    assert_eq!(executor.model().progress().generation, 0);
+    assert!(executor.model().intended.is_empty());
+    assert!(executor.model().current.is_empty());
+    assert_eq!(executor.model().counts(), &before);
+    assert_eq!(executor.next_wakeup(at(10)), Some(1_010));
+
+    // The intent was not stored: the owner answered the submit with an
+    // error, and the client submits again.
+    let effects = submit(&mut executor, vec![item("a", 1)], at(1_010));
+    assert_eq!(orders(&effects.sends).len(), 1);
+    assert_eq!(executor.model().progress().generation, 1);
+}
+
+#[test]
+fn a_retry_keeps_its_op_id_and_counts_an_attempt_and_a_wait_keeps_both() {
+    let mut executor = connected();
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    let first = orders(&effects.sends).remove(0);
+    let failure = AgentOutcome::Failed(OperationError {
+        code: code::UNAVAILABLE,
+        message: "busy".into(),
+    });
+    let effects = answer(&mut executor, &first, failure, at(20));
+    assert!(
+        orders(&effects.sends).is_empty(),
+        "the retry waits for its backoff"
+    );
+    assert_eq!(effects.finished[0].outcome, OperationOutcome::Failed);
+    assert_eq!(executor.next_wakeup(at(20)), Some(1_020));
+
+    let effects = executor.on_timer(at(1_020));
+    executor.committed(at(1_020));
+    let retry = orders(&effects.sends).remove(0);
+    assert_eq!(retry.op_id, first.op_id);
+    assert_eq!(retry.attempt, 2);
+
+    let effects = answer(
+        &mut executor,
+        &retry,
+        AgentOutcome::Wait {
+            retry_after_ms: 500,
+        },
+        at(1_030),
+    );
+    assert!(orders(&effects.sends).is_empty());
+    let effects = executor.on_timer(at(1_530));
+    executor.committed(at(1_530));
+    let again = orders(&effects.sends).remove(0);
+    assert_eq!(
+        (again.op_id.as_str(), again.attempt),
+        (first.op_id.as_str(), 2)
+    );
+}
+
+#[test]
+fn an_intent_change_marks_the_running_operation_cancelled_and_sends_the_cancel_after_the_commit() {
+    let mut executor = connected();
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    let running = orders(&effects.sends).remove(0);
+    let effects = submit(&mut executor, vec![item("a", 2)], at(20));
+    assert!(effects.immediate.is_empty());
+    let marked = effects
+        .commit
+        .items
+        .iter()
+        .find_map(|write| write.after.as_ref()?.in_flight.clone())
+        .expect("the running operation's record is in the commit");
+    assert!(marked.cancel_requested);
+    assert!(effects.sends.iter().any(
+        |message| matches!(&message.message, ToAgent::Cancel { op_id } if *op_id == running.op_id)
+    ));
+}
+
+#[test]
+fn a_result_of_a_stale_attempt_is_acknowledged_at_once_and_changes_nothing() {
+    let mut executor = connected();
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    let mut stale = orders(&effects.sends).remove(0);
+    stale.attempt += 5;
+    let effects = answer(&mut executor, &stale, done(), at(20));
+    assert!(effects.commit.is_empty());
+    assert_eq!(effects.immediate.len(), 1);
+    assert!(matches!(effects.immediate[0].message, ToAgent::Ack { .. }));
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Creating));
+}
+
+#[test]
+fn operations_time_out_on_the_monotonic_clock_whatever_the_wall_clock_does() {
+    let mut executor = connected();
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    let running = orders(&effects.sends).remove(0);
+    assert_eq!(executor.next_wakeup(at(10)), Some(10 + TIMEOUT_MS));
+    // The wall clock jumps a day ahead; the monotonic clock barely moves.
+    let jumped = Now {
+        wall_ms: WALL_START + 86_400_000,
+        mono_ms: 20,
+    };
+    let effects = executor.on_timer(jumped);
+    executor.committed(jumped);
+    assert!(effects.finished.is_empty());
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Creating));
+
+    let effects = executor.on_timer(at(10 + TIMEOUT_MS));
+    executor.committed(at(10 + TIMEOUT_MS));
+    assert!(effects.immediate.iter().any(
+        |message| matches!(&message.message, ToAgent::Cancel { op_id } if *op_id == running.op_id)
+    ));
+    assert_eq!(effects.finished.len(), 1);
+    assert_eq!(
+        effects.finished[0].error.as_ref().map(|e| e.code),
+        Some(code::DEADLINE_EXCEEDED)
+    );
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Failed));
+}
+
+#[test]
+fn a_lost_session_leaves_its_operation_unknown_and_the_next_holder_gets_it_again() {
+    let mut executor = connected();
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    let running = orders(&effects.sends).remove(0);
+    let effects = executor.session_closed(1, "the stream ended", at(20));
+    executor.committed(at(20));
+    assert!(
+        effects
+            .commit
+            .events
+            .iter()
+            .any(|event| matches!(event, TenantEvent::AgentDisconnected { .. }))
+    );
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Unknown));
+    assert!(executor.connected_item_types().is_empty());
+
+    let effects = register(&mut executor, 2, "agent", at(30));
+    let resent = orders(&effects.sends);
+    assert_eq!(resent.len(), 1);
+    assert_eq!(
+        (resent[0].op_id.as_str(), resent[0].attempt),
+        (running.op_id.as_str(), 1)
+    );
+    assert_eq!(effects.sends[0].session_id, 2);
+}
+
+#[test]
+fn another_agent_is_refused_while_the_type_is_held_and_a_reconnect_takes_it_over() {
+    let mut executor = connected();
+    let refused = executor.register(
+        Registration {
+            session_id: 2,
+            agent_id: "other".into(),
+            types: vec![spec()],
+            outstanding: Default::default(),
+        },
+        at(10),
+    );
+    assert!(refused.is_err());
+    let effects = submit(&mut executor, vec![item("a", 1)], at(20));
+    let running = orders(&effects.sends).remove(0);
+
+    // The same agent on a new session: the operation in flight on the old
+    // one is sent again there, and a late result on the old session is
+    // acknowledged without changing anything.
+    let effects = register(&mut executor, 3, "agent", at(30));
+    let resent = orders(&effects.sends);
+    assert_eq!(resent[0].op_id, running.op_id);
+    assert!(resent[0].epoch > running.epoch);
+    let late = executor.results(
+        vec![AgentResult {
+            session_id: 1,
+            op_id: running.op_id.clone(),
+            attempt: running.attempt,
+            outcome: done(),
+        }],
+        at(40),
+    );
+    executor.committed(at(40));
+    assert!(late.commit.is_empty());
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Creating));
+    assert!(
+        late.immediate
+            .iter()
+            .any(|message| message.session_id == 3
+                && matches!(message.message, ToAgent::Operation(_))),
+        "the holder of the type gets the operation again"
+    );
+}
+
+#[test]
+fn items_wait_for_a_configurator_and_its_registration_dispatches_them() {
+    let mut executor = executor();
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    assert!(orders(&effects.sends).is_empty());
+    assert_eq!(
+        executor
+            .model()
+            .waiting
+            .get(&ItemRef::new("t", "a"))
+            .map(|w| w.reason),
+        Some(crate::engine::plan::WaitReason::NoConfigurator)
+    );
+    let effects = register(&mut executor, 1, "agent", at(20));
+    assert_eq!(orders(&effects.sends).len(), 1);
+    assert_eq!(effects.commit.specs.len(), 1);
+}
+
+#[test]
+fn a_dry_run_plans_on_the_changed_intent_and_changes_nothing() {
+    let mut executor = connected();
+    let request = ValidatedSubmit {
+        subgraph: String::new(),
+        items: vec![(item("a", 1), Vec::new())],
+        expected_generation: None,
+        dry_run: true,
+    };
+    let (effects, submitted) = executor.submit(request, at(10)).expect("accepted");
+    assert!(effects.commit.is_empty() && effects.sends.is_empty());
+    assert_eq!(submitted.plan.operations.len(), 1);
+    assert_eq!(submitted.generation, 0);
+    assert!(executor.model().intended.is_empty());
+}
