@@ -85,13 +85,13 @@ const RETRY_AFTER_FAILED_COMMIT_MS: u64 = 1_000;
 
 /// The live session holding an item type.
 #[derive(Clone, Debug)]
-pub(crate) struct Holder {
-    pub(crate) session_id: u64,
-    pub(crate) agent_id: String,
-    pub(crate) epoch: u64,
+struct Holder {
+    session_id: u64,
+    agent_id: String,
+    epoch: u64,
     /// What the agent said it still ran from earlier sessions when it
     /// registered (shared by the types it registered together).
-    pub(crate) outstanding: Arc<Outstanding>,
+    outstanding: Arc<Outstanding>,
 }
 
 /// What a pass looks at.

@@ -21,7 +21,6 @@ pub mod room;
 pub mod spec;
 
 pub use effects::{Commit, Effects, OperationOutcome, TenantEvent};
-pub(crate) use executor::Holder;
 pub use executor::{AgentResult, Executor, ExecutorSettings, Now, Submitted, TypeHeld};
 pub use model::{ItemWrite, StateCounts, TenantModel, TenantProgress};
 pub use registry::{RegisteredType, TypeRegistry};

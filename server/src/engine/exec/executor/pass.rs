@@ -4,14 +4,15 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
+use super::Holder;
 use super::{Executor, Now, Scope, to_session};
 use crate::engine::conditions::{Progress, compute_conditions};
 use crate::engine::exec::effects::Started;
 use crate::engine::exec::model::TenantModel;
 use crate::engine::exec::port::{OperationOrder, ToAgent};
+use crate::engine::exec::registry::TypeRegistry;
 use crate::engine::exec::room::{Limits, Room, Running};
 use crate::engine::exec::spec::{DEFAULT_MAX_IN_FLIGHT, TypeSpec};
-use crate::engine::exec::{Holder, TypeRegistry};
 use crate::engine::plan::{
     BlockedBy, Plan, PlanEnvironment, TypeRules, WaitReason, WaitingItem, plan_operations,
 };
