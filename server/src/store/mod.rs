@@ -11,9 +11,9 @@
 mod batch;
 mod chunked;
 mod commit;
-#[cfg(test)]
-mod conformance;
+pub mod conformance;
 mod error;
+pub mod etcd;
 pub mod keys;
 mod memory;
 mod migrate;
@@ -23,10 +23,11 @@ mod writer;
 
 use std::path::Path;
 
-pub use batch::{MAX_VALUE_BYTES, Write, WriteBatch};
+pub use batch::{Fence, MAX_VALUE_BYTES, Write, WriteBatch};
 pub use chunked::{ChunkedValues, MAX_CHUNKED_VALUE_BYTES};
 pub use commit::CommitHandle;
 pub use error::StoreError;
+pub use etcd::{EtcdOptions, EtcdStore};
 pub use memory::InMemoryStore;
 pub use migrate::{MigrationAdapter, MigrationReport, open_and_migrate};
 pub use sled_store::{SledOptions, SledStore};
