@@ -171,21 +171,7 @@ impl EtcdStore {
             .call(move |shared| async move {
                 let mut client = shared.client.clone();
                 tokio::spawn(async move {
-                    let Ok((mut keeper, mut replies)) = client.lease_keep_alive(lease.0).await
-                    else {
-                        return;
-                    };
-                    let renew = async {
-                        loop {
-                            tokio::time::sleep(ttl / 3).await;
-                            if keeper.keep_alive().await.is_err() {
-                                return;
-                            }
-                            if !matches!(replies.message().await, Ok(Some(_))) {
-                                return;
-                            }
-                        }
-                    };
+                    let renew = staged::keep_lease_alive(&mut client, lease.0, ttl);
                     tokio::select! {
                         () = renew => {}
                         _ = stop => {}

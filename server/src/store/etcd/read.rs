@@ -123,11 +123,12 @@ pub(crate) async fn scan(
         from = last.key().to_vec();
         from.push(0);
         let options = page(limit - found.len()).with_revision(revision);
-        let mut kv = shared.kv.clone();
-        reply = kv
-            .get(from.clone(), Some(options))
-            .await
-            .map_err(crate::store::etcd::connect::etcd_error("scan keys"))?;
+        reply = retry("scan keys", shared.options.commit_timeout, || {
+            let (mut kv, from, options) = (shared.kv.clone(), from.clone(), options.clone());
+            async move { kv.get(from, Some(options)).await }
+        })
+        .await
+        .map_err(|f| f.into_store_error("scan keys"))?;
     }
     found.truncate(limit);
     Ok(found)

@@ -151,20 +151,29 @@ async fn stage_and_mark(
     marked.map(Some)
 }
 
-/// Keeps `lease` alive; returns if that fails.
-async fn keep_lease_alive(client: &mut etcd_client::Client, lease: i64, ttl: Duration) {
-    let Ok((mut keeper, mut replies)) = client.lease_keep_alive(lease).await else {
-        return;
-    };
+/// Keeps `lease` alive; returns once it cannot have been renewed for a
+/// whole `ttl` (it may have expired). A failed keep-alive stream (an etcd
+/// member going away) is opened again.
+pub(crate) async fn keep_lease_alive(client: &mut etcd_client::Client, lease: i64, ttl: Duration) {
+    let mut renewed = tokio::time::Instant::now();
     loop {
-        tokio::time::sleep(ttl / 3).await;
-        if keeper.keep_alive().await.is_err() {
+        if let Ok((mut keeper, mut replies)) = client.lease_keep_alive(lease).await {
+            loop {
+                if keeper.keep_alive().await.is_err() {
+                    break;
+                }
+                match replies.message().await {
+                    Ok(Some(reply)) if reply.ttl() > 0 => renewed = tokio::time::Instant::now(),
+                    Ok(Some(_)) => return,
+                    _ => break,
+                }
+                tokio::time::sleep(ttl / 3).await;
+            }
+        }
+        if renewed.elapsed() >= ttl {
             return;
         }
-        match replies.message().await {
-            Ok(Some(reply)) if reply.ttl() > 0 => {}
-            _ => return,
-        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -247,7 +256,10 @@ async fn roll_in(
     crash_midway: bool,
 ) -> Result<bool, StoreError> {
     let layout = &shared.layout;
-    let (max_ops, max_bytes) = (shared.options.max_txn_ops, shared.options.max_request_bytes);
+    // etcd counts a nested transaction's operations against what the outer
+    // one leaves of `--max-txn-ops`: n guarded writes need n + 1 <= max.
+    let max_ops = shared.options.max_txn_ops.saturating_sub(1).max(1);
+    let max_bytes = shared.options.max_request_bytes;
     let mut start = 0;
     while start < writes.len() {
         let mut end = start;
