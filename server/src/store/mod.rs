@@ -11,6 +11,7 @@
 mod batch;
 mod chunked;
 mod commit;
+mod copy;
 pub mod conformance;
 mod error;
 pub mod etcd;
@@ -29,7 +30,10 @@ pub use commit::CommitHandle;
 pub use error::StoreError;
 pub use etcd::{EtcdOptions, EtcdStore};
 pub use memory::InMemoryStore;
-pub use migrate::{MigrationAdapter, MigrationReport, open_and_migrate};
+pub use copy::{CopyError, copy_store};
+pub use migrate::{
+    MigrationAdapter, MigrationReport, migrate, open_and_migrate, open_and_migrate_etcd,
+};
 pub use sled_store::{SledOptions, SledStore};
 pub use writer::CommitStats;
 

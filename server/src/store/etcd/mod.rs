@@ -126,60 +126,46 @@ impl EtcdStore {
     /// Takes the etcd lock `name` under a lease of `ttl` kept alive while
     /// the returned guard lives, waiting while another process holds it.
     /// Blocking (for start-up code such as migrations).
-    pub fn hold_lock_blocking(&self, name: &[u8], ttl: Duration) -> Result<HeldLock<'_>, StoreError> {
-        let name = name.to_vec();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| StoreError::Etcd {
+    pub fn hold_lock_blocking(
+        &self,
+        name: &[u8],
+        ttl: Duration,
+    ) -> Result<HeldLock<'_>, StoreError> {
+        let name = self
+            .layout
+            .cluster(name)
+            .ok_or_else(|| StoreError::Etcd {
                 operation: "take a lock",
-                message: e.to_string(),
+                message: "lock names may not start with store/".to_owned(),
             })?;
-        // The calls below hop to the etcd thread; this small runtime only
-        // waits for their answers, on a thread that is not a runtime's.
-        let (lease, key) = std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    runtime.block_on(async {
-                        let lease = self.grant_lease(ttl).await?;
-                        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-                        self.keep_alive_until(lease, ttl, stopped).await?;
-                        let key = self.lock(&name, lease).await?;
-                        Ok::<_, StoreError>(((lease, stop), key))
-                    })
-                })
-                .join()
-                .unwrap_or(Err(StoreError::Closed))
+        let ttl_secs = i64::try_from(ttl.as_secs().max(2)).unwrap_or(10);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (lease, key) = self.thread.call_blocking(move |shared| async move {
+            let mut client = shared.client.clone();
+            let lease = client
+                .lease_grant(ttl_secs, None)
+                .await
+                .map_err(connect::etcd_error("grant a lease"))?
+                .id();
+            let mut keeper = client.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = staged::keep_lease_alive(&mut keeper, lease, ttl) => {}
+                    _ = stopped => {}
+                }
+            });
+            let held = client
+                .lock(name, Some(etcd_client::LockOptions::new().with_lease(lease)))
+                .await
+                .map_err(connect::etcd_error("take a lock"))?;
+            Ok((lease, held.key().to_vec()))
         })?;
         Ok(HeldLock {
             store: self,
-            lease: lease.0,
-            stop: Some(lease.1),
+            lease: LeaseId(lease),
+            stop: Some(stop),
             key,
         })
-    }
-
-    /// Keeps `lease` alive on the etcd thread until `stop` fires or is
-    /// dropped.
-    async fn keep_alive_until(
-        &self,
-        lease: LeaseId,
-        ttl: Duration,
-        stop: tokio::sync::oneshot::Receiver<()>,
-    ) -> Result<(), StoreError> {
-        self.thread
-            .call(move |shared| async move {
-                let mut client = shared.client.clone();
-                tokio::spawn(async move {
-                    let renew = staged::keep_lease_alive(&mut client, lease.0, ttl);
-                    tokio::select! {
-                        () = renew => {}
-                        _ = stop => {}
-                    }
-                });
-                Ok(())
-            })
-            .await
     }
 }
 
