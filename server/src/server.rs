@@ -343,13 +343,21 @@ pub fn migrate(config: &Config, mode: MigrateMode) -> anyhow::Result<String> {
 
 /// `reconciled store copy --from STORE --to STORE`: copies every record
 /// into the empty destination; returns a report for humans.
-pub fn store_copy(config: &Config, from: &StoreLocation, to: &StoreLocation) -> anyhow::Result<String> {
+pub fn store_copy(
+    config: &Config,
+    from: &StoreLocation,
+    to: &StoreLocation,
+) -> anyhow::Result<String> {
     let source = open_location(config, from)?;
     let destination = open_location(config, to)?;
     let copied = copy_store(&*source, &*destination)?;
     // The destination's commits are durable once its store is dropped.
     drop(destination);
-    Ok(format!("copied {copied} records from {} to {}\n", describe(from), describe(to)))
+    Ok(format!(
+        "copied {copied} records from {} to {}\n",
+        describe(from),
+        describe(to)
+    ))
 }
 
 /// Opens a raw store (no migrations, no chunk wrapper) for `store copy`.

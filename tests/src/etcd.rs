@@ -81,7 +81,9 @@ fn on_path(name: &str) -> Option<PathBuf> {
 
 fn free_port() -> anyhow::Result<SocketAddr> {
     let probe = TcpListener::bind("127.0.0.1:0").context("cannot bind a probe socket")?;
-    probe.local_addr().context("cannot read the probe's address")
+    probe
+        .local_addr()
+        .context("cannot read the probe's address")
 }
 
 /// One etcd member process.
@@ -194,7 +196,10 @@ impl EtcdCluster {
                 if let Some(child) = &mut member.child
                     && let Some(status) = child.try_wait()?
                 {
-                    bail!("etcd member {} exited before it was ready ({status})", member.name);
+                    bail!(
+                        "etcd member {} exited before it was ready ({status})",
+                        member.name
+                    );
                 }
             }
             let last = match self.probe().await {
@@ -296,7 +301,11 @@ impl EtcdCluster {
             .map(|m| {
                 let log = std::fs::read_to_string(dir.join(format!("{}.log", m.name)))
                     .unwrap_or_default();
-                format!("--- etcd {} ---\n{}", m.name, &log[log.len().saturating_sub(4096)..])
+                format!(
+                    "--- etcd {} ---\n{}",
+                    m.name,
+                    &log[log.len().saturating_sub(4096)..]
+                )
             })
             .collect::<Vec<_>>()
             .join("\n")

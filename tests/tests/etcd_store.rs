@@ -78,7 +78,11 @@ async fn ten_thousand_writes_commit_atomically_as_one_staged_commit() {
     let store = Arc::new(open(&options));
     let before = big_batch(b"\x01i/", 10_000, 1024, 1);
     store.commit(before).await.expect("first version");
-    assert!(internal_keys(&store).is_empty(), "{:?}", internal_keys(&store));
+    assert!(
+        internal_keys(&store).is_empty(),
+        "{:?}",
+        internal_keys(&store)
+    );
 
     // A reader scanning all the while sees one version or the other, whole.
     let stop = Arc::new(AtomicBool::new(false));
@@ -96,7 +100,11 @@ async fn ten_thousand_writes_commit_atomically_as_one_staged_commit() {
                     9_999 => tags == [2].into(),
                     _ => false,
                 };
-                assert!(whole, "a read saw half a commit: {} records, tags {tags:?}", records.len());
+                assert!(
+                    whole,
+                    "a read saw half a commit: {} records, tags {tags:?}",
+                    records.len()
+                );
                 scans += 1;
             }
             scans
@@ -112,7 +120,11 @@ async fn ten_thousand_writes_commit_atomically_as_one_staged_commit() {
     let records = scan_all(&*store, b"\x01i/");
     assert_eq!(records.len(), 9_999);
     assert!(records.iter().all(|(_, value)| value[100] == 2));
-    assert!(internal_keys(&store).is_empty(), "{:?}", internal_keys(&store));
+    assert!(
+        internal_keys(&store).is_empty(),
+        "{:?}",
+        internal_keys(&store)
+    );
 }
 
 /// Commits a staged batch in a store that "crashes" at `point`.
@@ -137,7 +149,11 @@ async fn a_commit_cut_off_before_its_marker_is_never_seen_and_its_chunks_are_dis
     let reopened = open(&options);
     assert!(scan_all(&reopened, b"").is_empty());
     // The writer's staging lease still runs: its chunks stay, unread.
-    assert!(internal_keys(&reopened).iter().any(|k| k.starts_with("store/staged/")));
+    assert!(
+        internal_keys(&reopened)
+            .iter()
+            .any(|k| k.starts_with("store/staged/"))
+    );
     drop(reopened);
 
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -147,7 +163,10 @@ async fn a_commit_cut_off_before_its_marker_is_never_seen_and_its_chunks_are_dis
         if left.is_empty() {
             break;
         }
-        assert!(Instant::now() < deadline, "chunks never discarded: {left:?}");
+        assert!(
+            Instant::now() < deadline,
+            "chunks never discarded: {left:?}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -161,7 +180,10 @@ async fn a_commit_cut_off_after_its_marker_is_rolled_forward_when_the_store_open
         let reopened = open(&options);
         let records = scan_all(&reopened, b"");
         assert_eq!(records.len(), 1_000, "{point:?}");
-        assert!(records.iter().all(|(_, value)| value[100] == 7), "{point:?}");
+        assert!(
+            records.iter().all(|(_, value)| value[100] == 7),
+            "{point:?}"
+        );
         assert!(internal_keys(&reopened).is_empty(), "{point:?}");
     }
 }
@@ -196,7 +218,12 @@ async fn a_commit_whose_fence_moved_on_is_refused_and_writes_nothing() {
     store.commit(batch).await.expect("the fence holds");
 
     // Another replica takes over: the key is deleted and claimed again.
-    assert!(store.delete_if(b"owners/t1", claimed).await.expect("release"));
+    assert!(
+        store
+            .delete_if(b"owners/t1", claimed)
+            .await
+            .expect("release")
+    );
     store
         .put_if_absent(b"owners/t1", b"replica-b".to_vec(), None)
         .await
@@ -210,8 +237,13 @@ async fn a_commit_whose_fence_moved_on_is_refused_and_writes_nothing() {
     other.put(b"\x01other".to_vec(), b"fine".to_vec());
     let (stale, other) = (store.commit(stale), store.commit(other));
     let error = stale.await.expect_err("refused");
-    assert!(matches!(error, StoreError::Fenced { expected, .. } if expected == claimed), "{error}");
-    other.await.expect("an unfenced commit in the same group applies");
+    assert!(
+        matches!(error, StoreError::Fenced { expected, .. } if expected == claimed),
+        "{error}"
+    );
+    other
+        .await
+        .expect("an unfenced commit in the same group applies");
 
     // A staged commit: refused at its marker, its chunks gone.
     let mut large = big_batch(b"\x01big/", 500, 4096, 3);
@@ -220,18 +252,31 @@ async fn a_commit_whose_fence_moved_on_is_refused_and_writes_nothing() {
     assert!(matches!(error, StoreError::Fenced { .. }), "{error}");
 
     assert_eq!(store.get(b"\x01k").expect("get"), Some(b"owned".to_vec()));
-    assert_eq!(store.get(b"\x01other").expect("get"), Some(b"fine".to_vec()));
+    assert_eq!(
+        store.get(b"\x01other").expect("get"),
+        Some(b"fine".to_vec())
+    );
     assert!(scan_all(&store, b"\x01big/").is_empty());
-    assert!(internal_keys(&store).iter().all(|k| k.starts_with("owners/")));
+    assert!(
+        internal_keys(&store)
+            .iter()
+            .all(|k| k.starts_with("owners/"))
+    );
 }
 
 #[tokio::test]
 async fn leases_claims_and_watches_work_as_the_cluster_needs_them() {
     let etcd = EtcdCluster::single().await.expect("etcd starts");
     let store = open(&options(&etcd));
-    let lease = store.grant_lease(Duration::from_secs(5)).await.expect("lease");
+    let lease = store
+        .grant_lease(Duration::from_secs(5))
+        .await
+        .expect("lease");
     let (_, start) = store.get_versioned(b"members/a").await.expect("read");
-    let mut events = store.watch_prefix(b"members/", start + 1).await.expect("watch");
+    let mut events = store
+        .watch_prefix(b"members/", start + 1)
+        .await
+        .expect("watch");
 
     let created = store
         .put_if_absent(b"members/a", b"127.0.0.1:1".to_vec(), Some(lease))
@@ -264,9 +309,20 @@ async fn leases_claims_and_watches_work_as_the_cluster_needs_them() {
         }
     );
     assert!(matches!(next(&mut events).await, KeyEvent::Delete { key, .. } if key == b"members/a"));
-    assert_eq!(store.get_versioned(b"members/a").await.expect("read").0, None);
-    assert!(store.keep_lease_alive(lease).await.is_err(), "a revoked lease is gone");
-    assert!(store.put_if_absent(b"store/data/x", Vec::new(), None).await.is_err());
+    assert_eq!(
+        store.get_versioned(b"members/a").await.expect("read").0,
+        None
+    );
+    assert!(
+        store.keep_lease_alive(lease).await.is_err(),
+        "a revoked lease is gone"
+    );
+    assert!(
+        store
+            .put_if_absent(b"store/data/x", Vec::new(), None)
+            .await
+            .is_err()
+    );
 }
 
 async fn next(events: &mut tokio::sync::mpsc::Receiver<Result<KeyEvent, StoreError>>) -> KeyEvent {

@@ -136,22 +136,37 @@ pub(super) fn resolve(
         ));
     }
     if layer.etcd_cert.is_some() != layer.etcd_key.is_some() {
-        let key = if layer.etcd_cert.is_some() { "etcd_cert" } else { "etcd_key" };
+        let key = if layer.etcd_cert.is_some() {
+            "etcd_cert"
+        } else {
+            "etcd_key"
+        };
         return Err(invalid(
             key,
             "give both the etcd client certificate and its private key".to_owned(),
         ));
     }
     if layer.etcd_user.is_some() != layer.etcd_password.is_some() {
-        let key = if layer.etcd_user.is_some() { "etcd_user" } else { "etcd_password" };
-        return Err(invalid(key, "give both the etcd user and its password".to_owned()));
+        let key = if layer.etcd_user.is_some() {
+            "etcd_user"
+        } else {
+            "etcd_password"
+        };
+        return Err(invalid(
+            key,
+            "give both the etcd user and its password".to_owned(),
+        ));
     }
     if let Some(addr) = &layer.advertise_addr {
-        let port = addr.rsplit_once(':').map(|(host, port)| (host, port.parse::<u16>()));
+        let port = addr
+            .rsplit_once(':')
+            .map(|(host, port)| (host, port.parse::<u16>()));
         if !matches!(port, Some((host, Ok(_))) if !host.is_empty()) {
             return Err(invalid(
                 "advertise_addr",
-                format!("{addr:?} is not HOST:PORT; give the address other replicas reach this one at"),
+                format!(
+                    "{addr:?} is not HOST:PORT; give the address other replicas reach this one at"
+                ),
             ));
         }
     }

@@ -139,8 +139,8 @@ pub fn completed(
     let Some(operation) = existing.in_flight.clone() else {
         return Some(existing.clone());
     };
-    let changes_nothing = operation.question
-        || matches!(operation.kind, OperationKind::Delete | OperationKind::Read);
+    let changes_nothing =
+        operation.question || matches!(operation.kind, OperationKind::Delete | OperationKind::Read);
     if existing.gone_with_external && changes_nothing && !matches!(completion, Completion::Lost) {
         // A question, READ or Delete cannot bring the item back, whatever
         // its outcome (a failed or timed-out Delete too): the item went
@@ -624,8 +624,8 @@ mod tests {
             item.dependencies.push(dependency);
             Arc::new(item)
         };
-        let target = matches!(kind, OperationKind::Create | OperationKind::Modify)
-            .then(|| on_x(true, 2));
+        let target =
+            matches!(kind, OperationKind::Create | OperationKind::Modify).then(|| on_x(true, 2));
         let operation = InFlight::new(kind, "op-2".into(), 1, 8, 0, 10_000);
         CurrentItem {
             gone_with_external: true,

@@ -17,9 +17,7 @@ pub enum CopyError {
     )]
     DestinationNotEmpty,
     /// Reading or writing failed; the destination holds part of the copy.
-    #[error(
-        "{0}; the destination now holds part of the copy: empty it before copying again"
-    )]
+    #[error("{0}; the destination now holds part of the copy: empty it before copying again")]
     Store(#[from] StoreError),
 }
 

@@ -11,8 +11,8 @@
 mod batch;
 mod chunked;
 mod commit;
-mod copy;
 pub mod conformance;
+mod copy;
 mod error;
 pub mod etcd;
 pub mod keys;
@@ -27,10 +27,10 @@ use std::path::Path;
 pub use batch::{Fence, MAX_VALUE_BYTES, Write, WriteBatch};
 pub use chunked::{ChunkedValues, MAX_CHUNKED_VALUE_BYTES};
 pub use commit::CommitHandle;
+pub use copy::{CopyError, copy_store};
 pub use error::StoreError;
 pub use etcd::{EtcdOptions, EtcdStore};
 pub use memory::InMemoryStore;
-pub use copy::{CopyError, copy_store};
 pub use migrate::{
     MigrationAdapter, MigrationReport, migrate, open_and_migrate, open_and_migrate_etcd,
 };

@@ -58,13 +58,7 @@ impl Layout {
 
     /// Chunk `index` of staged commit `id`.
     pub(crate) fn chunk(&self, id: &str, index: u32) -> Vec<u8> {
-        self.join(&[
-            STORE,
-            b"staged/",
-            id.as_bytes(),
-            b"/",
-            &index.to_be_bytes(),
-        ])
+        self.join(&[STORE, b"staged/", id.as_bytes(), b"/", &index.to_be_bytes()])
     }
 
     /// The prefix of every chunk of staged commit `id`.

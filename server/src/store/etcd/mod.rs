@@ -131,13 +131,10 @@ impl EtcdStore {
         name: &[u8],
         ttl: Duration,
     ) -> Result<HeldLock<'_>, StoreError> {
-        let name = self
-            .layout
-            .cluster(name)
-            .ok_or_else(|| StoreError::Etcd {
-                operation: "take a lock",
-                message: "lock names may not start with store/".to_owned(),
-            })?;
+        let name = self.layout.cluster(name).ok_or_else(|| StoreError::Etcd {
+            operation: "take a lock",
+            message: "lock names may not start with store/".to_owned(),
+        })?;
         let ttl_secs = i64::try_from(ttl.as_secs().max(2)).unwrap_or(10);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (lease, key) = self.thread.call_blocking(move |shared| async move {
@@ -155,7 +152,10 @@ impl EtcdStore {
                 }
             });
             let held = client
-                .lock(name, Some(etcd_client::LockOptions::new().with_lease(lease)))
+                .lock(
+                    name,
+                    Some(etcd_client::LockOptions::new().with_lease(lease)),
+                )
                 .await
                 .map_err(connect::etcd_error("take a lock"))?;
             Ok((lease, held.key().to_vec()))

@@ -29,7 +29,11 @@ struct Consistent {
 
 /// Runs the range read `key`/`options`, together with a marker probe,
 /// until no marker is present.
-async fn read(shared: &Shared, key: Vec<u8>, options: GetOptions) -> Result<Consistent, StoreError> {
+async fn read(
+    shared: &Shared,
+    key: Vec<u8>,
+    options: GetOptions,
+) -> Result<Consistent, StoreError> {
     let markers = shared.layout.marker_prefix();
     let probe = GetOptions::new()
         .with_range(prefix_end(&markers))

@@ -101,8 +101,12 @@ async fn stage_and_mark(
         retry("stage a commit", timeout, || {
             let (mut kv, header) = (kv.clone(), header.clone());
             async move {
-                kv.put(header, Vec::new(), Some(PutOptions::new().with_lease(lease)))
-                    .await
+                kv.put(
+                    header,
+                    Vec::new(),
+                    Some(PutOptions::new().with_lease(lease)),
+                )
+                .await
             }
         })
         .await
@@ -190,7 +194,9 @@ async fn mark(
     let mut compares = vec![Compare::version(header.clone(), CompareOp::Greater, 0)];
     let mut otherwise = vec![TxnOp::get(marker.clone(), None)];
     if let Some(fence) = fence {
-        let key = layout.cluster(&fence.key).ok_or_else(|| invalid_fence(fence))?;
+        let key = layout
+            .cluster(&fence.key)
+            .ok_or_else(|| invalid_fence(fence))?;
         compares.push(Compare::mod_revision(
             key.clone(),
             CompareOp::Equal,
@@ -205,10 +211,14 @@ async fn mark(
             TxnOp::delete(header, None),
         ])
         .or_else(otherwise);
-    let response = match retry("mark a staged commit", shared.options.commit_timeout, || {
-        let (mut kv, txn) = (shared.kv.clone(), txn.clone());
-        async move { kv.txn(txn).await }
-    })
+    let response = match retry(
+        "mark a staged commit",
+        shared.options.commit_timeout,
+        || {
+            let (mut kv, txn) = (shared.kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        },
+    )
     .await
     {
         Ok(response) => response,
@@ -288,10 +298,14 @@ async fn roll_in(
             })
             .collect();
         let txn = Txn::new().and_then(guarded);
-        retry("roll a staged commit in", shared.options.commit_timeout, || {
-            let (mut kv, txn) = (shared.kv.clone(), txn.clone());
-            async move { kv.txn(txn).await }
-        })
+        retry(
+            "roll a staged commit in",
+            shared.options.commit_timeout,
+            || {
+                let (mut kv, txn) = (shared.kv.clone(), txn.clone());
+                async move { kv.txn(txn).await }
+            },
+        )
         .await
         .map_err(|f| f.into_store_error("roll a staged commit in"))?;
         if crash_midway {
@@ -306,10 +320,14 @@ async fn roll_in(
         ),
         TxnOp::delete(layout.marker(id), None),
     ]);
-    retry("finish a staged commit", shared.options.commit_timeout, || {
-        let (mut kv, txn) = (shared.kv.clone(), finish.clone());
-        async move { kv.txn(txn).await }
-    })
+    retry(
+        "finish a staged commit",
+        shared.options.commit_timeout,
+        || {
+            let (mut kv, txn) = (shared.kv.clone(), finish.clone());
+            async move { kv.txn(txn).await }
+        },
+    )
     .await
     .map_err(|f| f.into_store_error("finish a staged commit"))?;
     Ok(true)
@@ -348,7 +366,10 @@ pub(crate) async fn roll_forward(shared: &Shared, id: &str) -> Result<(), StoreE
     let mut writes = Vec::new();
     for index in 0..count {
         let chunk = kv
-            .get(layout.chunk(id, index), Some(GetOptions::new().with_revision(marked)))
+            .get(
+                layout.chunk(id, index),
+                Some(GetOptions::new().with_revision(marked)),
+            )
             .await;
         let chunk = match chunk {
             Ok(chunk) => chunk,
@@ -369,8 +390,14 @@ pub(crate) async fn roll_forward(shared: &Shared, id: &str) -> Result<(), StoreE
             }
         }
     }
-    info!(id, writes = writes.len(), "Rolling a committed batch forward.");
-    roll_in(shared, id, marked, &writes, false).await.map(|_| ())
+    info!(
+        id,
+        writes = writes.len(),
+        "Rolling a committed batch forward."
+    );
+    roll_in(shared, id, marked, &writes, false)
+        .await
+        .map(|_| ())
 }
 
 /// Every marked commit, oldest first.
@@ -381,7 +408,11 @@ pub(crate) async fn marked_commits(shared: &Shared) -> Result<Vec<String>, Store
     let markers = kv
         .get(
             prefix.clone(),
-            Some(GetOptions::new().with_range(prefix_end(&prefix)).with_keys_only()),
+            Some(
+                GetOptions::new()
+                    .with_range(prefix_end(&prefix))
+                    .with_keys_only(),
+            ),
         )
         .await
         .map_err(etcd_error("list commit markers"))?;
@@ -407,7 +438,11 @@ pub(crate) async fn recover(shared: &Shared) -> Result<(), StoreError> {
     let chunks = kv
         .get(
             staged.clone(),
-            Some(GetOptions::new().with_range(prefix_end(&staged)).with_keys_only()),
+            Some(
+                GetOptions::new()
+                    .with_range(prefix_end(&staged))
+                    .with_keys_only(),
+            ),
         )
         .await
         .map_err(&list)?;

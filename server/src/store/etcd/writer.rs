@@ -241,7 +241,10 @@ async fn commit_group(shared: &Shared, mut group: Group) {
         let response = match outcome {
             Ok(response) => response,
             Err(Failure::Refused(error)) => {
-                fail_all(group, Failure::Refused(error).into_store_error("commit a batch"));
+                fail_all(
+                    group,
+                    Failure::Refused(error).into_store_error("commit a batch"),
+                );
                 return;
             }
             Err(Failure::Unknown(error)) => stop_process(&error.to_string()),
