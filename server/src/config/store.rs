@@ -220,3 +220,82 @@ impl StoreLocation {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Command, Config, ConfigError};
+
+    fn load(args: &[&str], env: &[(&str, &str)]) -> Result<(Command, Config), ConfigError> {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let argv = std::iter::once("reconciled").chain(args.iter().copied());
+        Config::load_with_env(argv, |name| {
+            env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        })
+    }
+
+    const TOKEN: &str = "0123456789abcdef0123";
+
+    #[test]
+    fn the_etcd_store_is_configured_from_flags_and_environment() {
+        let (_, config) = load(
+            &[
+                "--store",
+                "etcd",
+                "--admin-token",
+                TOKEN,
+                "--etcd-prefix",
+                "/p/",
+            ],
+            &[
+                ("RECONCILED_ETCD_ENDPOINTS", "http://a:2379, https://b:2379"),
+                ("RECONCILED_ETCD_USER", "rec"),
+                ("RECONCILED_ETCD_PASSWORD", "s3cret"),
+            ],
+        )
+        .expect("loads");
+        assert_eq!(config.store, StoreKind::Etcd);
+        assert_eq!(config.etcd.endpoints, ["http://a:2379", "https://b:2379"]);
+        let options = config.etcd.options(None);
+        assert_eq!(options.prefix, "/p/");
+        assert_eq!(options.auth.map(|a| a.user), Some("rec".to_owned()));
+        let toml = config.to_toml();
+        assert!(
+            !toml.contains("s3cret") && toml.contains("etcd_password"),
+            "{toml}"
+        );
+        assert_eq!(load(&[], &[]).expect("loads").1.store, StoreKind::Sled);
+    }
+
+    #[test]
+    fn etcd_settings_are_checked() {
+        let error = load(&["--store", "etcd"], &[]).expect_err("no admin token");
+        assert!(error.to_string().contains("admin token"), "{error}");
+        let error = load(&["--etcd-endpoints", "127.0.0.1:2379"], &[]).expect_err("no scheme");
+        assert!(error.to_string().contains("http://HOST:PORT"), "{error}");
+        let error = load(&["--etcd-cert", "c.pem"], &[]).expect_err("no key");
+        assert!(error.to_string().contains("etcd_cert"), "{error}");
+        let error =
+            load(&[], &[("RECONCILED_ETCD_PASSWORD", "hidden-value")]).expect_err("no user");
+        assert!(!error.to_string().contains("hidden-value"), "{error}");
+        let error = load(&["--advertise-addr", "nohost"], &[]).expect_err("no port");
+        assert!(error.to_string().contains("HOST:PORT"), "{error}");
+    }
+
+    #[test]
+    fn store_locations_parse() {
+        assert_eq!(
+            StoreLocation::parse("sled:/var/lib/r"),
+            Ok(StoreLocation::Sled(PathBuf::from("/var/lib/r")))
+        );
+        assert_eq!(
+            StoreLocation::parse("etcd:"),
+            Ok(StoreLocation::Etcd(Vec::new()))
+        );
+        assert!(StoreLocation::parse("etcd:http://a:1,http://b:2").is_ok());
+        assert!(StoreLocation::parse("postgres:x").is_err());
+    }
+}

@@ -23,8 +23,8 @@ use reconciled_tests::ServerOptions;
 use reconciled_tests::etcd::EtcdCluster;
 
 use super::{
-    MAX_REQUEST_ITEMS, MAX_SECONDS, Measurement, RawRecords, Run, Shape, Spread, WriterRun,
-    report, run_reconciled_with, thousands,
+    MAX_REQUEST_ITEMS, MAX_SECONDS, Measurement, RawRecords, Run, Shape, Spread, WriterRun, report,
+    run_reconciled_with, thousands,
 };
 
 /// etcd's default `--max-txn-ops`.
