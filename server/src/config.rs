@@ -20,11 +20,18 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+mod store;
+
+pub use store::{EtcdSettings, StoreKind, StoreLocation, parse_endpoints};
+
 /// Environment variable naming the TOML configuration file (`--config`).
 pub const CONFIG_FILE_ENV: &str = "RECONCILED_CONFIG";
 
 /// What `admin_token` shows in [`Config::to_toml`] output.
 pub const REDACTED: &str = "<redacted>";
+
+/// Settings whose values are secrets: never echoed in errors or output.
+const SECRET_SETTINGS: [&str; 2] = ["admin_token", "etcd_password"];
 
 /// The longest item the store accepts: it keeps every stored value under
 /// 64 KiB so that sled never moves it to its (unsynced) blob files.
@@ -75,7 +82,7 @@ macro_rules! settings {
                                     ConfigError::Env {
                                         var: $env,
                                         // Never echo a secret back.
-                                        value: if stringify!($key) == "admin_token" {
+                                        value: if SECRET_SETTINGS.contains(&stringify!($key)) {
                                             REDACTED.to_owned()
                                         } else {
                                             raw.clone()
@@ -230,6 +237,33 @@ settings! {
     fsync: bool,
         env = "RECONCILED_FSYNC", default = "true", value_name = "BOOL",
         help = "Fsync every commit; `false` can lose acknowledged writes on power loss";
+    store: StoreKind,
+        env = "RECONCILED_STORE", default = "sled", value_name = "sled|etcd",
+        help = "Where state is kept: `sled` (embedded, in --data-dir) or `etcd` (shared by replicas, see --etcd-endpoints)";
+    etcd_endpoints: String,
+        env = "RECONCILED_ETCD_ENDPOINTS", default = "http://127.0.0.1:2379", value_name = "URLS",
+        help = "Comma-separated client URLs of the etcd members (with --store etcd)";
+    etcd_prefix: String,
+        env = "RECONCILED_ETCD_PREFIX", default = "/reconciled/", value_name = "PREFIX",
+        help = "Key prefix of this deployment in etcd; deployments sharing an etcd need distinct prefixes";
+    advertise_addr: String,
+        env = "RECONCILED_ADVERTISE_ADDR", default = "the --listen address", value_name = "HOST:PORT",
+        help = "Address other replicas and clients reach this replica at";
+    etcd_ca: PathBuf,
+        env = "RECONCILED_ETCD_CA", default = "off", value_name = "PEM_FILE",
+        help = "CA certificates (PEM) that etcd's server certificate must chain to (https:// endpoints)";
+    etcd_cert: PathBuf,
+        env = "RECONCILED_ETCD_CERT", default = "off", value_name = "PEM_FILE",
+        help = "Client certificate (PEM) presented to etcd, together with --etcd-key";
+    etcd_key: PathBuf,
+        env = "RECONCILED_ETCD_KEY", default = "off", value_name = "PEM_FILE",
+        help = "Private key of the etcd client certificate (PEM)";
+    etcd_user: String,
+        env = "RECONCILED_ETCD_USER", default = "off", value_name = "USER",
+        help = "etcd user, when etcd has authentication enabled (with --etcd-password)";
+    etcd_password: String,
+        env = "RECONCILED_ETCD_PASSWORD", default = "off", value_name = "PASSWORD",
+        help = "Password of the etcd user (prefer the environment variable to the flag)";
 }
 
 /// Documentation of one setting, as listed in [`SETTINGS`].
@@ -364,7 +398,7 @@ impl fmt::Debug for Secret {
 }
 
 /// What the process was asked to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     /// Run the server (the default when no subcommand is given).
     Serve,
@@ -372,6 +406,13 @@ pub enum Command {
     Migrate(MigrateMode),
     /// Validate the configuration and print it, effective, as TOML.
     CheckConfig,
+    /// Copy every record of one store into another, empty one.
+    StoreCopy {
+        /// The store read.
+        from: StoreLocation,
+        /// The store written (must be empty).
+        to: StoreLocation,
+    },
 }
 
 /// What `reconciled migrate` does.
@@ -468,6 +509,13 @@ pub struct Config {
     /// Fsync every commit. `false` can lose acknowledged writes on power loss
     /// and is logged as a warning at start.
     pub fsync: bool,
+    /// Which backend keeps the state.
+    pub store: StoreKind,
+    /// How to reach etcd (with `store = etcd`, and for `store copy`).
+    pub etcd: EtcdSettings,
+    /// Address other replicas and clients reach this one at; `None`: the
+    /// listen address.
+    pub advertise_addr: Option<String>,
 }
 
 impl Default for Config {
@@ -509,6 +557,9 @@ impl Default for Config {
             watch_bookmark_interval: Duration::from_secs(5),
             max_watchers_per_tenant: 100,
             fsync: true,
+            store: StoreKind::Sled,
+            etcd: EtcdSettings::default(),
+            advertise_addr: None,
         }
     }
 }
@@ -698,6 +749,25 @@ enum CliCommand {
     },
     /// Validate the configuration and print it, effective, as TOML (admin token redacted)
     CheckConfig,
+    /// Offline store tools (stop the servers using the stores first)
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum StoreCommand {
+    /// Copy every record of one store into another, empty one: `--from sled:DIR --to
+    /// etcd:URLS` (or back); etcd's prefix, TLS and auth come from the --etcd-* settings
+    Copy {
+        /// The store to read: `sled:DIR` or `etcd:URL[,URL...]` (`etcd:` alone: --etcd-endpoints)
+        #[arg(long, value_name = "STORE", value_parser = StoreLocation::parse)]
+        from: StoreLocation,
+        /// The empty store to write: `sled:DIR` or `etcd:URL[,URL...]`
+        #[arg(long, value_name = "STORE", value_parser = StoreLocation::parse)]
+        to: StoreLocation,
+    },
 }
 
 impl Config {
@@ -728,6 +798,9 @@ impl Config {
         let command = match cli.command {
             None | Some(CliCommand::Serve) => Command::Serve,
             Some(CliCommand::CheckConfig) => Command::CheckConfig,
+            Some(CliCommand::Store {
+                command: StoreCommand::Copy { from, to },
+            }) => Command::StoreCopy { from, to },
             Some(CliCommand::Migrate { status, dry_run }) => {
                 Command::Migrate(match (status, dry_run) {
                     (true, _) => MigrateMode::Status,
@@ -794,6 +867,15 @@ impl Config {
             ),
             max_watchers_per_tenant: Some(self.max_watchers_per_tenant as u64),
             fsync: Some(self.fsync),
+            store: Some(self.store),
+            etcd_endpoints: Some(self.etcd.endpoints.join(",")),
+            etcd_prefix: Some(self.etcd.prefix.clone()),
+            advertise_addr: self.advertise_addr.clone(),
+            etcd_ca: self.etcd.ca.clone(),
+            etcd_cert: self.etcd.cert.clone(),
+            etcd_key: self.etcd.key.clone(),
+            etcd_user: self.etcd.user.clone(),
+            etcd_password: self.etcd.password.as_ref().map(|_| REDACTED.to_owned()),
         };
         match toml::to_string(&layer) {
             Ok(text) => text,
@@ -848,6 +930,8 @@ fn resolve(
             Some(secs) => Ok(Duration::from_secs(secs)),
         };
 
+    let (store, etcd, advertise_addr) =
+        store::resolve(&layer, origins, layer.admin_token.is_some())?;
     let data_dir = layer.data_dir.unwrap_or(defaults.data_dir);
     if data_dir.as_os_str().is_empty() {
         return Err(invalid(
@@ -954,6 +1038,9 @@ fn resolve(
     }
 
     Ok(Config {
+        store,
+        etcd,
+        advertise_addr,
         config_file,
         listen: layer.listen.unwrap_or(defaults.listen),
         data_dir,

@@ -1,6 +1,6 @@
 //! The `reconciled` server binary: parses the configuration, sets up
 //! logging and runs the requested subcommand (`serve` by default,
-//! `migrate`, `check-config`). See docs/configuration.md.
+//! `migrate`, `check-config`, `store copy`). See docs/configuration.md.
 #![forbid(unsafe_code)]
 
 use std::io::IsTerminal as _;
@@ -40,6 +40,12 @@ fn main() -> ExitCode {
             init_tracing(&config, None).and_then(|()| run_migrate(&config, mode))
         }
         Command::Serve => run_serve(config.clone()),
+        Command::StoreCopy { from, to } => init_tracing(&config, None).and_then(|()| {
+            let report = reconciled::server::store_copy(&config, &from, &to)
+                .context("cannot copy the store")?;
+            print!("{report}");
+            Ok(())
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -126,8 +132,16 @@ fn run_serve(config: Config) -> anyhow::Result<()> {
 /// `reconciled migrate [--status | --dry-run]`: shows or applies the store's
 /// schema migrations and prints what it found and did.
 fn run_migrate(config: &Config, mode: MigrateMode) -> anyhow::Result<()> {
-    let report = reconciled::server::migrate(config, mode)
-        .with_context(|| format!("cannot migrate the store in {}", config.data_dir.display()))?;
+    let report = reconciled::server::migrate(config, mode).with_context(|| match config.store {
+        reconciled::config::StoreKind::Sled => {
+            format!("cannot migrate the store in {}", config.data_dir.display())
+        }
+        reconciled::config::StoreKind::Etcd => format!(
+            "cannot migrate the etcd store at {} (prefix {})",
+            config.etcd.endpoints.join(","),
+            config.etcd.prefix
+        ),
+    })?;
     print!("{report}");
     Ok(())
 }

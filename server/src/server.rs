@@ -18,11 +18,12 @@ use crate::auth::{AdminToken, AuthLayer};
 use crate::bootstrap::{
     bind, health_and_reflection, incoming, serve_until, server_builder, shutdown_signal,
 };
-use crate::config::{Config, MigrateMode, Reflection};
+use crate::config::{Config, MigrateMode, Reflection, StoreKind, StoreLocation};
 use crate::graph::validate::ValidationLimits;
 use crate::limits::{AgentCounts, ConnectionSlots, GlobalLimits, LimitsLayer};
 use crate::store::{
-    ChunkedValues, MigrationReport, SledOptions, Store, WriteBatch, open_and_migrate,
+    ChunkedValues, EtcdStore, MigrationReport, SledOptions, SledStore, Store, WriteBatch,
+    copy_store, open_and_migrate, open_and_migrate_etcd,
 };
 use crate::telemetry::RpcSpanLayer;
 use crate::tenant::{OwnerSettings, TenantDirectory};
@@ -48,12 +49,23 @@ fn sled_options(config: &Config) -> SledOptions {
 /// Opens the store (applying pending migrations after a backup) and
 /// reports what ran.
 fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
-    std::fs::create_dir_all(&config.data_dir)?;
-    let (store, report) = open_and_migrate(&config.data_dir, sled_options(config), false)?;
-    log_migrations(&report);
     // Records over one stored value (a 64 KiB item's current record while
     // an operation runs holds two values) are kept as chunks.
-    Ok(Arc::new(ChunkedValues::new(store)?))
+    match config.store {
+        StoreKind::Sled => {
+            std::fs::create_dir_all(&config.data_dir)?;
+            let (store, report) = open_and_migrate(&config.data_dir, sled_options(config), false)?;
+            log_migrations(&report);
+            Ok(Arc::new(ChunkedValues::new(store)?))
+        }
+        StoreKind::Etcd => {
+            let options = config.etcd.options(None);
+            info!(endpoints = %options.endpoints.join(","), prefix = %options.prefix, "Opening the etcd store.");
+            let (store, report) = open_and_migrate_etcd(options, &config.data_dir, false)?;
+            log_migrations(&report);
+            Ok(Arc::new(ChunkedValues::new(store)?))
+        }
+    }
 }
 
 fn log_migrations(report: &MigrationReport) {
@@ -292,9 +304,16 @@ async fn flush_store(store: &dyn Store, budget: Duration) {
 /// `reconciled migrate`: shows (`--status`, `--dry-run`) or applies the
 /// store's pending migrations; returns a report for humans.
 pub fn migrate(config: &Config, mode: MigrateMode) -> anyhow::Result<String> {
-    std::fs::create_dir_all(&config.data_dir)?;
     let dry_run = !matches!(mode, MigrateMode::Apply);
-    let (_store, report) = open_and_migrate(&config.data_dir, sled_options(config), dry_run)?;
+    let report = match config.store {
+        StoreKind::Sled => {
+            std::fs::create_dir_all(&config.data_dir)?;
+            open_and_migrate(&config.data_dir, sled_options(config), dry_run)?.1
+        }
+        StoreKind::Etcd => {
+            open_and_migrate_etcd(config.etcd.options(None), &config.data_dir, dry_run)?.1
+        }
+    };
     let before = &report.before;
     let mut text = format!(
         "schema version: {} (this build knows up to {})\n",
@@ -320,4 +339,42 @@ pub fn migrate(config: &Config, mode: MigrateMode) -> anyhow::Result<String> {
         text.push_str(&format!("backup: {}\n", backup.display()));
     }
     Ok(text)
+}
+
+/// `reconciled store copy --from STORE --to STORE`: copies every record
+/// into the empty destination; returns a report for humans.
+pub fn store_copy(
+    config: &Config,
+    from: &StoreLocation,
+    to: &StoreLocation,
+) -> anyhow::Result<String> {
+    let source = open_location(config, from)?;
+    let destination = open_location(config, to)?;
+    let copied = copy_store(&*source, &*destination)?;
+    // The destination's commits are durable once its store is dropped.
+    drop(destination);
+    Ok(format!(
+        "copied {copied} records from {} to {}\n",
+        describe(from),
+        describe(to)
+    ))
+}
+
+/// Opens a raw store (no migrations, no chunk wrapper) for `store copy`.
+fn open_location(config: &Config, location: &StoreLocation) -> anyhow::Result<Box<dyn Store>> {
+    Ok(match location {
+        StoreLocation::Sled(dir) => Box::new(SledStore::open(dir, sled_options(config))?),
+        StoreLocation::Etcd(endpoints) => {
+            let endpoints = (!endpoints.is_empty()).then(|| endpoints.clone());
+            Box::new(EtcdStore::open(config.etcd.options(endpoints))?)
+        }
+    })
+}
+
+fn describe(location: &StoreLocation) -> String {
+    match location {
+        StoreLocation::Sled(dir) => format!("sled:{}", dir.display()),
+        StoreLocation::Etcd(endpoints) if endpoints.is_empty() => "etcd".to_owned(),
+        StoreLocation::Etcd(endpoints) => format!("etcd:{}", endpoints.join(",")),
+    }
 }

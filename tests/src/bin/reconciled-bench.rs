@@ -3,6 +3,8 @@
 //!
 //! - `submit` (below): durable SubmitIntent throughput against the raw
 //!   limits of its store;
+//! - `etcd` (see the [`etcd`] module): SubmitIntent on `--store etcd`
+//!   against raw etcd transactions of the same records;
 //! - `operations` (see the [`operations`] module): operations per second
 //!   dispatched to agents built with our SDK, against a bare tonic
 //!   bidirectional echo and SledStore 1-record commits.
@@ -56,6 +58,8 @@ use reconciled_tests::api::{self, Reconciler};
 use reconciled_tests::proto::v1;
 use reconciled_tests::{ServerOptions, ServerProcess};
 
+#[path = "reconciled_bench/etcd.rs"]
+mod etcd;
 #[path = "reconciled_bench/operations.rs"]
 mod operations;
 #[path = "reconciled_bench/scale.rs"]
@@ -105,6 +109,9 @@ enum Command {
     /// Events per second delivered to 1, 100 and 1000 watchers, and the
     /// delay from commit to delivery, versus a bare tonic fan-out.
     Watch(watch::WatchArgs),
+    /// SubmitIntent on the etcd store versus raw etcd transactions of the
+    /// same records, against one real etcd started for the run.
+    Etcd(etcd::EtcdArgs),
     /// Many tenants and agents on one server: resident memory, start-up
     /// time, and the time until every tenant is Ready after a restart.
     Scale(scale::ScaleArgs),
@@ -147,6 +154,7 @@ fn main() -> anyhow::Result<()> {
         Command::Operations(args) => operations::operations_benchmark(&args),
         Command::Watch(args) => watch::watch_benchmark(&args),
         Command::Scale(args) => scale::scale_benchmark(&args),
+        Command::Etcd(args) => etcd::etcd_benchmark(&args),
         Command::All => {
             for args in [
                 &["submit", "--seconds", "3"][..],
@@ -520,7 +528,18 @@ async fn run_reconciled(
     spread: Spread,
     seconds: Duration,
 ) -> anyhow::Result<Measurement> {
-    let mut server = ServerProcess::start(ServerOptions::default()).await?;
+    run_reconciled_with(ServerOptions::default(), shape, clients, spread, seconds).await
+}
+
+/// [`run_reconciled`] on a server started with `options`.
+async fn run_reconciled_with(
+    options: ServerOptions,
+    shape: &Shape,
+    clients: usize,
+    spread: Spread,
+    seconds: Duration,
+) -> anyhow::Result<Measurement> {
+    let mut server = ServerProcess::start(options).await?;
     let server_pid = find_child_pid(&server)?;
     let admin_channel = server.channel().await?;
     let admin_token = server.admin_token();

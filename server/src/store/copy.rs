@@ -1,0 +1,72 @@
+//! `reconciled store copy`: every record of one store into another, empty
+//! one (sled to etcd to move a single-node deployment onto replicas, and
+//! back).
+
+use crate::store::{Store, StoreError, WriteBatch};
+
+/// Records read and written per batch.
+const COPY_PAGE: usize = 1_000;
+
+/// Why a copy did not happen or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    /// The destination holds records already.
+    #[error(
+        "the destination store is not empty; copy only into an empty store (for etcd, a new \
+         --etcd-prefix or `etcdctl del --prefix <prefix>`; for sled, a new directory)"
+    )]
+    DestinationNotEmpty,
+    /// Reading or writing failed; the destination holds part of the copy.
+    #[error("{0}; the destination now holds part of the copy: empty it before copying again")]
+    Store(#[from] StoreError),
+}
+
+/// Copies every record of `from` into the empty store `to`, in batches of
+/// [`COPY_PAGE`] records; returns how many were copied. Both stores must
+/// be raw (not wrapped in [`ChunkedValues`](crate::store::ChunkedValues)):
+/// chunks are copied as the records they are. Stop the servers using
+/// either store first.
+pub fn copy_store(from: &dyn Store, to: &dyn Store) -> Result<u64, CopyError> {
+    if !to.scan(&[], None, 1)?.is_empty() {
+        return Err(CopyError::DestinationNotEmpty);
+    }
+    let mut copied = 0u64;
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let page = from.scan(&[], after.as_deref(), COPY_PAGE)?;
+        let done = page.len() < COPY_PAGE;
+        after = page.last().map(|(key, _)| key.clone());
+        let mut batch = WriteBatch::new();
+        for (key, value) in page {
+            batch.put(key, value);
+            copied += 1;
+        }
+        to.commit_blocking(batch)?;
+        if done {
+            return Ok(copied);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::InMemoryStore;
+
+    #[test]
+    fn every_record_is_copied_into_an_empty_store_only() {
+        let from = InMemoryStore::new();
+        let mut batch = WriteBatch::new();
+        for index in 0..2_500u32 {
+            batch.put(index.to_be_bytes().to_vec(), vec![1; 10]);
+        }
+        from.commit_blocking(batch).expect("commit");
+        let to = InMemoryStore::new();
+        assert_eq!(copy_store(&from, &to).expect("copied"), 2_500);
+        assert_eq!(from.snapshot(), to.snapshot());
+        assert!(matches!(
+            copy_store(&from, &to),
+            Err(CopyError::DestinationNotEmpty)
+        ));
+    }
+}

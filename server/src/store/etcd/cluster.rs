@@ -1,0 +1,337 @@
+//! The etcd primitives replicas build membership and ownership on
+//! (DESIGN section 11): leases, keys claimed under a lease, reads with
+//! their revisions, conditional deletes, watches, and a lock.
+//!
+//! Keys here are relative to the store's prefix and may not start with
+//! `store/` (the store's own records). Their revisions are what a
+//! [`Fence`](crate::store::Fence) compares.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, LockOptions, PutOptions, Txn, TxnOp, WatchOptions,
+};
+use tokio::sync::mpsc;
+
+use crate::store::StoreError;
+use crate::store::batch::printable_key;
+use crate::store::etcd::EtcdStore;
+use crate::store::etcd::connect::etcd_error;
+use crate::store::etcd::layout::prefix_end;
+
+/// An etcd lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseId(pub i64);
+
+/// A key's value and revisions, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Versioned {
+    /// The value.
+    pub value: Vec<u8>,
+    /// The revision of the key's last change (what fences compare).
+    pub mod_revision: i64,
+    /// The revision that created the key.
+    pub create_revision: i64,
+    /// The lease the key is attached to (0: none).
+    pub lease: i64,
+}
+
+/// A change seen by a watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyEvent {
+    /// `key` was set to `value` at `mod_revision`.
+    Put {
+        /// The key, relative to the prefix.
+        key: Vec<u8>,
+        /// Its new value.
+        value: Vec<u8>,
+        /// The revision of the change.
+        mod_revision: i64,
+    },
+    /// `key` was deleted (or its lease expired) at `revision`.
+    Delete {
+        /// The key, relative to the prefix.
+        key: Vec<u8>,
+        /// The revision of the deletion.
+        revision: i64,
+    },
+}
+
+/// Events a watch buffers before etcd's stream is paused.
+const WATCH_BUFFER: usize = 1024;
+
+fn cluster_key(store: &EtcdStore, key: &[u8]) -> Result<Vec<u8>, StoreError> {
+    store.layout().cluster(key).ok_or_else(|| StoreError::Etcd {
+        operation: "use a cluster key",
+        message: format!(
+            "key {} lies under store/, the store's own records; choose another key",
+            printable_key(key)
+        ),
+    })
+}
+
+fn seconds(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX)
+}
+
+impl EtcdStore {
+    /// Grants a lease of `ttl` (whole seconds, at least 1; etcd may raise
+    /// very short TTLs to its minimum).
+    pub async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId, StoreError> {
+        let ttl = seconds(ttl);
+        self.thread()
+            .call(move |shared| async move {
+                let mut client = shared.client.clone();
+                let granted = client
+                    .lease_grant(ttl, None)
+                    .await
+                    .map_err(etcd_error("grant a lease"))?;
+                Ok(LeaseId(granted.id()))
+            })
+            .await
+    }
+
+    /// Renews `lease` once; returns the TTL it has now. A lease that has
+    /// expired answers [`StoreError::Etcd`] (keys attached to it are gone).
+    pub async fn keep_lease_alive(&self, lease: LeaseId) -> Result<Duration, StoreError> {
+        self.thread()
+            .call(move |shared| async move {
+                let mut client = shared.client.clone();
+                let renew = etcd_error("renew a lease");
+                let (mut keeper, mut replies) =
+                    client.lease_keep_alive(lease.0).await.map_err(&renew)?;
+                keeper.keep_alive().await.map_err(&renew)?;
+                match replies.message().await.map_err(&renew)? {
+                    Some(reply) if reply.ttl() > 0 => {
+                        Ok(Duration::from_secs(u64::try_from(reply.ttl()).unwrap_or(0)))
+                    }
+                    _ => Err(StoreError::Etcd {
+                        operation: "renew a lease",
+                        message: format!("lease {:x} has expired", lease.0),
+                    }),
+                }
+            })
+            .await
+    }
+
+    /// Revokes `lease`: every key attached to it is deleted.
+    pub async fn revoke_lease(&self, lease: LeaseId) -> Result<(), StoreError> {
+        self.thread()
+            .call(move |shared| async move {
+                let mut client = shared.client.clone();
+                client
+                    .lease_revoke(lease.0)
+                    .await
+                    .map_err(etcd_error("revoke a lease"))?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Creates `key` = `value` (attached to `lease`, if given) only if the
+    /// key does not exist; its mod revision if it was created, `None` if
+    /// the key exists.
+    pub async fn put_if_absent(
+        &self,
+        key: &[u8],
+        value: Vec<u8>,
+        lease: Option<LeaseId>,
+    ) -> Result<Option<i64>, StoreError> {
+        let key = cluster_key(self, key)?;
+        self.thread()
+            .call(move |shared| async move {
+                let options = lease.map(|lease| PutOptions::new().with_lease(lease.0));
+                let txn = Txn::new()
+                    .when(vec![Compare::version(key.clone(), CompareOp::Equal, 0)])
+                    .and_then(vec![TxnOp::put(key, value, options)]);
+                let mut kv = shared.kv.clone();
+                let response = kv.txn(txn).await.map_err(etcd_error("claim a key"))?;
+                Ok(response
+                    .succeeded()
+                    .then(|| response.header().map_or(0, |h| h.revision())))
+            })
+            .await
+    }
+
+    /// Reads `key`; also returns the etcd revision the read saw.
+    pub async fn get_versioned(&self, key: &[u8]) -> Result<(Option<Versioned>, i64), StoreError> {
+        let key = cluster_key(self, key)?;
+        self.thread()
+            .call(move |shared| async move {
+                let mut kv = shared.kv.clone();
+                let reply = kv.get(key, None).await.map_err(etcd_error("read a key"))?;
+                let revision = reply.header().map_or(0, |h| h.revision());
+                let found = reply.kvs().first().map(|kv| Versioned {
+                    value: kv.value().to_vec(),
+                    mod_revision: kv.mod_revision(),
+                    create_revision: kv.create_revision(),
+                    lease: kv.lease(),
+                });
+                Ok((found, revision))
+            })
+            .await
+    }
+
+    /// Every key under `prefix` with its value and revisions, and the
+    /// revision they were read at (to watch from the next one).
+    pub async fn list_versioned(
+        &self,
+        prefix: &[u8],
+    ) -> Result<(Vec<(Vec<u8>, Versioned)>, i64), StoreError> {
+        let start = cluster_key(self, prefix)?;
+        self.thread()
+            .call(move |shared| async move {
+                let mut kv = shared.kv.clone();
+                let end = prefix_end(&start);
+                let reply = kv
+                    .get(start, Some(GetOptions::new().with_range(end)))
+                    .await
+                    .map_err(etcd_error("list keys"))?;
+                let revision = reply.header().map_or(0, |h| h.revision());
+                let found = reply
+                    .kvs()
+                    .iter()
+                    .map(|kv| {
+                        (
+                            shared.layout.relative(kv.key()).to_vec(),
+                            Versioned {
+                                value: kv.value().to_vec(),
+                                mod_revision: kv.mod_revision(),
+                                create_revision: kv.create_revision(),
+                                lease: kv.lease(),
+                            },
+                        )
+                    })
+                    .collect();
+                Ok((found, revision))
+            })
+            .await
+    }
+
+    /// Deletes `key` only if its mod revision is still `mod_revision`
+    /// (a hand-off releasing what it claimed); true if it was deleted.
+    pub async fn delete_if(&self, key: &[u8], mod_revision: i64) -> Result<bool, StoreError> {
+        let key = cluster_key(self, key)?;
+        self.thread()
+            .call(move |shared| async move {
+                let txn = Txn::new()
+                    .when(vec![Compare::mod_revision(
+                        key.clone(),
+                        CompareOp::Equal,
+                        mod_revision,
+                    )])
+                    .and_then(vec![TxnOp::delete(key, None)]);
+                let mut kv = shared.kv.clone();
+                let response = kv.txn(txn).await.map_err(etcd_error("release a key"))?;
+                Ok(response.succeeded())
+            })
+            .await
+    }
+
+    /// Watches every key under `prefix` from `from_revision` (0: from now).
+    /// The receiver yields events in revision order; an `Err` ends it (the
+    /// revision was compacted, etcd cancelled the watch or was lost), and
+    /// so does dropping the store.
+    pub async fn watch_prefix(
+        &self,
+        prefix: &[u8],
+        from_revision: i64,
+    ) -> Result<mpsc::Receiver<Result<KeyEvent, StoreError>>, StoreError> {
+        let start = cluster_key(self, prefix)?;
+        let (events, receiver) = mpsc::channel(WATCH_BUFFER);
+        self.thread()
+            .call(move |shared| async move {
+                let mut client = shared.client.clone();
+                let options = WatchOptions::new()
+                    .with_range(prefix_end(&start))
+                    .with_start_revision(from_revision);
+                let mut stream = client
+                    .watch(start, Some(options))
+                    .await
+                    .map_err(etcd_error("watch keys"))?;
+                tokio::spawn(async move {
+                    loop {
+                        let reply = match stream.message().await {
+                            Ok(Some(reply)) => reply,
+                            Ok(None) => {
+                                let _ = events.send(Err(watch_ended("the stream ended"))).await;
+                                return;
+                            }
+                            Err(error) => {
+                                let _ = events.send(Err(etcd_error("watch keys")(error))).await;
+                                return;
+                            }
+                        };
+                        if reply.canceled() {
+                            let reason = format!(
+                                "etcd cancelled the watch (compacted at revision {}): {}",
+                                reply.compact_revision(),
+                                reply.cancel_reason()
+                            );
+                            let _ = events.send(Err(watch_ended(&reason))).await;
+                            return;
+                        }
+                        for event in reply.events() {
+                            let Some(kv) = event.kv() else { continue };
+                            let key = shared.layout.relative(kv.key()).to_vec();
+                            let event = match event.event_type() {
+                                EventType::Put => KeyEvent::Put {
+                                    key,
+                                    value: kv.value().to_vec(),
+                                    mod_revision: kv.mod_revision(),
+                                },
+                                EventType::Delete => KeyEvent::Delete {
+                                    key,
+                                    revision: kv.mod_revision(),
+                                },
+                            };
+                            if events.send(Ok(event)).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+                Ok(())
+            })
+            .await?;
+        Ok(receiver)
+    }
+
+    /// Takes the etcd lock `name` (a cluster key) for `lease`, waiting
+    /// while another holder has it; returns the key that holds it (pass
+    /// it to [`unlock`](Self::unlock)). The lock ends with the lease too.
+    pub async fn lock(&self, name: &[u8], lease: LeaseId) -> Result<Vec<u8>, StoreError> {
+        let name = cluster_key(self, name)?;
+        self.thread()
+            .call(move |shared| async move {
+                let mut client = shared.client.clone();
+                let held = client
+                    .lock(name, Some(LockOptions::new().with_lease(lease.0)))
+                    .await
+                    .map_err(etcd_error("take a lock"))?;
+                Ok(held.key().to_vec())
+            })
+            .await
+    }
+
+    /// Releases a lock taken with [`lock`](Self::lock).
+    pub async fn unlock(&self, held: Vec<u8>) -> Result<(), StoreError> {
+        self.thread()
+            .call(move |shared| async move {
+                let mut client = shared.client.clone();
+                client
+                    .unlock(held)
+                    .await
+                    .map_err(etcd_error("release a lock"))?;
+                Ok(())
+            })
+            .await
+    }
+}
+
+fn watch_ended(reason: &str) -> StoreError {
+    StoreError::Etcd {
+        operation: "watch keys",
+        message: reason.to_owned(),
+    }
+}

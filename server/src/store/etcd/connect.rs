@@ -1,0 +1,159 @@
+//! Connecting to etcd: endpoints, TLS, authentication, and the errors etcd
+//! answers with.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use tracing::warn;
+
+use crate::store::StoreError;
+use crate::store::etcd::EtcdOptions;
+use crate::store::etcd::runtime::{Shared, shared};
+
+/// Connects to the endpoints of `options` and checks that etcd answers.
+pub(crate) async fn connect(options: EtcdOptions) -> Result<Shared, StoreError> {
+    let mut connect = ConnectOptions::new()
+        .with_connect_timeout(options.connect_timeout)
+        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(10))
+        .with_require_leader(true);
+    if let Some(tls) = &options.tls {
+        connect = connect.with_tls(tls_options(tls)?);
+    }
+    if let Some(auth) = &options.auth {
+        connect = connect
+            .with_user(auth.user.clone(), auth.password.clone())
+            .with_auto_token_refresh(true);
+    }
+    let client = tokio::time::timeout(
+        options.connect_timeout,
+        Client::connect(options.endpoints.clone(), Some(connect)),
+    )
+    .await
+    .map_err(|_| timed_out(&options))?
+    .map_err(etcd_error("connect"))?;
+    let shared = shared(client, options);
+    // A cheap read proves the endpoints, credentials and TLS work.
+    let mut kv = shared.kv.clone();
+    let probe = shared.layout.marker_prefix();
+    tokio::time::timeout(shared.options.connect_timeout, kv.get(probe, None))
+        .await
+        .map_err(|_| timed_out(&shared.options))?
+        .map_err(etcd_error("read from etcd"))?;
+    Ok(shared)
+}
+
+fn timed_out(options: &EtcdOptions) -> StoreError {
+    StoreError::Etcd {
+        operation: "connect",
+        message: format!(
+            "no answer from {} within {:?}",
+            options.endpoints.join(","),
+            options.connect_timeout
+        ),
+    }
+}
+
+fn tls_options(tls: &crate::store::etcd::EtcdTls) -> Result<TlsOptions, StoreError> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| StoreError::Etcd {
+            operation: "read the etcd TLS files",
+            message: format!("{}: {e}", path.display()),
+        })
+    };
+    let mut options = TlsOptions::new();
+    if let Some(ca) = &tls.ca {
+        options = options.ca_certificate(Certificate::from_pem(read(ca)?));
+    }
+    match (&tls.cert, &tls.key) {
+        (Some(cert), Some(key)) => {
+            options = options.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        (None, None) => {}
+        _ => {
+            return Err(StoreError::Etcd {
+                operation: "read the etcd TLS files",
+                message: "a client certificate needs its key and a key its certificate".to_owned(),
+            });
+        }
+    }
+    Ok(options)
+}
+
+/// Maps an etcd client error to a [`StoreError`] while doing `operation`.
+pub(crate) fn etcd_error(operation: &'static str) -> impl Fn(etcd_client::Error) -> StoreError {
+    move |error| StoreError::Etcd {
+        operation,
+        message: error.to_string(),
+    }
+}
+
+/// True if etcd certainly did not apply a request that failed with
+/// `error` and retrying cannot help (a refused request: too large, too
+/// many operations, no permission, out of space).
+pub(crate) fn is_refusal(error: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    match error {
+        etcd_client::Error::GRpcStatus(status) => matches!(
+            status.code(),
+            Code::InvalidArgument
+                | Code::PermissionDenied
+                | Code::Unauthenticated
+                | Code::ResourceExhausted
+                | Code::FailedPrecondition
+                | Code::OutOfRange
+                | Code::Unimplemented
+        ),
+        etcd_client::Error::InvalidArgs(_)
+        | etcd_client::Error::InvalidUri(_)
+        | etcd_client::Error::InvalidMetadataValue(_) => true,
+        _ => false,
+    }
+}
+
+/// What a request that kept failing leaves behind.
+pub(crate) enum Failure {
+    /// etcd refused it: nothing was applied.
+    Refused(etcd_client::Error),
+    /// It kept failing until the deadline; its outcome is unknown.
+    Unknown(etcd_client::Error),
+}
+
+impl Failure {
+    /// The failure as a [`StoreError`] while doing `operation`.
+    pub(crate) fn into_store_error(self, operation: &'static str) -> StoreError {
+        match self {
+            Failure::Refused(error) | Failure::Unknown(error) => etcd_error(operation)(error),
+        }
+    }
+}
+
+/// Runs `attempt` until it succeeds, etcd refuses it, or `timeout` has
+/// passed, backing off between attempts (etcd without a leader, an
+/// endpoint restarting).
+pub(crate) async fn retry<T, F, Fut>(
+    operation: &'static str,
+    timeout: Duration,
+    mut attempt: F,
+) -> Result<T, Failure>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match attempt().await {
+            Ok(value) => return Ok(value),
+            Err(error) if is_refusal(&error) => return Err(Failure::Refused(error)),
+            Err(error) => {
+                if Instant::now() + pause > deadline {
+                    return Err(Failure::Unknown(error));
+                }
+                warn!(operation, %error, "An etcd request failed; retrying.");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}

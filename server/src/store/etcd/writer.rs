@@ -1,0 +1,330 @@
+//! The commit writer: one task that applies commits in the order they were
+//! queued.
+//!
+//! Callers rely on that order (a later commit of a key wins, an empty
+//! commit waits for every earlier one), so commits are applied one group
+//! at a time. A group is every queued commit that fits, together, in one
+//! etcd transaction (at most `max_txn_ops` keys and `max_request_bytes`),
+//! merged so that the later write to a key wins: commits of many tenants
+//! share one transaction and one raft proposal, as they share one fsync on
+//! sled. A commit too large for one transaction is applied on its own as a
+//! staged commit (see [`staged`](super::staged)).
+//!
+//! Every distinct [`Fence`] of a group is a compare of its transaction.
+//! If one no longer holds, the commits under it fail with
+//! [`StoreError::Fenced`] and the others are applied without them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::mpsc::SyncSender;
+
+use etcd_client::{Compare, CompareOp, TxnOp, TxnOpResponse};
+use tokio::sync::{mpsc, oneshot};
+use tracing::error;
+
+use crate::store::batch::printable_key;
+use crate::store::etcd::codec::{KeyWrite, coalesce, write_bytes};
+use crate::store::etcd::connect::{Failure, retry};
+use crate::store::etcd::runtime::Shared;
+use crate::store::etcd::staged::{self, Staged};
+use crate::store::{Fence, StoreError, WriteBatch};
+
+/// Where the answer to one commit goes.
+pub(crate) enum Reply {
+    /// An awaited [`CommitHandle`](crate::store::CommitHandle).
+    Async(oneshot::Sender<Result<(), StoreError>>),
+    /// A thread blocked in `commit_blocking`.
+    Blocking(SyncSender<Result<(), StoreError>>),
+}
+
+impl Reply {
+    fn send(self, result: Result<(), StoreError>) {
+        // A caller that has gone away no longer needs the answer.
+        match self {
+            Reply::Async(sender) => {
+                let _ = sender.send(result);
+            }
+            Reply::Blocking(sender) => {
+                let _ = sender.send(result);
+            }
+        }
+    }
+}
+
+/// A validated batch waiting for the writer.
+pub(crate) struct CommitRequest {
+    /// The batch.
+    pub(crate) batch: WriteBatch,
+    /// Where its outcome goes.
+    pub(crate) reply: Reply,
+}
+
+/// One commit of a group, its writes coalesced.
+struct Member {
+    writes: Vec<KeyWrite>,
+    fence: Option<Fence>,
+    reply: Reply,
+}
+
+impl Member {
+    fn new(request: CommitRequest) -> Self {
+        let fence = request.batch.fence().cloned();
+        Self {
+            writes: coalesce(request.batch.into_writes()),
+            fence,
+            reply: request.reply,
+        }
+    }
+}
+
+/// Commits merged into one transaction.
+#[derive(Default)]
+struct Group {
+    members: Vec<Member>,
+    index: HashMap<Vec<u8>, usize>,
+    merged: Vec<KeyWrite>,
+    bytes: usize,
+    fences: Vec<Fence>,
+}
+
+impl Group {
+    /// Adds `member` if the group still fits one transaction with it.
+    fn try_add(&mut self, member: Member, max_ops: usize, max_bytes: usize) -> Result<(), Member> {
+        let mut new_keys = 0;
+        let mut bytes = self.bytes;
+        for write in &member.writes {
+            match self.index.get(&write.0) {
+                Some(&at) => {
+                    bytes = bytes - write_bytes(&self.merged[at]) + write_bytes(write);
+                }
+                None => {
+                    new_keys += 1;
+                    bytes += write_bytes(write);
+                }
+            }
+        }
+        let mut fences = self.fences.len();
+        if let Some(fence) = &member.fence {
+            if self
+                .fences
+                .iter()
+                .any(|f| f.key == fence.key && f.mod_revision != fence.mod_revision)
+            {
+                // Two revisions of one key can never both hold.
+                return Err(member);
+            }
+            if !self.fences.contains(fence) {
+                fences += 1;
+                bytes += fence.key.len() + crate::store::etcd::codec::WRITE_OVERHEAD;
+            }
+        }
+        let ops = self.merged.len() + new_keys;
+        if !self.members.is_empty() && (ops > max_ops || fences > max_ops || bytes > max_bytes) {
+            return Err(member);
+        }
+        for write in &member.writes {
+            match self.index.get(&write.0) {
+                Some(&at) => self.merged[at].1 = write.1.clone(),
+                None => {
+                    self.index.insert(write.0.clone(), self.merged.len());
+                    self.merged.push(write.clone());
+                }
+            }
+        }
+        if let Some(fence) = &member.fence
+            && !self.fences.contains(fence)
+        {
+            self.fences.push(fence.clone());
+        }
+        self.bytes = bytes;
+        self.members.push(member);
+        Ok(())
+    }
+
+    /// True if the group (holding one member) is too large for one
+    /// transaction.
+    fn too_large(&self, max_ops: usize, max_bytes: usize) -> bool {
+        self.merged.len() > max_ops || self.fences.len() > max_ops || self.bytes > max_bytes
+    }
+}
+
+/// Applies queued commits until the queue closes (the store was dropped)
+/// or a test's crash point is reached.
+pub(crate) async fn run(shared: Arc<Shared>, mut queue: mpsc::UnboundedReceiver<CommitRequest>) {
+    let (max_ops, max_bytes) = (shared.options.max_txn_ops, shared.options.max_request_bytes);
+    let mut carried: Option<Member> = None;
+    loop {
+        let first = match carried.take() {
+            Some(member) => member,
+            None => match queue.recv().await {
+                Some(request) => Member::new(request),
+                None => return,
+            },
+        };
+        let mut group = Group::default();
+        if let Err(member) = group.try_add(first, max_ops, max_bytes) {
+            // Unreachable: an empty group takes any member.
+            carried = Some(member);
+            continue;
+        }
+        if group.too_large(max_ops, max_bytes) {
+            let Some(member) = group.members.pop() else {
+                continue;
+            };
+            match staged::commit(&shared, member.writes, member.fence).await {
+                Staged::Done(result) => member.reply.send(result),
+                Staged::Crashed => return,
+            }
+            continue;
+        }
+        while let Ok(request) = queue.try_recv() {
+            if let Err(member) = group.try_add(Member::new(request), max_ops, max_bytes) {
+                carried = Some(member);
+                break;
+            }
+        }
+        commit_group(&shared, group).await;
+    }
+}
+
+/// Applies a group as one transaction, failing the commits whose fence
+/// does not hold and applying the others.
+async fn commit_group(shared: &Shared, mut group: Group) {
+    loop {
+        if group.merged.is_empty() && group.fences.is_empty() {
+            for member in group.members {
+                member.reply.send(Ok(()));
+            }
+            return;
+        }
+        let layout = &shared.layout;
+        if let Some(fence) = group
+            .fences
+            .iter()
+            .find(|fence| layout.cluster(&fence.key).is_none())
+        {
+            let error = invalid_fence(fence);
+            fail_all(group, error);
+            return;
+        }
+        let mut compares = Vec::new();
+        let mut fence_reads = Vec::new();
+        for fence in &group.fences {
+            let Some(key) = layout.cluster(&fence.key) else {
+                continue;
+            };
+            compares.push(Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                fence.mod_revision,
+            ));
+            fence_reads.push(TxnOp::get(key, None));
+        }
+        let operations: Vec<TxnOp> = group
+            .merged
+            .iter()
+            .map(|(key, value)| match value {
+                Some(value) => TxnOp::put(layout.data(key), value.clone(), None),
+                None => TxnOp::delete(layout.data(key), None),
+            })
+            .collect();
+        let txn = etcd_client::Txn::new()
+            .when(compares)
+            .and_then(operations)
+            .or_else(fence_reads);
+        let kv = shared.kv.clone();
+        let outcome = retry("commit a batch", shared.options.commit_timeout, || {
+            let (mut kv, txn) = (kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await;
+        let response = match outcome {
+            Ok(response) => response,
+            Err(Failure::Refused(error)) => {
+                fail_all(
+                    group,
+                    Failure::Refused(error).into_store_error("commit a batch"),
+                );
+                return;
+            }
+            Err(Failure::Unknown(error)) => stop_process(&error.to_string()),
+        };
+        if response.succeeded() {
+            for member in group.members {
+                member.reply.send(Ok(()));
+            }
+            return;
+        }
+        let actual: Vec<i64> = response
+            .op_responses()
+            .into_iter()
+            .map(|op| match op {
+                TxnOpResponse::Get(get) => get.kvs().first().map_or(0, |kv| kv.mod_revision()),
+                _ => 0,
+            })
+            .collect();
+        let broken: Vec<(Fence, i64)> = group
+            .fences
+            .iter()
+            .zip(actual)
+            .filter(|(fence, now)| fence.mod_revision != *now)
+            .map(|(fence, now)| (fence.clone(), now))
+            .collect();
+        let mut rest = Group::default();
+        for member in group.members {
+            let refused = member
+                .fence
+                .as_ref()
+                .and_then(|fence| broken.iter().find(|(f, _)| f == fence));
+            match refused {
+                Some((fence, now)) => member.reply.send(Err(fenced(fence, *now))),
+                None => {
+                    // The members fitted together before, so fewer fit too.
+                    if let Err(member) = rest.try_add(member, usize::MAX, usize::MAX) {
+                        member.reply.send(Err(StoreError::Closed));
+                    }
+                }
+            }
+        }
+        group = rest;
+    }
+}
+
+fn fail_all(group: Group, error: StoreError) {
+    for member in group.members {
+        member.reply.send(Err(error.clone()));
+    }
+}
+
+/// The error of a commit whose `fence` no longer holds (`now`: the key's
+/// revision, 0 if it is gone).
+pub(crate) fn fenced(fence: &Fence, now: i64) -> StoreError {
+    StoreError::Fenced {
+        key: printable_key(&fence.key),
+        expected: fence.mod_revision,
+        actual: now,
+    }
+}
+
+/// The error of a fence whose key lies among the store's own records.
+pub(crate) fn invalid_fence(fence: &Fence) -> StoreError {
+    StoreError::Etcd {
+        operation: "check a fence",
+        message: format!(
+            "fence key {} lies under store/, the store's own records; fence on a cluster key",
+            printable_key(&fence.key)
+        ),
+    }
+}
+
+/// After a commit kept failing for `commit_timeout`, whether etcd applied
+/// it is unknown, and so is what this process's memory should hold: the
+/// only safe recovery is a restart that reloads from etcd (as when sled
+/// cannot fsync).
+pub(crate) fn stop_process(message: &str) -> ! {
+    error!(
+        error = message,
+        "etcd did not confirm a commit in time; stopping the process to reload from etcd on restart."
+    );
+    std::process::abort()
+}

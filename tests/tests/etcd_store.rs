@@ -1,0 +1,354 @@
+//! The etcd store backend against real etcd: the store conformance checks,
+//! atomic commits over etcd's limits, crash safety at every stage of a
+//! staged commit, fences, and the cluster primitives.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use reconciled::store::etcd::{CrashPoint, KeyEvent};
+use reconciled::store::{EtcdOptions, EtcdStore, Fence, Store, StoreError, WriteBatch};
+use reconciled_tests::etcd::EtcdCluster;
+
+fn options(cluster: &EtcdCluster) -> EtcdOptions {
+    EtcdOptions {
+        endpoints: cluster.endpoints(),
+        prefix: format!("/test-{:016x}/", rand::random::<u64>()),
+        staging_lease: Duration::from_secs(2),
+        marker_wait: Duration::from_millis(300),
+        ..EtcdOptions::default()
+    }
+}
+
+fn open(options: &EtcdOptions) -> EtcdStore {
+    EtcdStore::open(options.clone()).expect("the store opens")
+}
+
+/// `count` puts of `size`-byte values tagged `tag`, under `prefix`.
+fn big_batch(prefix: &[u8], count: u32, size: usize, tag: u8) -> WriteBatch {
+    let mut batch = WriteBatch::new();
+    for index in 0..count {
+        let mut key = prefix.to_vec();
+        key.extend_from_slice(&index.to_be_bytes());
+        let mut value = vec![tag; size];
+        value[..4].copy_from_slice(&index.to_be_bytes());
+        batch.put(key, value);
+    }
+    batch
+}
+
+/// Every record under `prefix`, read page by page.
+fn scan_all(store: &dyn Store, prefix: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut records: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    loop {
+        let after = records.last().map(|(key, _)| key.clone());
+        let page = store.scan(prefix, after.as_deref(), 1000).expect("scan");
+        let done = page.len() < 1000;
+        records.extend(page);
+        if done {
+            return records;
+        }
+    }
+}
+
+/// The store's own bookkeeping keys (staging, chunks, markers) left in etcd.
+fn internal_keys(store: &EtcdStore) -> Vec<String> {
+    let prefix = store.options().prefix.clone();
+    store
+        .raw_keys()
+        .expect("raw keys")
+        .into_iter()
+        .map(|key| String::from_utf8_lossy(&key[prefix.len()..]).into_owned())
+        .filter(|key| !key.starts_with("store/data/"))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_etcd_store_passes_the_store_conformance_checks() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let fresh = || -> Box<dyn Store> { Box::new(open(&options(&etcd))) };
+    // A current-thread runtime (this test's) calls the synchronous reads.
+    reconciled::store::conformance::check_store(&fresh).await;
+}
+
+#[tokio::test]
+async fn ten_thousand_writes_commit_atomically_as_one_staged_commit() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let options = options(&etcd);
+    let store = Arc::new(open(&options));
+    let before = big_batch(b"\x01i/", 10_000, 1024, 1);
+    store.commit(before).await.expect("first version");
+    assert!(
+        internal_keys(&store).is_empty(),
+        "{:?}",
+        internal_keys(&store)
+    );
+
+    // A reader scanning all the while sees one version or the other, whole.
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut scans = 0;
+            while !stop.load(Ordering::SeqCst) {
+                // One scan is one read (several pages are several reads).
+                let records = store.scan(b"\x01i/", None, 10_000).expect("scan");
+                let tags: std::collections::BTreeSet<u8> =
+                    records.iter().map(|(_, value)| value[100]).collect();
+                let whole = match records.len() {
+                    10_000 => tags == [1].into(),
+                    9_999 => tags == [2].into(),
+                    _ => false,
+                };
+                assert!(
+                    whole,
+                    "a read saw half a commit: {} records, tags {tags:?}",
+                    records.len()
+                );
+                scans += 1;
+            }
+            scans
+        })
+    };
+    let mut after = big_batch(b"\x01i/", 10_000, 1024, 2);
+    after.delete(b"\x01i/\x00\x00\x00\x00".to_vec());
+    store.commit(after).await.expect("the large commit");
+    stop.store(true, Ordering::SeqCst);
+    let scans = reader.join().expect("the reader saw only whole commits");
+    assert!(scans > 0);
+
+    let records = scan_all(&*store, b"\x01i/");
+    assert_eq!(records.len(), 9_999);
+    assert!(records.iter().all(|(_, value)| value[100] == 2));
+    assert!(
+        internal_keys(&store).is_empty(),
+        "{:?}",
+        internal_keys(&store)
+    );
+}
+
+/// Commits a staged batch in a store that "crashes" at `point`.
+fn crash_during_a_large_commit(options: &EtcdOptions, point: CrashPoint) {
+    let crashing = EtcdStore::open(EtcdOptions {
+        crash_point: Some(point),
+        ..options.clone()
+    })
+    .expect("opens");
+    let error = crashing
+        .commit_blocking(big_batch(b"\x01c/", 1_000, 2048, 7))
+        .expect_err("the commit is cut off");
+    assert!(matches!(error, StoreError::Closed), "{error}");
+}
+
+#[tokio::test]
+async fn a_commit_cut_off_before_its_marker_is_never_seen_and_its_chunks_are_discarded() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let options = options(&etcd);
+    crash_during_a_large_commit(&options, CrashPoint::AfterStaging);
+
+    let reopened = open(&options);
+    assert!(scan_all(&reopened, b"").is_empty());
+    // The writer's staging lease still runs: its chunks stay, unread.
+    assert!(
+        internal_keys(&reopened)
+            .iter()
+            .any(|k| k.starts_with("store/staged/"))
+    );
+    drop(reopened);
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let store = open(&options);
+        let left = internal_keys(&store);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "chunks never discarded: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_commit_cut_off_after_its_marker_is_rolled_forward_when_the_store_opens() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    for point in [CrashPoint::AfterMarker, CrashPoint::DuringRollIn] {
+        let options = options(&etcd);
+        crash_during_a_large_commit(&options, point);
+        let reopened = open(&options);
+        let records = scan_all(&reopened, b"");
+        assert_eq!(records.len(), 1_000, "{point:?}");
+        assert!(
+            records.iter().all(|(_, value)| value[100] == 7),
+            "{point:?}"
+        );
+        assert!(internal_keys(&reopened).is_empty(), "{point:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_reader_rolls_forward_a_marked_commit_whose_writer_died() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let options = options(&etcd);
+    let reader = open(&options);
+    crash_during_a_large_commit(&options, CrashPoint::AfterMarker);
+    // The reader opened before the crash, so only its wait can finish it.
+    assert_eq!(scan_all(&reader, b"").len(), 1_000);
+    assert!(internal_keys(&reader).is_empty());
+}
+
+#[tokio::test]
+async fn a_commit_whose_fence_moved_on_is_refused_and_writes_nothing() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let options = options(&etcd);
+    let store = open(&options);
+    let claimed = store
+        .put_if_absent(b"owners/t1", b"replica-a".to_vec(), None)
+        .await
+        .expect("claim")
+        .expect("the key was free");
+    let fence = Fence {
+        key: b"owners/t1".to_vec(),
+        mod_revision: claimed,
+    };
+    let mut batch = WriteBatch::fenced(fence.clone());
+    batch.put(b"\x01k".to_vec(), b"owned".to_vec());
+    store.commit(batch).await.expect("the fence holds");
+
+    // Another replica takes over: the key is deleted and claimed again.
+    assert!(
+        store
+            .delete_if(b"owners/t1", claimed)
+            .await
+            .expect("release")
+    );
+    store
+        .put_if_absent(b"owners/t1", b"replica-b".to_vec(), None)
+        .await
+        .expect("claim")
+        .expect("free again");
+
+    // A small commit, and an unfenced one queued with it.
+    let mut stale = WriteBatch::fenced(fence.clone());
+    stale.put(b"\x01k".to_vec(), b"stale".to_vec());
+    let mut other = WriteBatch::new();
+    other.put(b"\x01other".to_vec(), b"fine".to_vec());
+    let (stale, other) = (store.commit(stale), store.commit(other));
+    let error = stale.await.expect_err("refused");
+    assert!(
+        matches!(error, StoreError::Fenced { expected, .. } if expected == claimed),
+        "{error}"
+    );
+    other
+        .await
+        .expect("an unfenced commit in the same group applies");
+
+    // A staged commit: refused at its marker, its chunks gone.
+    let mut large = big_batch(b"\x01big/", 500, 4096, 3);
+    large.set_fence(Some(fence));
+    let error = store.commit(large).await.expect_err("refused");
+    assert!(matches!(error, StoreError::Fenced { .. }), "{error}");
+
+    assert_eq!(store.get(b"\x01k").expect("get"), Some(b"owned".to_vec()));
+    assert_eq!(
+        store.get(b"\x01other").expect("get"),
+        Some(b"fine".to_vec())
+    );
+    assert!(scan_all(&store, b"\x01big/").is_empty());
+    assert!(
+        internal_keys(&store)
+            .iter()
+            .all(|k| k.starts_with("owners/"))
+    );
+}
+
+#[tokio::test]
+async fn leases_claims_and_watches_work_as_the_cluster_needs_them() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let store = open(&options(&etcd));
+    let lease = store
+        .grant_lease(Duration::from_secs(5))
+        .await
+        .expect("lease");
+    let (_, start) = store.get_versioned(b"members/a").await.expect("read");
+    let mut events = store
+        .watch_prefix(b"members/", start + 1)
+        .await
+        .expect("watch");
+
+    let created = store
+        .put_if_absent(b"members/a", b"127.0.0.1:1".to_vec(), Some(lease))
+        .await
+        .expect("put")
+        .expect("created");
+    assert_eq!(
+        store
+            .put_if_absent(b"members/a", b"127.0.0.1:2".to_vec(), None)
+            .await
+            .expect("put"),
+        None,
+        "a claimed key is not claimed twice"
+    );
+    let (found, _) = store.get_versioned(b"members/a").await.expect("read");
+    let found = found.expect("present");
+    assert_eq!((found.mod_revision, found.lease), (created, lease.0));
+    assert!(store.keep_lease_alive(lease).await.expect("renewed") > Duration::ZERO);
+    let (listed, _) = store.list_versioned(b"members/").await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].0, b"members/a");
+
+    store.revoke_lease(lease).await.expect("revoke");
+    assert_eq!(
+        next(&mut events).await,
+        KeyEvent::Put {
+            key: b"members/a".to_vec(),
+            value: b"127.0.0.1:1".to_vec(),
+            mod_revision: created
+        }
+    );
+    assert!(matches!(next(&mut events).await, KeyEvent::Delete { key, .. } if key == b"members/a"));
+    assert_eq!(
+        store.get_versioned(b"members/a").await.expect("read").0,
+        None
+    );
+    assert!(
+        store.keep_lease_alive(lease).await.is_err(),
+        "a revoked lease is gone"
+    );
+    assert!(
+        store
+            .put_if_absent(b"store/data/x", Vec::new(), None)
+            .await
+            .is_err()
+    );
+}
+
+async fn next(events: &mut tokio::sync::mpsc::Receiver<Result<KeyEvent, StoreError>>) -> KeyEvent {
+    tokio::time::timeout(Duration::from_secs(10), events.recv())
+        .await
+        .expect("an event in time")
+        .expect("the watch runs")
+        .expect("no watch error")
+}
+
+#[tokio::test]
+async fn a_three_member_cluster_keeps_committing_when_one_member_dies() {
+    let mut etcd = EtcdCluster::three().await.expect("etcd starts");
+    let fresh = || -> Box<dyn Store> { Box::new(open(&options(&etcd))) };
+    reconciled::store::conformance::check_store(&fresh).await;
+
+    let options = options(&etcd);
+    let store = open(&options);
+    store
+        .commit(big_batch(b"\x01a/", 2_000, 1024, 1))
+        .await
+        .expect("a staged commit");
+    etcd.kill_member(0).expect("kill");
+    store
+        .commit(big_batch(b"\x01b/", 2_000, 1024, 2))
+        .await
+        .expect("a staged commit with two members of three");
+    assert_eq!(scan_all(&store, b"\x01").len(), 4_000);
+}
