@@ -49,6 +49,12 @@ pub enum Completion {
         /// Whether the change needs a recreate.
         needs_recreate: bool,
     },
+    /// A READ that resolves an UNKNOWN item answered: the item exists with
+    /// these properties (`Some`), or does not exist (`None`).
+    Resolved {
+        /// What the agent observed, if the item exists.
+        observed: Option<Properties>,
+    },
 }
 
 /// The value of `existing` (absent for a first Create) once `in_flight`
@@ -139,6 +145,9 @@ pub fn completed(
     let Some(operation) = existing.in_flight.clone() else {
         return Some(existing.clone());
     };
+    if let Some(lost) = operation.resolves.as_deref() {
+        return resolved(current, existing, lost, completion);
+    }
     let changes_nothing =
         operation.question || matches!(operation.kind, OperationKind::Delete | OperationKind::Read);
     if existing.gone_with_external && changes_nothing && !matches!(completion, Completion::Lost) {
@@ -207,6 +216,11 @@ pub fn completed(
             in_flight: None,
             ..existing.clone()
         }),
+        // Only a READ that resolves an UNKNOWN item resolves (above).
+        Completion::Resolved { .. } => Some(CurrentItem {
+            in_flight: None,
+            ..existing.clone()
+        }),
         Completion::Lost => Some(CurrentItem {
             state: ItemState::Unknown,
             unknown_was_created: existing.is_created() || operation.kind != OperationKind::Create,
@@ -214,6 +228,65 @@ pub fn completed(
             ..existing.clone()
         }),
     }
+}
+
+/// An UNKNOWN item after the READ that resolves its `lost` operation
+/// ended with `completion` (DESIGN 4: "READ resolves them"):
+///
+/// - the item does not exist: it is gone, whatever `lost` was;
+/// - it exists, and `lost` was a Create or Modify whose target it shows on
+///   every property the target sets: `lost` applied;
+/// - it exists otherwise: `lost` did not apply (a Create applied some
+///   other value): the item is created with what was read taken into its
+///   applied value (drift), and a Modify or Delete that did not apply is
+///   asked again under its op id;
+/// - the READ's own outcome is lost: the item is UNKNOWN again, with
+///   `lost` to resolve.
+fn resolved(
+    current: &CurrentGraph,
+    existing: &CurrentItem,
+    lost: &InFlight,
+    completion: Completion,
+) -> Option<CurrentItem> {
+    let unknown = CurrentItem {
+        state: ItemState::Unknown,
+        in_flight: Some(lost.clone()),
+        ..existing.clone()
+    };
+    let observed = match completion {
+        Completion::Resolved { observed: None } => return None,
+        Completion::Resolved {
+            observed: Some(observed),
+        } => observed,
+        _ => return Some(unknown),
+    };
+    let applies =
+        matches!(lost.kind, OperationKind::Create | OperationKind::Modify) && !lost.question;
+    let target = lost.target.as_deref();
+    let shows_target = target.is_some_and(|target| {
+        target
+            .properties
+            .iter()
+            .all(|(key, value)| observed.get(key) == Some(value))
+    });
+    if applies && (shows_target || existing.applied.is_none()) {
+        // Applied; or a Create found something else in its place: created,
+        // with what was read as the applied value where they differ.
+        return completed_successfully(current, &unknown, lost, None)
+            .map(|created| read_back(&created, observed));
+    }
+    let kept = CurrentItem {
+        state: if existing.last_error.is_some() {
+            ItemState::Failed
+        } else {
+            ItemState::Created
+        },
+        in_flight: None,
+        unknown_was_created: false,
+        retry_of: (!lost.question).then(|| retry_of(lost)),
+        ..existing.clone()
+    };
+    Some(read_back(&kept, observed))
 }
 
 /// What is left of an item that went with its external item while its

@@ -146,6 +146,12 @@ pub struct InFlight {
     /// The message of the last progress report, if it had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress_message: Option<String>,
+    /// For a READ sent to resolve an UNKNOWN item (DESIGN 4: "READ
+    /// resolves them"): the operation whose outcome was lost. What the READ
+    /// finds settles it; if the READ cannot tell, the lost operation is
+    /// sent again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolves: Option<Box<InFlight>>,
 }
 
 impl InFlight {
@@ -174,6 +180,7 @@ impl InFlight {
             target: None,
             dispatch_marks: BTreeMap::new(),
             progress_message: None,
+            resolves: None,
         }
     }
 }

@@ -54,5 +54,6 @@ pub fn in_flight(kind: OperationKind) -> InFlight {
         target: None,
         dispatch_marks: Default::default(),
         progress_message: None,
+        resolves: None,
     }
 }

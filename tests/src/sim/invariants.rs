@@ -519,12 +519,26 @@ impl Ledger {
             record.failed = true;
         }
         let item = record.item.clone();
-        if self
-            .lost
-            .get(&item)
-            .is_some_and(|lost| lost.op_id == op_id && lost.attempt == attempt)
+        let resolves = record.kind == OperationKind::Read
+            && match outcome {
+                AgentOutcome::Done { .. } => true,
+                AgentOutcome::Failed(error) => error.code == reconciled::graph::code::NOT_FOUND,
+                _ => false,
+            };
+        if let Some(lost) = self.lost.get(&item)
+            && (resolves || (lost.op_id == op_id && lost.attempt == attempt))
         {
+            // Answered; or a READ (only ever sent to an UNKNOWN item whose
+            // lost operation runs nowhere) said what exists: either way
+            // what the lost operation did is known (DESIGN 4).
+            let lost_op = lost.op_id.clone();
             self.lost.remove(&item);
+            if resolves
+                && let Some((last, ending)) = self.last_by_item.get_mut(&item)
+                && *last == lost_op
+            {
+                *ending = Ending::Finished;
+            }
         }
         if let Some((last, ending)) = self.last_by_item.get_mut(&item)
             && last == op_id

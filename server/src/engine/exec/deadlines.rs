@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use crate::graph::{CurrentGraph, InFlight, ItemRef, ItemState};
+use crate::graph::{CurrentGraph, InFlight, ItemRef};
 
 /// The deadlines of one operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,12 +23,12 @@ pub struct Deadlines {
     by_op: HashMap<String, Deadline>,
 }
 
-/// The operation `op_id` on `item`, if it runs there (an UNKNOWN item's
-/// operation waits for a report, not a clock).
+/// The operation `op_id` on `item`, if it runs at an agent (an UNKNOWN
+/// item's lost operation waits for a report, not a clock).
 fn running<'a>(current: &'a CurrentGraph, op_id: &str, item: &ItemRef) -> Option<&'a InFlight> {
     current
         .get(item)
-        .filter(|entry| entry.state != ItemState::Unknown)
+        .filter(|entry| super::executor::runs(entry))
         .and_then(|entry| entry.in_flight.as_ref())
         .filter(|operation| operation.op_id == op_id)
 }
@@ -175,7 +175,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::graph::{CurrentItem, Item, OperationKind};
+    use crate::graph::{CurrentItem, Item, ItemState, OperationKind};
 
     fn running_create(op_id: &str, timeout_ms: u64) -> CurrentItem {
         CurrentItem::creating(InFlight::new(

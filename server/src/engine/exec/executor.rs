@@ -118,6 +118,9 @@ struct Transaction {
     clocked: Vec<(String, u64)>,
     /// Operations whose cancel is sent.
     cancelled: Vec<String>,
+    /// Lost operations sent again because the READ that was to resolve
+    /// their item could not tell, not yet queued for sending.
+    relost: Vec<(ItemRef, String)>,
     /// Everything its passes looked at (unconverged again if it fails).
     seeds: BTreeSet<ItemRef>,
     /// A timer pass (it clears the retry after a failed commit).
@@ -208,7 +211,7 @@ impl Executor {
             if let Some(operation) = &entry.in_flight {
                 operations.insert(operation.op_id.clone(), key.clone());
             }
-            if entry.state != ItemState::Unknown
+            if runs(&entry)
                 && let Some(lost) = completed(&current, &entry, lost_outcome(&entry))
             {
                 current.insert(key, lost);
@@ -477,6 +480,16 @@ impl Executor {
             .push((op_id.to_owned(), previous));
     }
 
+    /// Queues the lost operations [`Self::resend_lost`] put back for
+    /// sending with the commit.
+    fn send_relost(&mut self) {
+        let relost = std::mem::take(&mut self.transaction().relost);
+        for (item, op_id) in relost {
+            self.track_operation(&op_id, &item);
+            self.send_journaled(&item);
+        }
+    }
+
     /// Recomputes each session's operations in flight from the items'
     /// journaled operations, forgets index entries of operations that are
     /// no longer any item's, and keeps one deadline per running operation.
@@ -568,11 +581,26 @@ fn clamp_retry_times(current: &mut CurrentGraph, types: &TypeRegistry, now_ms: u
 /// nothing (the next resync reads again).
 fn lost_outcome(current: &CurrentItem) -> Completion {
     match &current.in_flight {
-        Some(operation) if operation.kind == OperationKind::Read => Completion::Read {
-            observed: current.observed.as_deref().cloned().unwrap_or_default(),
-        },
+        Some(operation)
+            if operation.kind == OperationKind::Read && operation.resolves.is_none() =>
+        {
+            Completion::Read {
+                observed: current.observed.as_deref().cloned().unwrap_or_default(),
+            }
+        }
         _ => Completion::Lost,
     }
+}
+
+/// Whether `entry`'s operation in flight runs at an agent: any operation of
+/// an item that is not UNKNOWN, and the READ that resolves an UNKNOWN one
+/// (an UNKNOWN item's own operation is lost: it waits for a report, not a
+/// clock).
+pub(crate) fn runs(entry: &CurrentItem) -> bool {
+    entry
+        .in_flight
+        .as_ref()
+        .is_some_and(|operation| entry.state != ItemState::Unknown || operation.resolves.is_some())
 }
 
 /// Whether two condition sets differ in anything but their messages.

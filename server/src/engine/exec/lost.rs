@@ -39,6 +39,10 @@ pub enum Redelivery {
         /// Why.
         why: GiveUpReason,
     },
+    /// Not sent again yet: a READ asks the agent what exists, and its
+    /// answer settles the operation (its type declares READ, and the agent
+    /// that holds the type said the operation runs nowhere).
+    Read,
     /// Sent again as `operation`, with the item's record `value`.
     Resend {
         /// The operation (its re-delivery counted).
@@ -62,14 +66,17 @@ pub enum GiveUpReason {
 /// Decides what becomes of `entry`'s lost `operation` (the item is
 /// UNKNOWN). `agent_holds` is whether the agent that holds the type now
 /// said it still runs the operation or holds its result (`None`: it does
-/// not say). `retry_at` gives, for a number of failures, when the type's
-/// retry policy tries again (`None`: never), for a poison operation.
+/// not say); `readable` whether the type declares READ. `retry_at` gives,
+/// for a number of failures, when the type's retry policy tries again
+/// (`None`: never), for a poison operation.
+#[allow(clippy::too_many_arguments)]
 pub fn redelivery(
     current: &CurrentGraph,
     item: &ItemRef,
     entry: &CurrentItem,
     operation: &InFlight,
     agent_holds: Option<bool>,
+    readable: bool,
     now_ms: u64,
     retry_at: impl FnOnce(u32) -> Option<u64>,
 ) -> Redelivery {
@@ -140,6 +147,11 @@ pub fn redelivery(
             why: GiveUpReason::Poison,
         };
     }
+    if readable && agent_holds == Some(false) {
+        // It runs nowhere: what exists says what it did (DESIGN 4, "READ
+        // resolves them"), with nothing left uncertain.
+        return Redelivery::Read;
+    }
     let broken = broken_dependencies(current, operation);
     if let Some(first) = broken.first() {
         return Redelivery::GiveUp {
@@ -151,7 +163,7 @@ pub fn redelivery(
 }
 
 /// `operation` sent again, its re-delivery counted.
-fn resend(entry: &CurrentItem, operation: &InFlight) -> Redelivery {
+pub fn resend(entry: &CurrentItem, operation: &InFlight) -> Redelivery {
     let operation = InFlight {
         redeliveries: operation.redeliveries + 1,
         ..operation.clone()
@@ -339,6 +351,7 @@ mod tests {
             entry,
             operation,
             agent_holds,
+            false,
             5,
             never,
         )
@@ -440,6 +453,7 @@ mod tests {
             &entry,
             &operation,
             None,
+            false,
             5,
             |failures| Some(100 * u64::from(failures)),
         ) else {
@@ -493,5 +507,33 @@ mod tests {
         assert_eq!(why, GiveUpReason::GoneWithExternal);
         let value = value.expect("it may exist");
         assert!(value.existence_uncertain && !value.gone_with_external);
+    }
+
+    #[test]
+    fn a_lost_operation_of_a_readable_type_that_runs_nowhere_is_resolved_by_a_read() {
+        let (operation, entry) =
+            lost_create(Item::new("t", "a", Default::default()).depends_on(on("gone")));
+        let read = |holds, readable| {
+            redelivery(
+                &CurrentGraph::default(),
+                &ItemRef::new("t", "a"),
+                &entry,
+                &operation,
+                holds,
+                readable,
+                5,
+                never,
+            )
+        };
+        assert_eq!(read(Some(false), true), Redelivery::Read);
+        // Still running at the agent: its outcome is coming.
+        assert!(matches!(read(Some(true), true), Redelivery::Resend { .. }));
+        // An agent that does not say may still run it; a type without
+        // READ cannot be asked.
+        assert!(matches!(read(None, true), Redelivery::GiveUp { .. }));
+        assert!(matches!(
+            read(Some(false), false),
+            Redelivery::GiveUp { .. }
+        ));
     }
 }

@@ -16,7 +16,9 @@ use crate::engine::exec::port::{AgentOutcome, ExternalChange, Grant, Registratio
 use crate::engine::transition::{
     Completion, CurrentUpdates, completed, drifted_paths, mark_gone_with_externals,
 };
-use crate::graph::{CurrentItem, ItemRef, ItemState, OperationError, OperationKind, code};
+use crate::graph::{
+    CurrentItem, InFlight, ItemRef, ItemState, OperationError, OperationKind, code,
+};
 
 /// One result an agent reported.
 #[derive(Clone, Debug)]
@@ -168,9 +170,10 @@ impl Executor {
             .values()
             .filter(|item| released.iter().any(|t| **t == *item.item_type))
             .filter(|item| {
-                self.model.current.get(item).is_some_and(|entry| {
-                    entry.in_flight.is_some() && entry.state != ItemState::Unknown
-                })
+                self.model
+                    .current
+                    .get(item)
+                    .is_some_and(|entry| super::runs(entry))
             })
             .cloned()
             .collect();
@@ -220,6 +223,7 @@ impl Executor {
         for result in &accepted {
             self.model.stage_current(&result.item, result.value.clone());
         }
+        self.send_relost();
         self.pass(Scope::Items(items), now);
         for result in accepted {
             let finished = Finished {
@@ -291,6 +295,16 @@ impl Executor {
                     .push(to_session(holder, ToAgent::Operation(order)));
             }
             return None;
+        }
+        if operation.resolves.is_some() {
+            return self.accept_resolution(
+                session_id,
+                item,
+                (*entry).clone(),
+                operation,
+                outcome,
+                now,
+            );
         }
         let is_read = operation.kind == OperationKind::Read;
         // A failure the agent reported that is not a failed attempt
@@ -395,6 +409,93 @@ impl Executor {
             value,
             error,
         })
+    }
+
+    /// The answer to a READ that resolves an UNKNOWN item: it exists (DONE)
+    /// or not (NOT_FOUND), and what it is settles the lost operation; any
+    /// other answer cannot tell, and the lost operation is sent again.
+    fn accept_resolution(
+        &mut self,
+        session_id: u64,
+        item: ItemRef,
+        entry: CurrentItem,
+        operation: InFlight,
+        outcome: AgentOutcome,
+        now: Now,
+    ) -> Option<Accepted> {
+        let (completion, outcome, error) = match outcome {
+            AgentOutcome::InProgress => {
+                self.transaction().immediate.push(ack(
+                    session_id,
+                    operation.op_id,
+                    operation.attempt,
+                ));
+                return None;
+            }
+            AgentOutcome::Done { observed, .. } => (
+                Completion::Resolved {
+                    observed: Some(observed.unwrap_or_default()),
+                },
+                OperationOutcome::Done,
+                None,
+            ),
+            AgentOutcome::Failed(error) if error.code == code::NOT_FOUND => (
+                Completion::Resolved { observed: None },
+                OperationOutcome::Failed,
+                Some(error),
+            ),
+            AgentOutcome::Failed(error) => {
+                let value = self.resend_lost(&item, &entry);
+                return Some(self.accepted(
+                    session_id,
+                    item,
+                    &operation,
+                    OperationOutcome::Failed,
+                    value,
+                    Some(error),
+                    now,
+                ));
+            }
+            AgentOutcome::Wait { .. } => {
+                let value = self.resend_lost(&item, &entry);
+                return Some(self.accepted(
+                    session_id,
+                    item,
+                    &operation,
+                    OperationOutcome::Wait,
+                    value,
+                    None,
+                    now,
+                ));
+            }
+        };
+        info!(tenant = self.settings.tenant_id, item = %item, op_id = %operation.op_id, "A READ resolved an UNKNOWN item.");
+        let value = completed(&self.model.current, &entry, completion);
+        Some(self.accepted(session_id, item, &operation, outcome, value, error, now))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn accepted(
+        &self,
+        session_id: u64,
+        item: ItemRef,
+        operation: &InFlight,
+        outcome: OperationOutcome,
+        value: Option<CurrentItem>,
+        error: Option<OperationError>,
+        _now: Now,
+    ) -> Accepted {
+        Accepted {
+            session_id,
+            item,
+            kind: operation.kind,
+            op_id: operation.op_id.clone(),
+            attempt: operation.attempt,
+            outcome,
+            started_ms: operation.started_at_ms,
+            value,
+            error,
+        }
     }
 
     /// Notes a progress heartbeat of a running operation (shown as its last
@@ -544,7 +645,7 @@ impl Executor {
         now: Now,
     ) {
         let mut resend = Vec::new();
-        let mut decided: Vec<(ItemRef, Redelivery, String)> = Vec::new();
+        let mut decided: Vec<(ItemRef, Redelivery, CurrentItem)> = Vec::new();
         let candidates: Vec<ItemRef> = self
             .operations
             .values()
@@ -554,12 +655,21 @@ impl Executor {
             .cloned()
             .collect();
         for item in candidates {
-            let Some(entry) = self.model.current.get(&item).cloned() else {
+            let Some(mut entry) = self.model.current.get(&item).map(|entry| (**entry).clone())
+            else {
                 continue;
             };
-            let Some(operation) = entry.in_flight.clone() else {
+            let Some(mut operation) = entry.in_flight.clone() else {
                 continue;
             };
+            if entry.state == ItemState::Unknown
+                && let Some(lost) = operation.resolves.take()
+            {
+                // The READ that was to resolve it was lost too: what is
+                // decided is the lost operation's fate.
+                operation = *lost;
+                entry.in_flight = Some(operation.clone());
+            }
             if entry.state != ItemState::Unknown {
                 // Sent to the previous session of this type: send it again
                 // (agents de-duplicate on op id and attempt).
@@ -573,6 +683,7 @@ impl Executor {
                 .get(&*item.item_type)
                 .and_then(|holder| holder.outstanding.holds(&operation.op_id));
             let spec = self.spec(&item.item_type);
+            let readable = spec.supports_read;
             let rng = &mut self.rng;
             let retry_at = |failures| {
                 spec.retry_at(now.wall_ms, failures, false, |low, high| {
@@ -585,16 +696,22 @@ impl Executor {
                 &entry,
                 &operation,
                 agent_holds,
+                readable,
                 now.wall_ms,
                 retry_at,
             );
-            decided.push((item, decision, operation.op_id));
+            decided.push((item, decision, entry));
         }
         for item in resend {
             self.send_journaled(&item);
         }
         let mut orders = Vec::new();
-        for (item, decision, op_id) in decided {
+        for (item, decision, entry) in decided {
+            let op_id = entry
+                .in_flight
+                .as_ref()
+                .map(|operation| operation.op_id.clone())
+                .unwrap_or_default();
             match decision {
                 Redelivery::Defer => {
                     self.deferred_redeliveries.insert(item);
@@ -615,12 +732,75 @@ impl Executor {
                     self.model.stage_current(&item, Some(value));
                     orders.push((item, operation.op_id));
                 }
+                Redelivery::Read => {
+                    let read = self.resolving_read(&item, &entry, now);
+                    orders.push((item, read));
+                }
             }
         }
         for (item, op_id) in orders {
             self.track_operation(&op_id, &item);
             self.send_journaled(&item);
         }
+    }
+}
+
+impl Executor {
+    /// Stages a READ of UNKNOWN `item` whose lost operation (in `entry`)
+    /// runs nowhere: its answer resolves the item. Returns the READ's op
+    /// id. The lost operation's re-delivery is counted, so an agent that
+    /// keeps dying on it cannot loop for ever (a poison operation).
+    fn resolving_read(&mut self, item: &ItemRef, entry: &CurrentItem, now: Now) -> String {
+        let mut lost = entry.in_flight.clone().unwrap_or_else(|| {
+            InFlight::new(OperationKind::Read, String::new(), 1, 0, now.wall_ms, 0)
+        });
+        lost.redeliveries = lost.redeliveries.saturating_add(1);
+        let timeout_ms = self.spec(&item.item_type).operation_timeout_ms;
+        let read = InFlight {
+            resolves: Some(Box::new(lost.clone())),
+            ..InFlight::new(
+                OperationKind::Read,
+                self.next_op_id(),
+                1,
+                lost.target_generation,
+                now.wall_ms,
+                timeout_ms,
+            )
+        };
+        let op_id = read.op_id.clone();
+        let value = CurrentItem {
+            state: ItemState::Unknown,
+            in_flight: Some(read),
+            ..entry.clone()
+        };
+        self.model.stage_current(item, Some(value));
+        op_id
+    }
+
+    /// The READ that was to resolve UNKNOWN `item` could not tell (it
+    /// failed, waited or timed out): its lost operation is sent again, as
+    /// for a type without READ. Returns the item's new record; the order
+    /// goes out with the commit.
+    pub(super) fn resend_lost(
+        &mut self,
+        item: &ItemRef,
+        entry: &CurrentItem,
+    ) -> Option<CurrentItem> {
+        let lost = entry.in_flight.as_ref()?.resolves.as_deref()?.clone();
+        let unknown = CurrentItem {
+            state: ItemState::Unknown,
+            in_flight: Some(lost.clone()),
+            ..entry.clone()
+        };
+        let Redelivery::Resend { operation, value } =
+            crate::engine::exec::lost::resend(&unknown, &lost)
+        else {
+            return None;
+        };
+        self.transaction()
+            .relost
+            .push((item.clone(), operation.op_id));
+        Some(value)
     }
 }
 

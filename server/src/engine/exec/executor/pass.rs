@@ -135,7 +135,7 @@ impl Executor {
             let Some(operation) = entry.in_flight.as_ref() else {
                 continue;
             };
-            if &operation.op_id == op_id && entry.state != ItemState::Unknown {
+            if &operation.op_id == op_id && super::runs(entry) {
                 let count = counts.entry(&*item.item_type).or_default();
                 count.0 += 1;
                 count.1 += usize::from(operation.kind == OperationKind::Read);
@@ -512,10 +512,19 @@ pub(super) fn order_for(
     let entry = current.get(item)?;
     let operation = entry.in_flight.as_ref()?;
     let applied = entry.applied.clone();
+    // A READ that resolves a lost Create names the value that Create
+    // applies: nothing was applied before it.
+    let resolved_target = || {
+        operation
+            .resolves
+            .as_ref()
+            .and_then(|lost| lost.target.clone())
+    };
     let (subject, previous) = match operation.kind {
         OperationKind::Create => (operation.target.clone()?, None),
         OperationKind::Modify => (operation.target.clone()?, applied),
-        OperationKind::Delete | OperationKind::Read => (applied?, None),
+        OperationKind::Delete => (applied?, None),
+        OperationKind::Read => (applied.or_else(resolved_target)?, None),
     };
     Some(OperationOrder {
         op_id: operation.op_id.clone(),

@@ -3,7 +3,7 @@
 //! the effects, and says whether their commit became durable.
 
 use crate::engine::exec::effects::{Effects, OperationOutcome, TenantEvent};
-use crate::engine::exec::port::{AgentOutcome, OperationOrder, Registration, ToAgent};
+use crate::engine::exec::port::{AgentOutcome, OperationOrder, Outstanding, Registration, ToAgent};
 use crate::engine::exec::{
     AgentResult, Executor, ExecutorSettings, Now, RetryPolicy, TenantProgress, TypeSpec,
 };
@@ -58,13 +58,31 @@ fn connected() -> Executor {
 }
 
 fn register(executor: &mut Executor, session_id: u64, agent_id: &str, now: Now) -> Effects {
+    register_with(
+        executor,
+        session_id,
+        agent_id,
+        spec(),
+        Outstanding::Unsaid,
+        now,
+    )
+}
+
+fn register_with(
+    executor: &mut Executor,
+    session_id: u64,
+    agent_id: &str,
+    spec: TypeSpec,
+    outstanding: Outstanding,
+    now: Now,
+) -> Effects {
     let (effects, _) = executor
         .register(
             Registration {
                 session_id,
                 agent_id: agent_id.into(),
-                types: vec![spec()],
-                outstanding: Default::default(),
+                types: vec![spec],
+                outstanding,
             },
             now,
         )
@@ -445,4 +463,141 @@ fn a_dry_run_plans_on_the_changed_intent_and_changes_nothing() {
     assert_eq!(submitted.plan.operations.len(), 1);
     assert_eq!(submitted.generation, 0);
     assert!(executor.model().intended.is_empty());
+}
+
+/// An item of a READ-capable type whose Create was lost with its session,
+/// and the agent back on session 2 saying it runs nothing: the READ that
+/// resolves it, and the lost Create.
+fn lost_create_read_back() -> (Executor, OperationOrder, OperationOrder) {
+    let mut readable = spec();
+    readable.supports_read = true;
+    let mut executor = executor();
+    register_with(
+        &mut executor,
+        1,
+        "agent",
+        readable.clone(),
+        Outstanding::Listed(Default::default()),
+        at(0),
+    );
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    let lost = orders(&effects.sends).remove(0);
+    executor.session_closed(1, "gone", at(20));
+    executor.committed(at(20));
+    let effects = register_with(
+        &mut executor,
+        2,
+        "agent",
+        readable,
+        Outstanding::Listed(Default::default()),
+        at(30),
+    );
+    let read = orders(&effects.sends).remove(0);
+    (executor, lost, read)
+}
+
+fn answer_on(
+    executor: &mut Executor,
+    session_id: u64,
+    order: &OperationOrder,
+    outcome: AgentOutcome,
+    now: Now,
+) -> Effects {
+    let effects = executor.results(
+        vec![AgentResult {
+            session_id,
+            op_id: order.op_id.clone(),
+            attempt: order.attempt,
+            outcome,
+        }],
+        now,
+    );
+    executor.committed(now);
+    effects
+}
+
+#[test]
+fn an_unknown_item_of_a_readable_type_is_read_when_its_lost_operation_runs_nowhere() {
+    let (executor, lost, read) = lost_create_read_back();
+    assert_eq!(read.kind, OperationKind::Read);
+    assert_ne!(read.op_id, lost.op_id);
+    assert_eq!(
+        read.item.properties, lost.item.properties,
+        "the READ names the lost Create's value"
+    );
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Unknown));
+    assert_eq!(
+        executor.next_wakeup(at(30)),
+        Some(30 + TIMEOUT_MS),
+        "the READ has a deadline"
+    );
+}
+
+#[test]
+fn a_read_showing_the_lost_creates_value_resolves_it_as_applied() {
+    let (mut executor, lost, read) = lost_create_read_back();
+    let observed = lost.item.properties.clone();
+    let effects = answer_on(
+        &mut executor,
+        2,
+        &read,
+        AgentOutcome::Done {
+            observed: Some(observed),
+            needs_recreate: false,
+        },
+        at(40),
+    );
+    assert!(orders(&effects.sends).is_empty(), "nothing more to do");
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Created));
+    assert_eq!(executor.model().counts().get(ItemState::Created), 1);
+}
+
+#[test]
+fn a_read_that_finds_nothing_lets_the_item_be_created_again() {
+    let (mut executor, lost, read) = lost_create_read_back();
+    let effects = answer_on(
+        &mut executor,
+        2,
+        &read,
+        AgentOutcome::Failed(OperationError {
+            code: code::NOT_FOUND,
+            message: "no such item".into(),
+        }),
+        at(40),
+    );
+    let create = orders(&effects.sends).remove(0);
+    assert_eq!(create.kind, OperationKind::Create);
+    assert_ne!(
+        create.op_id, lost.op_id,
+        "a new operation: the lost one did not apply"
+    );
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Creating));
+}
+
+#[test]
+fn a_read_that_cannot_tell_sends_the_lost_operation_again() {
+    let (mut executor, lost, read) = lost_create_read_back();
+    let effects = answer_on(
+        &mut executor,
+        2,
+        &read,
+        AgentOutcome::Failed(OperationError {
+            code: code::UNAVAILABLE,
+            message: "busy".into(),
+        }),
+        at(40),
+    );
+    let again = orders(&effects.sends).remove(0);
+    assert_eq!(
+        (again.op_id.as_str(), again.attempt, again.kind),
+        (lost.op_id.as_str(), 1, OperationKind::Create)
+    );
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Creating));
+
+    // A READ that times out does the same.
+    let (mut executor, lost, _) = lost_create_read_back();
+    let effects = executor.on_timer(at(30 + TIMEOUT_MS));
+    executor.committed(at(30 + TIMEOUT_MS));
+    let again = orders(&effects.sends).remove(0);
+    assert_eq!(again.op_id, lost.op_id);
 }

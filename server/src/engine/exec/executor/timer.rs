@@ -101,6 +101,14 @@ impl Executor {
         let Some(operation) = entry.in_flight.clone() else {
             return;
         };
+        if operation.resolves.is_some() {
+            // The READ that was to resolve an UNKNOWN item cannot tell:
+            // its lost operation is sent again.
+            let value = self.resend_lost(item, &entry);
+            self.model.stage_current(item, value);
+            self.send_relost();
+            return;
+        }
         if let Some(holder) = self.sessions.get(&*item.item_type) {
             let cancel = to_session(
                 holder.session_id,
