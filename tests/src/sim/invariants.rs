@@ -881,7 +881,13 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
     let in_flight = snapshot
         .current
         .iter()
-        .filter(|(_, c)| c.in_flight.is_some() && c.state != ItemState::Unknown)
+        .filter(|(_, c)| {
+            // An UNKNOWN item's own operation is lost; a READ that resolves
+            // it runs.
+            c.in_flight.as_ref().is_some_and(|operation| {
+                c.state != ItemState::Unknown || operation.resolves.is_some()
+            })
+        })
         .count();
     if in_flight != snapshot.in_flight {
         return fail(
@@ -986,6 +992,9 @@ pub fn check_restart(
         .iter()
         .filter_map(|(key, current)| {
             let operation = current.in_flight.as_ref()?;
+            // A READ resolving an UNKNOWN item stands for the operation it
+            // resolves.
+            let operation = operation.resolves.as_deref().unwrap_or(operation);
             // A READ is observation: any later operation may take its place.
             (operation.kind != OperationKind::Read).then(|| {
                 (
