@@ -201,20 +201,28 @@ impl Executor {
             types.insert(spec, epoch);
         }
         clamp_retry_times(&mut current, &types, now.wall_ms);
-        let mut operations = BTreeMap::new();
         let journaled: Vec<(ItemRef, CurrentItem)> = current
             .iter()
             .filter(|(_, entry)| entry.in_flight.is_some())
             .map(|(key, entry)| (key.clone(), (**entry).clone()))
             .collect();
+        let mut operations = BTreeMap::new();
         for (key, entry) in journaled {
-            if let Some(operation) = &entry.in_flight {
+            let lost = if runs(&entry) {
+                completed(&current, &entry, lost_outcome(&entry))
+            } else {
+                Some(entry)
+            };
+            if let Some(operation) = lost.as_ref().and_then(|lost| lost.in_flight.as_ref()) {
                 operations.insert(operation.op_id.clone(), key.clone());
             }
-            if runs(&entry)
-                && let Some(lost) = completed(&current, &entry, lost_outcome(&entry))
-            {
-                current.insert(key, lost);
+            match lost {
+                Some(lost) => {
+                    current.insert(key, lost);
+                }
+                None => {
+                    current.remove(&key);
+                }
             }
         }
         let mut rng = StdRng::seed_from_u64(settings.seed);
@@ -474,13 +482,37 @@ impl Executor {
 
     /// Records that operation `op_id` runs on `item` (staged).
     fn track_operation(&mut self, op_id: &str, item: &ItemRef) {
+        if self.operations.get(op_id) == Some(item) {
+            return;
+        }
         let previous = self.operations.insert(op_id.to_owned(), item.clone());
         self.transaction()
             .undo_operations
             .push((op_id.to_owned(), previous));
     }
 
-    /// Queues the lost operations [`Self::resend_lost`] put back for
+    /// Stages `item`'s new value (`None`: it leaves current state); an
+    /// operation it has in flight is tracked by its op id (a lost
+    /// operation that comes back when the READ resolving it is lost, say).
+    fn stage(&mut self, item: &ItemRef, value: Option<CurrentItem>) {
+        let op_id = value
+            .as_ref()
+            .and_then(|value| value.in_flight.as_ref())
+            .map(|operation| operation.op_id.clone());
+        self.model.stage_current(item, value);
+        if let Some(op_id) = op_id {
+            self.track_operation(&op_id, item);
+        }
+    }
+
+    /// Stages every update in order (see [`Self::stage`]).
+    fn stage_all(&mut self, updates: crate::engine::transition::CurrentUpdates) {
+        for (item, value) in updates {
+            self.stage(&item, value);
+        }
+    }
+
+    /// Queues the lost operations [`Self::unresolved`] put back for
     /// sending with the commit.
     fn send_relost(&mut self) {
         let relost = std::mem::take(&mut self.transaction().relost);

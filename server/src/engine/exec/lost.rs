@@ -163,7 +163,7 @@ pub fn redelivery(
 }
 
 /// `operation` sent again, its re-delivery counted.
-pub fn resend(entry: &CurrentItem, operation: &InFlight) -> Redelivery {
+fn resend(entry: &CurrentItem, operation: &InFlight) -> Redelivery {
     let operation = InFlight {
         redeliveries: operation.redeliveries + 1,
         ..operation.clone()

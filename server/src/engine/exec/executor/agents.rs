@@ -180,7 +180,7 @@ impl Executor {
         for item in lost {
             if let Some(entry) = self.model.current.get(&item).cloned() {
                 let value = completed(&self.model.current, &entry, lost_outcome(&entry));
-                self.model.stage_current(&item, value);
+                self.stage(&item, value);
                 touched.insert(item);
             }
         }
@@ -221,7 +221,7 @@ impl Executor {
             });
         }
         for result in &accepted {
-            self.model.stage_current(&result.item, result.value.clone());
+            self.stage(&result.item, result.value.clone());
         }
         self.send_relost();
         self.pass(Scope::Items(items), now);
@@ -445,7 +445,7 @@ impl Executor {
                 Some(error),
             ),
             AgentOutcome::Failed(error) => {
-                let value = self.resend_lost(&item, &entry);
+                let value = self.unresolved(&item, &entry, now);
                 return Some(self.accepted(
                     session_id,
                     item,
@@ -457,7 +457,7 @@ impl Executor {
                 ));
             }
             AgentOutcome::Wait { .. } => {
-                let value = self.resend_lost(&item, &entry);
+                let value = self.unresolved(&item, &entry, now);
                 return Some(self.accepted(
                     session_id,
                     item,
@@ -593,7 +593,7 @@ impl Executor {
         // waited on what the report settles (a Delete no longer needed once
         // an external item is back), and its wait must not outlive it.
         touched.extend(self.model.unconverged.iter().cloned());
-        self.model.stage_updates(updates);
+        self.stage_all(updates);
         self.pass(Scope::Items(touched), now);
     }
 
@@ -726,10 +726,10 @@ impl Executor {
                             "A lost operation's dependency no longer holds; it is not sent again."
                         );
                     }
-                    self.model.stage_current(&item, value);
+                    self.stage(&item, value);
                 }
                 Redelivery::Resend { operation, value } => {
-                    self.model.stage_current(&item, Some(value));
+                    self.stage(&item, Some(value));
                     orders.push((item, operation.op_id));
                 }
                 Redelivery::Read => {
@@ -773,34 +773,62 @@ impl Executor {
             in_flight: Some(read),
             ..entry.clone()
         };
-        self.model.stage_current(item, Some(value));
+        self.stage(item, Some(value));
         op_id
     }
 
     /// The READ that was to resolve UNKNOWN `item` could not tell (it
-    /// failed, waited or timed out): its lost operation is sent again, as
-    /// for a type without READ. Returns the item's new record; the order
-    /// goes out with the commit.
-    pub(super) fn resend_lost(
+    /// failed, waited or timed out): its lost operation's fate is decided
+    /// as for a type without READ (sent again, given up, or deferred).
+    /// Returns the item's new record; an order goes out with the commit.
+    pub(super) fn unresolved(
         &mut self,
         item: &ItemRef,
         entry: &CurrentItem,
+        now: Now,
     ) -> Option<CurrentItem> {
-        let lost = entry.in_flight.as_ref()?.resolves.as_deref()?.clone();
+        let Some(lost) = entry
+            .in_flight
+            .as_ref()
+            .and_then(|operation| operation.resolves.as_deref())
+            .cloned()
+        else {
+            return Some(entry.clone());
+        };
         let unknown = CurrentItem {
             state: ItemState::Unknown,
             in_flight: Some(lost.clone()),
             ..entry.clone()
         };
-        let Redelivery::Resend { operation, value } =
-            crate::engine::exec::lost::resend(&unknown, &lost)
-        else {
-            return None;
+        let spec = self.spec(&item.item_type);
+        let rng = &mut self.rng;
+        let retry_at = |failures| {
+            spec.retry_at(now.wall_ms, failures, false, |low, high| {
+                rand::Rng::random_range(rng, low..=high)
+            })
         };
-        self.transaction()
-            .relost
-            .push((item.clone(), operation.op_id));
-        Some(value)
+        match redelivery(
+            &self.model.current,
+            item,
+            &unknown,
+            &lost,
+            Some(false),
+            false,
+            now.wall_ms,
+            retry_at,
+        ) {
+            Redelivery::Resend { operation, value } => {
+                self.transaction()
+                    .relost
+                    .push((item.clone(), operation.op_id));
+                Some(value)
+            }
+            Redelivery::GiveUp { value, .. } => value,
+            Redelivery::Defer | Redelivery::Read => {
+                self.deferred_redeliveries.insert(item.clone());
+                Some(unknown)
+            }
+        }
     }
 }
 

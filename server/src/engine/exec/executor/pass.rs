@@ -114,8 +114,8 @@ impl Executor {
         journal.extend(read_journal);
         // Retry times and waiters are read from the state the plan saw.
         self.absorb(&seeds, &plan, now.wall_ms);
-        self.model.stage_updates(bookkeeping);
-        self.model.stage_updates(journal);
+        self.stage_all(bookkeeping);
+        self.stage_all(journal);
         self.update_conditions(now.wall_ms, waiting_for_room);
         self.stage_cancels(&plan, now.wall_ms);
         self.dispatch(starts, now.wall_ms);
@@ -484,7 +484,7 @@ impl Executor {
                 operation.cancel_requested = true;
                 operation.cancel_requested_at_ms = Some(now_ms);
             }
-            self.model.stage_current(item, Some(marked));
+            self.stage(item, Some(marked));
             let session = self
                 .sessions
                 .get(&*item.item_type)

@@ -51,7 +51,7 @@ impl Executor {
         {
             if let Some(entry) = self.model.current.get(&item).cloned() {
                 let value = completed(&self.model.current, &entry, lost_outcome(&entry));
-                self.model.stage_current(&item, value);
+                self.stage(&item, value);
             }
         }
         for item in self
@@ -104,8 +104,8 @@ impl Executor {
         if operation.resolves.is_some() {
             // The READ that was to resolve an UNKNOWN item cannot tell:
             // its lost operation is sent again.
-            let value = self.resend_lost(item, &entry);
-            self.model.stage_current(item, value);
+            let value = self.unresolved(item, &entry, now);
+            self.stage(item, value);
             self.send_relost();
             return;
         }
@@ -138,7 +138,7 @@ impl Executor {
             }
         };
         let value = completed(&self.model.current, &entry, completion);
-        self.model.stage_current(item, value);
+        self.stage(item, value);
         let finished = Finished {
             item: item.clone(),
             kind: operation.kind,
