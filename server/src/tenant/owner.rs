@@ -42,6 +42,7 @@ use super::snapshot::{SnapshotHistory, TenantSnapshot};
 use super::state::TenantState;
 use crate::engine::conditions::{Progress, compute_conditions};
 use crate::engine::intent::{IntentChange, ValidatedSubmit, apply_change, prepare_submit};
+use crate::engine::schema;
 
 /// Settings every tenant owner shares.
 #[derive(Clone, Debug)]
@@ -623,6 +624,7 @@ impl Owner {
 
     async fn submit(&mut self, request: ValidatedSubmit) -> Result<SubmitOutcome, TenantError> {
         let dry_run = request.dry_run;
+        schema::check_items(&self.types, request.items.iter().map(|(item, _)| item))?;
         let change = prepare_submit(
             &self.state.intended,
             self.state.record.generation,
@@ -1236,11 +1238,14 @@ impl Owner {
 
     /// Publishes a snapshot of the current state.
     pub(super) fn publish(&self) {
-        self.snapshots.publish(TenantSnapshot::capture(
-            &self.state,
-            self.room.running(),
-            self.connected_item_types(),
-        ));
+        self.snapshots.publish(
+            TenantSnapshot::capture(
+                &self.state,
+                self.room.running(),
+                self.connected_item_types(),
+            )
+            .with_item_types(self.types.clone()),
+        );
     }
 
     /// The item types a live session holds, sorted.

@@ -19,6 +19,7 @@
 //! - `time`: timestamps and durations.
 //! - `plan`: plans.
 //! - `fleet`: fleet events.
+//! - `types`: registered item type specs.
 
 mod fleet;
 mod items;
@@ -28,6 +29,7 @@ mod status;
 #[cfg(test)]
 mod testkit;
 mod time;
+mod types;
 
 pub use fleet::fleet_event;
 pub use items::{
@@ -42,3 +44,4 @@ pub use status::{
     wait_reason_to_proto,
 };
 pub use time::{duration_from_ms, duration_to_ms, timestamp_from_ms};
+pub use types::type_spec_to_proto;

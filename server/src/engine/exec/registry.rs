@@ -4,6 +4,7 @@
 //! One map, so that the spec and the rules cannot disagree.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::spec::TypeSpec;
 use crate::engine::plan::TypeRules;
@@ -19,17 +20,18 @@ pub struct RegisteredType {
     pub epoch: u64,
 }
 
-/// The registered item types of a tenant, by type name.
+/// The registered item types of a tenant, by type name. Cloning is O(1)
+/// (snapshots carry a copy); a registration copies on write.
 #[derive(Clone, Debug, Default)]
 pub struct TypeRegistry {
-    types: HashMap<String, RegisteredType>,
+    types: Arc<HashMap<String, RegisteredType>>,
 }
 
 impl TypeRegistry {
     /// Records `spec`, declared by a registration granted `epoch`.
     pub fn insert(&mut self, spec: TypeSpec, epoch: u64) {
         let rules = spec.rules();
-        self.types.insert(
+        Arc::make_mut(&mut self.types).insert(
             spec.item_type.clone(),
             RegisteredType { spec, rules, epoch },
         );

@@ -1,0 +1,310 @@
+//! Typed properties: the JSON Schema an agent may declare for an item type,
+//! and the check of submitted items against it (like a Kubernetes CRD's
+//! OpenAPI schema, or a Terraform provider's schema).
+//!
+//! - [`TypeSchema::compile`] checks a schema at `Register`: within the
+//!   bounds of [`bounds`] (a schema is input from an agent, which may be
+//!   hostile), then compiled by the `jsonschema` crate, offline, with
+//!   `format` as an annotation and `pattern`s on the linear-time `regex`
+//!   engine.
+//! - [`check_items`] validates the items of a SubmitIntent against the
+//!   schemas of the tenant's registered types, and answers a field
+//!   violation per problem, with a path into the item
+//!   (`items[3].properties.port`).
+//!
+//! A stored schema (read back from a type spec record) is compiled on first
+//! use, so loading a tenant costs no compilation.
+//!
+//! Pure: no I/O, no clock.
+
+pub mod bounds;
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use jsonschema::error::ValidationErrorKind;
+use jsonschema::paths::LocationSegment;
+use jsonschema::{PatternOptions, Validator};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+
+use super::exec::TypeRegistry;
+use super::intent::IntentError;
+use crate::graph::Item;
+use crate::graph::validate::{FieldViolation, MAX_VIOLATIONS};
+
+pub use bounds::BoundsError;
+
+/// The largest compiled form of one `pattern` (the `regex` engine's size
+/// limit), and of its lazy DFA's cache.
+pub const MAX_PATTERN_COMPILED_BYTES: usize = 256 * 1024;
+/// The longest description of one violation; longer messages (they quote
+/// the offending value) are cut.
+const MAX_DESCRIPTION_CHARS: usize = 300;
+
+/// Why a schema is refused at `Register`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaError {
+    /// Over a bound (size, nesting, references, cost).
+    #[error(transparent)]
+    Bounds(#[from] BoundsError),
+    /// The validator does not accept it (not a valid schema of its
+    /// dialect, an invalid or too large `pattern`, ...).
+    #[error("the schema does not compile: {message}")]
+    Invalid {
+        /// What the validator said, with the place in the schema.
+        message: String,
+    },
+}
+
+/// A registered type's JSON Schema: the schema as declared, and its
+/// compiled validator. Cheap to clone; compared and stored as the JSON.
+#[derive(Clone)]
+pub struct TypeSchema {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    json: Value,
+    compiled: OnceLock<Result<Validator, SchemaError>>,
+}
+
+impl TypeSchema {
+    /// Checks and compiles a schema an agent declares.
+    pub fn compile(json: Value) -> Result<Self, SchemaError> {
+        let compiled = compile(&json)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                json,
+                compiled: OnceLock::from(Ok(compiled)),
+            }),
+        })
+    }
+
+    /// A schema read back from the store, compiled when first used. One
+    /// that no longer compiles (stricter limits of a newer server) refuses
+    /// every item of its type until the agent registers again.
+    pub fn stored(json: Value) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                json,
+                compiled: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// The schema as declared.
+    pub fn json(&self) -> &Value {
+        &self.inner.json
+    }
+
+    fn validator(&self) -> &Result<Validator, SchemaError> {
+        self.inner
+            .compiled
+            .get_or_init(|| compile(&self.inner.json))
+    }
+
+    /// Validates `properties` (those of an item of type `item_type`) and
+    /// pushes a violation per problem, with field paths under `field` (e.g.
+    /// `items[3].properties`), onto `violations`.
+    fn check(&self, item_type: &str, properties: &Value, field: &str, violations: &mut Violations) {
+        let validator = match self.validator() {
+            Ok(validator) => validator,
+            Err(error) => {
+                violations.push(
+                    field.to_owned(),
+                    format!(
+                        "the schema registered for type {item_type:?} cannot be used ({error}); \
+                         the type's agent must register a valid one"
+                    ),
+                );
+                return;
+            }
+        };
+        if validator.is_valid(properties) {
+            return;
+        }
+        for error in validator.iter_errors(properties) {
+            let mut path = field.to_owned();
+            for segment in error.instance_path().segments() {
+                match segment {
+                    LocationSegment::Property(key) => push_key(&mut path, &key),
+                    LocationSegment::Index(index) => path.push_str(&format!("[{index}]")),
+                }
+            }
+            let wanted = format!("(schema of type {item_type:?} at #{})", error.schema_path());
+            match error.kind() {
+                // Point at the missing or extra property itself.
+                ValidationErrorKind::Required {
+                    property: Value::String(name),
+                } => {
+                    let mut missing = path.clone();
+                    push_key(&mut missing, name);
+                    violations.push(missing, format!("is required {wanted}"));
+                }
+                ValidationErrorKind::AdditionalProperties { unexpected }
+                | ValidationErrorKind::UnevaluatedProperties { unexpected } => {
+                    for name in unexpected {
+                        let mut extra = path.clone();
+                        push_key(&mut extra, name);
+                        violations.push(
+                            extra,
+                            format!("is not a property the schema allows {wanted}"),
+                        );
+                    }
+                }
+                _ => violations.push(path, format!("{} {wanted}", cut(&error.to_string()))),
+            }
+        }
+    }
+}
+
+impl PartialEq for TypeSchema {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner.json == other.inner.json
+    }
+}
+
+impl fmt::Debug for TypeSchema {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_tuple("TypeSchema")
+            .field(&self.inner.json)
+            .finish()
+    }
+}
+
+impl Serialize for TypeSchema {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.inner.json.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for TypeSchema {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Value::deserialize(deserializer).map(Self::stored)
+    }
+}
+
+/// Checks `json` against the bounds and compiles it.
+fn compile(json: &Value) -> Result<Validator, SchemaError> {
+    bounds::check(json)?;
+    jsonschema::options()
+        .offline()
+        .should_validate_formats(false)
+        .with_pattern_options(
+            PatternOptions::regex()
+                .size_limit(MAX_PATTERN_COMPILED_BYTES)
+                .dfa_size_limit(MAX_PATTERN_COMPILED_BYTES),
+        )
+        .build(json)
+        .map_err(|error| {
+            let place = error.instance_path().to_string();
+            let place = if place.is_empty() {
+                String::new()
+            } else {
+                format!("at #{place}: ")
+            };
+            SchemaError::Invalid {
+                message: format!("{place}{}", cut(&error.to_string())),
+            }
+        })
+}
+
+/// Validates the managed items of a SubmitIntent (in request order, so
+/// that `items[i]` is the request's) against the schemas of their types;
+/// items of types without a schema, and external items (never sent to an
+/// agent), are not checked. Every problem is reported, capped at
+/// [`MAX_VIOLATIONS`] with a closing note, as `validate_items` does.
+pub fn check_items<'a>(
+    types: &TypeRegistry,
+    items: impl IntoIterator<Item = &'a Item>,
+) -> Result<(), IntentError> {
+    let mut violations = Violations::default();
+    for (index, item) in items.into_iter().enumerate() {
+        if item.external {
+            continue;
+        }
+        let Some(schema) = types
+            .spec(&item.item_type)
+            .and_then(|spec| spec.schema.as_ref())
+        else {
+            continue;
+        };
+        // The validator takes a JSON value; items of schema'd types only.
+        let properties = Value::Object(item.properties.clone());
+        schema.check(
+            &item.item_type,
+            &properties,
+            &format!("items[{index}].properties"),
+            &mut violations,
+        );
+    }
+    violations.into_result()
+}
+
+/// Appends `.key` for identifier-like keys and `["key"]` (JSON-quoted) for
+/// others, as the request's other field paths do.
+fn push_key(path: &mut String, key: &str) {
+    let mut chars = key.chars();
+    let identifier = chars
+        .next()
+        .is_some_and(|first| first.is_ascii_alphabetic() || first == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if identifier {
+        path.push('.');
+        path.push_str(key);
+    } else {
+        path.push('[');
+        path.push_str(&Value::String(key.to_owned()).to_string());
+        path.push(']');
+    }
+}
+
+/// `text`, cut to [`MAX_DESCRIPTION_CHARS`] characters.
+fn cut(text: &str) -> String {
+    match text.char_indices().nth(MAX_DESCRIPTION_CHARS) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
+}
+
+/// Violations collected so far: at most [`MAX_VIOLATIONS`] - 1 kept, the
+/// rest only counted.
+#[derive(Default)]
+struct Violations {
+    kept: Vec<FieldViolation>,
+    total: usize,
+}
+
+impl Violations {
+    fn push(&mut self, field: String, description: String) {
+        self.total += 1;
+        if self.kept.len() < MAX_VIOLATIONS {
+            self.kept.push(FieldViolation { field, description });
+        }
+    }
+
+    fn into_result(mut self) -> Result<(), IntentError> {
+        if self.total == 0 {
+            return Ok(());
+        }
+        if self.total > MAX_VIOLATIONS {
+            self.kept.truncate(MAX_VIOLATIONS - 1);
+            let left_out = self.total - self.kept.len();
+            self.kept.push(FieldViolation::new(
+                "items",
+                format!(
+                    "{left_out} more violations are not shown; fix the ones above and submit \
+                     again to see the rest"
+                ),
+            ));
+        }
+        Err(IntentError::Invalid {
+            violations: self.kept,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;
