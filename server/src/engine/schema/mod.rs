@@ -153,7 +153,7 @@ impl TypeSchema {
                         );
                     }
                 }
-                _ => violations.push(path, format!("{} {wanted}", cut(&error.to_string()))),
+                _ => violations.push(path, format!("{} {wanted}", cut(&describe(&error)))),
             }
         }
     }
@@ -241,6 +241,27 @@ pub fn check_items<'a>(
         );
     }
     violations.into_result()
+}
+
+/// What the validator says of `error`; for `anyOf` / `oneOf`, with what
+/// each branch wanted (else "not valid under any of the schemas" leaves the
+/// author guessing).
+fn describe(error: &jsonschema::ValidationError<'_>) -> String {
+    let branches = match error.kind() {
+        ValidationErrorKind::AnyOf { context } | ValidationErrorKind::OneOfNotValid { context } => {
+            context
+        }
+        _ => return error.to_string(),
+    };
+    let tried: Vec<String> = branches
+        .iter()
+        .enumerate()
+        .map(|(index, errors)| {
+            let said: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            format!("#{index}: {}", said.join(", "))
+        })
+        .collect();
+    format!("{} ({})", error, tried.join("; "))
 }
 
 /// Appends `.key` for identifier-like keys and `["key"]` (JSON-quoted) for

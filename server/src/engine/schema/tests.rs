@@ -103,6 +103,16 @@ fn each_problem_is_a_field_violation_inside_its_item() {
         "{port}"
     );
     assert!(port.contains("type \"server\""), "{port}");
+    // An anyOf says what each branch wanted.
+    let tls = found
+        .iter()
+        .find(|(field, _)| field == "items[1].properties.tls")
+        .map(|(_, description)| description.as_str())
+        .unwrap_or_default();
+    assert!(
+        tls.contains("#0: 3 is not of type \"string\"") && tls.contains("#1: "),
+        "{tls}"
+    );
     let missing = found
         .iter()
         .find(|(field, _)| field == "items[2].properties.port")
