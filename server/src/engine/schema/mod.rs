@@ -30,14 +30,22 @@ use serde_json::Value;
 
 use super::exec::TypeRegistry;
 use super::intent::IntentError;
-use crate::graph::Item;
 use crate::graph::validate::{FieldViolation, MAX_VIOLATIONS};
+use crate::graph::{Item, Properties};
 
 pub use bounds::BoundsError;
 
 /// The largest compiled form of one `pattern` (the `regex` engine's size
 /// limit), and of its lazy DFA's cache.
 pub const MAX_PATTERN_COMPILED_BYTES: usize = 256 * 1024;
+/// The most subschema evaluations validating one SubmitIntent may cost,
+/// estimated before it runs as each item's values times its schema's
+/// evaluations per value (about 0.35 s in a release build at worst).
+pub const MAX_EVALUATIONS_PER_REQUEST: u64 = 50_000_000;
+/// Of those, how many may go to listing every problem of invalid items;
+/// past it an invalid item reports its first problem only. Listing costs
+/// some 35 times more per evaluation than checking.
+const LISTING_EVALUATIONS_PER_REQUEST: u64 = 200_000;
 /// The longest description of one violation; longer messages (they quote
 /// the offending value) are cut.
 const MAX_DESCRIPTION_CHARS: usize = 300;
@@ -66,7 +74,14 @@ pub struct TypeSchema {
 
 struct Inner {
     json: Value,
-    compiled: OnceLock<Result<Validator, SchemaError>>,
+    compiled: OnceLock<Result<Compiled, SchemaError>>,
+}
+
+/// A schema ready to validate.
+struct Compiled {
+    validator: Validator,
+    /// The most subschema evaluations one value may cause.
+    evaluations_per_value: u64,
 }
 
 impl TypeSchema {
@@ -98,7 +113,7 @@ impl TypeSchema {
         &self.inner.json
     }
 
-    fn validator(&self) -> &Result<Validator, SchemaError> {
+    fn compiled(&self) -> &Result<Compiled, SchemaError> {
         self.inner
             .compiled
             .get_or_init(|| compile(&self.inner.json))
@@ -106,10 +121,20 @@ impl TypeSchema {
 
     /// Validates `properties` (those of an item of type `item_type`) and
     /// pushes a violation per problem, with field paths under `field` (e.g.
-    /// `items[3].properties`), onto `violations`.
-    fn check(&self, item_type: &str, properties: &Value, field: &str, violations: &mut Violations) {
-        let validator = match self.validator() {
-            Ok(validator) => validator,
+    /// `items[3].properties`), onto `violations`. `listing` is what is left
+    /// of the request's budget for listing every problem of invalid items;
+    /// `cost` is what listing this one may take.
+    fn check(
+        &self,
+        item_type: &str,
+        properties: &Value,
+        field: &str,
+        cost: u64,
+        listing: &mut u64,
+        violations: &mut Violations,
+    ) {
+        let validator = match self.compiled() {
+            Ok(compiled) => &compiled.validator,
             Err(error) => {
                 violations.push(
                     field.to_owned(),
@@ -124,38 +149,70 @@ impl TypeSchema {
         if validator.is_valid(properties) {
             return;
         }
-        for error in validator.iter_errors(properties) {
-            let mut path = field.to_owned();
-            for segment in error.instance_path().segments() {
-                match segment {
-                    LocationSegment::Property(key) => push_key(&mut path, &key),
-                    LocationSegment::Index(index) => path.push_str(&format!("[{index}]")),
-                }
+        if cost > *listing {
+            // Listing everything could cost too much: the first problem.
+            let first = validator
+                .validate(properties)
+                .err()
+                .and_then(|error| violations_of(item_type, field, &error).into_iter().next());
+            if let Some((path, description)) = first {
+                violations.push(
+                    path,
+                    format!(
+                        "{description}; this is the item's first problem: fix it and submit \
+                         again to see more"
+                    ),
+                );
             }
-            let wanted = format!("(schema of type {item_type:?} at #{})", error.schema_path());
-            match error.kind() {
-                // Point at the missing or extra property itself.
-                ValidationErrorKind::Required {
-                    property: Value::String(name),
-                } => {
-                    let mut missing = path.clone();
-                    push_key(&mut missing, name);
-                    violations.push(missing, format!("is required {wanted}"));
-                }
-                ValidationErrorKind::AdditionalProperties { unexpected }
-                | ValidationErrorKind::UnevaluatedProperties { unexpected } => {
-                    for name in unexpected {
-                        let mut extra = path.clone();
-                        push_key(&mut extra, name);
-                        violations.push(
-                            extra,
-                            format!("is not a property the schema allows {wanted}"),
-                        );
-                    }
-                }
-                _ => violations.push(path, format!("{} {wanted}", cut(&describe(&error)))),
+            return;
+        }
+        *listing -= cost;
+        for error in validator.iter_errors(properties) {
+            if violations.full() {
+                return;
+            }
+            for (path, description) in violations_of(item_type, field, &error) {
+                violations.push(path, description);
             }
         }
+    }
+}
+
+/// The violations one validator error makes: (field path, description).
+/// A missing or extra property is pointed at by its own name.
+fn violations_of(
+    item_type: &str,
+    field: &str,
+    error: &jsonschema::ValidationError<'_>,
+) -> Vec<(String, String)> {
+    let mut path = field.to_owned();
+    for segment in error.instance_path().segments() {
+        match segment {
+            LocationSegment::Property(key) => push_key(&mut path, &key),
+            LocationSegment::Index(index) => path.push_str(&format!("[{index}]")),
+        }
+    }
+    let wanted = format!("(schema of type {item_type:?} at #{})", error.schema_path());
+    match error.kind() {
+        ValidationErrorKind::Required {
+            property: Value::String(name),
+        } => {
+            push_key(&mut path, name);
+            vec![(path, format!("is required {wanted}"))]
+        }
+        ValidationErrorKind::AdditionalProperties { unexpected }
+        | ValidationErrorKind::UnevaluatedProperties { unexpected } => unexpected
+            .iter()
+            .map(|name| {
+                let mut extra = path.clone();
+                push_key(&mut extra, name);
+                (
+                    extra,
+                    format!("is not a property the schema allows {wanted}"),
+                )
+            })
+            .collect(),
+        _ => vec![(path, format!("{} {wanted}", cut(&describe(error))))],
     }
 }
 
@@ -187,9 +244,9 @@ impl<'de> Deserialize<'de> for TypeSchema {
 }
 
 /// Checks `json` against the bounds and compiles it.
-fn compile(json: &Value) -> Result<Validator, SchemaError> {
-    bounds::check(json)?;
-    jsonschema::options()
+fn compile(json: &Value) -> Result<Compiled, SchemaError> {
+    let evaluations_per_value = bounds::check(json)?;
+    let validator = jsonschema::options()
         .offline()
         .should_validate_formats(false)
         .with_pattern_options(
@@ -208,39 +265,85 @@ fn compile(json: &Value) -> Result<Validator, SchemaError> {
             SchemaError::Invalid {
                 message: format!("{place}{}", cut(&error.to_string())),
             }
-        })
+        })?;
+    Ok(Compiled {
+        validator,
+        evaluations_per_value,
+    })
 }
 
 /// Validates the managed items of a SubmitIntent (in request order, so
 /// that `items[i]` is the request's) against the schemas of their types;
 /// items of types without a schema, and external items (never sent to an
-/// agent), are not checked. Every problem is reported, capped at
-/// [`MAX_VIOLATIONS`] with a closing note, as `validate_items` does.
+/// agent), are not checked. Every problem is reported, up to
+/// [`MAX_VIOLATIONS`] with a closing note; validation stops there.
 pub fn check_items<'a>(
     types: &TypeRegistry,
     items: impl IntoIterator<Item = &'a Item>,
 ) -> Result<(), IntentError> {
+    let checked: Vec<(usize, &Item, &TypeSchema)> = items
+        .into_iter()
+        .enumerate()
+        .filter(|(_, item)| !item.external)
+        .filter_map(|(index, item)| {
+            let spec = types.spec(&item.item_type)?;
+            Some((index, item, spec.schema.as_ref()?))
+        })
+        .collect();
+    // What validating may cost, before anything runs.
+    let costs: Vec<u64> = checked
+        .iter()
+        .map(|(_, item, schema)| {
+            let per_value = schema
+                .compiled()
+                .as_ref()
+                .map_or(0, |compiled| compiled.evaluations_per_value);
+            per_value.saturating_mul(count_values(&item.properties))
+        })
+        .collect();
+    let total = costs
+        .iter()
+        .fold(0u64, |sum, cost| sum.saturating_add(*cost));
+    if total > MAX_EVALUATIONS_PER_REQUEST {
+        return Err(IntentError::Quota {
+            subject: "schema_evaluations_per_request".into(),
+            description: format!(
+                "validating these items against their types' schemas may take up to {total} \
+                 evaluations; at most {MAX_EVALUATIONS_PER_REQUEST} are allowed per request: \
+                 split the intent into subgraphs"
+            ),
+        });
+    }
     let mut violations = Violations::default();
-    for (index, item) in items.into_iter().enumerate() {
-        if item.external {
-            continue;
+    let mut listing = LISTING_EVALUATIONS_PER_REQUEST;
+    for ((index, item, schema), cost) in checked.into_iter().zip(costs) {
+        if violations.full() {
+            break;
         }
-        let Some(schema) = types
-            .spec(&item.item_type)
-            .and_then(|spec| spec.schema.as_ref())
-        else {
-            continue;
-        };
         // The validator takes a JSON value; items of schema'd types only.
         let properties = Value::Object(item.properties.clone());
         schema.check(
             &item.item_type,
             &properties,
             &format!("items[{index}].properties"),
+            cost,
+            &mut listing,
             &mut violations,
         );
     }
     violations.into_result()
+}
+
+/// The values in `properties` (the object itself and everything nested).
+fn count_values(properties: &Properties) -> u64 {
+    fn count(value: &Value) -> u64 {
+        1 + match value {
+            Value::Array(list) => list.iter().map(count).sum(),
+            Value::Object(map) => map.values().map(count).sum(),
+            _ => 0,
+        }
+    }
+    1 + properties.values().map(count).sum::<u64>()
 }
 
 /// What the validator says of `error`; for `anyOf` / `oneOf`, with what
@@ -290,34 +393,42 @@ fn cut(text: &str) -> String {
     }
 }
 
-/// Violations collected so far: at most [`MAX_VIOLATIONS`] - 1 kept, the
-/// rest only counted.
+/// Violations collected so far: at most [`MAX_VIOLATIONS`] - 1, then a
+/// closing note. Validation stops once they are full, so that an intent
+/// with a million problems costs no more to refuse than one with a
+/// hundred.
 #[derive(Default)]
 struct Violations {
     kept: Vec<FieldViolation>,
-    total: usize,
+    /// More were found than are kept.
+    overflowed: bool,
 }
 
 impl Violations {
     fn push(&mut self, field: String, description: String) {
-        self.total += 1;
-        if self.kept.len() < MAX_VIOLATIONS {
+        if self.kept.len() < MAX_VIOLATIONS - 1 {
             self.kept.push(FieldViolation { field, description });
+        } else {
+            self.overflowed = true;
         }
     }
 
+    /// Whether no more are wanted.
+    fn full(&self) -> bool {
+        self.overflowed
+    }
+
     fn into_result(mut self) -> Result<(), IntentError> {
-        if self.total == 0 {
+        if self.kept.is_empty() {
             return Ok(());
         }
-        if self.total > MAX_VIOLATIONS {
-            self.kept.truncate(MAX_VIOLATIONS - 1);
-            let left_out = self.total - self.kept.len();
+        if self.overflowed {
             self.kept.push(FieldViolation::new(
                 "items",
                 format!(
-                    "{left_out} more violations are not shown; fix the ones above and submit \
-                     again to see the rest"
+                    "more violations are not shown: validation stopped after {}; fix the ones \
+                     above and submit again to see the rest",
+                    MAX_VIOLATIONS - 1
                 ),
             ));
         }

@@ -150,7 +150,7 @@ fn violations_are_capped_with_a_closing_note() {
     assert_eq!(found.len(), MAX_VIOLATIONS);
     let (field, note) = found.last().expect("a note");
     assert_eq!(field, "items");
-    assert!(note.starts_with("51 more violations"), "{note}");
+    assert!(note.starts_with("more violations are not shown"), "{note}");
 }
 
 #[test]
@@ -202,8 +202,16 @@ fn a_nested_schema_at_the_depth_limit_compiles_on_a_small_stack() {
         value = json!({"a": value});
     }
     let mut violations = Violations::default();
-    schema.check("t", &value, "items[0].properties", &mut violations);
-    assert_eq!(violations.total, 1);
+    let mut listing = LISTING_EVALUATIONS_PER_REQUEST;
+    schema.check(
+        "t",
+        &value,
+        "items[0].properties",
+        100,
+        &mut listing,
+        &mut violations,
+    );
+    assert_eq!(violations.kept.len(), 1);
 }
 
 #[test]
@@ -248,4 +256,50 @@ fn a_stored_schema_that_no_longer_compiles_refuses_its_items() {
         "{}",
         found[0].1
     );
+}
+
+#[test]
+fn a_request_that_could_cost_too_much_to_validate_is_refused_before_it_runs() {
+    // 999 evaluations for every member, 1,000 members per item: about a
+    // million per item, so 51 items are over the request's budget.
+    let each: Vec<Value> = (0..997).map(|_| json!({"type": "string"})).collect();
+    let registry = registry(json!({"additionalProperties": {"allOf": each}}));
+    let member: Properties = (0..1_000).map(|n| (format!("k{n}"), json!("v"))).collect();
+    let item = Item::new("server", "i", member);
+    let fifty: Vec<Item> = (0..50).map(|_| item.clone()).collect();
+    assert_eq!(violations(&registry, &fifty), Vec::new());
+    let more: Vec<Item> = (0..51).map(|_| item.clone()).collect();
+    match check_items(&registry, &more) {
+        Err(IntentError::Quota {
+            subject,
+            description,
+        }) => {
+            assert_eq!(subject, "schema_evaluations_per_request");
+            assert!(description.contains("split the intent"), "{description}");
+        }
+        other => panic!("expected a quota error, got {other:?}"),
+    }
+}
+
+#[test]
+fn items_too_costly_to_list_report_their_first_problem() {
+    let each: Vec<Value> = (0..997).map(|_| json!({"minLength": 1})).collect();
+    let registry = registry(json!({"additionalProperties": {"allOf": each}}));
+    // 999 evaluations per value, 301 values: over the listing budget.
+    let empty: Properties = (0..300).map(|n| (format!("k{n}"), json!(""))).collect();
+    let found = violations(&registry, &[Item::new("server", "i", empty)]);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].0.starts_with("items[0].properties.k"), "{found:?}");
+    assert!(found[0].1.contains("first problem"), "{found:?}");
+}
+
+#[test]
+fn a_derived_schema_costs_a_few_evaluations_per_value() {
+    let compiled = TypeSchema::compile(server_schema()).expect("compiles");
+    let per_value = compiled
+        .compiled()
+        .as_ref()
+        .map(|compiled| compiled.evaluations_per_value)
+        .unwrap_or_default();
+    assert!((1..=10).contains(&per_value), "{per_value}");
 }
