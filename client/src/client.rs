@@ -205,6 +205,16 @@ impl Client {
         Ok(client.get_status(request).await?.into_inner())
     }
 
+    /// `Reconciler.GetItemTypes`: the item types agents registered for the
+    /// tenant, with their specs and schemas.
+    pub async fn get_item_types(
+        &self,
+        request: v1::GetItemTypesRequest,
+    ) -> Result<v1::GetItemTypesResponse, Status> {
+        let mut client = self.reconciler.clone();
+        Ok(client.get_item_types(request).await?.into_inner())
+    }
+
     /// `Reconciler.ReportExternal`: reports the state of external items.
     pub async fn report_external(
         &self,

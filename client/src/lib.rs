@@ -29,8 +29,8 @@
 //!   default-features = false, features = ["testkit"] }`.
 //!
 //! The crates whose types the API exposes are re-exported ([`tonic`],
-//! [`tokio`], [`tokio_util`], [`serde`], [`serde_json`]), so an agent can
-//! use exactly the versions this SDK was built with.
+//! [`tokio`], [`tokio_util`], [`serde`], [`serde_json`], [`schemars`]), so
+//! an agent can use exactly the versions this SDK was built with.
 #![forbid(unsafe_code)]
 
 pub mod agent;
@@ -44,6 +44,10 @@ pub mod prelude;
 pub mod testkit;
 mod tls;
 
+/// JSON Schemas of Rust types ([`agent::TypeSpec::schema_of`]); derive
+/// `JsonSchema` with `#[schemars(crate = "reconciled_client::schemars")]` if
+/// the agent does not depend on `schemars` itself.
+pub use schemars;
 /// Serialization; derive with `#[serde(crate = "reconciled_client::serde")]`
 /// if the agent does not depend on `serde` itself.
 pub use serde;

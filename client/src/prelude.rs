@@ -14,10 +14,12 @@
 //! | [`Properties`], [`Value`], [`json!`] | `serde_json` object, value and macro | [`Item::properties`], [`Outcome::done_observed`] |
 //! | [`CancellationToken`] | `tokio_util::sync::CancellationToken` | [`OperationContext::cancellation_token`] |
 //! | [`tokio`] | the runtime crate | [`Agent::events`] (a `tokio::sync::broadcast::Receiver`) |
+//! | [`JsonSchema`] | `schemars::JsonSchema`, trait and derive | [`TypeSpec::schema_of`] |
 //!
 //! The crates themselves are re-exported at the crate root
 //! ([`crate::tonic`], [`crate::serde_json`], [`crate::tokio`],
-//! [`crate::tokio_util`], [`crate::serde`]) for anything beyond that.
+//! [`crate::tokio_util`], [`crate::serde`], [`crate::schemars`]) for
+//! anything beyond that.
 //!
 //! A whole agent, written only against the prelude (it is compiled and run
 //! as a doc test; `examples/kv-agent` is the same agent as a crate whose only
@@ -102,6 +104,12 @@ pub use serde_json::json;
 /// The async runtime the SDK runs on (the crate `tokio`), for `tokio::fs`,
 /// `tokio::select!`, `tokio::spawn` and friends in configurators.
 pub use tokio;
+
+/// Derives the JSON Schema of a properties struct for
+/// [`TypeSpec::schema_of`] (`schemars::JsonSchema`, the trait and its
+/// derive macro). Without a `schemars` dependency of your own, add
+/// `#[schemars(crate = "reconciled_client::schemars")]` to the struct.
+pub use schemars::JsonSchema;
 
 /// The token behind [`OperationContext::cancelled`]
 /// (`tokio_util::sync::CancellationToken`), e.g. to hand to other tasks.

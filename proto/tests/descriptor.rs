@@ -78,6 +78,7 @@ fn services_and_rpcs() {
             ("GetGraph", false, false),
             ("GetStatus", false, false),
             ("ReportExternal", false, false),
+            ("GetItemTypes", false, false),
         ],
     );
     expect("reconciled.v1.Configurators", &[("Connect", true, true)]);

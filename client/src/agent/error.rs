@@ -57,6 +57,17 @@ pub enum AgentError {
         /// What is wrong with it.
         problem: reconciled_proto::pointer::PointerError,
     },
+    /// A type's schema is not a JSON Schema object (or `true` / `false`).
+    /// The server checks the rest at `Register` and refuses a schema that
+    /// does not compile, or one over its limits, with a field violation at
+    /// `register.item_types[i].schema`.
+    #[error("item type {item_type:?}: the schema {problem}")]
+    InvalidSchema {
+        /// The item type whose spec holds the schema.
+        item_type: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// Two configurators were registered for one item type.
     #[error("item type {0:?} was registered twice; register each type once")]
     DuplicateItemType(String),

@@ -3,8 +3,11 @@
 
 use std::time::Duration;
 
+use reconciled_proto::json::properties_to_struct;
 use reconciled_proto::pointer::check_recreate_path;
 use reconciled_proto::v1;
+use schemars::JsonSchema;
+use serde_json::Value;
 
 use super::error::AgentError;
 use crate::convert::duration_to_proto;
@@ -29,6 +32,9 @@ use crate::convert::duration_to_proto;
 #[derive(Debug, Clone, PartialEq)]
 pub struct TypeSpec {
     spec: v1::ItemTypeSpec,
+    /// Set when [`TypeSpec::schema`] was given something that is not a
+    /// schema; [`TypeSpec::validate`] reports it.
+    schema_problem: Option<String>,
 }
 
 impl TypeSpec {
@@ -41,6 +47,7 @@ impl TypeSpec {
                 item_type: item_type.into(),
                 ..v1::ItemTypeSpec::default()
             },
+            schema_problem: None,
         }
     }
 
@@ -138,8 +145,85 @@ impl TypeSpec {
         self
     }
 
+    /// The JSON Schema the `properties` of every item of this type must
+    /// satisfy, as a JSON value (a `serde_json::Value` or a
+    /// `schemars::Schema`). The server refuses a SubmitIntent whose items do
+    /// not satisfy it, with a field violation per problem
+    /// (`items[3].properties.port`), before anything is stored or planned,
+    /// so the configurator only ever sees valid properties. Replaces a
+    /// schema set before.
+    ///
+    /// Draft 2020-12 unless `$schema` names 2019-09 or draft-07; `$ref`s
+    /// only within the schema; `format` is not checked. The server's limits
+    /// (32 KiB, 64 levels, a bounded cost per value, linear-time patterns)
+    /// are in `docs/security.md`; a schema over them, or one that does not
+    /// compile, is refused at `Register` (a permanent
+    /// [`AgentError::RegistrationRejected`](super::AgentError::RegistrationRejected)).
+    ///
+    /// ```
+    /// use reconciled_client::agent::TypeSpec;
+    /// use reconciled_client::serde_json::json;
+    ///
+    /// let spec = TypeSpec::new("kv").schema(json!({
+    ///     "type": "object",
+    ///     "properties": {"key": {"type": "string", "minLength": 1}},
+    ///     "required": ["key"],
+    /// }));
+    /// assert!(spec.to_proto().schema.is_some());
+    /// ```
+    pub fn schema(mut self, schema: impl Into<Value>) -> Self {
+        self.schema_problem = None;
+        self.spec.schema = match schema.into() {
+            Value::Object(object) => Some(properties_to_struct(&object)),
+            // `true` accepts any properties: no schema to send.
+            Value::Bool(true) => None,
+            Value::Bool(false) => Some(properties_to_struct(
+                &[("not".to_owned(), Value::Object(Default::default()))]
+                    .into_iter()
+                    .collect(),
+            )),
+            other => {
+                self.schema_problem = Some(format!(
+                    "must be a JSON object (or true / false), not {other}"
+                ));
+                None
+            }
+        };
+        self
+    }
+
+    /// The JSON Schema of `T` (draft 2020-12, as `schemars` derives it) as
+    /// the type's schema: [`TypeSpec::schema`] with
+    /// `schemars::schema_for!(T)`. Derive `JsonSchema` next to
+    /// `Deserialize` on the struct the configurator reads the properties
+    /// into ([`Item::properties_as`](super::Item::properties_as)), and the
+    /// server enforces what the struct expects:
+    ///
+    /// ```
+    /// use reconciled_client::prelude::*;
+    /// use reconciled_client::{schemars, serde};
+    ///
+    /// #[derive(serde::Deserialize, JsonSchema)]
+    /// #[serde(crate = "reconciled_client::serde", deny_unknown_fields)]
+    /// #[schemars(crate = "reconciled_client::schemars")]
+    /// struct Listener {
+    ///     /// The TCP port.
+    ///     port: u16,
+    ///     #[serde(default)]
+    ///     host: Option<String>,
+    /// }
+    ///
+    /// let spec = TypeSpec::new("listener").schema_of::<Listener>();
+    /// let schema = spec.to_proto().schema.expect("a schema");
+    /// assert!(schema.fields.contains_key("required"));
+    /// ```
+    pub fn schema_of<T: JsonSchema>(self) -> Self {
+        self.schema(schemars::SchemaGenerator::default().into_root_schema_for::<T>())
+    }
+
     /// Checks what the spec declares: every `recreate_on_change` path must
-    /// be a JSON Pointer or `*`. The error names the type and the path.
+    /// be a JSON Pointer or `*`, and a schema must be a JSON object. The
+    /// error names the type and the path.
     ///
     /// ```
     /// use reconciled_client::agent::TypeSpec;
@@ -150,6 +234,12 @@ impl TypeSpec {
     /// assert!(error.to_string().contains("\"key\""));
     /// ```
     pub fn validate(&self) -> Result<(), AgentError> {
+        if let Some(problem) = &self.schema_problem {
+            return Err(AgentError::InvalidSchema {
+                item_type: self.spec.item_type.clone(),
+                problem: problem.clone(),
+            });
+        }
         for path in &self.spec.recreate_on_change {
             check_recreate_path(path).map_err(|problem| AgentError::InvalidRecreatePath {
                 item_type: self.spec.item_type.clone(),
@@ -228,6 +318,45 @@ mod tests {
                 other => panic!("unexpected error {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_schema_goes_to_the_wire_and_a_non_schema_is_refused() {
+        use serde_json::json;
+
+        let spec = TypeSpec::new("kv").schema(json!({"type": "object", "required": ["key"]}));
+        assert!(spec.validate().is_ok());
+        let schema = spec.to_proto().schema.expect("a schema");
+        assert!(schema.fields.contains_key("required"));
+        assert_eq!(TypeSpec::new("kv").schema(true).to_proto().schema, None);
+        let nothing = TypeSpec::new("kv").schema(false).to_proto().schema;
+        assert!(nothing.is_some_and(|s| s.fields.contains_key("not")));
+        let refused = TypeSpec::new("kv").schema(json!(["no"])).validate();
+        assert!(
+            matches!(&refused, Err(AgentError::InvalidSchema { item_type, .. }) if item_type == "kv"),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
+    fn a_derived_schema_lists_the_struct_fields() {
+        #[derive(schemars::JsonSchema)]
+        #[allow(dead_code)]
+        struct Listener {
+            port: u16,
+            host: Option<String>,
+        }
+        let schema = TypeSpec::new("listener")
+            .schema_of::<Listener>()
+            .to_proto()
+            .schema
+            .expect("a schema");
+        let properties = schema.fields.get("properties").expect("properties");
+        let Some(prost_types::value::Kind::StructValue(properties)) = &properties.kind else {
+            panic!("properties is an object: {properties:?}");
+        };
+        assert!(properties.fields.contains_key("port"));
+        assert!(properties.fields.contains_key("host"));
     }
 
     #[test]

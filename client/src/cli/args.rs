@@ -114,8 +114,35 @@ pub(crate) enum Command {
     Watch(WatchArgs),
     /// Show a tenant's conditions, generations and item counts.
     Status(StatusArgs),
+    /// Show the item types agents registered for the tenant, with their
+    /// specs and JSON Schemas.
+    #[command(subcommand)]
+    Type(TypeCommand),
     /// Show every tenant with its conditions and counts (admin token).
     Fleet(FleetArgs),
+}
+
+/// `reconctl type ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum TypeCommand {
+    /// List the registered item types: connected, epoch, READ, recreate
+    /// paths, whether they have a schema.
+    List(FormatArgs),
+    /// Show one item type's spec and JSON Schema.
+    Get(TypeGetArgs),
+}
+
+/// `type get`.
+#[derive(Debug, Args)]
+pub(crate) struct TypeGetArgs {
+    /// The item type.
+    pub(crate) name: String,
+    /// Print only the type's JSON Schema, as JSON (`true` if it has none).
+    #[arg(long, conflicts_with = "output")]
+    pub(crate) schema: bool,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = OutputFormat::Table)]
+    pub(crate) output: OutputFormat,
 }
 
 /// Output of commands that show records.

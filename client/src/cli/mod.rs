@@ -1,7 +1,8 @@
 //! `reconctl`, the operator's command-line tool (feature `cli`, on by
 //! default): tenants, intents from JSON or YAML files, graphs as tables,
 //! JSON, YAML or Graphviz DOT, `reconcile --wait` with a live progress
-//! display, watches and the fleet. `docs/reconctl.md` documents every
+//! display, watches, registered item types and their schemas, and the
+//! fleet. `docs/reconctl.md` documents every
 //! command, the configuration and the exit codes.
 
 mod args;
@@ -20,13 +21,14 @@ mod settings;
 mod status;
 mod table;
 mod tenant;
+mod types;
 mod watch;
 
 use std::process::ExitCode;
 
 use clap::Parser as _;
 
-use self::args::{Cli, Command, GraphCommand, IntentCommand};
+use self::args::{Cli, Command, GraphCommand, IntentCommand, TypeCommand};
 use self::failure::{Exit, Failure, connect_failure, rpc_failure};
 use self::settings::{ProcessEnvironment, Settings};
 use crate::Client;
@@ -71,6 +73,8 @@ async fn run(cli: Cli) -> Result<Exit, Failure> {
         Command::Reconcile(args) => reconcile::run(&session, args).await,
         Command::Watch(args) => watch::run(&session, args).await,
         Command::Status(args) => status::run(&session, args).await,
+        Command::Type(TypeCommand::List(args)) => types::list(&session, args).await,
+        Command::Type(TypeCommand::Get(args)) => types::get(&session, args).await,
         Command::Fleet(args) => fleet::run(&session, args).await,
     }
 }

@@ -22,6 +22,7 @@ use crate::engine::exec::port::{AgentOutcome, FromAgent, Outstanding, Registrati
 use crate::engine::exec::{
     DEFAULT_MAX_IN_FLIGHT, DEFAULT_OPERATION_TIMEOUT_MS, RetryPolicy, TypeSpec,
 };
+use crate::engine::schema::TypeSchema;
 use crate::graph::validate::{FieldViolation, ValidationLimits, validate_name};
 use crate::graph::{OperationError, code};
 use crate::status::ApiError;
@@ -329,6 +330,16 @@ fn type_spec_from_proto(
         }
     }
     let mut converted = TypeSpec::new(spec.item_type.clone());
+    if let Some(schema) = &spec.schema {
+        let path = format!("{field}.schema");
+        match properties_from_struct(schema.clone(), &path) {
+            Ok(json) => match TypeSchema::compile(serde_json::Value::Object(json)) {
+                Ok(schema) => converted.schema = Some(schema),
+                Err(problem) => violations.push(FieldViolation::new(path, problem.to_string())),
+            },
+            Err(violation) => violations.push(violation),
+        }
+    }
     converted.recreate_on_change = spec.recreate_on_change.clone();
     converted.ask_needs_recreate = spec.ask_needs_recreate;
     converted.supports_read = spec.supports_read;

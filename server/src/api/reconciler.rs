@@ -22,7 +22,7 @@ use crate::tenant::{TenantHandle, TenantSnapshot, ValidatedSubmit};
 use crate::wire::{
     duration_to_ms, intended_item_to_proto, item_from_proto_at, item_ref_to_proto, item_status,
     operation_error_to_status, operation_kind_to_proto, plan_to_proto_with_items,
-    timestamp_from_ms,
+    timestamp_from_ms, type_spec_to_proto,
 };
 
 use super::context::{ApiContext, invalid};
@@ -230,6 +230,38 @@ impl Reconciler for ReconcilerService {
         let snapshot = handle.snapshots.latest();
         Ok(Response::new(v1::GetStatusResponse {
             status: Some(tenant_status(&snapshot)),
+        }))
+    }
+
+    #[instrument(skip_all, fields(tenant = %request.get_ref().tenant))]
+    async fn get_item_types(
+        &self,
+        request: Request<v1::GetItemTypesRequest>,
+    ) -> Result<Response<v1::GetItemTypesResponse>, Status> {
+        let caller = self.context.caller(request.metadata())?;
+        let handle = self.context.tenant(caller, &request.get_ref().tenant)?;
+        let snapshot = handle.snapshots.latest();
+        let wanted = &request.get_ref().item_types;
+        let mut specs: Vec<_> = snapshot
+            .item_types
+            .specs()
+            .filter(|spec| wanted.is_empty() || wanted.contains(&spec.item_type))
+            .collect();
+        specs.sort_by(|a, b| a.item_type.cmp(&b.item_type));
+        let item_types = specs
+            .into_iter()
+            .map(|spec| v1::RegisteredItemType {
+                spec: Some(type_spec_to_proto(spec)),
+                epoch: snapshot.item_types.epoch(&spec.item_type),
+                connected: snapshot
+                    .connected_item_types
+                    .binary_search(&spec.item_type)
+                    .is_ok(),
+            })
+            .collect();
+        Ok(Response::new(v1::GetItemTypesResponse {
+            item_types,
+            revision: snapshot.record.revision,
         }))
     }
 

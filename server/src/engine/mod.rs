@@ -4,6 +4,7 @@ pub mod conditions;
 pub mod exec;
 pub mod intent;
 pub mod plan;
+pub mod schema;
 pub mod transition;
 pub mod waiting;
 

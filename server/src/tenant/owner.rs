@@ -811,12 +811,15 @@ impl Owner {
 
     /// Publishes a snapshot of the tenant as it is now.
     fn publish(&self) {
-        self.snapshots.publish(TenantSnapshot::capture(
-            self.current_record(),
-            self.executor.model(),
-            self.executor.running_operations(),
-            self.executor.connected_item_types(),
-        ));
+        self.snapshots.publish(
+            TenantSnapshot::capture(
+                self.current_record(),
+                self.executor.model(),
+                self.executor.running_operations(),
+                self.executor.connected_item_types(),
+            )
+            .with_item_types(self.executor.item_types()),
+        );
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use imbl::OrdMap;
 use tokio::sync::watch;
 
+use crate::engine::exec::TypeRegistry;
 use crate::engine::plan::WaitingItem;
 use crate::graph::{CurrentItem, IntendedItem, ItemRef};
 
@@ -34,6 +35,8 @@ pub struct TenantSnapshot {
     pub in_flight: usize,
     /// Item types a configurator is connected for, sorted.
     pub connected_item_types: Vec<String>,
+    /// The registered item types (specs, schemas, epochs); an O(1) copy.
+    pub item_types: TypeRegistry,
 }
 
 impl TenantSnapshot {
@@ -52,7 +55,14 @@ impl TenantSnapshot {
             counts: model.counts().clone(),
             in_flight,
             connected_item_types,
+            item_types: TypeRegistry::default(),
         }
+    }
+
+    /// The snapshot with the tenant's registered item types.
+    pub fn with_item_types(mut self, item_types: TypeRegistry) -> Self {
+        self.item_types = item_types;
+        self
     }
 }
 

@@ -20,6 +20,7 @@
 //! - `plan`: plans.
 //! - `events`: a tenant's watch events, from the executor's events.
 //! - `fleet`: fleet events.
+//! - `types`: registered item type specs.
 
 mod events;
 mod fleet;
@@ -30,6 +31,7 @@ mod status;
 #[cfg(test)]
 mod testkit;
 mod time;
+mod types;
 
 pub use events::{events_to_proto, stamp};
 pub use fleet::fleet_event;
@@ -45,3 +47,4 @@ pub use status::{
     wait_reason_to_proto,
 };
 pub use time::{duration_from_ms, duration_to_ms, timestamp_from_ms};
+pub use types::type_spec_to_proto;

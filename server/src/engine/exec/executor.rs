@@ -262,6 +262,11 @@ impl Executor {
         self.room.running()
     }
 
+    /// The registered item types (an O(1) copy, for snapshots).
+    pub fn item_types(&self) -> TypeRegistry {
+        self.types.clone()
+    }
+
     /// The item types a live session holds, sorted.
     pub fn connected_item_types(&self) -> Vec<String> {
         self.sessions.keys().cloned().collect()
@@ -284,6 +289,10 @@ impl Executor {
         now: Now,
     ) -> Result<(Effects, Submitted), IntentError> {
         let dry_run = request.dry_run;
+        crate::engine::schema::check_items(
+            &self.types,
+            request.items.iter().map(|(item, _)| item),
+        )?;
         let generation = self.model.progress().generation;
         let change = prepare_submit(&self.model.intended, generation, self.max_items(), request)?;
         if dry_run {

@@ -4,6 +4,7 @@
 //! One map, so that the spec and the rules cannot disagree.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::spec::TypeSpec;
 use crate::engine::plan::TypeRules;
@@ -19,17 +20,18 @@ pub struct RegisteredType {
     pub epoch: u64,
 }
 
-/// The registered item types of a tenant, by type name.
+/// The registered item types of a tenant, by type name. Cloning is O(1)
+/// (snapshots carry a copy); a registration copies on write.
 #[derive(Clone, Debug, Default)]
 pub struct TypeRegistry {
-    types: HashMap<String, RegisteredType>,
+    types: Arc<HashMap<String, RegisteredType>>,
 }
 
 impl TypeRegistry {
     /// Records `spec`, declared by a registration granted `epoch`.
     pub fn insert(&mut self, spec: TypeSpec, epoch: u64) {
         let rules = spec.rules();
-        self.types.insert(
+        Arc::make_mut(&mut self.types).insert(
             spec.item_type.clone(),
             RegisteredType { spec, rules, epoch },
         );
@@ -43,12 +45,13 @@ impl TypeRegistry {
     /// Puts back what [`Self::get`] gave for `item_type` before a change
     /// (`None`: the type was not registered).
     pub fn restore(&mut self, item_type: &str, previous: Option<RegisteredType>) {
+        let types = Arc::make_mut(&mut self.types);
         match previous {
             Some(registered) => {
-                self.types.insert(item_type.to_owned(), registered);
+                types.insert(item_type.to_owned(), registered);
             }
             None => {
-                self.types.remove(item_type);
+                types.remove(item_type);
             }
         }
     }

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::engine::plan::TypeRules;
+use crate::engine::schema::TypeSchema;
 
 /// Default operation timeout when a type declares none.
 pub const DEFAULT_OPERATION_TIMEOUT_MS: u64 = 60_000;
@@ -108,6 +109,10 @@ pub struct TypeSpec {
     pub supports_read: bool,
     /// Operations of this type in flight at once.
     pub max_in_flight: u32,
+    /// The JSON Schema items' properties must satisfy (`None`: any).
+    /// Records stored before schemas existed have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<TypeSchema>,
 }
 
 impl TypeSpec {
@@ -122,6 +127,7 @@ impl TypeSpec {
             operation_timeout_ms: DEFAULT_OPERATION_TIMEOUT_MS,
             supports_read: false,
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            schema: None,
         }
     }
 

@@ -364,6 +364,13 @@ impl ReconcilerService for Fanout {
         Err(Status::unimplemented("fan-out only"))
     }
 
+    async fn get_item_types(
+        &self,
+        _: Request<v1::GetItemTypesRequest>,
+    ) -> Result<Response<v1::GetItemTypesResponse>, Status> {
+        Err(Status::unimplemented("fan-out only"))
+    }
+
     async fn report_external(
         &self,
         request: Request<v1::ReportExternalRequest>,
