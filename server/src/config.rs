@@ -160,7 +160,10 @@ settings! {
         help = "Log filter, a tracing EnvFilter directive such as `info,reconciled=debug`";
     max_message_bytes: u64,
         env = "RECONCILED_MAX_MESSAGE_BYTES", default = "16777216", value_name = "BYTES",
-        help = "Largest gRPC message accepted or sent";
+        help = "Largest gRPC message accepted (from the admin) or sent";
+    max_tenant_message_bytes: u64,
+        env = "RECONCILED_MAX_TENANT_MESSAGE_BYTES", default = "4194304", value_name = "BYTES",
+        help = "Largest gRPC message accepted from a tenant token or a public call (at most max_message_bytes)";
     max_request_items: u64,
         env = "RECONCILED_MAX_REQUEST_ITEMS", default = "10000", value_name = "N",
         help = "Most items in one request";
@@ -364,7 +367,7 @@ impl fmt::Debug for Secret {
 }
 
 /// What the process was asked to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     /// Run the server (the default when no subcommand is given).
     Serve,
@@ -372,6 +375,22 @@ pub enum Command {
     Migrate(MigrateMode),
     /// Validate the configuration and print it, effective, as TOML.
     CheckConfig,
+    /// With the server stopped: report the tenants whose stored records
+    /// cannot be read, and repair or remove them (`tenant::repair`).
+    Repair(RepairMode),
+}
+
+/// What `reconciled repair` does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RepairMode {
+    /// No flag: report every tenant's unreadable records, change nothing.
+    Report,
+    /// `--tenant NAME --apply`: back up the store, then repair the tenant's
+    /// unreadable records.
+    Apply(String),
+    /// `--tenant NAME --remove`: back up the store, then tombstone the
+    /// tenant (purged at the next start), as DeleteTenant does.
+    Remove(String),
 }
 
 /// What `reconciled migrate` does.
@@ -419,6 +438,10 @@ pub struct Config {
     pub log_filter: String,
     /// Largest gRPC message accepted or sent, per service.
     pub max_message_bytes: usize,
+    /// Largest message accepted from a caller other than the admin (a
+    /// tenant token, a public health or reflection call); never more than
+    /// `max_message_bytes`. See `limits::DecodeLimitLayer`.
+    pub max_tenant_message_bytes: usize,
     /// Most items in one request.
     pub max_request_items: usize,
     /// Largest encoded item; never more than [`MAX_ITEM_BYTES_LIMIT`].
@@ -486,6 +509,7 @@ impl Default for Config {
             log_format: LogFormat::Human,
             log_filter: "info".to_owned(),
             max_message_bytes: 16 * MIB as usize,
+            max_tenant_message_bytes: 4 * MIB as usize,
             max_request_items: 10_000,
             max_item_bytes: MAX_ITEM_BYTES_LIMIT as usize,
             max_connections: 10_000,
@@ -698,6 +722,19 @@ enum CliCommand {
     },
     /// Validate the configuration and print it, effective, as TOML (admin token redacted)
     CheckConfig,
+    /// With the server stopped: report tenants whose stored records cannot be
+    /// read; with --tenant and --apply or --remove, repair or remove one
+    Repair {
+        /// The tenant to repair or remove
+        #[arg(long, value_name = "NAME")]
+        tenant: Option<String>,
+        /// Back up the store, then repair the tenant's unreadable records
+        #[arg(long, requires = "tenant", conflicts_with = "remove")]
+        apply: bool,
+        /// Back up the store, then remove the tenant (as DeleteTenant does)
+        #[arg(long, requires = "tenant")]
+        remove: bool,
+    },
 }
 
 impl Config {
@@ -728,6 +765,15 @@ impl Config {
         let command = match cli.command {
             None | Some(CliCommand::Serve) => Command::Serve,
             Some(CliCommand::CheckConfig) => Command::CheckConfig,
+            Some(CliCommand::Repair {
+                tenant,
+                apply,
+                remove,
+            }) => Command::Repair(match (tenant, apply, remove) {
+                (Some(tenant), true, _) => RepairMode::Apply(tenant),
+                (Some(tenant), _, true) => RepairMode::Remove(tenant),
+                _ => RepairMode::Report,
+            }),
             Some(CliCommand::Migrate { status, dry_run }) => {
                 Command::Migrate(match (status, dry_run) {
                     (true, _) => MigrateMode::Status,
@@ -769,6 +815,7 @@ impl Config {
             log_format: Some(self.log_format),
             log_level: Some(self.log_filter.clone()),
             max_message_bytes: Some(self.max_message_bytes as u64),
+            max_tenant_message_bytes: Some(self.max_tenant_message_bytes as u64),
             max_request_items: Some(self.max_request_items as u64),
             max_item_bytes: Some(self.max_item_bytes as u64),
             max_connections: Some(self.max_connections as u64),
@@ -893,6 +940,28 @@ fn resolve(
             ),
         ));
     }
+    let max_tenant_message_bytes = count(
+        "max_tenant_message_bytes",
+        layer.max_tenant_message_bytes,
+        defaults.max_tenant_message_bytes,
+    )?;
+    if max_tenant_message_bytes > max_message_bytes {
+        return Err(invalid(
+            "max_tenant_message_bytes",
+            format!(
+                "{max_tenant_message_bytes} is larger than max_message_bytes ({max_message_bytes}), \
+                 which bounds every call; raise max_message_bytes too"
+            ),
+        ));
+    }
+    if max_tenant_message_bytes < max_item_bytes {
+        return Err(invalid(
+            "max_tenant_message_bytes",
+            format!(
+                "{max_tenant_message_bytes} is smaller than max_item_bytes ({max_item_bytes}); no item would fit"
+            ),
+        ));
+    }
     if max_message_bytes < max_item_bytes {
         return Err(invalid(
             "max_message_bytes",
@@ -969,6 +1038,7 @@ fn resolve(
         log_format: layer.log_format.unwrap_or(defaults.log_format),
         log_filter,
         max_message_bytes,
+        max_tenant_message_bytes,
         max_request_items: count(
             "max_request_items",
             layer.max_request_items,
@@ -1121,6 +1191,7 @@ mod tests {
         assert_eq!(config.listen, "127.0.0.1:50051".parse().expect("addr"));
         assert_eq!(config.data_dir, PathBuf::from("./reconciled-data"));
         assert_eq!(config.max_message_bytes, 16 * 1024 * 1024);
+        assert_eq!(config.max_tenant_message_bytes, 4 * 1024 * 1024);
         assert_eq!(config.cache_capacity_bytes, 1 << 30);
         assert!(config.fsync);
         assert_eq!(config.metrics_listen, None);

@@ -1,6 +1,6 @@
 //! The `reconciled` server binary: parses the configuration, sets up
 //! logging and runs the requested subcommand (`serve` by default,
-//! `migrate`, `check-config`). See docs/configuration.md.
+//! `migrate`, `check-config`, `repair`). See docs/configuration.md.
 #![forbid(unsafe_code)]
 
 use std::io::IsTerminal as _;
@@ -39,6 +39,13 @@ fn main() -> ExitCode {
         Command::Migrate(mode) => {
             init_tracing(&config, None).and_then(|()| run_migrate(&config, mode))
         }
+        Command::Repair(mode) => init_tracing(&config, None).and_then(|()| {
+            let report = reconciled::server::repair(&config, &mode).with_context(|| {
+                format!("cannot repair the store in {}", config.data_dir.display())
+            })?;
+            print!("{report}");
+            Ok(())
+        }),
         Command::Serve => run_serve(config.clone()),
     };
     match result {

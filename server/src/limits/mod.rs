@@ -11,6 +11,7 @@
 
 mod agents;
 mod connections;
+mod decode;
 mod per_caller;
 mod rate;
 
@@ -31,6 +32,10 @@ use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt as _};
 pub use agents::{AgentCounts, AgentSlot, TooManyAgents};
 use connections::connection_slot;
 pub use connections::{ConnectionSlot, ConnectionSlots, LimitedConnectInfo, LimitedConnection};
+pub use decode::{
+    DECODED_BYTES_FLOOR, DECODED_BYTES_PER_BYTE, DecodeLimitLayer, DecodeLimitService,
+    decoded_allowance, estimate_decoded_bytes,
+};
 use per_caller::PerCaller;
 use rate::RateLimiter;
 

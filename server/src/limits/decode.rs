@@ -1,0 +1,601 @@
+//! What decoding a message may cost, for every caller but the admin.
+//!
+//! Authentication runs before a body is read (`auth::AuthLayer`), so an
+//! anonymous message is never decoded. For a tenant's (or a public health
+//! or reflection) call, [`DecodeLimitLayer`] reads the gRPC frames of the
+//! request body as they arrive, before tonic decodes them, and refuses:
+//!
+//! - a message longer than `max_tenant_message_bytes` (from its 5-byte
+//!   frame header, before its body is buffered);
+//! - a message that would decode into much more memory than it is long:
+//!   protobuf encodes an empty item, list entry or map entry in two bytes,
+//!   which decode into a struct of a few hundred bytes. The layer walks the
+//!   message's wire format by its descriptor (no allocation, one pass) and
+//!   estimates what decoding allocates; above
+//!   `max(DECODED_BYTES_FLOOR, DECODED_BYTES_PER_BYTE × length)` the call is
+//!   refused. Repeated-field counts are bounded that way, relative to the
+//!   message's size.
+//!
+//! Both are refused `RESOURCE_EXHAUSTED` with a `QuotaFailure` on
+//! `max_tenant_message_bytes`. Admin calls keep the services' own limit,
+//! `max_message_bytes`.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use hyper::body::{Body as HttpBody, Bytes, Frame, SizeHint};
+use prost::Message as _;
+use prost_types::field_descriptor_proto::{Label, Type};
+use tonic::body::Body;
+use tonic::codegen::BoxFuture;
+use tonic::codegen::http::{Request, Response};
+use tower::{Layer, Service, ServiceExt as _};
+
+use crate::auth::Caller;
+use crate::status::ApiError;
+
+/// A message may decode into at most this many bytes per byte of its
+/// length ...
+pub const DECODED_BYTES_PER_BYTE: usize = 16;
+
+/// ... or this many bytes, whichever is more (small messages of many small
+/// values stay acceptable).
+pub const DECODED_BYTES_FLOOR: usize = 64 * 1024 * 1024;
+
+/// Deepest nesting the walk follows (prost's own recursion limit).
+const MAX_DEPTH: usize = 100;
+
+/// The memory a decoded value is charged for beyond its struct: a `String`
+/// or `Vec` header, or the node share of a map entry.
+const HEADER_BYTES: usize = 24;
+
+/// Refuses over-long and over-dense messages of non-admin callers before
+/// tonic decodes them (see the module documentation).
+#[derive(Clone)]
+pub struct DecodeLimitLayer {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    max_message_bytes: usize,
+    schema: Schema,
+    /// Request message type of each method path (`/pkg.Service/Method`).
+    inputs: HashMap<String, String>,
+}
+
+impl DecodeLimitLayer {
+    /// A layer limiting non-admin messages to `max_message_bytes`.
+    pub fn new(max_message_bytes: usize) -> Self {
+        let set = prost_types::FileDescriptorSet::decode(reconciled_proto::FILE_DESCRIPTOR_SET)
+            .unwrap_or_default();
+        let mut inputs = HashMap::new();
+        for file in &set.file {
+            for service in &file.service {
+                for method in &service.method {
+                    inputs.insert(
+                        format!("/{}.{}/{}", file.package(), service.name(), method.name()),
+                        method.input_type().trim_start_matches('.').to_owned(),
+                    );
+                }
+            }
+        }
+        Self {
+            shared: Arc::new(Shared {
+                max_message_bytes,
+                schema: Schema::from_set(&set),
+                inputs,
+            }),
+        }
+    }
+}
+
+impl<S> Layer<S> for DecodeLimitLayer {
+    type Service = DecodeLimitService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        DecodeLimitService {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// The service of [`DecodeLimitLayer`].
+#[derive(Clone)]
+pub struct DecodeLimitService<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> Service<Request<Body>> for DecodeLimitService<S>
+where
+    S: Service<Request<Body>, Response = Response<Body>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        if matches!(request.extensions().get::<Caller>(), Some(Caller::Admin)) {
+            return Box::pin(inner.oneshot(request));
+        }
+        let message_type = self.shared.inputs.get(request.uri().path()).cloned();
+        let shared = self.shared.clone();
+        let request = request.map(|body| {
+            Body::new(FrameCheck {
+                inner: body,
+                shared,
+                message_type,
+                buffered: Vec::new(),
+                failed: false,
+            })
+        });
+        Box::pin(inner.oneshot(request))
+    }
+}
+
+/// A request body passed on one whole gRPC frame at a time, each checked.
+struct FrameCheck {
+    inner: Body,
+    shared: Arc<Shared>,
+    /// The method's request message type, when it is one of ours.
+    message_type: Option<String>,
+    /// Bytes of frames not complete yet.
+    buffered: Vec<u8>,
+    /// A frame was refused: the body ends.
+    failed: bool,
+}
+
+/// Length of a gRPC frame header: compression flag and big-endian length.
+const FRAME_HEADER: usize = 5;
+
+impl FrameCheck {
+    /// The complete frames at the front of `buffered`, checked; or why the
+    /// first offending one is refused.
+    fn take_complete_frames(&mut self) -> Result<Option<Bytes>, tonic::Status> {
+        let mut end = 0;
+        loop {
+            let rest = &self.buffered[end..];
+            let Some(header) = rest.get(..FRAME_HEADER) else {
+                break;
+            };
+            let compressed = header[0] != 0;
+            let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+            if length > self.shared.max_message_bytes {
+                return Err(too_large(length, self.shared.max_message_bytes));
+            }
+            let Some(message) = rest.get(FRAME_HEADER..FRAME_HEADER + length) else {
+                break;
+            };
+            if !compressed && let Some(message_type) = &self.message_type {
+                let estimate = self.shared.schema.decoded_bytes(message_type, message);
+                let allowed = decoded_allowance(length);
+                if estimate > allowed {
+                    return Err(too_dense(length, estimate, allowed));
+                }
+            }
+            end += FRAME_HEADER + length;
+        }
+        if end == 0 {
+            return Ok(None);
+        }
+        let rest = self.buffered.split_off(end);
+        let complete = std::mem::replace(&mut self.buffered, rest);
+        Ok(Some(Bytes::from(complete)))
+    }
+}
+
+/// About how many bytes decoding `bytes` as the message `message_type`
+/// (a full name such as `reconciled.v1.SubmitIntentRequest`) allocates, by
+/// the compiled descriptor set: what [`DecodeLimitLayer`] compares with
+/// [`decoded_allowance`].
+pub fn estimate_decoded_bytes(message_type: &str, bytes: &[u8]) -> usize {
+    static SCHEMA: std::sync::OnceLock<Schema> = std::sync::OnceLock::new();
+    SCHEMA
+        .get_or_init(|| {
+            let set = prost_types::FileDescriptorSet::decode(reconciled_proto::FILE_DESCRIPTOR_SET)
+                .unwrap_or_default();
+            Schema::from_set(&set)
+        })
+        .decoded_bytes(message_type, bytes)
+}
+
+/// What a message of `length` bytes may decode into.
+pub fn decoded_allowance(length: usize) -> usize {
+    DECODED_BYTES_FLOOR.max(length.saturating_mul(DECODED_BYTES_PER_BYTE))
+}
+
+fn too_large(length: usize, limit: usize) -> tonic::Status {
+    ApiError::QuotaExceeded {
+        subject: "max_tenant_message_bytes".into(),
+        description: format!(
+            "the request message is {length} bytes; tenant calls may send at most {limit} bytes \
+             (max_tenant_message_bytes; admin calls up to max_message_bytes); split it, e.g. into subgraphs"
+        ),
+    }
+    .into()
+}
+
+fn too_dense(length: usize, estimate: usize, allowed: usize) -> tonic::Status {
+    ApiError::QuotaExceeded {
+        subject: "max_tenant_message_bytes".into(),
+        description: format!(
+            "the request message is {length} bytes but would decode into about {} MiB, more than \
+             the {} MiB a tenant message of this size may (at least {} MiB, or {DECODED_BYTES_PER_BYTE} \
+             times its size; the size is capped by max_tenant_message_bytes): it holds too many \
+             empty or tiny values; send fewer of them or split the request",
+            estimate / (1024 * 1024),
+            allowed / (1024 * 1024),
+            DECODED_BYTES_FLOOR / (1024 * 1024)
+        ),
+    }
+    .into()
+}
+
+impl HttpBody for FrameCheck {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        loop {
+            if this.failed {
+                return Poll::Ready(None);
+            }
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => {
+                    // An incomplete frame at the end: tonic reports it.
+                    if this.buffered.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                    let rest = std::mem::take(&mut this.buffered);
+                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(rest)))));
+                }
+                Poll::Ready(Some(Err(error))) => return Poll::Ready(Some(Err(error))),
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        this.buffered.extend_from_slice(&data);
+                        match this.take_complete_frames() {
+                            Ok(Some(complete)) => {
+                                return Poll::Ready(Some(Ok(Frame::data(complete))));
+                            }
+                            Ok(None) => continue,
+                            Err(refused) => {
+                                this.failed = true;
+                                this.buffered = Vec::new();
+                                return Poll::Ready(Some(Err(refused)));
+                            }
+                        }
+                    }
+                    // Trailers pass as they are.
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.failed || (self.inner.is_end_stream() && self.buffered.is_empty())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+/// What the walk needs of each message type.
+#[derive(Debug, Default)]
+struct MessageShape {
+    /// Approximate size of its decoded struct, nested singular messages
+    /// included (prost keeps them inline).
+    weight: usize,
+    /// Its fields by number.
+    fields: HashMap<u32, FieldShape>,
+}
+
+#[derive(Clone, Debug)]
+struct FieldShape {
+    repeated: bool,
+    /// The field's message type, for message fields.
+    message: Option<String>,
+    /// A string or bytes field.
+    bytes: bool,
+}
+
+/// Message shapes by full name, from a descriptor set.
+#[derive(Debug, Default)]
+struct Schema {
+    messages: HashMap<String, MessageShape>,
+}
+
+impl Schema {
+    fn from_set(set: &prost_types::FileDescriptorSet) -> Self {
+        let mut descriptors = HashMap::new();
+        for file in &set.file {
+            for message in &file.message_type {
+                collect(file.package(), message, &mut descriptors);
+            }
+        }
+        let mut schema = Schema::default();
+        for (name, descriptor) in &descriptors {
+            let fields = descriptor
+                .field
+                .iter()
+                .map(|field| {
+                    let message = (field.r#type() == Type::Message)
+                        .then(|| field.type_name().trim_start_matches('.').to_owned());
+                    let shape = FieldShape {
+                        repeated: field.label() == Label::Repeated,
+                        message,
+                        bytes: matches!(field.r#type(), Type::String | Type::Bytes),
+                    };
+                    (u32::try_from(field.number()).unwrap_or(0), shape)
+                })
+                .collect();
+            let weight = weight_of(name, &descriptors, &mut Vec::new());
+            schema
+                .messages
+                .insert(name.clone(), MessageShape { weight, fields });
+        }
+        schema
+    }
+
+    /// What decoding `bytes` as a `message_type` allocates, about.
+    fn decoded_bytes(&self, message_type: &str, bytes: &[u8]) -> usize {
+        let weight = self.messages.get(message_type).map_or(0, |m| m.weight);
+        weight.saturating_add(self.walk(message_type, bytes, 0))
+    }
+
+    /// The allocations of the fields in `bytes` (the message's own struct
+    /// is its parent's business). Malformed input ends the walk: prost
+    /// refuses it, having allocated at most what was counted.
+    fn walk(&self, message_type: &str, bytes: &[u8], depth: usize) -> usize {
+        let Some(shape) = self.messages.get(message_type) else {
+            return 0;
+        };
+        if depth > MAX_DEPTH {
+            return 0;
+        }
+        let mut total: usize = 0;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let Some((tag, after)) = varint(rest) else {
+                break;
+            };
+            rest = after;
+            let field = shape.fields.get(&u32::try_from(tag >> 3).unwrap_or(0));
+            match tag & 7 {
+                0 => {
+                    let Some((_, after)) = varint(rest) else {
+                        break;
+                    };
+                    rest = after;
+                    if field.is_some_and(|f| f.repeated) {
+                        total = total.saturating_add(8);
+                    }
+                }
+                1 | 5 => {
+                    let width = if tag & 7 == 1 { 8 } else { 4 };
+                    let Some(after) = rest.get(width..) else {
+                        break;
+                    };
+                    rest = after;
+                    if field.is_some_and(|f| f.repeated) {
+                        total = total.saturating_add(8);
+                    }
+                }
+                2 => {
+                    let Some((length, after)) = varint(rest) else {
+                        break;
+                    };
+                    let Some(value) = usize::try_from(length).ok().and_then(|l| after.get(..l))
+                    else {
+                        break;
+                    };
+                    rest = &after[value.len()..];
+                    let Some(field) = field else { continue };
+                    total = total.saturating_add(match (&field.message, field.bytes) {
+                        (Some(child), _) => {
+                            let own = if field.repeated {
+                                self.messages
+                                    .get(child)
+                                    .map_or(HEADER_BYTES, |m| m.weight + HEADER_BYTES)
+                            } else {
+                                0
+                            };
+                            own.saturating_add(self.walk(child, value, depth + 1))
+                        }
+                        (None, true) => value.len() + HEADER_BYTES,
+                        // Packed scalars: at most 8 bytes each, one byte
+                        // each at least on the wire.
+                        (None, false) => value.len().saturating_mul(8),
+                    });
+                }
+                _ => break,
+            }
+        }
+        total
+    }
+}
+
+fn collect(
+    scope: &str,
+    message: &prost_types::DescriptorProto,
+    into: &mut HashMap<String, prost_types::DescriptorProto>,
+) {
+    let name = if scope.is_empty() {
+        message.name().to_owned()
+    } else {
+        format!("{scope}.{}", message.name())
+    };
+    for nested in &message.nested_type {
+        collect(&name, nested, into);
+    }
+    into.insert(name, message.clone());
+}
+
+/// About `size_of` the struct prost generates for `name`: 8 bytes per
+/// scalar, a header per string, bytes or repeated field, and singular
+/// message fields inline (boxed, 8 bytes, when they recurse).
+fn weight_of(
+    name: &str,
+    descriptors: &HashMap<String, prost_types::DescriptorProto>,
+    path: &mut Vec<String>,
+) -> usize {
+    let Some(descriptor) = descriptors.get(name) else {
+        return HEADER_BYTES;
+    };
+    if path.iter().any(|seen| seen == name) || path.len() > MAX_DEPTH {
+        return 8;
+    }
+    path.push(name.to_owned());
+    let mut weight = 8;
+    for field in &descriptor.field {
+        weight += if field.label() == Label::Repeated {
+            HEADER_BYTES
+        } else {
+            match field.r#type() {
+                Type::String | Type::Bytes => HEADER_BYTES,
+                Type::Message => {
+                    8 + weight_of(field.type_name().trim_start_matches('.'), descriptors, path)
+                }
+                _ => 8,
+            }
+        };
+    }
+    path.pop();
+    weight
+}
+
+/// A protobuf varint at the front of `bytes`, and what follows it.
+fn varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let mut value: u64 = 0;
+    for (index, byte) in bytes.iter().enumerate().take(10) {
+        value |= u64::from(byte & 0x7f) << (7 * index);
+        if byte & 0x80 == 0 {
+            return Some((value, &bytes[index + 1..]));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use reconciled_proto::v1;
+
+    use super::*;
+
+    fn schema() -> Schema {
+        let set = prost_types::FileDescriptorSet::decode(reconciled_proto::FILE_DESCRIPTOR_SET)
+            .expect("the compiled descriptor set decodes");
+        Schema::from_set(&set)
+    }
+
+    fn submit(items: Vec<v1::Item>) -> Vec<u8> {
+        v1::SubmitIntentRequest {
+            tenant: "acme".into(),
+            items,
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn empty_items_are_dense_and_refused_while_real_ones_are_not() {
+        let schema = schema();
+        // 2M empty items: 4 MB on the wire (8M took 1.5 GB to decode).
+        let mut dense = submit(Vec::new());
+        for _ in 0..2_000_000 {
+            dense.extend_from_slice(&[0x1a, 0x00]);
+        }
+        let estimate = schema.decoded_bytes("reconciled.v1.SubmitIntentRequest", &dense);
+        assert!(
+            estimate > decoded_allowance(dense.len()),
+            "{estimate} bytes estimated for {}",
+            dense.len()
+        );
+        assert!(estimate / dense.len() > 50, "{}", estimate / dense.len());
+
+        // 10,000 ordinary items with a few properties pass with room.
+        let items = (0..10_000)
+            .map(|index| {
+                let mut properties = prost_types::Struct::default();
+                for key in ["mtu", "state", "owner"] {
+                    properties.fields.insert(
+                        key.into(),
+                        prost_types::Value {
+                            kind: Some(prost_types::value::Kind::StringValue(format!("{index}"))),
+                        },
+                    );
+                }
+                v1::Item {
+                    r#type: "interface".into(),
+                    name: format!("eth{index}"),
+                    properties: Some(properties),
+                    ..Default::default()
+                }
+            })
+            .collect();
+        let real = submit(items);
+        let estimate = schema.decoded_bytes("reconciled.v1.SubmitIntentRequest", &real);
+        assert!(estimate < decoded_allowance(real.len()), "{estimate}");
+        assert!(
+            estimate / real.len() < DECODED_BYTES_PER_BYTE,
+            "{} per byte",
+            estimate / real.len()
+        );
+    }
+
+    #[test]
+    fn a_deep_list_of_nulls_is_charged_for_every_entry() {
+        let schema = schema();
+        let list = prost_types::ListValue {
+            values: vec![prost_types::Value::default(); 100_000],
+        };
+        let mut properties = prost_types::Struct::default();
+        properties.fields.insert(
+            "l".into(),
+            prost_types::Value {
+                kind: Some(prost_types::value::Kind::ListValue(list)),
+            },
+        );
+        let bytes = submit(vec![v1::Item {
+            r#type: "t".into(),
+            name: "n".into(),
+            properties: Some(properties),
+            ..Default::default()
+        }]);
+        let estimate = schema.decoded_bytes("reconciled.v1.SubmitIntentRequest", &bytes);
+        assert!(
+            estimate >= 100_000 * 32,
+            "{estimate} bytes for {} on the wire",
+            bytes.len()
+        );
+    }
+
+    #[test]
+    fn malformed_input_ends_the_walk_without_panicking() {
+        let schema = schema();
+        for bytes in [
+            &[0xff_u8; 12][..],
+            &[0x12, 0xff, 0xff, 0xff, 0xff, 0x0f][..],
+            &[0x0b][..],
+        ] {
+            let _ = schema.decoded_bytes("reconciled.v1.SubmitIntentRequest", bytes);
+        }
+    }
+}
