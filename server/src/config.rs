@@ -940,11 +940,17 @@ fn resolve(
             ),
         ));
     }
-    let max_tenant_message_bytes = count(
+    let tenant_limit_set = layer.max_tenant_message_bytes.is_some();
+    let mut max_tenant_message_bytes = count(
         "max_tenant_message_bytes",
         layer.max_tenant_message_bytes,
         defaults.max_tenant_message_bytes,
     )?;
+    // The default follows a smaller max_message_bytes down; a value set
+    // explicitly above it is a mistake worth stopping for.
+    if !tenant_limit_set {
+        max_tenant_message_bytes = max_tenant_message_bytes.min(max_message_bytes);
+    }
     if max_tenant_message_bytes > max_message_bytes {
         return Err(invalid(
             "max_tenant_message_bytes",
@@ -1198,6 +1204,26 @@ mod tests {
         assert_eq!(
             config.ui_listen,
             Some("127.0.0.1:8080".parse().expect("addr"))
+        );
+    }
+
+    #[test]
+    fn the_tenant_message_limit_follows_a_smaller_message_limit_unless_set() {
+        let (_, small) = load(&["--max-message-bytes", "1048576"], &[]).expect("valid");
+        assert_eq!(small.max_tenant_message_bytes, 1_048_576);
+        let error = load(
+            &[
+                "--max-message-bytes",
+                "1048576",
+                "--max-tenant-message-bytes",
+                "2097152",
+            ],
+            &[],
+        )
+        .expect_err("explicitly over max_message_bytes");
+        assert!(
+            error.to_string().contains("max_tenant_message_bytes"),
+            "{error}"
         );
     }
 

@@ -5,7 +5,9 @@
 //! duplicating bytes, and splicing two seeds; each input goes through what
 //! the server does with a request body:
 //!
-//! 1. the decoding budget of non-admin calls (`limits::decode`);
+//! 1. the decoding layer (`limits::decode`): its wire-format walk must
+//!    refuse, with a field path, everything prost would refuse (which
+//!    tonic would answer `INTERNAL`), and estimate the rest;
 //! 2. prost decoding;
 //! 3. validation and conversion to the engine's types (SubmitIntent:
 //!    `api::reconciler::validate_submit`; ReportExternal and an agent's
@@ -322,9 +324,18 @@ fn input(seeds: Arc<Vec<Vec<u8>>>) -> impl Strategy<Value = Vec<u8>> {
 
 /// The budget a non-admin call would be held to: the walk must not panic
 /// and must charge what it is given.
-fn budget(message_type: &str, bytes: &[u8]) {
-    let estimate = estimate_decoded_bytes(message_type, bytes);
-    let _ = estimate <= decoded_allowance(bytes.len());
+fn budget<M: prost::Message + Default>(message_type: &str, bytes: &[u8]) {
+    match estimate_decoded_bytes(message_type, bytes) {
+        Ok(estimate) => {
+            let _ = estimate <= decoded_allowance(bytes.len());
+            // What the walk lets through, prost decodes: a refusal there
+            // would reach the client as INTERNAL.
+            if let Err(error) = M::decode(bytes) {
+                panic!("the walk accepted what prost refuses ({error}): {bytes:?}");
+            }
+        }
+        Err(malformed) => assert!(!malformed.reason.is_empty()),
+    }
 }
 
 fn refused_as_a_client_error(status: &tonic::Status) {
@@ -338,7 +349,7 @@ fn refused_as_a_client_error(status: &tonic::Status) {
 }
 
 fn check_submit(bytes: &[u8]) {
-    budget("reconciled.v1.SubmitIntentRequest", bytes);
+    budget::<v1::SubmitIntentRequest>("reconciled.v1.SubmitIntentRequest", bytes);
     let Ok(request) = v1::SubmitIntentRequest::decode(bytes) else {
         return;
     };
@@ -389,7 +400,7 @@ fn check_submit(bytes: &[u8]) {
 }
 
 fn check_report(bytes: &[u8], handle: &TenantHandle) {
-    budget("reconciled.v1.ReportExternalRequest", bytes);
+    budget::<v1::ReportExternalRequest>("reconciled.v1.ReportExternalRequest", bytes);
     let Ok(request) = v1::ReportExternalRequest::decode(bytes) else {
         return;
     };

@@ -19,6 +19,11 @@
 //! Both are refused `RESOURCE_EXHAUSTED` with a `QuotaFailure` on
 //! `max_tenant_message_bytes`. Admin calls keep the services' own limit,
 //! `max_message_bytes`.
+//!
+//! The same walk finds, for every caller, what prost would refuse (a value
+//! cut short, a wrong wire type, a string that is not UTF-8, nesting deeper
+//! than prost's 100 levels): tonic would answer those `INTERNAL`; they are
+//! refused `INVALID_ARGUMENT` with the field path instead.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -44,8 +49,9 @@ pub const DECODED_BYTES_PER_BYTE: usize = 16;
 /// values stay acceptable).
 pub const DECODED_BYTES_FLOOR: usize = 64 * 1024 * 1024;
 
-/// Deepest nesting the walk follows (prost's own recursion limit).
-const MAX_DEPTH: usize = 100;
+/// Deepest message nesting accepted: a little under prost's own recursion
+/// limit (100), so that nothing prost would refuse for depth gets to it.
+const MAX_DEPTH: usize = 96;
 
 /// The memory a decoded value is charged for beyond its struct: a `String`
 /// or `Vec` header, or the node share of a map entry.
@@ -126,16 +132,18 @@ where
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        if matches!(request.extensions().get::<Caller>(), Some(Caller::Admin)) {
+        let admin = matches!(request.extensions().get::<Caller>(), Some(Caller::Admin));
+        let message_type = self.shared.inputs.get(request.uri().path()).cloned();
+        if admin && message_type.is_none() {
             return Box::pin(inner.oneshot(request));
         }
-        let message_type = self.shared.inputs.get(request.uri().path()).cloned();
         let shared = self.shared.clone();
         let request = request.map(|body| {
             Body::new(FrameCheck {
                 inner: body,
                 shared,
                 message_type,
+                admin,
                 buffered: Vec::new(),
                 failed: false,
             })
@@ -150,6 +158,9 @@ struct FrameCheck {
     shared: Arc<Shared>,
     /// The method's request message type, when it is one of ours.
     message_type: Option<String>,
+    /// The admin's call: only the well-formedness check applies (the
+    /// services hold it to `max_message_bytes`).
+    admin: bool,
     /// Bytes of frames not complete yet.
     buffered: Vec<u8>,
     /// A frame was refused: the body ends.
@@ -171,16 +182,20 @@ impl FrameCheck {
             };
             let compressed = header[0] != 0;
             let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
-            if length > self.shared.max_message_bytes {
+            if !self.admin && length > self.shared.max_message_bytes {
                 return Err(too_large(length, self.shared.max_message_bytes));
             }
             let Some(message) = rest.get(FRAME_HEADER..FRAME_HEADER + length) else {
                 break;
             };
             if !compressed && let Some(message_type) = &self.message_type {
-                let estimate = self.shared.schema.decoded_bytes(message_type, message);
+                let estimate = self
+                    .shared
+                    .schema
+                    .decoded_bytes(message_type, message)
+                    .map_err(not_protobuf)?;
                 let allowed = decoded_allowance(length);
-                if estimate > allowed {
+                if !self.admin && estimate > allowed {
                     return Err(too_dense(length, estimate, allowed));
                 }
             }
@@ -198,8 +213,8 @@ impl FrameCheck {
 /// About how many bytes decoding `bytes` as the message `message_type`
 /// (a full name such as `reconciled.v1.SubmitIntentRequest`) allocates, by
 /// the compiled descriptor set: what [`DecodeLimitLayer`] compares with
-/// [`decoded_allowance`].
-pub fn estimate_decoded_bytes(message_type: &str, bytes: &[u8]) -> usize {
+/// [`decoded_allowance`]; or why prost would refuse the bytes.
+pub fn estimate_decoded_bytes(message_type: &str, bytes: &[u8]) -> Result<usize, Malformed> {
     static SCHEMA: std::sync::OnceLock<Schema> = std::sync::OnceLock::new();
     SCHEMA
         .get_or_init(|| {
@@ -213,6 +228,22 @@ pub fn estimate_decoded_bytes(message_type: &str, bytes: &[u8]) -> usize {
 /// What a message of `length` bytes may decode into.
 pub fn decoded_allowance(length: usize) -> usize {
     DECODED_BYTES_FLOOR.max(length.saturating_mul(DECODED_BYTES_PER_BYTE))
+}
+
+fn not_protobuf(malformed: Malformed) -> tonic::Status {
+    let field = if malformed.path.is_empty() {
+        String::from("(message)")
+    } else {
+        malformed.path
+    };
+    ApiError::invalid_field(
+        field,
+        format!(
+            "the request is not a valid protobuf message of its type: {}; fix the client's encoding",
+            malformed.reason
+        ),
+    )
+    .into()
 }
 
 fn too_large(length: usize, limit: usize) -> tonic::Status {
@@ -309,11 +340,42 @@ struct MessageShape {
 
 #[derive(Clone, Debug)]
 struct FieldShape {
+    /// The field's name, for the path of a malformed value.
+    name: String,
     repeated: bool,
     /// The field's message type, for message fields.
     message: Option<String>,
+    /// A string field: its bytes must be UTF-8.
+    string: bool,
     /// A string or bytes field.
     bytes: bool,
+    /// The wire type of one scalar value (0 varint, 1 fixed64, 5 fixed32);
+    /// 2 for strings, bytes and messages.
+    wire_type: u64,
+}
+
+/// Why a message is not valid protobuf for its type: what prost would
+/// refuse (tonic then answers INTERNAL), found before it runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Malformed {
+    /// Where: field names from the message down, e.g. `items.name`.
+    pub path: String,
+    /// What is wrong.
+    pub reason: &'static str,
+}
+
+/// Deepest path shown in a [`Malformed`].
+const PATH_SHOWN: usize = 8;
+
+fn malformed(path: &[&str], reason: &'static str) -> Malformed {
+    let mut shown: Vec<&str> = path.iter().take(PATH_SHOWN).copied().collect();
+    if path.len() > PATH_SHOWN {
+        shown.push("…");
+    }
+    Malformed {
+        path: shown.join("."),
+        reason,
+    }
 }
 
 /// Message shapes by full name, from a descriptor set.
@@ -338,10 +400,19 @@ impl Schema {
                 .map(|field| {
                     let message = (field.r#type() == Type::Message)
                         .then(|| field.type_name().trim_start_matches('.').to_owned());
+                    let wire_type = match field.r#type() {
+                        Type::Double | Type::Fixed64 | Type::Sfixed64 => 1,
+                        Type::Float | Type::Fixed32 | Type::Sfixed32 => 5,
+                        Type::String | Type::Bytes | Type::Message | Type::Group => 2,
+                        _ => 0,
+                    };
                     let shape = FieldShape {
+                        name: field.name().to_owned(),
                         repeated: field.label() == Label::Repeated,
                         message,
+                        string: field.r#type() == Type::String,
                         bytes: matches!(field.r#type(), Type::String | Type::Bytes),
+                        wire_type,
                     };
                     (u32::try_from(field.number()).unwrap_or(0), shape)
                 })
@@ -354,34 +425,55 @@ impl Schema {
         schema
     }
 
-    /// What decoding `bytes` as a `message_type` allocates, about.
-    fn decoded_bytes(&self, message_type: &str, bytes: &[u8]) -> usize {
+    /// What decoding `bytes` as a `message_type` allocates, about; or why
+    /// prost would refuse it.
+    fn decoded_bytes(&self, message_type: &str, bytes: &[u8]) -> Result<usize, Malformed> {
         let weight = self.messages.get(message_type).map_or(0, |m| m.weight);
-        weight.saturating_add(self.walk(message_type, bytes, 0))
+        let mut path = Vec::new();
+        Ok(weight.saturating_add(self.walk(message_type, bytes, &mut path)?))
     }
 
     /// The allocations of the fields in `bytes` (the message's own struct
-    /// is its parent's business). Malformed input ends the walk: prost
-    /// refuses it, having allocated at most what was counted.
-    fn walk(&self, message_type: &str, bytes: &[u8], depth: usize) -> usize {
+    /// is its parent's business), or why the bytes are not a valid
+    /// `message_type`. `path` holds the field names down to here.
+    fn walk<'a>(
+        &'a self,
+        message_type: &str,
+        bytes: &[u8],
+        path: &mut Vec<&'a str>,
+    ) -> Result<usize, Malformed> {
         let Some(shape) = self.messages.get(message_type) else {
-            return 0;
+            return Ok(0);
         };
-        if depth > MAX_DEPTH {
-            return 0;
+        if path.len() >= MAX_DEPTH {
+            return Err(malformed(path, "messages nested more than 96 levels deep"));
         }
         let mut total: usize = 0;
         let mut rest = bytes;
         while !rest.is_empty() {
             let Some((tag, after)) = varint(rest) else {
-                break;
+                return Err(malformed(path, "a field tag is cut short"));
             };
             rest = after;
-            let field = shape.fields.get(&u32::try_from(tag >> 3).unwrap_or(0));
-            match tag & 7 {
+            let number = tag >> 3;
+            if number == 0 || number > u64::from(u32::MAX >> 3) {
+                return Err(malformed(path, "a field number is out of range"));
+            }
+            let field = shape.fields.get(&u32::try_from(number).unwrap_or(0));
+            let wire_type = tag & 7;
+            if let Some(field) = field {
+                let packed = field.repeated && field.wire_type != 2 && wire_type == 2;
+                if wire_type != field.wire_type && !packed {
+                    path.push(&field.name);
+                    let error = malformed(path, "a value has the wrong wire type for its field");
+                    path.pop();
+                    return Err(error);
+                }
+            }
+            match wire_type {
                 0 => {
                     let Some((_, after)) = varint(rest) else {
-                        break;
+                        return Err(malformed(path, "a number is cut short"));
                     };
                     rest = after;
                     if field.is_some_and(|f| f.repeated) {
@@ -389,9 +481,9 @@ impl Schema {
                     }
                 }
                 1 | 5 => {
-                    let width = if tag & 7 == 1 { 8 } else { 4 };
+                    let width = if wire_type == 1 { 8 } else { 4 };
                     let Some(after) = rest.get(width..) else {
-                        break;
+                        return Err(malformed(path, "a fixed-width number is cut short"));
                     };
                     rest = after;
                     if field.is_some_and(|f| f.repeated) {
@@ -400,15 +492,16 @@ impl Schema {
                 }
                 2 => {
                     let Some((length, after)) = varint(rest) else {
-                        break;
+                        return Err(malformed(path, "a length is cut short"));
                     };
                     let Some(value) = usize::try_from(length).ok().and_then(|l| after.get(..l))
                     else {
-                        break;
+                        return Err(malformed(path, "a value runs past the end of the message"));
                     };
                     rest = &after[value.len()..];
                     let Some(field) = field else { continue };
-                    total = total.saturating_add(match (&field.message, field.bytes) {
+                    path.push(&field.name);
+                    let charged = match (&field.message, field.bytes) {
                         (Some(child), _) => {
                             let own = if field.repeated {
                                 self.messages
@@ -417,18 +510,26 @@ impl Schema {
                             } else {
                                 0
                             };
-                            own.saturating_add(self.walk(child, value, depth + 1))
+                            self.walk(child, value, path).map(|inner| own.saturating_add(inner))
                         }
-                        (None, true) => value.len() + HEADER_BYTES,
+                        (None, true) => {
+                            if field.string && std::str::from_utf8(value).is_err() {
+                                Err(malformed(path, "a string is not valid UTF-8"))
+                            } else {
+                                Ok(value.len() + HEADER_BYTES)
+                            }
+                        }
                         // Packed scalars: at most 8 bytes each, one byte
                         // each at least on the wire.
-                        (None, false) => value.len().saturating_mul(8),
-                    });
+                        (None, false) => Ok(value.len().saturating_mul(8)),
+                    };
+                    path.pop();
+                    total = total.saturating_add(charged?);
                 }
-                _ => break,
+                _ => return Err(malformed(path, "a field has an unknown wire type")),
             }
         }
-        total
+        Ok(total)
     }
 }
 
@@ -522,7 +623,9 @@ mod tests {
         for _ in 0..2_000_000 {
             dense.extend_from_slice(&[0x1a, 0x00]);
         }
-        let estimate = schema.decoded_bytes("reconciled.v1.SubmitIntentRequest", &dense);
+        let estimate = schema
+            .decoded_bytes("reconciled.v1.SubmitIntentRequest", &dense)
+            .expect("well formed");
         assert!(
             estimate > decoded_allowance(dense.len()),
             "{estimate} bytes estimated for {}",
@@ -551,7 +654,9 @@ mod tests {
             })
             .collect();
         let real = submit(items);
-        let estimate = schema.decoded_bytes("reconciled.v1.SubmitIntentRequest", &real);
+        let estimate = schema
+            .decoded_bytes("reconciled.v1.SubmitIntentRequest", &real)
+            .expect("well formed");
         assert!(estimate < decoded_allowance(real.len()), "{estimate}");
         assert!(
             estimate / real.len() < DECODED_BYTES_PER_BYTE,
@@ -579,7 +684,9 @@ mod tests {
             properties: Some(properties),
             ..Default::default()
         }]);
-        let estimate = schema.decoded_bytes("reconciled.v1.SubmitIntentRequest", &bytes);
+        let estimate = schema
+            .decoded_bytes("reconciled.v1.SubmitIntentRequest", &bytes)
+            .expect("well formed");
         assert!(
             estimate >= 100_000 * 32,
             "{estimate} bytes for {} on the wire",
@@ -588,14 +695,46 @@ mod tests {
     }
 
     #[test]
-    fn malformed_input_ends_the_walk_without_panicking() {
+    fn what_prost_refuses_is_found_with_its_path() {
         let schema = schema();
-        for bytes in [
-            &[0xff_u8; 12][..],
-            &[0x12, 0xff, 0xff, 0xff, 0xff, 0x0f][..],
-            &[0x0b][..],
-        ] {
-            let _ = schema.decoded_bytes("reconciled.v1.SubmitIntentRequest", bytes);
+        let refused = |bytes: &[u8]| {
+            assert!(
+                v1::SubmitIntentRequest::decode(bytes).is_err(),
+                "prost refuses {bytes:?}"
+            );
+            schema
+                .decoded_bytes("reconciled.v1.SubmitIntentRequest", bytes)
+                .expect_err("the walk refuses it too")
+        };
+        refused(&[0xff_u8; 12]);
+        refused(&[0x12, 0xff, 0xff, 0xff, 0xff, 0x0f]);
+        refused(&[0x0b]);
+        // items[0].name = [0xff]: not UTF-8.
+        let bad_name = refused(&[0x1a, 0x03, 0x12, 0x01, 0xff]);
+        assert_eq!(bad_name.path, "items.name");
+        assert!(bad_name.reason.contains("UTF-8"));
+        // A string field sent as a number.
+        let wrong = refused(&[0x08, 0x01]);
+        assert_eq!(wrong.path, "tenant");
+        // 200 nested lists in an item's properties.
+        let mut value = prost_types::Value::default();
+        for _ in 0..200 {
+            value = prost_types::Value {
+                kind: Some(prost_types::value::Kind::ListValue(prost_types::ListValue {
+                    values: vec![value],
+                })),
+            };
         }
+        let mut properties = prost_types::Struct::default();
+        properties.fields.insert("deep".into(), value);
+        let deep = submit(vec![v1::Item {
+            r#type: "t".into(),
+            name: "n".into(),
+            properties: Some(properties),
+            ..Default::default()
+        }]);
+        let too_deep = refused(&deep);
+        assert!(too_deep.reason.contains("nested"), "{too_deep:?}");
+        assert!(too_deep.path.starts_with("items.properties.fields"), "{too_deep:?}");
     }
 }
