@@ -1538,3 +1538,74 @@ async fn a_failure_with_a_huge_message_is_recorded_cut_and_does_not_wedge_the_it
     tenant.submit(vec![item("big", "a", json!({"v": 2}))]).await;
     tenant.wait_until_ready().await;
 }
+
+#[tokio::test]
+async fn nothing_commits_for_a_tenant_after_delete_tenant_returns_and_its_keys_are_all_purged() {
+    use reconciled::store::{SledOptions, SledStore, Store as _, keys};
+    let mut tenant = TestTenant::start("doomed").await;
+    // Four clients submit as fast as they can while the tenant is deleted.
+    let deleted_at = std::sync::Arc::new(std::sync::OnceLock::<Instant>::new());
+    let writers: Vec<_> = (0..4)
+        .map(|writer| {
+            let reconciler = tenant.reconciler();
+            let deleted_at = deleted_at.clone();
+            tokio::spawn(async move {
+                let mut late_successes = 0;
+                for round in 0..2_000_u64 {
+                    let sent = Instant::now();
+                    let answer = reconciler
+                        .clone()
+                        .submit_intent(api::submit(
+                            "doomed",
+                            vec![item("t", &format!("w{writer}"), json!({ "round": round }))],
+                        ))
+                        .await;
+                    let after_delete = deleted_at.get().is_some_and(|at| sent > *at);
+                    match answer {
+                        Ok(_) if after_delete => late_successes += 1,
+                        Ok(_) => {}
+                        Err(_) if after_delete => break,
+                        Err(_) => {}
+                    }
+                }
+                late_successes
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    api::tenants(&tenant.channel, &tenant.server.admin_token())
+        .delete_tenant(v1::DeleteTenantRequest {
+            name: "doomed".into(),
+        })
+        .await
+        .expect("deleted");
+    let _ = deleted_at.set(Instant::now());
+    for writer in writers {
+        assert_eq!(
+            writer.await.expect("the writer ends"),
+            0,
+            "a SubmitIntent sent after DeleteTenant returned succeeded"
+        );
+    }
+    // Once its purge has run, nothing of the tenant is left in the store.
+    let deadline = Instant::now() + DEADLINE;
+    while !tenant.server.log_tail().contains("Deleted tenant purged.") {
+        assert!(Instant::now() < deadline, "the purge did not finish");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tenant.server.terminate().await.expect("stops");
+    let store = SledStore::open(&tenant.server.data_dir(), SledOptions::default()).expect("opens");
+    let tenant_keys = store
+        .scan(&[keys::TENANT_SPACE], None, 10)
+        .expect("scans");
+    assert!(
+        tenant_keys.is_empty(),
+        "keys of the deleted tenant survive: {:?}",
+        tenant_keys
+            .iter()
+            .map(|(key, _)| String::from_utf8_lossy(key).into_owned())
+            .collect::<Vec<_>>()
+    );
+    drop(store);
+    tenant.server.start_again().await.expect("starts cleanly");
+}
