@@ -16,7 +16,7 @@
 //! - the hostile call ended within its deadline with success or a client
 //!   error (`INVALID_ARGUMENT`, `RESOURCE_EXHAUSTED`, `FAILED_PRECONDITION`,
 //!   `NOT_FOUND`, `OUT_OF_RANGE`, `ABORTED`, `UNAUTHENTICATED`,
-//!   `DEADLINE_EXCEEDED` for an agent that never registered), never
+//!   `CANCELLED`), never
 //!   `INTERNAL`, `UNKNOWN` or `UNAVAILABLE`;
 //! - a bystander tenant's GetStatus and SubmitIntent succeed within
 //!   [`BYSTANDER_DEADLINE`];
@@ -663,21 +663,26 @@ impl Suite {
                 ..Default::default()
             })),
         };
-        if disconnect_after > 0 {
-            let _ = outgoing.send(register.clone()).await;
+        let mut client =
+            ConfiguratorsClient::with_interceptor(self.channel.clone(), Bearer::new(&self.hostile));
+        if disconnect_after == 0 {
+            // Opens the stream and goes away before registering (the server
+            // answers only once Register arrives, within 10 s).
+            let opening = tokio::spawn(async move {
+                let _ = client.connect(ReceiverStream::new(receiver)).await;
+            });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            opening.abort();
+            let _ = opening.await;
+            drop(outgoing);
+            return Ok(());
         }
-        let opened =
-            ConfiguratorsClient::with_interceptor(self.channel.clone(), Bearer::new(&self.hostile))
-                .connect(ReceiverStream::new(receiver))
-                .await;
+        let _ = outgoing.send(register.clone()).await;
+        let opened = client.connect(ReceiverStream::new(receiver)).await;
         let mut incoming = match opened {
             Ok(stream) => stream.into_inner(),
             Err(status) => return check(&status, "Connect"),
         };
-        if disconnect_after == 0 {
-            // Gone before registering.
-            return Ok(());
-        }
         let mut operations: Vec<(String, u32)> = Vec::new();
         for step in steps.iter().take(disconnect_after - 1) {
             let message = match step {
