@@ -541,7 +541,11 @@ mod tests {
             .collect();
         let status = status(ApiError::invalid_argument(violations));
         assert!(status.message().len() <= MAX_STATUS_MESSAGE_BYTES);
-        assert!(status.message().contains("bytes in all"), "{}", status.message());
+        assert!(
+            status.message().contains("bytes in all"),
+            "{}",
+            status.message()
+        );
         // What the headers carry: the message and the base64 details.
         let sent = status.details().len() * 4 / 3 + status.message().len();
         assert!(sent <= 12 * 1024, "{sent} bytes of message and details");
@@ -551,7 +555,10 @@ mod tests {
             .cloned()
             .expect("a BadRequest");
         let last = bad_request.field_violations.last().expect("violations");
-        assert!(last.description.contains("more problems not shown"), "{last:?}");
+        assert!(
+            last.description.contains("more problems not shown"),
+            "{last:?}"
+        );
     }
 
     fn reason_of(status: &Status) -> Option<String> {

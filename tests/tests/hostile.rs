@@ -1595,9 +1595,7 @@ async fn nothing_commits_for_a_tenant_after_delete_tenant_returns_and_its_keys_a
     }
     tenant.server.terminate().await.expect("stops");
     let store = SledStore::open(&tenant.server.data_dir(), SledOptions::default()).expect("opens");
-    let tenant_keys = store
-        .scan(&[keys::TENANT_SPACE], None, 10)
-        .expect("scans");
+    let tenant_keys = store.scan(&[keys::TENANT_SPACE], None, 10).expect("scans");
     assert!(
         tenant_keys.is_empty(),
         "keys of the deleted tenant survive: {:?}",

@@ -510,7 +510,8 @@ impl Schema {
                             } else {
                                 0
                             };
-                            self.walk(child, value, path).map(|inner| own.saturating_add(inner))
+                            self.walk(child, value, path)
+                                .map(|inner| own.saturating_add(inner))
                         }
                         (None, true) => {
                             if field.string && std::str::from_utf8(value).is_err() {
@@ -720,9 +721,11 @@ mod tests {
         let mut value = prost_types::Value::default();
         for _ in 0..200 {
             value = prost_types::Value {
-                kind: Some(prost_types::value::Kind::ListValue(prost_types::ListValue {
-                    values: vec![value],
-                })),
+                kind: Some(prost_types::value::Kind::ListValue(
+                    prost_types::ListValue {
+                        values: vec![value],
+                    },
+                )),
             };
         }
         let mut properties = prost_types::Struct::default();
@@ -735,6 +738,9 @@ mod tests {
         }]);
         let too_deep = refused(&deep);
         assert!(too_deep.reason.contains("nested"), "{too_deep:?}");
-        assert!(too_deep.path.starts_with("items.properties.fields"), "{too_deep:?}");
+        assert!(
+            too_deep.path.starts_with("items.properties.fields"),
+            "{too_deep:?}"
+        );
     }
 }

@@ -345,7 +345,9 @@ fn decode_failure_as_client_error(response: Response<Body>) -> Response<Body> {
     match (internal, detail) {
         (true, Some(detail)) => refuse(ApiError::invalid_field(
             "(message)",
-            format!("the request is not a valid protobuf message of its type ({detail}); fix the client's encoding"),
+            format!(
+                "the request is not a valid protobuf message of its type ({detail}); fix the client's encoding"
+            ),
         )),
         _ => response,
     }
