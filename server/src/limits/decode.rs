@@ -189,12 +189,16 @@ impl FrameCheck {
                 break;
             };
             if !compressed && let Some(message_type) = &self.message_type {
+                let allowed = decoded_allowance(length);
+                // The walk stops once a tenant's message is over its
+                // allowance: refusing a dense message costs a fraction of
+                // walking it all.
+                let limit = if self.admin { usize::MAX } else { allowed };
                 let estimate = self
                     .shared
                     .schema
-                    .decoded_bytes(message_type, message)
+                    .decoded_bytes(message_type, message, limit)
                     .map_err(not_protobuf)?;
-                let allowed = decoded_allowance(length);
                 if !self.admin && estimate > allowed {
                     return Err(too_dense(length, estimate, allowed));
                 }
@@ -222,7 +226,7 @@ pub fn estimate_decoded_bytes(message_type: &str, bytes: &[u8]) -> Result<usize,
                 .unwrap_or_default();
             Schema::from_set(&set)
         })
-        .decoded_bytes(message_type, bytes)
+        .decoded_bytes(message_type, bytes, usize::MAX)
 }
 
 /// What a message of `length` bytes may decode into.
@@ -425,39 +429,52 @@ impl Schema {
         schema
     }
 
-    /// What decoding `bytes` as a `message_type` allocates, about; or why
-    /// prost would refuse it.
-    fn decoded_bytes(&self, message_type: &str, bytes: &[u8]) -> Result<usize, Malformed> {
-        let weight = self.messages.get(message_type).map_or(0, |m| m.weight);
+    /// What decoding `bytes` as a `message_type` allocates, about (once
+    /// over `limit`, the walk stops and the estimate so far is returned); or
+    /// why prost would refuse the bytes.
+    fn decoded_bytes(
+        &self,
+        message_type: &str,
+        bytes: &[u8],
+        limit: usize,
+    ) -> Result<usize, Malformed> {
+        let mut walk = Walk {
+            spent: self.messages.get(message_type).map_or(0, |m| m.weight),
+            limit,
+        };
         let mut path = Vec::new();
-        Ok(weight.saturating_add(self.walk(message_type, bytes, &mut path)?))
+        match self.walk(message_type, bytes, &mut path, &mut walk) {
+            Ok(()) | Err(Stop::OverLimit) => Ok(walk.spent),
+            Err(Stop::Malformed(malformed)) => Err(malformed),
+        }
     }
 
-    /// The allocations of the fields in `bytes` (the message's own struct
-    /// is its parent's business), or why the bytes are not a valid
-    /// `message_type`. `path` holds the field names down to here.
+    /// Charges the allocations of the fields in `bytes` to `walk` (the
+    /// message's own struct is its parent's business), or finds why the
+    /// bytes are not a valid `message_type`. `path` holds the field names
+    /// down to here.
     fn walk<'a>(
         &'a self,
         message_type: &str,
         bytes: &[u8],
         path: &mut Vec<&'a str>,
-    ) -> Result<usize, Malformed> {
+        walk: &mut Walk,
+    ) -> Result<(), Stop> {
         let Some(shape) = self.messages.get(message_type) else {
-            return Ok(0);
+            return Ok(());
         };
         if path.len() >= MAX_DEPTH {
-            return Err(malformed(path, "messages nested more than 96 levels deep"));
+            return Err(malformed(path, "messages nested more than 96 levels deep").into());
         }
-        let mut total: usize = 0;
         let mut rest = bytes;
         while !rest.is_empty() {
             let Some((tag, after)) = varint(rest) else {
-                return Err(malformed(path, "a field tag is cut short"));
+                return Err(malformed(path, "a field tag is cut short").into());
             };
             rest = after;
             let number = tag >> 3;
             if number == 0 || number > u64::from(u32::MAX >> 3) {
-                return Err(malformed(path, "a field number is out of range"));
+                return Err(malformed(path, "a field number is out of range").into());
             }
             let field = shape.fields.get(&u32::try_from(number).unwrap_or(0));
             let wire_type = tag & 7;
@@ -467,36 +484,38 @@ impl Schema {
                     path.push(&field.name);
                     let error = malformed(path, "a value has the wrong wire type for its field");
                     path.pop();
-                    return Err(error);
+                    return Err(error.into());
                 }
             }
             match wire_type {
                 0 => {
                     let Some((_, after)) = varint(rest) else {
-                        return Err(malformed(path, "a number is cut short"));
+                        return Err(malformed(path, "a number is cut short").into());
                     };
                     rest = after;
                     if field.is_some_and(|f| f.repeated) {
-                        total = total.saturating_add(8);
+                        walk.charge(8)?;
                     }
                 }
                 1 | 5 => {
                     let width = if wire_type == 1 { 8 } else { 4 };
                     let Some(after) = rest.get(width..) else {
-                        return Err(malformed(path, "a fixed-width number is cut short"));
+                        return Err(malformed(path, "a fixed-width number is cut short").into());
                     };
                     rest = after;
                     if field.is_some_and(|f| f.repeated) {
-                        total = total.saturating_add(8);
+                        walk.charge(8)?;
                     }
                 }
                 2 => {
                     let Some((length, after)) = varint(rest) else {
-                        return Err(malformed(path, "a length is cut short"));
+                        return Err(malformed(path, "a length is cut short").into());
                     };
                     let Some(value) = usize::try_from(length).ok().and_then(|l| after.get(..l))
                     else {
-                        return Err(malformed(path, "a value runs past the end of the message"));
+                        return Err(
+                            malformed(path, "a value runs past the end of the message").into()
+                        );
                     };
                     rest = &after[value.len()..];
                     let Some(field) = field else { continue };
@@ -510,27 +529,58 @@ impl Schema {
                             } else {
                                 0
                             };
-                            self.walk(child, value, path)
-                                .map(|inner| own.saturating_add(inner))
+                            walk.charge(own)
+                                .and_then(|()| self.walk(child, value, path, walk))
                         }
                         (None, true) => {
                             if field.string && std::str::from_utf8(value).is_err() {
-                                Err(malformed(path, "a string is not valid UTF-8"))
+                                Err(malformed(path, "a string is not valid UTF-8").into())
                             } else {
-                                Ok(value.len() + HEADER_BYTES)
+                                walk.charge(value.len() + HEADER_BYTES)
                             }
                         }
                         // Packed scalars: at most 8 bytes each, one byte
                         // each at least on the wire.
-                        (None, false) => Ok(value.len().saturating_mul(8)),
+                        (None, false) => walk.charge(value.len().saturating_mul(8)),
                     };
                     path.pop();
-                    total = total.saturating_add(charged?);
+                    charged?;
                 }
-                _ => return Err(malformed(path, "a field has an unknown wire type")),
+                _ => return Err(malformed(path, "a field has an unknown wire type").into()),
             }
         }
-        Ok(total)
+        Ok(())
+    }
+}
+
+/// The running estimate of one walk.
+struct Walk {
+    spent: usize,
+    limit: usize,
+}
+
+impl Walk {
+    fn charge(&mut self, bytes: usize) -> Result<(), Stop> {
+        self.spent = self.spent.saturating_add(bytes);
+        if self.spent > self.limit {
+            Err(Stop::OverLimit)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// Why a walk stopped early.
+enum Stop {
+    /// The bytes are not a valid message.
+    Malformed(Malformed),
+    /// The estimate passed the limit: the rest need not be walked.
+    OverLimit,
+}
+
+impl From<Malformed> for Stop {
+    fn from(malformed: Malformed) -> Self {
+        Self::Malformed(malformed)
     }
 }
 
@@ -625,7 +675,7 @@ mod tests {
             dense.extend_from_slice(&[0x1a, 0x00]);
         }
         let estimate = schema
-            .decoded_bytes("reconciled.v1.SubmitIntentRequest", &dense)
+            .decoded_bytes("reconciled.v1.SubmitIntentRequest", &dense, usize::MAX)
             .expect("well formed");
         assert!(
             estimate > decoded_allowance(dense.len()),
@@ -633,6 +683,12 @@ mod tests {
             dense.len()
         );
         assert!(estimate / dense.len() > 50, "{}", estimate / dense.len());
+        // With the allowance as limit the walk stops soon after passing it.
+        let allowed = decoded_allowance(dense.len());
+        let stopped = schema
+            .decoded_bytes("reconciled.v1.SubmitIntentRequest", &dense, allowed)
+            .expect("well formed");
+        assert!(stopped > allowed && stopped < estimate, "{stopped}");
 
         // 10,000 ordinary items with a few properties pass with room.
         let items = (0..10_000)
@@ -656,7 +712,7 @@ mod tests {
             .collect();
         let real = submit(items);
         let estimate = schema
-            .decoded_bytes("reconciled.v1.SubmitIntentRequest", &real)
+            .decoded_bytes("reconciled.v1.SubmitIntentRequest", &real, usize::MAX)
             .expect("well formed");
         assert!(estimate < decoded_allowance(real.len()), "{estimate}");
         assert!(
@@ -686,7 +742,7 @@ mod tests {
             ..Default::default()
         }]);
         let estimate = schema
-            .decoded_bytes("reconciled.v1.SubmitIntentRequest", &bytes)
+            .decoded_bytes("reconciled.v1.SubmitIntentRequest", &bytes, usize::MAX)
             .expect("well formed");
         assert!(
             estimate >= 100_000 * 32,
@@ -704,7 +760,7 @@ mod tests {
                 "prost refuses {bytes:?}"
             );
             schema
-                .decoded_bytes("reconciled.v1.SubmitIntentRequest", bytes)
+                .decoded_bytes("reconciled.v1.SubmitIntentRequest", bytes, usize::MAX)
                 .expect_err("the walk refuses it too")
         };
         refused(&[0xff_u8; 12]);
