@@ -167,7 +167,10 @@ settings! {
         help = "Log filter, a tracing EnvFilter directive such as `info,reconciled=debug`";
     max_message_bytes: u64,
         env = "RECONCILED_MAX_MESSAGE_BYTES", default = "16777216", value_name = "BYTES",
-        help = "Largest gRPC message accepted or sent";
+        help = "Largest gRPC message accepted (from the admin) or sent";
+    max_tenant_message_bytes: u64,
+        env = "RECONCILED_MAX_TENANT_MESSAGE_BYTES", default = "4194304", value_name = "BYTES",
+        help = "Largest gRPC message accepted from a tenant token or a public call (at most max_message_bytes)";
     max_request_items: u64,
         env = "RECONCILED_MAX_REQUEST_ITEMS", default = "10000", value_name = "N",
         help = "Most items in one request";
@@ -413,6 +416,22 @@ pub enum Command {
         /// The store written (must be empty).
         to: StoreLocation,
     },
+    /// With the server stopped: report the tenants whose stored records
+    /// cannot be read, and repair or remove them (`tenant::repair`).
+    Repair(RepairMode),
+}
+
+/// What `reconciled repair` does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RepairMode {
+    /// No flag: report every tenant's unreadable records, change nothing.
+    Report,
+    /// `--tenant NAME --apply`: back up the store, then repair the tenant's
+    /// unreadable records.
+    Apply(String),
+    /// `--tenant NAME --remove`: back up the store, then tombstone the
+    /// tenant (purged at the next start), as DeleteTenant does.
+    Remove(String),
 }
 
 /// What `reconciled migrate` does.
@@ -460,6 +479,10 @@ pub struct Config {
     pub log_filter: String,
     /// Largest gRPC message accepted or sent, per service.
     pub max_message_bytes: usize,
+    /// Largest message accepted from a caller other than the admin (a
+    /// tenant token, a public health or reflection call); never more than
+    /// `max_message_bytes`. See `limits::DecodeLimitLayer`.
+    pub max_tenant_message_bytes: usize,
     /// Most items in one request.
     pub max_request_items: usize,
     /// Largest encoded item; never more than [`MAX_ITEM_BYTES_LIMIT`].
@@ -534,6 +557,7 @@ impl Default for Config {
             log_format: LogFormat::Human,
             log_filter: "info".to_owned(),
             max_message_bytes: 16 * MIB as usize,
+            max_tenant_message_bytes: 4 * MIB as usize,
             max_request_items: 10_000,
             max_item_bytes: MAX_ITEM_BYTES_LIMIT as usize,
             max_connections: 10_000,
@@ -754,6 +778,19 @@ enum CliCommand {
         #[command(subcommand)]
         command: StoreCommand,
     },
+    /// With the server stopped: report tenants whose stored records cannot be
+    /// read; with --tenant and --apply or --remove, repair or remove one
+    Repair {
+        /// The tenant to repair or remove
+        #[arg(long, value_name = "NAME")]
+        tenant: Option<String>,
+        /// Back up the store, then repair the tenant's unreadable records
+        #[arg(long, requires = "tenant", conflicts_with = "remove")]
+        apply: bool,
+        /// Back up the store, then remove the tenant (as DeleteTenant does)
+        #[arg(long, requires = "tenant")]
+        remove: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -801,6 +838,15 @@ impl Config {
             Some(CliCommand::Store {
                 command: StoreCommand::Copy { from, to },
             }) => Command::StoreCopy { from, to },
+            Some(CliCommand::Repair {
+                tenant,
+                apply,
+                remove,
+            }) => Command::Repair(match (tenant, apply, remove) {
+                (Some(tenant), true, _) => RepairMode::Apply(tenant),
+                (Some(tenant), _, true) => RepairMode::Remove(tenant),
+                _ => RepairMode::Report,
+            }),
             Some(CliCommand::Migrate { status, dry_run }) => {
                 Command::Migrate(match (status, dry_run) {
                     (true, _) => MigrateMode::Status,
@@ -842,6 +888,7 @@ impl Config {
             log_format: Some(self.log_format),
             log_level: Some(self.log_filter.clone()),
             max_message_bytes: Some(self.max_message_bytes as u64),
+            max_tenant_message_bytes: Some(self.max_tenant_message_bytes as u64),
             max_request_items: Some(self.max_request_items as u64),
             max_item_bytes: Some(self.max_item_bytes as u64),
             max_connections: Some(self.max_connections as u64),
@@ -977,6 +1024,34 @@ fn resolve(
             ),
         ));
     }
+    let tenant_limit_set = layer.max_tenant_message_bytes.is_some();
+    let mut max_tenant_message_bytes = count(
+        "max_tenant_message_bytes",
+        layer.max_tenant_message_bytes,
+        defaults.max_tenant_message_bytes,
+    )?;
+    // The default follows a smaller max_message_bytes down; a value set
+    // explicitly above it is a mistake worth stopping for.
+    if !tenant_limit_set {
+        max_tenant_message_bytes = max_tenant_message_bytes.min(max_message_bytes);
+    }
+    if max_tenant_message_bytes > max_message_bytes {
+        return Err(invalid(
+            "max_tenant_message_bytes",
+            format!(
+                "{max_tenant_message_bytes} is larger than max_message_bytes ({max_message_bytes}), \
+                 which bounds every call; raise max_message_bytes too"
+            ),
+        ));
+    }
+    if max_tenant_message_bytes < max_item_bytes {
+        return Err(invalid(
+            "max_tenant_message_bytes",
+            format!(
+                "{max_tenant_message_bytes} is smaller than max_item_bytes ({max_item_bytes}); no item would fit"
+            ),
+        ));
+    }
     if max_message_bytes < max_item_bytes {
         return Err(invalid(
             "max_message_bytes",
@@ -1056,6 +1131,7 @@ fn resolve(
         log_format: layer.log_format.unwrap_or(defaults.log_format),
         log_filter,
         max_message_bytes,
+        max_tenant_message_bytes,
         max_request_items: count(
             "max_request_items",
             layer.max_request_items,
@@ -1208,12 +1284,33 @@ mod tests {
         assert_eq!(config.listen, "127.0.0.1:50051".parse().expect("addr"));
         assert_eq!(config.data_dir, PathBuf::from("./reconciled-data"));
         assert_eq!(config.max_message_bytes, 16 * 1024 * 1024);
+        assert_eq!(config.max_tenant_message_bytes, 4 * 1024 * 1024);
         assert_eq!(config.cache_capacity_bytes, 1 << 30);
         assert!(config.fsync);
         assert_eq!(config.metrics_listen, None);
         assert_eq!(
             config.ui_listen,
             Some("127.0.0.1:8080".parse().expect("addr"))
+        );
+    }
+
+    #[test]
+    fn the_tenant_message_limit_follows_a_smaller_message_limit_unless_set() {
+        let (_, small) = load(&["--max-message-bytes", "1048576"], &[]).expect("valid");
+        assert_eq!(small.max_tenant_message_bytes, 1_048_576);
+        let error = load(
+            &[
+                "--max-message-bytes",
+                "1048576",
+                "--max-tenant-message-bytes",
+                "2097152",
+            ],
+            &[],
+        )
+        .expect_err("explicitly over max_message_bytes");
+        assert!(
+            error.to_string().contains("max_tenant_message_bytes"),
+            "{error}"
         );
     }
 

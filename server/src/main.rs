@@ -1,6 +1,7 @@
 //! The `reconciled` server binary: parses the configuration, sets up
 //! logging and runs the requested subcommand (`serve` by default,
-//! `migrate`, `check-config`, `store copy`). See docs/configuration.md.
+//! `migrate`, `check-config`, `store copy`, `repair`). See
+//! docs/configuration.md.
 #![forbid(unsafe_code)]
 
 use std::io::IsTerminal as _;
@@ -39,6 +40,13 @@ fn main() -> ExitCode {
         Command::Migrate(mode) => {
             init_tracing(&config, None).and_then(|()| run_migrate(&config, mode))
         }
+        Command::Repair(mode) => init_tracing(&config, None).and_then(|()| {
+            let report = reconciled::server::repair(&config, &mode).with_context(|| {
+                format!("cannot repair the store in {}", config.data_dir.display())
+            })?;
+            print!("{report}");
+            Ok(())
+        }),
         Command::Serve => run_serve(config.clone()),
         Command::StoreCopy { from, to } => init_tracing(&config, None).and_then(|()| {
             let report = reconciled::server::store_copy(&config, &from, &to)

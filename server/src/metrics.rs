@@ -1,17 +1,26 @@
-//! Prometheus metrics: counters kept in atomics by the engine, exposed in
-//! the text exposition format on `--metrics-listen`. No per-tenant labels:
-//! label values are bounded (operation kinds, outcomes, states).
+//! Prometheus metrics: counters and histograms kept by the engine in a
+//! `prometheus-client` registry, gauges read from their owners at each
+//! scrape through a [`GaugeSource`] (this module knows no tenant), exposed
+//! in the Prometheus text format on `--metrics-listen`: on the dashboard's
+//! HTTP server when both share an address, else on a hyper listener of its
+//! own ([`serve`]). No per-tenant labels: label values are bounded
+//! (operation kinds, outcomes, states).
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _, prometheus_text};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -64,209 +73,195 @@ const OUTCOMES: [&str; 5] = ["done", "failed", "wait", "lost", "other"];
 /// tenant owner's queue.
 const QUEUE_WAIT_BUCKETS: [f64; 8] = [0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0];
 
-/// A Prometheus histogram over fixed bucket bounds, in seconds.
-#[derive(Debug)]
-struct Histogram<const N: usize> {
-    bounds: [f64; N],
-    buckets: [AtomicU64; N],
-    count: AtomicU64,
-    sum_micros: AtomicU64,
-}
+/// The labels of an operation counter: its kind (and outcome).
+type KindLabel = [(&'static str, &'static str); 1];
+type KindOutcomeLabels = [(&'static str, &'static str); 2];
 
-impl<const N: usize> Histogram<N> {
-    fn new(bounds: [f64; N]) -> Self {
-        Self {
-            bounds,
-            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-            count: AtomicU64::new(0),
-            sum_micros: AtomicU64::new(0),
-        }
-    }
-
-    fn observe(&self, seconds: f64) {
-        let seconds = seconds.max(0.0);
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
-            .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
-        for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
-            if seconds <= *bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
-    fn count(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
-    }
-
-    fn render(&self, out: &mut String, name: &str, help: &str) {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{bound}\"}} {}",
-                bucket.load(Ordering::Relaxed)
-            );
-        }
-        let count = self.count();
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {}\n{name}_count {count}",
-            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
-        );
-    }
-}
-
-/// The server's counters.
+/// The server's counters and histograms, in a `prometheus-client`
+/// registry; the gauges come from a [`GaugeSource`] at each scrape.
 #[derive(Debug)]
 pub struct Metrics {
-    passes: Histogram<{ PASS_BUCKETS.len() }>,
-    dispatched: [AtomicU64; KINDS.len()],
-    finished: [[AtomicU64; OUTCOMES.len()]; KINDS.len()],
-    operations: Histogram<{ OPERATION_BUCKETS.len() }>,
-    queue_wait: Histogram<{ QUEUE_WAIT_BUCKETS.len() }>,
+    registry: Registry,
+    passes: Counter,
+    pass_seconds: Histogram,
+    queue_wait: Histogram,
+    dispatched: Family<KindLabel, Counter>,
+    finished: Family<KindOutcomeLabels, Counter>,
+    operations: Histogram,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
+        let mut registry = Registry::default();
+        let passes = Counter::default();
+        registry.register(
+            "reconciled_reconcile_passes",
+            "Reconcile passes run",
+            passes.clone(),
+        );
+        let pass_seconds = Histogram::new(PASS_BUCKETS);
+        registry.register(
+            "reconciled_reconcile_pass_seconds",
+            "Duration of reconcile passes",
+            pass_seconds.clone(),
+        );
+        let queue_wait = Histogram::new(QUEUE_WAIT_BUCKETS);
+        registry.register(
+            "reconciled_tenant_queue_wait_seconds",
+            "Time commands (intents, results, registrations) wait in a tenant owner's queue",
+            queue_wait.clone(),
+        );
+        let dispatched = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "reconciled_operations_dispatched",
+            "Operations sent to agents",
+            dispatched.clone(),
+        );
+        let finished = Family::<KindOutcomeLabels, Counter>::default();
+        registry.register(
+            "reconciled_operations",
+            "Operations finished, by kind and outcome",
+            finished.clone(),
+        );
+        let operations = Histogram::new(OPERATION_BUCKETS);
+        registry.register(
+            "reconciled_operation_seconds",
+            "Latency of finished operations, from dispatch to result",
+            operations.clone(),
+        );
+        // Every series exists from the start, at zero: a query sees 0, not
+        // an absent series, before the first operation.
+        for kind in KINDS {
+            drop(dispatched.get_or_create(&[("kind", kind.as_str())]));
+            for outcome in OUTCOMES {
+                drop(finished.get_or_create(&[("kind", kind.as_str()), ("outcome", outcome)]));
+            }
+        }
         Self {
-            passes: Histogram::new(PASS_BUCKETS),
-            dispatched: Default::default(),
-            finished: Default::default(),
-            operations: Histogram::new(OPERATION_BUCKETS),
-            queue_wait: Histogram::new(QUEUE_WAIT_BUCKETS),
+            registry,
+            passes,
+            pass_seconds,
+            queue_wait,
+            dispatched,
+            finished,
+            operations,
         }
     }
-}
-
-fn kind_index(kind: OperationKind) -> usize {
-    KINDS.iter().position(|k| *k == kind).unwrap_or(0)
 }
 
 impl Metrics {
     /// Records one reconcile pass and how long it took.
     pub fn pass(&self, seconds: f64) {
-        self.passes.observe(seconds);
+        self.passes.inc();
+        self.pass_seconds.observe(seconds.max(0.0));
     }
 
     /// Records how long a command waited in a tenant owner's queue.
     pub fn queue_wait(&self, seconds: f64) {
-        self.queue_wait.observe(seconds);
+        self.queue_wait.observe(seconds.max(0.0));
     }
 
     /// Records dispatched operations.
     pub fn dispatched(&self, kind: OperationKind) {
-        self.dispatched[kind_index(kind)].fetch_add(1, Ordering::Relaxed);
+        self.dispatched
+            .get_or_create(&[("kind", kind.as_str())])
+            .inc();
     }
 
     /// Records a finished operation with its outcome ("done", "failed",
-    /// "wait", "lost") and how long it ran.
+    /// "wait", "lost"; anything else counts as "other") and how long it ran.
     pub fn finished(&self, kind: OperationKind, outcome: &str, seconds: f64) {
         let outcome = OUTCOMES
             .iter()
-            .position(|o| *o == outcome)
-            .unwrap_or(OUTCOMES.len() - 1);
-        self.finished[kind_index(kind)][outcome].fetch_add(1, Ordering::Relaxed);
-        self.operations.observe(seconds);
+            .find(|known| **known == outcome)
+            .copied()
+            .unwrap_or("other");
+        self.finished
+            .get_or_create(&[("kind", kind.as_str()), ("outcome", outcome)])
+            .inc();
+        self.operations.observe(seconds.max(0.0));
     }
 
-    /// The exposition text: the counters kept here and `gauges`.
+    /// The exposition text (Prometheus text format 0.0.4): the metrics kept
+    /// here and `gauges`.
     pub fn render(&self, gauges: &Gauges) -> String {
         let mut out = String::new();
-        let get = |value: &AtomicU64| value.load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "# HELP reconciled_reconcile_passes_total Reconcile passes run.\n# TYPE reconciled_reconcile_passes_total counter\nreconciled_reconcile_passes_total {}",
-            self.passes.count()
-        );
-        self.passes.render(
-            &mut out,
-            "reconciled_reconcile_pass_seconds",
-            "Duration of reconcile passes.",
-        );
-        self.queue_wait.render(
-            &mut out,
-            "reconciled_tenant_queue_wait_seconds",
-            "Time commands (intents, results, registrations) wait in a tenant owner's queue.",
-        );
-        let _ = writeln!(
-            out,
-            "# HELP reconciled_operations_dispatched_total Operations sent to agents.\n# TYPE reconciled_operations_dispatched_total counter"
-        );
-        for (kind, counter) in KINDS.iter().zip(&self.dispatched) {
-            let _ = writeln!(
-                out,
-                "reconciled_operations_dispatched_total{{kind=\"{}\"}} {}",
-                kind.as_str(),
-                get(counter)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP reconciled_operations_total Operations finished, by kind and outcome.\n# TYPE reconciled_operations_total counter"
-        );
-        for (kind, row) in KINDS.iter().zip(&self.finished) {
-            for (outcome, counter) in OUTCOMES.iter().zip(row) {
-                let _ = writeln!(
-                    out,
-                    "reconciled_operations_total{{kind=\"{}\",outcome=\"{outcome}\"}} {}",
-                    kind.as_str(),
-                    get(counter)
-                );
-            }
-        }
-        self.operations.render(
-            &mut out,
-            "reconciled_operation_seconds",
-            "Latency of finished operations, from dispatch to result.",
-        );
-        let Gauges {
-            items_by_state,
-            operations_in_flight: in_flight,
-            tenants,
-            tenants_quarantined,
-            queued_commands: queued,
-            watchers,
-            agents_connected,
-            store_bytes: size,
-        } = gauges;
-        let _ = writeln!(
-            out,
-            "# HELP reconciled_items Items by state, all tenants.\n# TYPE reconciled_items gauge"
-        );
-        for (state, count) in items_by_state {
-            let _ = writeln!(out, "reconciled_items{{state=\"{state}\"}} {count}");
-        }
-        let _ = writeln!(
-            out,
-            "# HELP reconciled_operations_in_flight Operations in flight (queue depth at the agents).\n# TYPE reconciled_operations_in_flight gauge\nreconciled_operations_in_flight {in_flight}"
-        );
-        let _ = writeln!(
-            out,
-            "# HELP reconciled_tenants Live tenants.\n# TYPE reconciled_tenants gauge\nreconciled_tenants {tenants}"
-        );
-        let _ = writeln!(
-            out,
-            "# HELP reconciled_tenants_quarantined Tenants not served because their stored records could not be read.\n# TYPE reconciled_tenants_quarantined gauge\nreconciled_tenants_quarantined {tenants_quarantined}"
-        );
-        let _ = writeln!(
-            out,
-            "# HELP reconciled_watchers Open Watch streams, all tenants.\n# TYPE reconciled_watchers gauge\nreconciled_watchers {watchers}"
-        );
-        let _ = writeln!(
-            out,
-            "# HELP reconciled_tenant_queue_depth Commands (intents, results, registrations) queued for the tenant owners.\n# TYPE reconciled_tenant_queue_depth gauge\nreconciled_tenant_queue_depth {queued}"
-        );
-        let _ = writeln!(
-            out,
-            "# HELP reconciled_agents_connected Agents connected (distinct agent ids per tenant).\n# TYPE reconciled_agents_connected gauge\nreconciled_agents_connected {agents_connected}"
-        );
-        let _ = writeln!(
-            out,
-            "# HELP reconciled_store_bytes Store size on disk.\n# TYPE reconciled_store_bytes gauge\nreconciled_store_bytes {size}"
-        );
+        let mut scrape = Registry::default();
+        scrape.register_collector(Box::new(GaugeCollector(gauges.clone())));
+        // Writing into a String cannot fail.
+        let _ = prometheus_text::encode(&mut out, &self.registry);
+        let _ = prometheus_text::encode(&mut out, &scrape);
         out
     }
+}
+
+/// The gauges of one scrape, as a `prometheus-client` collector.
+#[derive(Debug)]
+struct GaugeCollector(Gauges);
+
+impl Collector for GaugeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Gauges {
+            items_by_state,
+            operations_in_flight,
+            tenants,
+            tenants_quarantined,
+            queued_commands,
+            watchers,
+            agents_connected,
+            store_bytes,
+        } = &self.0;
+        {
+            let mut family = encoder.encode_descriptor(
+                "reconciled_items",
+                "Items by state, all tenants",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (state, count) in items_by_state {
+                let labels = [("state", *state)];
+                ConstGauge::new(gauge_value(*count)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let single: [(&str, &str, u64); 7] = [
+            (
+                "reconciled_operations_in_flight",
+                "Operations in flight (queue depth at the agents)",
+                *operations_in_flight,
+            ),
+            ("reconciled_tenants", "Live tenants", *tenants),
+            (
+                "reconciled_tenants_quarantined",
+                "Tenants not served because their stored records could not be read",
+                *tenants_quarantined,
+            ),
+            (
+                "reconciled_watchers",
+                "Open Watch streams, all tenants",
+                *watchers,
+            ),
+            (
+                "reconciled_tenant_queue_depth",
+                "Commands (intents, results, registrations) queued for the tenant owners",
+                *queued_commands,
+            ),
+            (
+                "reconciled_agents_connected",
+                "Agents connected (distinct agent ids per tenant)",
+                *agents_connected,
+            ),
+            ("reconciled_store_bytes", "Store size on disk", *store_bytes),
+        ];
+        for (name, help, value) in single {
+            let gauge = ConstGauge::new(gauge_value(value));
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
+
+fn gauge_value(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 /// Scrapes served at once; a connection beyond waits in the kernel's
@@ -357,7 +352,7 @@ pub async fn serve(
 
 /// The answer to one request: the exposition for `GET /metrics`, 404 for
 /// any other path, 405 for another method.
-fn respond<B>(
+pub fn respond<B>(
     request: &hyper::Request<B>,
     metrics: &Metrics,
     gauges: &GaugeSource,
@@ -373,7 +368,7 @@ fn respond<B>(
     } else {
         (
             hyper::StatusCode::OK,
-            "text/plain; version=0.0.4",
+            prometheus_text::CONTENT_TYPE,
             metrics.render(&gauges()),
         )
     };

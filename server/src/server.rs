@@ -18,9 +18,9 @@ use crate::auth::{AdminToken, AuthLayer};
 use crate::bootstrap::{
     bind, health_and_reflection, incoming, serve_until, server_builder, shutdown_signal,
 };
-use crate::config::{Config, MigrateMode, Reflection, StoreKind, StoreLocation};
+use crate::config::{Config, MigrateMode, Reflection, RepairMode, StoreKind, StoreLocation};
 use crate::graph::validate::ValidationLimits;
-use crate::limits::{AgentCounts, ConnectionSlots, GlobalLimits, LimitsLayer};
+use crate::limits::{AgentCounts, ConnectionSlots, DecodeLimitLayer, GlobalLimits, LimitsLayer};
 use crate::store::{
     ChunkedValues, EtcdStore, MigrationReport, SledOptions, SledStore, Store, WriteBatch,
     copy_store, open_and_migrate, open_and_migrate_etcd,
@@ -105,7 +105,16 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let directory = TenantDirectory::load(store.clone(), settings)?;
     let agents = AgentCounts::new(config.max_agents_per_tenant);
     let shutdown = CancellationToken::new();
-    let metrics_endpoint = config.metrics_listen.map(|listen| {
+    // The metrics share the dashboard's HTTP server when both listen on one
+    // address; otherwise they get a listener of their own.
+    let metrics_on_dashboard =
+        config.metrics_listen.is_some() && config.metrics_listen == config.ui_listen;
+    let metrics_page = metrics_on_dashboard.then(|| crate::ui::MetricsPage {
+        metrics: metrics.clone(),
+        gauges: gauge_source(directory.clone(), agents.clone(), store.clone()),
+    });
+    let own_listener = config.metrics_listen.filter(|_| !metrics_on_dashboard);
+    let metrics_endpoint = own_listener.map(|listen| {
         let gauges = gauge_source(directory.clone(), agents.clone(), store.clone());
         let (metrics, stop) = (metrics.clone(), shutdown.clone());
         info!(addr = %listen, "Metrics endpoint listening.");
@@ -177,6 +186,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     };
     let slots = ConnectionSlots::new(global.max_connections);
     let limits = LimitsLayer::new(&global);
+    let decode_limits = DecodeLimitLayer::new(config.max_tenant_message_bytes);
     let tls = crate::tls::server_tls(&config)?;
     // The dashboard port shares the services, the token check, the limits
     // and the connection slots of the gRPC port.
@@ -192,9 +202,11 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                     listen: ui_listen,
                     tls: tls.clone(),
                     authentication: authentication.clone(),
+                    decode_limits: decode_limits.clone(),
                     limits: limits.clone(),
                     slots: slots.clone(),
                     grace: config.shutdown_grace,
+                    metrics: metrics_page,
                 },
                 shutdown.clone(),
             )
@@ -216,6 +228,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         // Before the limits: an anonymous call takes no connection slot,
         // no rate token and no unary slot (issue 12, item 9).
         .layer(authentication)
+        // Then what a non-admin message may cost to decode (item 5).
+        .layer(decode_limits)
         .layer(limits)
         .add_service(health)
         .add_optional_service(reflection_v1)
@@ -377,4 +391,70 @@ fn describe(location: &StoreLocation) -> String {
         StoreLocation::Etcd(endpoints) if endpoints.is_empty() => "etcd".to_owned(),
         StoreLocation::Etcd(endpoints) => format!("etcd:{}", endpoints.join(",")),
     }
+}
+
+/// `reconciled repair`: with the server stopped (the store's lock refuses a
+/// second process), reports every tenant's unreadable records, or backs up
+/// the store and repairs or removes one tenant (see `tenant::repair` for
+/// what a repair does); returns a report for humans.
+pub fn repair(config: &Config, mode: &RepairMode) -> anyhow::Result<String> {
+    use crate::tenant::repair;
+    let (store, report) = open_and_migrate(&config.data_dir, sled_options(config), true)?;
+    if !report.before.is_up_to_date() {
+        anyhow::bail!(
+            "the store's schema is older than this build; run `reconciled migrate` first"
+        );
+    }
+    let mut text = String::new();
+    let name = match mode {
+        RepairMode::Report => {
+            let store = ChunkedValues::new(store)?;
+            text.push_str(&repair::describe(&repair::diagnose_all(&store)?));
+            return Ok(text);
+        }
+        RepairMode::Apply(name) | RepairMode::Remove(name) => name,
+    };
+    let backup = repair_backup_path(&config.data_dir);
+    store.backup_to(&backup)?;
+    text.push_str(&format!("backup: {}\n", backup.display()));
+    let store = ChunkedValues::new(store)?;
+    let diagnosis = repair::diagnose_tenant(&store, name)?;
+    text.push_str(&repair::describe(std::slice::from_ref(&diagnosis)));
+    if matches!(mode, RepairMode::Remove(_)) {
+        repair::remove(&store, &diagnosis)?;
+        text.push_str(&format!(
+            "tenant {name:?} removed; its records are purged when the server starts\n"
+        ));
+        return Ok(text);
+    }
+    if diagnosis.problems.is_empty() {
+        text.push_str(&format!("tenant {name:?}: nothing to repair\n"));
+        return Ok(text);
+    }
+    let outcome = repair::repair(&store, &diagnosis)?;
+    text.push_str(&format!("tenant {name:?} repaired; it loads:\n"));
+    for action in &outcome.actions {
+        text.push_str(&format!("  {action}\n"));
+    }
+    if let Some(token) = &outcome.new_token {
+        text.push_str(&format!(
+            "new token for {name:?} (shown once; give it to the tenant's clients and agents): {token}\n"
+        ));
+    }
+    Ok(text)
+}
+
+/// `<data-dir>/backups/pre-repair-<unix seconds>`, made unique.
+fn repair_backup_path(data_dir: &std::path::Path) -> std::path::PathBuf {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs());
+    let base = data_dir.join("backups").join(format!("pre-repair-{now}"));
+    let mut path = base.clone();
+    let mut attempt = 1;
+    while path.exists() {
+        attempt += 1;
+        path = base.with_extension(attempt.to_string());
+    }
+    path
 }

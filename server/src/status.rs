@@ -410,10 +410,60 @@ impl ApiError {
     }
 }
 
+/// Longest status message sent: status messages and details travel in
+/// HTTP/2 headers, which clients refuse past 16 KiB in all (tonic's and
+/// grpc-go's default), so what a client sent cannot be echoed whole.
+pub const MAX_STATUS_MESSAGE_BYTES: usize = 2 * 1024;
+
+/// Longest text of one field path, description or metadata value in the
+/// details.
+pub const MAX_DETAIL_TEXT_BYTES: usize = 512;
+
+/// Most bytes of violation text in one `BadRequest`; the violations past it
+/// are counted in a last one.
+pub const MAX_BAD_REQUEST_BYTES: usize = 4 * 1024;
+
+/// `text` cut at a character boundary to at most `max` bytes, saying how
+/// long it was when cut.
+fn capped(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max.saturating_sub(32);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes in all)", &text[..end], text.len())
+}
+
+/// The violations sent: each text capped, and no more than
+/// [`MAX_BAD_REQUEST_BYTES`] of them, the rest counted.
+fn bounded_violations(violations: &[FieldViolation]) -> Vec<FieldViolation> {
+    let mut kept = Vec::new();
+    let mut bytes = 0;
+    for (index, violation) in violations.iter().enumerate() {
+        let field = capped(&violation.field, MAX_DETAIL_TEXT_BYTES);
+        let description = capped(&violation.description, MAX_DETAIL_TEXT_BYTES);
+        bytes += field.len() + description.len() + 8;
+        if bytes > MAX_BAD_REQUEST_BYTES {
+            kept.push(FieldViolation::new(
+                "",
+                format!(
+                    "{} more problems not shown (the reply's size is bounded); fix these and send again",
+                    violations.len() - index
+                ),
+            ));
+            break;
+        }
+        kept.push(FieldViolation::new(field, description));
+    }
+    kept
+}
+
 impl From<ApiError> for Status {
     fn from(error: ApiError) -> Self {
         let code = error.code();
-        let message = error.to_string();
+        let message = capped(&error.to_string(), MAX_STATUS_MESSAGE_BYTES);
         if let ApiError::Internal { message: internal } = &error {
             tracing::error!(error = %internal, "Internal error returned to a client.");
         }
@@ -446,15 +496,15 @@ fn invalid_argument_details(
     metadata: &BTreeMap<String, String>,
 ) -> ErrorDetails {
     let mut details = ErrorDetails::with_bad_request(
-        violations
-            .iter()
-            .map(|v| tonic_types::FieldViolation::new(v.field.clone(), v.description.clone()))
+        bounded_violations(violations)
+            .into_iter()
+            .map(|v| tonic_types::FieldViolation::new(v.field, v.description))
             .collect::<Vec<_>>(),
     );
     if let Some(reason) = reason {
         let metadata: HashMap<String, String> = metadata
             .iter()
-            .map(|(key, value)| (key.clone(), value.clone()))
+            .map(|(key, value)| (key.clone(), capped(value, MAX_DETAIL_TEXT_BYTES)))
             .collect();
         details.set_error_info(reason, ERROR_DOMAIN, metadata);
     }
@@ -465,7 +515,7 @@ fn invalid_argument_details(
 fn error_info<const N: usize>(reason: &str, metadata: [(&str, String); N]) -> ErrorDetails {
     let metadata: HashMap<String, String> = metadata
         .into_iter()
-        .map(|(key, value)| (key.to_owned(), value))
+        .map(|(key, value)| (key.to_owned(), capped(&value, MAX_DETAIL_TEXT_BYTES)))
         .collect();
     ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata)
 }
@@ -476,6 +526,39 @@ mod tests {
 
     fn status(error: ApiError) -> Status {
         Status::from(error)
+    }
+
+    #[test]
+    fn echoed_client_text_is_bounded_so_the_status_fits_the_headers() {
+        let key = "k".repeat(5_000);
+        let violations: Vec<FieldViolation> = (0..100)
+            .map(|index| {
+                FieldViolation::new(
+                    format!("items[{index}].properties.{key}"),
+                    format!("the value under {key} is not a number JSON can hold"),
+                )
+            })
+            .collect();
+        let status = status(ApiError::invalid_argument(violations));
+        assert!(status.message().len() <= MAX_STATUS_MESSAGE_BYTES);
+        assert!(
+            status.message().contains("bytes in all"),
+            "{}",
+            status.message()
+        );
+        // What the headers carry: the message and the base64 details.
+        let sent = status.details().len() * 4 / 3 + status.message().len();
+        assert!(sent <= 12 * 1024, "{sent} bytes of message and details");
+        let bad_request = status
+            .get_error_details()
+            .bad_request()
+            .cloned()
+            .expect("a BadRequest");
+        let last = bad_request.field_violations.last().expect("violations");
+        assert!(
+            last.description.contains("more problems not shown"),
+            "{last:?}"
+        );
     }
 
     fn reason_of(status: &Status) -> Option<String> {

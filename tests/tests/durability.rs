@@ -197,10 +197,38 @@ async fn a_tenant_whose_records_cannot_be_read_is_quarantined_and_the_others_are
     assert_eq!(second_page.tenants[0].name, "good");
     assert!(second_page.next_page_token.is_empty());
 
+    // The fleet stream lists it with why, and sees it go when it is deleted.
+    let mut fleet = reconciled_tests::api::tenants(&channel, &admin)
+        .watch_fleet(v1::WatchFleetRequest { start_revision: 0 })
+        .await
+        .expect("the fleet stream opens")
+        .into_inner();
+    let mut listed = Vec::new();
+    loop {
+        match next_fleet(&mut fleet).await {
+            v1::watch_fleet_response::Message::Events(group) => listed.extend(group.events),
+            v1::watch_fleet_response::Message::Synced(_) => break,
+            v1::watch_fleet_response::Message::Bookmark(_) => {}
+        }
+    }
+    let shown: Vec<(&str, bool)> = listed
+        .iter()
+        .map(|t| (t.tenant.as_str(), !t.quarantine_error.is_empty()))
+        .collect();
+    assert_eq!(shown, [("bad", true), ("good", false)], "{listed:?}");
+
     reconciled_tests::api::tenants(&channel, &admin)
         .delete_tenant(v1::DeleteTenantRequest { name: "bad".into() })
         .await
         .expect("a quarantined tenant can be deleted");
+    let gone = loop {
+        if let v1::watch_fleet_response::Message::Events(group) = next_fleet(&mut fleet).await
+            && let Some(event) = group.events.into_iter().find(|e| e.tenant == "bad")
+        {
+            break event;
+        }
+    };
+    assert!(gone.deleted, "{gone:?}");
     let gone = reconciled_tests::api::tenants(&channel, &admin)
         .get_tenant(v1::GetTenantRequest { name: "bad".into() })
         .await
@@ -214,4 +242,161 @@ async fn a_tenant_whose_records_cannot_be_read_is_quarantined_and_the_others_are
         .get_tenant(v1::GetTenantRequest { name: "bad".into() })
         .await
         .expect("served");
+}
+
+/// The next message of a fleet stream, within a deadline.
+async fn next_fleet(
+    fleet: &mut tonic::Streaming<v1::WatchFleetResponse>,
+) -> v1::watch_fleet_response::Message {
+    tokio::time::timeout(Duration::from_secs(10), fleet.message())
+        .await
+        .expect("a fleet message within 10 s")
+        .expect("the fleet stream is healthy")
+        .and_then(|response| response.message)
+        .expect("a message")
+}
+
+/// The id of tenant `name` in a stopped server's store.
+fn tenant_id(store: &reconciled::store::SledStore, name: &str) -> u64 {
+    use reconciled::store::{Store, keys};
+    store
+        .get(&keys::tenant_name_key(name))
+        .expect("reads")
+        .and_then(|bytes| bytes.get(..8).and_then(|b| b.try_into().ok()))
+        .map(u64::from_be_bytes)
+        .expect("the tenant is indexed")
+}
+
+/// Runs `reconciled repair ARGS` on `data_dir`; its stdout.
+fn repair(data_dir: &std::path::Path, args: &[&str]) -> String {
+    let output = std::process::Command::new(reconciled_tests::reconciled_binary())
+        .arg("repair")
+        .args(args)
+        .env("RECONCILED_DATA_DIR", data_dir)
+        .output()
+        .expect("reconciled repair runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "reconciled repair {args:?} failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
+
+/// One sample of a scrape of `--metrics-listen`.
+async fn scrape_sample(addr: &str, name: &str) -> f64 {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("metrics endpoint reachable");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("request sent");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.expect("read");
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no sample {name} in:\n{text}"))
+}
+
+#[tokio::test]
+async fn a_quarantined_tenant_is_counted_and_reconciled_repair_brings_it_back_with_its_intent() {
+    use reconciled::store::{SledOptions, SledStore, Store, WriteBatch, keys};
+    let metrics = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+        probe.local_addr().expect("address").to_string()
+    };
+    let mut server = ServerProcess::start(
+        ServerOptions::default()
+            .arg("--metrics-listen")
+            .arg(&metrics),
+    )
+    .await
+    .expect("starts");
+    let channel = server.channel().await.expect("connects");
+    let admin = server.admin_token();
+    let old_token = create_tenant(&channel, &admin, "bad").await;
+    reconciler(&channel, &old_token)
+        .submit_intent(submit("bad", intent(3)))
+        .await
+        .expect("stored");
+    server.terminate().await.expect("stops");
+
+    // A torn tenant record and a torn intended item.
+    {
+        let store = SledStore::open(&server.data_dir(), SledOptions::default()).expect("opens");
+        let id = tenant_id(&store, "bad");
+        let mut batch = WriteBatch::new();
+        batch.put(keys::tenant_record_key(id), b"{not json".to_vec());
+        batch.put(
+            keys::intended_item_key(id, "t", "n0001"),
+            b"\x00\x01".to_vec(),
+        );
+        store.commit_blocking(batch).expect("writes");
+    }
+    server
+        .start_again()
+        .await
+        .expect("starts with a corrupt tenant");
+    assert_eq!(
+        scrape_sample(&metrics, "reconciled_tenants_quarantined").await,
+        1.0
+    );
+    server.terminate().await.expect("stops");
+
+    // The report names the tenant and both records, and changes nothing.
+    let report = repair(&server.data_dir(), &[]);
+    assert!(
+        report.contains("tenant \"bad\"") && report.contains("quarantined at start-up"),
+        "{report}"
+    );
+    assert!(report.contains("the tenant record"), "{report}");
+    assert!(report.contains("intended item t/n0001"), "{report}");
+    assert_eq!(
+        report,
+        repair(&server.data_dir(), &[]),
+        "a report changes nothing"
+    );
+
+    let repaired = repair(&server.data_dir(), &["--tenant", "bad", "--apply"]);
+    assert!(repaired.contains("backup: "), "{repaired}");
+    let token = repaired
+        .lines()
+        .find_map(|line| line.strip_prefix("new token for \"bad\""))
+        .and_then(|rest| rest.rsplit(' ').next())
+        .expect("a new token is printed")
+        .to_owned();
+    assert!(
+        repair(&server.data_dir(), &[]).contains("1 tenant(s) with every record readable"),
+        "the tenant reads cleanly after the repair"
+    );
+
+    server.start_again().await.expect("starts");
+    let channel = server.channel().await.expect("connects");
+    let (generation, names) = intended_names(&channel, &token, "bad").await;
+    assert_eq!(generation, 1, "the generation comes back from the intent");
+    assert_eq!(
+        names,
+        ["n0000", "n0002"],
+        "the unreadable item had nothing applied: it left the intent"
+    );
+    let refused = reconciler(&channel, &old_token)
+        .get_status(v1::GetStatusRequest {
+            tenant: "bad".into(),
+        })
+        .await
+        .expect_err("the old token is gone with the record");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    assert_eq!(
+        scrape_sample(&metrics, "reconciled_tenants_quarantined").await,
+        0.0
+    );
+    // The repaired tenant takes intents again.
+    reconciler(&channel, &token)
+        .submit_intent(submit("bad", intent(3)))
+        .await
+        .expect("stored");
 }

@@ -628,6 +628,96 @@ async fn a_big_anonymous_submit_intent_is_refused_before_it_is_decoded() {
     assert_eq!(tenant.status().await.generation, 1);
 }
 
+/// How much more peak memory the server may take for a tenant's dense 4 MB
+/// message (2M empty items) than before it; decoding it took ~380 MB
+/// before the decode budget.
+const DENSE_MEMORY_BOUND: u64 = 100 * 1024 * 1024;
+
+#[tokio::test]
+async fn tenant_messages_over_the_tenant_limit_or_too_dense_are_refused_before_decoding() {
+    let tenant = TestTenant::start("acme").await;
+    tenant.submit(vec![item("svc", "warm-up", json!({}))]).await;
+    let (_, peak_before) = tenant.server.memory();
+
+    // Over max_tenant_message_bytes (4 MiB by default): refused from the
+    // frame header, naming the setting.
+    let over = raw_call(
+        &tenant.channel,
+        "/reconciled.v1.Reconciler/SubmitIntent",
+        &tenant.token,
+        empty_items_request(2_500_000),
+    )
+    .await;
+    assert_eq!(over.code(), Code::ResourceExhausted, "{over:?}");
+    assert_eq!(
+        quota_subjects(&over),
+        ["max_tenant_message_bytes"],
+        "{over:?}"
+    );
+    assert!(
+        over.message().contains("max_tenant_message_bytes"),
+        "{over:?}"
+    );
+
+    // Under it, but two bytes per item: it would decode into ~100 times
+    // its size. Refused before decoding, naming the same setting.
+    let dense = raw_call(
+        &tenant.channel,
+        "/reconciled.v1.Reconciler/SubmitIntent",
+        &tenant.token,
+        empty_items_request(2_000_000),
+    )
+    .await;
+    assert_eq!(dense.code(), Code::ResourceExhausted, "{dense:?}");
+    assert_eq!(
+        quota_subjects(&dense),
+        ["max_tenant_message_bytes"],
+        "{dense:?}"
+    );
+    assert!(dense.message().contains("decode into"), "{dense:?}");
+    let (rss_after, peak_after) = tenant.server.memory();
+    let growth = peak_after.saturating_sub(peak_before);
+    eprintln!(
+        "peak RSS before {} MiB, after {} MiB (growth {} MiB), RSS now {} MiB",
+        peak_before >> 20,
+        peak_after >> 20,
+        growth >> 20,
+        rss_after >> 20
+    );
+    assert!(
+        growth < DENSE_MEMORY_BOUND,
+        "the server's peak memory grew by {} MiB",
+        growth >> 20
+    );
+
+    // The admin is held to max_message_bytes (16 MiB) only: 4.5 MB of real
+    // items go through.
+    let big: Vec<v1::Item> = (0..100)
+        .map(|index| {
+            item(
+                "blob",
+                &format!("b{index:03}"),
+                json!({"pad": "p".repeat(45_000)}),
+            )
+        })
+        .collect();
+    let reply = api::reconciler(&tenant.channel, &tenant.server.admin_token())
+        .max_encoding_message_size(64 * 1024 * 1024)
+        .submit_intent(api::submit(&tenant.name, big.clone()))
+        .await
+        .expect("the admin may send 4.5 MB");
+    assert!(reply.into_inner().changed);
+    // The same from the tenant's token is over its limit.
+    let refused = api::reconciler(&tenant.channel, &tenant.token)
+        .max_encoding_message_size(64 * 1024 * 1024)
+        .submit_intent(api::submit(&tenant.name, big))
+        .await
+        .expect_err("over the tenant limit");
+    assert_eq!(quota_subjects(&refused), ["max_tenant_message_bytes"]);
+    // And the tenant is served as before.
+    assert_eq!(tenant.status().await.generation, 2);
+}
+
 /// Opens a Watch of `tenant` with `token` and reads up to `synced`.
 async fn open_watch(
     channel: &Channel,
@@ -769,6 +859,84 @@ async fn the_metrics_endpoint_closes_silent_connections_and_keeps_serving() {
         .expect("response read");
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(response.contains("reconciled_tenants 1"), "{response}");
+}
+
+/// A scrape of `addr`'s `/metrics`: the whole HTTP response, or `None`
+/// when the connection failed or closed without one.
+async fn try_scrape(addr: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut scrape = tokio::net::TcpStream::connect(addr).await.ok()?;
+    scrape
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .ok()?;
+    let mut response = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        scrape.read_to_string(&mut response),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    response.starts_with("HTTP/1.1 200").then_some(response)
+}
+
+#[tokio::test]
+async fn the_metrics_endpoint_outlives_running_out_of_file_descriptors() {
+    let addr = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+        probe.local_addr().expect("address").to_string()
+    };
+    let tenant = TestTenant::start_with(
+        ServerOptions::default().arg("--metrics-listen").arg(&addr),
+        "acme",
+    )
+    .await;
+    let pid = tenant.server.pid().expect("the server runs");
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the server's descriptors are listed")
+        .count();
+    // Room for a few more descriptors only.
+    let limit = format!("--nofile={}", open + 8);
+    let status = std::process::Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), &limit])
+        .status()
+        .expect("prlimit runs (util-linux)");
+    assert!(status.success(), "prlimit {limit} failed");
+    // More connections than descriptors left: accept fails with EMFILE.
+    let mut flood = Vec::new();
+    for _ in 0..40 {
+        if let Ok(connection) = tokio::net::TcpStream::connect(&addr).await {
+            flood.push(connection);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !tenant
+        .server
+        .log_tail()
+        .contains("Accepting a metrics connection failed")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no accept error was logged: {}",
+            tenant.server.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(flood);
+    // Once descriptors are free again, scrapes are answered.
+    let response = loop {
+        if let Some(response) = try_scrape(&addr).await {
+            break response;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the metrics endpoint did not answer after the flood"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(response.contains("reconciled_tenants 1"), "{response}");
+    assert_eq!(tenant.status().await.generation, 0);
 }
 
 /// A `Reconcile{wait}` request for the whole of `tenant`.
@@ -1149,6 +1317,110 @@ async fn an_agent_that_stops_reading_its_stream_loses_its_types_after_the_lease(
     assert!(started.elapsed() < Duration::from_secs(1));
 }
 
+/// Opens Connect as `agent_id` for item type `held` and answers what the
+/// server sent first: Registered, or the status refusing it.
+async fn register_as(
+    channel: &Channel,
+    token: &str,
+    tenant: &str,
+    agent_id: &str,
+) -> (
+    Result<v1::ServerMessage, Status>,
+    mpsc::Sender<v1::AgentMessage>,
+) {
+    let (queue, receiver) = mpsc::channel(4);
+    queue
+        .send(v1::AgentMessage {
+            message: Some(v1::agent_message::Message::Register(v1::Register {
+                tenant: tenant.into(),
+                agent_id: agent_id.into(),
+                protocol_version: reconciled_tests::proto::PROTOCOL_VERSION,
+                item_types: vec![v1::ItemTypeSpec {
+                    item_type: "held".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })),
+        })
+        .await
+        .expect("queue open");
+    let answer = match ConfiguratorsClient::with_interceptor(channel.clone(), Bearer::new(token))
+        .connect(ReceiverStream::new(receiver))
+        .await
+    {
+        Ok(stream) => match stream.into_inner().message().await {
+            Ok(Some(message)) => Ok(message),
+            Ok(None) => Err(Status::unknown("the stream ended without an answer")),
+            Err(status) => Err(status),
+        },
+        Err(status) => Err(status),
+    };
+    (answer, queue)
+}
+
+#[tokio::test]
+async fn a_connect_cancelled_at_any_moment_of_registration_leaves_no_ghost_holding_its_type() {
+    // A minute's lease: a ghost session would hold the type for that long.
+    let tenant = TestTenant::start_with(
+        ServerOptions::default()
+            .arg("--heartbeat-interval-secs=20")
+            .arg("--lease-secs=60"),
+        "acme",
+    )
+    .await;
+    // Work for the owner, so that registrations queue behind passes.
+    tenant
+        .submit(
+            (0..2_000)
+                .map(|index| item("held", &format!("h{index:04}"), json!({})))
+                .collect(),
+        )
+        .await;
+    for round in 0..12_u64 {
+        // An agent that goes away after `round` ms: before, during or after
+        // its registration.
+        let channel = tenant.channel.clone();
+        let token = tenant.token.clone();
+        let name = tenant.name.clone();
+        let ghost = tokio::spawn(async move {
+            register_as(&channel, &token, &name, &format!("ghost-{round}")).await
+        });
+        tokio::time::sleep(Duration::from_millis(round * round)).await;
+        ghost.abort();
+        let _ = ghost.await;
+
+        // Another agent takes the type well within the lease.
+        let started = Instant::now();
+        loop {
+            let (answer, queue) =
+                register_as(&tenant.channel, &tenant.token, &tenant.name, "steady").await;
+            match answer {
+                Ok(message) => {
+                    assert!(
+                        matches!(
+                            message.message,
+                            Some(v1::server_message::Message::Registered(_))
+                        ),
+                        "{message:?}"
+                    );
+                    drop(queue);
+                    break;
+                }
+                Err(status) if status.code() == Code::FailedPrecondition => {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(10),
+                        "round {round}: the type is still held after {:?}: {status:?}",
+                        started.elapsed()
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(status) => panic!("round {round}: {status:?}"),
+            }
+        }
+    }
+    assert_eq!(tenant.status().await.generation, 1);
+}
+
 /// An item of `bytes` bytes of JSON at most (its `blob` fills it), whose
 /// value says `version`.
 fn item_of_size(name: &str, version: &str, bytes: usize) -> v1::Item {
@@ -1265,4 +1537,73 @@ async fn a_failure_with_a_huge_message_is_recorded_cut_and_does_not_wedge_the_it
     // Not wedged: a new intent is created.
     tenant.submit(vec![item("big", "a", json!({"v": 2}))]).await;
     tenant.wait_until_ready().await;
+}
+
+#[tokio::test]
+async fn nothing_commits_for_a_tenant_after_delete_tenant_returns_and_its_keys_are_all_purged() {
+    use reconciled::store::{SledOptions, SledStore, Store as _, keys};
+    let mut tenant = TestTenant::start("doomed").await;
+    // Four clients submit as fast as they can while the tenant is deleted.
+    let deleted_at = std::sync::Arc::new(std::sync::OnceLock::<Instant>::new());
+    let writers: Vec<_> = (0..4)
+        .map(|writer| {
+            let reconciler = tenant.reconciler();
+            let deleted_at = deleted_at.clone();
+            tokio::spawn(async move {
+                let mut late_successes = 0;
+                for round in 0..2_000_u64 {
+                    let sent = Instant::now();
+                    let answer = reconciler
+                        .clone()
+                        .submit_intent(api::submit(
+                            "doomed",
+                            vec![item("t", &format!("w{writer}"), json!({ "round": round }))],
+                        ))
+                        .await;
+                    let after_delete = deleted_at.get().is_some_and(|at| sent > *at);
+                    match answer {
+                        Ok(_) if after_delete => late_successes += 1,
+                        Ok(_) => {}
+                        Err(_) if after_delete => break,
+                        Err(_) => {}
+                    }
+                }
+                late_successes
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    api::tenants(&tenant.channel, &tenant.server.admin_token())
+        .delete_tenant(v1::DeleteTenantRequest {
+            name: "doomed".into(),
+        })
+        .await
+        .expect("deleted");
+    let _ = deleted_at.set(Instant::now());
+    for writer in writers {
+        assert_eq!(
+            writer.await.expect("the writer ends"),
+            0,
+            "a SubmitIntent sent after DeleteTenant returned succeeded"
+        );
+    }
+    // Once its purge has run, nothing of the tenant is left in the store.
+    let deadline = Instant::now() + DEADLINE;
+    while !tenant.server.log_tail().contains("Deleted tenant purged.") {
+        assert!(Instant::now() < deadline, "the purge did not finish");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tenant.server.terminate().await.expect("stops");
+    let store = SledStore::open(&tenant.server.data_dir(), SledOptions::default()).expect("opens");
+    let tenant_keys = store.scan(&[keys::TENANT_SPACE], None, 10).expect("scans");
+    assert!(
+        tenant_keys.is_empty(),
+        "keys of the deleted tenant survive: {:?}",
+        tenant_keys
+            .iter()
+            .map(|(key, _)| String::from_utf8_lossy(key).into_owned())
+            .collect::<Vec<_>>()
+    );
+    drop(store);
+    tenant.server.start_again().await.expect("starts cleanly");
 }

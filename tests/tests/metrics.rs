@@ -14,7 +14,7 @@ async fn scrape(addr: &str) -> String {
         .await
         .expect("metrics endpoint reachable");
     stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .await
         .expect("request sent");
     let mut response = String::new();
@@ -125,4 +125,43 @@ async fn a_scrape_sees_passes_operations_and_items_move() {
     );
     assert!(sample(&after, "reconciled_store_bytes") > 0.0);
     assert!(!after.contains("tenant=\""), "no per-tenant labels");
+}
+
+#[tokio::test]
+async fn metrics_share_the_dashboard_port_when_both_listen_on_one_address() {
+    let addr = {
+        let probe = StdListener::bind("127.0.0.1:0").expect("free port");
+        probe.local_addr().expect("address").to_string()
+    };
+    let _tenant = TestTenant::start_with(
+        ServerOptions::default()
+            .arg("--metrics-listen")
+            .arg(&addr)
+            .arg("--ui-listen")
+            .arg(&addr),
+        "acme",
+    )
+    .await;
+    let metrics = scrape(&addr).await;
+    assert_eq!(sample(&metrics, "reconciled_tenants"), 1.0);
+    assert_eq!(sample(&metrics, "reconciled_tenants_quarantined"), 0.0);
+    assert!(
+        metrics.contains("# TYPE reconciled_operations_total counter"),
+        "{metrics}"
+    );
+    // The same port still serves the dashboard.
+    let mut stream = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("dashboard reachable");
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("request sent");
+    let mut page = String::new();
+    stream.read_to_string(&mut page).await.expect("page read");
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(
+        page.to_lowercase().contains("content-type: text/html"),
+        "{page}"
+    );
 }

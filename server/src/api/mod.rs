@@ -10,6 +10,8 @@
 pub mod configurators;
 pub mod context;
 pub mod externals;
+#[cfg(test)]
+mod fuzz;
 pub mod paging;
 pub mod reconciler;
 pub mod tenants;

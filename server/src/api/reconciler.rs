@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::engine::intent::normalize_subgraph;
 use crate::engine::plan::WaitReason;
 use crate::graph::ItemState;
-use crate::graph::validate::validate_items;
+use crate::graph::validate::{ValidationLimits, validate_items};
 use crate::graph::{ItemRef, subgraph_contains};
 use crate::status::ApiError;
 use crate::tenant::oplog::LogEntry;
@@ -72,7 +72,7 @@ impl Reconciler for ReconcilerService {
         let request = request.into_inner();
         let handle = self.context.tenant(caller, &request.tenant)?;
         check_tenant_request_items(&handle, request.items.len())?;
-        let validated = self.validate_submit(request)?;
+        let validated = validate_submit(request, &self.context.limits)?;
         let outcome = handle.submit(validated).await.map_err(ApiError::from)?;
         let snapshot = handle.snapshots.latest();
         let mut plan = plan_to_proto_with_items(
@@ -403,45 +403,43 @@ fn check_tenant_request_items(handle: &TenantHandle, items: usize) -> Result<(),
     Ok(())
 }
 
-impl ReconcilerService {
-    /// Converts and validates a SubmitIntent; every problem is reported at
-    /// once with its field path.
-    fn validate_submit(
-        &self,
-        request: v1::SubmitIntentRequest,
-    ) -> Result<ValidatedSubmit, ApiError> {
-        let subgraph = normalize_subgraph(&request.subgraph)
-            .map_err(|problem| invalid("subgraph", problem))?;
-        if request.items.len() > self.context.limits.max_request_items {
-            return Err(invalid(
-                "items",
-                format!(
-                    "{} items are over the limit of {} per request; split the intent into subgraphs",
-                    request.items.len(),
-                    self.context.limits.max_request_items
-                ),
-            ));
-        }
-        let mut violations = Vec::new();
-        let mut items = Vec::with_capacity(request.items.len());
-        for (index, item) in request.items.into_iter().enumerate() {
-            match item_from_proto_at(item, &format!("items[{index}]")) {
-                Ok(item) => items.push(item),
-                Err(mut problems) => violations.append(&mut problems),
-            }
-        }
-        if !violations.is_empty() {
-            return Err(ApiError::invalid_argument(violations));
-        }
-        let predicates =
-            validate_items(&items, &self.context.limits).map_err(ApiError::invalid_argument)?;
-        Ok(ValidatedSubmit {
-            subgraph,
-            items: items.into_iter().zip(predicates).collect(),
-            expected_generation: request.expected_generation,
-            dry_run: request.dry_run,
-        })
+/// Converts and validates a SubmitIntent under `limits`; every problem is
+/// reported at once with its field path. The decode → validate → convert
+/// path of SubmitIntent, fuzzed in `api::fuzz`.
+pub fn validate_submit(
+    request: v1::SubmitIntentRequest,
+    limits: &ValidationLimits,
+) -> Result<ValidatedSubmit, ApiError> {
+    let subgraph =
+        normalize_subgraph(&request.subgraph).map_err(|problem| invalid("subgraph", problem))?;
+    if request.items.len() > limits.max_request_items {
+        return Err(invalid(
+            "items",
+            format!(
+                "{} items are over the limit of {} per request; split the intent into subgraphs",
+                request.items.len(),
+                limits.max_request_items
+            ),
+        ));
     }
+    let mut violations = Vec::new();
+    let mut items = Vec::with_capacity(request.items.len());
+    for (index, item) in request.items.into_iter().enumerate() {
+        match item_from_proto_at(item, &format!("items[{index}]")) {
+            Ok(item) => items.push(item),
+            Err(mut problems) => violations.append(&mut problems),
+        }
+    }
+    if !violations.is_empty() {
+        return Err(ApiError::invalid_argument(violations));
+    }
+    let predicates = validate_items(&items, limits).map_err(ApiError::invalid_argument)?;
+    Ok(ValidatedSubmit {
+        subgraph,
+        items: items.into_iter().zip(predicates).collect(),
+        expected_generation: request.expected_generation,
+        dry_run: request.dry_run,
+    })
 }
 
 /// Cuts `plan` to at most `budget` encoded bytes by dropping listed

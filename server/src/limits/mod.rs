@@ -11,6 +11,7 @@
 
 mod agents;
 mod connections;
+mod decode;
 mod per_caller;
 mod rate;
 
@@ -31,6 +32,10 @@ use tower::{BoxError, Layer, Service, ServiceBuilder, ServiceExt as _};
 pub use agents::{AgentCounts, AgentSlot, TooManyAgents};
 use connections::connection_slot;
 pub use connections::{ConnectionSlot, ConnectionSlots, LimitedConnectInfo, LimitedConnection};
+pub use decode::{
+    DECODED_BYTES_FLOOR, DECODED_BYTES_PER_BYTE, DecodeLimitLayer, DecodeLimitService,
+    decoded_allowance, estimate_decoded_bytes,
+};
 use per_caller::PerCaller;
 use rate::RateLimiter;
 
@@ -319,6 +324,31 @@ fn message_too_large_as_quota(response: Response<Body>) -> Response<Body> {
         .map(percent_decode);
     match (out_of_range, too_large) {
         (true, Some(detail)) => refuse(ApiError::MessageTooLarge { detail }),
+        _ => decode_failure_as_client_error(response),
+    }
+}
+
+/// tonic answers a message prost cannot decode with `INTERNAL`; it is the
+/// client's error: `INVALID_ARGUMENT`. (The decoding layer refuses what it
+/// recognises first, with a field path; this catches the rest of unary
+/// calls.)
+fn decode_failure_as_client_error(response: Response<Body>) -> Response<Body> {
+    let headers = response.headers();
+    let internal = headers
+        .get("grpc-status")
+        .is_some_and(|status| status.as_bytes() == b"13");
+    let detail = headers
+        .get("grpc-message")
+        .and_then(|message| message.to_str().ok())
+        .map(percent_decode)
+        .filter(|message| message.starts_with("failed to decode Protobuf message"));
+    match (internal, detail) {
+        (true, Some(detail)) => refuse(ApiError::invalid_field(
+            "(message)",
+            format!(
+                "the request is not a valid protobuf message of its type ({detail}); fix the client's encoding"
+            ),
+        )),
         _ => response,
     }
 }

@@ -166,15 +166,15 @@ impl TenantDirectory {
             tenant = %name,
             tenant_id = id,
             %error,
-            "A tenant's stored records cannot be read; it is quarantined (not served). Delete it with DeleteTenant or restore the data directory from a backup."
+            "A tenant's stored records cannot be read; it is quarantined (not served). Delete it with DeleteTenant, repair it with `reconciled repair` while the server is stopped, or restore the data directory from a backup."
         );
-        self.write().quarantined.insert(
-            name,
-            Quarantined {
-                id,
-                error: error.to_string(),
-            },
-        );
+        let error = error.to_string();
+        if let Some(fleet) = &self.settings.fleet {
+            fleet.seed_quarantined(&name, &error);
+        }
+        self.write()
+            .quarantined
+            .insert(name, Quarantined { id, error });
     }
 
     /// The quarantined tenant `name`, if it is one.
@@ -394,7 +394,8 @@ impl TenantDirectory {
         let mut batch = WriteBatch::new();
         batch.put(keys::purge_key(id), Vec::new());
         batch.delete(keys::tenant_name_key(name));
-        self.store.commit(batch).await.map_err(TenantError::from)?;
+        // Fleet watchers listed it as quarantined: they see it go.
+        self.commit_with_fleet_event(batch, name, true).await?;
         self.write().quarantined.remove(name);
         info!(
             tenant = name,

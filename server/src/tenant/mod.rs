@@ -10,6 +10,7 @@ pub mod oplog;
 pub mod owner;
 pub mod persist;
 pub mod record;
+pub mod repair;
 pub mod snapshot;
 pub mod state;
 

@@ -1,10 +1,12 @@
 //! [`DashboardLayer`]: in front of the gRPC-Web translation on the
 //! dashboard port, answers the page's own requests (`GET /`, `GET
-//! /assets/...`, `GET /schema.json`) from the embedded files and passes
+//! /assets/...`, `GET /schema.json`) from the embedded files, `GET
+//! /metrics` when the metrics endpoint shares the port, and passes
 //! every gRPC or gRPC-Web call (a `POST` with an `application/grpc*`
 //! content type) on to the services, which authenticate and limit it as on
 //! the gRPC port.
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http_body_util::Full;
@@ -20,22 +22,58 @@ use tower::{Layer, Service, ServiceExt as _};
 use super::assets::{self, CONTENT_SECURITY_POLICY as POLICY};
 use super::schema::schema_json;
 
-/// Serves the dashboard's files and hands gRPC calls to the inner service.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct DashboardLayer;
+use crate::metrics::{GaugeSource, Metrics};
+
+/// Serves the dashboard's files (and the metrics, when they share the
+/// port) and hands gRPC calls to the inner service.
+#[derive(Clone, Default)]
+pub struct DashboardLayer {
+    metrics: Option<MetricsPage>,
+}
+
+/// What `GET /metrics` on the dashboard port reads.
+#[derive(Clone)]
+pub struct MetricsPage {
+    /// The server's counters and histograms.
+    pub metrics: Arc<Metrics>,
+    /// The gauges, read at each scrape.
+    pub gauges: GaugeSource,
+}
+
+impl DashboardLayer {
+    /// A layer that also serves `GET /metrics` from `page`
+    /// (`--metrics-listen` equal to `--ui-listen`).
+    pub fn with_metrics(page: MetricsPage) -> Self {
+        Self {
+            metrics: Some(page),
+        }
+    }
+}
+
+impl std::fmt::Debug for DashboardLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DashboardLayer")
+            .field("metrics", &self.metrics.is_some())
+            .finish()
+    }
+}
 
 impl<S> Layer<S> for DashboardLayer {
     type Service = DashboardService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        DashboardService { inner }
+        DashboardService {
+            inner,
+            metrics: self.metrics.clone(),
+        }
     }
 }
 
 /// The service of [`DashboardLayer`].
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct DashboardService<S> {
     inner: S,
+    metrics: Option<MetricsPage>,
 }
 
 impl<S> Service<Request<Body>> for DashboardService<S>
@@ -61,6 +99,14 @@ where
                 protect(&mut response);
                 Ok(response)
             });
+        }
+        if let Some(page) = &self.metrics
+            && request.uri().path() == "/metrics"
+        {
+            let mut response =
+                crate::metrics::respond(&request, &page.metrics, &page.gauges).map(Body::new);
+            protect(&mut response);
+            return Box::pin(async move { Ok(response) });
         }
         let response = page_response(request.method(), request.uri().path());
         Box::pin(async move { Ok(response) })

@@ -15,7 +15,7 @@ pub mod assets;
 pub mod layer;
 pub mod schema;
 
-pub use layer::DashboardLayer;
+pub use layer::{DashboardLayer, MetricsPage};
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -33,7 +33,7 @@ use tracing::{error, info};
 use crate::api::{ReconcilerService, TenantsService};
 use crate::auth::AuthLayer;
 use crate::bootstrap::{incoming, serve_until, server_builder};
-use crate::limits::{ConnectionSlots, LimitsLayer};
+use crate::limits::{ConnectionSlots, DecodeLimitLayer, LimitsLayer};
 use crate::telemetry::RpcSpanLayer;
 
 /// The services the dashboard calls. `Configurators.Connect` is left out:
@@ -57,12 +57,16 @@ pub struct DashboardSettings {
     pub tls: Option<ServerTlsConfig>,
     /// The gRPC port's token check.
     pub authentication: AuthLayer,
+    /// The gRPC port's decoding limits for non-admin callers.
+    pub decode_limits: DecodeLimitLayer,
     /// The gRPC port's limits (one rate limiter and unary budget for both).
     pub limits: LimitsLayer,
     /// The gRPC port's connection slots (`--max-connections` counts both).
     pub slots: ConnectionSlots,
     /// How long open calls may drain after `shutdown`.
     pub grace: Duration,
+    /// Served on `GET /metrics` too, when `--metrics-listen` is this port.
+    pub metrics: Option<MetricsPage>,
 }
 
 /// The dashboard being served.
@@ -99,9 +103,13 @@ pub async fn spawn(
     }
     let router = builder
         .layer(RpcSpanLayer)
-        .layer(DashboardLayer)
+        .layer(match settings.metrics {
+            Some(page) => DashboardLayer::with_metrics(page),
+            None => DashboardLayer::default(),
+        })
         .layer(tonic_web::GrpcWebLayer::new())
         .layer(settings.authentication)
+        .layer(settings.decode_limits)
         .layer(settings.limits)
         .add_service(services.health)
         .add_service(services.reconciler)

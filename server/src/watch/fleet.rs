@@ -130,6 +130,28 @@ impl FleetLog {
                 conditions,
                 time: None,
                 deleted: false,
+                quarantine_error: String::new(),
+            },
+        );
+    }
+
+    /// Records a tenant quarantined at start-up (its records could not be
+    /// read): it is listed, with `error` and no conditions, in the initial
+    /// listing of every fleet stream until it is deleted. Quarantine is
+    /// found at start-up, before any stream opens, so no live event is
+    /// needed; its deletion is an ordinary `deleted` event.
+    pub fn seed_quarantined(&self, tenant: &str, error: &str) {
+        let mut settled = lock(&self.settled);
+        let revision = settled.published;
+        settled.tenants.insert(
+            tenant.to_string(),
+            v1::FleetEvent {
+                revision,
+                tenant: tenant.to_string(),
+                conditions: Vec::new(),
+                time: None,
+                deleted: false,
+                quarantine_error: error.to_string(),
             },
         );
     }

@@ -22,6 +22,7 @@ pub fn fleet_event(
         conditions: conditions.iter().map(condition_to_proto).collect(),
         time: Some(timestamp_from_ms(now_ms)),
         deleted,
+        quarantine_error: String::new(),
     }
 }
 

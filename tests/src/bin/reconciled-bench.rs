@@ -7,7 +7,11 @@
 //!   against raw etcd transactions of the same records;
 //! - `operations` (see the [`operations`] module): operations per second
 //!   dispatched to agents built with our SDK, against a bare tonic
-//!   bidirectional echo and SledStore 1-record commits.
+//!   bidirectional echo and SledStore 1-record commits;
+//! - `hostile` (see the [`hostile`] module): a bystander tenant's latency
+//!   and throughput alone and while hostile tenants run the hostile
+//!   suite's worst cases (`watch` and `scale` have modules of their own
+//!   too).
 //!
 //! ```text
 //! cargo build --release -p reconciled
@@ -60,6 +64,8 @@ use reconciled_tests::{ServerOptions, ServerProcess};
 
 #[path = "reconciled_bench/etcd.rs"]
 mod etcd;
+#[path = "reconciled_bench/hostile.rs"]
+mod hostile;
 #[path = "reconciled_bench/operations.rs"]
 mod operations;
 #[path = "reconciled_bench/scale.rs"]
@@ -115,6 +121,9 @@ enum Command {
     /// Many tenants and agents on one server: resident memory, start-up
     /// time, and the time until every tenant is Ready after a restart.
     Scale(scale::ScaleArgs),
+    /// A bystander tenant's GetStatus latency and SubmitIntent throughput,
+    /// alone and while hostile tenants run the hostile suite's worst cases.
+    Hostile(hostile::HostileArgs),
     /// Every ratio against its raw limit in one run: `submit`, then
     /// `operations` with 1, 10 and 100 agents (1 and 64 in flight, a
     /// 10,000-item create at 64), then `watch` with 1, 100 and 1000
@@ -155,6 +164,7 @@ fn main() -> anyhow::Result<()> {
         Command::Watch(args) => watch::watch_benchmark(&args),
         Command::Scale(args) => scale::scale_benchmark(&args),
         Command::Etcd(args) => etcd::etcd_benchmark(&args),
+        Command::Hostile(args) => hostile::hostile_benchmark(&args),
         Command::All => {
             for args in [
                 &["submit", "--seconds", "3"][..],

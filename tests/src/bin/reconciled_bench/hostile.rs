@@ -1,0 +1,512 @@
+//! `reconciled-bench hostile`: what hostile tenants cost a bystander.
+//!
+//! ```text
+//! cargo build --release -p reconciled
+//! RECONCILED_BIN=target/release/reconciled \
+//!     cargo run --release -p reconciled-tests --bin reconciled-bench -- hostile
+//! ```
+//!
+//! One server (default options), a bystander tenant and `--hostile`
+//! hostile tenants. The bystander runs two clients at once for
+//! `--seconds`: GetStatus in a loop (its latency) and SubmitIntent of 10
+//! items, each changing one property (its throughput). It does so twice:
+//! alone (the baseline), then while every hostile tenant runs the worst
+//! cases of the hostile suite in a loop:
+//!
+//! - an intent whose predicate is a nested `all` over a 1,000-element list
+//!   (stopped by the evaluation budget every pass);
+//! - 10,000 tiny items, alternating between two contents (a full commit
+//!   and a full pass each time);
+//! - a 4 MB message of 2M empty items (refused before decoding) and an
+//!   anonymous 16 MB one (refused before reading);
+//! - GetGraph pages of 5,000 items and 10,000-item external reports;
+//! - an agent that registers, is sent 2,000 operations and never reads,
+//!   and a Watch that is never read (both opened once per tenant).
+//!
+//! Targets (issue 12): the bystander's p99 GetStatus latency within 2× the
+//! baseline, its SubmitIntent throughput at least 0.8× the baseline.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, ensure};
+use clap::Args;
+use prost::Message as _;
+use reconciled_tests::api::{self, Bearer};
+use reconciled_tests::proto::v1;
+use reconciled_tests::proto::v1::configurators_client::ConfiguratorsClient;
+use reconciled_tests::{ServerOptions, ServerProcess};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+use super::process_cpu;
+
+/// Options of `reconciled-bench hostile`.
+#[derive(Debug, Args)]
+pub struct HostileArgs {
+    /// Hostile tenants running the worst cases at once.
+    #[arg(long, default_value_t = 10)]
+    hostile: usize,
+    /// Seconds of each phase (baseline, then under attack).
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// Leave out the bulk calls (10,000-item intents and external reports,
+    /// 5,000-item pages): what is left is only what the server refuses or
+    /// bounds (predicates, dense and anonymous messages, the deaf agent).
+    #[arg(long)]
+    without_bulk: bool,
+}
+
+/// What the bystander measured in one phase.
+struct Phase {
+    status_latencies: Vec<Duration>,
+    submits: u64,
+    elapsed: Duration,
+    server_cpu: Duration,
+    hostile_calls: u64,
+}
+
+impl Phase {
+    fn quantile(&self, quantile: f64) -> Duration {
+        let mut sorted = self.status_latencies.clone();
+        sorted.sort();
+        let index = ((sorted.len() as f64 - 1.0) * quantile).round() as usize;
+        sorted.get(index).copied().unwrap_or_default()
+    }
+
+    fn submits_per_second(&self) -> f64 {
+        self.submits as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// Runs the benchmark and prints its table.
+pub fn hostile_benchmark(args: &HostileArgs) -> anyhow::Result<()> {
+    ensure!(
+        (1..=super::MAX_SECONDS).contains(&args.seconds),
+        "--seconds must be 1..={}",
+        super::MAX_SECONDS
+    );
+    ensure!(
+        (1..=100).contains(&args.hostile),
+        "--hostile must be 1..=100"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    runtime.block_on(run(args))
+}
+
+async fn run(args: &HostileArgs) -> anyhow::Result<()> {
+    let server = ServerProcess::start(ServerOptions::default()).await?;
+    let pid = server.pid().context("the server runs")?;
+    let channel = server.channel().await?;
+    let admin = server.admin_token();
+    let bystander = api::create_tenant(&channel, &admin, "bystander").await;
+    let mut hostile = Vec::new();
+    for index in 0..args.hostile {
+        let name = format!("hostile{index:02}");
+        let token = api::create_tenant(&channel, &admin, &name).await;
+        hostile.push((name, token));
+    }
+    let seconds = Duration::from_secs(args.seconds);
+
+    println!("baseline: the bystander alone for {} s", args.seconds);
+    let baseline = measure(
+        &channel,
+        &bystander,
+        pid,
+        seconds,
+        Arc::new(AtomicU64::new(0)),
+    )
+    .await?;
+
+    println!(
+        "under attack: {} hostile tenants running the worst cases for {} s",
+        args.hostile, args.seconds
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut attackers = Vec::new();
+    let mut held = Vec::new();
+    for (name, token) in &hostile {
+        // Each hostile tenant on connections of its own, as it would be:
+        // streams it never reads hold HTTP/2 windows of their connection.
+        held.push(hold_resources(&server.channel().await?, name, token).await?);
+        attackers.push(tokio::spawn(attack(
+            server.channel().await?,
+            name.clone(),
+            token.clone(),
+            args.without_bulk,
+            stop.clone(),
+            calls.clone(),
+        )));
+    }
+    // Let the attack reach its stride before measuring.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let attacked = measure(&channel, &bystander, pid, seconds, calls.clone()).await?;
+    stop.store(true, Ordering::Relaxed);
+    // A round of heavy calls may take long on a loaded machine: end them.
+    for attacker in &attackers {
+        attacker.abort();
+    }
+    for attacker in attackers {
+        let _ = attacker.await;
+    }
+    drop(held);
+    let (rss, peak) = server.memory();
+
+    let ms = |duration: Duration| duration.as_secs_f64() * 1_000.0;
+    println!();
+    println!(
+        "| bystander | alone | with {} hostile tenants | ratio | target |",
+        args.hostile
+    );
+    println!("|---|---|---|---|---|");
+    for (label, quantile) in [("GetStatus p50", 0.5), ("GetStatus p99", 0.99)] {
+        let (alone, attacked_latency) = (baseline.quantile(quantile), attacked.quantile(quantile));
+        println!(
+            "| {label} | {:.2} ms | {:.2} ms | {:.2}× | {} |",
+            ms(alone),
+            ms(attacked_latency),
+            ms(attacked_latency) / ms(alone).max(1e-9),
+            if quantile > 0.9 { "≤ 2×" } else { "" }
+        );
+    }
+    println!(
+        "| SubmitIntent (10 items) | {:.0} req/s | {:.0} req/s | {:.2}× | ≥ 0.8× |",
+        baseline.submits_per_second(),
+        attacked.submits_per_second(),
+        attacked.submits_per_second() / baseline.submits_per_second().max(1e-9)
+    );
+    println!(
+        "| server CPU (cores busy) | {:.2} | {:.2} | | |",
+        baseline.server_cpu.as_secs_f64() / baseline.elapsed.as_secs_f64(),
+        attacked.server_cpu.as_secs_f64() / attacked.elapsed.as_secs_f64()
+    );
+    println!(
+        "| hostile calls answered | {} | {} | | |",
+        baseline.hostile_calls, attacked.hostile_calls
+    );
+    println!(
+        "\nserver RSS at the end {} MiB, peak {} MiB; GetStatus samples: {} alone, {} under attack",
+        rss >> 20,
+        peak >> 20,
+        baseline.status_latencies.len(),
+        attacked.status_latencies.len()
+    );
+    Ok(())
+}
+
+/// The bystander's two clients for `duration`.
+async fn measure(
+    channel: &Channel,
+    token: &str,
+    pid: u32,
+    duration: Duration,
+    hostile_calls: Arc<AtomicU64>,
+) -> anyhow::Result<Phase> {
+    let started = Instant::now();
+    let cpu_before = process_cpu(pid)?;
+    let calls_before = hostile_calls.load(Ordering::Relaxed);
+    let until = started + duration;
+    let status = {
+        let reconciler = api::reconciler(channel, token);
+        tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            while Instant::now() < until {
+                let sent = Instant::now();
+                reconciler
+                    .clone()
+                    .get_status(v1::GetStatusRequest {
+                        tenant: "bystander".into(),
+                    })
+                    .await?;
+                latencies.push(sent.elapsed());
+            }
+            anyhow::Ok(latencies)
+        })
+    };
+    let submits = {
+        let reconciler = api::reconciler(channel, token);
+        tokio::spawn(async move {
+            let mut submits = 0_u64;
+            let mut round = 0_u64;
+            while Instant::now() < until {
+                round += 1;
+                let items = (0..10)
+                    .map(|index| {
+                        api::item(
+                            "svc",
+                            &format!("s{index}"),
+                            json!({ "round": if index == 0 { round } else { 0 } }),
+                        )
+                    })
+                    .collect();
+                reconciler
+                    .clone()
+                    .submit_intent(api::submit("bystander", items))
+                    .await?;
+                submits += 1;
+            }
+            anyhow::Ok(submits)
+        })
+    };
+    let status_latencies = status.await??;
+    let submits = submits.await??;
+    let elapsed = started.elapsed();
+    Ok(Phase {
+        status_latencies,
+        submits,
+        elapsed,
+        server_cpu: process_cpu(pid)?.saturating_sub(cpu_before),
+        hostile_calls: hostile_calls.load(Ordering::Relaxed) - calls_before,
+    })
+}
+
+/// What a hostile tenant holds for the whole attack: an agent that never
+/// reads its 2,000 operations, and a Watch that is never read.
+struct Held {
+    _agent: mpsc::Sender<v1::AgentMessage>,
+    _agent_stream: tonic::Streaming<v1::ServerMessage>,
+    _watch: tonic::Streaming<v1::WatchResponse>,
+}
+
+async fn hold_resources(channel: &Channel, name: &str, token: &str) -> anyhow::Result<Held> {
+    let (agent, receiver) = mpsc::channel(4);
+    agent
+        .send(v1::AgentMessage {
+            message: Some(v1::agent_message::Message::Register(v1::Register {
+                tenant: name.into(),
+                agent_id: "deaf".into(),
+                protocol_version: reconciled_tests::proto::PROTOCOL_VERSION,
+                item_types: vec![v1::ItemTypeSpec {
+                    item_type: "deaf".into(),
+                    max_in_flight: 10_000,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })),
+        })
+        .await?;
+    let agent_stream = ConfiguratorsClient::with_interceptor(channel.clone(), Bearer::new(token))
+        .connect(ReceiverStream::new(receiver))
+        .await?
+        .into_inner();
+    let watch = api::reconciler(channel, token)
+        .watch(v1::WatchRequest {
+            tenant: name.into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    Ok(Held {
+        _agent: agent,
+        _agent_stream: agent_stream,
+        _watch: watch,
+    })
+}
+
+/// The hostile tenant's loop over the suite's worst cases until `stop`.
+async fn attack(
+    channel: Channel,
+    name: String,
+    token: String,
+    without_bulk: bool,
+    stop: Arc<AtomicBool>,
+    calls: Arc<AtomicU64>,
+) {
+    let reconciler = api::reconciler(&channel, &token);
+    let expensive = expensive_intent(&name);
+    let dense = dense_request(&name, 2_000_000);
+    let huge_anonymous = dense_request(&name, 8_000_000);
+    let mut round = 0_u64;
+    while !stop.load(Ordering::Relaxed) {
+        round += 1;
+        let _ = reconciler
+            .clone()
+            .submit_intent(v1::SubmitIntentRequest {
+                subgraph: "expensive".into(),
+                ..expensive.clone()
+            })
+            .await;
+        let bulk = if without_bulk { 0 } else { 10_000 };
+        let tiny: Vec<v1::Item> = (0..bulk)
+            .map(|index| {
+                api::item(
+                    "tiny",
+                    &format!("t{index:05}"),
+                    json!({ "round": round % 2 }),
+                )
+            })
+            .chain((0..2_000).map(|index| api::item("deaf", &format!("d{index:04}"), json!({}))))
+            .map(|mut item| {
+                item.subgraph = "flood".into();
+                item
+            })
+            .collect();
+        let _ = reconciler
+            .clone()
+            .submit_intent(v1::SubmitIntentRequest {
+                tenant: name.clone(),
+                subgraph: "flood".into(),
+                items: tiny,
+                ..Default::default()
+            })
+            .await;
+        let _ = raw_submit(&channel, &token, dense.clone()).await;
+        let _ = raw_submit(&channel, "", huge_anonymous.clone()).await;
+        if without_bulk {
+            calls.fetch_add(4, Ordering::Relaxed);
+            continue;
+        }
+        let _ = reconciler
+            .clone()
+            .get_graph(v1::GetGraphRequest {
+                tenant: name.clone(),
+                view: v1::GraphView::Both.into(),
+                page_size: 5_000,
+                ..Default::default()
+            })
+            .await;
+        let reports = (0..10_000)
+            .map(|index| v1::ExternalReport {
+                change: Some(v1::external_report::Change::Put(v1::Item {
+                    r#type: "ext".into(),
+                    name: format!("e{index:05}"),
+                    external: true,
+                    ..Default::default()
+                })),
+                modified: false,
+            })
+            .collect();
+        let _ = reconciler
+            .clone()
+            .report_external(v1::ReportExternalRequest {
+                tenant: name.clone(),
+                reports,
+            })
+            .await;
+        calls.fetch_add(6, Ordering::Relaxed);
+    }
+}
+
+/// An intent whose predicate asks for a million steps.
+fn expensive_intent(tenant: &str) -> v1::SubmitIntentRequest {
+    let list: Vec<serde_json::Value> = (0..1_000).map(|index| json!(index)).collect();
+    let mut base = api::item("calc", "list", json!({ "l": list }));
+    base.subgraph = "expensive".into();
+    let mut dependents = Vec::new();
+    for index in 0..20 {
+        let mut dependent = api::item("calc", &format!("d{index:02}"), json!({}));
+        dependent.subgraph = "expensive".into();
+        dependent.dependencies.push(v1::Dependency {
+            requires: Some(v1::ItemRef {
+                r#type: "calc".into(),
+                name: "list".into(),
+            }),
+            must_satisfy: "self.l.all(x, self.l.all(y, x + y >= 0))".into(),
+            ..Default::default()
+        });
+        dependents.push(dependent);
+    }
+    let mut items = vec![base];
+    items.extend(dependents);
+    v1::SubmitIntentRequest {
+        tenant: tenant.into(),
+        items,
+        ..Default::default()
+    }
+}
+
+/// A SubmitIntentRequest of `items` empty items, two bytes each.
+fn dense_request(tenant: &str, items: usize) -> Vec<u8> {
+    let mut message = v1::SubmitIntentRequest {
+        tenant: tenant.into(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    message.reserve(items * 2);
+    for _ in 0..items {
+        message.extend_from_slice(&[0x1a, 0x00]);
+    }
+    message
+}
+
+/// Sends `message` raw to SubmitIntent (with `token`, if any).
+async fn raw_submit(channel: &Channel, token: &str, message: Vec<u8>) -> Result<(), tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel.clone())
+        .max_encoding_message_size(64 * 1024 * 1024)
+        .max_decoding_message_size(64 * 1024 * 1024);
+    grpc.ready()
+        .await
+        .map_err(|error| tonic::Status::unavailable(error.to_string()))?;
+    let mut request = tonic::Request::new(message);
+    if !token.is_empty()
+        && let Ok(value) = format!("Bearer {token}").parse()
+    {
+        request.metadata_mut().insert("authorization", value);
+    }
+    grpc.unary::<Vec<u8>, Vec<u8>, RawCodec>(
+        request,
+        tonic::codegen::http::uri::PathAndQuery::from_static(
+            "/reconciled.v1.Reconciler/SubmitIntent",
+        ),
+        RawCodec,
+    )
+    .await
+    .map(|_| ())
+}
+
+/// A codec that sends message bytes as they are.
+#[derive(Clone, Copy, Debug, Default)]
+struct RawCodec;
+
+struct RawBytes;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawBytes;
+    type Decoder = RawBytes;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        RawBytes
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RawBytes
+    }
+}
+
+impl tonic::codec::Encoder for RawBytes {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use prost::bytes::BufMut as _;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawBytes {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use prost::bytes::Buf as _;
+        let bytes = src.copy_to_bytes(src.remaining());
+        Ok(Some(bytes.to_vec()))
+    }
+}
