@@ -373,11 +373,28 @@ impl Ledger {
                 ),
             );
         }
+        if order.kind == OperationKind::Read
+            && let Some(lost) = self.lost.get(&item)
+            && let Some(record) = self.ops.get_mut(&lost.op_id)
+        {
+            // A READ sent to resolve the lost operation counts as one more
+            // delivery of it: the server gives it up as poison after as many
+            // losses as if it had been sent again each time (DESIGN 4).
+            record.deliveries += 1;
+        }
         if order.kind != OperationKind::Read
             && let Some(lost) = self.lost.remove(&item)
             && lost.op_id != order.op_id
         {
-            if !lost.may_be_replaced {
+            // Given up as poison, the lost operation counts as failed: an
+            // operation the intent now needs instead is new, while the same
+            // operation keeps its op id (checked below as for any retry).
+            let given_up = self.ops.get(&lost.op_id).is_some_and(|record| {
+                record.deliveries >= MAX_REDELIVERIES
+                    && (record.kind, record.generation, record.question)
+                        != (order.kind, order.generation, order.question)
+            });
+            if !lost.may_be_replaced && !given_up {
                 return fail(
                     "lost operations resume with their op id",
                     format!(

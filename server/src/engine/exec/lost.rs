@@ -127,7 +127,7 @@ pub fn redelivery(
             why: GiveUpReason::GoneWithExternal,
         };
     }
-    if waits_for_an_unknown_dependency(current, item, entry) {
+    if waits_for_a_dependency(current, item, entry) {
         return Redelivery::Defer;
     }
     if operation.redeliveries >= MAX_REDELIVERIES {
@@ -238,18 +238,16 @@ fn applied_or_not(
     }
 }
 
-/// Whether an item that `item` relies on (by its applied value or its lost
-/// operation's target) is UNKNOWN.
-pub fn waits_for_an_unknown_dependency(
-    current: &CurrentGraph,
-    item: &ItemRef,
-    entry: &CurrentItem,
-) -> bool {
-    let target = entry
-        .in_flight
-        .as_ref()
-        .and_then(|operation| operation.target.as_deref());
-    entry
+/// Whether the re-delivery of `item`'s lost operation must wait for a
+/// dependency: one that `item` relies on (by its applied value or the lost
+/// operation's target) is UNKNOWN, or, for a lost Create or Modify, a
+/// dependency of its target is being modified or deleted (a Create or
+/// Modify waits for those, DESIGN 3). The owner tries again after every
+/// command ([`super::Executor::redeliver_deferred`]).
+pub fn waits_for_a_dependency(current: &CurrentGraph, item: &ItemRef, entry: &CurrentItem) -> bool {
+    let operation = entry.in_flight.as_ref();
+    let target = operation.and_then(|operation| operation.target.as_deref());
+    let unknown = entry
         .applied
         .as_deref()
         .into_iter()
@@ -260,7 +258,32 @@ pub fn waits_for_an_unknown_dependency(
                 && current
                     .get(&dependency.requires)
                     .is_some_and(|required| required.state == ItemState::Unknown)
-        })
+        });
+    let applies = operation.is_some_and(|operation| {
+        !operation.question
+            && matches!(
+                operation.kind,
+                OperationKind::Create | OperationKind::Modify
+            )
+    });
+    let changing = applies
+        && target
+            .into_iter()
+            .flat_map(|value| value.dependencies.iter())
+            .any(|dependency| {
+                dependency.requires != *item
+                    && current
+                        .get(&dependency.requires)
+                        .and_then(|required| required.in_flight.as_ref())
+                        .is_some_and(|running| {
+                            !running.question
+                                && matches!(
+                                    running.kind,
+                                    OperationKind::Modify | OperationKind::Delete
+                                )
+                        })
+            });
+    unknown || changing
 }
 
 /// For a lost Create or Modify (not a question): the dependencies of the

@@ -9,9 +9,7 @@ use tracing::{debug, info};
 
 use super::{Executor, Holder, Now, Scope, lost_outcome, to_session};
 use crate::engine::exec::effects::{Effects, Finished, OperationOutcome, TenantEvent};
-use crate::engine::exec::lost::{
-    GiveUpReason, Redelivery, redelivery, waits_for_an_unknown_dependency,
-};
+use crate::engine::exec::lost::{GiveUpReason, Redelivery, redelivery, waits_for_a_dependency};
 use crate::engine::exec::port::{AgentOutcome, ExternalChange, Grant, Registration, ToAgent};
 use crate::engine::transition::{
     Completion, CurrentUpdates, completed, drifted_paths, mark_gone_with_externals,
@@ -597,8 +595,9 @@ impl Executor {
         self.pass(Scope::Items(touched), now);
     }
 
-    /// Sends again the lost operations whose re-delivery waited for an
-    /// UNKNOWN dependency, once none does and their type has a session.
+    /// Sends again the lost operations whose re-delivery waited for a
+    /// dependency (UNKNOWN, or being modified or deleted), once none does
+    /// and their type has a session.
     /// `None` when there is nothing to send.
     pub fn redeliver_deferred(&mut self, now: Now) -> Option<Effects> {
         if self.deferred_redeliveries.is_empty() {
@@ -611,7 +610,7 @@ impl Executor {
                 self.sessions.contains_key(&*item.item_type)
                     && self.model.current.get(item).is_none_or(|current| {
                         current.state != ItemState::Unknown
-                            || !waits_for_an_unknown_dependency(&self.model.current, item, current)
+                            || !waits_for_a_dependency(&self.model.current, item, current)
                     })
             })
             .cloned()
