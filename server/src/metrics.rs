@@ -117,14 +117,25 @@ impl<const N: usize> Histogram<N> {
     }
 }
 
+/// Renders a section of exposition text that another room keeps (see
+/// [`Metrics::append_section`]).
+pub type Section = Arc<dyn Fn(&mut String) + Send + Sync>;
+
 /// The server's counters.
-#[derive(Debug)]
 pub struct Metrics {
     passes: Histogram<{ PASS_BUCKETS.len() }>,
     dispatched: [AtomicU64; KINDS.len()],
     finished: [[AtomicU64; OUTCOMES.len()]; KINDS.len()],
     operations: Histogram<{ OPERATION_BUCKETS.len() }>,
     queue_wait: Histogram<{ QUEUE_WAIT_BUCKETS.len() }>,
+    /// Sections other rooms render themselves (the cluster's).
+    sections: std::sync::Mutex<Vec<Section>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
 }
 
 impl Default for Metrics {
@@ -135,6 +146,7 @@ impl Default for Metrics {
             finished: Default::default(),
             operations: Histogram::new(OPERATION_BUCKETS),
             queue_wait: Histogram::new(QUEUE_WAIT_BUCKETS),
+            sections: std::sync::Mutex::default(),
         }
     }
 }
@@ -168,6 +180,15 @@ impl Metrics {
             .unwrap_or(OUTCOMES.len() - 1);
         self.finished[kind_index(kind)][outcome].fetch_add(1, Ordering::Relaxed);
         self.operations.observe(seconds);
+    }
+
+    /// Adds a section of metrics that another room keeps and renders
+    /// (exposition text, appended to every scrape).
+    pub fn append_section(&self, section: impl Fn(&mut String) + Send + Sync + 'static) {
+        self.sections
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(Arc::new(section));
     }
 
     /// The exposition text: the counters kept here and `gauges`.
@@ -265,6 +286,14 @@ impl Metrics {
             out,
             "# HELP reconciled_store_bytes Store size on disk.\n# TYPE reconciled_store_bytes gauge\nreconciled_store_bytes {size}"
         );
+        let sections = self
+            .sections
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        for section in sections {
+            section(&mut out);
+        }
         out
     }
 }

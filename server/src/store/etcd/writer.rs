@@ -233,11 +233,13 @@ async fn commit_group(shared: &Shared, mut group: Group) {
             .and_then(operations)
             .or_else(fence_reads);
         let kv = shared.kv.clone();
+        let started = std::time::Instant::now();
         let outcome = retry("commit a batch", shared.options.commit_timeout, || {
             let (mut kv, txn) = (kv.clone(), txn.clone());
             async move { kv.txn(txn).await }
         })
         .await;
+        shared.latency.commits.observe(started.elapsed());
         let response = match outcome {
             Ok(response) => response,
             Err(Failure::Refused(error)) => {
