@@ -90,6 +90,10 @@ fn cluster_settings(config: &Config) -> anyhow::Result<ClusterSettings> {
         advertise,
         lease_ttl: config.cluster_lease,
         ring_events: config.watch_ring_events,
+        fleet_retention: Retention {
+            max_revisions: config.watch_history_revisions,
+            max_age_ms: u64::try_from(config.watch_history_age.as_millis()).unwrap_or(u64::MAX),
+        },
         peer_tls: peer_tls(config)?,
     })
 }

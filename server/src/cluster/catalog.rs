@@ -13,8 +13,8 @@
 //!   or a tenant created on any replica is known everywhere as soon as the
 //!   watch delivers it (milliseconds; see docs/scale-out.md).
 //!
-//! The entries' changes also feed the fleet stream
-//! ([`ClusterFleet`](super::fleet::ClusterFleet)).
+//! The fleet stream ([`ClusterFleet`](super::fleet::ClusterFleet))
+//! follows the entries' changes too, with a watch of its own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
@@ -31,8 +31,6 @@ use crate::store::etcd::RecordChange;
 use crate::store::{EtcdStore, StoreError, keys};
 use crate::tenant::directory::parse_hash;
 use crate::tenant::{TenantLimits, TenantRecord};
-
-use super::fleet::ClusterFleet;
 
 /// How long a failed watch waits before it is opened again.
 const REWATCH_PAUSE: Duration = Duration::from_millis(200);
@@ -132,10 +130,9 @@ impl TokenDirectory for Catalog {
 
 impl Catalog {
     /// Loads the name index and the directory entries, and keeps them up
-    /// to date (and feeds `fleet`) until `stop` is cancelled.
+    /// to date until `stop` is cancelled.
     pub async fn start(
         store: Arc<EtcdStore>,
-        fleet: Arc<ClusterFleet>,
         stop: CancellationToken,
     ) -> Result<Arc<Self>, StoreError> {
         let catalog = Arc::new(Self {
@@ -157,7 +154,6 @@ impl Catalog {
                 state.rebuild_token(&name);
             }
         }
-        fleet.seed(entries_revision, &entries);
         info!(
             tenants = catalog.read().names.len(),
             "Tenant directory loaded from etcd."
@@ -173,7 +169,7 @@ impl Catalog {
             store,
             keys::tenant_entries_prefix(),
             entries_revision,
-            Feed::Entries(catalog.clone(), fleet),
+            Feed::Entries(catalog.clone()),
             stop,
         ));
         Ok(catalog)
@@ -275,35 +271,29 @@ fn apply_entry(state: &mut State, key: &[u8], value: Option<&[u8]>) {
 /// What a watch keeps up to date.
 enum Feed {
     Names(Arc<Catalog>),
-    Entries(Arc<Catalog>, Arc<ClusterFleet>),
+    Entries(Arc<Catalog>),
 }
 
 impl Feed {
     fn apply(&self, changes: &[RecordChange]) {
-        let (catalog, fleet) = match self {
-            Feed::Names(catalog) => (catalog, None),
-            Feed::Entries(catalog, fleet) => (catalog, Some(fleet)),
-        };
+        let (Feed::Names(catalog) | Feed::Entries(catalog)) = self;
         {
             let mut state = catalog.write();
             for change in changes {
                 match self {
                     Feed::Names(_) => apply_name(&mut state, &change.key, change.value.as_deref()),
-                    Feed::Entries(..) => {
+                    Feed::Entries(_) => {
                         apply_entry(&mut state, &change.key, change.value.as_deref())
                     }
                 }
                 let name = match self {
                     Feed::Names(_) => keys::parse_tenant_name_key(&change.key),
-                    Feed::Entries(..) => keys::parse_tenant_entry_key(&change.key),
+                    Feed::Entries(_) => keys::parse_tenant_entry_key(&change.key),
                 };
                 if let Some(name) = name {
                     state.rebuild_token(&name);
                 }
             }
-        }
-        if let Some(fleet) = fleet {
-            fleet.publish(changes);
         }
         catalog.bump();
     }
@@ -352,7 +342,7 @@ async fn follow(
                     );
                     match store.list_records(prefix).await {
                         Ok((records, at)) => {
-                            reload(&feed, &records, at);
+                            reload(&feed, &records);
                             revision = at;
                         }
                         Err(error) => warn!(%error, "Reloading the tenant directory failed."),
@@ -373,8 +363,8 @@ async fn follow(
     }
 }
 
-/// Replaces what `feed` keeps with `records`, read at `revision`.
-fn reload(feed: &Feed, records: &[crate::store::Record], revision: i64) {
+/// Replaces what `feed` keeps with `records`.
+fn reload(feed: &Feed, records: &[crate::store::Record]) {
     match feed {
         Feed::Names(catalog) => {
             let mut state = catalog.write();
@@ -390,7 +380,7 @@ fn reload(feed: &Feed, records: &[crate::store::Record], revision: i64) {
             drop(state);
             catalog.bump();
         }
-        Feed::Entries(catalog, fleet) => {
+        Feed::Entries(catalog) => {
             let mut state = catalog.write();
             state.entries.clear();
             for (key, value) in records {
@@ -402,7 +392,6 @@ fn reload(feed: &Feed, records: &[crate::store::Record], revision: i64) {
                 state.rebuild_token(&name);
             }
             drop(state);
-            fleet.restart(revision, records);
             catalog.bump();
         }
     }

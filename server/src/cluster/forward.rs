@@ -81,6 +81,9 @@ fn tenant_of(body: &[u8]) -> Option<String> {
 /// Channels to the other replicas, one per address, opened on first use.
 pub struct Peers {
     tls: Option<ClientTlsConfig>,
+    /// HTTP/2 keepalive: a peer that stops answering is given up after
+    /// about a lease TTL, as the cluster gives up its tenants.
+    keepalive: Duration,
     channels: Mutex<HashMap<String, Channel>>,
 }
 
@@ -91,10 +94,12 @@ impl std::fmt::Debug for Peers {
 }
 
 impl Peers {
-    /// Peers dialled over TLS with `tls`, or in plain text.
-    pub fn new(tls: Option<ClientTlsConfig>) -> Self {
+    /// Peers dialled over TLS with `tls`, or in plain text, given up
+    /// after about `lease_ttl` of silence.
+    pub fn new(tls: Option<ClientTlsConfig>, lease_ttl: Duration) -> Self {
         Self {
             tls,
+            keepalive: lease_ttl.max(Duration::from_secs(1)),
             channels: Mutex::new(HashMap::new()),
         }
     }
@@ -116,8 +121,8 @@ impl Peers {
             .map_err(unreachable)?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
-            .http2_keep_alive_interval(crate::bootstrap::HTTP2_KEEPALIVE_INTERVAL)
-            .keep_alive_timeout(crate::bootstrap::HTTP2_KEEPALIVE_TIMEOUT)
+            .http2_keep_alive_interval(self.keepalive / 2)
+            .keep_alive_timeout(self.keepalive)
             .keep_alive_while_idle(true);
         if let Some(tls) = &self.tls {
             endpoint = endpoint.tls_config(tls.clone()).map_err(unreachable)?;
@@ -219,7 +224,20 @@ where
                         };
                         cluster.metrics().forwarded();
                         debug!(%tenant, %owner, "Forwarding a call to the tenant's owner.");
-                        match channel.oneshot(rebuild(parts.clone())).await {
+                        let answered = tokio::select! {
+                            answered = channel.oneshot(rebuild(parts.clone())) => answered,
+                            // An owner that stops answering (paused, cut off)
+                            // loses the tenant; the call must not hang on it.
+                            () = cluster.moved_from(&tenant, &owner) => {
+                                let status = tonic::Status::unavailable(format!(
+                                    "the replica at {owner} stopped serving tenant {tenant:?} \
+                                     before it answered; whether the call took effect is \
+                                     unknown; retry (any replica forwards it to the new owner)"
+                                ));
+                                return Ok(status.into_http());
+                            }
+                        };
+                        match answered {
                             Ok(response) => return Ok(response),
                             Err(error) if !retried && refused(&error) => {
                                 // The owner is gone (not a word was sent to

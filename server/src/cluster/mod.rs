@@ -67,6 +67,9 @@ pub struct ClusterSettings {
     pub lease_ttl: Duration,
     /// Events the fleet stream keeps in memory while watched.
     pub ring_events: usize,
+    /// How much of the fleet stream's history is kept for watchers that
+    /// resume.
+    pub fleet_retention: crate::watch::Retention,
     /// How to dial the other replicas when the server speaks TLS.
     pub peer_tls: Option<ClientTlsConfig>,
 }
@@ -109,8 +112,13 @@ impl Cluster {
     ) -> Result<Arc<Self>, StoreError> {
         let stop = CancellationToken::new();
         let metrics = Arc::new(ClusterMetrics::default());
-        let fleet = ClusterFleet::new(store.clone(), settings.ring_events);
-        let catalog = Catalog::start(store.clone(), fleet.clone(), stop.clone()).await?;
+        let fleet = ClusterFleet::start(
+            store.clone(),
+            settings.fleet_retention,
+            settings.ring_events,
+            stop.clone(),
+        );
+        let catalog = Catalog::start(store.clone(), stop.clone()).await?;
         let membership = Membership::start(
             store.clone(),
             settings.replica_id.clone(),
@@ -130,7 +138,7 @@ impl Cluster {
         )
         .await?;
         Ok(Arc::new(Self {
-            peers: Peers::new(settings.peer_tls.clone()),
+            peers: Peers::new(settings.peer_tls.clone(), settings.lease_ttl),
             settings,
             store,
             records,
@@ -222,6 +230,12 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(50).min(left)).await;
         }
+    }
+
+    /// Completes once tenant `name` is no longer served by the replica at
+    /// `owner` (it moved, or nobody serves it for the moment).
+    pub async fn moved_from(&self, name: &str, owner: &str) {
+        self.ownership.moved_from(name, owner).await;
     }
 
     /// The address of the replica serving tenant `name`, if one does.

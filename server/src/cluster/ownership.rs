@@ -189,6 +189,29 @@ impl Ownership {
         }
     }
 
+    /// Completes once tenant `name` is served by another replica than the
+    /// one at `owner` (or no longer exists). A moment without an owner (the
+    /// keys of a lease that expired are gone, the new claim not seen yet)
+    /// does not count: the call may still be answered.
+    pub async fn moved_from(&self, name: &str, owner: &str) {
+        let mut changes = self.changed.subscribe();
+        loop {
+            changes.mark_unchanged();
+            let moved = match self.route(name) {
+                Route::Here | Route::Unknown => true,
+                Route::Elsewhere(now) => now != owner,
+                Route::Nowhere => false,
+            };
+            if moved {
+                return;
+            }
+            if changes.changed().await.is_err() {
+                // The controller stopped (shutdown): nothing moves any more.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
     /// How many tenants this replica serves.
     pub fn owned(&self) -> usize {
         lock(&self.local).len()
@@ -377,22 +400,52 @@ impl Ownership {
         });
     }
 
-    /// Tenant `id`'s owner ended by itself (fenced out, or the tenant was
-    /// deleted): stop counting it as served here.
+    /// Tenant `id`'s owner ended without this controller asking: fenced
+    /// out (another replica holds the tenant now), or stopped by
+    /// `DeleteTenant` (which still writes the tombstone through the
+    /// owner's fenced store, so the claim must stay until it is written).
     async fn ended(&self, id: u64, revision: i64) {
-        let still = lock(&self.local)
-            .get(&id)
-            .is_some_and(|local| local.revision == revision);
-        if still {
-            let reason = if self.catalog.name_of(id).is_some() {
-                self.metrics.dropped(1);
-                "its owner stopped (a commit was fenced out)"
-            } else {
-                "the tenant was deleted"
-            };
-            self.forget(id, reason).await;
-            self.wake.notify_one();
+        let ours = |local: &HashMap<u64, Local>| {
+            local
+                .get(&id)
+                .is_some_and(|local| local.revision == revision)
+        };
+        if !ours(&lock(&self.local)) {
+            return;
         }
+        let key = owner_key(id);
+        let still_claimed = match self.store.get_versioned(&key).await {
+            Ok((found, _)) => found.is_some_and(|found| found.mod_revision == revision),
+            // Unknown: treat the claim as held; the lease decides.
+            Err(_) => true,
+        };
+        if still_claimed {
+            // Stopped on purpose (a deletion): give the tombstone time to
+            // land; the tenant then leaves the catalog and `step` forgets
+            // it. If it does not, the owner stopped for another reason:
+            // let the tenant be claimed and loaded again.
+            let deadline = Instant::now() + self.membership.ttl() * 2;
+            let mut catalog = self.catalog.changes();
+            while self.catalog.name_of(id).is_some() && Instant::now() < deadline {
+                let _ = tokio::time::timeout_at(deadline, catalog.changed()).await;
+            }
+            if self.catalog.name_of(id).is_none() || !ours(&lock(&self.local)) {
+                self.wake.notify_one();
+                return;
+            }
+            warn!(
+                tenant_id = id,
+                "A tenant's owner stopped by itself; releasing it to be loaded again."
+            );
+        } else {
+            self.metrics.dropped(1);
+        }
+        self.forget(
+            id,
+            "its owner stopped (fenced out: another replica holds it)",
+        )
+        .await;
+        self.wake.notify_one();
     }
 
     /// Stops serving tenant `id` and releases its claim if it still holds.

@@ -57,8 +57,8 @@ pub enum KeyEvent {
     },
 }
 
-/// A change of a store record seen by [`EtcdStore::watch_records`] or
-/// read by [`EtcdStore::record_changes`]: keys are store keys (as the
+/// A change of a store record seen by [`EtcdStore::watch_records`]: keys
+/// are store keys (as the
 /// [`Store`](crate::store::Store) trait sees them), with the value before.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordChange {
@@ -74,13 +74,6 @@ pub struct RecordChange {
 
 /// Events a watch buffers before etcd's stream is paused.
 const WATCH_BUFFER: usize = 1024;
-
-/// The longest [`EtcdStore::record_changes`] waits for etcd to replay the
-/// history it asks for.
-const HISTORY_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How often a history replay asks etcd how far it has got.
-const PROGRESS_REQUEST_INTERVAL: Duration = Duration::from_millis(50);
 
 fn cluster_key(store: &EtcdStore, key: &[u8]) -> Result<Vec<u8>, StoreError> {
     store.layout().cluster(key).ok_or_else(|| StoreError::Etcd {
@@ -351,23 +344,39 @@ impl EtcdStore {
         &self,
         prefix: &[u8],
     ) -> Result<(Vec<crate::store::Record>, i64), StoreError> {
+        self.list_records_at(prefix, 0).await
+    }
+
+    /// [`list_records`](Self::list_records) as of etcd revision `at` (0:
+    /// now); fails with [`StoreError::Compacted`] if etcd no longer keeps
+    /// that revision.
+    pub async fn list_records_at(
+        &self,
+        prefix: &[u8],
+        at: i64,
+    ) -> Result<(Vec<crate::store::Record>, i64), StoreError> {
         let start = self.layout().data(prefix);
         self.thread()
             .call(move |shared| async move {
                 let end = prefix_end(&start);
                 let mut found = Vec::new();
                 let mut from = start;
-                let mut revision = 0;
+                let mut revision = at;
                 loop {
                     let mut options = GetOptions::new().with_range(end.clone()).with_limit(512);
                     if revision > 0 {
                         options = options.with_revision(revision);
                     }
                     let mut kv = shared.kv.clone();
-                    let reply = kv
-                        .get(from.clone(), Some(options))
-                        .await
-                        .map_err(etcd_error("list records"))?;
+                    let reply = kv.get(from.clone(), Some(options)).await.map_err(|error| {
+                        match compacted_at(&error) {
+                            Some(compact_revision) => StoreError::Compacted {
+                                requested: revision,
+                                compact_revision,
+                            },
+                            None => etcd_error("list records")(error),
+                        }
+                    })?;
                     if revision == 0 {
                         revision = reply.header().map_or(0, |h| h.revision());
                     }
@@ -439,92 +448,6 @@ impl EtcdStore {
             })
             .await?;
         Ok(receiver)
-    }
-
-    /// The changes of store records under `prefix` after revision `after`
-    /// up to and including revision `through` (at most etcd's current
-    /// revision): at most `max_revisions` revisions of them, whole, in
-    /// order. Replays etcd's history, so it fails with
-    /// [`StoreError::Compacted`] once etcd has compacted past `after`.
-    /// Blocking (it waits for etcd to replay the history).
-    pub fn record_changes(
-        &self,
-        prefix: &[u8],
-        after: i64,
-        through: i64,
-        max_revisions: usize,
-    ) -> Result<Vec<RecordChange>, StoreError> {
-        if through <= after || max_revisions == 0 {
-            return Ok(Vec::new());
-        }
-        let start = self.layout().data(prefix);
-        self.thread().call_blocking(move |shared| async move {
-            let replay = async {
-                let mut client = shared.client.clone();
-                let options = WatchOptions::new()
-                    .with_range(prefix_end(&start))
-                    .with_start_revision(after + 1)
-                    .with_prev_key()
-                    .with_progress_notify();
-                let mut stream = client
-                    .watch(start, Some(options))
-                    .await
-                    .map_err(etcd_error("read record history"))?;
-                let mut found: Vec<RecordChange> = Vec::new();
-                let mut revisions = 0;
-                let mut ask = tokio::time::interval(PROGRESS_REQUEST_INTERVAL);
-                loop {
-                    let reply = tokio::select! {
-                        reply = stream.message() => reply
-                            .map_err(etcd_error("read record history"))?
-                            .ok_or_else(|| watch_ended("the history stream ended"))?,
-                        _ = ask.tick() => {
-                            // etcd answers only once the watch has replayed
-                            // the history: then every change up to the
-                            // answer's revision has been delivered.
-                            stream
-                                .request_progress()
-                                .await
-                                .map_err(etcd_error("read record history"))?;
-                            continue;
-                        }
-                    };
-                    if reply.canceled() {
-                        return Err(cancelled(&reply, after + 1));
-                    }
-                    let changes = record_changes_of(&shared, &reply);
-                    if changes.is_empty() {
-                        let progress = reply.header().map_or(0, |h| h.revision());
-                        if !reply.created() && progress >= through {
-                            return Ok(found);
-                        }
-                        continue;
-                    }
-                    for change in changes {
-                        if change.revision > through {
-                            return Ok(found);
-                        }
-                        if found
-                            .last()
-                            .is_none_or(|last| last.revision != change.revision)
-                        {
-                            if revisions == max_revisions {
-                                return Ok(found);
-                            }
-                            revisions += 1;
-                        }
-                        found.push(change);
-                    }
-                    // A revision's changes arrive in one reply.
-                    if found.last().is_some_and(|last| last.revision >= through) {
-                        return Ok(found);
-                    }
-                }
-            };
-            tokio::time::timeout(HISTORY_READ_TIMEOUT, replay)
-                .await
-                .map_err(|_| watch_ended("etcd did not replay the history in time"))?
-        })
     }
 
     /// Takes the etcd lock `name` (a cluster key) for `lease`, waiting
@@ -610,6 +533,15 @@ fn record_changes_of(
             })
         })
         .collect()
+}
+
+/// The revision etcd compacted to, if `error` says a read asked for an
+/// older one ("required revision has been compacted").
+fn compacted_at(error: &etcd_client::Error) -> Option<i64> {
+    let etcd_client::Error::GRpcStatus(status) = error else {
+        return None;
+    };
+    status.message().contains("compacted").then_some(0)
 }
 
 /// Why etcd cancelled a watch that started at `requested`.
