@@ -22,7 +22,7 @@ use crate::tenant::directory::{creation, next_tenant_id};
 use crate::tenant::owner::now_ms;
 use crate::tenant::{DirectoryError, TenantError, TenantLimits, TenantRecord};
 
-use super::catalog::TenantEntry;
+use super::catalog::{Catalog, TenantEntry};
 use super::membership::Membership;
 
 /// The lock that serialises tenant creation across replicas.
@@ -33,6 +33,7 @@ pub async fn create_tenant(
     store: &EtcdStore,
     records: &Arc<dyn Store>,
     membership: &Membership,
+    catalog: &Catalog,
     name: &str,
     limits: TenantLimits,
 ) -> Result<(TenantRecord, String), ApiError> {
@@ -58,12 +59,12 @@ pub async fn create_tenant(
         }
         let id = next_tenant_id(&**records)?;
         let (record, token, mut batch) = creation(id, name, limits)?;
-        batch.put(
-            keys::tenant_entry_key(name),
-            TenantEntry::of(&record, now_ms()).encode(),
-        );
+        let entry = TenantEntry::of(&record, now_ms());
+        batch.put(keys::tenant_entry_key(name), entry.encode());
         batch.set_fence(Some(fence));
         records.commit(batch).await.map_err(TenantError::from)?;
+        // The token works on this replica as soon as CreateTenant answers.
+        catalog.note(name, id, entry);
         Ok((record, token))
     }
     .await;

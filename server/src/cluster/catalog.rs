@@ -223,6 +223,24 @@ impl Catalog {
         range.take(limit).map(|(name, _)| name.clone()).collect()
     }
 
+    /// Takes note at once of what this replica just committed for tenant
+    /// `name` (its watch brings the same a moment later): calls that come
+    /// right after see it.
+    pub fn note(&self, name: &str, id: u64, entry: TenantEntry) {
+        {
+            let mut state = self.write();
+            if let Some(old) = state.names.insert(name.to_owned(), id)
+                && old != id
+            {
+                state.ids.remove(&old);
+            }
+            state.ids.insert(id, name.to_owned());
+            state.entries.insert(name.to_owned(), entry);
+            state.rebuild_token(name);
+        }
+        self.bump();
+    }
+
     /// A receiver told of every change.
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()

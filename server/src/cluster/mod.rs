@@ -74,9 +74,32 @@ pub struct ClusterSettings {
     pub peer_tls: Option<ClientTlsConfig>,
 }
 
+/// The tenant tokens of the whole fleet: the catalog's, except that for a
+/// tenant this replica serves its owner's own directory decides (a token
+/// rotated here is refused here at once, not only once etcd's watch has
+/// brought the change back).
+struct ClusterTokens {
+    catalog: Arc<Catalog>,
+    directory: Arc<TenantDirectory>,
+}
+
+impl TokenDirectory for ClusterTokens {
+    fn tenant_by_token_hash(&self, hash: &[u8; 32]) -> Option<u64> {
+        if let Some(id) = self.directory.tenant_by_token_hash(hash) {
+            return Some(id);
+        }
+        let id = self.catalog.tenant_by_token_hash(hash)?;
+        match self.catalog.name_of(id) {
+            Some(name) if self.directory.get(&name).is_some() => None,
+            _ => Some(id),
+        }
+    }
+}
+
 /// This replica's part in the cluster.
 pub struct Cluster {
     settings: ClusterSettings,
+    directory: Arc<TenantDirectory>,
     store: Arc<EtcdStore>,
     records: Arc<dyn Store>,
     catalog: Arc<Catalog>,
@@ -130,7 +153,7 @@ impl Cluster {
         let ownership = Ownership::start(
             store.clone(),
             records.clone(),
-            directory,
+            directory.clone(),
             catalog.clone(),
             membership.clone(),
             metrics.clone(),
@@ -140,6 +163,7 @@ impl Cluster {
         Ok(Arc::new(Self {
             peers: Peers::new(settings.peer_tls.clone(), settings.lease_ttl),
             settings,
+            directory,
             store,
             records,
             catalog,
@@ -163,7 +187,10 @@ impl Cluster {
 
     /// The tenant tokens every replica accepts (all tenants').
     pub fn tokens(&self) -> Arc<dyn TokenDirectory + Send + Sync> {
-        self.catalog.clone()
+        Arc::new(ClusterTokens {
+            catalog: self.catalog.clone(),
+            directory: self.directory.clone(),
+        })
     }
 
     /// The fleet-wide tenant directory.
@@ -266,9 +293,15 @@ impl Cluster {
         name: &str,
         limits: TenantLimits,
     ) -> Result<(v1::Tenant, String), ApiError> {
-        let (record, token) =
-            admin::create_tenant(&self.store, &self.records, &self.membership, name, limits)
-                .await?;
+        let (record, token) = admin::create_tenant(
+            &self.store,
+            &self.records,
+            &self.membership,
+            &self.catalog,
+            name,
+            limits,
+        )
+        .await?;
         // Callers expect to use the tenant right away: wait for its owner.
         let owner = match self
             .ownership

@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::store::{EtcdStore, Fence, Store, WriteBatch, keys};
+use crate::tenant::owner::now_ms;
 use crate::tenant::record::{decode, encode};
 use crate::tenant::{TenantDirectory, TenantError, TenantHandle, TenantRecord, TenantState};
 use crate::watch::hub::CloseReason;
@@ -372,14 +373,17 @@ impl Ownership {
             fence,
             entry.clone(),
         ));
-        let current = TenantEntry::of(&state.record, 0);
+        let current = TenantEntry::of(&state.record, now_ms());
         if !entry.is_some_and(|entry| entry.same_as(&current)) {
             // The entry is missing or stale (a store copied from sled):
             // rewrite the record so that the owner's store writes it.
             let mut batch = WriteBatch::new();
             batch.put(keys::tenant_record_key(id), stored);
-            if let Err(error) = owner_store.commit(batch).await {
-                warn!(tenant = %name, %error, "Writing a tenant's directory entry failed; its owner writes it with the next commit.");
+            match owner_store.commit(batch).await {
+                Ok(()) => self.catalog.note(name, id, current),
+                Err(error) => {
+                    warn!(tenant = %name, %error, "Writing a tenant's directory entry failed; its owner writes it with the next commit.");
+                }
             }
         }
         let handle = self.directory.adopt(state, owner_store);
