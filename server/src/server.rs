@@ -32,6 +32,11 @@ use crate::watch::fleet::FleetLog;
 use crate::watch::hub::CloseReason;
 use crate::watch::{FollowSettings, Retention};
 
+/// With replicas on etcd, the health service name that reports whether
+/// the process is alive (`SERVING` from start to exit), apart from whether
+/// it is ready (`""` and the services, `NOT_SERVING` until it has joined).
+pub const LIVENESS: &str = "liveness";
+
 /// Service names reported SERVING by the health service.
 const SERVICES: [&str; 3] = [
     "reconciled.v1.Reconciler",
@@ -278,6 +283,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                     limits: limits.clone(),
                     slots: slots.clone(),
                     grace: config.shutdown_grace,
+                    forward: ForwardLayer::new(cluster.clone()),
                 },
                 shutdown.clone(),
             )
@@ -396,6 +402,11 @@ async fn report_readiness(
             reporter.set_service_status(service, status).await;
         }
     }
+    // Alive while the process serves gRPC at all, joined or not: what a
+    // liveness probe should ask (a replica waiting to join is not dead).
+    reporter
+        .set_service_status(LIVENESS, ServingStatus::Serving)
+        .await;
     let mut ready = cluster.readiness();
     let serving = *ready.borrow_and_update();
     set(reporter, serving).await;

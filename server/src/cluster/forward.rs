@@ -55,6 +55,15 @@ const TENANT_SCOPED: [&str; 9] = [
     "/reconciled.v1.Tenants/RotateToken",
 ];
 
+/// HTTP/1.1 headers that HTTP/2 forbids (they concern one connection).
+const CONNECTION_HEADERS: [&str; 5] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+];
+
 /// How long dialling another replica may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -217,6 +226,12 @@ where
                     Route::Elsewhere(owner) => {
                         if let Ok(value) = HeaderValue::from_str(cluster.replica()) {
                             parts.headers.insert(FORWARDED_BY, value);
+                        }
+                        // The dashboard's gRPC-Web calls arrive over HTTP/1.1;
+                        // replicas speak HTTP/2, which has no connection headers.
+                        parts.version = tonic::codegen::http::Version::HTTP_2;
+                        for header in CONNECTION_HEADERS {
+                            parts.headers.remove(header);
                         }
                         let channel = match cluster.peers().channel(&owner) {
                             Ok(channel) => channel,

@@ -63,6 +63,9 @@ pub struct DashboardSettings {
     pub slots: ConnectionSlots,
     /// How long open calls may drain after `shutdown`.
     pub grace: Duration,
+    /// With replicas on etcd, the gRPC port's forwarding of tenant calls
+    /// to the replica that serves the tenant (a pass-through otherwise).
+    pub forward: crate::cluster::ForwardLayer,
 }
 
 /// The dashboard being served.
@@ -103,6 +106,7 @@ pub async fn spawn(
         .layer(tonic_web::GrpcWebLayer::new())
         .layer(settings.authentication)
         .layer(settings.limits)
+        .layer(settings.forward)
         .add_service(services.health)
         .add_service(services.reconciler)
         .add_service(services.tenants);
