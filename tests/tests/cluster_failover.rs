@@ -75,18 +75,27 @@ struct Ledger {
     longest_gap: Duration,
 }
 
-/// Writers and watchers on some tenants, through random replicas.
+/// Writers and watchers on some tenants, and a fleet watcher, through
+/// the replicas in turn.
 struct Load {
     ledgers: HashMap<String, Arc<Mutex<Ledger>>>,
+    /// Fleet revisions the fleet watcher received, in order.
+    fleet: Arc<Mutex<Vec<u64>>>,
     stop: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Load {
-    fn start(endpoints: &[String], tenants: &[(String, String)]) -> Self {
+    fn start(endpoints: &[String], tenants: &[(String, String)], admin: &str) -> Self {
         let stop = CancellationToken::new();
         let mut ledgers = HashMap::new();
-        let mut tasks = Vec::new();
+        let fleet = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = vec![tokio::spawn(follow_fleet(
+            channels(endpoints),
+            admin.to_owned(),
+            fleet.clone(),
+            stop.clone(),
+        ))];
         for (name, token) in tenants {
             let ledger = Arc::new(Mutex::new(Ledger::default()));
             ledgers.insert(name.clone(), ledger.clone());
@@ -107,6 +116,7 @@ impl Load {
         }
         Self {
             ledgers,
+            fleet,
             stop,
             tasks,
         }
@@ -132,18 +142,23 @@ impl Load {
         }
     }
 
-    async fn stop(self) -> HashMap<String, Ledger> {
+    /// Stops the load; returns each tenant's ledger and the fleet
+    /// revisions the fleet watcher saw.
+    async fn stop(self) -> (HashMap<String, Ledger>, Vec<u64>) {
         self.stop.cancel();
         for task in self.tasks {
             task.await.expect("a load task did not panic");
         }
-        self.ledgers
+        let ledgers = self
+            .ledgers
             .into_iter()
             .map(|(name, ledger)| {
                 let ledger = std::mem::take(&mut *lock(&ledger));
                 (name, ledger)
             })
-            .collect()
+            .collect();
+        let fleet = std::mem::take(&mut *lock(&self.fleet));
+        (ledgers, fleet)
     }
 }
 
@@ -237,6 +252,93 @@ async fn follow(
             if !matches!(next, Ok(Some(_))) {
                 break;
             }
+        }
+    }
+}
+
+/// Follows `WatchFleet` from its first revision through the replicas in
+/// turn, resuming from the last revision after every failure; checks that
+/// revisions only grow.
+async fn follow_fleet(
+    channels: Vec<Channel>,
+    admin: String,
+    seen: Arc<Mutex<Vec<u64>>>,
+    stop: CancellationToken,
+) {
+    let mut resume = 1;
+    let mut via = 0;
+    while !stop.is_cancelled() {
+        via = (via + 1) % channels.len();
+        let opened = api::tenants(&channels[via], &admin)
+            .watch_fleet(v1::WatchFleetRequest {
+                start_revision: resume,
+            })
+            .await;
+        let Ok(stream) = opened else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let mut stream = stream.into_inner();
+        loop {
+            let message = tokio::select! {
+                () = stop.cancelled() => return,
+                message = tokio::time::timeout(Duration::from_secs(7), stream.message()) => message,
+            };
+            let Ok(Ok(Some(message))) = message else {
+                break;
+            };
+            match message.message {
+                Some(v1::watch_fleet_response::Message::Events(group)) if !group.continued => {
+                    let mut seen = lock(&seen);
+                    if let Some(last) = seen.last() {
+                        assert!(
+                            group.revision > *last,
+                            "fleet revision {} after {last}: a duplicate or out of order",
+                            group.revision
+                        );
+                    }
+                    seen.push(group.revision);
+                    resume = group.revision;
+                }
+                Some(v1::watch_fleet_response::Message::Bookmark(bookmark)) => {
+                    resume = resume.max(bookmark.revision);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The fleet's kept history from its first revision through `through`,
+/// read through `channel`.
+async fn fleet_history(channel: &Channel, admin: &str, through: u64) -> Vec<u64> {
+    let mut stream = api::tenants(channel, admin)
+        .watch_fleet(v1::WatchFleetRequest { start_revision: 1 })
+        .await
+        .expect("WatchFleet from the first revision")
+        .into_inner();
+    let mut revisions = Vec::new();
+    loop {
+        let message = tokio::time::timeout(DEADLINE, stream.message())
+            .await
+            .expect("a fleet message in time")
+            .expect("the fleet stream is healthy")
+            .expect("the fleet stream goes on");
+        match message.message {
+            Some(v1::watch_fleet_response::Message::Events(group)) => {
+                if group.revision > through {
+                    return revisions;
+                }
+                if !group.continued {
+                    revisions.push(group.revision);
+                }
+            }
+            Some(v1::watch_fleet_response::Message::Bookmark(bookmark))
+                if bookmark.revision >= through =>
+            {
+                return revisions;
+            }
+            _ => {}
         }
     }
 }
@@ -468,7 +570,7 @@ async fn kill_9_of_an_owner_under_load_loses_nothing_over_twenty_rounds() {
     }
     let endpoints = replicas.endpoints();
     let running = agents(&endpoints, &tenants);
-    let load = Load::start(&endpoints, &tenants);
+    let load = Load::start(&endpoints, &tenants, replicas.admin_token());
     load.progress(3).await;
 
     let mut failovers = Vec::new();
@@ -522,7 +624,7 @@ async fn kill_9_of_an_owner_under_load_loses_nothing_over_twenty_rounds() {
         failovers[failovers.len() - 1]
     );
 
-    let ledgers = load.stop().await;
+    let (ledgers, fleet) = load.stop().await;
     let channel = replicas.channel(0).await;
     for (index, (name, token)) in tenants.iter().enumerate() {
         let ledger = &ledgers[name];
@@ -532,6 +634,14 @@ async fn kill_9_of_an_owner_under_load_loses_nothing_over_twenty_rounds() {
         let revisions = record_revisions(&etcd, &replicas.prefix, index as u64 + 1).await;
         assert_strictly_increasing(&format!("{name}'s record revision"), &revisions);
     }
+    // The fleet watcher, resumed on another replica after every kill, saw
+    // the fleet's history with no gap and no duplicate.
+    let last = fleet.last().copied().expect("the fleet watcher saw events");
+    assert_eq!(
+        fleet,
+        fleet_history(&channel, replicas.admin_token(), last).await,
+        "the resumed fleet watch missed or repeated revisions"
+    );
     for ((agent, log), (name, _)) in running.into_iter().zip(&tenants) {
         agent.stop().await.expect("the agent stops");
         log.task.abort();
@@ -557,7 +667,7 @@ async fn a_paused_owner_writes_nothing_once_another_took_its_tenant_and_drops_it
     let other = 1 - paused;
     let endpoints = replicas.endpoints();
     let running = agents(&endpoints, &tenants);
-    let load = Load::start(&endpoints, &tenants);
+    let load = Load::start(&endpoints, &tenants, replicas.admin_token());
     load.progress(5).await;
 
     let pid = nix::unistd::Pid::from_raw(
@@ -592,7 +702,7 @@ async fn a_paused_owner_writes_nothing_once_another_took_its_tenant_and_drops_it
     replicas.wait_for_owner(paused, "acme", |_| true).await;
     load.progress(5).await;
 
-    let ledgers = load.stop().await;
+    let (ledgers, _) = load.stop().await;
     let channel = replicas.channel(other).await;
     let ledger = &ledgers["acme"];
     let last = ledger.acked.last().map_or(0, |(generation, _)| *generation);
@@ -622,7 +732,7 @@ async fn killing_one_etcd_member_under_load_loses_nothing_and_stalls_only_for_an
     }
     let endpoints = replicas.endpoints();
     let running = agents(&endpoints, &tenants);
-    let load = Load::start(&endpoints, &tenants);
+    let load = Load::start(&endpoints, &tenants, replicas.admin_token());
     load.progress(5).await;
     let owners_before: BTreeMap<String, String> = {
         let mut owners = BTreeMap::new();
@@ -637,7 +747,7 @@ async fn killing_one_etcd_member_under_load_loses_nothing_and_stalls_only_for_an
     etcd.kill_member(leader).expect("kills the etcd leader");
     load.progress(10).await;
 
-    let ledgers = load.stop().await;
+    let (ledgers, _) = load.stop().await;
     let channel = replicas.channel(0).await;
     for (name, token) in &tenants {
         let ledger = &ledgers[name];
