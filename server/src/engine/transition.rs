@@ -401,6 +401,12 @@ pub fn complete_operation(
     true
 }
 
+/// The mark a dependent records for a `recreate_when_modified` dependency
+/// that was gone when its Create or Modify completed: no counter equals
+/// it, so the dependent is recreated once an item of that name is back
+/// (DESIGN 3, rule 4: counters restart with each new item).
+pub const ABSENT_DEPENDENCY_MARK: u64 = u64::MAX;
+
 fn completed_successfully(
     current: &CurrentGraph,
     existing: &CurrentItem,
@@ -426,15 +432,17 @@ fn completed_successfully(
                 .iter()
                 .filter(|d| d.recreate_when_modified)
             {
-                let counter = operation
-                    .dispatch_marks
-                    .get(&dependency.requires)
-                    .copied()
-                    .unwrap_or_else(|| {
-                        current
-                            .get(&dependency.requires)
-                            .map_or(0, |required| required.modifications)
-                    });
+                let counter = match current.get(&dependency.requires) {
+                    // It went while the operation ran: whatever appears
+                    // under its name later is another item (its counter
+                    // starts again), so it counts as modified.
+                    None => ABSENT_DEPENDENCY_MARK,
+                    Some(required) => operation
+                        .dispatch_marks
+                        .get(&dependency.requires)
+                        .copied()
+                        .unwrap_or(required.modifications),
+                };
                 if created_now || !entry.dependency_marks.contains_key(&dependency.requires) {
                     entry
                         .dependency_marks
