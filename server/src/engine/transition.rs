@@ -235,7 +235,8 @@ pub fn completed(
 ///
 /// - the item does not exist: it is gone, whatever `lost` was;
 /// - it exists, and `lost` was a Create or Modify whose target it shows on
-///   every property the target sets: `lost` applied;
+///   every property the target sets, and those differ from the applied
+///   value: `lost` applied;
 /// - it exists otherwise: `lost` did not apply (a Create applied some
 ///   other value): the item is created with what was read taken into its
 ///   applied value (drift), and a Modify or Delete that did not apply is
@@ -269,7 +270,16 @@ fn resolved(
             .iter()
             .all(|(key, value)| observed.get(key) == Some(value))
     });
-    if applies && (shows_target || existing.applied.is_none()) {
+    // A READ sees properties only: when the target sets the properties
+    // the item already had (a Modify of its dependencies, say), what was
+    // read cannot tell whether it applied, and it is asked again under its
+    // op id (it is idempotent) rather than taken as applied.
+    let tells = existing
+        .applied
+        .as_deref()
+        .zip(target)
+        .is_none_or(|(applied, target)| applied.properties != target.properties);
+    if applies && ((shows_target && tells) || existing.applied.is_none()) {
         // Applied; or a Create found something else in its place: created,
         // with what was read as the applied value where they differ.
         return completed_successfully(current, &unknown, lost, None)

@@ -103,8 +103,10 @@ pub fn check_order(
     let item = order.item.item_ref();
     // UNKNOWN items (whose lost operation no agent holds again yet) block
     // operations on their dependents (DESIGN §4).
+    // A READ changes nothing, so nothing it could act on is at stake.
     let held_again = |key: &ItemRef| agents.pending().any(|p| p.order.item.item_ref() == *key);
-    for blocker in unknown {
+    let observes = order.kind == OperationKind::Read && !order.question;
+    for blocker in unknown.iter().filter(|_| !observes) {
         if *blocker == item || held_again(blocker) {
             continue;
         }
@@ -594,7 +596,11 @@ impl Ledger {
                 .lost
                 .get(&item)
                 .is_some_and(|earlier| earlier.op_id == lost.op_id && earlier.may_be_replaced);
-            lost.may_be_replaced |= known || self.vanished_ops.contains(&lost.op_id);
+            // Journaled but never delivered (the store died before the
+            // order went out): no agent ran it, so nothing of it can be
+            // lost; the server may plan what the intent needs instead.
+            let undelivered = !self.ops.contains_key(&lost.op_id);
+            lost.may_be_replaced |= known || undelivered || self.vanished_ops.contains(&lost.op_id);
             self.lost.insert(item, lost);
         }
     }

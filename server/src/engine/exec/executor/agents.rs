@@ -786,7 +786,7 @@ impl Executor {
         entry: &CurrentItem,
         now: Now,
     ) -> Option<CurrentItem> {
-        let Some(lost) = entry
+        let Some(mut lost) = entry
             .in_flight
             .as_ref()
             .and_then(|operation| operation.resolves.as_deref())
@@ -794,6 +794,10 @@ impl Executor {
         else {
             return Some(entry.clone());
         };
+        // The READ counted this loss when it was sent; sending the lost
+        // operation again counts it once more, so one loss counts once
+        // towards giving the operation up as poison.
+        lost.redeliveries = lost.redeliveries.saturating_sub(1);
         let unknown = CurrentItem {
             state: ItemState::Unknown,
             in_flight: Some(lost.clone()),
