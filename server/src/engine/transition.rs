@@ -519,6 +519,53 @@ fn still_tied(existing: &CurrentItem, operation: &InFlight) -> bool {
     !target_ties.is_empty() && target_ties.is_subset(&ties(applied))
 }
 
+/// Dependents of the `vanished` items forget the modification counters
+/// they recorded for them (DESIGN 3, rule 4): whatever appears under a
+/// vanished name is another item whose counter starts again, so each mark,
+/// applied or taken at dispatch, becomes [`ABSENT_DEPENDENCY_MARK`] and the
+/// dependent is recreated once the name is back. Applied to `updates` (the
+/// values already staged win over `current`).
+pub fn forget_marks_on(current: &CurrentGraph, vanished: &[ItemRef], updates: &mut CurrentUpdates) {
+    let dependents: std::collections::BTreeSet<ItemRef> = vanished
+        .iter()
+        .flat_map(|required| current.dependents_of(required).cloned())
+        .collect();
+    for dependent in dependents {
+        let staged = updates.iter().rposition(|(key, _)| *key == dependent);
+        let mut entry = match staged {
+            Some(index) => match &updates[index].1 {
+                Some(entry) => entry.clone(),
+                None => continue,
+            },
+            None => match current.get(&dependent) {
+                Some(entry) => (**entry).clone(),
+                None => continue,
+            },
+        };
+        let mut changed = false;
+        for required in vanished {
+            if let Some(mark) = entry.dependency_marks.get_mut(required) {
+                changed |= *mark != ABSENT_DEPENDENCY_MARK;
+                *mark = ABSENT_DEPENDENCY_MARK;
+            }
+            if let Some(mark) = entry
+                .in_flight
+                .as_mut()
+                .and_then(|operation| operation.dispatch_marks.get_mut(required))
+            {
+                changed |= *mark != ABSENT_DEPENDENCY_MARK;
+                *mark = ABSENT_DEPENDENCY_MARK;
+            }
+        }
+        if changed {
+            match staged {
+                Some(index) => updates[index].1 = Some(entry),
+                None => updates.push((dependent, Some(entry))),
+            }
+        }
+    }
+}
+
 /// Rule 9 for items that are busy when external items vanish: each item
 /// that an `auto_deleted_by_external` dependency ties to a vanished item
 /// (through its applied value or the target of its running operation), and

@@ -12,7 +12,7 @@ use crate::engine::exec::effects::{Effects, Finished, OperationOutcome, TenantEv
 use crate::engine::exec::lost::{GiveUpReason, Redelivery, redelivery, waits_for_a_dependency};
 use crate::engine::exec::port::{AgentOutcome, ExternalChange, Grant, Registration, ToAgent};
 use crate::engine::transition::{
-    Completion, CurrentUpdates, completed, drifted_paths, mark_gone_with_externals,
+    Completion, CurrentUpdates, completed, drifted_paths, forget_marks_on, mark_gone_with_externals,
 };
 use crate::graph::{
     CurrentItem, InFlight, ItemRef, ItemState, OperationError, OperationKind, code,
@@ -569,7 +569,11 @@ impl Executor {
             .map(|(key, _)| key.clone())
             .collect();
         let mut updates: CurrentUpdates = latest.into_iter().collect();
-        updates.extend(mark_gone_with_externals(&self.model.current, vanished));
+        updates.extend(mark_gone_with_externals(
+            &self.model.current,
+            vanished.iter().cloned(),
+        ));
+        forget_marks_on(&self.model.current, &vanished, &mut updates);
         let mut touched: BTreeSet<ItemRef> = updates.iter().map(|(key, _)| key.clone()).collect();
         // What depends on a reported item is planned again too: an external
         // item's presence or value decides its dependents' fate (rule 9,
