@@ -127,7 +127,12 @@ async fn a_server_on_etcd_converges_a_tenant_and_keeps_it_across_restarts_and_si
 async fn a_ten_thousand_item_intent_is_one_atomic_commit_even_when_the_server_dies_in_it() {
     let etcd = EtcdCluster::single().await.expect("etcd starts");
     let prefix = prefix();
-    let mut tenant = TestTenant::start_with(on_etcd(&etcd, &prefix), "big").await;
+    // About 9 MiB in one request: over the tenant default of 4 MiB, which
+    // the operator raises for such intents (up to max_message_bytes).
+    let options = on_etcd(&etcd, &prefix)
+        .arg("--max-tenant-message-bytes")
+        .arg("16777216");
+    let mut tenant = TestTenant::start_with(options, "big").await;
     let payload = "x".repeat(900);
     let items: Vec<v1::Item> = (0..10_000)
         .map(|i| item_needing("t", &format!("n{i:05}"), json!({ "payload": payload }), &[]))

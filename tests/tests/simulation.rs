@@ -23,7 +23,7 @@ const WATCHDOG: Duration = Duration::from_secs(30);
 /// Seeds that still break an invariant (open defects, listed with their
 /// diagnosis in docs/testing.md, "Open"); the sweeps skip them. Replay one
 /// with `reconciled-sim --seed N`; once fixed, give it a test below.
-const KNOWN_BAD: &[u64] = &[];
+const KNOWN_BAD: &[u64] = &[768, 10082];
 
 fn passes(seed: u64) {
     passes_in(seed, STEPS);
@@ -360,4 +360,62 @@ fn seed_20191_a_due_retry_is_planned_whatever_the_last_pass_looked_at() {
 #[test]
 fn seed_20307_an_item_gone_with_its_external_item_stays_gone_when_its_delete_fails() {
     passes(20307);
+}
+
+/// Fixed in the engine: a READ that could not tell (it failed, waited or
+/// timed out) sent the lost Create again while a Modify of its dependency
+/// ran (seeds 189, 1063, 11073 took that path after READ resolution came).
+/// Such a re-delivery now waits for the dependency like the planner's
+/// Creates do.
+#[test]
+fn seeds_1063_11073_a_lost_create_resent_after_its_read_waits_for_a_running_modify() {
+    passes_in(1063, 500);
+    passes_in(11073, 500);
+}
+
+/// Fixed in the engine: a lost Modify that changed only an item's
+/// dependencies was taken as applied by the READ that resolved it (the
+/// properties it showed were the target's, and the item's before). The
+/// item had in fact kept a tie to an external item, went with it, and a
+/// dependent was created on nothing. Such a READ now cannot tell, and the
+/// Modify is asked again under its op id.
+#[test]
+fn seed_2979_a_read_that_cannot_tell_a_lost_modify_applied_asks_it_again() {
+    passes(2979);
+}
+
+/// Fixed in the engine: the dependents of a `recreate_when_modified`
+/// dependency that vanished and came back compared their marks with the
+/// new item's counter, which starts again; a pending recreate was lost
+/// (seed 11879), or none was asked for although the dependent was applied
+/// while the dependency was gone (seed 10629). Marks on a vanished item now
+/// equal no counter.
+#[test]
+fn seeds_10629_11879_a_vanished_rwm_dependency_forgets_the_marks_on_it() {
+    passes_in(10629, 500);
+    passes_in(11879, 500);
+}
+
+/// Fixed in the engine: an answered READ and the lost operation sent again
+/// after it counted one loss twice toward the poison limit, so an operation
+/// was given up on after three losses (seed 11925).
+#[test]
+fn seed_11925_one_loss_counts_once_toward_the_poison_limit() {
+    passes_in(11925, 500);
+}
+
+/// Fixed in the simulator: a journaled operation that no agent ever
+/// received (the store died before the order went out) was held to
+/// resume with its op id although nothing of it could be lost (seed 2341);
+/// READs count as deliveries of the lost operation they resolve, and a
+/// poison give-up lets the intent's operation replace it (seed 37); a READ
+/// is not blocked by an UNKNOWN dependency (it changes nothing, seed 2349);
+/// a timed-out operation counts as a fault in the operation counts (seeds
+/// 1916, 2669, 20191 with 300 steps: a dependency's timeouts delayed an
+/// item's Create past intent changes).
+#[test]
+fn seeds_37_1916_2341_2349_2669_the_simulators_checks_follow_design() {
+    for seed in [37, 1916, 2341, 2349, 2669] {
+        passes(seed);
+    }
 }

@@ -37,6 +37,11 @@ use crate::status::ApiError;
 use super::Cluster;
 use super::ownership::Route;
 
+/// How long a forwarded call may still answer once its tenant left the
+/// replica it was sent to (a DeleteTenant ends the tenant before its
+/// answer is on the way back).
+const MOVED_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The header that marks a forwarded call; its value names the replica
 /// that forwarded it.
 pub const FORWARDED_BY: &str = "x-reconciled-forwarded-by";
@@ -239,17 +244,26 @@ where
                         };
                         cluster.metrics().forwarded();
                         debug!(%tenant, %owner, "Forwarding a call to the tenant's owner.");
+                        let call = channel.oneshot(rebuild(parts.clone()));
+                        tokio::pin!(call);
                         let answered = tokio::select! {
-                            answered = channel.oneshot(rebuild(parts.clone())) => answered,
+                            biased;
+                            answered = &mut call => answered,
                             // An owner that stops answering (paused, cut off)
                             // loses the tenant; the call must not hang on it.
+                            // One whose call ended the tenant (DeleteTenant)
+                            // answers right after: it gets a moment.
                             () = cluster.moved_from(&tenant, &owner) => {
+                                if let Ok(answered) = tokio::time::timeout(MOVED_GRACE, &mut call).await {
+                                    answered
+                                } else {
                                 let status = tonic::Status::unavailable(format!(
                                     "the replica at {owner} stopped serving tenant {tenant:?} \
                                      before it answered; whether the call took effect is \
                                      unknown; retry (any replica forwards it to the new owner)"
                                 ));
                                 return Ok(status.into_http());
+                                }
                             }
                         };
                         match answered {

@@ -68,15 +68,22 @@ pub struct OpCounts {
     /// Operations per item.
     pub items: BTreeMap<ItemRef, ItemOps>,
     /// Faults that touched each item: answers other than a plain DONE to
-    /// its operations, and crashes, store deaths and ended or taken-over
-    /// sessions while it had an operation in flight.
+    /// its operations, operations that timed out, and crashes, store deaths
+    /// and ended or taken-over sessions while it had an operation in
+    /// flight.
     pub disturbed: BTreeMap<ItemRef, u32>,
+    /// Each operation's item and the time its latest attempt is due.
+    deadlines: BTreeMap<String, (ItemRef, u64)>,
 }
 
 impl OpCounts {
-    /// An agent received `order`.
-    pub fn on_order(&mut self, order: &OperationOrder) {
+    /// An agent received `order` at `now_ms`.
+    pub fn on_order(&mut self, order: &OperationOrder, now_ms: u64) {
         let item = order.item.item_ref();
+        self.deadlines.insert(
+            order.op_id.clone(),
+            (item.clone(), now_ms.saturating_add(order.timeout_ms)),
+        );
         if !self.seen.insert(order.op_id.clone()) {
             return;
         }
@@ -103,6 +110,17 @@ impl OpCounts {
         );
         if !plain {
             *self.disturbed.entry(item).or_default() += 1;
+        }
+    }
+
+    /// The server cancelled `op_id` at `now_ms`: past its deadline, the
+    /// operation timed out (its agent did not answer in time), a fault the
+    /// fault-free run need not meet; before it, it was superseded.
+    pub fn on_cancel(&mut self, op_id: &str, now_ms: u64) {
+        if let Some((item, due_ms)) = self.deadlines.get(op_id)
+            && now_ms >= *due_ms
+        {
+            *self.disturbed.entry(item.clone()).or_default() += 1;
         }
     }
 

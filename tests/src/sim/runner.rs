@@ -391,7 +391,7 @@ impl Sim {
         match message {
             ToAgent::Operation(order) => {
                 self.stats.operations += 1;
-                self.counts.on_order(&order);
+                self.counts.on_order(&order, now);
                 let epoch = self.agents.epoch(agent, session, &order.item.item_type);
                 let key = (order.op_id.clone(), order.attempt);
                 let holder = &self.agents.agents[agent];
@@ -438,6 +438,7 @@ impl Sim {
                     .receive_order(agent, session, order, self.sent_since_ms))
             }
             ToAgent::Cancel { op_id } => {
+                self.counts.on_cancel(&op_id, now);
                 self.trace.note(format!(
                     "{} <- cancel op {op_id}",
                     self.agents.agents[agent].plan.id
