@@ -600,6 +600,11 @@ impl Ledger {
             // order went out): no agent ran it, so nothing of it can be
             // lost; the server may plan what the intent needs instead.
             let undelivered = !self.ops.contains_key(&lost.op_id);
+            if undelivered && let Some((_, ending)) = self.last_by_item.get_mut(&item) {
+                // The server had moved on from the last operation the
+                // agents saw for the item: that one is not retried.
+                *ending = Ending::Finished;
+            }
             lost.may_be_replaced |= known || undelivered || self.vanished_ops.contains(&lost.op_id);
             self.lost.insert(item, lost);
         }
@@ -778,6 +783,14 @@ pub fn unconverged_reason(snapshot: &TenantSnapshot) -> Option<String> {
                     .as_ref()
                     .is_some_and(|applied| applied.same_content(&entry.item))
         });
+        if let Some(current) = snapshot.current.get(key)
+            && converged
+            && current.existence_uncertain
+        {
+            // It may not exist (its last operation raced its external
+            // item): a Create has yet to confirm it (DESIGN 4).
+            return Some(format!("{key} may not exist until it is created again"));
+        }
         if !converged {
             return Some(format!(
                 "{key} is {} and not at its intended value",
