@@ -430,3 +430,12 @@ fn seeds_768_10082_the_simulators_checks_follow_design() {
     passes(768);
     passes_in(10082, 500);
 }
+
+/// Fixed in the engine: a lost Modify was sent again on reconnection while
+/// a Delete of one of its dependents ran (a Modify waits for the operations
+/// of its dependents, DESIGN 3 rule 8; seed 12078). Its re-delivery now
+/// waits for them like its first dispatch did.
+#[test]
+fn seed_12078_a_lost_modify_resent_waits_for_its_dependents_operations() {
+    passes_in(12078, 500);
+}

@@ -66,14 +66,19 @@ pub struct DecodeLimitLayer {
 
 struct Shared {
     max_message_bytes: usize,
+    /// The setting that bounds `max_message_bytes`, named in refusals.
+    setting: &'static str,
     schema: Schema,
     /// Request message type of each method path (`/pkg.Service/Method`).
     inputs: HashMap<String, String>,
 }
 
 impl DecodeLimitLayer {
-    /// A layer limiting non-admin messages to `max_message_bytes`.
-    pub fn new(max_message_bytes: usize) -> Self {
+    /// A layer limiting non-admin messages to `max_message_bytes`, the
+    /// value of the server setting `setting` (`max_tenant_message_bytes`,
+    /// or `max_message_bytes` when that one is the lower bound: a refusal
+    /// names the setting an operator would raise).
+    pub fn new(max_message_bytes: usize, setting: &'static str) -> Self {
         let set = prost_types::FileDescriptorSet::decode(reconciled_proto::FILE_DESCRIPTOR_SET)
             .unwrap_or_default();
         let mut inputs = HashMap::new();
@@ -90,6 +95,7 @@ impl DecodeLimitLayer {
         Self {
             shared: Arc::new(Shared {
                 max_message_bytes,
+                setting,
                 schema: Schema::from_set(&set),
                 inputs,
             }),
@@ -183,7 +189,11 @@ impl FrameCheck {
             let compressed = header[0] != 0;
             let length = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
             if !self.admin && length > self.shared.max_message_bytes {
-                return Err(too_large(length, self.shared.max_message_bytes));
+                return Err(too_large(
+                    length,
+                    self.shared.max_message_bytes,
+                    self.shared.setting,
+                ));
             }
             let Some(message) = rest.get(FRAME_HEADER..FRAME_HEADER + length) else {
                 break;
@@ -250,12 +260,12 @@ fn not_protobuf(malformed: Malformed) -> tonic::Status {
     .into()
 }
 
-fn too_large(length: usize, limit: usize) -> tonic::Status {
+fn too_large(length: usize, limit: usize, setting: &str) -> tonic::Status {
     ApiError::QuotaExceeded {
-        subject: "max_tenant_message_bytes".into(),
+        subject: setting.into(),
         description: format!(
             "the request message is {length} bytes; tenant calls may send at most {limit} bytes \
-             (max_tenant_message_bytes; admin calls up to max_message_bytes); split it, e.g. into subgraphs"
+             ({setting}; admin calls up to max_message_bytes); split it, e.g. into subgraphs"
         ),
     }
     .into()

@@ -15,7 +15,7 @@ use reconciled_proto::v1;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info_span, warn};
+use tracing::{debug, info_span, instrument, warn};
 
 use crate::engine::exec::port::{ExternalChange, FromAgent, Grant, Registration, ToAgent};
 use crate::engine::exec::{
@@ -646,7 +646,9 @@ impl Owner {
 
     /// Carries out an executor's effects: what does not wait for the
     /// commit is sent, the commit is made durable, the executor is told,
-    /// and then what waited for it is sent, logged and published.
+    /// and then what waited for it is sent, logged and published. Traced
+    /// as the tenant's `pass` (the executor planned what it carries out).
+    #[instrument(name = "pass", skip_all, fields(tenant = %self.record.name))]
     async fn carry_out(&mut self, effects: Effects) -> Result<(), TenantError> {
         let started = std::time::Instant::now();
         let Effects {

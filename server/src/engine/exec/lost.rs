@@ -242,7 +242,8 @@ fn applied_or_not(
 /// dependency: one that `item` relies on (by its applied value or the lost
 /// operation's target) is UNKNOWN, or, for a lost Create or Modify, a
 /// dependency of its target is being modified or deleted (a Create or
-/// Modify waits for those, DESIGN 3). The owner tries again after every
+/// Modify waits for those, DESIGN 3), or, for a lost Modify, an operation
+/// runs on a dependent (rule 8). The owner tries again after every
 /// command ([`super::Executor::redeliver_deferred`]).
 pub fn waits_for_a_dependency(current: &CurrentGraph, item: &ItemRef, entry: &CurrentItem) -> bool {
     let operation = entry.in_flight.as_ref();
@@ -283,7 +284,22 @@ pub fn waits_for_a_dependency(current: &CurrentGraph, item: &ItemRef, entry: &Cu
                                 )
                         })
             });
-    unknown || changing
+    // A Modify also waits for the operations running on its dependents
+    // (DESIGN 3, rule 8).
+    let modifies = operation
+        .is_some_and(|operation| !operation.question && operation.kind == OperationKind::Modify);
+    let dependent_runs = modifies
+        && current.dependents_of(item).any(|dependent| {
+            // An UNKNOWN dependent's lost operation waits for this item
+            // (above): waiting for it in turn would wedge both.
+            dependent != item
+                && current
+                    .get(dependent)
+                    .filter(|entry| entry.state != ItemState::Unknown)
+                    .and_then(|entry| entry.in_flight.as_ref())
+                    .is_some_and(|running| !running.question && running.kind != OperationKind::Read)
+        });
+    unknown || changing || dependent_runs
 }
 
 /// For a lost Create or Modify (not a question): the dependencies of the
