@@ -52,10 +52,16 @@ fn sled_options(config: &Config) -> SledOptions {
     }
 }
 
+/// The store the server runs on and, on etcd, the etcd store itself (for
+/// the cluster's primitives).
+struct OpenedStore {
+    store: Arc<dyn Store>,
+    etcd: Option<Arc<EtcdStore>>,
+}
+
 /// Opens the store (applying pending migrations after a backup) and
-/// reports what ran; on etcd, also returns the etcd store itself (for the
-/// cluster's primitives).
-fn open_store(config: &Config) -> anyhow::Result<(Arc<dyn Store>, Option<Arc<EtcdStore>>)> {
+/// reports what ran.
+fn open_store(config: &Config) -> anyhow::Result<OpenedStore> {
     // Records over one stored value (a 64 KiB item's current record while
     // an operation runs holds two values) are kept as chunks.
     match config.store {
@@ -63,7 +69,10 @@ fn open_store(config: &Config) -> anyhow::Result<(Arc<dyn Store>, Option<Arc<Etc
             std::fs::create_dir_all(&config.data_dir)?;
             let (store, report) = open_and_migrate(&config.data_dir, sled_options(config), false)?;
             log_migrations(&report);
-            Ok((Arc::new(ChunkedValues::new(store)?), None))
+            Ok(OpenedStore {
+                store: Arc::new(ChunkedValues::new(store)?),
+                etcd: None,
+            })
         }
         StoreKind::Etcd => {
             let options = config.etcd.options(None);
@@ -71,7 +80,10 @@ fn open_store(config: &Config) -> anyhow::Result<(Arc<dyn Store>, Option<Arc<Etc
             let (store, report) = open_and_migrate_etcd(options, &config.data_dir, false)?;
             log_migrations(&report);
             let store = Arc::new(store);
-            Ok((Arc::new(ChunkedValues::new(store.clone())?), Some(store)))
+            Ok(OpenedStore {
+                store: Arc::new(ChunkedValues::new(store.clone())?),
+                etcd: Some(store),
+            })
         }
     }
 }
@@ -141,7 +153,7 @@ fn log_migrations(report: &MigrationReport) {
 /// Runs the server until SIGTERM or SIGINT.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let admin = Arc::new(AdminToken::load_or_generate(&config)?);
-    let (store, etcd) = open_store(&config)?;
+    let OpenedStore { store, etcd } = open_store(&config)?;
     let metrics = Arc::new(crate::metrics::Metrics::default());
     let retention = Retention {
         max_revisions: config.watch_history_revisions,
