@@ -150,10 +150,10 @@ impl Replicas {
     }
 
     /// The address of the replica serving tenant `name`, as replica `via`
-    /// reports it.
+    /// reports it; while the tenant is between owners (a hand-off answers
+    /// UNAVAILABLE with NOT_OWNER), until it has one again.
     pub async fn owner(&self, via: usize, name: &str) -> String {
-        let tenant = self.tenant(via, name).await.expect("GetTenant answers");
-        tenant.status.map(|status| status.owner).unwrap_or_default()
+        self.wait_for_owner(via, name, |_| true).await
     }
 
     /// Waits (up to the test [`DEADLINE`]) until replica `via` reports an
