@@ -43,7 +43,6 @@ pub struct ServerOptions {
     args: Vec<String>,
     env: Vec<(String, String)>,
     tls: Option<ClientTlsConfig>,
-    wait_for_serving: bool,
 }
 
 impl Default for ServerOptions {
@@ -54,7 +53,6 @@ impl Default for ServerOptions {
             args: Vec::new(),
             env: Vec::new(),
             tls: None,
-            wait_for_serving: true,
         }
     }
 }
@@ -85,13 +83,6 @@ impl ServerOptions {
     /// and [`ServerProcess::endpoint`] is `https://`.
     pub fn client_tls(mut self, tls: ClientTlsConfig) -> Self {
         self.tls = Some(tls);
-        self
-    }
-
-    /// Starting returns as soon as the health service answers, whatever
-    /// it says (for tests of readiness), instead of waiting for `SERVING`.
-    pub fn without_waiting_for_serving(mut self) -> Self {
-        self.wait_for_serving = false;
         self
     }
 
@@ -475,10 +466,7 @@ impl ServerProcess {
                         })
                         .await
                     {
-                        Ok(reply)
-                            if reply.get_ref().status() == ServingStatus::Serving
-                                || !self.options.wait_for_serving =>
-                        {
+                        Ok(reply) if reply.get_ref().status() == ServingStatus::Serving => {
                             return Ok(());
                         }
                         Ok(reply) => format!("health status {:?}", reply.get_ref().status()),

@@ -10,7 +10,6 @@
 pub mod configurators;
 pub mod context;
 pub mod externals;
-pub mod fleet_list;
 #[cfg(test)]
 mod fuzz;
 pub mod paging;

@@ -28,6 +28,7 @@ use crate::wire::{
 use super::context::{ApiContext, invalid};
 use super::externals::validate_external_reports;
 use super::paging::PageToken;
+use super::views::tenant_status;
 
 /// How long `Reconcile{wait}` waits when the request names no timeout,
 /// and the longest it waits.
@@ -72,10 +73,7 @@ impl Reconciler for ReconcilerService {
         let handle = self.context.tenant(caller, &request.tenant)?;
         check_tenant_request_items(&handle, request.items.len())?;
         let validated = validate_submit(request, &self.context.limits)?;
-        let outcome = handle
-            .submit(validated)
-            .await
-            .map_err(|error| self.context.owner_failed(&handle.name, error))?;
+        let outcome = handle.submit(validated).await.map_err(ApiError::from)?;
         let snapshot = handle.snapshots.latest();
         let mut plan = plan_to_proto_with_items(
             &outcome.plan,
@@ -127,7 +125,7 @@ impl Reconciler for ReconcilerService {
         handle
             .reconcile(request.refresh)
             .await
-            .map_err(|error| self.context.owner_failed(&handle.name, error))?;
+            .map_err(ApiError::from)?;
         let mut iterations = 1u32;
         let mut outcome = scope_outcome(&handle.snapshots.latest(), &subgraph);
         if request.wait {
@@ -161,7 +159,7 @@ impl Reconciler for ReconcilerService {
                 .collect(),
             operations_total,
             truncated,
-            status: Some(self.context.status_of(&snapshot)),
+            status: Some(tenant_status(&snapshot)),
         }))
     }
 
@@ -231,7 +229,7 @@ impl Reconciler for ReconcilerService {
         let handle = self.context.tenant(caller, &request.get_ref().tenant)?;
         let snapshot = handle.snapshots.latest();
         Ok(Response::new(v1::GetStatusResponse {
-            status: Some(self.context.status_of(&snapshot)),
+            status: Some(tenant_status(&snapshot)),
         }))
     }
 
@@ -285,7 +283,7 @@ impl Reconciler for ReconcilerService {
         let revision = handle
             .report_external(changes)
             .await
-            .map_err(|error| self.context.owner_failed(&handle.name, error))?;
+            .map_err(ApiError::from)?;
         Ok(Response::new(v1::ReportExternalResponse { revision }))
     }
 }

@@ -49,8 +49,6 @@ pub enum CloseReason {
     Deleted,
     /// The server is shutting down.
     ShuttingDown,
-    /// Another replica serves the tenant now (replicas on etcd).
-    Moved,
 }
 
 #[derive(Debug)]
