@@ -186,12 +186,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     };
     let slots = ConnectionSlots::new(global.max_connections);
     let limits = LimitsLayer::new(&global);
-    let bounding_setting = if config.max_tenant_message_bytes >= config.max_message_bytes {
-        "max_message_bytes"
-    } else {
-        "max_tenant_message_bytes"
-    };
-    let decode_limits = DecodeLimitLayer::new(config.max_tenant_message_bytes, bounding_setting);
+    let decode_limits =
+        DecodeLimitLayer::new(config.max_tenant_message_bytes, config.max_message_bytes);
     let tls = crate::tls::server_tls(&config)?;
     // The dashboard port shares the services, the token check, the limits
     // and the connection slots of the gRPC port.

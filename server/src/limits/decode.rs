@@ -74,11 +74,16 @@ struct Shared {
 }
 
 impl DecodeLimitLayer {
-    /// A layer limiting non-admin messages to `max_message_bytes`, the
-    /// value of the server setting `setting` (`max_tenant_message_bytes`,
-    /// or `max_message_bytes` when that one is the lower bound: a refusal
-    /// names the setting an operator would raise).
-    pub fn new(max_message_bytes: usize, setting: &'static str) -> Self {
+    /// A layer limiting non-admin messages to `max_tenant_message_bytes`.
+    /// A refusal names the setting an operator would raise: that one, or
+    /// `max_message_bytes` when it is the bound (the tenant limit cannot
+    /// exceed it).
+    pub fn new(max_tenant_message_bytes: usize, max_message_bytes: usize) -> Self {
+        let setting = if max_tenant_message_bytes >= max_message_bytes {
+            "max_message_bytes"
+        } else {
+            "max_tenant_message_bytes"
+        };
         let set = prost_types::FileDescriptorSet::decode(reconciled_proto::FILE_DESCRIPTOR_SET)
             .unwrap_or_default();
         let mut inputs = HashMap::new();
@@ -94,7 +99,7 @@ impl DecodeLimitLayer {
         }
         Self {
             shared: Arc::new(Shared {
-                max_message_bytes,
+                max_message_bytes: max_tenant_message_bytes,
                 setting,
                 schema: Schema::from_set(&set),
                 inputs,

@@ -248,58 +248,58 @@ fn applied_or_not(
 pub fn waits_for_a_dependency(current: &CurrentGraph, item: &ItemRef, entry: &CurrentItem) -> bool {
     let operation = entry.in_flight.as_ref();
     let target = operation.and_then(|operation| operation.target.as_deref());
+    let others = |value: &crate::graph::Item| -> Vec<ItemRef> {
+        value
+            .dependencies
+            .iter()
+            .map(|dependency| dependency.requires.clone())
+            .filter(|required| required != item)
+            .collect()
+    };
     let unknown = entry
         .applied
         .as_deref()
         .into_iter()
         .chain(target)
-        .flat_map(|value| value.dependencies.iter())
-        .any(|dependency| {
-            dependency.requires != *item
-                && current
-                    .get(&dependency.requires)
-                    .is_some_and(|required| required.state == ItemState::Unknown)
+        .flat_map(others)
+        .any(|required| {
+            current
+                .get(&required)
+                .is_some_and(|r| r.state == ItemState::Unknown)
         });
-    let applies = operation.is_some_and(|operation| {
-        !operation.question
-            && matches!(
-                operation.kind,
-                OperationKind::Create | OperationKind::Modify
-            )
+    let lost_kind = operation
+        .filter(|operation| !operation.question)
+        .map(|operation| operation.kind);
+    let changing = matches!(
+        lost_kind,
+        Some(OperationKind::Create | OperationKind::Modify)
+    ) && target.into_iter().flat_map(others).any(|required| {
+        matches!(
+            running_kind(current, &required),
+            Some(OperationKind::Modify | OperationKind::Delete)
+        )
     });
-    let changing = applies
-        && target
-            .into_iter()
-            .flat_map(|value| value.dependencies.iter())
-            .any(|dependency| {
-                dependency.requires != *item
-                    && current
-                        .get(&dependency.requires)
-                        .and_then(|required| required.in_flight.as_ref())
-                        .is_some_and(|running| {
-                            !running.question
-                                && matches!(
-                                    running.kind,
-                                    OperationKind::Modify | OperationKind::Delete
-                                )
-                        })
-            });
     // A Modify also waits for the operations running on its dependents
-    // (DESIGN 3, rule 8).
-    let modifies = operation
-        .is_some_and(|operation| !operation.question && operation.kind == OperationKind::Modify);
-    let dependent_runs = modifies
+    // (DESIGN 3, rule 8); not for an UNKNOWN dependent, whose lost
+    // operation waits for this item (above): both would wedge.
+    let dependent_runs = lost_kind == Some(OperationKind::Modify)
         && current.dependents_of(item).any(|dependent| {
-            // An UNKNOWN dependent's lost operation waits for this item
-            // (above): waiting for it in turn would wedge both.
             dependent != item
                 && current
                     .get(dependent)
-                    .filter(|entry| entry.state != ItemState::Unknown)
-                    .and_then(|entry| entry.in_flight.as_ref())
-                    .is_some_and(|running| !running.question && running.kind != OperationKind::Read)
+                    .is_some_and(|entry| entry.state != ItemState::Unknown)
+                && running_kind(current, dependent).is_some_and(|kind| kind != OperationKind::Read)
         });
     unknown || changing || dependent_runs
+}
+
+/// The kind of the operation (not a question) running on `item`.
+fn running_kind(current: &CurrentGraph, item: &ItemRef) -> Option<OperationKind> {
+    current
+        .get(item)
+        .and_then(|entry| entry.in_flight.as_ref())
+        .filter(|running| !running.question)
+        .map(|running| running.kind)
 }
 
 /// For a lost Create or Modify (not a question): the dependencies of the
