@@ -186,6 +186,9 @@ settings! {
     max_reconcile_calls_per_tenant: u64,
         env = "RECONCILED_MAX_RECONCILE_CALLS_PER_TENANT", default = "8", value_name = "N",
         help = "Most Reconcile calls (waits included) one tenant, or the admin, runs at once; they take no unary slot";
+    max_tenant_bytes_per_second: u64,
+        env = "RECONCILED_MAX_TENANT_BYTES_PER_SECOND", default = "1048576", value_name = "BYTES",
+        help = "Request bytes one tenant may send per second in unary calls (bursts of four seconds' worth; a call is admitted while the tenant's budget is not in debt); 0 = no limit";
     max_requests_per_second: u64,
         env = "RECONCILED_MAX_REQUESTS_PER_SECOND", default = "0", value_name = "N",
         help = "Calls accepted per second, all clients together (bursts up to one second's worth); 0 = no limit";
@@ -494,6 +497,9 @@ pub struct Config {
     /// Reconcile calls one tenant (or the admin) runs at once; they take no
     /// unary slot, so long waits cannot starve other tenants' calls.
     pub max_reconcile_calls_per_tenant: usize,
+    /// Request bytes one tenant may send per second in unary calls;
+    /// `None`: no limit.
+    pub max_tenant_bytes_per_second: Option<u64>,
     /// Calls accepted per second, all clients together; `None`: no limit.
     pub max_requests_per_second: Option<u64>,
     /// Longest a unary call may run.
@@ -563,6 +569,7 @@ impl Default for Config {
             max_connections: 10_000,
             max_concurrent_requests: 1_024,
             max_reconcile_calls_per_tenant: 8,
+            max_tenant_bytes_per_second: Some(MIB),
             max_requests_per_second: None,
             request_timeout: Duration::from_secs(900),
             max_agents_per_tenant: 1_000,
@@ -894,6 +901,7 @@ impl Config {
             max_connections: Some(self.max_connections as u64),
             max_concurrent_requests: Some(self.max_concurrent_requests as u64),
             max_reconcile_calls_per_tenant: Some(self.max_reconcile_calls_per_tenant as u64),
+            max_tenant_bytes_per_second: Some(self.max_tenant_bytes_per_second.unwrap_or(0)),
             max_requests_per_second: Some(self.max_requests_per_second.unwrap_or(0)),
             request_timeout_secs: Some(self.request_timeout.as_secs()),
             max_agents_per_tenant: Some(self.max_agents_per_tenant as u64),
@@ -1153,6 +1161,10 @@ fn resolve(
             layer.max_reconcile_calls_per_tenant,
             defaults.max_reconcile_calls_per_tenant,
         )?,
+        max_tenant_bytes_per_second: layer
+            .max_tenant_bytes_per_second
+            .or(defaults.max_tenant_bytes_per_second)
+            .filter(|rate| *rate > 0),
         max_requests_per_second: layer.max_requests_per_second.filter(|rate| *rate > 0),
         request_timeout: seconds(
             "request_timeout_secs",

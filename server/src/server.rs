@@ -91,7 +91,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         max_age_ms: u64::try_from(config.watch_history_age.as_millis()).unwrap_or(u64::MAX),
     };
     let fleet = FleetLog::load(store.clone(), retention, config.watch_ring_events)?;
+    let workers = crate::tenant::FairWorkers::new(crate::tenant::FairWorkers::default_seats());
     let settings = OwnerSettings {
+        workers: workers.clone(),
         configurator_grace: config.configurator_grace,
         resync_interval: config.resync_interval,
         cancel_timeout: config.cancel_timeout,
@@ -128,6 +130,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
 
     let authentication = AuthLayer::new(admin.clone(), directory.clone(), config.reflection);
     let context = ApiContext {
+        workers,
         directory: directory.clone(),
         admin,
         limits: ValidationLimits {
@@ -187,7 +190,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let slots = ConnectionSlots::new(global.max_connections);
     let limits = LimitsLayer::new(&global);
     let decode_limits =
-        DecodeLimitLayer::new(config.max_tenant_message_bytes, config.max_message_bytes);
+        DecodeLimitLayer::new(config.max_tenant_message_bytes, config.max_message_bytes)
+            .with_tenant_bytes_per_second(config.max_tenant_bytes_per_second);
     let tls = crate::tls::server_tls(&config)?;
     // The dashboard port shares the services, the token check, the limits
     // and the connection slots of the gRPC port.

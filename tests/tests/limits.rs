@@ -118,6 +118,118 @@ async fn calls_over_the_request_rate_are_refused_with_a_retry_delay_then_served(
     served_again(&channel, &admin).await;
 }
 
+/// Submits `items` to `tenant` in subgraph `subgraph`.
+async fn submit_to(
+    channel: &tonic::transport::Channel,
+    token: &str,
+    tenant: &str,
+    subgraph: &str,
+    items: Vec<v1::Item>,
+) -> Result<v1::SubmitIntentResponse, Status> {
+    let items = items
+        .into_iter()
+        .map(|mut item| {
+            item.subgraph = subgraph.into();
+            item
+        })
+        .collect();
+    api::reconciler(channel, token)
+        .submit_intent(v1::SubmitIntentRequest {
+            subgraph: subgraph.into(),
+            ..api::submit(tenant, items)
+        })
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+#[tokio::test]
+async fn a_tenant_over_its_byte_budget_waits_its_debt_out_while_others_are_served() {
+    // 25 kB per second: four seconds' worth (100 kB) saved up.
+    let server = server_with(&["--max-tenant-bytes-per-second", "25000"]).await;
+    let channel = server.channel().await.expect("connects");
+    let admin = server.admin_token();
+    let flooder = api::create_tenant(&channel, &admin, "flooder").await;
+    let bystander = api::create_tenant(&channel, &admin, "bystander").await;
+    // 300 kB: more than the burst, still accepted once (the budget is not
+    // in debt), and the tenant is 200 kB in debt afterwards (8 s to repay).
+    let big: Vec<v1::Item> = (0..30)
+        .map(|index| {
+            item(
+                "blob",
+                &format!("b{index:02}"),
+                json!({ "data": "x".repeat(10_000) }),
+            )
+        })
+        .collect();
+    submit_to(&channel, &flooder, "flooder", "big", big)
+        .await
+        .expect("a message larger than the burst is accepted once");
+
+    // A request over the always-admitted 4 KiB is refused while in debt.
+    let late = || vec![item("svc", "late", json!({ "pad": "y".repeat(5_000) }))];
+    let refused = submit_to(&channel, &flooder, "flooder", "small", late())
+        .await
+        .expect_err("the tenant is in debt");
+    let refused_at = std::time::Instant::now();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("max_tenant_bytes_per_second"),
+        "{refused:?}"
+    );
+    let delay = retry_delay(&refused).expect("RetryInfo says when the debt is repaid");
+    assert!(
+        delay > Duration::from_secs(2) && delay <= Duration::from_millis(8_100),
+        "up to 200 kB of debt at 25 kB/s: {delay:?}"
+    );
+    // The refused request changed nothing; a small read is still served.
+    let graph = api::reconciler(&channel, &flooder)
+        .get_graph(v1::GetGraphRequest {
+            tenant: "flooder".into(),
+            view: v1::GraphView::Intended.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("graph")
+        .into_inner();
+    assert_eq!(
+        graph.intended.len(),
+        30,
+        "only the accepted intent is stored"
+    );
+
+    // Another tenant's budget is its own.
+    submit_to(
+        &channel,
+        &bystander,
+        "bystander",
+        "small",
+        vec![item("svc", "a", json!({}))],
+    )
+    .await
+    .expect("the bystander is served at once");
+
+    // After the delay RetryInfo named, the flooder is served again.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        match submit_to(&channel, &flooder, "flooder", "small", late()).await {
+            Ok(_) => break,
+            Err(status)
+                if status.code() == Code::ResourceExhausted
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(retry_delay(&status).unwrap_or(Duration::from_millis(100)))
+                    .await;
+            }
+            Err(status) => panic!("the flooder is not served again: {status:?}"),
+        }
+    }
+    assert!(
+        refused_at.elapsed() >= delay.mul_f64(0.9),
+        "served again only once the debt was repaid ({:?} after the refusal, delay {delay:?})",
+        refused_at.elapsed()
+    );
+}
+
 /// A Reconcile{wait} of `tenant` with a 60 s wait, retried while it is
 /// refused (the budget's place may be taken by a short Reconcile of the
 /// test for a moment).

@@ -43,7 +43,14 @@ pub struct ApiContext {
     /// server's `max_message_bytes`, so that GetGraph pages and plans are
     /// cut to fit instead of failing with `OUT_OF_RANGE`.
     pub reply_bytes: usize,
+    /// The seats of heavy work, shared fairly by tenants with their
+    /// owners: large requests are validated and large pages built on one.
+    pub workers: Arc<crate::tenant::FairWorkers>,
 }
+
+/// A request or reply of more items than this is validated or built on a
+/// seat of the [`ApiContext::workers`].
+pub const LARGE_REQUEST_ITEMS: usize = 1_000;
 
 /// What a unary reply keeps free below `max_message_bytes`, for the
 /// fields outside the part that is cut to fit.

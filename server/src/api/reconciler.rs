@@ -18,14 +18,14 @@ use crate::graph::validate::{ValidationLimits, validate_items};
 use crate::graph::{ItemRef, subgraph_contains};
 use crate::status::ApiError;
 use crate::tenant::oplog::LogEntry;
-use crate::tenant::{TenantHandle, TenantSnapshot, ValidatedSubmit};
+use crate::tenant::{TenantHandle, TenantSnapshot, ValidatedSubmit, fairly};
 use crate::wire::{
     duration_to_ms, intended_item_to_proto, item_from_proto_at, item_ref_to_proto, item_status,
     operation_error_to_status, operation_kind_to_proto, plan_to_proto_with_items,
     timestamp_from_ms, type_spec_to_proto,
 };
 
-use super::context::{ApiContext, invalid};
+use super::context::{ApiContext, LARGE_REQUEST_ITEMS, invalid};
 use super::externals::validate_external_reports;
 use super::paging::PageToken;
 use super::views::tenant_status;
@@ -72,7 +72,12 @@ impl Reconciler for ReconcilerService {
         let request = request.into_inner();
         let handle = self.context.tenant(caller, &request.tenant)?;
         check_tenant_request_items(&handle, request.items.len())?;
-        let validated = validate_submit(request, &self.context.limits)?;
+        let large = request.items.len() > LARGE_REQUEST_ITEMS;
+        let limits = &self.context.limits;
+        let validated = fairly(&self.context.workers, handle.id, large, || {
+            validate_submit(request, limits)
+        })
+        .await?;
         let outcome = handle.submit(validated).await.map_err(ApiError::from)?;
         let snapshot = handle.snapshots.latest();
         let mut plan = plan_to_proto_with_items(
@@ -208,16 +213,16 @@ impl Reconciler for ReconcilerService {
             0 => DEFAULT_PAGE_SIZE,
             size => (size as usize).min(MAX_PAGE_SIZE),
         };
-        Ok(Response::new(graph_page(
-            &snapshot,
-            view,
-            &subgraph,
-            after,
-            PageBudget {
-                items: page_size,
-                bytes: self.context.reply_bytes,
-            },
-        )))
+        let budget = PageBudget {
+            items: page_size,
+            bytes: self.context.reply_bytes,
+        };
+        let large = page_size > LARGE_REQUEST_ITEMS;
+        let page = fairly(&self.context.workers, handle.id, large, || {
+            graph_page(&snapshot, view, &subgraph, after, budget)
+        })
+        .await;
+        Ok(Response::new(page))
     }
 
     #[instrument(skip_all, fields(tenant = %request.get_ref().tenant))]
@@ -273,13 +278,18 @@ impl Reconciler for ReconcilerService {
         let caller = self.context.caller(request.metadata())?;
         let request = request.into_inner();
         let handle = self.context.tenant(caller, &request.tenant)?;
-        let changes = validate_external_reports(
-            request.reports,
-            "reports",
-            &handle,
-            &self.context.limits,
-            self.context.default_max_items,
-        )?;
+        let large = request.reports.len() > LARGE_REQUEST_ITEMS;
+        let (limits, default_max_items) = (&self.context.limits, self.context.default_max_items);
+        let changes = fairly(&self.context.workers, handle.id, large, || {
+            validate_external_reports(
+                request.reports,
+                "reports",
+                &handle,
+                limits,
+                default_max_items,
+            )
+        })
+        .await?;
         let revision = handle
             .report_external(changes)
             .await

@@ -25,7 +25,7 @@
 //! than prost's 100 levels): tonic would answer those `INTERNAL`; they are
 //! refused `INVALID_ARGUMENT` with the field path instead.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -38,8 +38,10 @@ use tonic::codegen::BoxFuture;
 use tonic::codegen::http::{Request, Response};
 use tower::{Layer, Service, ServiceExt as _};
 
+use super::tenant_bytes::TenantBytes;
 use crate::auth::Caller;
 use crate::status::ApiError;
+use crate::tenant::off_async_workers;
 
 /// A message may decode into at most this many bytes per byte of its
 /// length ...
@@ -48,6 +50,9 @@ pub const DECODED_BYTES_PER_BYTE: usize = 16;
 /// ... or this many bytes, whichever is more (small messages of many small
 /// values stay acceptable).
 pub const DECODED_BYTES_FLOOR: usize = 64 * 1024 * 1024;
+
+/// Messages longer than this are walked off the async workers.
+const LARGE_WALK_BYTES: usize = 256 * 1024;
 
 /// Deepest message nesting accepted: a little under prost's own recursion
 /// limit (100), so that nothing prost would refuse for depth gets to it.
@@ -71,6 +76,10 @@ struct Shared {
     schema: Schema,
     /// Request message type of each method path (`/pkg.Service/Method`).
     inputs: HashMap<String, String>,
+    /// Paths of unary methods (the calls a tenant's byte budget covers).
+    unary: HashSet<String>,
+    /// Each tenant's budget of request bytes in unary calls, if limited.
+    tenant_bytes: Option<TenantBytes>,
 }
 
 impl DecodeLimitLayer {
@@ -87,13 +96,15 @@ impl DecodeLimitLayer {
         let set = prost_types::FileDescriptorSet::decode(reconciled_proto::FILE_DESCRIPTOR_SET)
             .unwrap_or_default();
         let mut inputs = HashMap::new();
+        let mut unary = HashSet::new();
         for file in &set.file {
             for service in &file.service {
                 for method in &service.method {
-                    inputs.insert(
-                        format!("/{}.{}/{}", file.package(), service.name(), method.name()),
-                        method.input_type().trim_start_matches('.').to_owned(),
-                    );
+                    let path = format!("/{}.{}/{}", file.package(), service.name(), method.name());
+                    if !method.client_streaming() && !method.server_streaming() {
+                        unary.insert(path.clone());
+                    }
+                    inputs.insert(path, method.input_type().trim_start_matches('.').to_owned());
                 }
             }
         }
@@ -103,8 +114,19 @@ impl DecodeLimitLayer {
                 setting,
                 schema: Schema::from_set(&set),
                 inputs,
+                unary,
+                tenant_bytes: None,
             }),
         }
+    }
+
+    /// Also holds each tenant's unary request bytes to `rate` per second
+    /// (see [`TenantBytes`]); `None`: no such limit.
+    pub fn with_tenant_bytes_per_second(mut self, rate: Option<u64>) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.tenant_bytes = rate.map(TenantBytes::new);
+        }
+        self
     }
 }
 
@@ -148,6 +170,15 @@ where
         if admin && message_type.is_none() {
             return Box::pin(inner.oneshot(request));
         }
+        let budget = match request.extensions().get::<Caller>() {
+            Some(Caller::Tenant { tenant_id })
+                if self.shared.tenant_bytes.is_some()
+                    && self.shared.unary.contains(request.uri().path()) =>
+            {
+                Some(*tenant_id)
+            }
+            _ => None,
+        };
         let shared = self.shared.clone();
         let request = request.map(|body| {
             Body::new(FrameCheck {
@@ -155,6 +186,7 @@ where
                 shared,
                 message_type,
                 admin,
+                budget,
                 buffered: Vec::new(),
                 failed: false,
             })
@@ -172,6 +204,8 @@ struct FrameCheck {
     /// The admin's call: only the well-formedness check applies (the
     /// services hold it to `max_message_bytes`).
     admin: bool,
+    /// The tenant whose byte budget the message is charged to, until it is.
+    budget: Option<u64>,
     /// Bytes of frames not complete yet.
     buffered: Vec<u8>,
     /// A frame was refused: the body ends.
@@ -200,6 +234,11 @@ impl FrameCheck {
                     self.shared.setting,
                 ));
             }
+            if let (Some(tenant), Some(budget)) = (self.budget.take(), &self.shared.tenant_bytes) {
+                budget
+                    .charge(tenant, FRAME_HEADER + length)
+                    .map_err(|wait| over_budget(budget.rate(), wait))?;
+            }
             let Some(message) = rest.get(FRAME_HEADER..FRAME_HEADER + length) else {
                 break;
             };
@@ -209,11 +248,15 @@ impl FrameCheck {
                 // allowance: refusing a dense message costs a fraction of
                 // walking it all.
                 let limit = if self.admin { usize::MAX } else { allowed };
-                let estimate = self
-                    .shared
-                    .schema
-                    .decoded_bytes(message_type, message, limit)
-                    .map_err(not_protobuf)?;
+                let schema = &self.shared.schema;
+                let walk = || schema.decoded_bytes(message_type, message, limit);
+                // A long walk leaves the async workers to everyone's calls.
+                let estimate = if length > LARGE_WALK_BYTES {
+                    off_async_workers(walk)
+                } else {
+                    walk()
+                }
+                .map_err(not_protobuf)?;
                 if !self.admin && estimate > allowed {
                     return Err(too_dense(length, estimate, allowed));
                 }
@@ -272,6 +315,17 @@ fn too_large(length: usize, limit: usize, setting: &str) -> tonic::Status {
             "the request message is {length} bytes; tenant calls may send at most {limit} bytes \
              ({setting}; admin calls up to max_message_bytes); split it, e.g. into subgraphs"
         ),
+    }
+    .into()
+}
+
+fn over_budget(rate: u64, wait: std::time::Duration) -> tonic::Status {
+    ApiError::Overloaded {
+        message: format!(
+            "this tenant has sent more request bytes than its budget of {rate} bytes per second \
+             (max_tenant_bytes_per_second); retry after the delay in RetryInfo, or send less"
+        ),
+        retry_after: wait,
     }
     .into()
 }

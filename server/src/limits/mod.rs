@@ -14,6 +14,7 @@ mod connections;
 mod decode;
 mod per_caller;
 mod rate;
+mod tenant_bytes;
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -38,6 +39,7 @@ pub use decode::{
 };
 use per_caller::PerCaller;
 use rate::RateLimiter;
+pub use tenant_bytes::TenantBytes;
 
 use crate::auth::Caller;
 use crate::status::ApiError;

@@ -1,12 +1,14 @@
 //! The group-commit writer: one thread that makes every commit durable.
 //!
-//! It takes every request waiting in its channel (up to `max_commit_items`
-//! writes; a single larger batch is applied whole on its own), applies them
-//! with one `apply_batch`, flushes, fsyncs the log file and then answers all
+//! It takes the requests waiting in its channel (up to `max_commit_items`
+//! writes; a single larger batch is applied whole on its own; small commits
+//! ahead of large ones, see [`next_work`]), applies them with one
+//! `apply_batch`, flushes, fsyncs the log file and then answers all
 //! waiters. While it flushes, new requests queue up and form the next group,
 //! so one fsync serves many commits. Being the only writer, it also takes
 //! consistent backups between two groups.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -132,6 +134,118 @@ impl Drop for Writer {
     }
 }
 
+/// A request waiting in the writer, with how many groups were formed
+/// without it.
+struct Queued {
+    request: Request,
+    passed_over: u32,
+}
+
+impl From<Request> for Queued {
+    fn from(request: Request) -> Self {
+        Self {
+            request,
+            passed_over: 0,
+        }
+    }
+}
+
+/// What the writer does next.
+enum Work {
+    Backup { path: PathBuf, reply: Reply },
+    Group(Vec<(WriteBatch, Reply)>),
+}
+
+/// A commit of at most this share of `max_commit_items` is small: it joins
+/// the next group ahead of larger commits that arrived before it.
+const SMALL_SHARE: usize = 10;
+
+/// Groups a large commit may be passed over before it goes first.
+const MAX_PASSED_OVER: u32 = 2;
+
+/// Takes the next work off `pending` (not empty). A backup runs when every
+/// commit queued before it is done. A group holds the small commits
+/// waiting (in order, up to `max_items` writes), so that a tenant's small
+/// commit waits for at most one group of other tenants' large ones; a
+/// large commit joins when no small one waits, or first once it has been
+/// passed over [`MAX_PASSED_OVER`] times, so it cannot starve. A large
+/// commit over `max_items` forms a group of its own.
+fn next_work(pending: &mut VecDeque<Queued>, max_items: usize) -> Work {
+    let sizes: Vec<Option<usize>> = pending
+        .iter()
+        .map(|queued| match &queued.request {
+            Request::Commit { batch, .. } => Some(batch.len()),
+            Request::Backup { .. } => None,
+        })
+        .collect();
+    let front_due = pending
+        .front()
+        .is_some_and(|front| front.passed_over >= MAX_PASSED_OVER);
+    let chosen = pick_group(&sizes, front_due, max_items);
+    if chosen.is_empty() {
+        match pending.pop_front().map(|queued| queued.request) {
+            Some(Request::Backup { path, reply }) => return Work::Backup { path, reply },
+            Some(Request::Commit { batch, reply }) => return Work::Group(vec![(batch, reply)]),
+            None => return Work::Group(Vec::new()),
+        }
+    }
+    if chosen[0] != 0
+        && let Some(front) = pending.front_mut()
+    {
+        front.passed_over += 1;
+    }
+    let mut group = Vec::with_capacity(chosen.len());
+    for index in chosen.into_iter().rev() {
+        if let Some(Queued {
+            request: Request::Commit { batch, reply },
+            ..
+        }) = pending.remove(index)
+        {
+            group.push((batch, reply));
+        }
+    }
+    group.reverse();
+    Work::Group(group)
+}
+
+/// The indices (ascending) of the commits of the next group, given the
+/// sizes of what is pending (`None`: a backup, which nothing after it may
+/// pass). Empty when the front is a backup.
+fn pick_group(sizes: &[Option<usize>], front_due: bool, max_items: usize) -> Vec<usize> {
+    let eligible = sizes.iter().take_while(|size| size.is_some()).count();
+    if eligible == 0 {
+        return Vec::new();
+    }
+    let small = (max_items / SMALL_SHARE).max(1);
+    let size = |index: usize| sizes[index].unwrap_or(0);
+    let mut chosen = Vec::new();
+    let mut items = 0;
+    if front_due {
+        chosen.push(0);
+        items = size(0);
+    }
+    for index in 0..eligible {
+        if !chosen.contains(&index) && size(index) <= small && items + size(index) <= max_items {
+            chosen.push(index);
+            items += size(index);
+        }
+    }
+    if chosen.is_empty() {
+        // No small commit waits: large ones in order, as many as fit (the
+        // first whole, whatever its size).
+        for index in 0..eligible {
+            if chosen.is_empty() || items + size(index) <= max_items {
+                chosen.push(index);
+                items += size(index);
+            } else {
+                break;
+            }
+        }
+    }
+    chosen.sort_unstable();
+    chosen
+}
+
 struct WriterThread {
     db: sled::Db,
     log_file: File,
@@ -142,34 +256,21 @@ struct WriterThread {
 
 impl WriterThread {
     fn run(self, requests: Receiver<Request>) {
-        let mut carried: Option<Request> = None;
+        let mut pending: VecDeque<Queued> = VecDeque::new();
         loop {
-            let first = match carried.take() {
-                Some(request) => request,
-                None => match requests.recv() {
-                    Ok(request) => request,
+            if pending.is_empty() {
+                match requests.recv() {
+                    Ok(request) => pending.push_back(Queued::from(request)),
                     Err(_) => return,
-                },
-            };
-            match first {
-                Request::Backup { path, reply } => reply.send(self.backup(path)),
-                Request::Commit { batch, reply } => {
-                    let mut items = batch.len();
-                    let mut group = vec![(batch, reply)];
-                    while let Ok(next) = requests.try_recv() {
-                        match next {
-                            Request::Commit { batch, reply }
-                                if items + batch.len() <= self.max_commit_items =>
-                            {
-                                items += batch.len();
-                                group.push((batch, reply));
-                            }
-                            other => {
-                                carried = Some(other);
-                                break;
-                            }
-                        }
-                    }
+                }
+            }
+            while let Ok(request) = requests.try_recv() {
+                pending.push_back(Queued::from(request));
+            }
+            match next_work(&mut pending, self.max_commit_items) {
+                Work::Backup { path, reply } => reply.send(self.backup(path)),
+                Work::Group(group) => {
+                    let items = group.iter().map(|(batch, _)| batch.len()).sum();
                     self.commit_group(group, items);
                 }
             }
@@ -243,4 +344,34 @@ fn stop_process(operation: &str, message: &str) -> ! {
         "The store could not make a commit durable; stopping the process to recover from disk on restart."
     );
     std::process::abort()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick_group;
+
+    #[test]
+    fn small_commits_go_ahead_of_large_ones() {
+        let sizes = [Some(5_000), Some(3), Some(8_000), Some(10)];
+        assert_eq!(pick_group(&sizes, false, 10_000), vec![1, 3]);
+    }
+
+    #[test]
+    fn a_large_commit_goes_when_no_small_one_waits_or_once_it_is_due() {
+        let sizes = [Some(5_000), Some(4_000), Some(3_000)];
+        assert_eq!(pick_group(&sizes, false, 10_000), vec![0, 1]);
+        let sizes = [Some(5_000), Some(3), Some(6_000)];
+        assert_eq!(pick_group(&sizes, true, 10_000), vec![0, 1]);
+        assert_eq!(pick_group(&[Some(25_000), Some(3)], true, 10_000), vec![0]);
+        assert_eq!(pick_group(&[Some(25_000)], false, 10_000), vec![0]);
+    }
+
+    #[test]
+    fn nothing_passes_a_backup() {
+        assert!(pick_group(&[None, Some(3)], false, 10_000).is_empty());
+        assert_eq!(
+            pick_group(&[Some(5_000), None, Some(3)], false, 10_000),
+            vec![0]
+        );
+    }
 }

@@ -30,6 +30,7 @@ use crate::watch::history::{self, Retention};
 
 use super::clock::{Clock, SystemClock, system_now_ms};
 use super::error::TenantError;
+use super::fair::{FairWorkers, fairly};
 use super::oplog::OperationLog;
 use super::persist;
 use super::record::TenantRecord;
@@ -64,6 +65,9 @@ pub struct OwnerSettings {
     /// resync jitter); `None`: a random seed. A simulation sets it so that
     /// one seed replays a run exactly.
     pub rng_seed: Option<u64>,
+    /// The seats of heavy work that every tenant's large passes share
+    /// fairly.
+    pub workers: Arc<FairWorkers>,
 }
 
 impl Default for OwnerSettings {
@@ -79,6 +83,7 @@ impl Default for OwnerSettings {
             fleet: None,
             clock: Arc::new(SystemClock),
             rng_seed: None,
+            workers: FairWorkers::new(FairWorkers::default_seats()),
         }
     }
 }
@@ -113,9 +118,10 @@ pub struct SubmitOutcome {
 /// Results taken into one pass (and one commit) at most.
 const MAX_RESULTS_PER_PASS: usize = 256;
 
-/// Tenants with more items than this plan on a thread the runtime may
-/// leave (`block_in_place`), so that a big tenant's full passes do not
-/// hold up small tenants on the same worker.
+/// Tenants with more items than this plan on a seat of the shared
+/// [`FairWorkers`], on a thread the runtime may leave (`block_in_place`),
+/// so that big tenants' full passes neither hold up small tenants on the
+/// same worker nor, together, take every core.
 const LARGE_TENANT_ITEMS: usize = 2_000;
 
 type Reply<T> = oneshot::Sender<Result<T, TenantError>>;
@@ -389,7 +395,7 @@ impl Owner {
                         () = stop.cancelled() => break,
                         () = timer => {
                             let now = self.now();
-                            let effects = self.large(|executor| executor.on_timer(now));
+                            let effects = self.large(|executor| executor.on_timer(now)).await;
                             if let Err(error) = self.carry_out(effects).await {
                                 warn!(tenant = %self.record.name, %error, "Timer pass failed; retrying in a second.");
                             }
@@ -458,7 +464,10 @@ impl Owner {
         match command {
             Command::Submit(request, reply) => {
                 let size = request.items.len();
-                let answer = match self.large_for(size, |executor| executor.submit(request, now)) {
+                let answer = match self
+                    .large_for(size, |executor| executor.submit(request, now))
+                    .await
+                {
                     Ok((effects, submitted)) => {
                         self.carry_out(effects).await.map(|()| SubmitOutcome {
                             generation: submitted.generation,
@@ -475,7 +484,9 @@ impl Owner {
                 let _ = reply.send(answer);
             }
             Command::ReportExternal(changes, reply) => {
-                let effects = self.large(|executor| executor.report_external(changes, now));
+                let effects = self
+                    .large(|executor| executor.report_external(changes, now))
+                    .await;
                 let answer = self.carry_out(effects).await.map(|()| self.record.revision);
                 let _ = reply.send(answer);
             }
@@ -483,12 +494,17 @@ impl Owner {
                 let _ = reply.send(self.set_token_hash(token_hash).await);
             }
             Command::Reconcile(refresh, reply) => {
-                let (effects, plan) = self.large(|executor| executor.reconcile(refresh, now));
+                let (effects, plan) = self
+                    .large(|executor| executor.reconcile(refresh, now))
+                    .await;
                 let _ = reply.send(self.carry_out(effects).await.map(|()| plan));
             }
             Command::Register(registration, sender, reply) => {
                 let session_id = registration.session_id;
-                let answer = match self.large(|executor| executor.register(registration, now)) {
+                let answer = match self
+                    .large(|executor| executor.register(registration, now))
+                    .await
+                {
                     Err(held) => Err(held.into()),
                     Ok((effects, grants)) => {
                         self.links.insert(session_id, sender);
@@ -555,7 +571,9 @@ impl Owner {
                 Ok(())
             }
             FromAgent::External(changes) => {
-                let effects = self.large(|executor| executor.report_external(changes, now));
+                let effects = self
+                    .large(|executor| executor.report_external(changes, now))
+                    .await;
                 self.carry_out(effects).await
             }
         }
@@ -584,25 +602,29 @@ impl Owner {
         }
     }
 
-    /// Runs `work` on the executor, on a thread the runtime may leave when
-    /// the tenant is large (a long pass must not hold up other tenants'
-    /// tasks on this worker).
-    fn large<T>(&mut self, work: impl FnOnce(&mut Executor) -> T) -> T {
-        self.large_for(0, work)
+    /// Runs `work` on the executor; when the tenant is large, on a seat of
+    /// the shared [`FairWorkers`] and on a thread the runtime may leave (a
+    /// long pass must not hold up other tenants' tasks on this worker).
+    async fn large<T: Send>(&mut self, work: impl FnOnce(&mut Executor) -> T + Send) -> T {
+        self.large_for(0, work).await
     }
 
     /// [`Self::large`] for an input that brings `incoming` items.
-    fn large_for<T>(&mut self, incoming: usize, work: impl FnOnce(&mut Executor) -> T) -> T {
+    async fn large_for<T: Send>(
+        &mut self,
+        incoming: usize,
+        work: impl FnOnce(&mut Executor) -> T + Send,
+    ) -> T {
         let model = self.executor.model();
         let size = model.intended.len().max(model.current.len()) + incoming;
-        let multi_thread = tokio::runtime::Handle::try_current().is_ok_and(|handle| {
-            handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
-        });
-        if size > LARGE_TENANT_ITEMS && multi_thread {
-            tokio::task::block_in_place(|| work(&mut self.executor))
-        } else {
-            work(&mut self.executor)
-        }
+        let executor = &mut self.executor;
+        fairly(
+            &self.settings.workers,
+            self.record.id,
+            size > LARGE_TENANT_ITEMS,
+            || work(executor),
+        )
+        .await
     }
 
     /// Carries out an executor's effects: what does not wait for the

@@ -1,0 +1,360 @@
+//! The bounded worker pool that tenants share fairly (DESIGN section 5:
+//! "a tenant with 100k items cannot starve one with 3").
+//!
+//! Heavy work (a large tenant's pass, the validation of a large request)
+//! runs only while it holds one of a few *seats*, at most one per spare
+//! core, so that however many tenants are busy, the async workers that
+//! answer everyone's small calls keep their cores. When every seat is
+//! taken, the next one goes to the waiting tenant that used the least seat
+//! time recently (its use decays by half every [`HALF_LIFE`]), and within a
+//! tenant in arrival order: a tenant that floods the server with large work
+//! waits behind one that asks for little, instead of the other way round.
+//!
+//! Small work never takes a seat: a tenant of 3 items is served at once.
+//!
+//! Seated work runs on a thread of lower scheduling priority
+//! ([`run_below_async_workers`]): when the cores are short, the operating
+//! system gives them first to the threads that answer calls, so a flood
+//! of large work slows down large work, not every tenant's small calls.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+/// Priority of the threads of seated work on the portable 0..=99 scale
+/// (about nice 10 on Linux: a tenth of a normal thread's share of a busy
+/// core, and all of an idle one).
+const HEAVY_PRIORITY: u8 = 23;
+
+/// Runs `work` on a thread of lower scheduling priority and waits for it
+/// (blocking the caller: call it from `block_in_place` or a blocking
+/// thread). A panic in `work` is resumed here.
+pub fn run_below_async_workers<T: Send>(work: impl FnOnce() -> T + Send) -> T {
+    let mut pending = Some(work);
+    let joined = std::thread::scope(|scope| {
+        let task = &mut pending;
+        std::thread::Builder::new()
+            .name("tenant-heavy".to_owned())
+            .spawn_scoped(scope, move || {
+                lower_priority();
+                task.take().map(|work| work())
+            })
+            .ok()
+            .map(|thread| thread.join())
+    });
+    match joined {
+        Some(Ok(Some(value))) => value,
+        Some(Err(panic)) => std::panic::resume_unwind(panic),
+        // No thread could be started (the closure never ran): the work is
+        // done on this thread.
+        _ => pending
+            .take()
+            .map(|work| work())
+            .expect("a thread that did not start left its work behind"),
+    }
+}
+
+/// Runs `work` on a thread below the async workers
+/// ([`run_below_async_workers`]) while this task's worker is handed over to
+/// the runtime (`block_in_place`); in a single-threaded runtime (tests),
+/// simply here.
+pub fn off_async_workers<T: Send>(work: impl FnOnce() -> T + Send) -> T {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi_thread {
+        tokio::task::block_in_place(|| run_below_async_workers(work))
+    } else {
+        work()
+    }
+}
+
+/// Runs `tenant`'s `work` fairly: when it is `large`, on a seat of
+/// `workers` and off the async workers ([`off_async_workers`]); small work
+/// runs here at once.
+pub async fn fairly<T: Send>(
+    workers: &Arc<FairWorkers>,
+    tenant: u64,
+    large: bool,
+    work: impl FnOnce() -> T + Send,
+) -> T {
+    if large {
+        let _seat = workers.seat(tenant).await;
+        off_async_workers(work)
+    } else {
+        work()
+    }
+}
+
+/// Lowers the calling thread's scheduling priority; a failure (a platform
+/// without niceness) leaves it as it was, which is only less fair.
+fn lower_priority() {
+    if let Ok(priority) = HEAVY_PRIORITY.try_into() {
+        let _ = thread_priority::set_current_thread_priority(
+            thread_priority::ThreadPriority::Crossplatform(priority),
+        );
+    }
+}
+
+/// How fast a tenant's recent use of seats is forgotten.
+pub const HALF_LIFE: Duration = Duration::from_secs(1);
+
+/// The seats of heavy work and who waits for them.
+#[derive(Debug)]
+pub struct FairWorkers {
+    seats: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    free: usize,
+    /// Each tenant's decayed seat time (seconds), and when it was decayed.
+    used: HashMap<u64, (f64, Instant)>,
+    waiting: Vec<Waiter>,
+    arrivals: u64,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    tenant: u64,
+    arrival: u64,
+    grant: oneshot::Sender<Seat>,
+}
+
+/// One seat of heavy work, charged to its tenant when dropped.
+#[derive(Debug)]
+pub struct Seat {
+    workers: Arc<FairWorkers>,
+    tenant: u64,
+    since: Instant,
+    /// False for a seat that was never handed out (a grant whose waiter had
+    /// gone): dropping it frees nothing.
+    held: bool,
+}
+
+impl FairWorkers {
+    /// A pool of `seats` seats (at least one).
+    pub fn new(seats: usize) -> Arc<Self> {
+        let seats = seats.max(1);
+        Arc::new(Self {
+            seats,
+            state: Mutex::new(State {
+                free: seats,
+                used: HashMap::new(),
+                waiting: Vec::new(),
+                arrivals: 0,
+            }),
+        })
+    }
+
+    /// The default size: every core but one for the async workers, at
+    /// least one.
+    pub fn default_seats() -> usize {
+        std::thread::available_parallelism()
+            .map_or(1, |cores| cores.get().saturating_sub(1))
+            .max(1)
+    }
+
+    /// How many seats there are.
+    pub fn seats(&self) -> usize {
+        self.seats
+    }
+
+    /// Waits for a seat for `tenant`'s heavy work.
+    pub async fn seat(self: &Arc<Self>, tenant: u64) -> Seat {
+        let receiver = {
+            let mut state = self.lock();
+            if state.free > 0 && state.waiting.is_empty() {
+                state.free -= 1;
+                return self.handed_to(tenant);
+            }
+            let (grant, receiver) = oneshot::channel();
+            state.arrivals += 1;
+            let arrival = state.arrivals;
+            state.waiting.push(Waiter {
+                tenant,
+                arrival,
+                grant,
+            });
+            receiver
+        };
+        match receiver.await {
+            Ok(seat) => seat,
+            // The pool never drops a waiter without granting it a seat;
+            // should that change, waiting again is still correct.
+            Err(_) => Box::pin(self.seat(tenant)).await,
+        }
+    }
+
+    /// Seat time `tenant` used recently (seconds, decayed), for tests and
+    /// metrics.
+    pub fn recent_use(&self, tenant: u64) -> f64 {
+        let mut state = self.lock();
+        state.decayed(tenant, Instant::now())
+    }
+
+    fn handed_to(self: &Arc<Self>, tenant: u64) -> Seat {
+        Seat {
+            workers: self.clone(),
+            tenant,
+            since: Instant::now(),
+            held: true,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // No update panics halfway, so a poisoned lock is still consistent.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Charges a returned seat and hands it to the next waiter, or frees it.
+    fn release(self: &Arc<Self>, tenant: u64, held_for: Duration) {
+        let mut state = self.lock();
+        let now = Instant::now();
+        let used = state.decayed(tenant, now) + held_for.as_secs_f64();
+        state.used.insert(tenant, (used, now));
+        loop {
+            let Some(next) = state.next_waiter(now) else {
+                state.free += 1;
+                state.forget_idle(now);
+                return;
+            };
+            let seat = self.handed_to(next.tenant);
+            match next.grant.send(seat) {
+                Ok(()) => return,
+                // The waiter gave up: the seat goes to the next one.
+                Err(mut unclaimed) => unclaimed.held = false,
+            }
+        }
+    }
+}
+
+impl State {
+    /// `tenant`'s use decayed to `now`.
+    fn decayed(&mut self, tenant: u64, now: Instant) -> f64 {
+        let Some((used, at)) = self.used.get_mut(&tenant) else {
+            return 0.0;
+        };
+        let halvings = now.duration_since(*at).as_secs_f64() / HALF_LIFE.as_secs_f64();
+        *used *= 0.5_f64.powf(halvings);
+        *at = now;
+        *used
+    }
+
+    /// Removes the waiter whose tenant used least (earliest arrival first
+    /// among equals).
+    fn next_waiter(&mut self, now: Instant) -> Option<Waiter> {
+        let mut best: Option<(usize, f64, u64)> = None;
+        for index in 0..self.waiting.len() {
+            let (tenant, arrival) = (self.waiting[index].tenant, self.waiting[index].arrival);
+            let used = self.decayed(tenant, now);
+            let better = best.is_none_or(|(_, best_used, best_arrival)| {
+                used < best_used || (used == best_used && arrival < best_arrival)
+            });
+            if better {
+                best = Some((index, used, arrival));
+            }
+        }
+        best.map(|(index, _, _)| self.waiting.swap_remove(index))
+    }
+
+    /// Drops the use of tenants that have all but forgotten it, so the map
+    /// holds only recently busy tenants.
+    fn forget_idle(&mut self, now: Instant) {
+        if self.used.len() < 1024 {
+            return;
+        }
+        let tenants: Vec<u64> = self.used.keys().copied().collect();
+        for tenant in tenants {
+            if self.decayed(tenant, now) < 1e-6 {
+                self.used.remove(&tenant);
+            }
+        }
+    }
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        if self.held {
+            self.held = false;
+            self.workers.release(self.tenant, self.since.elapsed());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_free_seat_is_taken_at_once_and_comes_back() {
+        let workers = FairWorkers::new(1);
+        let seat = workers.seat(1).await;
+        drop(seat);
+        let _again = workers.seat(2).await;
+    }
+
+    #[tokio::test]
+    async fn the_tenant_that_used_less_gets_the_next_seat() {
+        let workers = FairWorkers::new(1);
+        // Tenant 1 has used the seat for a while.
+        {
+            let mut seat = workers.seat(1).await;
+            seat.since -= Duration::from_millis(500);
+        }
+        let holder = workers.seat(1).await;
+        let flooder = tokio::spawn({
+            let workers = workers.clone();
+            async move { workers.seat(1).await }
+        });
+        tokio::task::yield_now().await;
+        while workers.lock().waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let bystander = tokio::spawn({
+            let workers = workers.clone();
+            async move { workers.seat(2).await }
+        });
+        while workers.lock().waiting.len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        drop(holder);
+        let seat = bystander.await.expect("bystander task");
+        assert_eq!(seat.tenant, 2, "the tenant that used less goes first");
+        assert!(!flooder.is_finished(), "the flooder waits for its turn");
+        drop(seat);
+        assert_eq!(flooder.await.expect("flooder task").tenant, 1);
+    }
+
+    #[tokio::test]
+    async fn a_waiter_that_gives_up_does_not_keep_the_seat() {
+        let workers = FairWorkers::new(1);
+        let holder = workers.seat(1).await;
+        let gone = tokio::spawn({
+            let workers = workers.clone();
+            async move { workers.seat(2).await }
+        });
+        while workers.lock().waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        gone.abort();
+        let _ = gone.await;
+        drop(holder);
+        let _seat = workers.seat(3).await;
+        assert_eq!(workers.lock().free, 0);
+    }
+
+    #[test]
+    fn use_decays_by_half_every_half_life() {
+        let workers = FairWorkers::new(1);
+        let now = Instant::now();
+        let mut state = workers.lock();
+        state.used.insert(7, (1.0, now - HALF_LIFE));
+        let used = state.decayed(7, now);
+        assert!((used - 0.5).abs() < 1e-9, "{used}");
+    }
+}
