@@ -78,7 +78,9 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 const OWN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Opens `config`, retrying while its file lock on `db_file` is held: up
-/// to [`LOCK_WAIT`], or [`OWN_LOCK_WAIT`] while this process holds it.
+/// to [`LOCK_WAIT`] when another process holds it, or [`OWN_LOCK_WAIT`]
+/// otherwise (this process holds it, or it was released between the
+/// attempt and the look at `/proc/locks`).
 fn open_waiting_for_lock(config: &sled::Config, db_file: &Path) -> sled::Result<sled::Db> {
     let started = std::time::Instant::now();
     loop {
@@ -87,7 +89,7 @@ fn open_waiting_for_lock(config: &sled::Config, db_file: &Path) -> sled::Result<
                 if error.kind() == std::io::ErrorKind::WouldBlock
                     && (started.elapsed() < LOCK_WAIT
                         || (started.elapsed() < OWN_LOCK_WAIT
-                            && locked_by_this_process(db_file))) =>
+                            && !locked_by_another_process(db_file))) =>
             {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
@@ -96,9 +98,9 @@ fn open_waiting_for_lock(config: &sled::Config, db_file: &Path) -> sled::Result<
     }
 }
 
-/// Whether a lock on `file` is held by this process, from `/proc/locks`
-/// (`false` where that cannot be read).
-fn locked_by_this_process(file: &Path) -> bool {
+/// Whether `/proc/locks` shows a lock on `file` held by a process other
+/// than this one (`false` where that cannot be read).
+fn locked_by_another_process(file: &Path) -> bool {
     use std::os::unix::fs::MetadataExt as _;
     let Ok(metadata) = fs::metadata(file) else {
         return false;
@@ -112,7 +114,7 @@ fn locked_by_this_process(file: &Path) -> bool {
     locks.lines().any(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
         fields.len() >= 6
-            && fields[4] == pid
+            && fields[4] != pid
             && fields[5].rsplit(':').next() == Some(inode.as_str())
     })
 }
@@ -210,14 +212,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_open_store_s_lock_is_seen_as_this_process_s() {
+    fn an_open_store_s_lock_is_not_taken_for_another_process_s() {
         let root = tempfile::tempdir().expect("tempdir");
         let opened = open_db(root.path(), 1 << 20, true).expect("opens");
         let db_file = sled_dir(root.path()).join("db");
-        assert!(locked_by_this_process(&db_file));
-        let other = root.path().join("other");
-        fs::write(&other, b"x").expect("write");
-        assert!(!locked_by_this_process(&other));
+        let locks = fs::read_to_string("/proc/locks").expect("/proc/locks");
+        let pid = std::process::id().to_string();
+        assert!(
+            locks
+                .lines()
+                .any(|line| line.split_whitespace().nth(4) == Some(pid.as_str())),
+            "this process holds a lock: {locks}"
+        );
+        assert!(!locked_by_another_process(&db_file));
         drop(opened);
     }
 
