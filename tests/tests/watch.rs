@@ -398,9 +398,12 @@ async fn an_idle_filtered_watch_gets_bookmarks_at_the_tenant_revision() {
 
 #[tokio::test]
 async fn a_watcher_too_slow_for_its_buffer_is_ended_without_a_gap() {
+    // 16 MB of reports in a few seconds: over the tenant's default byte
+    // budget, which is not what this test is about.
     let options = ServerOptions::default()
         .arg("--watch-ring-events")
-        .arg("20");
+        .arg("20")
+        .arg("--max-tenant-bytes-per-second=0");
     let tenant = TestTenant::start_with(options, "acme").await;
     let mut watcher = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 0))
         .await
