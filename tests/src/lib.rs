@@ -43,6 +43,7 @@ pub mod etcd;
 mod grpcurl;
 mod pip;
 mod python;
+pub mod raw;
 mod server;
 pub mod sim;
 pub mod watch;

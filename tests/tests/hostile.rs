@@ -9,6 +9,7 @@ use reconciled_tests::agents::{DEADLINE, TestTenant, external_put};
 use reconciled_tests::api::{self, Bearer, item, violated_fields};
 use reconciled_tests::proto::v1;
 use reconciled_tests::proto::v1::configurators_client::ConfiguratorsClient;
+use reconciled_tests::raw;
 use reconciled_tests::{ServerOptions, ServerProcess};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -490,86 +491,17 @@ async fn reflection_needs_a_token_by_default_and_can_be_public_or_off() {
     );
 }
 
-/// A codec that sends and receives raw message bytes, to put on the wire
-/// what no well-behaved client would build in memory.
-#[derive(Clone, Copy, Default)]
-struct RawCodec;
-
-struct RawBytes;
-
-impl tonic::codec::Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawBytes;
-    type Decoder = RawBytes;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        RawBytes
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        RawBytes
-    }
-}
-
-impl tonic::codec::Encoder for RawBytes {
-    type Item = Vec<u8>;
-    type Error = Status;
-
-    fn encode(
-        &mut self,
-        item: Vec<u8>,
-        dst: &mut tonic::codec::EncodeBuf<'_>,
-    ) -> Result<(), Status> {
-        use prost::bytes::BufMut as _;
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl tonic::codec::Decoder for RawBytes {
-    type Item = Vec<u8>;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
-        use prost::bytes::Buf as _;
-        let bytes = src.copy_to_bytes(src.remaining());
-        Ok(Some(bytes.to_vec()))
-    }
-}
-
-/// A SubmitIntentRequest of tenant `acme` with `items` empty items, encoded
-/// by hand: two bytes per item, each decoding into a whole `Item`.
+/// A SubmitIntentRequest of tenant `acme` with `items` empty items.
 fn empty_items_request(items: usize) -> Vec<u8> {
-    let mut message = vec![0x0a, 0x04];
-    message.extend_from_slice(b"acme");
-    message.reserve(items * 2);
-    for _ in 0..items {
-        message.extend_from_slice(&[0x1a, 0x00]);
-    }
-    message
+    raw::empty_items_request("acme", items)
 }
 
-/// Sends `message` raw to `path` with `token` (none if empty).
+/// Sends `message` raw to `path` with `token` (none if empty); the
+/// refusal.
 async fn raw_call(channel: &Channel, path: &'static str, token: &str, message: Vec<u8>) -> Status {
-    let mut grpc = tonic::client::Grpc::new(channel.clone())
-        .max_encoding_message_size(64 * 1024 * 1024)
-        .max_decoding_message_size(64 * 1024 * 1024);
-    grpc.ready().await.expect("the channel is ready");
-    let mut request = tonic::Request::new(message);
-    if !token.is_empty() {
-        request.metadata_mut().insert(
-            "authorization",
-            format!("Bearer {token}").parse().expect("ascii token"),
-        );
-    }
-    grpc.unary::<Vec<u8>, Vec<u8>, RawCodec>(
-        request,
-        tonic::codegen::http::uri::PathAndQuery::from_static(path),
-        RawCodec,
-    )
-    .await
-    .expect_err("the call is refused")
+    raw::raw_unary(channel, path, token, message)
+        .await
+        .expect_err("the call is refused")
 }
 
 /// How much more peak memory the server may take for six anonymous 16 MB

@@ -38,6 +38,7 @@ use prost::Message as _;
 use reconciled_tests::api::{self, Bearer};
 use reconciled_tests::proto::v1;
 use reconciled_tests::proto::v1::configurators_client::ConfiguratorsClient;
+use reconciled_tests::raw;
 use reconciled_tests::{ServerOptions, ServerProcess};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -790,68 +791,9 @@ async fn read_for(
 
 /// Sends `message` raw to SubmitIntent; the refusal, if any.
 async fn raw_submit(channel: &Channel, token: &str, message: Vec<u8>) -> Option<Status> {
-    let mut grpc = tonic::client::Grpc::new(channel.clone());
-    grpc.ready().await.ok()?;
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("authorization", format!("Bearer {token}").parse().ok()?);
-    grpc.unary::<Vec<u8>, Vec<u8>, RawCodec>(
-        request,
-        tonic::codegen::http::uri::PathAndQuery::from_static(
-            "/reconciled.v1.Reconciler/SubmitIntent",
-        ),
-        RawCodec,
-    )
-    .await
-    .err()
-}
-
-/// A codec that sends and receives message bytes as they are.
-#[derive(Clone, Copy, Debug, Default)]
-struct RawCodec;
-
-struct RawBytes;
-
-impl tonic::codec::Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawBytes;
-    type Decoder = RawBytes;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        RawBytes
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        RawBytes
-    }
-}
-
-impl tonic::codec::Encoder for RawBytes {
-    type Item = Vec<u8>;
-    type Error = Status;
-
-    fn encode(
-        &mut self,
-        item: Vec<u8>,
-        dst: &mut tonic::codec::EncodeBuf<'_>,
-    ) -> Result<(), Status> {
-        use prost::bytes::BufMut as _;
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl tonic::codec::Decoder for RawBytes {
-    type Item = Vec<u8>;
-    type Error = Status;
-
-    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, Status> {
-        use prost::bytes::Buf as _;
-        let bytes = src.copy_to_bytes(src.remaining());
-        Ok(Some(bytes.to_vec()))
-    }
+    raw::raw_unary(channel, raw::SUBMIT_INTENT, token, message)
+        .await
+        .err()
 }
 
 // ---- the bystander ----

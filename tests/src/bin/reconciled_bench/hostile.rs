@@ -32,10 +32,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
 use clap::Args;
-use prost::Message as _;
 use reconciled_tests::api::{self, Bearer};
 use reconciled_tests::proto::v1;
 use reconciled_tests::proto::v1::configurators_client::ConfiguratorsClient;
+use reconciled_tests::raw;
 use reconciled_tests::{ServerOptions, ServerProcess};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -480,89 +480,12 @@ fn expensive_intent(tenant: &str) -> v1::SubmitIntentRequest {
 
 /// A SubmitIntentRequest of `items` empty items, two bytes each.
 fn dense_request(tenant: &str, items: usize) -> Vec<u8> {
-    let mut message = v1::SubmitIntentRequest {
-        tenant: tenant.into(),
-        ..Default::default()
-    }
-    .encode_to_vec();
-    message.reserve(items * 2);
-    for _ in 0..items {
-        message.extend_from_slice(&[0x1a, 0x00]);
-    }
-    message
+    raw::empty_items_request(tenant, items)
 }
 
 /// Sends `message` raw to SubmitIntent (with `token`, if any).
 async fn raw_submit(channel: &Channel, token: &str, message: Vec<u8>) -> Result<(), tonic::Status> {
-    let mut grpc = tonic::client::Grpc::new(channel.clone())
-        .max_encoding_message_size(64 * 1024 * 1024)
-        .max_decoding_message_size(64 * 1024 * 1024);
-    grpc.ready()
+    raw::raw_unary(channel, raw::SUBMIT_INTENT, token, message)
         .await
-        .map_err(|error| tonic::Status::unavailable(error.to_string()))?;
-    let mut request = tonic::Request::new(message);
-    if !token.is_empty()
-        && let Ok(value) = format!("Bearer {token}").parse()
-    {
-        request.metadata_mut().insert("authorization", value);
-    }
-    grpc.unary::<Vec<u8>, Vec<u8>, RawCodec>(
-        request,
-        tonic::codegen::http::uri::PathAndQuery::from_static(
-            "/reconciled.v1.Reconciler/SubmitIntent",
-        ),
-        RawCodec,
-    )
-    .await
-    .map(|_| ())
-}
-
-/// A codec that sends message bytes as they are.
-#[derive(Clone, Copy, Debug, Default)]
-struct RawCodec;
-
-struct RawBytes;
-
-impl tonic::codec::Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawBytes;
-    type Decoder = RawBytes;
-
-    fn encoder(&mut self) -> Self::Encoder {
-        RawBytes
-    }
-
-    fn decoder(&mut self) -> Self::Decoder {
-        RawBytes
-    }
-}
-
-impl tonic::codec::Encoder for RawBytes {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-
-    fn encode(
-        &mut self,
-        item: Vec<u8>,
-        dst: &mut tonic::codec::EncodeBuf<'_>,
-    ) -> Result<(), tonic::Status> {
-        use prost::bytes::BufMut as _;
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl tonic::codec::Decoder for RawBytes {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-
-    fn decode(
-        &mut self,
-        src: &mut tonic::codec::DecodeBuf<'_>,
-    ) -> Result<Option<Vec<u8>>, tonic::Status> {
-        use prost::bytes::Buf as _;
-        let bytes = src.copy_to_bytes(src.remaining());
-        Ok(Some(bytes.to_vec()))
-    }
+        .map(|_| ())
 }
