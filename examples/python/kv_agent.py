@@ -24,7 +24,7 @@ import time
 
 import grpc
 from google.protobuf import json_format, struct_pb2
-from google.rpc import status_pb2
+from google.rpc import error_details_pb2, status_pb2
 from reconciled.v1 import configurators_pb2 as pb
 from reconciled.v1 import configurators_pb2_grpc, model_pb2
 
@@ -58,10 +58,10 @@ class Agent:
         while (message := outbox.get()) is not None:
             yield message
 
-    def session(self):
-        """One Connect stream, until it ends."""
+    def session(self, addr):
+        """One Connect stream to addr (host:port), until it ends."""
         self.outbox = outbox = queue.Queue()
-        channel = grpc.insecure_channel(self.args.addr)
+        channel = grpc.insecure_channel(addr)
         stub = configurators_pb2_grpc.ConfiguratorsStub(channel)
         metadata = [("authorization", f"Bearer {self.args.token}")]
         try:
@@ -169,9 +169,26 @@ class Agent:
             self.finish(request, model_pb2.OUTCOME_FAILED, UNAVAILABLE, f"{path}: {error}")
 
 
+def not_owner(error):
+    """With replicas on etcd, a replica that does not serve the tenant refuses
+    Connect with UNAVAILABLE and ErrorInfo NOT_OWNER naming the owner's
+    address: that address ("" while no replica serves it), else None."""
+    if error.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    for key, value in error.trailing_metadata() or ():
+        if key != "grpc-status-details-bin":
+            continue
+        for detail in status_pb2.Status.FromString(value).details:
+            info = error_details_pb2.ErrorInfo()
+            if detail.Unpack(info) and info.reason == "NOT_OWNER":
+                return info.metadata.get("owner", "")
+    return None
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--addr", default="127.0.0.1:50051", help="host:port of the server")
+    parser.add_argument("--addr", default="127.0.0.1:50051",
+                        help="host:port of the server; several, comma-separated, for replicas")
     parser.add_argument("--tenant", required=True)
     parser.add_argument("--token", default=os.environ.get("RECONCILED_TOKEN"))
     parser.add_argument("--agent-id", default="pykv-1")
@@ -179,14 +196,23 @@ def main():
     args = parser.parse_args()
     os.makedirs(args.root, exist_ok=True)
     agent, backoff = Agent(args), 0.1
+    addrs, turn, redirect = args.addr.split(","), 0, None
     while True:
+        addr, redirect = redirect or addrs[turn % len(addrs)], None
         try:
-            agent.session()
+            agent.session(addr)
             backoff = 0.1
         except grpc.RpcError as error:
             if error.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT,
                                 grpc.StatusCode.NOT_FOUND):
                 sys.exit(f"refused: {error.code().name}: {error.details()}")
+            owner = not_owner(error)
+            if owner:  # another replica serves the tenant: go there at once
+                print(f"redirected to {owner}", flush=True)
+                redirect = owner
+                continue
+            if owner is None:  # this address failed: try the next one
+                turn += 1
             print(f"disconnected: {error.code().name}: {error.details()}", flush=True)
         time.sleep(backoff)  # reconnect with exponential backoff
         backoff = min(backoff * 2, 5)

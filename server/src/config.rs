@@ -255,6 +255,12 @@ settings! {
     advertise_addr: String,
         env = "RECONCILED_ADVERTISE_ADDR", default = "the --listen address", value_name = "HOST:PORT",
         help = "Address other replicas and clients reach this replica at";
+    replica_id: String,
+        env = "RECONCILED_REPLICA_ID", default = "the advertise address", value_name = "ID",
+        help = "Name of this replica in the cluster (with --store etcd); keep it stable across restarts";
+    cluster_lease_secs: u64,
+        env = "RECONCILED_CLUSTER_LEASE_SECS", default = "5", value_name = "SECS",
+        help = "TTL of the etcd lease a replica holds its tenants under (with --store etcd); renewed every third of it";
     etcd_ca: PathBuf,
         env = "RECONCILED_ETCD_CA", default = "off", value_name = "PEM_FILE",
         help = "CA certificates (PEM) that etcd's server certificate must chain to (https:// endpoints)";
@@ -545,6 +551,10 @@ pub struct Config {
     /// Address other replicas and clients reach this one at; `None`: the
     /// listen address.
     pub advertise_addr: Option<String>,
+    /// This replica's name in the cluster; `None`: the advertise address.
+    pub replica_id: Option<String>,
+    /// TTL of the replica's etcd lease.
+    pub cluster_lease: Duration,
 }
 
 impl Default for Config {
@@ -591,6 +601,8 @@ impl Default for Config {
             store: StoreKind::Sled,
             etcd: EtcdSettings::default(),
             advertise_addr: None,
+            replica_id: None,
+            cluster_lease: crate::cluster::DEFAULT_LEASE_TTL,
         }
     }
 }
@@ -926,6 +938,8 @@ impl Config {
             etcd_endpoints: Some(self.etcd.endpoints.join(",")),
             etcd_prefix: Some(self.etcd.prefix.clone()),
             advertise_addr: self.advertise_addr.clone(),
+            replica_id: self.replica_id.clone(),
+            cluster_lease_secs: Some(self.cluster_lease.as_secs()),
             etcd_ca: self.etcd.ca.clone(),
             etcd_cert: self.etcd.cert.clone(),
             etcd_key: self.etcd.key.clone(),
@@ -955,6 +969,14 @@ fn read_file_layer(path: &Path) -> Result<Layer, ConfigError> {
         path: path.to_path_buf(),
         message: error.to_string().trim_end().to_owned(),
     })
+}
+
+/// Whether `id` may name a replica (it is part of an etcd key).
+fn valid_replica_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':'))
 }
 
 /// Applies defaults, converts units and checks ranges and consistency.
@@ -1120,10 +1142,38 @@ fn resolve(
         ));
     }
 
+    let replica_id = match &layer.replica_id {
+        Some(id) if !valid_replica_id(id) => {
+            return Err(invalid(
+                "replica_id",
+                format!(
+                    "{id:?} is not a replica id; use 1 to 128 letters, digits and `.-_:` (a \
+                     host name, a pod name, HOST:PORT)"
+                ),
+            ));
+        }
+        id => id.clone(),
+    };
+    let cluster_lease = match layer.cluster_lease_secs {
+        None => defaults.cluster_lease,
+        Some(secs) if secs < 2 => {
+            return Err(invalid(
+                "cluster_lease_secs",
+                format!(
+                    "{secs}s is shorter than etcd grants (its minimum lease TTL is about 2 s with \
+                     its default election timeout); use 2 or more"
+                ),
+            ));
+        }
+        Some(secs) => Duration::from_secs(secs),
+    };
+
     Ok(Config {
         store,
         etcd,
         advertise_addr,
+        replica_id,
+        cluster_lease,
         config_file,
         listen: layer.listen.unwrap_or(defaults.listen),
         data_dir,

@@ -10,11 +10,14 @@
 //!   ([`status::ApiError`]), below [`api`], [`auth`] and [`limits`].
 //! - [`ui`]: the web dashboard (embedded pages, served with the gRPC-Web
 //!   endpoint of the same services on `--ui-listen`).
+//! - [`cluster`]: replicas on etcd: membership, tenant ownership,
+//!   fencing, forwarding (`--store etcd`).
 #![forbid(unsafe_code)]
 
 pub mod api;
 pub mod auth;
 pub mod bootstrap;
+pub mod cluster;
 pub mod config;
 pub mod engine;
 pub mod graph;

@@ -77,9 +77,12 @@ const QUEUE_WAIT_BUCKETS: [f64; 8] = [0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5
 type KindLabel = [(&'static str, &'static str); 1];
 type KindOutcomeLabels = [(&'static str, &'static str); 2];
 
+/// Renders a section of exposition text that another room keeps (see
+/// [`Metrics::append_section`]).
+pub type Section = Arc<dyn Fn(&mut String) + Send + Sync>;
+
 /// The server's counters and histograms, in a `prometheus-client`
 /// registry; the gauges come from a [`GaugeSource`] at each scrape.
-#[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     passes: Counter,
@@ -88,6 +91,14 @@ pub struct Metrics {
     dispatched: Family<KindLabel, Counter>,
     finished: Family<KindOutcomeLabels, Counter>,
     operations: Histogram,
+    /// Sections other rooms render themselves (the cluster's).
+    sections: std::sync::Mutex<Vec<Section>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
 }
 
 impl Default for Metrics {
@@ -145,6 +156,7 @@ impl Default for Metrics {
             dispatched,
             finished,
             operations,
+            sections: std::sync::Mutex::default(),
         }
     }
 }
@@ -182,6 +194,15 @@ impl Metrics {
         self.operations.observe(seconds.max(0.0));
     }
 
+    /// Adds a section of metrics that another room keeps and renders
+    /// (exposition text, appended to every scrape).
+    pub fn append_section(&self, section: impl Fn(&mut String) + Send + Sync + 'static) {
+        self.sections
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(Arc::new(section));
+    }
+
     /// The exposition text (Prometheus text format 0.0.4): the metrics kept
     /// here and `gauges`.
     pub fn render(&self, gauges: &Gauges) -> String {
@@ -191,6 +212,14 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_text::encode(&mut out, &self.registry);
         let _ = prometheus_text::encode(&mut out, &scrape);
+        let sections = self
+            .sections
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        for section in sections {
+            section(&mut out);
+        }
         out
     }
 }

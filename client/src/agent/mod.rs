@@ -80,6 +80,7 @@ mod runner;
 mod session;
 mod shutdown;
 mod spec;
+mod targets;
 
 pub use configurator::Configurator;
 pub use context::{Completion, OperationContext};
@@ -90,6 +91,7 @@ pub use outcome::{OperationKind, Outcome, ReadOutcome, ResultKind, is_terminal_c
 pub use runner::{Agent, AgentBuilder, AgentHandle, AgentStopped, EVENT_CAPACITY};
 pub use shutdown::shutdown_signal;
 pub use spec::TypeSpec;
+pub use targets::REASON_NOT_OWNER;
 /// The token behind [`OperationContext::cancelled`] (re-exported from
 /// `tokio-util`, so agents need no version-matched dependency on it).
 pub use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};

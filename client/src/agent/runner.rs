@@ -27,6 +27,7 @@ use super::item::ExternalReport;
 use super::outcome::{Answer, Outcome, result_message};
 use super::session::{Action, SessionState, StartOperation, Work, heartbeat_interval, lease};
 use super::spec::TypeSpec;
+use super::targets::{Next, Targets};
 use crate::auth::BearerToken;
 use crate::client::MAX_MESSAGE_BYTES;
 use crate::tls::ClientTls;
@@ -50,6 +51,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 #[must_use = "call build() to get an Agent"]
 pub struct AgentBuilder {
     endpoint: String,
+    more_endpoints: Vec<String>,
     tenant: String,
     token: String,
     agent_id: Option<String>,
@@ -115,6 +117,18 @@ impl AgentBuilder {
         self
     }
 
+    /// Other addresses of the same deployment (its replicas, with the
+    /// scheme of the first endpoint), tried in turn when the current one
+    /// cannot be reached. A replica that does not serve the agent's tenant
+    /// redirects the agent to the one that does (which it dials at once),
+    /// so any one reachable address is enough; several survive the loss of
+    /// one.
+    pub fn endpoints(mut self, endpoints: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.more_endpoints
+            .extend(endpoints.into_iter().map(Into::into));
+        self
+    }
+
     /// Connects over TLS with these settings (the server's CA and, for
     /// mutual TLS, the agent's certificate); use an `https://` endpoint.
     pub fn tls(mut self, tls: ClientTls) -> Self {
@@ -132,18 +146,24 @@ impl AgentBuilder {
     /// type, every type's [`TypeSpec::validate`]) and builds the agent.
     /// Nothing connects until [`Agent::run`].
     pub fn build(self) -> Result<Agent, AgentError> {
-        let mut endpoint = Endpoint::from_shared(self.endpoint.clone())
-            .map_err(|source| AgentError::InvalidEndpoint {
-                endpoint: self.endpoint.clone(),
-                source,
-            })?
-            .connect_timeout(CONNECT_TIMEOUT);
-        if let Some(tls) = &self.tls {
-            endpoint = tls.apply(endpoint).map_err(|source| AgentError::Tls {
-                endpoint: self.endpoint.clone(),
-                source,
-            })?;
+        let mut endpoints = Vec::new();
+        for address in std::iter::once(&self.endpoint).chain(&self.more_endpoints) {
+            let mut endpoint = Endpoint::from_shared(address.clone())
+                .map_err(|source| AgentError::InvalidEndpoint {
+                    endpoint: address.clone(),
+                    source,
+                })?
+                .connect_timeout(CONNECT_TIMEOUT);
+            if let Some(tls) = &self.tls {
+                endpoint = tls.apply(endpoint).map_err(|source| AgentError::Tls {
+                    endpoint: address.clone(),
+                    source,
+                })?;
+            }
+            endpoints.push(endpoint);
         }
+        let endpoint = endpoints[0].clone();
+        let targets = Targets::new(endpoints, self.tls.clone(), CONNECT_TIMEOUT);
         let bearer = BearerToken::new(&self.token)?;
         if self.types.is_empty() {
             return Err(AgentError::NoItemTypes);
@@ -185,6 +205,7 @@ impl AgentBuilder {
         let (external_sender, external_receiver) = mpsc::unbounded_channel();
         Ok(Agent {
             endpoint,
+            targets,
             tenant: self.tenant,
             agent_id,
             bearer,
@@ -222,6 +243,7 @@ struct TypeRuntime {
 /// [module docs](super)).
 pub struct Agent {
     endpoint: Endpoint,
+    targets: Targets,
     tenant: String,
     agent_id: String,
     bearer: BearerToken,
@@ -258,6 +280,7 @@ impl Agent {
     ) -> AgentBuilder {
         AgentBuilder {
             endpoint: endpoint.into(),
+            more_endpoints: Vec::new(),
             tenant: tenant.into(),
             token: token.into(),
             agent_id: None,
@@ -436,8 +459,13 @@ impl Runner {
         S: Future<Output = ()>,
     {
         loop {
+            let target = self
+                .agent
+                .targets
+                .current()
+                .unwrap_or_else(|| self.agent.endpoint.clone());
             let connecting = open_session(
-                self.agent.endpoint.clone(),
+                target,
                 self.agent.bearer.clone(),
                 self.register_message(),
                 self.agent.register_timeout,
@@ -459,9 +487,17 @@ impl Runner {
                 }
                 Wake::Done(Err(failure)) => (failure, false),
             };
+            let next = self.agent.targets.failed(match &failure {
+                SessionFailure::Status(status) => Some(status),
+                _ => None,
+            });
             if let Some(error) = self.session_failed(failure, was_registered) {
                 self.state.cancel_all();
                 return Err(error);
+            }
+            if next == Next::Now {
+                // Redirected to the replica that serves the tenant.
+                continue;
             }
             let delay = self.backoff.next_delay();
             if let Wake::Shutdown = self

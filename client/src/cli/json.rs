@@ -241,6 +241,7 @@ pub(crate) fn tenant_status(status: &v1::TenantStatus) -> Value {
         .always("intended_items", json!(status.intended_items))
         .always("operations_in_flight", json!(status.operations_in_flight))
         .always("connected_item_types", json!(status.connected_item_types))
+        .set("owner", json!(status.owner))
         .done()
 }
 

@@ -77,8 +77,14 @@ pub(crate) fn render(status: &v1::TenantStatus) -> String {
     } else {
         format!("agents for:  {}\n", status.connected_item_types.join(", "))
     };
+    // Replicas on etcd name the one serving the tenant.
+    let owner = if status.owner.is_empty() {
+        String::new()
+    } else {
+        format!("served by:   {}\n", status.owner)
+    };
     format!(
-        "tenant:      {}\ngeneration:  {} (observed {})\nrevision:    {}\nitems:       {} \
+        "tenant:      {}\n{owner}generation:  {} (observed {})\nrevision:    {}\nitems:       {} \
          intended; current: {}\nin flight:   {} operation(s)\n{agents}\n{}",
         status.tenant,
         status.generation,
@@ -116,6 +122,12 @@ mod tests {
         };
         let text = render(&status);
         assert!(text.contains("current: CREATED 3, PENDING 1"), "{text}");
+        assert!(!text.contains("served by"), "{text}");
+        let served = render(&v1::TenantStatus {
+            owner: "10.0.0.2:50051".into(),
+            ..status.clone()
+        });
+        assert!(served.contains("served by:   10.0.0.2:50051\n"), "{served}");
         assert!(text.contains("Ready      True    READY"), "{text}");
         assert_eq!(condition_value(&status.conditions, "Stalled"), "-");
     }

@@ -92,6 +92,7 @@ impl Configurators for ConfiguratorsService {
             }
             .into());
         }
+        self.await_owner(caller, &register.tenant).await?;
         let handle = self.context.tenant(caller, &register.tenant)?;
         let (types, outstanding) = self.validated(&register)?;
         let max_agents = handle.snapshots.latest().record.limits.max_agents;
@@ -161,6 +162,7 @@ impl Configurators for ConfiguratorsService {
             _agent_slot: agent_slot,
             backlog: VecDeque::new(),
             blocked_since: None,
+            cluster: self.context.cluster.clone(),
         };
         // The session task closes the session from now on.
         unclaimed.claim();
@@ -218,6 +220,36 @@ fn millis(duration: Duration) -> u64 {
 }
 
 impl ConfiguratorsService {
+    /// With replicas on etcd, agents' sessions live on the replica that
+    /// serves their tenant: waits while none does (a hand-off, a
+    /// failover), and refuses with `NOT_OWNER` and the owner's address
+    /// (which the SDK dials at once) when another one does. Callers that
+    /// may not see the tenant learn nothing here (the tenant lookup
+    /// answers them `NOT_FOUND`).
+    async fn await_owner(&self, caller: crate::auth::Caller, tenant: &str) -> Result<(), ApiError> {
+        let Some(cluster) = &self.context.cluster else {
+            return Ok(());
+        };
+        if !cluster
+            .catalog()
+            .id_of(tenant)
+            .is_some_and(|id| caller.may_access(id))
+        {
+            return Ok(());
+        }
+        match cluster.await_route(tenant).await {
+            crate::cluster::Route::Here | crate::cluster::Route::Unknown => Ok(()),
+            crate::cluster::Route::Elsewhere(owner) => Err(ApiError::NotOwner {
+                tenant: tenant.to_owned(),
+                owner: Some(owner),
+            }),
+            crate::cluster::Route::Nowhere => Err(ApiError::NotOwner {
+                tenant: tenant.to_owned(),
+                owner: None,
+            }),
+        }
+    }
+
     /// Validates and converts the item type specs of a Register.
     /// The item type specs and the outstanding operations of `register`,
     /// or every problem with them.
@@ -443,6 +475,9 @@ struct Session {
     /// Since when the agent's stream has been full (the agent is not
     /// reading); the session ends once that lasts longer than the lease.
     blocked_since: Option<tokio::time::Instant>,
+    /// With replicas on etcd: where the tenant went when its owner here
+    /// stops (the agent is told `NOT_OWNER`).
+    cluster: Option<std::sync::Arc<crate::cluster::Cluster>>,
 }
 
 impl Session {
@@ -479,6 +514,12 @@ impl Session {
                             Ok(Some(forward)) => {
                                 if self.handle.from_agent(self.id, forward).await.is_err() {
                                     self.close_with_revocation_if_any().await;
+                                    if let Some(cluster) = &self.cluster
+                                        && !self.revoked.is_cancelled()
+                                    {
+                                        self.close_with(cluster.not_owner(&self.handle.name)).await;
+                                        break "the tenant moved to another replica".to_string();
+                                    }
                                     break "the tenant was deleted".to_string();
                                 }
                             }
@@ -514,6 +555,13 @@ impl Session {
                     }
                     None => {
                         self.close_with_revocation_if_any().await;
+                        if let Some(cluster) = &self.cluster
+                            && !self.revoked.is_cancelled()
+                        {
+                            // The tenant moved to another replica.
+                            self.close_with(cluster.not_owner(&self.handle.name)).await;
+                            break "the tenant moved to another replica".to_string();
+                        }
                         break "the server replaced this session".to_string();
                     }
                 },

@@ -7,19 +7,28 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataMap;
 
-use crate::auth::{AdminToken, Caller, authenticate};
+use reconciled_proto::v1;
+
+use crate::auth::{AdminToken, Caller, TokenDirectory, authenticate};
+use crate::cluster::Cluster;
 use crate::engine::intent::IntentError;
 use crate::graph::validate::{FieldViolation, ValidationLimits};
 use crate::status::ApiError;
-use crate::tenant::{DirectoryError, TenantDirectory, TenantError, TenantHandle};
+use crate::store::StoreError;
+use crate::tenant::{DirectoryError, TenantDirectory, TenantError, TenantHandle, TenantSnapshot};
 use crate::watch::FollowSettings;
 use crate::watch::fleet::FleetLog;
 
 /// Shared state of the gRPC services.
 #[derive(Clone)]
 pub struct ApiContext {
-    /// Every live tenant.
+    /// Every live tenant this process serves.
     pub directory: Arc<TenantDirectory>,
+    /// The tenant tokens accepted: the directory's, or with replicas on
+    /// etcd every tenant's (the cluster's catalog).
+    pub tokens: Arc<dyn TokenDirectory + Send + Sync>,
+    /// With replicas on etcd: this replica's part in the cluster.
+    pub cluster: Option<Arc<Cluster>>,
     /// The admin token.
     pub admin: Arc<AdminToken>,
     /// Limits applied to submitted items.
@@ -68,12 +77,22 @@ pub struct WatchSettings {
 impl ApiContext {
     /// Authenticates the caller from the request metadata.
     pub fn caller(&self, metadata: &MetadataMap) -> Result<Caller, ApiError> {
-        authenticate(metadata, &self.admin, &*self.directory)
+        authenticate(metadata, &self.admin, &*self.tokens)
     }
 
     /// The tenant `name`, if the caller may see it; otherwise NOT_FOUND
     /// (whether it exists or not, so tenants cannot probe each other).
+    /// With replicas on etcd, a tenant another replica serves (calls reach
+    /// it here only while it moves) answers `UNAVAILABLE` `NOT_OWNER`.
     pub fn tenant(&self, caller: Caller, name: &str) -> Result<TenantHandle, ApiError> {
+        if let Some(cluster) = &self.cluster
+            && self.directory.get(name).is_none()
+            && self.directory.quarantined(name).is_none()
+            && let Some(id) = cluster.catalog().id_of(name)
+            && caller.may_access(id)
+        {
+            return Err(cluster.not_owner(name));
+        }
         match self.directory.get(name) {
             Some(handle) if caller.may_access(handle.id) => Ok(handle),
             None if caller == Caller::Admin
@@ -110,6 +129,42 @@ impl ApiContext {
                 Ok(revoked)
             }
         }
+    }
+
+    /// The API error of a failed call to tenant `name`'s owner. With
+    /// replicas on etcd, an owner that stopped because the tenant moved
+    /// (not deleted), or whose commit was fenced out, wrote nothing:
+    /// `UNAVAILABLE` `NOT_OWNER`, so that the caller retries.
+    pub fn owner_failed(&self, name: &str, error: TenantError) -> ApiError {
+        if let Some(cluster) = &self.cluster {
+            let moved = match &error {
+                TenantError::Gone => cluster.catalog().id_of(name).is_some(),
+                TenantError::Store(StoreError::Fenced { .. }) => true,
+                _ => false,
+            };
+            if moved {
+                return cluster.not_owner(name);
+            }
+        }
+        ApiError::from(error)
+    }
+
+    /// A tenant's status as of `snapshot`, naming this replica as its
+    /// owner when replicas share etcd.
+    pub fn status_of(&self, snapshot: &TenantSnapshot) -> v1::TenantStatus {
+        let mut status = super::views::tenant_status(snapshot);
+        if let Some(cluster) = &self.cluster {
+            status.owner = cluster.advertise().to_owned();
+        }
+        status
+    }
+
+    /// A tenant as of `snapshot`, naming this replica as its owner when
+    /// replicas share etcd.
+    pub fn tenant_of(&self, snapshot: &TenantSnapshot) -> v1::Tenant {
+        let mut tenant = super::views::tenant_to_proto(snapshot);
+        tenant.status = Some(self.status_of(snapshot));
+        tenant
     }
 
     /// Refuses callers that are not the admin.

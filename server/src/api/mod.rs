@@ -10,6 +10,7 @@
 pub mod configurators;
 pub mod context;
 pub mod externals;
+pub mod fleet_list;
 #[cfg(test)]
 mod fuzz;
 pub mod paging;

@@ -28,7 +28,6 @@ use crate::wire::{
 use super::context::{ApiContext, LARGE_REQUEST_ITEMS, invalid};
 use super::externals::validate_external_reports;
 use super::paging::PageToken;
-use super::views::tenant_status;
 
 /// How long `Reconcile{wait}` waits when the request names no timeout,
 /// and the longest it waits.
@@ -78,7 +77,10 @@ impl Reconciler for ReconcilerService {
             validate_submit(request, limits)
         })
         .await?;
-        let outcome = handle.submit(validated).await.map_err(ApiError::from)?;
+        let outcome = handle
+            .submit(validated)
+            .await
+            .map_err(|error| self.context.owner_failed(&handle.name, error))?;
         let snapshot = handle.snapshots.latest();
         let mut plan = plan_to_proto_with_items(
             &outcome.plan,
@@ -130,7 +132,7 @@ impl Reconciler for ReconcilerService {
         handle
             .reconcile(request.refresh)
             .await
-            .map_err(ApiError::from)?;
+            .map_err(|error| self.context.owner_failed(&handle.name, error))?;
         let mut iterations = 1u32;
         let mut outcome = scope_outcome(&handle.snapshots.latest(), &subgraph);
         if request.wait {
@@ -164,7 +166,7 @@ impl Reconciler for ReconcilerService {
                 .collect(),
             operations_total,
             truncated,
-            status: Some(tenant_status(&snapshot)),
+            status: Some(self.context.status_of(&snapshot)),
         }))
     }
 
@@ -234,7 +236,7 @@ impl Reconciler for ReconcilerService {
         let handle = self.context.tenant(caller, &request.get_ref().tenant)?;
         let snapshot = handle.snapshots.latest();
         Ok(Response::new(v1::GetStatusResponse {
-            status: Some(tenant_status(&snapshot)),
+            status: Some(self.context.status_of(&snapshot)),
         }))
     }
 
@@ -293,7 +295,7 @@ impl Reconciler for ReconcilerService {
         let revision = handle
             .report_external(changes)
             .await
-            .map_err(ApiError::from)?;
+            .map_err(|error| self.context.owner_failed(&handle.name, error))?;
         Ok(Response::new(v1::ReportExternalResponse { revision }))
     }
 }

@@ -10,7 +10,7 @@ use crate::status::ApiError;
 
 use super::context::{ApiContext, invalid};
 use super::paging::{decode_text, encode_text};
-use super::views::{limits_from_proto, quarantined_to_proto, tenant_to_proto};
+use super::views::{limits_from_proto, quarantined_to_proto};
 
 /// Tenants per ListTenants page when the request names no size, and the most.
 const DEFAULT_PAGE_SIZE: usize = 100;
@@ -43,6 +43,15 @@ impl Tenants for TenantsService {
         let request = request.into_inner();
         validate_name(&request.name, &self.context.limits)
             .map_err(|problem| invalid("name", format!("the tenant name {problem}")))?;
+        if let Some(cluster) = &self.context.cluster {
+            let (tenant, token) = cluster
+                .create_tenant(&request.name, limits_from_proto(request.limits))
+                .await?;
+            return Ok(Response::new(v1::CreateTenantResponse {
+                tenant: Some(tenant),
+                token,
+            }));
+        }
         let (handle, token) = self
             .context
             .directory
@@ -50,7 +59,7 @@ impl Tenants for TenantsService {
             .await
             .map_err(ApiError::from)?;
         Ok(Response::new(v1::CreateTenantResponse {
-            tenant: Some(tenant_to_proto(&handle.snapshots.latest())),
+            tenant: Some(self.context.tenant_of(&handle.snapshots.latest())),
             token,
         }))
     }
@@ -62,7 +71,9 @@ impl Tenants for TenantsService {
     ) -> Result<Response<v1::Tenant>, Status> {
         let caller = self.context.caller(request.metadata())?;
         let handle = self.context.tenant(caller, &request.get_ref().name)?;
-        Ok(Response::new(tenant_to_proto(&handle.snapshots.latest())))
+        Ok(Response::new(
+            self.context.tenant_of(&handle.snapshots.latest()),
+        ))
     }
 
     async fn list_tenants(
@@ -71,6 +82,7 @@ impl Tenants for TenantsService {
     ) -> Result<Response<v1::ListTenantsResponse>, Status> {
         let caller = self.context.caller(request.metadata())?;
         self.context.require_admin(caller)?;
+        let request_metadata = request.metadata().clone();
         let request = request.into_inner();
         let after = if request.page_token.is_empty() {
             None
@@ -86,6 +98,20 @@ impl Tenants for TenantsService {
             0 => DEFAULT_PAGE_SIZE,
             size => (size as usize).min(MAX_PAGE_SIZE),
         };
+        if let Some(cluster) = &self.context.cluster {
+            let (tenants, next_page_token) = super::fleet_list::list(
+                &self.context,
+                cluster,
+                request_metadata,
+                after.as_deref(),
+                page_size,
+            )
+            .await;
+            return Ok(Response::new(v1::ListTenantsResponse {
+                tenants,
+                next_page_token,
+            }));
+        }
         // Served and quarantined tenants, merged in name order.
         let directory = &self.context.directory;
         let served = directory
@@ -94,7 +120,7 @@ impl Tenants for TenantsService {
             .map(|handle| {
                 (
                     handle.name.clone(),
-                    tenant_to_proto(&handle.snapshots.latest()),
+                    self.context.tenant_of(&handle.snapshots.latest()),
                 )
             });
         let quarantined = directory
@@ -154,6 +180,17 @@ impl Tenants for TenantsService {
     ) -> Result<Response<Self::WatchFleetStream>, Status> {
         let caller = self.context.caller(request.metadata())?;
         self.context.require_admin(caller)?;
+        if let Some(cluster) = &self.context.cluster {
+            let fleet = cluster.fleet();
+            let stream = super::watch::watch_fleet_of(
+                &fleet.hub,
+                fleet.clone(),
+                || fleet.snapshot(),
+                request.get_ref(),
+                self.context.watch,
+            )?;
+            return Ok(Response::new(stream));
+        }
         let stream =
             super::watch::watch_fleet(&self.context.fleet, request.get_ref(), self.context.watch)?;
         Ok(Response::new(stream))

@@ -27,6 +27,8 @@ pub fn tenant_status(snapshot: &TenantSnapshot) -> v1::TenantStatus {
         intended_items: snapshot.intended.len() as u64,
         operations_in_flight: snapshot.in_flight as u64,
         connected_item_types: snapshot.connected_item_types.clone(),
+        // Named by the API context when replicas share etcd.
+        owner: String::new(),
     }
 }
 

@@ -242,18 +242,34 @@ pub fn watch_fleet(
     request: &v1::WatchFleetRequest,
     settings: WatchSettings,
 ) -> Result<FleetStream, ApiError> {
-    let subscription = fleet
-        .hub
-        .subscribe(0)
-        .ok_or_else(|| ApiError::Unavailable {
-            message: String::from(
-                "the server is shutting down; watch the fleet again after the restart",
-            ),
-        })?;
-    let history: Arc<dyn HistorySource<v1::FleetEvent>> = fleet.clone();
+    watch_fleet_of(
+        &fleet.hub,
+        fleet.clone(),
+        || fleet.snapshot(),
+        request,
+        settings,
+    )
+}
+
+/// Opens a WatchFleet stream over a fleet sequence: its live `hub`, its
+/// `history`, and the `snapshot` of every tenant's conditions that a
+/// stream from revision 0 starts with (the fleet log of one server, or
+/// the cluster's stream in etcd's order).
+pub fn watch_fleet_of(
+    hub: &Arc<crate::watch::hub::Hub<v1::FleetEvent>>,
+    history: Arc<dyn HistorySource<v1::FleetEvent>>,
+    snapshot: impl FnOnce() -> (u64, Vec<v1::FleetEvent>),
+    request: &v1::WatchFleetRequest,
+    settings: WatchSettings,
+) -> Result<FleetStream, ApiError> {
+    let subscription = hub.subscribe(0).ok_or_else(|| ApiError::Unavailable {
+        message: String::from(
+            "the server is shutting down; watch the fleet again after the restart",
+        ),
+    })?;
     let start = check_start(&*history, request.start_revision)?;
     let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
-    let snapshot = (start == 0).then(|| fleet.snapshot());
+    let snapshot = (start == 0).then(snapshot);
     tokio::spawn(async move {
         let cursor = match snapshot {
             Some((revision, mut tenants)) => {
@@ -317,6 +333,12 @@ impl From<WatchError> for ApiError {
             WatchError::ShuttingDown => Self::Unavailable {
                 message: String::from(
                     "the server is shutting down; resume the watch from the last revision received",
+                ),
+            },
+            WatchError::Moved => Self::Unavailable {
+                message: String::from(
+                    "the tenant moved to another replica; resume the watch from the last \
+                     revision received (any replica forwards it to the new owner)",
                 ),
             },
             WatchError::History(message) => Self::internal(message),

@@ -113,9 +113,51 @@ pub async fn an_oversized_value_rejects_the_whole_batch(store: &dyn Store) {
     );
 }
 
+/// Commits queued together apply in queue order: the later commit of a
+/// key wins, whatever else the store applies meanwhile; an empty commit
+/// queued last resolves once every earlier one is applied.
+pub async fn commits_queued_together_apply_in_queue_order(store: &dyn Store) {
+    const COMMITS: usize = 300;
+    const SHARED_KEYS: usize = 7;
+    let mut handles = Vec::new();
+    for index in 0..COMMITS {
+        let mut batch = WriteBatch::new();
+        batch
+            .put(
+                format!("shared/{}", index % SHARED_KEYS).into_bytes(),
+                index.to_string().into_bytes(),
+            )
+            .put(format!("own/{index:04}").into_bytes(), b"x".to_vec());
+        handles.push(store.commit(batch));
+    }
+    let flushed = store.commit(WriteBatch::new());
+    flushed.await.expect("the empty commit resolves");
+    for index in COMMITS - 20..COMMITS {
+        assert_eq!(
+            store
+                .get(format!("own/{index:04}").as_bytes())
+                .expect("get"),
+            Some(b"x".to_vec()),
+            "commit {index} is applied when the later empty commit resolves"
+        );
+    }
+    for handle in handles {
+        handle.await.expect("every commit is applied");
+    }
+    for key in 0..SHARED_KEYS {
+        let last = (0..COMMITS).rev().find(|index| index % SHARED_KEYS == key);
+        assert_eq!(
+            store.get(format!("shared/{key}").as_bytes()).expect("get"),
+            last.map(|index| index.to_string().into_bytes()),
+            "the last commit of shared/{key} wins"
+        );
+    }
+}
+
 /// Runs every check above, each on a fresh empty store from `fresh`.
 pub async fn check_store(fresh: &dyn Fn() -> Box<dyn Store>) {
     scans_are_ordered_bounded_and_resumable(&*fresh());
     a_batch_applies_its_writes_in_order(&*fresh());
     an_oversized_value_rejects_the_whole_batch(&*fresh()).await;
+    commits_queued_together_apply_in_queue_order(&*fresh()).await;
 }

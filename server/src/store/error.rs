@@ -89,6 +89,17 @@ pub enum StoreError {
         /// What etcd or the client reported.
         message: String,
     },
+    /// etcd no longer keeps the history asked for: it was compacted.
+    #[error(
+        "etcd has compacted its history past revision {requested} (it keeps revisions from \
+         {compact_revision}); start over from the current state"
+    )]
+    Compacted {
+        /// The first revision asked for.
+        requested: i64,
+        /// The oldest revision etcd still keeps.
+        compact_revision: i64,
+    },
     /// Planning or applying schema migrations failed.
     #[error("{0}")]
     Migration(#[from] MigrationError),

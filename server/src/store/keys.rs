@@ -7,6 +7,7 @@
 //! 0x00 "purge" 0x00 <tenant id u64 BE>        -> tombstoned tenant being purged
 //! 0x00 "fleet_event" 0x00 <revision u64 BE>   -> fleet-wide event
 //! 0x00 "fleet_log"                            -> fleet log position (JSON)
+//! 0x00 "tenant_entry" 0x00 <name>             -> a tenant's directory entry (replicas on etcd only)
 //! 0x01 <tenant id u64 BE> <kind u8> <rest>    -> a tenant's records (see RecordKind)
 //! 0x02 <key len u32 BE> <key> <index u32 BE>  -> a chunk of a large value (store/chunked.rs)
 //! ```
@@ -30,6 +31,7 @@ const TENANT_NAME_PREFIX: &[u8] = b"\x00tenant_name\x00";
 const PURGE_PREFIX: &[u8] = b"\x00purge\x00";
 const FLEET_EVENT_PREFIX: &[u8] = b"\x00fleet_event\x00";
 const FLEET_LOG_KEY: &[u8] = b"\x00fleet_log";
+const TENANT_ENTRY_PREFIX: &[u8] = b"\x00tenant_entry\x00";
 
 /// The length of [`tenant_prefix`]: space byte and 8-byte id.
 pub const TENANT_PREFIX_LEN: usize = 9;
@@ -137,6 +139,26 @@ pub fn fleet_log_key() -> &'static [u8] {
 /// Parses a [`fleet_event_key`] back to the revision.
 pub fn parse_fleet_event_key(key: &[u8]) -> Option<u64> {
     parse_u64(key.strip_prefix(FLEET_EVENT_PREFIX)?)
+}
+
+/// A tenant's directory entry: what every replica on etcd must know of a
+/// tenant it does not serve (its id, token hash, conditions), kept next
+/// to the name index so that replicas watch one small key range
+/// (`cluster/catalog.rs`). Written only when replicas share an etcd
+/// store; a single server never reads it.
+pub fn tenant_entry_key(name: &str) -> Vec<u8> {
+    [TENANT_ENTRY_PREFIX, name.as_bytes()].concat()
+}
+
+/// The prefix of every [`tenant_entry_key`] (scans come out in name order).
+pub fn tenant_entries_prefix() -> &'static [u8] {
+    TENANT_ENTRY_PREFIX
+}
+
+/// Parses a [`tenant_entry_key`] back to the tenant's name.
+pub fn parse_tenant_entry_key(key: &[u8]) -> Option<String> {
+    let rest = key.strip_prefix(TENANT_ENTRY_PREFIX)?;
+    String::from_utf8(rest.to_vec()).ok()
 }
 
 // ---- tenant keys ----

@@ -82,6 +82,43 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+/// A shared store is a store (so that one backend can be wrapped, e.g. by
+/// [`ChunkedValues`], and still be used directly elsewhere).
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        (**self).get(key)
+    }
+
+    fn scan(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        (**self).scan(prefix, start_after, limit)
+    }
+
+    fn commit(&self, batch: WriteBatch) -> CommitHandle {
+        (**self).commit(batch)
+    }
+
+    fn commit_blocking(&self, batch: WriteBatch) -> Result<(), StoreError> {
+        (**self).commit_blocking(batch)
+    }
+
+    fn backup_to(&self, path: &Path) -> Result<(), StoreError> {
+        (**self).backup_to(path)
+    }
+
+    fn size_on_disk(&self) -> Result<u64, StoreError> {
+        (**self).size_on_disk()
+    }
+
+    fn max_value_bytes(&self) -> usize {
+        (**self).max_value_bytes()
+    }
+}
+
 /// Where a [`Store::scan`] of `prefix` starts: just after `start_after` when
 /// it lies at or after the prefix, else at the prefix itself.
 pub(crate) fn scan_start<'a>(

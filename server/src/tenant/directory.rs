@@ -151,17 +151,66 @@ impl TenantDirectory {
                 }
             }
         }
-        for (key, _) in scan_all(&*store, keys::purges_prefix())? {
-            if let Some(id) = keys::parse_purge_key(&key) {
-                info!(tenant_id = id, "Resuming the purge of a deleted tenant.");
-                directory.spawn_purge(id);
-            }
-        }
+        directory.resume_purges()?;
         Ok(directory)
     }
 
+    /// A directory that serves no tenant yet: with replicas on etcd, the
+    /// cluster room decides which tenants this process owns and starts
+    /// them with [`adopt`](Self::adopt).
+    pub fn empty(store: Arc<dyn Store>, settings: OwnerSettings) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            settings,
+            inner: RwLock::new(Inner::default()),
+            admin: tokio::sync::Mutex::new(()),
+            purges: std::sync::Mutex::new(JoinSet::new()),
+            stopping: CancellationToken::new(),
+        })
+    }
+
+    /// Resumes the purge of every deleted tenant whose keys are not all
+    /// gone yet (purges are idempotent: replicas may resume the same one).
+    pub fn resume_purges(&self) -> Result<(), TenantError> {
+        for (key, _) in scan_all(&*self.store, keys::purges_prefix())? {
+            if let Some(id) = keys::parse_purge_key(&key) {
+                info!(tenant_id = id, "Resuming the purge of a deleted tenant.");
+                self.spawn_purge(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts serving a loaded tenant whose commits go through `store`
+    /// (with replicas on etcd: fenced on the tenant's owner key).
+    pub fn adopt(&self, state: TenantState, store: Arc<dyn Store>) -> TenantHandle {
+        self.start_with(state, store)
+    }
+
+    /// Stops serving tenant `name` without deleting it (another replica
+    /// takes it over): its owner finishes the command it is on and stops,
+    /// and its open watches end with `reason`. Returns its handle, if it
+    /// was served here.
+    pub async fn release(&self, name: &str, reason: CloseReason) -> Option<TenantHandle> {
+        let handle = self.get(name)?;
+        handle.stop_and_wait().await;
+        handle.events.hub.close(reason);
+        let mut inner = self.write();
+        if inner
+            .by_name
+            .get(name)
+            .is_some_and(|live| live.id == handle.id)
+        {
+            inner.by_name.remove(name);
+            if let Some(hash) = inner.token_of.remove(&handle.id) {
+                inner.by_token.remove(&hash);
+            }
+        }
+        Some(handle)
+    }
+
     /// Keeps tenant `name` out of service: its records could not be read.
-    fn quarantine(&self, name: String, id: u64, error: &TenantError) {
+    pub fn quarantine(&self, name: String, id: u64, error: &TenantError) {
         error!(
             tenant = %name,
             tenant_id = id,
@@ -200,8 +249,12 @@ impl TenantDirectory {
     }
 
     fn start(&self, state: TenantState) -> TenantHandle {
+        self.start_with(state, self.store.clone())
+    }
+
+    fn start_with(&self, state: TenantState, store: Arc<dyn Store>) -> TenantHandle {
         let hash = parse_hash(&state.record.token_hash);
-        let handle = TenantHandle::spawn(state, self.store.clone(), self.settings.clone());
+        let handle = TenantHandle::spawn(state, store, self.settings.clone());
         let mut inner = self.write();
         if let Some(hash) = hash {
             inner.by_token.insert(hash, handle.id);
@@ -276,41 +329,16 @@ impl TenantDirectory {
         {
             return Err(DirectoryError::AlreadyExists(name.to_string()));
         }
-        let token = generate_token(TokenKind::Tenant)
-            .map_err(|error| DirectoryError::Token(error.to_string()))?;
         let id = self.next_id()?;
-        let record = TenantRecord {
-            id,
-            name: name.to_string(),
-            created_at_ms: now_ms(),
-            generation: 0,
-            observed_generation: 0,
-            revision: 1,
-            limits,
-            token_hash: hex(TokenHash::of(&token).as_bytes()),
-            deleted: false,
-            conditions: Vec::new(),
-            compact_revision: Some(0),
-        };
-        let mut batch = WriteBatch::new();
-        batch.put(
-            keys::next_tenant_id_key().to_vec(),
-            (id + 1).to_be_bytes().to_vec(),
-        );
-        batch.put(keys::tenant_name_key(name), id.to_be_bytes().to_vec());
-        batch.put(keys::tenant_record_key(id), encode(&record)?);
-        self.commit_with_fleet_event(batch, name, false).await?;
+        let (record, token, batch) = creation(id, name, limits)?;
+        self.commit_with_fleet_event(&*self.store, batch, name, false)
+            .await?;
         info!(tenant = name, tenant_id = id, "Tenant created.");
         Ok((self.start(TenantState::new(record)), token))
     }
 
     fn next_id(&self) -> Result<u64, TenantError> {
-        let stored = self.store.get(keys::next_tenant_id_key())?;
-        Ok(stored
-            .as_deref()
-            .and_then(|bytes| bytes.get(..8))
-            .and_then(|bytes| bytes.try_into().ok())
-            .map_or(1, u64::from_be_bytes))
+        next_tenant_id(&*self.store)
     }
 
     /// A token cancelled when tenant `id`'s current bearer token stops being
@@ -367,7 +395,10 @@ impl TenantDirectory {
         batch.put(keys::tenant_record_key(handle.id), encode(&record)?);
         batch.put(keys::purge_key(handle.id), Vec::new());
         batch.delete(keys::tenant_name_key(name));
-        self.commit_with_fleet_event(batch, name, true).await?;
+        // Through the owner's store: with replicas on etcd, the tombstone
+        // lands only while this process still owns the tenant.
+        self.commit_with_fleet_event(&**handle.store(), batch, name, true)
+            .await?;
         handle.events.hub.close(CloseReason::Deleted);
         {
             let mut inner = self.write();
@@ -395,7 +426,8 @@ impl TenantDirectory {
         batch.put(keys::purge_key(id), Vec::new());
         batch.delete(keys::tenant_name_key(name));
         // Fleet watchers listed it as quarantined: they see it go.
-        self.commit_with_fleet_event(batch, name, true).await?;
+        self.commit_with_fleet_event(&*self.store, batch, name, true)
+            .await?;
         self.write().quarantined.remove(name);
         info!(
             tenant = name,
@@ -431,12 +463,13 @@ impl TenantDirectory {
     /// Commits a tenant's creation or deletion with its fleet event.
     async fn commit_with_fleet_event(
         &self,
+        store: &dyn Store,
         batch: WriteBatch,
         name: &str,
         deleted: bool,
     ) -> Result<(), TenantError> {
         let Some(fleet) = &self.settings.fleet else {
-            return Ok(self.store.commit(batch).await?);
+            return Ok(store.commit(batch).await?);
         };
         let now = now_ms();
         let event = crate::wire::fleet_event(name, &[], now, deleted);
@@ -489,6 +522,50 @@ impl TenantDirectory {
         );
         while purges.join_next().await.is_some() {}
     }
+}
+
+/// The next free internal tenant id in `store` (ids are never reused).
+pub fn next_tenant_id(store: &dyn Store) -> Result<u64, TenantError> {
+    let stored = store.get(keys::next_tenant_id_key())?;
+    Ok(stored
+        .as_deref()
+        .and_then(|bytes| bytes.get(..8))
+        .and_then(|bytes| bytes.try_into().ok())
+        .map_or(1, u64::from_be_bytes))
+}
+
+/// What creating tenant `name` with id `id` writes: its record, its token
+/// (shown once) and the batch that stores both, the name index and the
+/// next free id. The caller makes sure the name is free and the id is the
+/// next one while the batch commits.
+pub fn creation(
+    id: u64,
+    name: &str,
+    limits: TenantLimits,
+) -> Result<(TenantRecord, String, WriteBatch), DirectoryError> {
+    let token = generate_token(TokenKind::Tenant)
+        .map_err(|error| DirectoryError::Token(error.to_string()))?;
+    let record = TenantRecord {
+        id,
+        name: name.to_string(),
+        created_at_ms: now_ms(),
+        generation: 0,
+        observed_generation: 0,
+        revision: 1,
+        limits,
+        token_hash: hex(TokenHash::of(&token).as_bytes()),
+        deleted: false,
+        conditions: Vec::new(),
+        compact_revision: Some(0),
+    };
+    let mut batch = WriteBatch::new();
+    batch.put(
+        keys::next_tenant_id_key().to_vec(),
+        (id + 1).to_be_bytes().to_vec(),
+    );
+    batch.put(keys::tenant_name_key(name), id.to_be_bytes().to_vec());
+    batch.put(keys::tenant_record_key(id), encode(&record)?);
+    Ok((record, token, batch))
 }
 
 /// Loads the tenants' graphs, on as many threads as there are cores (the
@@ -567,7 +644,8 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
-fn parse_hash(text: &str) -> Option<[u8; 32]> {
+/// The 32 bytes of a stored token hash (64 hex digits), if it is one.
+pub fn parse_hash(text: &str) -> Option<[u8; 32]> {
     if text.len() != 64 {
         return None;
     }

@@ -23,7 +23,7 @@ use crate::engine::exec::{
 };
 use crate::engine::intent::ValidatedSubmit;
 use crate::engine::plan::Plan;
-use crate::store::{Store, WriteBatch};
+use crate::store::{Store, StoreError, WriteBatch};
 use crate::watch::TenantEvents;
 use crate::watch::fleet::FleetLog;
 use crate::watch::history::{self, Retention};
@@ -156,7 +156,7 @@ enum Command {
 }
 
 /// A running tenant: its identity, its command queue and its snapshots.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct TenantHandle {
     /// Internal id.
     pub id: u64,
@@ -170,14 +170,27 @@ pub struct TenantHandle {
     stop: CancellationToken,
     /// Cancelled when the owner task has ended (however it ended).
     stopped: CancellationToken,
+    /// The store the owner commits through (with replicas on etcd, one
+    /// that fences every commit on the tenant's owner key).
+    store: Arc<dyn Store>,
+}
+
+impl std::fmt::Debug for TenantHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantHandle")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TenantHandle {
     /// Starts the owner task of a loaded tenant.
     pub fn spawn(state: TenantState, store: Arc<dyn Store>, settings: OwnerSettings) -> Self {
         let (commands, receiver) = mpsc::channel(256);
-        let owner = Owner::new(state, store, settings);
+        let owner = Owner::new(state, store.clone(), settings);
         let handle = Self {
+            store,
             id: owner.record.id,
             name: owner.record.name.clone(),
             commands,
@@ -263,6 +276,18 @@ impl TenantHandle {
         self.stop.cancel();
     }
 
+    /// The store the owner commits through: other commits of this tenant
+    /// (its tombstone) go through it too.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Completes once the owner task has ended, however it ended (stopped,
+    /// or fenced out when another replica took the tenant over).
+    pub async fn ended(&self) {
+        self.stopped.cancelled().await;
+    }
+
     /// Stops the owner and waits until its task has ended: the command it
     /// was handling is finished and committed, and it commits nothing
     /// after this returns.
@@ -305,6 +330,10 @@ struct Owner {
     origin: Instant,
     /// The time of the oldest event kept, if any is.
     oldest_event_ms: Option<u64>,
+    /// Set when the store refused a commit because this process no longer
+    /// owns the tenant ([`StoreError::Fenced`], replicas on etcd): the
+    /// owner stops at once, before handling anything else.
+    fenced_out: bool,
 }
 
 impl Owner {
@@ -363,6 +392,7 @@ impl Owner {
             links: HashMap::new(),
             origin,
             oldest_event_ms,
+            fenced_out: false,
         }
     }
 
@@ -374,7 +404,13 @@ impl Owner {
         }
         let mut deferred: Option<Command> = None;
         loop {
+            if self.fenced_out {
+                break;
+            }
             self.internal_work().await;
+            if self.fenced_out {
+                break;
+            }
             let command = match deferred.take() {
                 Some(command) => command,
                 None => {
@@ -454,6 +490,9 @@ impl Owner {
                 continue;
             }
             self.handle(command).await;
+        }
+        if self.fenced_out {
+            warn!(tenant = %self.record.name, "This process no longer owns the tenant (a commit was fenced out); its owner stopped.");
         }
         debug!(tenant = %self.record.name, "Tenant owner stopped.");
     }
@@ -753,9 +792,13 @@ impl Owner {
         record.compact_revision = Some(floor);
         persist::put_events(&mut batch, record.id, record.revision, &events);
         persist::put_record(&mut batch, &record)?;
-        match (&self.settings.fleet, fleet_event) {
-            (Some(fleet), event) => fleet.commit_durably(batch, event, now).await?,
-            (None, _) => self.store.commit(batch).await?,
+        let committed = match (&self.settings.fleet, fleet_event) {
+            (Some(fleet), event) => fleet.commit_durably(batch, event, now).await,
+            (None, _) => self.store.commit(batch).await,
+        };
+        if let Err(error) = committed {
+            self.fenced_out |= matches!(error, StoreError::Fenced { .. });
+            return Err(error.into());
         }
         if !events.is_empty() && self.oldest_event_ms.is_none() {
             self.oldest_event_ms = Some(now);

@@ -67,6 +67,9 @@ pub struct DashboardSettings {
     pub grace: Duration,
     /// Served on `GET /metrics` too, when `--metrics-listen` is this port.
     pub metrics: Option<MetricsPage>,
+    /// With replicas on etcd, the gRPC port's forwarding of tenant calls
+    /// to the replica that serves the tenant (a pass-through otherwise).
+    pub forward: crate::cluster::ForwardLayer,
 }
 
 /// The dashboard being served.
@@ -111,6 +114,7 @@ pub async fn spawn(
         .layer(settings.authentication)
         .layer(settings.decode_limits)
         .layer(settings.limits)
+        .layer(settings.forward)
         .add_service(services.health)
         .add_service(services.reconciler)
         .add_service(services.tenants);

@@ -30,6 +30,10 @@ pub enum WatchError {
     /// The server is shutting down: resume after the restart.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// Another replica serves the tenant now: resume from the last
+    /// revision (any replica forwards the watch to the new owner).
+    #[error("the tenant moved to another replica")]
+    Moved,
     /// Reading the stored history failed.
     #[error("reading the event history failed: {0}")]
     History(String),
@@ -40,6 +44,7 @@ impl From<CloseReason> for WatchError {
         match reason {
             CloseReason::Deleted => Self::TenantDeleted,
             CloseReason::ShuttingDown => Self::ShuttingDown,
+            CloseReason::Moved => Self::Moved,
         }
     }
 }

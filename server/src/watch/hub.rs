@@ -49,6 +49,8 @@ pub enum CloseReason {
     Deleted,
     /// The server is shutting down.
     ShuttingDown,
+    /// Another replica serves the tenant now (replicas on etcd).
+    Moved,
 }
 
 #[derive(Debug)]

@@ -5,6 +5,9 @@
 //!   limits of its store;
 //! - `etcd` (see the [`etcd`] module): SubmitIntent on `--store etcd`
 //!   against raw etcd transactions of the same records;
+//! - `replicas` (see the [`replicas`] module): 1 and 3 replicas on one
+//!   etcd, SubmitIntent and operations through agents against raw etcd
+//!   transactions of the same bytes, and the failover time;
 //! - `operations` (see the [`operations`] module): operations per second
 //!   dispatched to agents built with our SDK, against a bare tonic
 //!   bidirectional echo and SledStore 1-record commits;
@@ -68,6 +71,8 @@ mod etcd;
 mod hostile;
 #[path = "reconciled_bench/operations.rs"]
 mod operations;
+#[path = "reconciled_bench/replicas.rs"]
+mod replicas;
 #[path = "reconciled_bench/scale.rs"]
 mod scale;
 #[path = "reconciled_bench/watch.rs"]
@@ -118,6 +123,10 @@ enum Command {
     /// SubmitIntent on the etcd store versus raw etcd transactions of the
     /// same records, against one real etcd started for the run.
     Etcd(etcd::EtcdArgs),
+    /// Replicas on one etcd (1 and 3): SubmitIntent and operations through
+    /// agents versus raw etcd transactions of the same bytes, and the
+    /// failover time after `kill -9` of an owner.
+    Replicas(replicas::ReplicasArgs),
     /// Many tenants and agents on one server: resident memory, start-up
     /// time, and the time until every tenant is Ready after a restart.
     Scale(scale::ScaleArgs),
@@ -165,6 +174,7 @@ fn main() -> anyhow::Result<()> {
         Command::Scale(args) => scale::scale_benchmark(&args),
         Command::Etcd(args) => etcd::etcd_benchmark(&args),
         Command::Hostile(args) => hostile::hostile_benchmark(&args),
+        Command::Replicas(args) => replicas::replicas_benchmark(&args),
         Command::All => {
             for args in [
                 &["submit", "--seconds", "3"][..],

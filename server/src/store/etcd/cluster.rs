@@ -57,6 +57,21 @@ pub enum KeyEvent {
     },
 }
 
+/// A change of a store record seen by [`EtcdStore::watch_records`]: keys
+/// are store keys (as the
+/// [`Store`](crate::store::Store) trait sees them), with the value before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordChange {
+    /// The store key.
+    pub key: Vec<u8>,
+    /// Its new value (`None`: deleted).
+    pub value: Option<Vec<u8>>,
+    /// Its value before the change (`None`: it did not exist).
+    pub previous: Option<Vec<u8>>,
+    /// The etcd revision of the change (one per transaction).
+    pub revision: i64,
+}
+
 /// Events a watch buffers before etcd's stream is paused.
 const WATCH_BUFFER: usize = 1024;
 
@@ -108,6 +123,31 @@ impl EtcdStore {
                     _ => Err(StoreError::Etcd {
                         operation: "renew a lease",
                         message: format!("lease {:x} has expired", lease.0),
+                    }),
+                }
+            })
+            .await
+    }
+
+    /// Renews `lease` once: the TTL it has now, or `None` if it has
+    /// expired (etcd revoked it, and every key attached to it is gone).
+    /// An `Err` says nothing about the lease (etcd did not answer).
+    pub async fn renew_lease(&self, lease: LeaseId) -> Result<Option<Duration>, StoreError> {
+        self.thread()
+            .call(move |shared| async move {
+                let mut client = shared.client.clone();
+                let renew = etcd_error("renew a lease");
+                let (mut keeper, mut replies) =
+                    client.lease_keep_alive(lease.0).await.map_err(&renew)?;
+                keeper.keep_alive().await.map_err(&renew)?;
+                match replies.message().await.map_err(&renew)? {
+                    Some(reply) if reply.ttl() > 0 => Ok(Some(Duration::from_secs(
+                        u64::try_from(reply.ttl()).unwrap_or(0),
+                    ))),
+                    Some(_) => Ok(None),
+                    None => Err(StoreError::Etcd {
+                        operation: "renew a lease",
+                        message: "etcd closed the keep-alive stream".to_owned(),
                     }),
                 }
             })
@@ -297,6 +337,119 @@ impl EtcdStore {
         Ok(receiver)
     }
 
+    /// Every store record under the store-key prefix `prefix` (raw values,
+    /// as written: use it for small records that are never chunked), and
+    /// the etcd revision they were read at, to watch from the next one.
+    pub async fn list_records(
+        &self,
+        prefix: &[u8],
+    ) -> Result<(Vec<crate::store::Record>, i64), StoreError> {
+        self.list_records_at(prefix, 0).await
+    }
+
+    /// [`list_records`](Self::list_records) as of etcd revision `at` (0:
+    /// now); fails with [`StoreError::Compacted`] if etcd no longer keeps
+    /// that revision.
+    pub async fn list_records_at(
+        &self,
+        prefix: &[u8],
+        at: i64,
+    ) -> Result<(Vec<crate::store::Record>, i64), StoreError> {
+        let start = self.layout().data(prefix);
+        self.thread()
+            .call(move |shared| async move {
+                let end = prefix_end(&start);
+                let mut found = Vec::new();
+                let mut from = start;
+                let mut revision = at;
+                loop {
+                    let mut options = GetOptions::new().with_range(end.clone()).with_limit(512);
+                    if revision > 0 {
+                        options = options.with_revision(revision);
+                    }
+                    let mut kv = shared.kv.clone();
+                    let reply = kv.get(from.clone(), Some(options)).await.map_err(|error| {
+                        match compacted_at(&error) {
+                            Some(compact_revision) => StoreError::Compacted {
+                                requested: revision,
+                                compact_revision,
+                            },
+                            None => etcd_error("list records")(error),
+                        }
+                    })?;
+                    if revision == 0 {
+                        revision = reply.header().map_or(0, |h| h.revision());
+                    }
+                    for kv in reply.kvs() {
+                        if let Some(key) = shared.layout.store_key(kv.key()) {
+                            found.push((key.to_vec(), kv.value().to_vec()));
+                        }
+                    }
+                    match reply.kvs().last() {
+                        Some(last) if reply.more() => {
+                            from = last.key().to_vec();
+                            from.push(0);
+                        }
+                        _ => return Ok((found, revision)),
+                    }
+                }
+            })
+            .await
+    }
+
+    /// Watches the store records under the store-key prefix `prefix` from
+    /// `from_revision`, with each record's previous value. The receiver
+    /// yields changes in revision order, in batches that never split the
+    /// changes of one revision (one transaction); an `Err` ends it
+    /// ([`StoreError::Compacted`] if `from_revision` is no longer kept),
+    /// and so does dropping the store.
+    pub async fn watch_records(
+        &self,
+        prefix: &[u8],
+        from_revision: i64,
+    ) -> Result<mpsc::Receiver<Result<Vec<RecordChange>, StoreError>>, StoreError> {
+        let start = self.layout().data(prefix);
+        let (events, receiver) = mpsc::channel(WATCH_BUFFER);
+        self.thread()
+            .call(move |shared| async move {
+                let mut client = shared.client.clone();
+                let options = WatchOptions::new()
+                    .with_range(prefix_end(&start))
+                    .with_start_revision(from_revision)
+                    .with_prev_key();
+                let mut stream = client
+                    .watch(start, Some(options))
+                    .await
+                    .map_err(etcd_error("watch records"))?;
+                tokio::spawn(async move {
+                    loop {
+                        let reply = match stream.message().await {
+                            Ok(Some(reply)) => reply,
+                            Ok(None) => {
+                                let _ = events.send(Err(watch_ended("the stream ended"))).await;
+                                return;
+                            }
+                            Err(error) => {
+                                let _ = events.send(Err(etcd_error("watch records")(error))).await;
+                                return;
+                            }
+                        };
+                        if reply.canceled() {
+                            let _ = events.send(Err(cancelled(&reply, from_revision))).await;
+                            return;
+                        }
+                        let changes = record_changes_of(&shared, &reply);
+                        if !changes.is_empty() && events.send(Ok(changes)).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                Ok(())
+            })
+            .await?;
+        Ok(receiver)
+    }
+
     /// Takes the etcd lock `name` (a cluster key) for `lease`, waiting
     /// while another holder has it; returns the key that holds it (pass
     /// it to [`unlock`](Self::unlock)). The lock ends with the lease too.
@@ -314,6 +467,34 @@ impl EtcdStore {
             .await
     }
 
+    /// Takes the etcd lock `name` like [`lock`](Self::lock), and returns
+    /// with the key that holds it a [`Fence`](crate::store::Fence) on that
+    /// key: a commit under the fence lands only while the lock is still
+    /// held (a holder paused past its lease writes nothing).
+    pub async fn lock_fenced(
+        &self,
+        name: &[u8],
+        lease: LeaseId,
+    ) -> Result<(Vec<u8>, crate::store::Fence), StoreError> {
+        let held = self.lock(name, lease).await?;
+        let relative = self.layout().relative(&held).to_vec();
+        let (found, _) = self.get_versioned(&relative).await?;
+        let Some(found) = found else {
+            return Err(StoreError::Etcd {
+                operation: "take a lock",
+                message: "the lock was lost right after it was taken (its lease expired)"
+                    .to_owned(),
+            });
+        };
+        Ok((
+            held,
+            crate::store::Fence {
+                key: relative,
+                mod_revision: found.mod_revision,
+            },
+        ))
+    }
+
     /// Releases a lock taken with [`lock`](Self::lock).
     pub async fn unlock(&self, held: Vec<u8>) -> Result<(), StoreError> {
         self.thread()
@@ -327,6 +508,54 @@ impl EtcdStore {
             })
             .await
     }
+}
+
+/// The store-record changes of one watch reply.
+fn record_changes_of(
+    shared: &crate::store::etcd::runtime::Shared,
+    reply: &etcd_client::WatchResponse,
+) -> Vec<RecordChange> {
+    reply
+        .events()
+        .iter()
+        .filter_map(|event| {
+            let kv = event.kv()?;
+            let key = shared.layout.store_key(kv.key())?.to_vec();
+            let value = match event.event_type() {
+                EventType::Put => Some(kv.value().to_vec()),
+                EventType::Delete => None,
+            };
+            Some(RecordChange {
+                key,
+                value,
+                previous: event.prev_kv().map(|prev| prev.value().to_vec()),
+                revision: kv.mod_revision(),
+            })
+        })
+        .collect()
+}
+
+/// The revision etcd compacted to, if `error` says a read asked for an
+/// older one ("required revision has been compacted").
+fn compacted_at(error: &etcd_client::Error) -> Option<i64> {
+    let etcd_client::Error::GRpcStatus(status) = error else {
+        return None;
+    };
+    status.message().contains("compacted").then_some(0)
+}
+
+/// Why etcd cancelled a watch that started at `requested`.
+fn cancelled(reply: &etcd_client::WatchResponse, requested: i64) -> StoreError {
+    if reply.compact_revision() > 0 {
+        return StoreError::Compacted {
+            requested,
+            compact_revision: reply.compact_revision(),
+        };
+    }
+    watch_ended(&format!(
+        "etcd cancelled the watch: {}",
+        reply.cancel_reason()
+    ))
 }
 
 fn watch_ended(reason: &str) -> StoreError {

@@ -128,9 +128,20 @@ impl Failure {
     }
 }
 
+/// How long one attempt of a request may take before it is sent again.
+///
+/// A write that a follower forwarded to a leader that then died is
+/// answered only by etcd's own request timeout (7 s with the default
+/// election timeout), long after a new leader took over (about a second).
+/// Sending it again sooner keeps a leader's loss from stalling the store
+/// for longer than an election. Sending again is safe: every request the
+/// store retries either writes the same values again or is a read.
+pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Runs `attempt` until it succeeds, etcd refuses it, or `timeout` has
 /// passed, backing off between attempts (etcd without a leader, an
-/// endpoint restarting).
+/// endpoint restarting); an attempt unanswered after [`ATTEMPT_TIMEOUT`]
+/// counts as failed.
 pub(crate) async fn retry<T, F, Fut>(
     operation: &'static str,
     timeout: Duration,
@@ -143,7 +154,15 @@ where
     let deadline = Instant::now() + timeout;
     let mut pause = Duration::from_millis(20);
     loop {
-        match attempt().await {
+        let answered = tokio::time::timeout(ATTEMPT_TIMEOUT, attempt())
+            .await
+            .unwrap_or_else(|_| {
+                Err(etcd_client::Error::IoError(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("etcd did not answer within {ATTEMPT_TIMEOUT:?}"),
+                )))
+            });
+        match answered {
             Ok(value) => return Ok(value),
             Err(error) if is_refusal(&error) => return Err(Failure::Refused(error)),
             Err(error) => {

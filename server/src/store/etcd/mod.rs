@@ -24,6 +24,7 @@
 mod cluster;
 mod codec;
 mod connect;
+pub mod latency;
 mod layout;
 mod options;
 mod read;
@@ -35,7 +36,7 @@ use std::path::Path;
 use std::sync::mpsc::sync_channel;
 use std::time::Duration;
 
-pub use cluster::{KeyEvent, LeaseId, Versioned};
+pub use cluster::{KeyEvent, LeaseId, RecordChange, Versioned};
 pub use options::{
     CrashPoint, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, DEFAULT_PREFIX, EtcdAuth,
     EtcdOptions, EtcdTls,
@@ -57,6 +58,7 @@ const COPY_PAGE: usize = 1_000;
 /// Dropping it finishes the queued commits.
 pub struct EtcdStore {
     thread: EtcdThread,
+    latency: std::sync::Arc<latency::EtcdLatency>,
     layout: Layout,
     options: EtcdOptions,
 }
@@ -82,8 +84,10 @@ impl EtcdStore {
             });
         }
         let thread = EtcdThread::start(options.clone())?;
+        let latency = thread.call_blocking(|shared| async move { Ok(shared.latency.clone()) })?;
         let store = Self {
             thread,
+            latency,
             layout: Layout::new(&options.prefix),
             options,
         };
@@ -91,6 +95,11 @@ impl EtcdStore {
             .thread
             .call_blocking(|shared| async move { staged::recover(&shared).await })?;
         Ok(store)
+    }
+
+    /// How long etcd has taken to answer this store's commits and reads.
+    pub fn latency(&self) -> &latency::EtcdLatency {
+        &self.latency
     }
 
     /// The settings it was opened with.

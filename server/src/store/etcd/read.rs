@@ -46,12 +46,14 @@ async fn read(
     let started = Instant::now();
     let mut pause = Duration::from_millis(2);
     loop {
+        let asked = Instant::now();
         let response = retry("read", shared.options.commit_timeout, || {
             let (mut kv, txn) = (shared.kv.clone(), txn.clone());
             async move { kv.txn(txn).await }
         })
         .await
         .map_err(|f| f.into_store_error("read"))?;
+        shared.latency.reads.observe(asked.elapsed());
         let revision = response.header().map_or(0, |h| h.revision());
         let mut replies = response.op_responses().into_iter();
         let (Some(TxnOpResponse::Get(reply)), Some(TxnOpResponse::Get(probe))) =

@@ -26,6 +26,7 @@ use tracing::error;
 
 use crate::store::StoreError;
 use crate::store::etcd::EtcdOptions;
+use crate::store::etcd::latency::EtcdLatency;
 use crate::store::etcd::layout::Layout;
 use crate::store::etcd::writer::{self, CommitRequest};
 
@@ -42,6 +43,8 @@ pub(crate) struct Shared {
     pub(crate) layout: Layout,
     /// The store's settings.
     pub(crate) options: EtcdOptions,
+    /// How long commits and reads take.
+    pub(crate) latency: Arc<EtcdLatency>,
 }
 
 /// A unit of work for the etcd thread.
@@ -185,5 +188,6 @@ pub(crate) fn shared(client: Client, options: EtcdOptions) -> Shared {
         layout: Layout::new(&options.prefix),
         client,
         options,
+        latency: Arc::default(),
     }
 }

@@ -121,15 +121,14 @@ async fn stage_and_mark(
             operation: "stage a commit",
             message: "the batch needs more than 2^32 chunks".to_owned(),
         })?;
-        for (index, chunk) in (0..count).zip(chunks) {
-            let key = layout.chunk(id, index);
-            retry("stage a commit", timeout, || {
-                let (mut kv, key, chunk) = (kv.clone(), key.clone(), chunk.clone());
-                async move { kv.put(key, chunk, None).await }
+        // Nothing reads chunks before the marker: they go out together.
+        let puts = (0..count)
+            .zip(chunks)
+            .map(|(index, chunk)| {
+                Txn::new().and_then(vec![TxnOp::put(layout.chunk(id, index), chunk, None)])
             })
-            .await
-            .map_err(|f| f.into_store_error("stage a commit"))?;
-        }
+            .collect();
+        send_all(shared, "stage a commit", puts).await?;
         Ok::<_, StoreError>(count)
     };
     // The lease must outlive staging: keep it alive meanwhile.
@@ -148,10 +147,13 @@ async fn stage_and_mark(
     }
     let marked = mark(shared, id, count, fence).await;
     let mut client = shared.client.clone();
-    // The header is gone with the marker; the lease is no longer needed.
-    if let Err(error) = client.lease_revoke(lease).await {
-        warn!(%error, "Could not revoke a staging lease; it expires by itself.");
-    }
+    // The header is gone with the marker; the lease is no longer needed,
+    // and nothing waits for its revocation.
+    tokio::spawn(async move {
+        if let Err(error) = client.lease_revoke(lease).await {
+            warn!(%error, "Could not revoke a staging lease; it expires by itself.");
+        }
+    });
     marked.map(Some)
 }
 
@@ -270,6 +272,7 @@ async fn roll_in(
     // one leaves of `--max-txn-ops`: n guarded writes need n + 1 <= max.
     let max_ops = shared.options.max_txn_ops.saturating_sub(1).max(1);
     let max_bytes = shared.options.max_request_bytes;
+    let mut transactions = Vec::new();
     let mut start = 0;
     while start < writes.len() {
         let mut end = start;
@@ -297,22 +300,18 @@ async fn roll_in(
                 )
             })
             .collect();
-        let txn = Txn::new().and_then(guarded);
-        retry(
-            "roll a staged commit in",
-            shared.options.commit_timeout,
-            || {
-                let (mut kv, txn) = (shared.kv.clone(), txn.clone());
-                async move { kv.txn(txn).await }
-            },
-        )
-        .await
-        .map_err(|f| f.into_store_error("roll a staged commit in"))?;
-        if crash_midway {
-            return Ok(false);
-        }
+        transactions.push(Txn::new().and_then(guarded));
         start = end;
     }
+    if crash_midway {
+        if let Some(first) = transactions.into_iter().next() {
+            send(shared, "roll a staged commit in", first).await?;
+        }
+        return Ok(false);
+    }
+    // Each write is guarded on its own key and the marker's revision, so
+    // the transactions are independent: they go out together.
+    send_all(shared, "roll a staged commit in", transactions).await?;
     let finish = Txn::new().and_then(vec![
         TxnOp::delete(
             layout.chunks_of(id),
@@ -331,6 +330,62 @@ async fn roll_in(
     .await
     .map_err(|f| f.into_store_error("finish a staged commit"))?;
     Ok(true)
+}
+
+/// Transactions of one staged commit sent at once, at most.
+const PARALLEL_TRANSACTIONS: usize = 8;
+
+/// Sends `txn`, retrying while etcd does not answer.
+async fn send(shared: &Shared, operation: &'static str, txn: Txn) -> Result<(), StoreError> {
+    retry(operation, shared.options.commit_timeout, || {
+        let (mut kv, txn) = (shared.kv.clone(), txn.clone());
+        async move { kv.txn(txn).await }
+    })
+    .await
+    .map_err(|f| f.into_store_error(operation))?;
+    Ok(())
+}
+
+/// Sends independent transactions, up to [`PARALLEL_TRANSACTIONS`] at a
+/// time, each retried while etcd does not answer; the first failure is
+/// returned once all have ended.
+async fn send_all(
+    shared: &Shared,
+    operation: &'static str,
+    transactions: Vec<Txn>,
+) -> Result<(), StoreError> {
+    let mut pending = transactions.into_iter();
+    let mut running = tokio::task::JoinSet::new();
+    let mut failed = None;
+    loop {
+        while running.len() < PARALLEL_TRANSACTIONS
+            && let Some(txn) = pending.next()
+        {
+            let (kv, timeout) = (shared.kv.clone(), shared.options.commit_timeout);
+            running.spawn(async move {
+                retry(operation, timeout, || {
+                    let (mut kv, txn) = (kv.clone(), txn.clone());
+                    async move { kv.txn(txn).await }
+                })
+                .await
+                .map(|_| ())
+                .map_err(|f| f.into_store_error(operation))
+            });
+        }
+        let Some(done) = running.join_next().await else {
+            break;
+        };
+        let outcome = done.unwrap_or_else(|_| {
+            Err(StoreError::Etcd {
+                operation,
+                message: "a request task panicked".to_owned(),
+            })
+        });
+        if let Err(error) = outcome {
+            failed.get_or_insert(error);
+        }
+    }
+    failed.map_or(Ok(()), Err)
 }
 
 /// Deletes the chunks of a staged commit that will never be marked.

@@ -2,24 +2,31 @@
 //! queued.
 //!
 //! Callers rely on that order (a later commit of a key wins, an empty
-//! commit waits for every earlier one), so commits are applied one group
-//! at a time. A group is every queued commit that fits, together, in one
+//! commit waits for every earlier one), so commits are applied in groups,
+//! in order. A group is every queued commit that fits, together, in one
 //! etcd transaction (at most `max_txn_ops` keys and `max_request_bytes`),
 //! merged so that the later write to a key wins: commits of many tenants
 //! share one transaction and one raft proposal, as they share one fsync on
 //! sled. A commit too large for one transaction is applied on its own as a
 //! staged commit (see [`staged`](super::staged)).
 //!
+//! Groups that write no key in common are applied concurrently (up to
+//! eight at a time): commits of different tenants do not wait for each
+//! other's round trips, while a later write to a key still waits for the
+//! earlier one.
+//!
 //! Every distinct [`Fence`] of a group is a compare of its transaction.
 //! If one no longer holds, the commits under it fail with
 //! [`StoreError::Fenced`] and the others are applied without them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::mpsc::SyncSender;
 
 use etcd_client::{Compare, CompareOp, TxnOp, TxnOpResponse};
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
 use tracing::error;
 
 use crate::store::batch::printable_key;
@@ -67,6 +74,12 @@ struct Member {
 }
 
 impl Member {
+    /// An empty commit without a fence: it only waits for every earlier
+    /// commit.
+    fn is_barrier(&self) -> bool {
+        self.writes.is_empty() && self.fence.is_none()
+    }
+
     fn new(request: CommitRequest) -> Self {
         let fence = request.batch.fence().cloned();
         Self {
@@ -148,19 +161,115 @@ impl Group {
     }
 }
 
+/// Groups applied at once, at most. Groups in flight never share a key.
+const PARALLEL_GROUPS: usize = 8;
+
+/// The groups being applied, and the keys each writes.
+struct InFlight {
+    tasks: JoinSet<bool>,
+    keys: HashMap<tokio::task::Id, HashSet<Vec<u8>>>,
+    limit: usize,
+}
+
+impl InFlight {
+    fn new(limit: usize) -> Self {
+        Self {
+            tasks: JoinSet::new(),
+            keys: HashMap::new(),
+            limit: limit.max(1),
+        }
+    }
+
+    /// Takes note of an ended group; false if it stopped at a test's crash
+    /// point (the writer must stop too).
+    fn ended(&mut self, joined: Result<(tokio::task::Id, bool), tokio::task::JoinError>) -> bool {
+        match joined {
+            Ok((id, went_on)) => {
+                self.keys.remove(&id);
+                went_on
+            }
+            Err(error) => {
+                self.keys.remove(&error.id());
+                error!("A commit task of the etcd store panicked.");
+                true
+            }
+        }
+    }
+
+    /// Waits until a group writing `keys` may start: no group in flight
+    /// writes any of them, and there is room. False at a crash point.
+    async fn wait_for_room(&mut self, keys: &HashSet<Vec<u8>>) -> bool {
+        loop {
+            while let Some(joined) = self.tasks.try_join_next_with_id() {
+                if !self.ended(joined) {
+                    return false;
+                }
+            }
+            let conflict = self.keys.values().any(|busy| !busy.is_disjoint(keys));
+            if !conflict && self.tasks.len() < self.limit {
+                return true;
+            }
+            match self.tasks.join_next_with_id().await {
+                Some(joined) => {
+                    if !self.ended(joined) {
+                        return false;
+                    }
+                }
+                None => return true,
+            }
+        }
+    }
+
+    /// Waits until every group in flight has ended. False at a crash point.
+    async fn drain(&mut self) -> bool {
+        let mut went_on = true;
+        while let Some(joined) = self.tasks.join_next_with_id().await {
+            went_on &= self.ended(joined);
+        }
+        went_on
+    }
+
+    fn spawn(&mut self, keys: HashSet<Vec<u8>>, work: impl Future<Output = bool> + Send + 'static) {
+        let handle = self.tasks.spawn(work);
+        self.keys.insert(handle.id(), keys);
+    }
+}
+
 /// Applies queued commits until the queue closes (the store was dropped)
 /// or a test's crash point is reached.
+///
+/// Groups go out in queue order; a group may start while earlier ones are
+/// still being applied only if it writes none of their keys (commits of
+/// different tenants, say), so that a later write to a key always wins. An
+/// empty commit waits for every earlier one.
 pub(crate) async fn run(shared: Arc<Shared>, mut queue: mpsc::UnboundedReceiver<CommitRequest>) {
     let (max_ops, max_bytes) = (shared.options.max_txn_ops, shared.options.max_request_bytes);
+    // A test's crash point must stop the writer before anything later goes.
+    let parallel = if shared.options.crash_point.is_some() {
+        1
+    } else {
+        PARALLEL_GROUPS
+    };
+    let mut in_flight = InFlight::new(parallel);
     let mut carried: Option<Member> = None;
     loop {
         let first = match carried.take() {
             Some(member) => member,
             None => match queue.recv().await {
                 Some(request) => Member::new(request),
-                None => return,
+                None => {
+                    in_flight.drain().await;
+                    return;
+                }
             },
         };
+        if first.is_barrier() {
+            if !in_flight.drain().await {
+                return;
+            }
+            first.reply.send(Ok(()));
+            continue;
+        }
         let mut group = Group::default();
         if let Err(member) = group.try_add(first, max_ops, max_bytes) {
             // Unreachable: an empty group takes any member.
@@ -171,19 +280,42 @@ pub(crate) async fn run(shared: Arc<Shared>, mut queue: mpsc::UnboundedReceiver<
             let Some(member) = group.members.pop() else {
                 continue;
             };
-            match staged::commit(&shared, member.writes, member.fence).await {
-                Staged::Done(result) => member.reply.send(result),
-                Staged::Crashed => return,
+            let keys: HashSet<Vec<u8>> = member.writes.iter().map(|(key, _)| key.clone()).collect();
+            if !in_flight.wait_for_room(&keys).await {
+                return;
             }
+            let shared = shared.clone();
+            in_flight.spawn(keys, async move {
+                match staged::commit(&shared, member.writes, member.fence).await {
+                    Staged::Done(result) => {
+                        member.reply.send(result);
+                        true
+                    }
+                    Staged::Crashed => false,
+                }
+            });
             continue;
         }
         while let Ok(request) = queue.try_recv() {
-            if let Err(member) = group.try_add(Member::new(request), max_ops, max_bytes) {
+            let member = Member::new(request);
+            if member.is_barrier() {
+                carried = Some(member);
+                break;
+            }
+            if let Err(member) = group.try_add(member, max_ops, max_bytes) {
                 carried = Some(member);
                 break;
             }
         }
-        commit_group(&shared, group).await;
+        let keys: HashSet<Vec<u8>> = group.index.keys().cloned().collect();
+        if !in_flight.wait_for_room(&keys).await {
+            return;
+        }
+        let shared = shared.clone();
+        in_flight.spawn(keys, async move {
+            commit_group(&shared, group).await;
+            true
+        });
     }
 }
 
@@ -233,11 +365,13 @@ async fn commit_group(shared: &Shared, mut group: Group) {
             .and_then(operations)
             .or_else(fence_reads);
         let kv = shared.kv.clone();
+        let started = std::time::Instant::now();
         let outcome = retry("commit a batch", shared.options.commit_timeout, || {
             let (mut kv, txn) = (kv.clone(), txn.clone());
             async move { kv.txn(txn).await }
         })
         .await;
+        shared.latency.commits.observe(started.elapsed());
         let response = match outcome {
             Ok(response) => response,
             Err(Failure::Refused(error)) => {

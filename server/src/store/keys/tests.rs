@@ -63,6 +63,10 @@ fn other_keys_round_trip() {
         parse_tenant_name_key(&tenant_name_key("acme")),
         Some("acme".to_owned())
     );
+    assert_eq!(
+        parse_tenant_entry_key(&tenant_entry_key("acme")),
+        Some("acme".to_owned())
+    );
     let record = tenant_record_key(u64::MAX);
     assert_eq!(
         split_tenant_key(&record),
@@ -162,6 +166,7 @@ fn global_and_tenant_keys_never_overlap() {
         tenant_name_key("acme"),
         purge_key(1),
         fleet_event_key(1),
+        tenant_entry_key("acme"),
     ];
     for key in &global {
         assert_eq!(key[0], GLOBAL_SPACE);
@@ -173,6 +178,7 @@ fn global_and_tenant_keys_never_overlap() {
         tenant_names_prefix(),
         purges_prefix(),
         fleet_events_prefix(),
+        tenant_entries_prefix(),
     ] {
         let matching = global.iter().filter(|key| key.starts_with(prefix)).count();
         assert_eq!(matching, 1, "prefix {prefix:?}");

@@ -58,6 +58,12 @@ fn a_batch_applies_its_writes_in_order() {
 }
 
 #[tokio::test]
+async fn commits_queued_together_apply_in_queue_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    conformance::commits_queued_together_apply_in_queue_order(&open(dir.path())).await;
+}
+
+#[tokio::test]
 async fn an_oversized_value_rejects_the_whole_batch() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = open(dir.path());

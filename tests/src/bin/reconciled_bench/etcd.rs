@@ -147,7 +147,7 @@ async fn run_raw_etcd(
 
 /// `records` under `prefix` as transactions of at most [`TXN_OPS`] puts
 /// and [`TXN_BYTES`].
-fn transactions(prefix: &str, records: &[(Vec<u8>, Vec<u8>)]) -> Vec<Txn> {
+pub(super) fn transactions(prefix: &str, records: &[(Vec<u8>, Vec<u8>)]) -> Vec<Txn> {
     let mut out = Vec::new();
     let mut puts = Vec::new();
     let mut bytes = 0;
