@@ -127,7 +127,13 @@ impl Configurators for ConfiguratorsService {
                 RegistrationError::TypeHeld(TypeHeld { item_type, holder }) => {
                     ApiError::TypeHeld { item_type, holder }
                 }
-                RegistrationError::Tenant(error) => ApiError::from(error),
+                // The owner stopped while the registration waited in its
+                // queue (the tenant moved: a hand-off, a fenced commit):
+                // NOT_OWNER, which the agent retries, and never NOT_FOUND,
+                // which an agent takes as final and stops on.
+                RegistrationError::Tenant(error) => {
+                    self.context.owner_failed(&register.tenant, error)
+                }
             })?;
 
         let (outbound, stream) = mpsc::channel(OUTBOUND_BUFFER);

@@ -90,7 +90,13 @@ impl TokenDirectory for ClusterTokens {
         }
         let id = self.catalog.tenant_by_token_hash(hash)?;
         match self.catalog.name_of(id) {
-            Some(name) if self.directory.get(&name).is_some() => None,
+            // Served here: the owner's directory decides. Asked again, as
+            // the tenant may have been adopted since the first look (its
+            // token is then known there); a token refused by the catalog
+            // alone would be UNAUTHENTICATED, which an agent takes as final.
+            Some(name) if self.directory.get(&name).is_some() => {
+                self.directory.tenant_by_token_hash(hash)
+            }
             _ => Some(id),
         }
     }
