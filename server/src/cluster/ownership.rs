@@ -29,7 +29,7 @@ use tracing::{debug, info, warn};
 
 use crate::store::{EtcdStore, Fence, Store, WriteBatch, keys};
 use crate::tenant::owner::now_ms;
-use crate::tenant::record::{decode, encode};
+use crate::tenant::record::decode;
 use crate::tenant::{TenantDirectory, TenantError, TenantHandle, TenantRecord, TenantState};
 use crate::watch::hub::CloseReason;
 
@@ -337,7 +337,8 @@ impl Ownership {
         };
         let started = std::time::Instant::now();
         let records = self.records.clone();
-        let loaded = tokio::task::spawn_blocking(move || load(&*records, id))
+        let entry_name = name.to_owned();
+        let loaded = tokio::task::spawn_blocking(move || load(&*records, id, &entry_name))
             .await
             .unwrap_or_else(|_| {
                 Err(TenantError::Corrupt {
@@ -349,7 +350,7 @@ impl Ownership {
             key: key.clone(),
             mod_revision: revision,
         };
-        let (state, stored) = match loaded {
+        let (state, stored_entry) = match loaded {
             Ok(Some(loaded)) => loaded,
             Ok(None) => {
                 // Deleted meanwhile: nothing to serve.
@@ -366,26 +367,35 @@ impl Ownership {
             // The lease (and with it the claim) was lost while loading.
             return;
         }
-        let entry = self.catalog.entry(name);
-        let owner_store = Arc::new(OwnerStore::new(
-            self.records.clone(),
-            id,
-            fence,
-            entry.clone(),
-        ));
+        // The entry as etcd has it, read with the record after the claim:
+        // not the catalog's copy, which lags etcd's watch (the previous
+        // owner's last commit may not have reached it yet). Only an entry
+        // that is missing or says something else than the record (a store
+        // copied from sled) is written, alone and under the fence: the
+        // record itself is never written again unchanged, so every write
+        // of it carries a new revision.
         let current = TenantEntry::of(&state.record, now_ms());
-        if !entry.is_some_and(|entry| entry.same_as(&current)) {
-            // The entry is missing or stale (a store copied from sled):
-            // rewrite the record so that the owner's store writes it.
-            let mut batch = WriteBatch::new();
-            batch.put(keys::tenant_record_key(id), stored);
-            match owner_store.commit(batch).await {
-                Ok(()) => self.catalog.note(name, id, current),
-                Err(error) => {
-                    warn!(tenant = %name, %error, "Writing a tenant's directory entry failed; its owner writes it with the next commit.");
+        let known = match stored_entry {
+            Some(stored) if stored.same_as(&current) => {
+                self.catalog.note(name, id, stored.clone());
+                Some(stored)
+            }
+            _ => {
+                let mut batch = WriteBatch::fenced(fence.clone());
+                batch.put(keys::tenant_entry_key(name), current.encode());
+                match self.records.commit(batch).await {
+                    Ok(()) => {
+                        self.catalog.note(name, id, current.clone());
+                        Some(current)
+                    }
+                    Err(error) => {
+                        warn!(tenant = %name, %error, "Writing a tenant's directory entry failed; its owner writes it with the next commit.");
+                        None
+                    }
                 }
             }
-        }
+        };
+        let owner_store = Arc::new(OwnerStore::new(self.records.clone(), id, fence, known));
         let handle = self.directory.adopt(state, owner_store);
         lock(&self.local).insert(
             id,
@@ -536,9 +546,13 @@ impl Ownership {
     }
 }
 
-/// Tenant `id`'s state and its record as stored, or `None` if it is gone
-/// or deleted.
-fn load(store: &dyn Store, id: u64) -> Result<Option<(TenantState, Vec<u8>)>, TenantError> {
+/// Tenant `id`'s state and its directory entry (under `name`) as stored,
+/// or `None` if it is gone or deleted.
+fn load(
+    store: &dyn Store,
+    id: u64,
+    name: &str,
+) -> Result<Option<(TenantState, Option<TenantEntry>)>, TenantError> {
     let key = keys::tenant_record_key(id);
     let Some(bytes) = store.get(&key)? else {
         return Ok(None);
@@ -547,9 +561,10 @@ fn load(store: &dyn Store, id: u64) -> Result<Option<(TenantState, Vec<u8>)>, Te
     if record.deleted {
         return Ok(None);
     }
-    // Re-encoded: what the owner's store compares its entry with.
-    let stored = encode(&record)?;
-    Ok(Some((TenantState::load(store, record)?, stored)))
+    let entry = store
+        .get(&keys::tenant_entry_key(name))?
+        .and_then(|bytes| TenantEntry::decode(&bytes));
+    Ok(Some((TenantState::load(store, record)?, entry)))
 }
 
 #[cfg(test)]
