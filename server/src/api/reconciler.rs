@@ -138,6 +138,7 @@ impl Reconciler for ReconcilerService {
         if request.wait {
             let deadline = tokio::time::Instant::now() + timeout;
             (outcome, iterations) = wait_for_scope(
+                &self.context,
                 &handle,
                 &subgraph,
                 &mut updates,
@@ -328,6 +329,7 @@ fn progress_mark(snapshot: &TenantSnapshot) -> (u64, Vec<String>) {
 /// the connected item types (an agent registering) during the pause counts
 /// as progress: the count of idle passes starts over.
 async fn wait_for_scope(
+    context: &ApiContext,
     handle: &TenantHandle,
     subgraph: &str,
     updates: &mut tokio::sync::watch::Receiver<Arc<TenantSnapshot>>,
@@ -384,7 +386,12 @@ async fn wait_for_scope(
                     break;
                 }
                 let before = handle.snapshots.latest().record.revision;
-                handle.reconcile(false).await.map_err(ApiError::from)?;
+                // An owner that stopped because the tenant moved answers
+                // NOT_OWNER (the caller retries), as the first pass does.
+                handle
+                    .reconcile(false)
+                    .await
+                    .map_err(|error| context.owner_failed(&handle.name, error))?;
                 iterations = iterations.saturating_add(1);
                 if progressed || handle.snapshots.latest().record.revision != before {
                     no_progress = 0;
