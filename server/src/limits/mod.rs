@@ -39,7 +39,6 @@ pub use decode::{
 };
 use per_caller::PerCaller;
 use rate::RateLimiter;
-pub use tenant_bytes::TenantBytes;
 
 use crate::auth::Caller;
 use crate::status::ApiError;

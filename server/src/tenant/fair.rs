@@ -103,7 +103,6 @@ pub const HALF_LIFE: Duration = Duration::from_secs(1);
 /// The seats of heavy work and who waits for them.
 #[derive(Debug)]
 pub struct FairWorkers {
-    seats: usize,
     state: Mutex<State>,
 }
 
@@ -139,7 +138,6 @@ impl FairWorkers {
     pub fn new(seats: usize) -> Arc<Self> {
         let seats = seats.max(1);
         Arc::new(Self {
-            seats,
             state: Mutex::new(State {
                 free: seats,
                 used: HashMap::new(),
@@ -157,42 +155,31 @@ impl FairWorkers {
             .max(1)
     }
 
-    /// How many seats there are.
-    pub fn seats(&self) -> usize {
-        self.seats
-    }
-
     /// Waits for a seat for `tenant`'s heavy work.
     pub async fn seat(self: &Arc<Self>, tenant: u64) -> Seat {
-        let receiver = {
-            let mut state = self.lock();
-            if state.free > 0 && state.waiting.is_empty() {
-                state.free -= 1;
-                return self.handed_to(tenant);
-            }
-            let (grant, receiver) = oneshot::channel();
-            state.arrivals += 1;
-            let arrival = state.arrivals;
-            state.waiting.push(Waiter {
-                tenant,
-                arrival,
-                grant,
-            });
-            receiver
-        };
-        match receiver.await {
-            Ok(seat) => seat,
+        loop {
+            let receiver = {
+                let mut state = self.lock();
+                if state.free > 0 && state.waiting.is_empty() {
+                    state.free -= 1;
+                    return self.handed_to(tenant);
+                }
+                let (grant, receiver) = oneshot::channel();
+                state.arrivals += 1;
+                let arrival = state.arrivals;
+                state.waiting.push(Waiter {
+                    tenant,
+                    arrival,
+                    grant,
+                });
+                receiver
+            };
             // The pool never drops a waiter without granting it a seat;
-            // should that change, waiting again is still correct.
-            Err(_) => Box::pin(self.seat(tenant)).await,
+            // should that change, queueing again is still correct.
+            if let Ok(seat) = receiver.await {
+                return seat;
+            }
         }
-    }
-
-    /// Seat time `tenant` used recently (seconds, decayed), for tests and
-    /// metrics.
-    pub fn recent_use(&self, tenant: u64) -> f64 {
-        let mut state = self.lock();
-        state.decayed(tenant, Instant::now())
     }
 
     fn handed_to(self: &Arc<Self>, tenant: u64) -> Seat {

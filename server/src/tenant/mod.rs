@@ -20,7 +20,7 @@ pub use crate::engine::intent::ValidatedSubmit;
 pub use clock::{Clock, SimulatedClock, SystemClock};
 pub use directory::{DirectoryError, Quarantined, TenantDirectory};
 pub use error::TenantError;
-pub use fair::{FairWorkers, Seat, fairly, off_async_workers};
+pub use fair::{FairWorkers, fairly, off_async_workers};
 pub use owner::{OwnerSettings, RegistrationError, SubmitOutcome, TenantHandle};
 pub use record::{TenantLimits, TenantRecord};
 pub use snapshot::{SnapshotHistory, TenantSnapshot};
