@@ -539,10 +539,18 @@ impl Suite {
                 message.push(0x1a);
                 message.push(u8::try_from(item.len()).unwrap_or(0));
                 message.extend_from_slice(&item);
-                let status = raw_submit(&self.channel, &self.hostile, message).await;
-                match status {
-                    Some(status) => check(&status, "SubmitIntent with invalid UTF-8"),
-                    None => Ok(()),
+                // Random bytes are sometimes valid UTF-8 and a valid name:
+                // then the submit is accepted and its generation counts.
+                match raw::raw_unary(&self.channel, raw::SUBMIT_INTENT, &self.hostile, message)
+                    .await
+                {
+                    Ok(reply) => {
+                        let reply = v1::SubmitIntentResponse::decode(reply.as_slice())
+                            .map_err(|error| TestCaseError::fail(error.to_string()))?;
+                        self.acknowledge(reply.generation);
+                        Ok(())
+                    }
+                    Err(status) => check(&status, "SubmitIntent with invalid UTF-8"),
                 }
             }
             Case::Report(reports) => {
@@ -620,6 +628,14 @@ impl Suite {
         }
     }
 
+    /// Records `generation` as the hostile tenant's last acknowledged one.
+    fn acknowledge(&self, generation: u64) {
+        self.acknowledged
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .hostile_generation = generation;
+    }
+
     async fn submit(&self, request: v1::SubmitIntentRequest) -> Result<(), TestCaseError> {
         let dry_run = request.dry_run;
         let answer = api::reconciler(&self.channel, &self.hostile)
@@ -628,11 +644,7 @@ impl Suite {
         match answer {
             Ok(reply) => {
                 if !dry_run {
-                    let mut acknowledged = self
-                        .acknowledged
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner());
-                    acknowledged.hostile_generation = reply.into_inner().generation;
+                    self.acknowledge(reply.into_inner().generation);
                 }
                 Ok(())
             }
@@ -787,13 +799,6 @@ async fn read_for(
             }
         }
     }
-}
-
-/// Sends `message` raw to SubmitIntent; the refusal, if any.
-async fn raw_submit(channel: &Channel, token: &str, message: Vec<u8>) -> Option<Status> {
-    raw::raw_unary(channel, raw::SUBMIT_INTENT, token, message)
-        .await
-        .err()
 }
 
 // ---- the bystander ----
