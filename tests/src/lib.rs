@@ -58,4 +58,6 @@ pub use binary::{
 pub use grpcurl::{GRPCURL_PACKAGE, grpcurl, successful_stdout};
 pub use python::{PYTHON_GRPC_PACKAGES, generate_python_stubs, python_grpc_site};
 pub use reconciled_proto as proto;
-pub use server::{EXIT_DEADLINE, READY_DEADLINE, ServerOptions, ServerProcess, random_token};
+pub use server::{
+    EXIT_DEADLINE, NO_BYTE_BUDGET, READY_DEADLINE, ServerOptions, ServerProcess, random_token,
+};

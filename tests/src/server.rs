@@ -36,6 +36,10 @@ const START_ATTEMPTS: usize = 3;
 /// The bytes of a failing server's log shown in errors and panics.
 const LOG_TAIL_BYTES: u64 = 8 * 1024;
 
+/// The server argument that turns off the per-tenant budget of request
+/// bytes (see [`ServerOptions::without_byte_budget`]).
+pub const NO_BYTE_BUDGET: &str = "--max-tenant-bytes-per-second=0";
+
 /// How to start a server.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
@@ -71,6 +75,12 @@ impl ServerOptions {
     pub fn admin_token(mut self, token: impl Into<String>) -> Self {
         self.admin_token = Some(token.into());
         self
+    }
+
+    /// Turns off the per-tenant budget of request bytes: for benchmarks
+    /// that measure what the server can take, not what it admits.
+    pub fn without_byte_budget(self) -> Self {
+        self.arg(NO_BYTE_BUDGET)
     }
 
     /// Appends a command-line argument (after `--listen`, `--data-dir` and

@@ -403,7 +403,7 @@ async fn a_watcher_too_slow_for_its_buffer_is_ended_without_a_gap() {
     let options = ServerOptions::default()
         .arg("--watch-ring-events")
         .arg("20")
-        .arg("--max-tenant-bytes-per-second=0");
+        .without_byte_budget();
     let tenant = TestTenant::start_with(options, "acme").await;
     let mut watcher = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 0))
         .await

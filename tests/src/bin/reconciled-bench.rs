@@ -548,7 +548,14 @@ async fn run_reconciled(
     spread: Spread,
     seconds: Duration,
 ) -> anyhow::Result<Measurement> {
-    run_reconciled_with(ServerOptions::default(), shape, clients, spread, seconds).await
+    run_reconciled_with(
+        ServerOptions::default().without_byte_budget(),
+        shape,
+        clients,
+        spread,
+        seconds,
+    )
+    .await
 }
 
 /// [`run_reconciled`] on a server started with `options`.

@@ -84,6 +84,7 @@ pub(super) fn etcd_benchmark(args: &EtcdArgs) -> anyhow::Result<()> {
                 bytes_per_request: records.bytes_per_commit(),
             };
             let options = ServerOptions::default()
+                .without_byte_budget()
                 .arg("--store")
                 .arg("etcd")
                 .arg("--etcd-endpoints")

@@ -791,7 +791,7 @@ async fn run_configuration(
     phase_timeout: Duration,
     perf: Option<PerfSettings<'_>>,
 ) -> anyhow::Result<Vec<PhaseFigure>> {
-    let mut server = ServerProcess::start(ServerOptions::default()).await?;
+    let mut server = ServerProcess::start(ServerOptions::default().without_byte_budget()).await?;
     let outcome = measure_configuration(&server, configuration, phase_timeout, perf).await;
     let stopped = server.terminate().await;
     match (outcome, stopped) {

@@ -30,6 +30,7 @@ use reconciled::graph::CurrentItem;
 use reconciled::store::keys;
 use reconciled::tenant::record::encode;
 use reconciled_client::agent::{Agent, TypeSpec};
+use reconciled_tests::NO_BYTE_BUDGET;
 use reconciled_tests::agents::{Recorder, RunningAgent};
 use reconciled_tests::api;
 use reconciled_tests::cluster::Replicas;
@@ -103,7 +104,7 @@ pub(super) fn replicas_benchmark(args: &ReplicasArgs) -> anyhow::Result<()> {
         let mut rows = Vec::new();
         let mut run = 0;
         for count in [1usize, 3] {
-            let replicas = Replicas::start_with(&etcd, count, LEASE_SECS, &[]).await;
+            let replicas = Replicas::start_with(&etcd, count, LEASE_SECS, &[NO_BYTE_BUDGET]).await;
             for &items in &args.items {
                 run += 1;
                 println!("\n## SubmitIntent, {items} items, {count} replica(s)");
