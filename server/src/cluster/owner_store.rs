@@ -172,6 +172,10 @@ impl Store for OwnerStore {
     fn max_value_bytes(&self) -> usize {
         self.inner.max_value_bytes()
     }
+
+    fn writes_per_step(&self) -> Option<usize> {
+        self.inner.writes_per_step()
+    }
 }
 
 #[cfg(test)]

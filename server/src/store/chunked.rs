@@ -214,6 +214,10 @@ impl<S: Store> Store for ChunkedValues<S> {
     fn max_value_bytes(&self) -> usize {
         MAX_CHUNKED_VALUE_BYTES
     }
+
+    fn writes_per_step(&self) -> Option<usize> {
+        self.inner.writes_per_step()
+    }
 }
 
 /// The key of chunk `index` of `key`: the chunk space byte, the key's

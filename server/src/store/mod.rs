@@ -80,6 +80,14 @@ pub trait Store: Send + Sync + 'static {
     fn max_value_bytes(&self) -> usize {
         MAX_VALUE_BYTES
     }
+
+    /// The most writes a commit can apply in one step, when the backend
+    /// has such a bound (etcd's operations per transaction). A larger
+    /// commit is still atomic, but costs several round trips: writers
+    /// that may choose how much to commit at once stay below it.
+    fn writes_per_step(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A shared store is a store (so that one backend can be wrapped, e.g. by
@@ -116,6 +124,10 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
 
     fn max_value_bytes(&self) -> usize {
         (**self).max_value_bytes()
+    }
+
+    fn writes_per_step(&self) -> Option<usize> {
+        (**self).writes_per_step()
     }
 }
 

@@ -118,6 +118,21 @@ pub struct SubmitOutcome {
 /// Results taken into one pass (and one commit) at most.
 const MAX_RESULTS_PER_PASS: usize = 256;
 
+/// Writes of a pass's commit besides its results' and dispatches' items:
+/// the tenant record, its directory entry, the events.
+const PASS_OVERHEAD_WRITES: usize = 8;
+
+/// Results taken into one pass when the store applies at most
+/// `writes_per_step` writes in one step: each result writes its item and
+/// may free room for one dispatch, which journals another, so the pass's
+/// commit stays one step (on etcd, one transaction rather than a staged
+/// commit of several round trips).
+fn results_per_pass(writes_per_step: Option<usize>) -> usize {
+    writes_per_step.map_or(MAX_RESULTS_PER_PASS, |writes| {
+        (writes.saturating_sub(PASS_OVERHEAD_WRITES) / 2).clamp(1, MAX_RESULTS_PER_PASS)
+    })
+}
+
 /// Tenants with more items than this plan on a seat of the shared
 /// [`FairWorkers`], on a thread the runtime may leave (`block_in_place`),
 /// so that big tenants' full passes neither hold up small tenants on the
@@ -403,6 +418,7 @@ impl Owner {
             warn!(tenant = %self.record.name, %error, "First pass failed.");
         }
         let mut deferred: Option<Command> = None;
+        let results_per_pass = results_per_pass(self.store.writes_per_step());
         loop {
             if self.fenced_out {
                 break;
@@ -461,7 +477,7 @@ impl Owner {
                     attempt,
                     outcome,
                 }];
-                while batch.len() < MAX_RESULTS_PER_PASS {
+                while batch.len() < results_per_pass {
                     match commands.try_recv().map(|queued| self.took(queued)) {
                         Ok(Command::FromAgent(
                             session_id,

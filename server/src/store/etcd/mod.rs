@@ -287,4 +287,9 @@ impl Store for EtcdStore {
     fn max_value_bytes(&self) -> usize {
         MAX_VALUE_BYTES
     }
+
+    /// A commit over `max_txn_ops` writes is staged (several round trips).
+    fn writes_per_step(&self) -> Option<usize> {
+        Some(self.options.max_txn_ops)
+    }
 }

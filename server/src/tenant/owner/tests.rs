@@ -1140,3 +1140,89 @@ async fn a_progress_message_is_kept_with_the_operation_and_bounded() {
     assert!(shown.len() <= crate::engine::exec::port::MAX_PROGRESS_MESSAGE);
     assert!(shown.starts_with('é'), "cut at a character boundary");
 }
+
+/// An in-memory store that applies at most `writes_per_step` writes in one
+/// step (as etcd does per transaction) and notes the largest commit.
+#[derive(Default)]
+struct SteppedStore {
+    inner: InMemoryStore,
+    largest: std::sync::atomic::AtomicUsize,
+}
+
+const WRITES_PER_STEP: usize = 40;
+
+impl Store for SteppedStore {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, crate::store::StoreError> {
+        self.inner.get(key)
+    }
+    fn scan(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<crate::store::Record>, crate::store::StoreError> {
+        self.inner.scan(prefix, start_after, limit)
+    }
+    fn commit(&self, batch: crate::store::WriteBatch) -> crate::store::CommitHandle {
+        crate::store::CommitHandle::ready(self.commit_blocking(batch))
+    }
+    fn commit_blocking(
+        &self,
+        batch: crate::store::WriteBatch,
+    ) -> Result<(), crate::store::StoreError> {
+        self.largest
+            .fetch_max(batch.writes().len(), std::sync::atomic::Ordering::SeqCst);
+        self.inner.commit_blocking(batch)
+    }
+    fn backup_to(&self, path: &std::path::Path) -> Result<(), crate::store::StoreError> {
+        self.inner.backup_to(path)
+    }
+    fn size_on_disk(&self) -> Result<u64, crate::store::StoreError> {
+        self.inner.size_on_disk()
+    }
+    fn writes_per_step(&self) -> Option<usize> {
+        Some(WRITES_PER_STEP)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn results_that_arrive_together_commit_in_steps_the_store_takes_at_once() {
+    // On etcd a commit over 128 writes is staged (several round trips):
+    // a pass takes no more results than keep its commit within one step.
+    use std::sync::atomic::Ordering;
+    let store = Arc::new(SteppedStore::default());
+    let mut spec = TypeSpec::new("t");
+    spec.max_in_flight = 100;
+    let mut harness = start_with(8, spec, OwnerSettings::default(), store.clone()).await;
+    let names: Vec<String> = (0..100).map(|i| format!("i{i:03}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    harness.handle.submit(submit(&names)).await.expect("stored");
+    settle().await;
+    let messages = received(&mut harness.agent);
+    let orders = orders(&messages);
+    assert_eq!(orders.len(), 100);
+    store.largest.store(0, Ordering::SeqCst);
+    for order in &orders {
+        harness
+            .handle
+            .from_agent(
+                1,
+                FromAgent::Result {
+                    op_id: order.op_id.clone(),
+                    attempt: order.attempt,
+                    outcome: done(),
+                },
+            )
+            .await
+            .expect("owner running");
+    }
+    settle().await;
+    for name in &names {
+        assert_eq!(state_of(&harness.handle, name), Some(ItemState::Created));
+    }
+    let largest = store.largest.load(Ordering::SeqCst);
+    assert!(
+        (1..=WRITES_PER_STEP).contains(&largest),
+        "the largest commit of results held {largest} writes"
+    );
+}
