@@ -3,10 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use imbl::OrdMap;
+use imbl::{OrdMap, OrdSet};
 
 use super::plan::{WaitReason, WaitingItem};
-use crate::graph::ItemRef;
+use crate::graph::{ItemRef, OperationKind};
 
 /// Counts over the waiting items.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -56,12 +56,21 @@ impl WaitingSummary {
 #[derive(Clone, Debug, Default)]
 pub struct WaitingSet {
     items: OrdMap<ItemRef, WaitingItem>,
+    /// The items whose waiting operation is a Delete: a Create of their
+    /// type asks for them, and must not walk every waiting item to find
+    /// them (a deep chain keeps almost every item waiting).
+    deletes: OrdSet<ItemRef>,
     summary: WaitingSummary,
 }
 
 impl WaitingSet {
     /// Records that `item` waits as described, replacing what it waited for.
     pub fn insert(&mut self, entry: WaitingItem) {
+        if entry.operation == OperationKind::Delete {
+            self.deletes.insert(entry.item.clone());
+        } else {
+            self.deletes.remove(&entry.item);
+        }
         if let Some(previous) = self.items.insert(entry.item.clone(), entry.clone()) {
             self.summary.count(&previous, -1);
         }
@@ -70,18 +79,22 @@ impl WaitingSet {
 
     /// Records that `item` no longer waits.
     pub fn remove(&mut self, item: &ItemRef) {
+        self.deletes.remove(item);
         if let Some(previous) = self.items.remove(item) {
             self.summary.count(&previous, -1);
         }
     }
 
-    /// The waiting items of one item type, in identity order.
-    pub fn of_type<'s>(&'s self, item_type: &'s str) -> impl Iterator<Item = &'s WaitingItem> + 's {
+    /// The items of one item type waiting to be deleted, in identity
+    /// order; as cheap as there are such items, however many others wait.
+    pub fn deletes_of_type<'s>(
+        &'s self,
+        item_type: &'s str,
+    ) -> impl Iterator<Item = &'s ItemRef> + 's {
         let start = ItemRef::new(item_type, "");
-        self.items
+        self.deletes
             .range(start..)
-            .take_while(move |(key, _)| &*key.item_type == item_type)
-            .map(|(_, waiting)| waiting)
+            .take_while(move |item| &*item.item_type == item_type)
     }
 
     /// The waiting entry of `item`, if it waits.
@@ -104,7 +117,6 @@ impl WaitingSet {
 mod tests {
     use super::*;
     use crate::engine::plan::BlockedBy;
-    use crate::graph::OperationKind;
 
     fn waiting(name: &str, reason: WaitReason) -> WaitingItem {
         WaitingItem {
@@ -135,5 +147,31 @@ mod tests {
             set.summary().by_reason.get(&WaitReason::Dependency),
             Some(&1)
         );
+    }
+
+    #[test]
+    fn deletes_of_a_type_follow_what_each_item_waits_to_do() {
+        let mut set = WaitingSet::default();
+        let delete = |item_type: &str, name: &str| WaitingItem {
+            item: ItemRef::new(item_type, name),
+            operation: OperationKind::Delete,
+            ..waiting(name, WaitReason::Dependency)
+        };
+        set.insert(waiting("a", WaitReason::Dependency));
+        set.insert(delete("t", "b"));
+        set.insert(delete("t", "c"));
+        set.insert(delete("u", "d"));
+        let names = |set: &WaitingSet| -> Vec<String> {
+            set.deletes_of_type("t")
+                .map(|item| item.name.to_string())
+                .collect()
+        };
+        assert_eq!(names(&set), ["b", "c"]);
+        // b now waits to be created, c no longer waits.
+        set.insert(waiting("b", WaitReason::Dependency));
+        set.remove(&ItemRef::new("t", "c"));
+        assert!(names(&set).is_empty());
+        assert_eq!(set.deletes_of_type("u").count(), 1);
+        assert_eq!(set.deletes_of_type("").count(), 0);
     }
 }

@@ -54,12 +54,7 @@ impl PlanEnvironment for Environment<'_> {
                     .and_then(|c| c.in_flight.as_ref())
                     .is_some_and(|operation| operation.kind == OperationKind::Delete)
         });
-        let waiting = self
-            .model
-            .waiting
-            .of_type(item_type)
-            .filter(|waiting| waiting.operation == OperationKind::Delete)
-            .map(|waiting| &waiting.item);
+        let waiting = self.model.waiting.deletes_of_type(item_type);
         let queued = self.room.queued_deletes_of(item_type);
         in_flight.chain(waiting).chain(queued).cloned().collect()
     }
