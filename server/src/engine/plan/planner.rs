@@ -556,9 +556,20 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 need == Need::Nothing && current.is_some_and(|c| c.is_created() && !c.is_busy());
             let absent_and_unwanted = need == Need::Nothing && current.is_none();
             if self.expand && (self.node(id).seed || !(settled || absent_and_unwanted)) {
+                // Likewise an existing item whose planned Modify did not
+                // change this pass (it is not a seed): its dependents that
+                // only wait for that Modify, by a plain edge, with an own
+                // Modify of their own and nothing running, wait for it as
+                // before; a chain being modified is not walked to its top.
+                let modify_as_before = !self.node(id).seed
+                    && need == (Need::Modify { ask: false })
+                    && current.is_some_and(|c| c.is_created());
                 let dependents = self.current_dependents(id);
                 for index in 0..dependents.len as usize {
                     let dependent = self.edge(dependents, index);
+                    if modify_as_before && self.waits_only_for_modify_of(dependent, id) {
+                        continue;
+                    }
                     self.visit(dependent);
                 }
                 // An absent item that is still to be created blocks its
@@ -580,12 +591,49 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                             continue;
                         }
                         if let Some(dependent) = self.node_for_intended(dependent) {
+                            if modify_as_before && self.waits_only_for_modify_of(dependent, id) {
+                                continue;
+                            }
                             self.visit(dependent);
                         }
                     }
                 }
             }
         }
+    }
+
+    /// Whether `dependent` only waits for the Modify of `required`, as it
+    /// did before this pass: it exists, nothing of it runs, it needs a
+    /// plain Modify of its own, and neither its intended nor its applied
+    /// value asks anything of `required` but that it exists (no predicate
+    /// to check against the new value, no recreate on modification, not
+    /// gone with an external item).
+    fn waits_only_for_modify_of(&mut self, dependent: Id, required: Id) -> bool {
+        let required = self.node(required).item;
+        let node = self.node(dependent);
+        let (Some(intended), Some(current)) = (node.intended, node.current) else {
+            return false;
+        };
+        if current.is_busy() || !current.is_created() {
+            return false;
+        }
+        let plain = |dependencies: &[crate::graph::Dependency]| {
+            dependencies
+                .iter()
+                .filter(|dependency| dependency.requires == *required)
+                .all(|dependency| {
+                    dependency.must_satisfy.is_empty()
+                        && !dependency.recreate_when_modified
+                        && !dependency.auto_deleted_by_external
+                })
+        };
+        let applied_plain = current
+            .applied
+            .as_ref()
+            .is_none_or(|applied| plain(&applied.dependencies));
+        plain(&intended.item.dependencies)
+            && applied_plain
+            && self.need(dependent) == (Need::Modify { ask: false })
     }
 
     /// Examines the items whose Delete is in flight or planned (as the

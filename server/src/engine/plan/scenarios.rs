@@ -1250,3 +1250,62 @@ fn a_completion_in_a_deep_chain_plans_its_neighbourhood_not_the_chain_above() {
         "the next item down is ready"
     );
 }
+
+/// Issue 14: the same for a chain being modified. Every item's intent
+/// changed (a plain Modify, dependencies first, rule 8); the bottom half
+/// is modified already. The pass after the Modify of item k plans its
+/// neighbourhood: the items above, which still wait for their own
+/// dependencies' Modifies, are not walked again.
+#[test]
+fn a_modify_completion_in_a_deep_chain_plans_its_neighbourhood_not_the_chain_above() {
+    use std::collections::BTreeSet;
+
+    use crate::graph::{CurrentItem, ItemRef};
+
+    let name = |index: usize| format!("t/n{index:04}");
+    let (size, modified_from) = (2_000, 1_000);
+    let chain = |version: u64| -> Vec<Item> {
+        (0..size)
+            .map(|index| {
+                (index + 1..(index + 11).min(size)).fold(
+                    item(&name(index), json!({ "version": version })),
+                    |value, required| value.depends_on(on(&name(required))),
+                )
+            })
+            .collect()
+    };
+    let mut world = World::new();
+    world.intend(chain(2));
+    let old = chain(1);
+    for (index, old_value) in old.into_iter().enumerate() {
+        let key = parse_ref(&name(index));
+        let entry = world.intended.get(&key).expect("intended").clone();
+        let applied = if index >= modified_from {
+            entry.item.clone()
+        } else {
+            std::sync::Arc::new(old_value)
+        };
+        world
+            .current
+            .insert(key, CurrentItem::created(applied, entry.generation));
+    }
+    let seed_names: Vec<String> = (modified_from - 10..=modified_from).map(name).collect();
+    let seed_refs: Vec<&str> = seed_names.iter().map(String::as_str).collect();
+    let seeds: BTreeSet<ItemRef> = seed_refs.iter().map(|seed| parse_ref(seed)).collect();
+    let plan = world.plan_seeded(&seed_refs, &seeds);
+    assert!(
+        plan.examined <= 40,
+        "{} items examined for one completion",
+        plan.examined
+    );
+    let ready: Vec<String> = (0..plan.operations.len())
+        .filter(|&index| plan.predecessors(index).next().is_none())
+        .map(|index| plan.operations[index].item.to_string())
+        .filter(|item| !plan.waiting.iter().any(|w| w.item.to_string() == *item))
+        .collect();
+    assert_eq!(
+        ready,
+        [name(modified_from - 1)],
+        "the next item down is ready to be modified"
+    );
+}
