@@ -85,8 +85,13 @@ use super::{
     thousands,
 };
 
-/// The most items per intent (the server's default per-request limit).
-pub const MAX_ITEMS: usize = 10_000;
+/// The most items of a configuration (the server's default per-tenant
+/// limit).
+pub const MAX_ITEMS: usize = 1_000_000;
+
+/// Items per SubmitIntent (the server's default per-request limit): a
+/// larger intent is submitted as one subgraph per this many items.
+const REQUEST_ITEMS: usize = 10_000;
 
 /// The most agents per configuration.
 pub const MAX_AGENTS: usize = 128;
@@ -192,7 +197,7 @@ impl OperationsArgs {
         ] {
             ensure!(
                 (1..=MAX_ITEMS).contains(&items),
-                "{flag} {items} is outside 1..={MAX_ITEMS} (the server's per-request limit)"
+                "{flag} {items} is outside 1..={MAX_ITEMS} (the server's per-tenant limit)"
             );
         }
         for (flag, seconds) in [
@@ -675,6 +680,21 @@ impl Phase {
         }
     }
 
+    /// The SubmitIntent requests of this phase: the intent in subgraphs of
+    /// [`REQUEST_ITEMS`] items (`part-0`, `part-1`, ...), each emptied by
+    /// the Delete phase.
+    fn requests(self, configuration: Configuration) -> Vec<v1::SubmitIntentRequest> {
+        let parts = configuration.items.div_ceil(REQUEST_ITEMS).max(1);
+        let mut items = self.intent(configuration).into_iter();
+        (0..parts)
+            .map(|part| {
+                let mut request = api::submit(TENANT, items.by_ref().take(REQUEST_ITEMS).collect());
+                request.subgraph = format!("part-{part}");
+                request
+            })
+            .collect()
+    }
+
     /// The intent of this phase: N items with `round` 0, then 1, then none.
     fn intent(self, configuration: Configuration) -> Vec<v1::Item> {
         let round = match self {
@@ -867,20 +887,23 @@ async fn run_phase(
     server_pid: u32,
     timeout: Duration,
 ) -> anyhow::Result<PhaseFigure> {
-    let request = api::submit(TENANT, phase.intent(configuration));
+    let requests = phase.requests(configuration);
     let revision_before = tenant_status(client).await?.revision;
     let counted_before = counts.snapshot();
     let server_cpu_before = process_cpu(server_pid)?;
     let bench_cpu_before = process_cpu(std::process::id())?;
     let start = Instant::now();
-    let reply = client
-        .submit_intent(request)
-        .await
-        .context("SubmitIntent failed")?
-        .into_inner();
+    let mut generation = 0;
+    for request in requests {
+        let reply = client
+            .submit_intent(request)
+            .await
+            .context("SubmitIntent failed")?
+            .into_inner();
+        ensure!(reply.changed, "SubmitIntent changed nothing");
+        generation = reply.generation;
+    }
     let submit = start.elapsed();
-    ensure!(reply.changed, "SubmitIntent changed nothing");
-    let generation = reply.generation;
     let mut polls = 0;
     let revision_after = loop {
         let status = tenant_status(client).await?;
@@ -1231,6 +1254,24 @@ mod tests {
             .collect();
         assert_eq!(required, ["i5", "i6"], "the next ten, within the intent");
         assert!(Phase::Delete.intent(configuration).is_empty());
+        let large = Configuration {
+            items: 2 * REQUEST_ITEMS + 1,
+            ..configuration
+        };
+        let parts: Vec<(String, usize)> = Phase::Create
+            .requests(large)
+            .into_iter()
+            .map(|request| (request.subgraph, request.items.len()))
+            .collect();
+        assert_eq!(
+            parts,
+            [
+                ("part-0".to_owned(), REQUEST_ITEMS),
+                ("part-1".to_owned(), REQUEST_ITEMS),
+                ("part-2".to_owned(), 1)
+            ]
+        );
+        assert_eq!(Phase::Delete.requests(large).len(), 3);
         let changed = Phase::Modify.intent(configuration);
         assert_ne!(items[0].properties, changed[0].properties);
     }
