@@ -549,7 +549,13 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             {
                 self.check_existing(id, current);
             }
-            if self.expand {
+            // What an item relies on decides whether it must go; an item
+            // going already whose Delete did not change this pass (not a
+            // seed) learns nothing from it, and the items it relies on
+            // wait for its Delete as before: a chain being deleted is not
+            // walked to its bottom.
+            let deleting_as_before = !self.node(id).seed && need == Need::Delete;
+            if self.expand && !deleting_as_before {
                 self.visit_unconverged_dependencies(id);
             }
             let settled =

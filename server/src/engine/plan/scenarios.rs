@@ -1292,6 +1292,8 @@ fn a_modify_completion_in_a_deep_chain_plans_its_neighbourhood_not_the_chain_abo
     let seed_names: Vec<String> = (modified_from - 10..=modified_from).map(name).collect();
     let seed_refs: Vec<&str> = seed_names.iter().map(String::as_str).collect();
     let seeds: BTreeSet<ItemRef> = seed_refs.iter().map(|seed| parse_ref(seed)).collect();
+    // Only the seeds count as unconverged: the test environment answers
+    // "the Deletes of a type" with every unconverged item of it.
     let plan = world.plan_seeded(&seed_refs, &seeds);
     assert!(
         plan.examined <= 40,
@@ -1307,5 +1309,53 @@ fn a_modify_completion_in_a_deep_chain_plans_its_neighbourhood_not_the_chain_abo
         ready,
         [name(modified_from - 1)],
         "the next item down is ready to be modified"
+    );
+}
+
+/// Issue 14: the same for a chain being deleted (dependents first, rule
+/// 2): the top half is deleted already, and the pass after the Delete of
+/// item k plans the items it frees, not the chain below them, although
+/// every item below is unconverged (the planner walks upstream through
+/// unconverged items to find deletions planned there).
+#[test]
+fn a_delete_completion_in_a_deep_chain_plans_its_neighbourhood_not_the_chain_below() {
+    use std::collections::BTreeSet;
+
+    use crate::graph::{CurrentItem, ItemRef};
+
+    let name = |index: usize| format!("t/n{index:04}");
+    let (size, deleted_below) = (2_000, 1_000);
+    let mut world = World::new();
+    for index in deleted_below..size {
+        let value = (index + 1..(index + 11).min(size))
+            .fold(item(&name(index), json!({})), |value, required| {
+                value.depends_on(on(&name(required)))
+            });
+        world.current.insert(
+            parse_ref(&name(index)),
+            CurrentItem::created(std::sync::Arc::new(value), 1),
+        );
+    }
+    let unconverged: BTreeSet<ItemRef> = (deleted_below..size)
+        .map(|index| parse_ref(&name(index)))
+        .collect();
+    // Item 999 was just deleted: it and the items it relied on are the seeds.
+    let seed_names: Vec<String> = (deleted_below - 1..deleted_below + 10).map(name).collect();
+    let seed_refs: Vec<&str> = seed_names.iter().map(String::as_str).collect();
+    let plan = world.plan_seeded(&seed_refs, &unconverged);
+    assert!(
+        plan.examined <= 40,
+        "{} items examined for one completion",
+        plan.examined
+    );
+    let ready: Vec<String> = (0..plan.operations.len())
+        .filter(|&index| plan.predecessors(index).next().is_none())
+        .map(|index| plan.operations[index].item.to_string())
+        .filter(|item| !plan.waiting.iter().any(|w| w.item.to_string() == *item))
+        .collect();
+    assert_eq!(
+        ready,
+        [name(deleted_below)],
+        "the next item down is ready to be deleted"
     );
 }
