@@ -1196,6 +1196,56 @@ fn an_item_that_may_hold_an_untied_value_is_deleted_not_dropped_and_holds_its_de
     );
 }
 
+/// Item `index` of a chain, as a reference string.
+fn chain_name(index: usize) -> String {
+    format!("t/n{index:04}")
+}
+
+/// A chain of EVE's benchmark shape, `size` items long: item i depends on
+/// items i+1 to i+10; every item has `properties`.
+fn eve_chain(size: usize, properties: &serde_json::Value) -> Vec<Item> {
+    (0..size)
+        .map(|index| {
+            (index + 1..(index + 11).min(size)).fold(
+                item(&chain_name(index), properties.clone()),
+                |value, required| value.depends_on(on(&chain_name(required))),
+            )
+        })
+        .collect()
+}
+
+/// Plans the pass on one completion, seeded with the chain items
+/// `seeds`, with `unconverged` the items the last plans left unconverged
+/// (the seeds themselves when `None`). Asserts the pass stayed local and
+/// returns the items of the operations it found ready.
+fn ready_after_one_completion(
+    world: &World,
+    seeds: std::ops::RangeInclusive<usize>,
+    unconverged: Option<std::ops::Range<usize>>,
+) -> Vec<String> {
+    use std::collections::BTreeSet;
+
+    use crate::graph::ItemRef;
+
+    let seed_names: Vec<String> = seeds.clone().map(chain_name).collect();
+    let seed_refs: Vec<&str> = seed_names.iter().map(String::as_str).collect();
+    let unconverged: BTreeSet<ItemRef> = match unconverged {
+        Some(range) => range.map(|index| parse_ref(&chain_name(index))).collect(),
+        None => seed_refs.iter().map(|seed| parse_ref(seed)).collect(),
+    };
+    let plan = world.plan_seeded(&seed_refs, &unconverged);
+    assert!(
+        plan.examined <= 40,
+        "{} items examined for one completion",
+        plan.examined
+    );
+    (0..plan.operations.len())
+        .filter(|&index| plan.predecessors(index).next().is_none())
+        .map(|index| plan.operations[index].item.to_string())
+        .filter(|item| !plan.waiting.iter().any(|w| w.item.to_string() == *item))
+        .collect()
+}
+
 /// Issue 14: completing an operation costs its direct dependents, not the
 /// chain above them. On EVE's benchmark shape (item i depends on items
 /// i+1 to i+10), with the bottom half created, the pass after the Create
@@ -1204,25 +1254,13 @@ fn an_item_that_may_hold_an_untied_value_is_deleted_not_dropped_and_holds_its_de
 /// are not walked again (their waits are unchanged).
 #[test]
 fn a_completion_in_a_deep_chain_plans_its_neighbourhood_not_the_chain_above() {
-    use std::collections::BTreeSet;
+    use crate::graph::CurrentItem;
 
-    use crate::graph::{CurrentItem, ItemRef};
-
-    let name = |index: usize| format!("t/n{index:04}");
     let (size, created_from) = (2_000, 1_000);
     let mut world = World::new();
-    world.intend(
-        (0..size)
-            .map(|index| {
-                (index + 1..(index + 11).min(size))
-                    .fold(item(&name(index), json!({})), |value, required| {
-                        value.depends_on(on(&name(required)))
-                    })
-            })
-            .collect(),
-    );
+    world.intend(eve_chain(size, &json!({})));
     for index in created_from..size {
-        let key = parse_ref(&name(index));
+        let key = parse_ref(&chain_name(index));
         let entry = world.intended.get(&key).expect("intended").clone();
         world.current.insert(
             key,
@@ -1230,23 +1268,10 @@ fn a_completion_in_a_deep_chain_plans_its_neighbourhood_not_the_chain_above() {
         );
     }
     // Item 1000 was just created: it and the items waiting for it are the seeds.
-    let seed_names: Vec<String> = (created_from - 10..=created_from).map(name).collect();
-    let seed_refs: Vec<&str> = seed_names.iter().map(String::as_str).collect();
-    let seeds: BTreeSet<ItemRef> = seed_refs.iter().map(|seed| parse_ref(seed)).collect();
-    let plan = world.plan_seeded(&seed_refs, &seeds);
-    assert!(
-        plan.examined <= 40,
-        "{} items examined for one completion",
-        plan.examined
-    );
-    let ready: Vec<String> = (0..plan.operations.len())
-        .filter(|&index| plan.predecessors(index).next().is_none())
-        .map(|index| plan.operations[index].item.to_string())
-        .filter(|item| !plan.waiting.iter().any(|w| w.item.to_string() == *item))
-        .collect();
+    let ready = ready_after_one_completion(&world, created_from - 10..=created_from, None);
     assert_eq!(
         ready,
-        [name(created_from - 1)],
+        [chain_name(created_from - 1)],
         "the next item down is ready"
     );
 }
@@ -1255,30 +1280,21 @@ fn a_completion_in_a_deep_chain_plans_its_neighbourhood_not_the_chain_above() {
 /// changed (a plain Modify, dependencies first, rule 8); the bottom half
 /// is modified already. The pass after the Modify of item k plans its
 /// neighbourhood: the items above, which still wait for their own
-/// dependencies' Modifies, are not walked again.
+/// dependencies' Modifies, are not walked again. (Only the seeds count as
+/// unconverged: the test environment answers "the Deletes of a type" with
+/// every unconverged item of it.)
 #[test]
 fn a_modify_completion_in_a_deep_chain_plans_its_neighbourhood_not_the_chain_above() {
-    use std::collections::BTreeSet;
+    use crate::graph::CurrentItem;
 
-    use crate::graph::{CurrentItem, ItemRef};
-
-    let name = |index: usize| format!("t/n{index:04}");
     let (size, modified_from) = (2_000, 1_000);
-    let chain = |version: u64| -> Vec<Item> {
-        (0..size)
-            .map(|index| {
-                (index + 1..(index + 11).min(size)).fold(
-                    item(&name(index), json!({ "version": version })),
-                    |value, required| value.depends_on(on(&name(required))),
-                )
-            })
-            .collect()
-    };
     let mut world = World::new();
-    world.intend(chain(2));
-    let old = chain(1);
-    for (index, old_value) in old.into_iter().enumerate() {
-        let key = parse_ref(&name(index));
+    world.intend(eve_chain(size, &json!({ "version": 2 })));
+    for (index, old_value) in eve_chain(size, &json!({ "version": 1 }))
+        .into_iter()
+        .enumerate()
+    {
+        let key = parse_ref(&chain_name(index));
         let entry = world.intended.get(&key).expect("intended").clone();
         let applied = if index >= modified_from {
             entry.item.clone()
@@ -1289,25 +1305,10 @@ fn a_modify_completion_in_a_deep_chain_plans_its_neighbourhood_not_the_chain_abo
             .current
             .insert(key, CurrentItem::created(applied, entry.generation));
     }
-    let seed_names: Vec<String> = (modified_from - 10..=modified_from).map(name).collect();
-    let seed_refs: Vec<&str> = seed_names.iter().map(String::as_str).collect();
-    let seeds: BTreeSet<ItemRef> = seed_refs.iter().map(|seed| parse_ref(seed)).collect();
-    // Only the seeds count as unconverged: the test environment answers
-    // "the Deletes of a type" with every unconverged item of it.
-    let plan = world.plan_seeded(&seed_refs, &seeds);
-    assert!(
-        plan.examined <= 40,
-        "{} items examined for one completion",
-        plan.examined
-    );
-    let ready: Vec<String> = (0..plan.operations.len())
-        .filter(|&index| plan.predecessors(index).next().is_none())
-        .map(|index| plan.operations[index].item.to_string())
-        .filter(|item| !plan.waiting.iter().any(|w| w.item.to_string() == *item))
-        .collect();
+    let ready = ready_after_one_completion(&world, modified_from - 10..=modified_from, None);
     assert_eq!(
         ready,
-        [name(modified_from - 1)],
+        [chain_name(modified_from - 1)],
         "the next item down is ready to be modified"
     );
 }
@@ -1319,43 +1320,29 @@ fn a_modify_completion_in_a_deep_chain_plans_its_neighbourhood_not_the_chain_abo
 /// unconverged items to find deletions planned there).
 #[test]
 fn a_delete_completion_in_a_deep_chain_plans_its_neighbourhood_not_the_chain_below() {
-    use std::collections::BTreeSet;
+    use crate::graph::CurrentItem;
 
-    use crate::graph::{CurrentItem, ItemRef};
-
-    let name = |index: usize| format!("t/n{index:04}");
     let (size, deleted_below) = (2_000, 1_000);
     let mut world = World::new();
-    for index in deleted_below..size {
-        let value = (index + 1..(index + 11).min(size))
-            .fold(item(&name(index), json!({})), |value, required| {
-                value.depends_on(on(&name(required)))
-            });
+    for (index, value) in eve_chain(size, &json!({}))
+        .into_iter()
+        .enumerate()
+        .skip(deleted_below)
+    {
         world.current.insert(
-            parse_ref(&name(index)),
+            parse_ref(&chain_name(index)),
             CurrentItem::created(std::sync::Arc::new(value), 1),
         );
     }
-    let unconverged: BTreeSet<ItemRef> = (deleted_below..size)
-        .map(|index| parse_ref(&name(index)))
-        .collect();
     // Item 999 was just deleted: it and the items it relied on are the seeds.
-    let seed_names: Vec<String> = (deleted_below - 1..deleted_below + 10).map(name).collect();
-    let seed_refs: Vec<&str> = seed_names.iter().map(String::as_str).collect();
-    let plan = world.plan_seeded(&seed_refs, &unconverged);
-    assert!(
-        plan.examined <= 40,
-        "{} items examined for one completion",
-        plan.examined
+    let ready = ready_after_one_completion(
+        &world,
+        deleted_below - 1..=deleted_below + 9,
+        Some(deleted_below..size),
     );
-    let ready: Vec<String> = (0..plan.operations.len())
-        .filter(|&index| plan.predecessors(index).next().is_none())
-        .map(|index| plan.operations[index].item.to_string())
-        .filter(|item| !plan.waiting.iter().any(|w| w.item.to_string() == *item))
-        .collect();
     assert_eq!(
         ready,
-        [name(deleted_below)],
+        [chain_name(deleted_below)],
         "the next item down is ready to be deleted"
     );
 }

@@ -531,12 +531,16 @@ async fn a_lost_create_gone_with_its_external_item_is_forgotten() {
     assert_eq!(state_of(&harness.handle, "a"), None, "PENDING again");
 }
 
-/// A store whose commits can be made to fail, counting attempts.
+/// A store whose commits can be made to fail, counting attempts and
+/// noting the largest commit; `writes_per_step` is what it reports of
+/// itself (as etcd reports its operations per transaction).
 #[derive(Debug, Default)]
 struct FailingStore {
     inner: InMemoryStore,
     failing: std::sync::atomic::AtomicBool,
     attempts: std::sync::atomic::AtomicUsize,
+    largest: std::sync::atomic::AtomicUsize,
+    writes_per_step: Option<usize>,
 }
 
 impl Store for FailingStore {
@@ -560,6 +564,8 @@ impl Store for FailingStore {
     ) -> Result<(), crate::store::StoreError> {
         use std::sync::atomic::Ordering;
         self.attempts.fetch_add(1, Ordering::SeqCst);
+        self.largest
+            .fetch_max(batch.writes().len(), Ordering::SeqCst);
         if self.failing.load(Ordering::SeqCst) {
             Err(crate::store::StoreError::Closed)
         } else {
@@ -571,6 +577,9 @@ impl Store for FailingStore {
     }
     fn size_on_disk(&self) -> Result<u64, crate::store::StoreError> {
         self.inner.size_on_disk()
+    }
+    fn writes_per_step(&self) -> Option<usize> {
+        self.writes_per_step
     }
 }
 
@@ -1141,56 +1150,18 @@ async fn a_progress_message_is_kept_with_the_operation_and_bounded() {
     assert!(shown.starts_with('é'), "cut at a character boundary");
 }
 
-/// An in-memory store that applies at most `writes_per_step` writes in one
-/// step (as etcd does per transaction) and notes the largest commit.
-#[derive(Default)]
-struct SteppedStore {
-    inner: InMemoryStore,
-    largest: std::sync::atomic::AtomicUsize,
-}
-
+/// The step of the store in the test below.
 const WRITES_PER_STEP: usize = 40;
-
-impl Store for SteppedStore {
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, crate::store::StoreError> {
-        self.inner.get(key)
-    }
-    fn scan(
-        &self,
-        prefix: &[u8],
-        start_after: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<Vec<crate::store::Record>, crate::store::StoreError> {
-        self.inner.scan(prefix, start_after, limit)
-    }
-    fn commit(&self, batch: crate::store::WriteBatch) -> crate::store::CommitHandle {
-        crate::store::CommitHandle::ready(self.commit_blocking(batch))
-    }
-    fn commit_blocking(
-        &self,
-        batch: crate::store::WriteBatch,
-    ) -> Result<(), crate::store::StoreError> {
-        self.largest
-            .fetch_max(batch.writes().len(), std::sync::atomic::Ordering::SeqCst);
-        self.inner.commit_blocking(batch)
-    }
-    fn backup_to(&self, path: &std::path::Path) -> Result<(), crate::store::StoreError> {
-        self.inner.backup_to(path)
-    }
-    fn size_on_disk(&self) -> Result<u64, crate::store::StoreError> {
-        self.inner.size_on_disk()
-    }
-    fn writes_per_step(&self) -> Option<usize> {
-        Some(WRITES_PER_STEP)
-    }
-}
 
 #[tokio::test(start_paused = true)]
 async fn results_that_arrive_together_commit_in_steps_the_store_takes_at_once() {
     // On etcd a commit over 128 writes is staged (several round trips):
     // a pass takes no more results than keep its commit within one step.
     use std::sync::atomic::Ordering;
-    let store = Arc::new(SteppedStore::default());
+    let store = Arc::new(FailingStore {
+        writes_per_step: Some(WRITES_PER_STEP),
+        ..FailingStore::default()
+    });
     let mut spec = TypeSpec::new("t");
     spec.max_in_flight = 100;
     let mut harness = start_with(8, spec, OwnerSettings::default(), store.clone()).await;
