@@ -18,22 +18,19 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::follow::follow_records;
 use crate::auth::TokenDirectory;
 use crate::engine::conditions::Condition;
 use crate::store::etcd::RecordChange;
 use crate::store::{EtcdStore, StoreError, keys};
 use crate::tenant::directory::parse_hash;
 use crate::tenant::{TenantLimits, TenantRecord};
-
-/// How long a failed watch waits before it is opened again.
-const REWATCH_PAUSE: Duration = Duration::from_millis(200);
 
 /// What every replica knows of a tenant, whoever serves it: a projection
 /// of the tenant record, stored under the tenant's name.
@@ -317,68 +314,37 @@ impl Feed {
     }
 }
 
-/// Follows the records under `prefix` from `revision` + 1 until `stop`,
-/// opening the watch again after a failure from where it left off.
+/// Follows the records under `prefix` from `revision` + 1 until `stop`
+/// into `feed`; a watch compacted away reloads the prefix.
 async fn follow(
     store: Arc<EtcdStore>,
     prefix: &'static [u8],
-    mut revision: i64,
+    revision: i64,
     feed: Feed,
     stop: CancellationToken,
 ) {
-    loop {
-        let mut changes = match store.watch_records(prefix, revision + 1).await {
-            Ok(changes) => changes,
-            Err(error) => {
-                warn!(%error, "Cannot watch the tenant directory in etcd; retrying.");
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = tokio::time::sleep(REWATCH_PAUSE) => continue,
+    let (store, feed) = (&*store, &feed);
+    follow_records(
+        store,
+        prefix,
+        revision,
+        "the tenant directory",
+        &stop,
+        |batch| feed.apply(batch),
+        move |_| async move {
+            match store.list_records(prefix).await {
+                Ok((records, at)) => {
+                    reload(feed, &records);
+                    Some(at)
+                }
+                Err(error) => {
+                    warn!(%error, "Reloading the tenant directory failed.");
+                    None
                 }
             }
-        };
-        loop {
-            let batch = tokio::select! {
-                () = stop.cancelled() => return,
-                batch = changes.recv() => batch,
-            };
-            match batch {
-                Some(Ok(batch)) => {
-                    if let Some(last) = batch.last() {
-                        revision = revision.max(last.revision);
-                    }
-                    feed.apply(&batch);
-                }
-                Some(Err(StoreError::Compacted {
-                    compact_revision, ..
-                })) => {
-                    // Only a watch that fell far behind meets this: etcd
-                    // compacted what it had not delivered yet. Reload.
-                    warn!(
-                        compact_revision,
-                        "The tenant directory's watch was compacted away; reloading it."
-                    );
-                    match store.list_records(prefix).await {
-                        Ok((records, at)) => {
-                            reload(&feed, &records);
-                            revision = at;
-                        }
-                        Err(error) => warn!(%error, "Reloading the tenant directory failed."),
-                    }
-                    break;
-                }
-                Some(Err(error)) => {
-                    warn!(%error, "The tenant directory's watch ended; opening it again.");
-                    break;
-                }
-                None => break,
-            }
-        }
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(REWATCH_PAUSE) => {}
-        }
-    }
+        },
+    )
+    .await;
 }
 
 /// Replaces what `feed` keeps with `records`.

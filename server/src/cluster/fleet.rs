@@ -15,14 +15,13 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use reconciled_proto::v1;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::store::etcd::RecordChange;
-use crate::store::{EtcdStore, Record, StoreError, keys};
+use crate::store::{EtcdStore, Record, keys};
 use crate::tenant::owner::now_ms;
 use crate::watch::error::WatchError;
 use crate::watch::history::Retention;
@@ -31,9 +30,7 @@ use crate::watch::stream::HistorySource;
 use crate::wire::fleet_event;
 
 use super::catalog::TenantEntry;
-
-/// How long a failed watch waits before it is opened again.
-const REWATCH_PAUSE: Duration = Duration::from_millis(200);
+use super::follow::follow_records;
 
 /// The fleet as of one revision, and the recent history.
 #[derive(Debug, Default)]
@@ -179,69 +176,36 @@ impl ClusterFleet {
 /// Follows the entries from the start of etcd's history, then live,
 /// until `stop`; after a failure, goes on from where it left off.
 async fn follow(store: Arc<EtcdStore>, fleet: Arc<ClusterFleet>, stop: CancellationToken) {
-    let mut revision = 0i64;
-    loop {
-        let mut changes = match store
-            .watch_records(keys::tenant_entries_prefix(), revision + 1)
-            .await
-        {
-            Ok(changes) => changes,
-            Err(error) => {
-                warn!(%error, "Cannot watch the fleet's entries in etcd; retrying.");
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = tokio::time::sleep(REWATCH_PAUSE) => continue,
-                }
-            }
-        };
-        loop {
-            let batch = tokio::select! {
-                () = stop.cancelled() => return,
-                batch = changes.recv() => batch,
+    let prefix = keys::tenant_entries_prefix();
+    let (store, fleet) = (&*store, &*fleet);
+    follow_records(
+        store,
+        prefix,
+        0,
+        "the fleet's entries",
+        &stop,
+        |batch| fleet.publish(batch),
+        // etcd no longer has the history from where the watch was: start
+        // from its state at the compaction (at start-up, the usual case),
+        // or from now.
+        move |compact_revision| async move {
+            let listed = match store.list_records_at(prefix, compact_revision).await {
+                Ok(listed) => Ok(listed),
+                Err(_) => store.list_records(prefix).await,
             };
-            match batch {
-                Some(Ok(batch)) => {
-                    if let Some(last) = batch.last() {
-                        revision = revision.max(last.revision);
-                    }
-                    fleet.publish(&batch);
+            match listed {
+                Ok((entries, at)) => {
+                    fleet.restart(at, &entries);
+                    Some(at)
                 }
-                Some(Err(StoreError::Compacted {
-                    compact_revision, ..
-                })) => {
-                    // etcd no longer has the history from `revision`: start
-                    // from its state at the compaction (at start-up, the
-                    // usual case), or from now.
-                    let listed = match store
-                        .list_records_at(keys::tenant_entries_prefix(), compact_revision)
-                        .await
-                    {
-                        Ok(listed) => Ok(listed),
-                        Err(_) => store.list_records(keys::tenant_entries_prefix()).await,
-                    };
-                    match listed {
-                        Ok((entries, at)) => {
-                            fleet.restart(at, &entries);
-                            revision = at;
-                        }
-                        Err(error) => {
-                            warn!(%error, "Reading the fleet's entries failed; retrying.")
-                        }
-                    }
-                    break;
+                Err(error) => {
+                    warn!(%error, "Reading the fleet's entries failed; retrying.");
+                    None
                 }
-                Some(Err(error)) => {
-                    warn!(%error, "The fleet's watch ended; opening it again.");
-                    break;
-                }
-                None => break,
             }
-        }
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(REWATCH_PAUSE) => {}
-        }
-    }
+        },
+    )
+    .await;
 }
 
 fn revision_u64(revision: i64) -> u64 {

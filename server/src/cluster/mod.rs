@@ -23,6 +23,7 @@
 pub mod admin;
 pub mod catalog;
 pub mod fleet;
+mod follow;
 pub mod forward;
 pub mod membership;
 pub mod metrics;
