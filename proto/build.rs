@@ -8,7 +8,8 @@
 //!    `google.rpc.rs`, included as `crate::google::rpc`;
 //! 2. `reconciled.v1` (messages, clients and servers) into `reconciled.v1.rs`,
 //!    with `.google.rpc` mapped to `crate::google::rpc` (an extern path, so
-//!    this run does not generate those types a second time).
+//!    this run does not generate those types a second time), and the stored
+//!    records `reconciled.store.v1` into `reconciled.store.v1.rs`.
 //!
 //! The well-known types (`google.protobuf.*`) come from `prost-types`.
 
@@ -25,7 +26,12 @@ const PROTOS: &[&str] = &[
     "reconciled/v1/reconciler.proto",
     "reconciled/v1/configurators.proto",
     "reconciled/v1/tenants.proto",
+    "reconciled/store/v1/records.proto",
 ];
+
+/// The package of the stored records: generated like the API, but left out
+/// of the descriptor set that reflection serves (it is not an API).
+const STORE_PACKAGE: &str = "reconciled.store.v1";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
@@ -43,9 +49,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         io::Error::other(format!("{e:?}"))
     })?;
 
+    let api = prost_types::FileDescriptorSet {
+        file: fds
+            .file
+            .iter()
+            .filter(|f| f.package() != STORE_PACKAGE)
+            .cloned()
+            .collect(),
+    };
     fs::write(
         out_dir.join("reconciled_descriptor.bin"),
-        fds.encode_to_vec(),
+        api.encode_to_vec(),
     )?;
 
     // Run 1: google.rpc only (it has no services).

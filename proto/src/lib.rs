@@ -4,6 +4,7 @@
 //! - [`v1`]: messages and the `Reconciler`, `Configurators` and `Tenants`
 //!   services (`v1::reconciler_server::ReconcilerServer`,
 //!   `v1::reconciler_client::ReconcilerClient`, and so on).
+//! - [`store::v1`]: the records the server stores (not an API).
 //! - [`google::rpc`]: `google.rpc.Status` (embedded in item status, operation
 //!   results and events) and the standard error details (`BadRequest`,
 //!   `ErrorInfo`, `QuotaFailure`, `RetryInfo`, ...). They are wire-compatible
@@ -43,6 +44,17 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("reco
 )]
 pub mod v1 {
     tonic::include_proto!("reconciled.v1");
+}
+
+/// Package `reconciled.store.v1`: how the server stores a tenant's records
+/// (generated). Not an API, and not served by reflection; see
+/// `reconciled/store/v1/records.proto` for the rules of changing it.
+pub mod store {
+    /// Store schema version 2 and later.
+    #[allow(missing_docs, clippy::all)]
+    pub mod v1 {
+        tonic::include_proto!("reconciled.store.v1");
+    }
 }
 
 /// Google packages this crate generates (the well-known types come from
