@@ -20,6 +20,9 @@ pub use runner::{MigrationInfo, Runner, Status};
 /// A key and its value.
 pub type Record = (Vec<u8>, Vec<u8>);
 
+/// Records per page when [`MigrationStore::scan_prefix`] reads a prefix.
+const SCAN_PREFIX_PAGE: usize = 1_000;
+
 /// The key-value operations a migration may use.
 ///
 /// Implementations must make each [`apply`](MigrationStore::apply) call
@@ -27,8 +30,32 @@ pub type Record = (Vec<u8>, Vec<u8>);
 pub trait MigrationStore {
     /// Reads one key.
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, MigrationError>;
-    /// Returns every key starting with `prefix`, with its value, in key order.
-    fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<Record>, MigrationError>;
+    /// Returns, in key order, at most `limit` records whose key starts with
+    /// `prefix` and is greater than `after` (from the first such key when
+    /// `after` is `None`). Fewer than `limit` records (and `limit` > 0) means
+    /// there are no more. Migrations that may meet many records page through
+    /// them with this rather than [`scan_prefix`](MigrationStore::scan_prefix).
+    fn scan_page(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Record>, MigrationError>;
+    /// Returns every key starting with `prefix`, with its value, in key order:
+    /// all of them in memory at once, read page by page through
+    /// [`scan_page`](MigrationStore::scan_page).
+    fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<Record>, MigrationError> {
+        let mut records: Vec<Record> = Vec::new();
+        loop {
+            let after = records.last().map(|(key, _)| key.as_slice());
+            let page = self.scan_page(prefix, after, SCAN_PREFIX_PAGE)?;
+            let complete = page.len() < SCAN_PREFIX_PAGE;
+            records.extend(page);
+            if complete {
+                return Ok(records);
+            }
+        }
+    }
     /// Applies `deletes`, then `puts`, atomically and durably. A key should not
     /// appear in both; if it does, the put wins.
     fn apply(&self, puts: Vec<Record>, deletes: Vec<Vec<u8>>) -> Result<(), MigrationError>;

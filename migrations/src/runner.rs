@@ -177,9 +177,14 @@ impl MigrationStore for DeferLastWrite<'_> {
         self.inner.get(key)
     }
 
-    fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<Record>, MigrationError> {
+    fn scan_page(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Record>, MigrationError> {
         self.release()?;
-        self.inner.scan_prefix(prefix)
+        self.inner.scan_page(prefix, after, limit)
     }
 
     fn apply(&self, puts: Vec<Record>, deletes: Vec<Vec<u8>>) -> Result<(), MigrationError> {

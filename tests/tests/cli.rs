@@ -26,6 +26,7 @@ fn migrate_status_and_dry_run_show_pending_migrations_and_change_nothing() {
     assert!(ok, "{status}");
     assert!(status.contains("schema version: 0"), "{status}");
     assert!(status.contains("would run: 0001 create layout"), "{status}");
+    assert!(status.contains("0002 binary records"), "{status}");
 
     let (ok, dry) = run(&["migrate", "--dry-run", "--data-dir", data]);
     assert!(ok, "{dry}");
@@ -37,10 +38,11 @@ fn migrate_status_and_dry_run_show_pending_migrations_and_change_nothing() {
     let (ok, applied) = run(&["migrate", "--data-dir", data]);
     assert!(ok, "{applied}");
     assert!(applied.contains("ran: 0001 create layout"), "{applied}");
+    assert!(applied.contains("0002 binary records"), "{applied}");
 
     let (ok, after) = run(&["migrate", "--status", "--data-dir", data]);
     assert!(ok, "{after}");
-    assert!(after.contains("schema version: 1"), "{after}");
+    assert!(after.contains("schema version: 2"), "{after}");
     assert!(after.contains("applied: 0001 create layout"), "{after}");
     assert!(after.contains("nothing to do"), "{after}");
 }

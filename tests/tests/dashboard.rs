@@ -1045,7 +1045,7 @@ async fn a_quarantined_tenant_is_listed_with_why() {
             .map(u64::from_be_bytes)
             .expect("the tenant is indexed");
         let mut batch = WriteBatch::new();
-        batch.put(keys::tenant_record_key(id), b"{not json".to_vec());
+        batch.put(keys::tenant_record_key(id), b"\xffnot a record".to_vec());
         store.commit_blocking(batch).expect("writes");
     }
     acme.server.start_again().await.expect("starts");

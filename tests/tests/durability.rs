@@ -139,7 +139,7 @@ async fn a_tenant_whose_records_cannot_be_read_is_quarantined_and_the_others_are
             })
             .expect("the bad tenant is indexed");
         let mut batch = WriteBatch::new();
-        batch.put(keys::tenant_record_key(id), b"{not json".to_vec());
+        batch.put(keys::tenant_record_key(id), b"\xffnot a record".to_vec());
         store.commit_blocking(batch).expect("writes");
     }
 
@@ -330,7 +330,7 @@ async fn a_quarantined_tenant_is_counted_and_reconciled_repair_brings_it_back_wi
         let store = SledStore::open(&server.data_dir(), SledOptions::default()).expect("opens");
         let id = tenant_id(&store, "bad");
         let mut batch = WriteBatch::new();
-        batch.put(keys::tenant_record_key(id), b"{not json".to_vec());
+        batch.put(keys::tenant_record_key(id), b"\xffnot a record".to_vec());
         batch.put(
             keys::intended_item_key(id, "t", "n0001"),
             b"\x00\x01".to_vec(),

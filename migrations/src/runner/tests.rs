@@ -40,11 +40,18 @@ impl MigrationStore for Fixture {
         Ok(self.value(key))
     }
 
-    fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<Record>, MigrationError> {
+    fn scan_page(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Record>, MigrationError> {
         let data = self.data.borrow();
         Ok(data
             .range(prefix.to_vec()..)
             .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(k, _)| after.is_none_or(|after| k.as_slice() > after))
+            .take(limit)
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect())
     }
@@ -89,12 +96,17 @@ fn fails(_: &dyn MigrationStore) -> Result<(), MigrationError> {
     })
 }
 
+/// The first built-in migration only: the runner tests add their own 0002.
+fn layout_only() -> Vec<Migration> {
+    builtin().into_iter().take(1).collect()
+}
+
 fn with_extra(
     version: u32,
     name: &'static str,
     apply: fn(&dyn MigrationStore) -> Result<(), MigrationError>,
 ) -> Runner {
-    let mut migrations = builtin();
+    let mut migrations = layout_only();
     migrations.push(Migration {
         version,
         name,
@@ -115,7 +127,7 @@ fn builtin_migrations_are_numbered_from_one_without_gaps() {
 
 #[test]
 fn a_gap_in_the_numbering_is_rejected() {
-    let mut migrations = builtin();
+    let mut migrations = layout_only();
     migrations.push(Migration {
         version: 3,
         name: "skips two",
@@ -135,7 +147,7 @@ fn a_gap_in_the_numbering_is_rejected() {
 #[test]
 fn an_empty_database_gets_the_layout_from_0001() {
     let db = Fixture::default();
-    let runner = Runner::new(builtin()).expect("valid");
+    let runner = Runner::new(layout_only()).expect("valid");
     assert_eq!(runner.run(&db, no_backup), Ok(vec![1]));
     assert_eq!(db.version(), Some(vec![0, 0, 0, 1]));
     assert_eq!(
@@ -149,7 +161,7 @@ fn an_empty_database_gets_the_layout_from_0001() {
 #[test]
 fn create_layout_keeps_an_existing_tenant_counter() {
     let db = Fixture::default().with(NEXT_TENANT_ID_KEY, &7u64.to_be_bytes());
-    let runner = Runner::new(builtin()).expect("valid");
+    let runner = Runner::new(layout_only()).expect("valid");
     assert_eq!(runner.run(&db, no_backup), Ok(vec![1]));
     assert_eq!(
         db.value(NEXT_TENANT_ID_KEY),
@@ -190,7 +202,7 @@ fn a_database_newer_than_every_known_migration_is_refused() {
         err,
         MigrationError::SchemaTooNew {
             found: 99,
-            newest_known: 1
+            newest_known: builtin().len() as u32
         }
     );
     assert!(err.to_string().contains("run a newer reconciled"), "{err}");
@@ -296,5 +308,39 @@ fn a_damaged_version_record_is_reported() {
     assert_eq!(
         runner.status(&db),
         Err(MigrationError::CorruptVersion { len: 1 })
+    );
+}
+
+#[test]
+fn an_empty_database_is_brought_to_the_latest_version() {
+    let db = Fixture::default();
+    let runner = Runner::new(builtin()).expect("valid");
+    let every: Vec<u32> = (1..=runner.latest_version()).collect();
+    assert_eq!(runner.run(&db, no_backup), Ok(every));
+    assert_eq!(
+        db.version(),
+        Some(encode_version(runner.latest_version())),
+        "{:?}",
+        db.applies.borrow()
+    );
+    assert_eq!(runner.run(&db, no_backup), Ok(vec![]));
+}
+
+#[test]
+fn scan_prefix_reads_every_page_in_key_order() {
+    let db = Fixture::default()
+        .with(b"\x01a", b"before")
+        .with(b"\x03", b"after");
+    for i in 0..2_500u32 {
+        db.data
+            .borrow_mut()
+            .insert([b"\x02".as_slice(), &i.to_be_bytes()].concat(), vec![1]);
+    }
+    let records = db.scan_prefix(b"\x02").expect("scans");
+    assert_eq!(records.len(), 2_500);
+    assert!(records.windows(2).all(|pair| pair[0].0 < pair[1].0));
+    assert_eq!(
+        db.scan_page(b"\x02", Some(&records[2_498].0), 10),
+        Ok(vec![records[2_499].clone()])
     );
 }

@@ -410,7 +410,9 @@ fn check_report(bytes: &[u8], handle: &TenantHandle) {
             for change in changes {
                 if let crate::tenant::ExternalChange::Put { item, .. } = change {
                     assert!(item.external && item.dependencies.is_empty(), "{item:?}");
-                    let record = encode(&item).unwrap_or_else(|error| {
+                    let stored =
+                        crate::graph::CurrentItem::created(std::sync::Arc::new(item.clone()), 0);
+                    let record = encode(&stored).unwrap_or_else(|error| {
                         panic!("accepted report {item:?} cannot be stored: {error}")
                     });
                     assert!(record.len() <= crate::store::MAX_CHUNKED_VALUE_BYTES);

@@ -10,9 +10,6 @@ use tracing::info;
 
 use crate::store::{EtcdOptions, EtcdStore, SledOptions, SledStore, Store, StoreError, WriteBatch};
 
-/// Records per page when a migration scans a prefix.
-const SCAN_PAGE: usize = 1_000;
-
 /// Lets the migrations read and write a [`Store`]. Blocking: use it from
 /// start-up code or `spawn_blocking`, not on an async runtime thread.
 #[derive(Clone, Copy)]
@@ -29,20 +26,15 @@ impl MigrationStore for MigrationAdapter<'_> {
         self.0.get(key).map_err(to_migration_error)
     }
 
-    fn scan_prefix(&self, prefix: &[u8]) -> Result<Vec<Record>, MigrationError> {
-        let mut records: Vec<Record> = Vec::new();
-        loop {
-            let after = records.last().map(|(key, _)| key.as_slice());
-            let page = self
-                .0
-                .scan(prefix, after, SCAN_PAGE)
-                .map_err(to_migration_error)?;
-            let complete = page.len() < SCAN_PAGE;
-            records.extend(page);
-            if complete {
-                return Ok(records);
-            }
-        }
+    fn scan_page(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Record>, MigrationError> {
+        self.0
+            .scan(prefix, after, limit)
+            .map_err(to_migration_error)
     }
 
     fn apply(&self, puts: Vec<Record>, deletes: Vec<Vec<u8>>) -> Result<(), MigrationError> {

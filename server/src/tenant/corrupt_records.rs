@@ -1,7 +1,7 @@
 //! Fuzzing of the stored-record decoders through the real start-up path: a
 //! store holding two tenants has one record of one tenant damaged (cut,
-//! bytes flipped, replaced by noise, or a JSON value swapped for another of
-//! any type), and the directory loads it. Whatever the damage, start-up
+//! bytes flipped, replaced by noise, or a field's value swapped for another
+//! of any wire type, JSON text included), and the directory loads it. Whatever the damage, start-up
 //! succeeds, the other tenant is served, and the damaged tenant is either
 //! served (its owner answering) or quarantined with its error (issue:
 //! "a corrupt or unreadable tenant must not stop the server").
@@ -142,8 +142,20 @@ enum Damage {
     Flip { at: usize, mask: u8 },
     /// Replace the whole value.
     Noise(Vec<u8>),
-    /// Replace the `nth` JSON value (depth first) by `with`.
-    SwapJson { nth: usize, with: Value },
+    /// Replace the value of the `nth` top-level field of the message by
+    /// `with` (any wire type, keeping the field number).
+    SwapField { nth: usize, with: FieldValue },
+}
+
+/// A protobuf field value of any wire type.
+#[derive(Debug, Clone)]
+enum FieldValue {
+    Varint(u64),
+    Fixed64(u64),
+    Fixed32(u32),
+    Bytes(Vec<u8>),
+    /// JSON text in a length-delimited field: what properties are stored as.
+    Json(Value),
 }
 
 fn json_value() -> impl Strategy<Value = Value> {
@@ -165,12 +177,22 @@ fn json_value() -> impl Strategy<Value = Value> {
     })
 }
 
+fn field_value() -> impl Strategy<Value = FieldValue> {
+    prop_oneof![
+        any::<u64>().prop_map(FieldValue::Varint),
+        any::<u64>().prop_map(FieldValue::Fixed64),
+        any::<u32>().prop_map(FieldValue::Fixed32),
+        prop::collection::vec(any::<u8>(), 0..24).prop_map(FieldValue::Bytes),
+        json_value().prop_map(FieldValue::Json),
+    ]
+}
+
 fn damage() -> impl Strategy<Value = Damage> {
     prop_oneof![
         any::<usize>().prop_map(|at| Damage::Cut { at }),
         (any::<usize>(), 1..=255u8).prop_map(|(at, mask)| Damage::Flip { at, mask }),
         prop::collection::vec(any::<u8>(), 0..64).prop_map(Damage::Noise),
-        (any::<usize>(), json_value()).prop_map(|(nth, with)| Damage::SwapJson { nth, with }),
+        (any::<usize>(), field_value()).prop_map(|(nth, with)| Damage::SwapField { nth, with }),
     ]
 }
 
@@ -186,42 +208,96 @@ fn apply(damage: &Damage, value: &[u8]) -> Vec<u8> {
             out
         }
         Damage::Noise(bytes) => bytes.clone(),
-        Damage::SwapJson { nth, with } => match serde_json::from_slice::<Value>(value) {
-            Ok(mut json) => {
-                let count = count_values(&json);
-                replace_nth(&mut json, &mut (nth % count), with);
-                serde_json::to_vec(&json).expect("JSON encodes")
+        Damage::SwapField { nth, with } => {
+            let fields = top_level_fields(value);
+            if fields.is_empty() {
+                return apply(
+                    &Damage::Flip {
+                        at: *nth,
+                        mask: 0x5a,
+                    },
+                    value,
+                );
             }
-            // A protobuf event: flip a byte instead.
-            Err(_) => apply(
-                &Damage::Flip {
-                    at: *nth,
-                    mask: 0x5a,
-                },
-                value,
-            ),
-        },
+            let (number, span) = fields[nth % fields.len()].clone();
+            let mut out = value[..span.start].to_vec();
+            encode_field(number, with, &mut out);
+            out.extend_from_slice(&value[span.end..]);
+            out
+        }
     }
 }
 
-fn count_values(json: &Value) -> usize {
-    1 + match json {
-        Value::Array(items) => items.iter().map(count_values).sum(),
-        Value::Object(map) => map.values().map(count_values).sum(),
-        _ => 0,
+/// The field numbers and byte spans (tag included) of a message's
+/// top-level fields, as far as they parse.
+fn top_level_fields(value: &[u8]) -> Vec<(u64, std::ops::Range<usize>)> {
+    let mut fields = Vec::new();
+    let mut at = 0;
+    while at < value.len() {
+        let start = at;
+        let Some(tag) = read_varint(value, &mut at) else {
+            break;
+        };
+        let length = match tag & 7 {
+            0 => read_varint(value, &mut at).map(|_| 0),
+            1 => Some(8),
+            2 => read_varint(value, &mut at).and_then(|n| usize::try_from(n).ok()),
+            5 => Some(4),
+            _ => None,
+        };
+        match length {
+            Some(length) if at + length <= value.len() => {
+                at += length;
+                fields.push((tag >> 3, start..at));
+            }
+            _ => break,
+        }
     }
+    fields
 }
 
-fn replace_nth(json: &mut Value, nth: &mut usize, with: &Value) -> bool {
-    if *nth == 0 {
-        *json = with.clone();
-        return true;
+fn read_varint(value: &[u8], at: &mut usize) -> Option<u64> {
+    let mut result = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *value.get(*at)?;
+        *at += 1;
+        result |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(result);
+        }
     }
-    *nth -= 1;
-    match json {
-        Value::Array(items) => items.iter_mut().any(|item| replace_nth(item, nth, with)),
-        Value::Object(map) => map.values_mut().any(|item| replace_nth(item, nth, with)),
-        _ => false,
+    None
+}
+
+fn write_varint(mut value: u64, out: &mut Vec<u8>) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+fn encode_field(number: u64, with: &FieldValue, out: &mut Vec<u8>) {
+    let bytes = |data: &[u8], out: &mut Vec<u8>| {
+        write_varint(number << 3 | 2, out);
+        write_varint(data.len() as u64, out);
+        out.extend_from_slice(data);
+    };
+    match with {
+        FieldValue::Varint(value) => {
+            write_varint(number << 3, out);
+            write_varint(*value, out);
+        }
+        FieldValue::Fixed64(value) => {
+            write_varint(number << 3 | 1, out);
+            out.extend_from_slice(&value.to_le_bytes());
+        }
+        FieldValue::Fixed32(value) => {
+            write_varint(number << 3 | 5, out);
+            out.extend_from_slice(&value.to_le_bytes());
+        }
+        FieldValue::Bytes(data) => bytes(data, out),
+        FieldValue::Json(json) => bytes(&serde_json::to_vec(json).expect("JSON encodes"), out),
     }
 }
 

@@ -1,10 +1,18 @@
 //! Stored records of a tenant and their encoding.
 //!
-//! Values are JSON: readable with `sled` tools when debugging, versioned by
-//! the schema version, and small (every value stays under 64 KiB: items
-//! are limited to 64 KiB on submit).
+//! Values are protobuf messages of package `reconciled.store.v1`
+//! (`proto/reconciled/store/v1/records.proto`, converted in [`binary`]),
+//! with property values as compact JSON text inside them. Store schema
+//! version 1 held JSON records; migration 0002 rewrote them. A record is
+//! never larger than its JSON form was, so every size bound stated in JSON
+//! bytes (items are limited to 64 KiB on submit) still holds.
 
+mod binary;
+
+use prost::Message as _;
 use serde::{Deserialize, Serialize};
+
+pub use binary::StoredRecord;
 
 use super::error::TenantError;
 use crate::engine::conditions::Condition;
@@ -73,71 +81,227 @@ pub struct StoredIntended {
 }
 
 /// Encodes a record as a store value.
-pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, TenantError> {
-    serde_json::to_vec(value).map_err(|error| TenantError::Encode {
+pub fn encode<T: StoredRecord>(value: &T) -> Result<Vec<u8>, TenantError> {
+    let message = value.to_message().map_err(|message| TenantError::Encode {
         record: std::any::type_name::<T>(),
-        message: error.to_string(),
-    })
+        message,
+    })?;
+    Ok(message.encode_to_vec())
 }
 
 /// Decodes the store value of `key`, written by [`encode`].
-pub fn decode<T: for<'de> Deserialize<'de>>(key: &[u8], bytes: &[u8]) -> Result<T, TenantError> {
-    serde_json::from_slice(bytes).map_err(|error| TenantError::Corrupt {
+pub fn decode<T: StoredRecord>(key: &[u8], bytes: &[u8]) -> Result<T, TenantError> {
+    let corrupt = |message: String| TenantError::Corrupt {
         key: String::from_utf8_lossy(key).into_owned(),
-        message: error.to_string(),
-    })
+        message,
+    };
+    let message = T::Message::decode(bytes).map_err(|error| corrupt(error.to_string()))?;
+    T::from_message(message).map_err(corrupt)
 }
 
 /// A current item as stored: the same structure as in memory.
 pub type StoredCurrent = CurrentItem;
 
+/// Records with every part set, for the codec's and the migration's tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod samples {
     use std::sync::Arc;
 
     use super::*;
-    use crate::graph::{Dependency, InFlight, ItemRef, OperationKind, RetryOf};
+    use crate::graph::{
+        Dependency, InFlight, ItemRef, ItemState, OperationError, OperationKind, Properties,
+        RetryOf,
+    };
 
-    #[test]
-    fn a_current_item_with_dependency_marks_and_a_retry_round_trips_through_its_encoding() {
+    /// A current item with every optional part set, including the value
+    /// shapes JSON-in-protobuf must keep exact.
+    pub(crate) fn current_with_everything_set() -> CurrentItem {
         let required = ItemRef::new("t2", "c");
-        let applied = Item::new("t1", "a", Default::default()).depends_on(Dependency {
+        let mut properties = Properties::new();
+        properties.insert(
+            "big".into(),
+            serde_json::json!(1_152_921_504_606_846_977_u64),
+        );
+        properties.insert(
+            "nested".into(),
+            serde_json::json!({"a": [1, 2.5, null, "ü"]}),
+        );
+        let applied = Item {
+            properties,
+            external: false,
+            subgraph: "sub".into(),
+            label: "label".into(),
+            description: "described".into(),
+            ..Item::new("t1", "a", Default::default())
+        }
+        .depends_on(Dependency {
+            must_satisfy: "self.v >= 1".into(),
+            description: "edge".into(),
             recreate_when_modified: true,
+            auto_deleted_by_external: true,
             ..Dependency::on(required.clone())
         });
-        let mut current = CurrentItem::created(Arc::new(applied), 3);
+        let applied = Arc::new(applied);
+        let mut lost = InFlight::new(OperationKind::Create, "1-ab-8".into(), 1, 2, 900, 60_000);
+        lost.target = Some(applied.clone());
+        let mut read = InFlight::new(OperationKind::Read, "1-ab-9".into(), 2, 3, 1_000, 60_000);
+        read.last_progress_ms = Some(1_100);
+        read.cancel_requested = true;
+        read.cancel_requested_at_ms = Some(1_200);
+        read.redeliveries = 2;
+        read.question = true;
+        read.target = Some(applied.clone());
+        read.dispatch_marks.insert(required.clone(), 4);
+        read.progress_message = Some("half way".into());
+        read.resolves = Some(Box::new(lost));
+        let mut current = CurrentItem::created(applied.clone(), 3);
+        current.state = ItemState::Unknown;
+        current.observed = Some(Arc::new(Properties::new()));
+        current.last_operation = Some(OperationKind::Modify);
+        current.last_error = Some(OperationError {
+            code: 9,
+            message: "refused".into(),
+        });
+        current.attempts = 2;
+        current.next_attempt_at_ms = Some(5_000);
+        current.failed_generation = 3;
+        current.in_flight = Some(read);
+        current.modifications = 6;
         current.dependency_marks.insert(required, 7);
-        current
-            .dependency_marks
-            .insert(ItemRef::new("ext", "x/y"), 2);
+        current.unknown_was_created = true;
+        current.needs_recreate_answer = Some((3, true));
         current.retry_of = Some(RetryOf {
             kind: OperationKind::Modify,
             target_generation: 3,
             op_id: "1-ab-9".into(),
         });
-        current.in_flight = Some(InFlight::new(
-            OperationKind::Modify,
-            "1-ab-9".into(),
-            2,
-            3,
-            1_000,
-            60_000,
-        ));
+        current.gave_up = true;
+        current.gone_with_external = true;
+        current.existence_uncertain = true;
+        current.maybe_applied = Some(applied);
+        current
+    }
+
+    /// A tenant record with every optional part set.
+    pub(crate) fn tenant_with_everything_set() -> TenantRecord {
+        TenantRecord {
+            id: 7,
+            name: "acme".into(),
+            created_at_ms: 1,
+            generation: 4,
+            observed_generation: 3,
+            revision: 19,
+            limits: TenantLimits {
+                max_items: 1,
+                max_request_items: 2,
+                max_agents: 3,
+                max_watchers: 4,
+                max_operations_in_flight: 5,
+            },
+            token_hash: "ab".repeat(32),
+            deleted: true,
+            conditions: vec![Condition {
+                kind: crate::engine::conditions::ConditionKind::Stalled,
+                status: true,
+                reason: "TerminalFailure".into(),
+                message: "t1/a failed".into(),
+                observed_generation: 4,
+                last_transition_ms: 10,
+            }],
+            compact_revision: Some(12),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_part_of_a_current_item_round_trips_and_its_record_is_smaller_than_its_json() {
+        let current = samples::current_with_everything_set();
         let bytes = encode(&current).expect("a current item encodes");
         let decoded: CurrentItem = decode(b"key", &bytes).expect("and decodes");
         assert_eq!(decoded, current);
+        let json = serde_json::to_vec(&current).expect("JSON encodes");
+        assert!(
+            bytes.len() < json.len(),
+            "{} bytes binary, {} JSON",
+            bytes.len(),
+            json.len()
+        );
+        let observed = decoded.observed.expect("observed kept");
+        assert!(
+            observed.is_empty(),
+            "an empty observed object stays present"
+        );
     }
 
     #[test]
-    fn records_written_before_retries_and_mark_pairs_still_decode() {
-        let current = CurrentItem::created(Arc::new(Item::new("t", "a", Default::default())), 1);
-        let mut json: serde_json::Value =
-            serde_json::from_slice(&encode(&current).expect("encodes")).expect("is JSON");
-        let fields = json.as_object_mut().expect("an object");
-        fields.remove("retry_of");
-        fields.insert("dependency_marks".into(), serde_json::json!({}));
-        let decoded: CurrentItem =
-            decode(b"key", json.to_string().as_bytes()).expect("an older record decodes");
-        assert_eq!(decoded.retry_of, None);
+    fn tenant_intended_and_spec_records_round_trip() {
+        let tenant = samples::tenant_with_everything_set();
+        let decoded: TenantRecord =
+            decode(b"t", &encode(&tenant).expect("encodes")).expect("decodes");
+        assert_eq!(decoded, tenant);
+        let without_floor = TenantRecord {
+            compact_revision: None,
+            ..tenant
+        };
+        let decoded: TenantRecord =
+            decode(b"t", &encode(&without_floor).expect("encodes")).expect("decodes");
+        assert_eq!(decoded.compact_revision, None);
+
+        let intended = StoredIntended {
+            item: (**samples::current_with_everything_set()
+                .applied
+                .as_ref()
+                .expect("applied"))
+            .clone(),
+            generation: 3,
+        };
+        let decoded: StoredIntended =
+            decode(b"i", &encode(&intended).expect("encodes")).expect("decodes");
+        assert_eq!(decoded, intended);
+
+        let policies = [
+            crate::engine::exec::RetryPolicy::Static { wait_ms: 5 },
+            crate::engine::exec::RetryPolicy::Random {
+                min_ms: 1,
+                max_ms: 9,
+            },
+            crate::engine::exec::RetryPolicy::default(),
+        ];
+        for (index, retry) in policies.into_iter().enumerate() {
+            let mut spec = crate::engine::exec::TypeSpec::new("vlan");
+            spec.retry = retry;
+            spec.recreate_on_change = vec!["/id".into()];
+            spec.supports_read = true;
+            spec.schema = (index == 0).then(|| {
+                crate::engine::schema::TypeSchema::stored(serde_json::json!({"type": "object"}))
+            });
+            let stored = crate::tenant::persist::StoredSpec { spec, epoch: 2 };
+            let decoded: crate::tenant::persist::StoredSpec =
+                decode(b"s", &encode(&stored).expect("encodes")).expect("decodes");
+            assert_eq!(decoded, stored);
+        }
+    }
+
+    #[test]
+    fn a_record_that_breaks_the_model_or_is_not_binary_is_refused_naming_its_key() {
+        let mut message = samples::current_with_everything_set()
+            .to_message()
+            .expect("converts");
+        message.state = 42;
+        let error = decode::<CurrentItem>(b"tenant/current/t1/a", &message.encode_to_vec())
+            .expect_err("an unknown state is refused");
+        let text = error.to_string();
+        assert!(text.contains("tenant/current/t1/a") && text.contains("unknown item state 42"));
+
+        let json =
+            serde_json::to_vec(&samples::current_with_everything_set()).expect("JSON encodes");
+        assert!(
+            decode::<CurrentItem>(b"k", &json).is_err(),
+            "a JSON record (schema version 1) is not read as binary"
+        );
     }
 }

@@ -1059,7 +1059,8 @@ mod tests {
             keys::parse_item_key(key),
             Some((ITEM_TYPE.to_owned(), "c3-if-00001".to_owned()))
         );
-        let stored: StoredIntended = serde_json::from_slice(value).expect("decodes");
+        let stored: StoredIntended =
+            reconciled::tenant::record::decode(key, value).expect("decodes");
         assert_eq!(stored.item.subgraph, "c3");
         assert_eq!(stored.generation, 7);
     }

@@ -15,16 +15,24 @@ const CREATE_LAYOUT: MigrationInfo = MigrationInfo {
     name: "create layout",
 };
 
+const BINARY_RECORDS: MigrationInfo = MigrationInfo {
+    version: 2,
+    name: "binary records",
+};
+
+/// Every migration this build ships, in order.
+const ALL: [MigrationInfo; 2] = [CREATE_LAYOUT, BINARY_RECORDS];
+
 #[test]
 fn a_new_store_is_migrated_without_a_backup() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (store, report) = open_and_migrate(dir.path(), options(), false).expect("migrate");
     assert_eq!(report.before.current_version, 0);
-    assert_eq!(report.applied, vec![CREATE_LAYOUT]);
-    assert_eq!((report.backup.clone(), report.version_now()), (None, 1));
+    assert_eq!(report.applied, ALL);
+    assert_eq!((report.backup.clone(), report.version_now()), (None, 2));
     assert_eq!(
         store.get(schema_version_key()).expect("get"),
-        Some(1u32.to_be_bytes().to_vec())
+        Some(2u32.to_be_bytes().to_vec())
     );
     assert_eq!(
         store.get(next_tenant_id_key()).expect("get"),
@@ -52,7 +60,7 @@ fn a_store_with_data_is_backed_up_before_migrating() {
         backup.starts_with(dir.path().join("backups")) && name.starts_with("pre-migration-v0-"),
         "{backup:?}"
     );
-    assert_eq!(report.applied, vec![CREATE_LAYOUT]);
+    assert_eq!(report.applied, ALL);
     drop(store);
 
     let copy = SledStore::open(&backup, options()).expect("open backup");
@@ -67,7 +75,7 @@ fn a_dry_run_reports_pending_migrations_and_writes_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (store, report) = open_and_migrate(dir.path(), options(), true).expect("dry run");
     assert!(report.dry_run);
-    assert_eq!(report.before.pending, vec![CREATE_LAYOUT]);
+    assert_eq!(report.before.pending, ALL);
     assert!(report.applied.is_empty() && report.backup.is_none());
     assert_eq!(store.scan(b"", None, 10).expect("scan"), vec![]);
 }
@@ -91,4 +99,110 @@ fn a_store_from_a_newer_reconciled_is_refused() {
     );
     assert!(err.to_string().contains("newer reconciled"), "{err}");
     assert!(!dir.path().join("backups").exists());
+}
+
+/// Migration 0002 has its own frozen copy of the JSON shape: records written
+/// as JSON by the server's own (serde) types, at schema version 1, come out
+/// of the migration as binary records that the server decodes to the same
+/// values.
+#[test]
+fn json_records_of_schema_version_1_decode_as_the_same_records_after_migrating() {
+    use std::sync::Arc;
+
+    use crate::engine::exec::{RetryPolicy, TypeSpec};
+    use crate::engine::schema::TypeSchema;
+    use crate::graph::{CurrentItem, InFlight, Item, OperationKind};
+    use crate::store::keys::{
+        current_item_key, intended_item_key, tenant_record_key, type_spec_key,
+    };
+    use crate::tenant::persist::StoredSpec;
+    use crate::tenant::record::{StoredIntended, TenantRecord, decode, samples};
+
+    let tenant = samples::tenant_with_everything_set();
+    let id = tenant.id;
+    let full = samples::current_with_everything_set();
+    let applied = full.applied.clone().expect("applied");
+    // Large enough that the current record was stored in chunks.
+    let mut big = (*applied).clone();
+    big.name = "big".into();
+    big.properties
+        .insert("blob".into(), "x".repeat(50_000).into());
+    let big = Arc::new(big);
+    let mut modifying = CurrentItem::created(big.clone(), 2);
+    let mut in_flight = InFlight::new(OperationKind::Modify, "7-aa-1".into(), 1, 3, 5, 60_000);
+    in_flight.target = Some(big.clone());
+    modifying.in_flight = Some(in_flight);
+    let intended = StoredIntended {
+        item: (*applied).clone(),
+        generation: 3,
+    };
+    let mut spec = TypeSpec::new("t1");
+    spec.retry = RetryPolicy::Random {
+        min_ms: 3,
+        max_ms: 8,
+    };
+    spec.schema = Some(TypeSchema::stored(serde_json::json!({"type": "object"})));
+    let spec = StoredSpec { spec, epoch: 4 };
+    let item_key = |item: &Item| (item.item_type.clone(), item.name.clone());
+    let (applied_type, applied_name) = item_key(&applied);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let store =
+            crate::store::ChunkedValues::new(SledStore::open(dir.path(), options()).expect("open"))
+                .expect("chunked");
+        let mut batch = WriteBatch::new();
+        batch.put(schema_version_key(), 1u32.to_be_bytes());
+        batch.put(next_tenant_id_key(), (id + 1).to_be_bytes());
+        batch.put(tenant_record_key(id), json(&tenant));
+        batch.put(
+            intended_item_key(id, &applied_type, &applied_name),
+            json(&intended),
+        );
+        batch.put(
+            current_item_key(id, &applied_type, &applied_name),
+            json(&full),
+        );
+        batch.put(
+            current_item_key(id, &big.item_type, &big.name),
+            json(&modifying),
+        );
+        batch.put(type_spec_key(id, "t1"), json(&spec));
+        store
+            .commit_blocking(batch)
+            .expect("version 1 records written");
+    }
+
+    let (store, report) = open_and_migrate(dir.path(), options(), false).expect("migrates");
+    assert_eq!(report.applied, vec![BINARY_RECORDS]);
+    let store = crate::store::ChunkedValues::new(store).expect("chunked");
+    let read = |key: Vec<u8>| {
+        let value = store.get(&key).expect("reads").expect("still stored");
+        assert_ne!(value.first(), Some(&b'{'), "binary now");
+        (key, value)
+    };
+    let (key, value) = read(tenant_record_key(id));
+    assert_eq!(
+        decode::<TenantRecord>(&key, &value).expect("decodes"),
+        tenant
+    );
+    let (key, value) = read(intended_item_key(id, &applied_type, &applied_name));
+    assert_eq!(
+        decode::<StoredIntended>(&key, &value).expect("decodes"),
+        intended
+    );
+    let (key, value) = read(current_item_key(id, &applied_type, &applied_name));
+    assert_eq!(decode::<CurrentItem>(&key, &value).expect("decodes"), full);
+    let (key, value) = read(current_item_key(id, &big.item_type, &big.name));
+    assert_eq!(
+        decode::<CurrentItem>(&key, &value).expect("decodes"),
+        modifying
+    );
+    let (key, value) = read(type_spec_key(id, "t1"));
+    assert_eq!(decode::<StoredSpec>(&key, &value).expect("decodes"), spec);
+}
+
+/// Today's JSON encoding of the server's record types (schema version 1).
+fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("JSON encodes")
 }
