@@ -1,7 +1,19 @@
-//! Planner benchmarks over graphs of 1k to 1M items, each depending on up to
-//! 10 earlier items: a full create from empty, one changed item, and 1% of
-//! the items changed. Run with `cargo bench -p reconciled --bench plan`.
-//! Set `PLAN_BENCH_SIZES=1000,10000` to pick sizes.
+//! Planner benchmarks over graphs of 1k to 1M items of two shapes:
+//!
+//! - `random`: each item depends on up to 10 random earlier items (~5 on
+//!   average);
+//! - `chain`: EVE's own benchmark shape (its `perfTest`): item *i* depends
+//!   on items *i+1 … i+10*, so the graph is one chain N deep.
+//!
+//! Cases: a full create from empty, one changed item, and 1% of the items
+//! changed, each planned alone (`plan/…`), and planned then applied in
+//! memory (`apply/…`): the plan's operations applied to the current graph in
+//! plan order, then a confirming pass that must plan nothing, like one
+//! `Reconcile()` of EVE's reconciler with configurators that succeed at
+//! once. What a user waits for is converging, not planning alone.
+//! Run with `cargo bench -p reconciled --bench plan`.
+//! Set `PLAN_BENCH_SIZES=1000,10000` to pick sizes and
+//! `PLAN_BENCH_SHAPES=chain` to pick shapes.
 //!
 //! On a shared machine wall-clock figures swing with the load. With
 //! `PLAN_BENCH_CPU_ITERS=N` the bench skips criterion and times N runs of
@@ -14,12 +26,13 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use reconciled::engine::plan::{PlanEnvironment, TypeRules, plan_operations};
+use reconciled::engine::plan::{Plan, PlanEnvironment, TypeRules, plan_operations};
 use reconciled::graph::{
-    CurrentGraph, CurrentItem, Dependency, IntendedGraph, IntendedItem, Item, ItemRef, Properties,
+    CurrentGraph, CurrentItem, Dependency, IntendedGraph, IntendedItem, Item, ItemRef,
+    OperationKind, Properties,
 };
 use serde_json::json;
 
@@ -49,12 +62,41 @@ fn name(index: usize) -> String {
     format!("item-{index:07}")
 }
 
-fn make_item(index: usize, rng: &mut StdRng, version: u64) -> Item {
+/// The dependency shape of a benchmark graph (see the module docs).
+#[derive(Clone, Copy, Debug)]
+enum Shape {
+    Random,
+    Chain,
+}
+
+impl Shape {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Random => "random",
+            Self::Chain => "chain",
+        }
+    }
+}
+
+fn shapes() -> Vec<Shape> {
+    let wanted = std::env::var("PLAN_BENCH_SHAPES").unwrap_or_else(|_| "random,chain".into());
+    [Shape::Random, Shape::Chain]
+        .into_iter()
+        .filter(|shape| wanted.split(',').any(|w| w.trim() == shape.label()))
+        .collect()
+}
+
+fn make_item(shape: Shape, size: usize, index: usize, rng: &mut StdRng, version: u64) -> Item {
     let mut properties = Properties::new();
     properties.insert("index".into(), json!(index));
     properties.insert("version".into(), json!(version));
     let mut item = Item::new("node", name(index), properties);
-    if index > 0 {
+    if let Shape::Chain = shape {
+        for target in index + 1..(index + 11).min(size) {
+            item.dependencies
+                .push(Dependency::on(ItemRef::new("node", name(target))));
+        }
+    } else if index > 0 {
         let count = rng.random_range(0..=10usize.min(index));
         let mut targets = BTreeSet::new();
         for _ in 0..count {
@@ -74,15 +116,15 @@ struct Graphs {
     all: BTreeSet<ItemRef>,
 }
 
-/// Intended graph of `size` items and a current graph where all of them are
-/// created with the same value.
-fn converged_graphs(size: usize) -> Graphs {
+/// Intended graph of `size` items of `shape` and a current graph where all
+/// of them are created with the same value.
+fn converged_graphs(shape: Shape, size: usize) -> Graphs {
     let mut rng = StdRng::seed_from_u64(42);
     let mut intended = IntendedGraph::default();
     let mut current = CurrentGraph::default();
     let mut all = BTreeSet::new();
     for index in 0..size {
-        let item = make_item(index, &mut rng, 0);
+        let item = make_item(shape, size, index, &mut rng, 0);
         let key = item.item_ref();
         let entry = IntendedItem {
             item: Arc::new(item),
@@ -137,127 +179,191 @@ fn thread_cpu_ns() -> Option<u64> {
         .ok()
 }
 
-/// Runs `run` `iterations` times; prints the minimum and median CPU time.
+/// Runs `run` `iterations` times, each on a fresh copy of `start` (copied
+/// outside the timing); prints the minimum and median CPU time.
 /// `PLAN_BENCH_CASE` (a part of the label) picks cases.
-fn cpu_time<T>(label: &str, iterations: usize, mut run: impl FnMut() -> T) {
+fn cpu_time(
+    label: &str,
+    iterations: usize,
+    start: &CurrentGraph,
+    run: &mut dyn FnMut(&mut CurrentGraph) -> Plan,
+) {
     if std::env::var("PLAN_BENCH_CASE").is_ok_and(|case| !label.contains(&case)) {
         return;
     }
     let mut times = Vec::with_capacity(iterations);
+    let mut examined = 0;
     for _ in 0..iterations {
-        let (Some(start), output) = (thread_cpu_ns(), run()) else {
+        let mut current = start.clone();
+        let Some(begin) = thread_cpu_ns() else {
             println!("{label}: no thread CPU time on this system");
             return;
         };
+        let output = run(&mut current);
+        examined = output.examined;
         drop(black_box(output));
         if let Some(end) = thread_cpu_ns() {
-            times.push(end.saturating_sub(start));
+            times.push(end.saturating_sub(begin));
         }
     }
     times.sort_unstable();
     let ms = |ns: u64| ns as f64 / 1e6;
     if let (Some(&min), Some(&median)) = (times.first(), times.get(times.len() / 2)) {
         println!(
-            "{label}: cpu min {:.3} ms, median {:.3} ms ({iterations} runs)",
+            "{label}: cpu min {:.3} ms, median {:.3} ms ({iterations} runs; {examined} items examined)",
             ms(min),
             ms(median)
         );
     }
 }
 
-/// The cases of [`bench_plan`], timed by CPU time.
-fn cpu_plan(iterations: usize) {
-    for size in sizes() {
-        let mut graphs = converged_graphs(size);
-        let empty = CurrentGraph::default();
-        cpu_time(&format!("full_create/{size}"), iterations, || {
-            plan_operations(
-                &graphs.intended,
-                &empty,
-                &graphs.all,
-                &Environment {
-                    changed: &graphs.all,
-                },
-            )
-        });
-        let one = change_every(&mut graphs, size);
-        cpu_time(&format!("one_changed/{size}"), iterations, || {
-            plan_operations(
-                &graphs.intended,
-                &graphs.current,
-                &one,
-                &Environment { changed: &one },
-            )
-        });
-        let mut graphs = converged_graphs(size);
-        let percent = change_every(&mut graphs, 100);
-        cpu_time(&format!("one_percent_changed/{size}"), iterations, || {
-            plan_operations(
-                &graphs.intended,
-                &graphs.current,
-                &percent,
-                &Environment { changed: &percent },
-            )
-        });
+/// Plans `seeds` (the changed items) against `current`.
+fn plan(graphs: &Graphs, current: &CurrentGraph, seeds: &BTreeSet<ItemRef>) -> Plan {
+    plan_operations(
+        &graphs.intended,
+        current,
+        seeds,
+        &Environment { changed: seeds },
+    )
+}
+
+/// Plans `seeds`, applies the plan's operations to `current` in plan order
+/// as configurators that succeed at once would, and plans again to
+/// confirm. Panics if the confirming pass finds work (the apply would not
+/// have converged).
+fn plan_and_apply(graphs: &Graphs, current: &mut CurrentGraph, seeds: &BTreeSet<ItemRef>) -> Plan {
+    let first = plan(graphs, current, seeds);
+    for operation in &first.operations {
+        match operation.kind {
+            OperationKind::Create | OperationKind::Modify => {
+                let entry = graphs
+                    .intended
+                    .get(&operation.item)
+                    .expect("planned items are intended");
+                current.insert(
+                    operation.item.clone(),
+                    CurrentItem::created(entry.item.clone(), entry.generation),
+                );
+            }
+            OperationKind::Delete => {
+                current.remove(&operation.item);
+            }
+            OperationKind::Read => {}
+        }
+    }
+    let confirm = plan(graphs, current, &first.unconverged);
+    assert!(
+        confirm.operations.is_empty() && confirm.waiting.is_empty(),
+        "the applied plan converges"
+    );
+    first
+}
+
+/// A case's work on its own copy of the current graph (made outside the
+/// timing).
+type Run<'a> = Box<dyn FnMut(&mut CurrentGraph) -> Plan + 'a>;
+
+/// One benchmark case.
+struct Case<'a> {
+    label: String,
+    /// The current graph the case starts from.
+    start: &'a CurrentGraph,
+    run: Run<'a>,
+}
+
+/// The graphs of one shape and size, with the seeds of each case.
+struct Fixture {
+    converged: Graphs,
+    one: Graphs,
+    one_seeds: BTreeSet<ItemRef>,
+    percent: Graphs,
+    percent_seeds: BTreeSet<ItemRef>,
+    empty: CurrentGraph,
+}
+
+impl Fixture {
+    fn new(shape: Shape, size: usize) -> Self {
+        let converged = converged_graphs(shape, size);
+        let mut one = converged_graphs(shape, size);
+        let one_seeds = change_every(&mut one, size);
+        let mut percent = converged_graphs(shape, size);
+        let percent_seeds = change_every(&mut percent, 100);
+        Self {
+            converged,
+            one,
+            one_seeds,
+            percent,
+            percent_seeds,
+            empty: CurrentGraph::default(),
+        }
+    }
+
+    /// Every case of this fixture, labelled `{plan|apply}/{case}/{shape}/{size}`.
+    fn cases(&self, shape: Shape, size: usize) -> Vec<Case<'_>> {
+        let tag = |what: &str, case: &str| format!("{what}/{case}/{}/{size}", shape.label());
+        let (all, one, percent) = (&self.converged, &self.one, &self.percent);
+        let (one_seeds, percent_seeds) = (&self.one_seeds, &self.percent_seeds);
+        vec![
+            Case {
+                label: tag("plan", "full_create"),
+                start: &self.empty,
+                run: Box::new(move |current| plan(all, current, &all.all)),
+            },
+            Case {
+                label: tag("plan", "one_changed"),
+                start: &one.current,
+                run: Box::new(move |current| plan(one, current, one_seeds)),
+            },
+            Case {
+                label: tag("plan", "one_percent_changed"),
+                start: &percent.current,
+                run: Box::new(move |current| plan(percent, current, percent_seeds)),
+            },
+            Case {
+                label: tag("apply", "full_create"),
+                start: &self.empty,
+                run: Box::new(move |current| plan_and_apply(all, current, &all.all)),
+            },
+            Case {
+                label: tag("apply", "one_changed"),
+                start: &one.current,
+                run: Box::new(move |current| plan_and_apply(one, current, one_seeds)),
+            },
+            Case {
+                label: tag("apply", "one_percent_changed"),
+                start: &percent.current,
+                run: Box::new(move |current| plan_and_apply(percent, current, percent_seeds)),
+            },
+        ]
     }
 }
 
 fn bench_plan(c: &mut Criterion) {
-    if let Some(iterations) = std::env::var("PLAN_BENCH_CPU_ITERS")
+    let iterations: Option<usize> = std::env::var("PLAN_BENCH_CPU_ITERS")
         .ok()
-        .and_then(|value| value.parse().ok())
-    {
-        cpu_plan(iterations);
-        return;
-    }
+        .and_then(|value| value.parse().ok());
     let mut group = c.benchmark_group("plan");
     group.sample_size(10);
     group.warm_up_time(Duration::from_secs(1));
     group.measurement_time(Duration::from_secs(5));
-    for size in sizes() {
-        let mut graphs = converged_graphs(size);
-        let empty = CurrentGraph::default();
-        group.bench_with_input(BenchmarkId::new("full_create", size), &size, |b, _| {
-            b.iter(|| {
-                black_box(plan_operations(
-                    &graphs.intended,
-                    &empty,
-                    &graphs.all,
-                    &Environment {
-                        changed: &graphs.all,
-                    },
-                ))
-            })
-        });
-
-        let one = change_every(&mut graphs, size);
-        group.bench_with_input(BenchmarkId::new("one_changed", size), &size, |b, _| {
-            b.iter(|| {
-                black_box(plan_operations(
-                    &graphs.intended,
-                    &graphs.current,
-                    &one,
-                    &Environment { changed: &one },
-                ))
-            })
-        });
-
-        let mut graphs = converged_graphs(size);
-        let percent = change_every(&mut graphs, 100);
-        group.bench_with_input(
-            BenchmarkId::new("one_percent_changed", size),
-            &size,
-            |b, _| {
-                b.iter(|| {
-                    black_box(plan_operations(
-                        &graphs.intended,
-                        &graphs.current,
-                        &percent,
-                        &Environment { changed: &percent },
-                    ))
-                })
-            },
-        );
+    for shape in shapes() {
+        for size in sizes() {
+            let fixture = Fixture::new(shape, size);
+            for mut case in fixture.cases(shape, size) {
+                match iterations {
+                    Some(iterations) => cpu_time(&case.label, iterations, case.start, &mut case.run),
+                    None => {
+                        group.bench_function(BenchmarkId::from_parameter(&case.label), |b| {
+                            b.iter_batched_ref(
+                                || case.start.clone(),
+                                |current| black_box((case.run)(current)),
+                                BatchSize::LargeInput,
+                            )
+                        });
+                    }
+                }
+            }
+        }
     }
     group.finish();
 }
