@@ -179,10 +179,25 @@ impl Item {
         self.dependencies.iter().find(|d| &d.requires == target)
     }
 
+    /// The dependency on `target`, looked for first at `index` (where a
+    /// value with the same dependencies in the same order has it), then
+    /// everywhere.
+    pub fn dependency_on_near(&self, target: &ItemRef, index: usize) -> Option<&Dependency> {
+        match self.dependencies.get(index) {
+            Some(dependency) if &dependency.requires == target => Some(dependency),
+            _ => self.dependency_on(target),
+        }
+    }
+
     /// Whether applying `other` over `self` needs an operation: type, name,
     /// properties, external flag and the set of dependencies (order-insensitive,
     /// descriptions ignored). Subgraph, label and description do not count.
     pub fn same_content(&self, other: &Item) -> bool {
+        // An applied value is most often the intended one itself (they
+        // share an `Arc` once an operation applied it).
+        if std::ptr::eq(self, other) {
+            return true;
+        }
         self.item_type == other.item_type
             && self.name == other.name
             && self.external == other.external
@@ -192,14 +207,30 @@ impl Item {
 }
 
 /// Order-insensitive comparison of two dependency lists. Validation forbids
-/// two dependencies on one item, so matching by target is exact.
+/// two dependencies on one item, so matching by target is exact. Lists in
+/// the same order (the usual case: a value resubmitted) compare pairwise,
+/// in linear time.
 fn same_dependency_set(left: &[Dependency], right: &[Dependency]) -> bool {
-    left.len() == right.len()
-        && left.iter().all(|l| {
-            right
-                .iter()
-                .any(|r| r.requires == l.requires && r.same_content(l))
-        })
+    if left.len() != right.len() {
+        return false;
+    }
+    let aligned = left
+        .iter()
+        .zip(right)
+        .position(|(l, r)| l.requires != r.requires);
+    let Some(first_difference) = aligned else {
+        return left.iter().zip(right).all(|(l, r)| l.same_content(r));
+    };
+    left.iter().enumerate().all(|(index, l)| {
+        let candidates = if index < first_difference {
+            &right[index..=index]
+        } else {
+            &right[first_difference..]
+        };
+        candidates
+            .iter()
+            .any(|r| r.requires == l.requires && r.same_content(l))
+    })
 }
 
 #[cfg(test)]
@@ -228,6 +259,41 @@ mod tests {
         right.subgraph = "moved/elsewhere".into();
         right.description = "changed".into();
         assert!(left.same_content(&right));
+    }
+
+    #[test]
+    fn dependency_sets_compare_whatever_part_of_them_is_in_the_same_order() {
+        let with = |names: &[&str]| {
+            names.iter().fold(Item::new("t", "x", Properties::new()), |item, name| {
+                item.depends_on(Dependency::on(ItemRef::new("t", name)))
+            })
+        };
+        let abcd = with(&["a", "b", "c", "d"]);
+        assert!(abcd.same_content(&with(&["a", "b", "c", "d"])));
+        assert!(abcd.same_content(&with(&["a", "b", "d", "c"])));
+        assert!(abcd.same_content(&with(&["d", "c", "b", "a"])));
+        assert!(!abcd.same_content(&with(&["a", "b", "c", "e"])));
+        assert!(!abcd.same_content(&with(&["a", "b", "e", "c"])));
+        assert!(!abcd.same_content(&with(&["a", "b", "c"])));
+        let mut predicate = with(&["a", "b", "c", "d"]);
+        predicate.dependencies[3].must_satisfy = "self.up".into();
+        assert!(!abcd.same_content(&predicate), "aligned lists still compare each edge");
+        let mut moved = with(&["a", "b", "d", "c"]);
+        moved.dependencies[2].recreate_when_modified = true;
+        assert!(!abcd.same_content(&moved), "so do reordered ones");
+        assert!(abcd.same_content(&abcd), "a value is its own equal");
+    }
+
+    #[test]
+    fn a_dependency_is_found_near_its_index_or_anywhere() {
+        let item = Item::new("t", "x", Properties::new())
+            .depends_on(Dependency::on(ItemRef::new("t", "a")))
+            .depends_on(Dependency::on(ItemRef::new("t", "b")));
+        let b = ItemRef::new("t", "b");
+        assert!(item.dependency_on_near(&b, 1).is_some());
+        assert!(item.dependency_on_near(&b, 0).is_some());
+        assert!(item.dependency_on_near(&b, 7).is_some());
+        assert!(item.dependency_on_near(&ItemRef::new("t", "c"), 1).is_none());
     }
 
     #[test]

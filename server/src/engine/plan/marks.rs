@@ -29,6 +29,12 @@ pub(super) const CHANGE_IN_PROGRESS: Mark = 1 << 7;
 /// Its Delete schedule is being computed (cycle detection).
 pub(super) const DELETE_IN_PROGRESS: Mark = 1 << 8;
 
+/// The environment was asked whether it is converged ([`UNCONVERGED`] is
+/// meaningful): a node is asked once, however many edges lead to it.
+pub(super) const CONVERGENCE_KNOWN: Mark = 1 << 12;
+/// The environment says it is not converged.
+pub(super) const UNCONVERGED: Mark = 1 << 13;
+
 const CHANGE_SHIFT: u32 = 9;
 const CHANGE_MASK: Mark = 0b111 << CHANGE_SHIFT;
 

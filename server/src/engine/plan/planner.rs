@@ -31,8 +31,8 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use super::marks::{
-    BUSY, CHANGE_IN_PROGRESS, CREATED, ChangeMark, DELETE_IN_PROGRESS, DELETING, DROPPED, Mark,
-    Marks, NEED_KNOWN, NEEDS_CHANGE, OPERABLE,
+    BUSY, CHANGE_IN_PROGRESS, CONVERGENCE_KNOWN, CREATED, ChangeMark, DELETE_IN_PROGRESS, DELETING,
+    DROPPED, Mark, Marks, NEED_KNOWN, NEEDS_CHANGE, OPERABLE, UNCONVERGED,
 };
 use super::need::{Need, own_need};
 use super::{BlockedBy, PlanEnvironment, WaitReason};
@@ -676,21 +676,33 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// goes with C). Converged items end the walk (see
     /// [`PlanEnvironment::is_converged`]).
     fn visit_unconverged_dependencies(&mut self, id: Id) {
-        let environment = self.environment;
         if let Some(applied) = self.current_of(id).and_then(|c| c.applied.as_ref()) {
             for dependency in &applied.dependencies {
                 let required = self.id(&dependency.requires);
-                if !environment.is_converged(self.node(required).item) {
-                    self.visit(required);
-                }
+                self.visit_if_unconverged(required);
             }
         }
         let required = self.required(id);
         for index in 0..required.len as usize {
             let dependency = self.edge(required, index);
-            if !environment.is_converged(self.node(dependency).item) {
-                self.visit(dependency);
-            }
+            self.visit_if_unconverged(dependency);
+        }
+    }
+
+    /// Visits `id` if the environment says it is not converged. Each node
+    /// is asked about once, and an examined node not at all: in a dense
+    /// graph many edges lead to the same item.
+    fn visit_if_unconverged(&mut self, id: Id) {
+        if self.node(id).examined {
+            return;
+        }
+        if !self.marks.has(id, CONVERGENCE_KNOWN) {
+            let converged = self.environment.is_converged(self.node(id).item);
+            let answer = if converged { 0 } else { UNCONVERGED };
+            self.marks.set(id, CONVERGENCE_KNOWN | answer);
+        }
+        if self.marks.has(id, UNCONVERGED) {
+            self.visit(id);
         }
     }
 
@@ -893,13 +905,13 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         // predicates that must keep holding are the applied ones (rule 6):
         // a dependency modified into a value that fails one takes the item
         // down first, even when the new intent's predicate would hold.
-        for dependency in &applied.dependencies {
+        for (index, dependency) in applied.dependencies.iter().enumerate() {
             let required = self.id(&dependency.requires);
             if self.node(required).busy() {
                 continue;
             }
             let required_is_modified = matches!(self.need(required), Need::Modify { .. });
-            let still_intended = intended.item.dependency_on(&dependency.requires);
+            let still_intended = intended.item.dependency_on_near(&dependency.requires, index);
             let predicate_fails = if dependency.must_satisfy.is_empty() {
                 false
             } else {
@@ -1331,9 +1343,12 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             return;
         };
         let intended = self.intended_of(id);
-        for dependency in &applied.dependencies {
-            let kept =
-                intended.is_some_and(|i| i.item.dependency_on(&dependency.requires).is_some());
+        for (index, dependency) in applied.dependencies.iter().enumerate() {
+            let kept = intended.is_some_and(|i| {
+                i.item
+                    .dependency_on_near(&dependency.requires, index)
+                    .is_some()
+            });
             if only_dropped && kept {
                 continue;
             }
