@@ -522,9 +522,10 @@ async fn record_revisions(etcd: &EtcdCluster, prefix: &str, id: u64) -> Vec<u64>
             if let Some(kv) = event.kv() {
                 reached |= kv.mod_revision() >= now;
                 if event.event_type() == etcd_client::EventType::Put {
-                    let record: serde_json::Value =
-                        serde_json::from_slice(kv.value()).expect("a record");
-                    revisions.push(record["revision"].as_u64().expect("a revision"));
+                    let record: reconciled::tenant::TenantRecord =
+                        reconciled::tenant::record::decode(kv.key(), kv.value())
+                            .expect("a tenant record");
+                    revisions.push(record.revision);
                 }
             }
         }
