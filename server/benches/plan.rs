@@ -351,7 +351,9 @@ fn bench_plan(c: &mut Criterion) {
             let fixture = Fixture::new(shape, size);
             for mut case in fixture.cases(shape, size) {
                 match iterations {
-                    Some(iterations) => cpu_time(&case.label, iterations, case.start, &mut case.run),
+                    Some(iterations) => {
+                        cpu_time(&case.label, iterations, case.start, &mut case.run)
+                    }
                     None => {
                         group.bench_function(BenchmarkId::from_parameter(&case.label), |b| {
                             b.iter_batched_ref(

@@ -264,9 +264,11 @@ mod tests {
     #[test]
     fn dependency_sets_compare_whatever_part_of_them_is_in_the_same_order() {
         let with = |names: &[&str]| {
-            names.iter().fold(Item::new("t", "x", Properties::new()), |item, name| {
-                item.depends_on(Dependency::on(ItemRef::new("t", name)))
-            })
+            names
+                .iter()
+                .fold(Item::new("t", "x", Properties::new()), |item, name| {
+                    item.depends_on(Dependency::on(ItemRef::new("t", name)))
+                })
         };
         let abcd = with(&["a", "b", "c", "d"]);
         assert!(abcd.same_content(&with(&["a", "b", "c", "d"])));
@@ -277,7 +279,10 @@ mod tests {
         assert!(!abcd.same_content(&with(&["a", "b", "c"])));
         let mut predicate = with(&["a", "b", "c", "d"]);
         predicate.dependencies[3].must_satisfy = "self.up".into();
-        assert!(!abcd.same_content(&predicate), "aligned lists still compare each edge");
+        assert!(
+            !abcd.same_content(&predicate),
+            "aligned lists still compare each edge"
+        );
         let mut moved = with(&["a", "b", "d", "c"]);
         moved.dependencies[2].recreate_when_modified = true;
         assert!(!abcd.same_content(&moved), "so do reordered ones");
@@ -293,7 +298,10 @@ mod tests {
         assert!(item.dependency_on_near(&b, 1).is_some());
         assert!(item.dependency_on_near(&b, 0).is_some());
         assert!(item.dependency_on_near(&b, 7).is_some());
-        assert!(item.dependency_on_near(&ItemRef::new("t", "c"), 1).is_none());
+        assert!(
+            item.dependency_on_near(&ItemRef::new("t", "c"), 1)
+                .is_none()
+        );
     }
 
     #[test]

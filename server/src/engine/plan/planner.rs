@@ -911,7 +911,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 continue;
             }
             let required_is_modified = matches!(self.need(required), Need::Modify { .. });
-            let still_intended = intended.item.dependency_on_near(&dependency.requires, index);
+            let still_intended = intended
+                .item
+                .dependency_on_near(&dependency.requires, index);
             let predicate_fails = if dependency.must_satisfy.is_empty() {
                 false
             } else {
