@@ -30,15 +30,15 @@ pub const MAX_CHUNKED_VALUE_BYTES: usize = 1024 * 1024;
 /// The size of one chunk, in bytes.
 pub const CHUNK_BYTES: usize = MAX_VALUE_BYTES;
 
-/// The first byte of every chunk key.
-pub const CHUNK_SPACE: u8 = 0x02;
-
-/// What a chunked value's key holds: this marker, then the number of chunks
-/// (u32 BE) and the value's length (u64 BE). No record we store starts
-/// with a NUL byte followed by this text (JSON and protobuf never start
-/// with NUL, and fixed-width integers are shorter than the header).
-const HEADER_MARKER: &[u8] = b"\0reconciled chunked value\0";
-const HEADER_LEN: usize = HEADER_MARKER.len() + 4 + 8;
+// The chunk format is part of the on-disk layout, defined with the other
+// layout bytes in `reconciled_migrations::layout` (migration 0002 reads
+// chunked records too). A chunked value's key holds a header: a marker,
+// the number of chunks (u32 BE) and the value's length (u64 BE). No record
+// we store starts with a NUL byte followed by the marker's text (protobuf
+// and JSON never start with NUL, and fixed-width integers are shorter than
+// the header).
+pub use reconciled_migrations::layout::CHUNK_SPACE;
+use reconciled_migrations::layout::{chunk_header as header, chunk_key, parse_chunk_header};
 
 /// Scan page used to find the chunked keys when the store opens.
 const OPEN_PAGE: usize = 1024;
@@ -220,18 +220,6 @@ impl<S: Store> Store for ChunkedValues<S> {
     }
 }
 
-/// The key of chunk `index` of `key`: the chunk space byte, the key's
-/// length (u32 BE), the key, the index (u32 BE).
-fn chunk_key(key: &[u8], index: u32) -> Vec<u8> {
-    let length = u32::try_from(key.len()).unwrap_or(u32::MAX);
-    let mut out = Vec::with_capacity(1 + 4 + key.len() + 4);
-    out.push(CHUNK_SPACE);
-    out.extend_from_slice(&length.to_be_bytes());
-    out.extend_from_slice(key);
-    out.extend_from_slice(&index.to_be_bytes());
-    out
-}
-
 /// The key and index a chunk key belongs to.
 fn parse_chunk_key(chunk: &[u8]) -> Option<(&[u8], u32)> {
     let rest = chunk.strip_prefix(&[CHUNK_SPACE])?;
@@ -242,26 +230,10 @@ fn parse_chunk_key(chunk: &[u8]) -> Option<(&[u8], u32)> {
     Some((key, u32::from_be_bytes(index)))
 }
 
-fn header(count: u32, length: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN);
-    out.extend_from_slice(HEADER_MARKER);
-    out.extend_from_slice(&count.to_be_bytes());
-    out.extend_from_slice(&u64::try_from(length).unwrap_or(u64::MAX).to_be_bytes());
-    out
-}
-
 /// The chunk count and value length of a chunked value's header.
 fn parse_header(value: &[u8]) -> Option<(u32, usize)> {
-    if value.len() != HEADER_LEN {
-        return None;
-    }
-    let rest = value.strip_prefix(HEADER_MARKER)?;
-    let (count, length) = rest.split_first_chunk::<4>()?;
-    let length: [u8; 8] = length.try_into().ok()?;
-    Some((
-        u32::from_be_bytes(*count),
-        usize::try_from(u64::from_be_bytes(length)).ok()?,
-    ))
+    let (count, length) = parse_chunk_header(value)?;
+    Some((count, usize::try_from(length).ok()?))
 }
 
 fn corrupt(key: &[u8]) -> StoreError {
