@@ -250,3 +250,25 @@ mod tests {
         assert_eq!(mode(&sled_dir(&dir).join("conf")), 0o600);
     }
 }
+
+/// For tests that reopen a store they just dropped: retries `open` while
+/// it fails on sled's file lock, which sled releases from a background
+/// thread a moment after the drop (docs/testing.md, "Open"), for up to a
+/// minute.
+#[cfg(test)]
+pub(crate) fn reopen_when_released<T, E: std::fmt::Display>(
+    mut open: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let started = std::time::Instant::now();
+    loop {
+        match open() {
+            Err(error)
+                if error.to_string().contains("could not acquire lock")
+                    && started.elapsed() < std::time::Duration::from_secs(60) =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            result => return result,
+        }
+    }
+}
