@@ -207,6 +207,28 @@ fn sync_dir(path: &Path) -> io::Result<()> {
     File::open(path)?.sync_all()
 }
 
+/// For tests that reopen a store they just dropped: retries `open` while
+/// it fails on sled's file lock, which sled releases from a background
+/// thread a moment after the drop (docs/testing.md, "Open"), for up to a
+/// minute.
+#[cfg(test)]
+pub(crate) fn reopen_when_released<T, E: std::fmt::Display>(
+    mut open: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let started = std::time::Instant::now();
+    loop {
+        match open() {
+            Err(error)
+                if error.to_string().contains("could not acquire lock")
+                    && started.elapsed() < std::time::Duration::from_secs(60) =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            result => return result,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,27 +270,5 @@ mod tests {
         assert_eq!(mode(&sled_dir(&dir)), 0o700);
         assert_eq!(mode(&sled_dir(&dir).join("db")), 0o600);
         assert_eq!(mode(&sled_dir(&dir).join("conf")), 0o600);
-    }
-}
-
-/// For tests that reopen a store they just dropped: retries `open` while
-/// it fails on sled's file lock, which sled releases from a background
-/// thread a moment after the drop (docs/testing.md, "Open"), for up to a
-/// minute.
-#[cfg(test)]
-pub(crate) fn reopen_when_released<T, E: std::fmt::Display>(
-    mut open: impl FnMut() -> Result<T, E>,
-) -> Result<T, E> {
-    let started = std::time::Instant::now();
-    loop {
-        match open() {
-            Err(error)
-                if error.to_string().contains("could not acquire lock")
-                    && started.elapsed() < std::time::Duration::from_secs(60) =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            result => return result,
-        }
     }
 }
