@@ -27,6 +27,38 @@ const COPY_CHUNK: usize = 10_000;
 pub(crate) struct OpenedDb {
     pub(crate) db: sled::Db,
     pub(crate) log_file: File,
+    /// Marks the database open in this process until this is dropped.
+    pub(crate) open_here: OpenHere,
+}
+
+/// The sled directories this process has open: a second open of one of
+/// them fails as soon as another process's would, while one closed a
+/// moment ago (whose lock sled releases from a background thread) is
+/// waited for.
+static OPEN_HERE: std::sync::Mutex<std::collections::BTreeSet<PathBuf>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// One entry of [`OPEN_HERE`], removed when dropped.
+pub(crate) struct OpenHere(PathBuf);
+
+impl OpenHere {
+    fn register(sled_dir: &Path) -> Self {
+        let mut open = OPEN_HERE.lock().unwrap_or_else(|e| e.into_inner());
+        open.insert(sled_dir.to_path_buf());
+        Self(sled_dir.to_path_buf())
+    }
+
+    fn contains(sled_dir: &Path) -> bool {
+        let open = OPEN_HERE.lock().unwrap_or_else(|e| e.into_inner());
+        open.contains(sled_dir)
+    }
+}
+
+impl Drop for OpenHere {
+    fn drop(&mut self) {
+        let mut open = OPEN_HERE.lock().unwrap_or_else(|e| e.into_inner());
+        open.remove(&self.0);
+    }
 }
 
 /// The sled directory of the store directory `dir`.
@@ -49,7 +81,9 @@ pub(crate) fn open_db(
         .cache_capacity(cache_capacity_bytes)
         .create_new(create_new);
     let log_path = sled_dir.join("db");
-    let db = open_waiting_for_lock(&config, &log_path).map_err(|e| format!("opening sled: {e}"))?;
+    let db = open_waiting_for_lock(&config, &sled_dir, &log_path)
+        .map_err(|e| format!("opening sled: {e}"))?;
+    let open_here = OpenHere::register(&sled_dir);
     // Write access is not used, but some platforms require it to fsync.
     let log_file = OpenOptions::new()
         .write(true)
@@ -63,32 +97,42 @@ pub(crate) fn open_db(
             .map_err(|e| format!("fsyncing directory {}: {e}", directory.display()))?;
     }
     make_private(dir)?;
-    Ok(OpenedDb { db, log_file })
+    Ok(OpenedDb {
+        db,
+        log_file,
+        open_here,
+    })
 }
 
 /// How long opening waits for sled's file lock held by another process:
 /// that one is using the store, so opening fails soon with a clear error.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// How long opening waits for sled's file lock held by this process: a
-/// store dropped a moment ago releases it only once sled's background I/O
-/// threads let go of the database (a restart in-process, a migration
-/// reopening, a backup opened right after it was written), which on a
-/// loaded machine took over 10 s.
+/// How long opening waits for sled's file lock held by this process for a
+/// store it closed: a store dropped a moment ago releases it only once
+/// sled's background I/O threads let go of the database (a restart
+/// in-process, a migration reopening, a backup opened right after it was
+/// written), which on a loaded machine took over 10 s.
 const OWN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Opens `config`, retrying while its file lock on `db_file` is held: up
-/// to [`LOCK_WAIT`] when another process holds it, or [`OWN_LOCK_WAIT`]
-/// otherwise (this process holds it, or it was released between the
-/// attempt and the look at `/proc/locks`).
-fn open_waiting_for_lock(config: &sled::Config, db_file: &Path) -> sled::Result<sled::Db> {
+/// to [`LOCK_WAIT`] when another process holds it or this process still
+/// has the store open, or [`OWN_LOCK_WAIT`] otherwise (this process closed
+/// it a moment ago, or it was released between the attempt and the look
+/// at `/proc/locks`).
+fn open_waiting_for_lock(
+    config: &sled::Config,
+    sled_dir: &Path,
+    db_file: &Path,
+) -> sled::Result<sled::Db> {
     let started = std::time::Instant::now();
     loop {
         match config.open() {
             Err(sled::Error::Io(error))
-                if error.kind() == std::io::ErrorKind::WouldBlock
+                if is_lock_held(&error)
                     && (started.elapsed() < LOCK_WAIT
                         || (started.elapsed() < OWN_LOCK_WAIT
+                            && !OpenHere::contains(sled_dir)
                             && !locked_by_another_process(db_file))) =>
             {
                 std::thread::sleep(std::time::Duration::from_millis(20));
@@ -96,6 +140,14 @@ fn open_waiting_for_lock(config: &sled::Config, db_file: &Path) -> sled::Result<
             opened => return opened,
         }
     }
+}
+
+/// Whether `error` says the database's file lock is held. sled 0.34
+/// reports it as an `Other` I/O error whose text names the lock (the
+/// system call's `WouldBlock` appears only inside that text).
+fn is_lock_held(error: &std::io::Error) -> bool {
+    error.kind() == std::io::ErrorKind::WouldBlock
+        || error.to_string().starts_with("could not acquire lock")
 }
 
 /// Whether `/proc/locks` shows a lock on `file` held by a process other
@@ -205,28 +257,6 @@ where
 
 fn sync_dir(path: &Path) -> io::Result<()> {
     File::open(path)?.sync_all()
-}
-
-/// For tests that reopen a store they just dropped: retries `open` while
-/// it fails on sled's file lock, which sled releases from a background
-/// thread a moment after the drop (docs/testing.md, "Open"), for up to a
-/// minute.
-#[cfg(test)]
-pub(crate) fn reopen_when_released<T, E: std::fmt::Display>(
-    mut open: impl FnMut() -> Result<T, E>,
-) -> Result<T, E> {
-    let started = std::time::Instant::now();
-    loop {
-        match open() {
-            Err(error)
-                if error.to_string().contains("could not acquire lock")
-                    && started.elapsed() < std::time::Duration::from_secs(60) =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            result => return result,
-        }
-    }
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use tokio::sync::oneshot;
 use tracing::error;
 
-use crate::store::sled_files::{OpenedDb, write_new_store};
+use crate::store::sled_files::{OpenHere, OpenedDb, write_new_store};
 use crate::store::{StoreError, Write, WriteBatch};
 
 /// Counters of the group-commit writer, for metrics and tests.
@@ -90,6 +90,7 @@ impl Writer {
         let state = WriterThread {
             db: opened.db,
             log_file: opened.log_file,
+            _open_here: opened.open_here,
             max_commit_items: max_commit_items.max(1),
             fsync,
             counters: Arc::clone(&counters),
@@ -249,6 +250,8 @@ fn pick_group(sizes: &[Option<usize>], front_due: bool, max_items: usize) -> Vec
 struct WriterThread {
     db: sled::Db,
     log_file: File,
+    /// Keeps the store marked open in this process while the thread runs.
+    _open_here: OpenHere,
     max_commit_items: usize,
     fsync: bool,
     counters: Arc<Counters>,

@@ -28,10 +28,7 @@ fn a_backup_is_a_sled_store_with_the_same_records() {
 
     let target = dir.path().join("backup");
     store.backup_to(&target).expect("backup");
-    let restored = crate::store::sled_files::reopen_when_released(|| {
-        SledStore::open(&target, SledOptions::default())
-    })
-    .expect("open backup");
+    let restored = SledStore::open(&target, SledOptions::default()).expect("open backup");
     assert_eq!(
         restored.scan(b"", None, 10).expect("scan"),
         store.scan(b"", None, 10).expect("scan")

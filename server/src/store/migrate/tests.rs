@@ -1,7 +1,6 @@
 use reconciled_migrations::{MigrationError, MigrationInfo};
 
 use crate::store::keys::{next_tenant_id_key, schema_version_key};
-use crate::store::sled_files::reopen_when_released;
 use crate::store::{SledOptions, SledStore, Store, StoreError, WriteBatch, open_and_migrate};
 
 fn options() -> SledOptions {
@@ -41,8 +40,7 @@ fn a_new_store_is_migrated_without_a_backup() {
     );
     drop(store);
 
-    let (_, again) =
-        reopen_when_released(|| open_and_migrate(dir.path(), options(), false)).expect("reopen");
+    let (_, again) = open_and_migrate(dir.path(), options(), false).expect("reopen");
     assert!(again.applied.is_empty() && again.before.is_up_to_date());
 }
 
@@ -55,8 +53,7 @@ fn a_store_with_data_is_backed_up_before_migrating() {
         batch.put(b"\x01legacy".to_vec(), b"v".to_vec());
         store.commit_blocking(batch).expect("commit");
     }
-    let (store, report) =
-        reopen_when_released(|| open_and_migrate(dir.path(), options(), false)).expect("migrate");
+    let (store, report) = open_and_migrate(dir.path(), options(), false).expect("migrate");
     let backup = report.backup.expect("a backup was taken");
     let name = backup.file_name().and_then(|n| n.to_str()).expect("name");
     assert!(
@@ -66,7 +63,7 @@ fn a_store_with_data_is_backed_up_before_migrating() {
     assert_eq!(report.applied, ALL);
     drop(store);
 
-    let copy = reopen_when_released(|| SledStore::open(&backup, options())).expect("open backup");
+    let copy = SledStore::open(&backup, options()).expect("open backup");
     assert_eq!(
         copy.scan(b"", None, 10).expect("scan"),
         vec![(b"\x01legacy".to_vec(), b"v".to_vec())]
@@ -92,8 +89,7 @@ fn a_store_from_a_newer_reconciled_is_refused() {
         batch.put(schema_version_key(), 99u32.to_be_bytes());
         store.commit_blocking(batch).expect("commit");
     }
-    let err = reopen_when_released(|| open_and_migrate(dir.path(), options(), false))
-        .expect_err("too new");
+    let err = open_and_migrate(dir.path(), options(), false).expect_err("too new");
     assert!(
         matches!(
             err,
