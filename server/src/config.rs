@@ -261,6 +261,9 @@ settings! {
     cluster_lease_secs: u64,
         env = "RECONCILED_CLUSTER_LEASE_SECS", default = "5", value_name = "SECS",
         help = "TTL of the etcd lease a replica holds its tenants under (with --store etcd); renewed every third of it";
+    etcd_staging_lease_secs: u64,
+        env = "RECONCILED_ETCD_STAGING_LEASE_SECS", default = "60", value_name = "SECS",
+        help = "How long the chunks of a large commit whose writer died stay in etcd before a replica discards them (with --store etcd)";
     etcd_ca: PathBuf,
         env = "RECONCILED_ETCD_CA", default = "off", value_name = "PEM_FILE",
         help = "CA certificates (PEM) that etcd's server certificate must chain to (https:// endpoints)";
@@ -940,6 +943,7 @@ impl Config {
             advertise_addr: self.advertise_addr.clone(),
             replica_id: self.replica_id.clone(),
             cluster_lease_secs: Some(self.cluster_lease.as_secs()),
+            etcd_staging_lease_secs: Some(self.etcd.staging_lease.as_secs()),
             etcd_ca: self.etcd.ca.clone(),
             etcd_cert: self.etcd.cert.clone(),
             etcd_key: self.etcd.key.clone(),

@@ -141,7 +141,8 @@ fn crash_during_a_large_commit(options: &EtcdOptions, point: CrashPoint) {
 }
 
 #[tokio::test]
-async fn a_commit_cut_off_before_its_marker_is_never_seen_and_its_chunks_are_discarded() {
+async fn a_commit_cut_off_before_its_marker_is_never_seen_and_its_chunks_are_discarded_at_open_and_while_open()
+ {
     let etcd = EtcdCluster::single().await.expect("etcd starts");
     let options = options(&etcd);
     crash_during_a_large_commit(&options, CrashPoint::AfterStaging);
@@ -156,6 +157,7 @@ async fn a_commit_cut_off_before_its_marker_is_never_seen_and_its_chunks_are_dis
     );
     drop(reopened);
 
+    // A store opened once that lease is over discards them at once.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let store = open(&options);
@@ -165,7 +167,25 @@ async fn a_commit_cut_off_before_its_marker_is_never_seen_and_its_chunks_are_dis
         }
         assert!(
             Instant::now() < deadline,
-            "chunks never discarded: {left:?}"
+            "chunks never discarded at open: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // A store that stays open discards them too, once the lease is over,
+    // without being opened again.
+    let running = open(&options);
+    crash_during_a_large_commit(&options, CrashPoint::AfterStaging);
+    assert!(!internal_keys(&running).is_empty());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = internal_keys(&running);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "chunks never discarded by the open store: {left:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

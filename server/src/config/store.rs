@@ -1,13 +1,14 @@
 //! The store settings: `--store sled|etcd` and how to reach etcd.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, Layer, Origins, Secret, SettingValue};
 use crate::store::EtcdOptions;
-use crate::store::etcd::{EtcdAuth, EtcdTls};
+use crate::store::etcd::{DEFAULT_STAGING_LEASE, EtcdAuth, EtcdTls};
 
 /// Which backend keeps the state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum, Deserialize, Serialize)]
@@ -43,6 +44,9 @@ pub struct EtcdSettings {
     pub user: Option<String>,
     /// Password of `user`. Never logged.
     pub password: Option<Secret>,
+    /// TTL of the lease that marks a large commit as being staged: the
+    /// chunks of a writer that died are discarded once it has expired.
+    pub staging_lease: Duration,
 }
 
 impl Default for EtcdSettings {
@@ -55,6 +59,7 @@ impl Default for EtcdSettings {
             key: None,
             user: None,
             password: None,
+            staging_lease: DEFAULT_STAGING_LEASE,
         }
     }
 }
@@ -83,6 +88,7 @@ impl EtcdSettings {
             prefix: self.prefix.clone(),
             tls,
             auth,
+            staging_lease: self.staging_lease,
             ..EtcdOptions::default()
         }
     }
@@ -179,7 +185,21 @@ pub(super) fn resolve(
                 .to_owned(),
         ));
     }
+    let staging_lease = match layer.etcd_staging_lease_secs {
+        None => DEFAULT_STAGING_LEASE,
+        Some(secs) if secs < 2 => {
+            return Err(invalid(
+                "etcd_staging_lease_secs",
+                format!(
+                    "{secs}s is shorter than etcd grants (its minimum lease TTL is about 2 s with \
+                     its default election timeout); use 2 or more"
+                ),
+            ));
+        }
+        Some(secs) => Duration::from_secs(secs),
+    };
     let settings = EtcdSettings {
+        staging_lease,
         endpoints,
         prefix,
         ca: layer.etcd_ca.clone(),
@@ -283,6 +303,16 @@ mod tests {
         assert!(!error.to_string().contains("hidden-value"), "{error}");
         let error = load(&["--advertise-addr", "nohost"], &[]).expect_err("no port");
         assert!(error.to_string().contains("HOST:PORT"), "{error}");
+        let error = load(&["--etcd-staging-lease-secs", "1"], &[]).expect_err("too short");
+        assert!(
+            error.to_string().contains("etcd_staging_lease_secs"),
+            "{error}"
+        );
+        let (_, config) = load(&["--etcd-staging-lease-secs", "7"], &[]).expect("loads");
+        assert_eq!(
+            config.etcd.options(None).staging_lease,
+            std::time::Duration::from_secs(7)
+        );
     }
 
     #[test]

@@ -38,8 +38,8 @@ use std::time::Duration;
 
 pub use cluster::{KeyEvent, LeaseId, RecordChange, Versioned};
 pub use options::{
-    CrashPoint, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, DEFAULT_PREFIX, EtcdAuth,
-    EtcdOptions, EtcdTls,
+    CrashPoint, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, DEFAULT_PREFIX,
+    DEFAULT_STAGING_LEASE, EtcdAuth, EtcdOptions, EtcdTls,
 };
 
 use crate::store::sled_files::write_new_store;

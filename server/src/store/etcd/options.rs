@@ -14,6 +14,10 @@ pub const DEFAULT_MAX_TXN_OPS: usize = 128;
 /// encoding (keys, op headers, compares).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1024 * 1024;
 
+/// TTL of a staging lease unless configured: how long the chunks of a
+/// large commit whose writer died stay before they are discarded.
+pub const DEFAULT_STAGING_LEASE: Duration = Duration::from_secs(60);
+
 /// Client certificates and trust for `https://` endpoints.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EtcdTls {
@@ -99,7 +103,7 @@ impl Default for EtcdOptions {
             auth: None,
             max_txn_ops: DEFAULT_MAX_TXN_OPS,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
-            staging_lease: Duration::from_secs(60),
+            staging_lease: DEFAULT_STAGING_LEASE,
             marker_wait: Duration::from_secs(10),
             commit_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(10),

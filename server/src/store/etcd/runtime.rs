@@ -28,6 +28,7 @@ use crate::store::StoreError;
 use crate::store::etcd::EtcdOptions;
 use crate::store::etcd::latency::EtcdLatency;
 use crate::store::etcd::layout::Layout;
+use crate::store::etcd::staged;
 use crate::store::etcd::writer::{self, CommitRequest};
 
 /// Largest reply the store accepts from etcd (a page of scanned values).
@@ -85,6 +86,8 @@ impl EtcdThread {
                     };
                     let _ = connected.send(Ok(()));
                     let writer = tokio::spawn(writer::run(shared.clone(), commit_queue));
+                    // Ends with the runtime, when the store closes.
+                    tokio::spawn(staged::sweep_abandoned(shared.clone()));
                     while let Some(job) = job_queue.recv().await {
                         tokio::spawn(job(shared.clone()));
                     }

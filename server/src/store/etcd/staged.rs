@@ -20,7 +20,8 @@
 //! does it waits for the roll-in, and rolls the batch in itself if the
 //! marker outlives `marker_wait` (its writer died). Opening a store rolls
 //! every marked batch forward, oldest first, and deletes the chunks of
-//! batches that were never marked and whose staging lease has expired.
+//! batches that were never marked and whose staging lease has expired; an
+//! open store looks for such chunks again every staging lease's TTL.
 
 use std::time::Duration;
 
@@ -486,6 +487,27 @@ pub(crate) async fn recover(shared: &Shared) -> Result<(), StoreError> {
     for id in marked_commits(shared).await? {
         roll_forward(shared, &id).await?;
     }
+    discard_abandoned(shared).await
+}
+
+/// Runs for as long as the store is open: every staging lease's TTL,
+/// discards the chunks of commits whose writer died while staging (their
+/// header's lease has expired and nothing marked them). Opening a store
+/// finds those only once their lease is over, which may be long after the
+/// restart of the writer that left them.
+pub(crate) async fn sweep_abandoned(shared: std::sync::Arc<Shared>) {
+    let period = shared.options.staging_lease.max(Duration::from_secs(2));
+    loop {
+        tokio::time::sleep(period).await;
+        if let Err(error) = discard_abandoned(&shared).await {
+            warn!(%error, "Could not look for abandoned staged chunks; trying again later.");
+        }
+    }
+}
+
+/// Deletes the chunks of every staged commit that has neither its
+/// staging header (its writer is alive) nor its marker (it was made real).
+async fn discard_abandoned(shared: &Shared) -> Result<(), StoreError> {
     let layout = &shared.layout;
     let mut kv = shared.kv.clone();
     let list = etcd_error("list staged chunks");
