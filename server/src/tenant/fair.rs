@@ -16,6 +16,13 @@
 //! ([`run_below_async_workers`]): when the cores are short, the operating
 //! system gives them first to the threads that answer calls, so a flood
 //! of large work slows down large work, not every tenant's small calls.
+//! On Linux that thread is `SCHED_IDLE`: a thread answering a call that
+//! wakes up takes the core at once, where a merely niced thread keeps it
+//! for the rest of its time slice (milliseconds, which is what a small
+//! call's tail latency was made of). The price: while small calls keep
+//! every core busy, large work gets only a sliver of CPU and waits; it
+//! catches up as soon as a core is free. Elsewhere it is niced
+//! ([`HEAVY_PRIORITY`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -90,6 +97,22 @@ pub async fn fairly<T: Send>(
 /// Lowers the calling thread's scheduling priority; a failure (a platform
 /// without niceness) leaves it as it was, which is only less fair.
 fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        use thread_priority::{
+            NormalThreadSchedulePolicy, ThreadPriority, ThreadSchedulePolicy,
+            set_thread_priority_and_policy, thread_native_id,
+        };
+        if set_thread_priority_and_policy(
+            thread_native_id(),
+            ThreadPriority::Min,
+            ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle),
+        )
+        .is_ok()
+        {
+            return;
+        }
+    }
     if let Ok(priority) = HEAVY_PRIORITY.try_into() {
         let _ = thread_priority::set_current_thread_priority(
             thread_priority::ThreadPriority::Crossplatform(priority),
