@@ -381,9 +381,19 @@ impl CurrentGraph {
     /// previous one. Edges follow the applied value's dependencies and those
     /// of an in-flight Create or Modify.
     pub fn insert(&mut self, key: ItemRef, entry: CurrentItem) -> Option<Arc<CurrentItem>> {
-        let previous = self.remove(&key);
-        self.dependents.add(&key, current_edges(&entry));
-        self.items.insert(key, Arc::new(entry));
+        let entry = Arc::new(entry);
+        let previous = self.items.insert(key.clone(), entry.clone());
+        match &previous {
+            // Most updates change an item's state, not its edges (an
+            // operation completing turns its target into the applied
+            // value): the index stays as it is.
+            Some(previous) if current_edges(previous).eq(current_edges(&entry)) => {}
+            Some(previous) => {
+                self.dependents.remove(&key, current_edges(previous));
+                self.dependents.add(&key, current_edges(&entry));
+            }
+            None => self.dependents.add(&key, current_edges(&entry)),
+        }
         previous
     }
 
@@ -475,6 +485,40 @@ mod tests {
         let single: Vec<Option<ItemId>> = asked.iter().map(|item| graph.id_of(item)).collect();
         assert_eq!(graph.ids_of_sorted(asked.iter()), single);
         assert_eq!(single.iter().filter(|id| id.is_some()).count(), 6);
+    }
+
+    #[test]
+    fn current_dependents_follow_each_items_latest_edges() {
+        let requiring = |names: &[&str]| {
+            let mut item = Item::new("t", "x", Default::default());
+            for name in names {
+                item.dependencies
+                    .push(Dependency::on(ItemRef::new("t", name)));
+            }
+            Arc::new(item)
+        };
+        let dependents = |graph: &CurrentGraph, name: &str| {
+            graph
+                .dependents_of(&ItemRef::new("t", name))
+                .map(|item| item.name.to_string())
+                .collect::<Vec<_>>()
+        };
+        let key = ItemRef::new("t", "x");
+        let mut graph = CurrentGraph::default();
+        graph.insert(key.clone(), CurrentItem::created(requiring(&["a", "b"]), 1));
+        // Same edges, another state: the index is unchanged.
+        let mut failed = CurrentItem::created(requiring(&["a", "b"]), 2);
+        failed.attempts = 1;
+        graph.insert(key.clone(), failed);
+        assert_eq!(dependents(&graph, "a"), ["x"]);
+        assert_eq!(dependents(&graph, "b"), ["x"]);
+        // Other edges: the old ones go, the kept and new ones stay.
+        graph.insert(key.clone(), CurrentItem::created(requiring(&["b", "c"]), 3));
+        assert!(dependents(&graph, "a").is_empty());
+        assert_eq!(dependents(&graph, "b"), ["x"]);
+        assert_eq!(dependents(&graph, "c"), ["x"]);
+        graph.remove(&key);
+        assert!(dependents(&graph, "b").is_empty() && dependents(&graph, "c").is_empty());
     }
 
     #[test]
