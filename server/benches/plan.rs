@@ -19,8 +19,11 @@
 //! `PLAN_BENCH_CPU_ITERS=N` the bench skips criterion and times N runs of
 //! each case by the CPU time of its thread (Linux `schedstat`; a run includes
 //! dropping its plan), printing the minimum and the median;
-//! `PLAN_BENCH_CASE=full_create` picks cases.
+//! `PLAN_BENCH_CASE=full_create` picks cases. In that mode it also prints
+//! the memory a converged graph holds per item (`memory/…`, counted by the
+//! bench's allocator).
 
+use std::alloc::System;
 use std::collections::BTreeSet;
 use std::hint::black_box;
 use std::sync::Arc;
@@ -35,6 +38,67 @@ use reconciled::graph::{
     OperationKind, Properties,
 };
 use serde_json::json;
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+
+#[global_allocator]
+static ALLOCATOR: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// Bytes and allocations live now, as counted by [`ALLOCATOR`].
+fn live(region: &Region<'_, System>) -> (isize, isize) {
+    let stats = region.change();
+    let bytes =
+        stats.bytes_allocated as isize - stats.bytes_deallocated as isize + stats.bytes_reallocated;
+    let allocations = stats.allocations as isize - stats.deallocations as isize;
+    (bytes, allocations)
+}
+
+/// Prints what a converged tenant of `size` items of `shape` holds in
+/// memory per item: its intended graph, then its current graph (whose
+/// applied values share the intended ones, as after loading or applying).
+/// Bytes are what was asked of the allocator; each allocation costs about
+/// 8–16 bytes more in glibc's malloc.
+fn memory_per_item(shape: Shape, size: usize) {
+    let label = format!("memory/{}/{size}", shape.label());
+    if std::env::var("PLAN_BENCH_CASE").is_ok_and(|case| !label.contains(&case)) {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(42);
+    let region = Region::new(ALLOCATOR);
+    let start = live(&region);
+    let mut intended = IntendedGraph::default();
+    for index in 0..size {
+        let item = make_item(shape, size, index, &mut rng, 0);
+        intended.insert(IntendedItem {
+            item: Arc::new(item),
+            generation: 1,
+            predicates: Arc::from(Vec::new()),
+        });
+    }
+    let after_intended = live(&region);
+    let mut current = CurrentGraph::default();
+    for (key, entry) in intended.iter() {
+        current.insert(key.clone(), CurrentItem::created(entry.item.clone(), 1));
+    }
+    let after_current = live(&region);
+    let per_item = |from: (isize, isize), to: (isize, isize)| {
+        let items = size as f64;
+        (
+            (to.0 - from.0) as f64 / items,
+            (to.1 - from.1) as f64 / items,
+        )
+    };
+    let (intended_bytes, intended_allocations) = per_item(start, after_intended);
+    let (current_bytes, current_allocations) = per_item(after_intended, after_current);
+    println!(
+        "{label}: {:.0} B live per item in {:.1} allocations (intended graph {intended_bytes:.0} B \
+         in {intended_allocations:.1}, current graph {current_bytes:.0} B in \
+         {current_allocations:.1})",
+        intended_bytes + current_bytes,
+        intended_allocations + current_allocations,
+    );
+    drop(black_box(current));
+    drop(black_box(intended));
+}
 
 /// The planner's view of the world: every type connected, no rules; the
 /// seeds of a pass are the changed items.
@@ -356,6 +420,9 @@ fn bench_plan(c: &mut Criterion) {
     group.measurement_time(Duration::from_secs(5));
     for shape in shapes() {
         for size in sizes() {
+            if iterations.is_some() {
+                memory_per_item(shape, size);
+            }
             let fixture = Fixture::new(shape, size);
             for mut case in fixture.cases(shape, size) {
                 match iterations {
