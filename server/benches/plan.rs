@@ -155,21 +155,21 @@ fn make_item(shape: Shape, size: usize, index: usize, rng: &mut StdRng, version:
     properties.insert("index".into(), json!(index));
     properties.insert("version".into(), json!(version));
     let mut item = Item::new("node", name(index), properties);
+    // Collected, not pushed: a decoded item's list has no spare capacity.
+    let depend_on = |targets: &mut dyn Iterator<Item = usize>| -> Vec<Dependency> {
+        targets
+            .map(|target| Dependency::on(ItemRef::new("node", name(target))))
+            .collect()
+    };
     if let Shape::Chain = shape {
-        for target in index + 1..(index + 11).min(size) {
-            item.dependencies
-                .push(Dependency::on(ItemRef::new("node", name(target))));
-        }
+        item.dependencies = depend_on(&mut (index + 1..(index + 11).min(size)));
     } else if index > 0 {
         let count = rng.random_range(0..=10usize.min(index));
         let mut targets = BTreeSet::new();
         for _ in 0..count {
             targets.insert(rng.random_range(0..index));
         }
-        for target in targets {
-            item.dependencies
-                .push(Dependency::on(ItemRef::new("node", name(target))));
-        }
+        item.dependencies = depend_on(&mut targets.into_iter());
     }
     item
 }

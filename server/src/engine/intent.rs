@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::graph::validate::{FieldViolation, ItemPredicates, find_cycle};
-use crate::graph::{IntendedGraph, IntendedItem, Item, ItemRef, subgraph_contains};
+use crate::graph::{
+    IdentitySharing, IntendedGraph, IntendedItem, Item, ItemRef, subgraph_contains,
+};
 
 /// Why a submit is refused; nothing was stored.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -153,7 +155,8 @@ pub fn prepare_submit(
     change
         .content_changed
         .extend(change.removals.iter().cloned());
-    for (item, predicates) in items {
+    let mut sharing = IdentitySharing::new(intended);
+    for (mut item, predicates) in items {
         let key = item.item_ref();
         let existing = intended.get(&key);
         let same_content = existing.is_some_and(|entry| entry.item.same_content(&item));
@@ -168,6 +171,7 @@ pub fn prepare_submit(
                 next_generation
             }
         };
+        sharing.share_dependencies(&mut item);
         change.upserts.push(IntendedItem {
             item: Arc::new(item),
             generation: item_generation,

@@ -79,7 +79,7 @@ pub fn started(
         // The running operation carries its own op id from now on.
         Some(existing) => CurrentItem {
             state,
-            in_flight: Some(in_flight),
+            in_flight: Some(Box::new(in_flight)),
             retry_of: None,
             ..existing.clone()
         },
@@ -251,7 +251,7 @@ fn resolved(
 ) -> Option<CurrentItem> {
     let unknown = CurrentItem {
         state: ItemState::Unknown,
-        in_flight: Some(lost.clone()),
+        in_flight: Some(Box::new(lost.clone())),
         ..existing.clone()
     };
     let observed = match completion {

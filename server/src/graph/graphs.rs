@@ -152,15 +152,29 @@ impl IntendedGraph {
     }
 
     /// Puts `entry` in the graph, replacing (and returning) any previous one.
-    pub fn insert(&mut self, entry: IntendedItem) -> Option<Arc<IntendedItem>> {
+    ///
+    /// The item's key and, when the graph holds the only reference to its
+    /// value, its dependencies' targets are made to share the text of the
+    /// identities the graph interned ([`Self::shared_identity`]): on a deep
+    /// graph every identity is named by up to a dozen dependencies, and
+    /// each would otherwise keep two allocations of its own.
+    pub fn insert(&mut self, mut entry: IntendedItem) -> Option<Arc<IntendedItem>> {
         let key = entry.item.item_ref();
         let previous = self.remove(&key);
         let id = self.ids.acquire(&key);
+        let key = self.ids.item(id).cloned().unwrap_or(key);
         let required: IdList = entry
             .item
             .required_items()
             .map(|target| self.ids.acquire(target))
             .collect();
+        if let Some(item) = Arc::get_mut(&mut entry.item) {
+            for (dependency, &target) in item.dependencies.iter_mut().zip(required.as_slice()) {
+                if let Some(shared) = self.ids.item(target) {
+                    dependency.requires = shared.clone();
+                }
+            }
+        }
         for &target in required.as_slice() {
             if let Some(edges) = self.ids.data_mut(target) {
                 edges.dependents.insert(id);
@@ -228,6 +242,13 @@ impl IntendedGraph {
             .into_iter()
             .flat_map(|id| self.dependent_ids(id))
             .filter_map(|id| self.ids.item(id))
+    }
+
+    /// The graph's own copy of identity `item`, if the graph mentions it
+    /// (as an item or as a dependency target): a clone of it shares its
+    /// text instead of allocating it again.
+    pub fn shared_identity(&self, item: &ItemRef) -> Option<&ItemRef> {
+        self.ids.get(item).and_then(|id| self.ids.item(id))
     }
 
     /// The id of identity `item`, if the graph mentions it (as an item or

@@ -91,9 +91,11 @@ pub struct Dependency {
     pub requires: ItemRef,
     /// Optional CEL expression over the required item, bound as `self`.
     /// Empty means the dependency holds as soon as the item is created.
-    pub must_satisfy: String,
+    /// (`Box<str>`, not `String`: a deep graph holds millions of
+    /// dependencies, and this one is nearly always empty.)
+    pub must_satisfy: Box<str>,
     /// Free text for humans; not part of equality.
-    pub description: String,
+    pub description: Box<str>,
     /// Recreate the dependent whenever the required item is modified.
     pub recreate_when_modified: bool,
     /// When the required (external) item disappears, the dependent is gone
@@ -106,8 +108,8 @@ impl Dependency {
     pub fn on(requires: ItemRef) -> Self {
         Self {
             requires,
-            must_satisfy: String::new(),
-            description: String::new(),
+            must_satisfy: Box::default(),
+            description: Box::default(),
             recreate_when_modified: false,
             auto_deleted_by_external: false,
         }

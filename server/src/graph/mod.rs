@@ -6,6 +6,7 @@ mod id_list;
 mod ids;
 mod item;
 pub mod predicate;
+mod sharing;
 mod state;
 pub mod validate;
 
@@ -15,4 +16,5 @@ pub use graphs::{
 pub use ids::ItemId;
 pub use item::{Dependency, Item, ItemRef, Properties};
 pub use predicate::{Predicate, PredicateError};
+pub use sharing::IdentitySharing;
 pub use state::{CurrentItem, InFlight, ItemState, OperationError, OperationKind, RetryOf, code};

@@ -209,7 +209,7 @@ pub struct CurrentItem {
     /// failure blocks retries only while the intent is still this one.
     pub failed_generation: u64,
     /// The operation in flight, if any.
-    pub in_flight: Option<InFlight>,
+    pub in_flight: Option<Box<InFlight>>,
     /// Completed Modifies (and modified reports of external items): the
     /// counter `recreate_when_modified` dependents compare against.
     pub modifications: u64,
@@ -353,7 +353,7 @@ impl CurrentItem {
             attempts: 0,
             next_attempt_at_ms: None,
             failed_generation: 0,
-            in_flight: Some(in_flight),
+            in_flight: Some(Box::new(in_flight)),
             modifications: 0,
             dependency_marks: BTreeMap::new(),
             unknown_was_created: false,

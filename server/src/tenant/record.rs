@@ -165,7 +165,7 @@ pub(crate) mod samples {
         current.attempts = 2;
         current.next_attempt_at_ms = Some(5_000);
         current.failed_generation = 3;
-        current.in_flight = Some(read);
+        current.in_flight = Some(Box::new(read));
         current.modifications = 6;
         current.dependency_marks.insert(required, 7);
         current.unknown_was_created = true;

@@ -67,6 +67,11 @@ impl TenantState {
             };
             let mut current: CurrentItem = decode(&key, &value)?;
             let item = ItemRef::new(item_type, name);
+            let item = state
+                .intended
+                .shared_identity(&item)
+                .cloned()
+                .unwrap_or(item);
             // The applied value shares the intended one when they are equal
             // (memory, and cheap comparisons).
             if let (Some(applied), Some(intended)) =

@@ -75,8 +75,8 @@ fn dependency_from_proto(
     })?;
     Ok(Dependency {
         requires: item_ref_from_proto(requires),
-        must_satisfy: dependency.must_satisfy,
-        description: dependency.description,
+        must_satisfy: dependency.must_satisfy.into(),
+        description: dependency.description.into(),
         recreate_when_modified: dependency.recreate_when_modified,
         auto_deleted_by_external: dependency.auto_deleted_by_external,
     })
@@ -99,8 +99,8 @@ pub fn item_to_proto(item: &Item) -> v1::Item {
 fn dependency_to_proto(dependency: &Dependency) -> v1::Dependency {
     v1::Dependency {
         requires: Some(item_ref_to_proto(&dependency.requires)),
-        must_satisfy: dependency.must_satisfy.clone(),
-        description: dependency.description.clone(),
+        must_satisfy: dependency.must_satisfy.to_string(),
+        description: dependency.description.to_string(),
         recreate_when_modified: dependency.recreate_when_modified,
         auto_deleted_by_external: dependency.auto_deleted_by_external,
     }

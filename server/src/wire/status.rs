@@ -145,7 +145,7 @@ fn fill_current(status: &mut v1::ItemStatus, current: &CurrentItem) {
     status.last_error = current.last_error.as_ref().map(operation_error_to_status);
     status.attempts = current.attempts;
     status.next_attempt_at = current.next_attempt_at_ms.map(timestamp_from_ms);
-    status.operation = current.in_flight.as_ref().map(in_flight_to_proto);
+    status.operation = current.in_flight.as_deref().map(in_flight_to_proto);
     status.modifications = current.modifications;
 }
 

@@ -604,7 +604,7 @@ fn new_dependency(rng: &mut StdRng, scenario: &Scenario, target: ItemRef) -> Dep
         } else {
             rng.random_range(0..PREDICATES.len() - 1)
         };
-        dependency.must_satisfy = PREDICATES[index].to_string();
+        dependency.must_satisfy = PREDICATES[index].into();
     }
     dependency.recreate_when_modified = rng.random_bool(0.2);
     dependency.auto_deleted_by_external = on_external && rng.random_bool(0.5);

@@ -29,7 +29,7 @@ fn running<'a>(current: &'a CurrentGraph, op_id: &str, item: &ItemRef) -> Option
     current
         .get(item)
         .filter(|entry| super::executor::runs(entry))
-        .and_then(|entry| entry.in_flight.as_ref())
+        .and_then(|entry| entry.in_flight.as_deref())
         .filter(|operation| operation.op_id == op_id)
 }
 

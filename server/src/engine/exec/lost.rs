@@ -533,7 +533,7 @@ mod tests {
         };
         let entry = CurrentItem {
             state: ItemState::Unknown,
-            in_flight: Some(modify.clone()),
+            in_flight: Some(Box::new(modify.clone())),
             gone_with_external: true,
             unknown_was_created: true,
             ..created("a")

@@ -413,7 +413,7 @@ fn build(spec: &CaseSpec, intent: &[Option<ItemSpec>]) -> Vec<Item> {
                 built = built.depends_on(Dependency {
                     must_satisfy: dependency
                         .predicate
-                        .map(|p| PREDICATES[p].to_string())
+                        .map(|p| PREDICATES[p].into())
                         .unwrap_or_default(),
                     recreate_when_modified: dependency.recreate_when_modified,
                     auto_deleted_by_external: dependency.auto_deleted

@@ -541,7 +541,7 @@ fn a_predicate_changing_together_with_its_dependency_deletes_the_dependent_first
     // fails for a's old value (rule 5): delete b, modify a, create b.
     let dependent = |val: &str| {
         item("t/b", json!({})).depends_on(Dependency {
-            must_satisfy: format!("self.val == \"{val}\""),
+            must_satisfy: format!("self.val == \"{val}\"").into(),
             ..on("t/a")
         })
     };

@@ -131,7 +131,7 @@ fn json_records_of_schema_version_1_decode_as_the_same_records_after_migrating()
     let mut modifying = CurrentItem::created(big.clone(), 2);
     let mut in_flight = InFlight::new(OperationKind::Modify, "7-aa-1".into(), 1, 3, 5, 60_000);
     in_flight.target = Some(big.clone());
-    modifying.in_flight = Some(in_flight);
+    modifying.in_flight = Some(Box::new(in_flight));
     let intended = StoredIntended {
         item: (*applied).clone(),
         generation: 3,

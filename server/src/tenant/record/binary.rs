@@ -119,7 +119,11 @@ impl StoredRecord for CurrentItem {
             attempts: self.attempts,
             next_attempt_at_ms: self.next_attempt_at_ms,
             failed_generation: self.failed_generation,
-            in_flight: self.in_flight.as_ref().map(in_flight_message).transpose()?,
+            in_flight: self
+                .in_flight
+                .as_deref()
+                .map(in_flight_message)
+                .transpose()?,
             modifications: self.modifications,
             dependency_marks: marks_message(&self.dependency_marks),
             unknown_was_created: self.unknown_was_created,
@@ -162,7 +166,10 @@ impl StoredRecord for CurrentItem {
             attempts: message.attempts,
             next_attempt_at_ms: message.next_attempt_at_ms,
             failed_generation: message.failed_generation,
-            in_flight: message.in_flight.map(in_flight_from).transpose()?,
+            in_flight: message
+                .in_flight
+                .map(|message| in_flight_from(message).map(Box::new))
+                .transpose()?,
             modifications: message.modifications,
             dependency_marks: marks_from(message.dependency_marks),
             unknown_was_created: message.unknown_was_created,
@@ -259,8 +266,8 @@ fn item_message(item: &Item) -> Result<pb::Item, String> {
             .map(|dependency| pb::Dependency {
                 requires_type: dependency.requires.item_type.to_string(),
                 requires_name: dependency.requires.name.to_string(),
-                must_satisfy: dependency.must_satisfy.clone(),
-                description: dependency.description.clone(),
+                must_satisfy: dependency.must_satisfy.to_string(),
+                description: dependency.description.to_string(),
                 recreate_when_modified: dependency.recreate_when_modified,
                 auto_deleted_by_external: dependency.auto_deleted_by_external,
             })
@@ -282,8 +289,8 @@ fn item_from(message: pb::Item) -> Result<Item, String> {
             .into_iter()
             .map(|dependency| Dependency {
                 requires: ItemRef::new(dependency.requires_type, dependency.requires_name),
-                must_satisfy: dependency.must_satisfy,
-                description: dependency.description,
+                must_satisfy: dependency.must_satisfy.into(),
+                description: dependency.description.into(),
                 recreate_when_modified: dependency.recreate_when_modified,
                 auto_deleted_by_external: dependency.auto_deleted_by_external,
             })

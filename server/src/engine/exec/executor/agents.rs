@@ -263,7 +263,8 @@ impl Executor {
         };
         let Some(operation) = entry
             .in_flight
-            .clone()
+            .as_deref()
+            .cloned()
             .filter(|operation| operation.op_id == op_id && operation.attempt == attempt)
         else {
             // A stale attempt: it changes no state.
@@ -662,7 +663,7 @@ impl Executor {
             else {
                 continue;
             };
-            let Some(mut operation) = entry.in_flight.clone() else {
+            let Some(mut operation) = entry.in_flight.as_deref().cloned() else {
                 continue;
             };
             if entry.state == ItemState::Unknown
@@ -671,7 +672,7 @@ impl Executor {
                 // The READ that was to resolve it was lost too: what is
                 // decided is the lost operation's fate.
                 operation = *lost;
-                entry.in_flight = Some(operation.clone());
+                entry.in_flight = Some(Box::new(operation.clone()));
             }
             if entry.state != ItemState::Unknown {
                 // Sent to the previous session of this type: send it again
@@ -754,7 +755,7 @@ impl Executor {
     /// id. The lost operation's re-delivery is counted, so an agent that
     /// keeps dying on it cannot loop for ever (a poison operation).
     fn resolving_read(&mut self, item: &ItemRef, entry: &CurrentItem, now: Now) -> String {
-        let mut lost = entry.in_flight.clone().unwrap_or_else(|| {
+        let mut lost = entry.in_flight.as_deref().cloned().unwrap_or_else(|| {
             InFlight::new(OperationKind::Read, String::new(), 1, 0, now.wall_ms, 0)
         });
         lost.redeliveries = lost.redeliveries.saturating_add(1);
@@ -773,7 +774,7 @@ impl Executor {
         let op_id = read.op_id.clone();
         let value = CurrentItem {
             state: ItemState::Unknown,
-            in_flight: Some(read),
+            in_flight: Some(Box::new(read)),
             ..entry.clone()
         };
         self.stage(item, Some(value));
@@ -804,7 +805,7 @@ impl Executor {
         lost.redeliveries = lost.redeliveries.saturating_sub(1);
         let unknown = CurrentItem {
             state: ItemState::Unknown,
-            in_flight: Some(lost.clone()),
+            in_flight: Some(Box::new(lost.clone())),
             ..entry.clone()
         };
         let spec = self.spec(&item.item_type);

@@ -1,0 +1,108 @@
+//! One copy of each identity's text for the items of a request.
+//!
+//! Every dependency names its target by type and name. Decoded from the
+//! wire or the store, each of those is an allocation of its own, although
+//! on a deep graph a dozen dependencies name the same item and every item
+//! has the same few types. [`IdentitySharing`] hands out one copy per
+//! identity: the intended graph's own when it already mentions the
+//! identity, otherwise the first one seen in the request.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use super::graphs::IntendedGraph;
+use super::item::{Item, ItemRef};
+
+/// Shares identities between the items of one request and the graph they
+/// go into.
+#[derive(Debug)]
+pub struct IdentitySharing<'g> {
+    graph: &'g IntendedGraph,
+    identities: HashSet<ItemRef>,
+    types: HashSet<Arc<str>>,
+}
+
+impl<'g> IdentitySharing<'g> {
+    /// Sharing with the identities of `graph`.
+    pub fn new(graph: &'g IntendedGraph) -> Self {
+        Self {
+            graph,
+            identities: HashSet::new(),
+            types: HashSet::new(),
+        }
+    }
+
+    /// Makes every dependency of `item` name its target by the shared copy.
+    pub fn share_dependencies(&mut self, item: &mut Item) {
+        for dependency in &mut item.dependencies {
+            dependency.requires = self.shared(&dependency.requires);
+        }
+    }
+
+    /// The shared copy of `identity`.
+    pub fn shared(&mut self, identity: &ItemRef) -> ItemRef {
+        if let Some(shared) = self.graph.shared_identity(identity) {
+            return shared.clone();
+        }
+        if let Some(shared) = self.identities.get(identity) {
+            return shared.clone();
+        }
+        let item_type = match self.types.get(&identity.item_type) {
+            Some(shared) => shared.clone(),
+            None => {
+                self.types.insert(identity.item_type.clone());
+                identity.item_type.clone()
+            }
+        };
+        let shared = ItemRef {
+            item_type,
+            name: identity.name.clone(),
+        };
+        self.identities.insert(shared.clone());
+        shared
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::{Dependency, IntendedItem};
+
+    fn requiring(name: &str, targets: &[&str]) -> Item {
+        let mut item = Item::new("t", name, Default::default());
+        item.dependencies = targets
+            .iter()
+            .map(|target| Dependency::on(ItemRef::new("t", target)))
+            .collect();
+        item
+    }
+
+    #[test]
+    fn dependencies_on_one_identity_share_its_text_with_each_other_and_the_graph() {
+        let mut graph = IntendedGraph::default();
+        let known = IntendedItem::compile(requiring("a", &["b"]), 1).expect("compiles");
+        graph.insert(known);
+        let in_graph = graph
+            .shared_identity(&ItemRef::new("t", "b"))
+            .expect("b is mentioned")
+            .clone();
+
+        let mut sharing = IdentitySharing::new(&graph);
+        let mut first = requiring("x", &["b", "c"]);
+        let mut second = requiring("y", &["c", "b"]);
+        sharing.share_dependencies(&mut first);
+        sharing.share_dependencies(&mut second);
+
+        let part = |item: &Item, index: usize| item.dependencies[index].requires.clone();
+        assert!(Arc::ptr_eq(&part(&first, 0).name, &in_graph.name));
+        assert!(Arc::ptr_eq(&part(&second, 1).name, &in_graph.name));
+        assert!(Arc::ptr_eq(&part(&first, 1).name, &part(&second, 0).name));
+        assert!(Arc::ptr_eq(
+            &part(&first, 1).item_type,
+            &part(&second, 0).item_type
+        ));
+        // Sharing changes no identity.
+        assert_eq!(part(&first, 1), ItemRef::new("t", "c"));
+        assert_eq!(part(&second, 1), ItemRef::new("t", "b"));
+    }
+}
