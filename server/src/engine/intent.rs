@@ -171,7 +171,7 @@ pub fn prepare_submit(
                 next_generation
             }
         };
-        sharing.share_dependencies(&mut item);
+        sharing.share_identities(&mut item);
         change.upserts.push(IntendedItem {
             item: Arc::new(item),
             generation: item_generation,

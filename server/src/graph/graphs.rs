@@ -169,6 +169,8 @@ impl IntendedGraph {
             .map(|target| self.ids.acquire(target))
             .collect();
         if let Some(item) = Arc::get_mut(&mut entry.item) {
+            item.item_type = key.item_type.clone();
+            item.name = key.name.clone();
             for (dependency, &target) in item.dependencies.iter_mut().zip(required.as_slice()) {
                 if let Some(shared) = self.ids.item(target) {
                     dependency.requires = shared.clone();

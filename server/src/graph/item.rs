@@ -127,10 +127,12 @@ impl Dependency {
 /// A configuration item, as intended by a user or as last applied.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Item {
-    /// The item type; together with `name` the item's identity.
-    pub item_type: String,
-    /// The item name.
-    pub name: String,
+    /// The item type; together with `name` the item's identity. Shared
+    /// text (`Arc<str>`): the item's [`ItemRef`] is a clone of it, not a
+    /// copy.
+    pub item_type: Arc<str>,
+    /// The item name (shared text, as `item_type`).
+    pub name: Arc<str>,
     /// The item's configuration (a JSON object).
     pub properties: Properties,
     /// Items that must exist (and satisfy predicates) before this one.
@@ -147,22 +149,21 @@ pub struct Item {
 
 impl Item {
     /// A non-external item with the given identity and properties.
-    pub fn new(
-        item_type: impl Into<String>,
-        name: impl Into<String>,
-        properties: Properties,
-    ) -> Self {
+    pub fn new(item_type: impl AsRef<str>, name: impl AsRef<str>, properties: Properties) -> Self {
         Self {
-            item_type: item_type.into(),
-            name: name.into(),
+            item_type: Arc::from(item_type.as_ref()),
+            name: Arc::from(name.as_ref()),
             properties,
             ..Self::default()
         }
     }
 
-    /// The item's identity.
+    /// The item's identity (sharing the item's text).
     pub fn item_ref(&self) -> ItemRef {
-        ItemRef::new(&self.item_type, &self.name)
+        ItemRef {
+            item_type: self.item_type.clone(),
+            name: self.name.clone(),
+        }
     }
 
     /// Adds a dependency (builder style, for tests and tools).

@@ -32,8 +32,12 @@ impl<'g> IdentitySharing<'g> {
         }
     }
 
-    /// Makes every dependency of `item` name its target by the shared copy.
-    pub fn share_dependencies(&mut self, item: &mut Item) {
+    /// Makes `item` and every dependency of it name their identities by
+    /// the shared copies.
+    pub fn share_identities(&mut self, item: &mut Item) {
+        let own = self.shared(&item.item_ref());
+        item.item_type = own.item_type;
+        item.name = own.name;
         for dependency in &mut item.dependencies {
             dependency.requires = self.shared(&dependency.requires);
         }
@@ -78,7 +82,7 @@ mod tests {
     }
 
     #[test]
-    fn dependencies_on_one_identity_share_its_text_with_each_other_and_the_graph() {
+    fn items_and_dependencies_naming_one_identity_share_its_text_with_each_other_and_the_graph() {
         let mut graph = IntendedGraph::default();
         let known = IntendedItem::compile(requiring("a", &["b"]), 1).expect("compiles");
         graph.insert(known);
@@ -90,8 +94,8 @@ mod tests {
         let mut sharing = IdentitySharing::new(&graph);
         let mut first = requiring("x", &["b", "c"]);
         let mut second = requiring("y", &["c", "b"]);
-        sharing.share_dependencies(&mut first);
-        sharing.share_dependencies(&mut second);
+        sharing.share_identities(&mut first);
+        sharing.share_identities(&mut second);
 
         let part = |item: &Item, index: usize| item.dependencies[index].requires.clone();
         assert!(Arc::ptr_eq(&part(&first, 0).name, &in_graph.name));
@@ -101,6 +105,9 @@ mod tests {
             &part(&first, 1).item_type,
             &part(&second, 0).item_type
         ));
+        let mut c = requiring("c", &[]);
+        sharing.share_identities(&mut c);
+        assert!(Arc::ptr_eq(&c.name, &part(&first, 1).name));
         // Sharing changes no identity.
         assert_eq!(part(&first, 1), ItemRef::new("t", "c"));
         assert_eq!(part(&second, 1), ItemRef::new("t", "b"));

@@ -52,8 +52,8 @@ pub fn item_from_proto_at(item: v1::Item, path: &str) -> Result<Item, Vec<FieldV
         return Err(violations);
     }
     Ok(Item {
-        item_type: item.r#type,
-        name: item.name,
+        item_type: item.r#type.into(),
+        name: item.name.into(),
         properties,
         dependencies,
         external: item.external,
@@ -85,8 +85,8 @@ fn dependency_from_proto(
 /// Converts an item to its proto form.
 pub fn item_to_proto(item: &Item) -> v1::Item {
     v1::Item {
-        r#type: item.item_type.clone(),
-        name: item.name.clone(),
+        r#type: item.item_type.to_string(),
+        name: item.name.to_string(),
         properties: Some(properties_to_struct(&item.properties)),
         dependencies: item.dependencies.iter().map(dependency_to_proto).collect(),
         external: item.external,

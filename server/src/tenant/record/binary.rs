@@ -257,8 +257,8 @@ fn properties_from(text: &[u8]) -> Result<Properties, String> {
 
 fn item_message(item: &Item) -> Result<pb::Item, String> {
     Ok(pb::Item {
-        r#type: item.item_type.clone(),
-        name: item.name.clone(),
+        r#type: item.item_type.to_string(),
+        name: item.name.to_string(),
         properties: properties_text(&item.properties)?,
         dependencies: item
             .dependencies
@@ -282,8 +282,8 @@ fn item_message(item: &Item) -> Result<pb::Item, String> {
 fn item_from(message: pb::Item) -> Result<Item, String> {
     Ok(Item {
         properties: properties_from(&message.properties)?,
-        item_type: message.r#type,
-        name: message.name,
+        item_type: message.r#type.into(),
+        name: message.name.into(),
         dependencies: message
             .dependencies
             .into_iter()
