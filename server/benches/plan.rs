@@ -364,49 +364,47 @@ impl Fixture {
         }
     }
 
-    /// Every case of this fixture, labelled `{plan|apply}/{case}/{shape}/{size}`.
+    /// Every case of this fixture, labelled `{plan|apply}/{case}/{shape}/{size}`:
+    /// each starting point planned alone, then planned and applied.
     fn cases(&self, shape: Shape, size: usize) -> Vec<Case<'_>> {
-        let tag = |what: &str, case: &str| format!("{what}/{case}/{}/{size}", shape.label());
-        let (all, one, percent) = (&self.converged, &self.one, &self.percent);
-        let (one_seeds, percent_seeds) = (&self.one_seeds, &self.percent_seeds);
-        vec![
-            Case {
-                label: tag("plan", "full_create"),
-                start: &self.empty,
-                mutates: false,
-                run: Box::new(move |current| plan(all, current, &all.all)),
-            },
-            Case {
-                label: tag("plan", "one_changed"),
-                start: &one.current,
-                mutates: false,
-                run: Box::new(move |current| plan(one, current, one_seeds)),
-            },
-            Case {
-                label: tag("plan", "one_percent_changed"),
-                start: &percent.current,
-                mutates: false,
-                run: Box::new(move |current| plan(percent, current, percent_seeds)),
-            },
-            Case {
-                label: tag("apply", "full_create"),
-                start: &self.empty,
-                mutates: true,
-                run: Box::new(move |current| plan_and_apply(all, current, &all.all)),
-            },
-            Case {
-                label: tag("apply", "one_changed"),
-                start: &one.current,
-                mutates: true,
-                run: Box::new(move |current| plan_and_apply(one, current, one_seeds)),
-            },
-            Case {
-                label: tag("apply", "one_percent_changed"),
-                start: &percent.current,
-                mutates: true,
-                run: Box::new(move |current| plan_and_apply(percent, current, percent_seeds)),
-            },
-        ]
+        let starts = [
+            (
+                "full_create",
+                &self.converged,
+                &self.empty,
+                &self.converged.all,
+            ),
+            ("one_changed", &self.one, &self.one.current, &self.one_seeds),
+            (
+                "one_percent_changed",
+                &self.percent,
+                &self.percent.current,
+                &self.percent_seeds,
+            ),
+        ];
+        let mut cases = Vec::with_capacity(2 * starts.len());
+        for apply in [false, true] {
+            for (name, graphs, start, seeds) in starts {
+                let (what, run): (&str, Run<'_>) = if apply {
+                    (
+                        "apply",
+                        Box::new(move |current| plan_and_apply(graphs, current, seeds)),
+                    )
+                } else {
+                    (
+                        "plan",
+                        Box::new(move |current| plan(graphs, current, seeds)),
+                    )
+                };
+                cases.push(Case {
+                    label: format!("{what}/{name}/{}/{size}", shape.label()),
+                    start,
+                    mutates: apply,
+                    run,
+                });
+            }
+        }
+        cases
     }
 }
 

@@ -1158,19 +1158,8 @@ fn resolve(
         }
         id => id.clone(),
     };
-    let cluster_lease = match layer.cluster_lease_secs {
-        None => defaults.cluster_lease,
-        Some(secs) if secs < 2 => {
-            return Err(invalid(
-                "cluster_lease_secs",
-                format!(
-                    "{secs}s is shorter than etcd grants (its minimum lease TTL is about 2 s with \
-                     its default election timeout); use 2 or more"
-                ),
-            ));
-        }
-        Some(secs) => Duration::from_secs(secs),
-    };
+    let cluster_lease = store::lease_ttl(layer.cluster_lease_secs, defaults.cluster_lease)
+        .map_err(|reason| invalid("cluster_lease_secs", reason))?;
 
     Ok(Config {
         store,

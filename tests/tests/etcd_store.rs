@@ -158,34 +158,28 @@ async fn a_commit_cut_off_before_its_marker_is_never_seen_and_its_chunks_are_dis
     drop(reopened);
 
     // A store opened once that lease is over discards them at once.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let store = open(&options);
-        let left = internal_keys(&store);
-        if left.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "chunks never discarded at open: {left:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_none_left("at open", || internal_keys(&open(&options))).await;
 
     // A store that stays open discards them too, once the lease is over,
     // without being opened again.
     let running = open(&options);
     crash_during_a_large_commit(&options, CrashPoint::AfterStaging);
     assert!(!internal_keys(&running).is_empty());
+    until_none_left("by the open store", || internal_keys(&running)).await;
+}
+
+/// Waits up to 30 s until `left` lists no internal key; fails saying the
+/// chunks were never discarded `how`.
+async fn until_none_left(how: &str, mut left: impl FnMut() -> Vec<String>) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let left = internal_keys(&running);
-        if left.is_empty() {
-            break;
+        let keys = left();
+        if keys.is_empty() {
+            return;
         }
         assert!(
             Instant::now() < deadline,
-            "chunks never discarded by the open store: {left:?}"
+            "chunks never discarded {how}: {keys:?}"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

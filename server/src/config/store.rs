@@ -94,6 +94,19 @@ impl EtcdSettings {
     }
 }
 
+/// The TTL of an etcd lease set to `secs` (`default` when unset); etcd
+/// grants no lease shorter than about 2 s.
+pub(super) fn lease_ttl(secs: Option<u64>, default: Duration) -> Result<Duration, String> {
+    match secs {
+        None => Ok(default),
+        Some(secs) if secs < 2 => Err(format!(
+            "{secs}s is shorter than etcd grants (its minimum lease TTL is about 2 s with its \
+             default election timeout); use 2 or more"
+        )),
+        Some(secs) => Ok(Duration::from_secs(secs)),
+    }
+}
+
 /// Parses a comma-separated list of etcd client URLs.
 pub fn parse_endpoints(raw: &str) -> Result<Vec<String>, String> {
     let endpoints: Vec<String> = raw
@@ -185,19 +198,8 @@ pub(super) fn resolve(
                 .to_owned(),
         ));
     }
-    let staging_lease = match layer.etcd_staging_lease_secs {
-        None => DEFAULT_STAGING_LEASE,
-        Some(secs) if secs < 2 => {
-            return Err(invalid(
-                "etcd_staging_lease_secs",
-                format!(
-                    "{secs}s is shorter than etcd grants (its minimum lease TTL is about 2 s with \
-                     its default election timeout); use 2 or more"
-                ),
-            ));
-        }
-        Some(secs) => Duration::from_secs(secs),
-    };
+    let staging_lease = lease_ttl(layer.etcd_staging_lease_secs, DEFAULT_STAGING_LEASE)
+        .map_err(|reason| invalid("etcd_staging_lease_secs", reason))?;
     let settings = EtcdSettings {
         staging_lease,
         endpoints,
