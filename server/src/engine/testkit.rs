@@ -387,7 +387,7 @@ impl World {
                         required
                     );
                     if let (Some(predicate), Some(required)) =
-                        (entry.predicates[index].as_ref(), required)
+                        (entry.predicates.get(index), required)
                     {
                         assert_eq!(
                             predicate.evaluate(&required.effective_properties()),

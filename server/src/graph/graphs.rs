@@ -3,58 +3,21 @@
 //! Items live in persistent ordered maps (`imbl::OrdMap`): cloning one is
 //! O(1), which is how readers get an immutable snapshot of a tenant while
 //! its owner keeps changing it. The indexes of dependents are only needed by
-//! the owner and the planner, so they are plain hash maps. The intended
-//! graph also names every identity it mentions with an integer
-//! ([`ItemId`]) and keeps its edges in that form, for the planner.
+//! the owner and the planner, so they are plain tables: each graph names
+//! every identity it mentions with an integer ([`ItemId`]) and keeps its
+//! edges in that form (a few bytes per edge instead of a copy of the
+//! dependent's identity, and no text compared to follow one).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use imbl::OrdMap;
-use rustc_hash::FxHashMap;
 
 use super::id_list::IdList;
 use super::ids::{IdTable, ItemId};
 use super::item::{Item, ItemRef};
 use super::predicate::{Predicate, PredicateError};
 use super::state::CurrentItem;
-
-/// "What depends on X": for every required item, the items requiring it.
-/// Answers in O(degree); entries for dangling targets are kept too, so a
-/// dependent waiting for a missing item is found when it appears.
-#[derive(Clone, Debug, Default)]
-pub struct DependentsIndex {
-    by_required: FxHashMap<ItemRef, BTreeSet<ItemRef>>,
-}
-
-impl DependentsIndex {
-    /// Records that `dependent` requires every item in `required`.
-    pub fn add<'a>(&mut self, dependent: &ItemRef, required: impl Iterator<Item = &'a ItemRef>) {
-        for target in required {
-            self.by_required
-                .entry(target.clone())
-                .or_default()
-                .insert(dependent.clone());
-        }
-    }
-
-    /// Forgets the edges from `dependent` to every item in `required`.
-    pub fn remove<'a>(&mut self, dependent: &ItemRef, required: impl Iterator<Item = &'a ItemRef>) {
-        for target in required {
-            if let Some(dependents) = self.by_required.get_mut(target) {
-                dependents.remove(dependent);
-                if dependents.is_empty() {
-                    self.by_required.remove(target);
-                }
-            }
-        }
-    }
-
-    /// The items that require `target`, in identity order.
-    pub fn dependents_of(&self, target: &ItemRef) -> impl Iterator<Item = &ItemRef> {
-        self.by_required.get(target).into_iter().flatten()
-    }
-}
 
 /// An item of the intended graph with the generation that last changed it
 /// and its compiled predicates (one per dependency, in order).
@@ -66,7 +29,35 @@ pub struct IntendedItem {
     pub generation: u64,
     /// Compiled `must_satisfy` expressions, index-aligned with
     /// `item.dependencies`.
-    pub predicates: Arc<[Option<Predicate>]>,
+    pub predicates: Predicates,
+}
+
+/// The compiled `must_satisfy` predicates of an item's dependencies,
+/// index-aligned with them. Nearly no dependency has one, so an item with
+/// none keeps no list (a list costs 24 B per dependency).
+#[derive(Clone, Debug, Default)]
+pub struct Predicates(Option<Arc<[Option<Predicate>]>>);
+
+impl Predicates {
+    /// The predicate of the dependency at `index`, if it has one.
+    pub fn get(&self, index: usize) -> Option<&Predicate> {
+        self.0.as_ref()?.get(index)?.as_ref()
+    }
+
+    /// Whether some dependency has a predicate.
+    pub fn any(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl From<Vec<Option<Predicate>>> for Predicates {
+    fn from(predicates: Vec<Option<Predicate>>) -> Self {
+        if predicates.iter().all(Option::is_none) {
+            Self(None)
+        } else {
+            Self(Some(predicates.into()))
+        }
+    }
 }
 
 impl IntendedItem {
@@ -98,7 +89,6 @@ impl IntendedItem {
             .iter()
             .position(|dependency| &dependency.requires == target)
             .and_then(|index| self.predicates.get(index))
-            .and_then(Option::as_ref)
     }
 }
 
@@ -119,7 +109,7 @@ impl ItemSummary {
         Self {
             external: entry.item.external,
             generation: entry.generation,
-            has_predicates: entry.predicates.iter().any(Option::is_some),
+            has_predicates: entry.predicates.any(),
         }
     }
 }
@@ -386,7 +376,11 @@ fn entry_address(entry: &Arc<IntendedItem>) -> usize {
 #[derive(Clone, Debug, Default)]
 pub struct CurrentGraph {
     items: OrdMap<ItemRef, Arc<CurrentItem>>,
-    dependents: DependentsIndex,
+    /// Every identity the graph mentions (its items and their edges'
+    /// targets), each with the ids of the items whose edges point at it.
+    /// Kept for targets that are not current too, so a dependent waiting
+    /// for a missing item is found when it appears.
+    ids: IdTable<BTreeSet<ItemId>>,
 }
 
 impl CurrentGraph {
@@ -412,10 +406,15 @@ impl CurrentGraph {
             // value): the index stays as it is.
             Some(previous) if current_edges(previous).eq(current_edges(&entry)) => {}
             Some(previous) => {
-                self.dependents.remove(&key, current_edges(previous));
-                self.dependents.add(&key, current_edges(&entry));
+                if let Some(id) = self.ids.get(&key) {
+                    self.forget_edges(id, current_edges(previous));
+                    self.record_edges(id, current_edges(&entry));
+                }
             }
-            None => self.dependents.add(&key, current_edges(&entry)),
+            None => {
+                let id = self.ids.acquire(&key);
+                self.record_edges(id, current_edges(&entry));
+            }
         }
         previous
     }
@@ -423,13 +422,55 @@ impl CurrentGraph {
     /// Removes and returns the item with identity `item`.
     pub fn remove(&mut self, item: &ItemRef) -> Option<Arc<CurrentItem>> {
         let previous = self.items.remove(item)?;
-        self.dependents.remove(item, current_edges(&previous));
+        if let Some(id) = self.ids.get(item) {
+            self.forget_edges(id, current_edges(&previous));
+            self.ids.release(id);
+        }
         Some(previous)
     }
 
-    /// Items whose applied value (or in-flight target) requires `item`.
+    /// Items whose applied value (or in-flight target) requires `item`, in
+    /// no particular order.
     pub fn dependents_of(&self, item: &ItemRef) -> impl Iterator<Item = &ItemRef> {
-        self.dependents.dependents_of(item)
+        self.ids
+            .get(item)
+            .and_then(|id| self.ids.data(id))
+            .into_iter()
+            .flatten()
+            .filter_map(|&dependent| self.ids.item(dependent))
+    }
+
+    /// Records that the item named `dependent` requires each of `required`
+    /// (each target once, however often it is named).
+    fn record_edges<'a>(&mut self, dependent: ItemId, required: impl Iterator<Item = &'a ItemRef>) {
+        let mut targets: Vec<ItemId> = required.map(|target| self.ids.acquire(target)).collect();
+        targets.sort_unstable();
+        let mut previous = None;
+        for target in targets {
+            if previous == Some(target) {
+                // Named twice (the applied value and the in-flight target
+                // share dependencies): one mention is enough.
+                self.ids.release(target);
+                continue;
+            }
+            previous = Some(target);
+            if let Some(dependents) = self.ids.data_mut(target) {
+                dependents.insert(dependent);
+            }
+        }
+    }
+
+    /// Forgets the edges [`Self::record_edges`] recorded for `required`.
+    fn forget_edges<'a>(&mut self, dependent: ItemId, required: impl Iterator<Item = &'a ItemRef>) {
+        let mut targets: Vec<ItemId> = required.filter_map(|target| self.ids.get(target)).collect();
+        targets.sort_unstable();
+        targets.dedup();
+        for target in targets {
+            if let Some(dependents) = self.ids.data_mut(target) {
+                dependents.remove(&dependent);
+            }
+            self.ids.release(target);
+        }
     }
 
     /// An O(1) immutable copy of the items, for readers.
@@ -480,7 +521,7 @@ pub fn subgraph_contains(path: &str, listed: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::Dependency;
+    use crate::graph::{Dependency, InFlight, OperationKind};
 
     #[test]
     fn subgraph_paths_contain_themselves_and_their_children_only() {
@@ -542,6 +583,48 @@ mod tests {
         assert_eq!(dependents(&graph, "c"), ["x"]);
         graph.remove(&key);
         assert!(dependents(&graph, "b").is_empty() && dependents(&graph, "c").is_empty());
+    }
+
+    #[test]
+    fn current_edges_named_twice_are_kept_once_and_forgotten_with_their_item() {
+        let requiring = |names: &[&str]| {
+            let mut item = Item::new("t", "x", Default::default());
+            for name in names {
+                item.dependencies
+                    .push(Dependency::on(ItemRef::new("t", name)));
+            }
+            Arc::new(item)
+        };
+        let key = ItemRef::new("t", "x");
+        let mut graph = CurrentGraph::default();
+        // A Modify in flight: the applied value and the target both
+        // require a; only the target requires b.
+        let mut modifying = CurrentItem::created(requiring(&["a"]), 1);
+        let mut operation = InFlight::new(OperationKind::Modify, "op".into(), 1, 2, 0, 1_000);
+        operation.target = Some(requiring(&["a", "b"]));
+        modifying.in_flight = Some(Box::new(operation));
+        graph.insert(key.clone(), modifying);
+        let named = |graph: &CurrentGraph, name: &str| {
+            graph
+                .dependents_of(&ItemRef::new("t", name))
+                .map(|item| item.name.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(named(&graph, "a"), ["x"]);
+        assert_eq!(named(&graph, "b"), ["x"]);
+        // The Modify done: b goes with the old target, a stays.
+        graph.insert(key.clone(), CurrentItem::created(requiring(&["a"]), 2));
+        assert_eq!(named(&graph, "a"), ["x"]);
+        assert!(named(&graph, "b").is_empty());
+        assert_eq!(graph.ids.get(&ItemRef::new("t", "b")), None);
+        graph.remove(&key);
+        for name in ["a", "b", "x"] {
+            assert_eq!(
+                graph.ids.get(&ItemRef::new("t", name)),
+                None,
+                "{name} is forgotten with the last item mentioning it"
+            );
+        }
     }
 
     #[test]

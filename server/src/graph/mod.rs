@@ -11,7 +11,7 @@ mod state;
 pub mod validate;
 
 pub use graphs::{
-    CurrentGraph, DependentsIndex, IntendedGraph, IntendedItem, ItemSummary, subgraph_contains,
+    CurrentGraph, IntendedGraph, IntendedItem, ItemSummary, Predicates, subgraph_contains,
 };
 pub use ids::ItemId;
 pub use item::{Dependency, Item, ItemRef, Properties};

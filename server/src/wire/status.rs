@@ -248,7 +248,7 @@ mod tests {
         IntendedItem {
             item: Arc::new(item),
             generation,
-            predicates: Arc::from(Vec::new()),
+            predicates: Default::default(),
         }
     }
 

@@ -797,7 +797,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let dependencies = self.required(id);
         (0..dependencies.len as usize).all(|index| {
             let dependency = self.edge(dependencies, index);
-            let predicate = entry.predicates.get(index).and_then(Option::as_ref);
+            let predicate = entry.predicates.get(index);
             self.satisfied_now(dependency, predicate)
         })
     }
@@ -1229,7 +1229,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         for index in 0..required.len as usize {
             let dependency = self.edge(required, index);
             let predicate = if self.node(id).summary.has_predicates {
-                entry.predicates.get(index).and_then(Option::as_ref)
+                entry.predicates.get(index)
             } else {
                 None
             };
