@@ -376,7 +376,7 @@ fn entry_address(entry: &Arc<IntendedItem>) -> usize {
 #[derive(Clone, Debug, Default)]
 pub struct CurrentGraph {
     items: OrdMap<ItemRef, Arc<CurrentItem>>,
-    /// Every identity the graph mentions (its items and their edges'
+    /// Every identity an edge mentions (items with edges and their edges'
     /// targets), each with the ids of the items whose edges point at it.
     /// Kept for targets that are not current too, so a dependent waiting
     /// for a missing item is found when it appears.
@@ -406,15 +406,10 @@ impl CurrentGraph {
             // value): the index stays as it is.
             Some(previous) if current_edges(previous).eq(current_edges(&entry)) => {}
             Some(previous) => {
-                if let Some(id) = self.ids.get(&key) {
-                    self.forget_edges(id, current_edges(previous));
-                    self.record_edges(id, current_edges(&entry));
-                }
+                self.unlink(&key, previous);
+                self.link(&key, &entry);
             }
-            None => {
-                let id = self.ids.acquire(&key);
-                self.record_edges(id, current_edges(&entry));
-            }
+            None => self.link(&key, &entry),
         }
         previous
     }
@@ -422,10 +417,7 @@ impl CurrentGraph {
     /// Removes and returns the item with identity `item`.
     pub fn remove(&mut self, item: &ItemRef) -> Option<Arc<CurrentItem>> {
         let previous = self.items.remove(item)?;
-        if let Some(id) = self.ids.get(item) {
-            self.forget_edges(id, current_edges(&previous));
-            self.ids.release(id);
-        }
+        self.unlink(item, &previous);
         Some(previous)
     }
 
@@ -440,9 +432,15 @@ impl CurrentGraph {
             .filter_map(|&dependent| self.ids.item(dependent))
     }
 
-    /// Records that the item named `dependent` requires each of `required`
-    /// (each target once, however often it is named).
-    fn record_edges<'a>(&mut self, dependent: ItemId, required: impl Iterator<Item = &'a ItemRef>) {
+    /// Records the edges of `entry`, the item `key`. Only an item with
+    /// edges is interned (most items of most tenants have none, and an
+    /// interned identity costs about 150 B).
+    fn link(&mut self, key: &ItemRef, entry: &CurrentItem) {
+        let mut required = current_edges(entry).peekable();
+        if required.peek().is_none() {
+            return;
+        }
+        let dependent = self.ids.acquire(key);
         let mut targets: Vec<ItemId> = required.map(|target| self.ids.acquire(target)).collect();
         targets.sort_unstable();
         let mut previous = None;
@@ -460,8 +458,15 @@ impl CurrentGraph {
         }
     }
 
-    /// Forgets the edges [`Self::record_edges`] recorded for `required`.
-    fn forget_edges<'a>(&mut self, dependent: ItemId, required: impl Iterator<Item = &'a ItemRef>) {
+    /// Forgets the edges [`Self::link`] recorded for `entry`, the item `key`.
+    fn unlink(&mut self, key: &ItemRef, entry: &CurrentItem) {
+        let mut required = current_edges(entry).peekable();
+        if required.peek().is_none() {
+            return;
+        }
+        let Some(dependent) = self.ids.get(key) else {
+            return;
+        };
         let mut targets: Vec<ItemId> = required.filter_map(|target| self.ids.get(target)).collect();
         targets.sort_unstable();
         targets.dedup();
@@ -471,6 +476,7 @@ impl CurrentGraph {
             }
             self.ids.release(target);
         }
+        self.ids.release(dependent);
     }
 
     /// An O(1) immutable copy of the items, for readers.
@@ -597,6 +603,9 @@ mod tests {
         };
         let key = ItemRef::new("t", "x");
         let mut graph = CurrentGraph::default();
+        // An item without edges costs the index nothing.
+        graph.insert(key.clone(), CurrentItem::created(requiring(&[]), 1));
+        assert_eq!(graph.ids.get(&key), None);
         // A Modify in flight: the applied value and the target both
         // require a; only the target requires b.
         let mut modifying = CurrentItem::created(requiring(&["a"]), 1);
