@@ -13,12 +13,15 @@ use serde_json::{Map, Number, Value};
 /// 2^53: the largest magnitude up to which every integer is exact in a double.
 pub const MAX_EXACT_INTEGER: u64 = 1 << 53;
 
-/// Converts a JSON object to a `google.protobuf.Struct`. Integers whose
+/// Converts a JSON object (a `serde_json::Map`, or any other type that
+/// lists its keys and values) to a `google.protobuf.Struct`. Integers whose
 /// magnitude exceeds 2^53 become decimal strings.
-pub fn properties_to_struct(properties: &Map<String, Value>) -> prost_types::Struct {
+pub fn properties_to_struct<'a>(
+    properties: impl IntoIterator<Item = (&'a String, &'a Value)>,
+) -> prost_types::Struct {
     prost_types::Struct {
         fields: properties
-            .iter()
+            .into_iter()
             .map(|(key, value)| (key.clone(), json_to_value(value)))
             .collect(),
     }

@@ -62,7 +62,7 @@ fn bench_schema(c: &mut Criterion) {
     let listener: Properties = json!({"host": "web.local", "port": 443, "tls": {"certificate": "pem"}, "tags": ["a", "b"]})
         .as_object()
         .cloned()
-        .unwrap_or_default();
+        .unwrap_or_default().into();
     let derived_types = registry(derived());
     let thousand = items(1_000, &listener);
     c.bench_function("derived_schema_1000_items", |b| {

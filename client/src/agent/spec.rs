@@ -177,11 +177,10 @@ impl TypeSpec {
             Value::Object(object) => Some(properties_to_struct(&object)),
             // `true` accepts any properties: no schema to send.
             Value::Bool(true) => None,
-            Value::Bool(false) => Some(properties_to_struct(
-                &[("not".to_owned(), Value::Object(Default::default()))]
-                    .into_iter()
-                    .collect(),
-            )),
+            Value::Bool(false) => Some(properties_to_struct(&serde_json::Map::from_iter([(
+                "not".to_owned(),
+                Value::Object(Default::default()),
+            )]))),
             other => {
                 self.schema_problem = Some(format!(
                     "must be a JSON object (or true / false), not {other}"

@@ -371,7 +371,7 @@ fn type_spec_from_proto(
     if let Some(schema) = &spec.schema {
         let path = format!("{field}.schema");
         match properties_from_struct(schema.clone(), &path) {
-            Ok(json) => match TypeSchema::compile(serde_json::Value::Object(json)) {
+            Ok(json) => match TypeSchema::compile(json.into()) {
                 Ok(schema) => converted.schema = Some(schema),
                 Err(problem) => violations.push(FieldViolation::new(path, problem.to_string())),
             },

@@ -16,7 +16,7 @@ pub fn item(identity: &str, properties: serde_json::Value) -> Item {
     Item::new(
         &*reference.item_type,
         &*reference.name,
-        properties.as_object().cloned().unwrap_or_default(),
+        properties.as_object().cloned().unwrap_or_default().into(),
     )
 }
 

@@ -347,7 +347,7 @@ pub fn drifted_paths(applied: &Item, observed: &Properties) -> Vec<String> {
     applied
         .properties
         .iter()
-        .filter(|(key, value)| observed.get(*key).is_some_and(|seen| seen != *value))
+        .filter(|(key, value)| observed.get(key).is_some_and(|seen| seen != *value))
         .map(|(key, _)| format!("/{key}"))
         .collect()
 }

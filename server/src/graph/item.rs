@@ -6,8 +6,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-/// An item's properties: always a JSON object.
-pub type Properties = serde_json::Map<String, serde_json::Value>;
+pub use super::properties::Properties;
 
 /// The identity of an item within a tenant: `type/name`.
 ///
@@ -242,7 +241,7 @@ mod tests {
     use serde_json::json;
 
     fn props(value: serde_json::Value) -> Properties {
-        value.as_object().cloned().unwrap_or_default()
+        value.as_object().cloned().unwrap_or_default().into()
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod id_list;
 mod ids;
 mod item;
 pub mod predicate;
+mod properties;
 mod sharing;
 mod state;
 pub mod validate;
@@ -14,7 +15,8 @@ pub use graphs::{
     CurrentGraph, IntendedGraph, IntendedItem, ItemSummary, Predicates, subgraph_contains,
 };
 pub use ids::ItemId;
-pub use item::{Dependency, Item, ItemRef, Properties};
+pub use item::{Dependency, Item, ItemRef};
 pub use predicate::{Predicate, PredicateError};
+pub use properties::Properties;
 pub use sharing::IdentitySharing;
 pub use state::{CurrentItem, InFlight, ItemState, OperationError, OperationKind, RetryOf, code};

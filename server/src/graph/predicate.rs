@@ -411,10 +411,13 @@ fn push_entries<'a>(
     }
 }
 
-/// A JSON object as a CEL map whose strings borrow from `object`.
-fn object_to_val(object: &Properties) -> CelMap<'_> {
-    let entries: HashMap<CelMapKey<'_>, Box<dyn Val + '_>> = object
-        .iter()
+/// A JSON object (properties, or a map nested in them) as a CEL map whose
+/// strings borrow from `object`.
+fn object_to_val<'a>(
+    object: impl IntoIterator<Item = (&'a String, &'a serde_json::Value)>,
+) -> CelMap<'a> {
+    let entries: HashMap<CelMapKey<'a>, Box<dyn Val + 'a>> = object
+        .into_iter()
         .map(|(key, value)| (CelMapKey::from(key.as_str()), json_to_val(value)))
         .collect();
     CelMap::from(entries)
@@ -452,7 +455,7 @@ mod tests {
     use serde_json::json;
 
     fn props(value: serde_json::Value) -> Properties {
-        value.as_object().cloned().unwrap_or_default()
+        value.as_object().cloned().unwrap_or_default().into()
     }
 
     fn eval(source: &str, subject: serde_json::Value) -> Result<bool, PredicateError> {

@@ -8,7 +8,7 @@
 use prost_types::value::Kind;
 use reconciled_proto::json::MAX_EXACT_INTEGER;
 pub use reconciled_proto::json::properties_to_struct;
-use serde_json::{Map, Number, Value as Json};
+use serde_json::{Number, Value as Json};
 
 use crate::graph::Properties;
 use crate::graph::validate::FieldViolation;
@@ -110,18 +110,20 @@ fn is_identifier(key: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// Converts the fields of a Struct whose values sit at nesting `depth`.
-fn struct_to_map(value: prost_types::Struct, depth: usize) -> Result<Properties, NestedError> {
-    let mut map = Map::new();
-    for (key, field) in value.fields {
-        match value_to_json(field, depth) {
-            Ok(json) => {
-                map.insert(key, json);
-            }
-            Err(error) => return Err(error.under(Segment::Key(key))),
-        }
-    }
-    Ok(map)
+/// Converts the fields of a Struct whose values sit at nesting `depth`
+/// into an object: [`Properties`] at the top, a JSON map below.
+fn struct_to_map<Object: FromIterator<(String, Json)>>(
+    value: prost_types::Struct,
+    depth: usize,
+) -> Result<Object, NestedError> {
+    value
+        .fields
+        .into_iter()
+        .map(|(key, field)| match value_to_json(field, depth) {
+            Ok(json) => Ok((key, json)),
+            Err(error) => Err(error.under(Segment::Key(key))),
+        })
+        .collect()
 }
 
 fn value_to_json(value: prost_types::Value, depth: usize) -> Result<Json, NestedError> {

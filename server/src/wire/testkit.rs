@@ -8,7 +8,7 @@ use crate::graph::{InFlight, OperationKind, Properties};
 
 /// The properties of a JSON object (empty for anything else).
 pub fn props(value: Json) -> Properties {
-    value.as_object().cloned().unwrap_or_default()
+    value.as_object().cloned().unwrap_or_default().into()
 }
 
 /// A number value.

@@ -248,7 +248,7 @@ impl SubmitPlan {
 
 /// `t0/n3{v:1,...}->[t1/n2 "pred" rwm auto]` for traces.
 pub fn describe_item(item: &Item) -> String {
-    let properties = serde_json::Value::Object(item.properties.clone()).to_string();
+    let properties = item.properties.to_value().to_string();
     let mut text = format!("{}{properties}", item.item_ref());
     if item.external {
         text.push_str(" EXTERNAL");

@@ -86,7 +86,7 @@ fn holds(predicate: &str, properties: &Properties) -> bool {
 }
 
 fn properties_text(properties: &Properties) -> String {
-    serde_json::Value::Object(properties.clone()).to_string()
+    properties.to_value().to_string()
 }
 
 /// Checks an operation an agent just received against the world: the

@@ -188,7 +188,7 @@ impl fmt::Display for Step {
                             modified,
                         } => format!(
                             "put {item}{}{}",
-                            serde_json::Value::Object(properties.clone()),
+                            properties.to_value(),
                             if *modified { " modified" } else { "" }
                         ),
                         Report::Delete { item } => format!("delete {item}"),

@@ -160,7 +160,7 @@ mod tests {
     #[test]
     fn pointers_reach_nested_values_and_escaped_keys() {
         let properties = json!({"vlan": {"id": 7}, "a/b": 1, "t~x": 2});
-        let properties = properties.as_object().cloned().unwrap_or_default();
+        let properties: Properties = serde_json::from_value(properties).expect("an object");
         assert_eq!(pointer_lookup(&properties, "/vlan/id"), Some(&json!(7)));
         assert_eq!(
             pointer_lookup(&properties, "/vlan"),

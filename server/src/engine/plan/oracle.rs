@@ -73,8 +73,6 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use serde_json::Value;
-
 use super::{PlanEnvironment, WaitReason};
 use crate::graph::{
     CurrentGraph, CurrentItem, Dependency, IntendedGraph, IntendedItem, Item, ItemRef, ItemState,
@@ -521,7 +519,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         let Some(rules) = self.env.type_rules(&intended.item.item_type) else {
             return OwnNeed::Modify { ask: false };
         };
-        let as_value = |p: &Properties| Value::Object(p.clone());
+        let as_value = |p: &Properties| p.to_value();
         let old = as_value(&applied.properties);
         let new = as_value(&intended.item.properties);
         let hits = rules

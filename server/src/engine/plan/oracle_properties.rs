@@ -154,7 +154,7 @@ fn describe(world: &World) -> String {
             "  intended {key} gen={} ext={} {} deps={dependencies:?}",
             entry.generation,
             entry.item.external,
-            serde_json::Value::Object(entry.item.properties.clone())
+            entry.item.properties.to_value()
         );
     }
     for (key, entry) in world.current.iter() {
@@ -177,7 +177,7 @@ fn describe(world: &World) -> String {
                 .collect();
             format!(
                 "{} ext={} deps={dependencies:?}",
-                serde_json::Value::Object(a.properties.clone()),
+                a.properties.to_value(),
                 a.external
             )
         });
@@ -187,10 +187,7 @@ fn describe(world: &World) -> String {
              failed_gen={} next={:?} in_flight={:?} mods={} marks={:?} unknown_created={} answer={:?}",
             entry.state,
             entry.applied_generation,
-            entry
-                .observed
-                .as_ref()
-                .map(|o| serde_json::Value::Object((**o).clone())),
+            entry.observed.as_ref().map(|o| o.to_value()),
             entry.last_operation,
             entry.last_error.as_ref().map(|e| e.code),
             entry.failed_generation,
@@ -477,6 +474,7 @@ fn random_completion(world: &World, rng: &mut StdRng) -> Completion {
                     .as_object()
                     .cloned()
                     .unwrap_or_default()
+                    .into()
             }),
         },
         55..72 => Completion::Failed {
@@ -580,7 +578,8 @@ fn random_action(world: &mut World, spec: &CaseSpec, rng: &mut StdRng, plan: &Pl
                     applied.properties = random_properties(rng)
                         .as_object()
                         .cloned()
-                        .unwrap_or_default();
+                        .unwrap_or_default()
+                        .into();
                     modified.applied = Some(std::sync::Arc::new(applied));
                     modified.modifications += 1;
                     world.current.insert(key.clone(), modified);

@@ -321,7 +321,7 @@ pub fn check_items<'a>(
             break;
         }
         // The validator takes a JSON value; items of schema'd types only.
-        let properties = Value::Object(item.properties.clone());
+        let properties = item.properties.to_value();
         schema.check(
             &item.item_type,
             &properties,

@@ -1,4 +1,4 @@
-use serde_json::{Map, json};
+use serde_json::json;
 
 use super::*;
 use crate::engine::exec::TypeSpec;
@@ -35,8 +35,8 @@ fn registry(schema: Value) -> TypeRegistry {
 
 fn item(item_type: &str, name: &str, properties: Value) -> Item {
     let properties: Properties = match properties {
-        Value::Object(map) => map,
-        _ => Map::new(),
+        Value::Object(map) => map.into(),
+        _ => Properties::new(),
     };
     Item::new(item_type, name, properties)
 }

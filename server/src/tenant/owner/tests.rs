@@ -221,7 +221,8 @@ async fn a_cancel_is_committed_before_it_is_sent() {
                 serde_json::json!({"v": 1})
                     .as_object()
                     .cloned()
-                    .unwrap_or_default(),
+                    .unwrap_or_default()
+                    .into(),
             ),
             Vec::new(),
         )],
@@ -240,7 +241,8 @@ async fn a_cancel_is_committed_before_it_is_sent() {
                 serde_json::json!({"v": 2})
                     .as_object()
                     .cloned()
-                    .unwrap_or_default(),
+                    .unwrap_or_default()
+                    .into(),
             ),
             Vec::new(),
         )],

@@ -121,7 +121,7 @@ fn write_tenants(dir: &std::path::Path, args: &ScaleArgs) -> anyhow::Result<()> 
         batch.put(keys::tenant_name_key(&name), id.to_be_bytes().to_vec());
         batch.put(keys::tenant_record_key(id), encode(&record)?);
         for item_index in 0..args.items {
-            let mut properties = serde_json::Map::new();
+            let mut properties = reconciled::graph::Properties::new();
             properties.insert("mtu".into(), 1500.into());
             properties.insert("index".into(), item_index.into());
             let item = Item::new(ITEM_TYPE, format!("if-{item_index:04}"), properties);
