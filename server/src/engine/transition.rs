@@ -191,7 +191,7 @@ pub fn completed(
         Completion::Failed { error, retry_at_ms } => Some(CurrentItem {
             state: ItemState::Failed,
             last_operation: Some(operation.kind),
-            last_error: Some(error),
+            last_error: Some(Box::new(error)),
             attempts: existing.attempts.saturating_add(1),
             next_attempt_at_ms: retry_at_ms,
             failed_generation: operation.target_generation,
@@ -333,12 +333,12 @@ fn create_to_retry(existing: &CurrentItem) -> Option<CurrentItem> {
 }
 
 /// What a retry of `operation` continues: its kind, target and op id.
-fn retry_of(operation: &InFlight) -> RetryOf {
-    RetryOf {
+fn retry_of(operation: &InFlight) -> Box<RetryOf> {
+    Box::new(RetryOf {
         kind: operation.kind,
         target_generation: operation.target_generation,
         op_id: operation.op_id.clone(),
-    }
+    })
 }
 
 /// The paths (top-level properties) where `observed` contradicts what the
@@ -701,13 +701,13 @@ mod tests {
         CurrentItem {
             state: ItemState::Created,
             existence_uncertain: true,
-            last_error,
+            last_error: last_error.map(Box::new),
             attempts: 2,
-            retry_of: Some(RetryOf {
+            retry_of: Some(Box::new(RetryOf {
                 kind: OperationKind::Create,
                 target_generation: 7,
                 op_id: "op-1".into(),
-            }),
+            })),
             ..CurrentItem::created(Arc::new(Item::new("t", "a", Default::default())), 7)
         }
     }

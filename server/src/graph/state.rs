@@ -200,7 +200,7 @@ pub struct CurrentItem {
     /// The last operation that finished (successfully or not).
     pub last_operation: Option<OperationKind>,
     /// The error of the last operation, while the item is failed.
-    pub last_error: Option<OperationError>,
+    pub last_error: Option<Box<OperationError>>,
     /// Failed attempts of the current operation since the last success.
     pub attempts: u32,
     /// No new attempt before this time (unix milliseconds).
@@ -227,7 +227,7 @@ pub struct CurrentItem {
     /// outcome, a timeout or a WAIT, the next try of the same operation
     /// (same kind, same target generation) keeps its op id (DESIGN §4).
     #[serde(default)]
-    pub retry_of: Option<RetryOf>,
+    pub retry_of: Option<Box<RetryOf>>,
     /// The last failure allows no further attempt: its code is terminal or
     /// the type's `max_attempts` is used up. Like a terminal code, only an
     /// intent change retries it.
@@ -405,7 +405,7 @@ impl CurrentItem {
             && (self.gave_up
                 || self
                     .last_error
-                    .as_ref()
+                    .as_deref()
                     .is_some_and(OperationError::is_terminal))
     }
 

@@ -158,10 +158,10 @@ pub(crate) mod samples {
         current.state = ItemState::Unknown;
         current.observed = Some(Arc::new(Properties::new()));
         current.last_operation = Some(OperationKind::Modify);
-        current.last_error = Some(OperationError {
+        current.last_error = Some(Box::new(OperationError {
             code: 9,
             message: "refused".into(),
-        });
+        }));
         current.attempts = 2;
         current.next_attempt_at_ms = Some(5_000);
         current.failed_generation = 3;
@@ -170,11 +170,11 @@ pub(crate) mod samples {
         current.dependency_marks.insert(required, 7);
         current.unknown_was_created = true;
         current.needs_recreate_answer = Some((3, true));
-        current.retry_of = Some(RetryOf {
+        current.retry_of = Some(Box::new(RetryOf {
             kind: OperationKind::Modify,
             target_generation: 3,
             op_id: "1-ab-9".into(),
-        });
+        }));
         current.gave_up = true;
         current.gone_with_external = true;
         current.existence_uncertain = true;

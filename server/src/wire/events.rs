@@ -122,7 +122,7 @@ fn item_change_events(change: &ItemChange, out: &mut Vec<v1::Event>) {
                     .map_or(v1::ItemState::Unspecified, |a| item_state_to_proto(a.state))
                     .into(),
                 error: after
-                    .and_then(|a| a.last_error.as_ref())
+                    .and_then(|a| a.last_error.as_deref())
                     .map(operation_error_to_status),
                 status,
             }),

@@ -159,9 +159,11 @@ impl StoredRecord for CurrentItem {
                 .map(|text| properties_from(&text).map(Arc::new))
                 .transpose()?,
             last_operation: kind_from(message.last_operation)?,
-            last_error: message.last_error.map(|error| OperationError {
-                code: error.code,
-                message: error.message,
+            last_error: message.last_error.map(|error| {
+                Box::new(OperationError {
+                    code: error.code,
+                    message: error.message,
+                })
             }),
             attempts: message.attempts,
             next_attempt_at_ms: message.next_attempt_at_ms,
@@ -176,7 +178,10 @@ impl StoredRecord for CurrentItem {
             needs_recreate_answer: message
                 .needs_recreate_answer
                 .map(|answer| (answer.generation, answer.needs_recreate)),
-            retry_of: message.retry_of.map(retry_of_from).transpose()?,
+            retry_of: message
+                .retry_of
+                .map(|retry| retry_of_from(retry).map(Box::new))
+                .transpose()?,
             gave_up: message.gave_up,
             gone_with_external: message.gone_with_external,
             existence_uncertain: message.existence_uncertain,

@@ -313,7 +313,7 @@ impl Executor {
                 .model
                 .current
                 .get(&item)
-                .and_then(|c| c.last_error.clone());
+                .and_then(|c| c.last_error.as_deref().cloned());
             let started = Started {
                 item: item.clone(),
                 kind: in_flight.kind,
