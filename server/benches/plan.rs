@@ -117,6 +117,10 @@ impl PlanEnvironment for Environment<'_> {
     fn is_converged(&self, item: &ItemRef) -> bool {
         !self.changed.contains(item)
     }
+    /// Every case starts converged: no earlier pass left a Delete to run.
+    fn may_have_pending_delete(&self, _item: &ItemRef) -> bool {
+        false
+    }
 }
 
 fn name(index: usize) -> String {

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
-use super::plan::{Plan, PlanEnvironment, TypeRules, plan_operations};
+use super::plan::{Plan, PlanEnvironment, TypeRules, plan_everything, plan_operations};
 use super::transition::{Completion, apply_bookkeeping, begin_operation, complete_operation};
 use crate::graph::{
     CurrentGraph, Dependency, InFlight, IntendedGraph, IntendedItem, Item, ItemRef, OperationError,
@@ -192,6 +192,9 @@ impl World {
         struct Seeded<'a> {
             inner: &'a TestEnvironment,
             unconverged: &'a BTreeSet<ItemRef>,
+            /// The Deletes a pass over everything plans or keeps waiting:
+            /// what the passes before this one left for the engine to know.
+            pending_deletes: BTreeSet<ItemRef>,
         }
         impl PlanEnvironment for Seeded<'_> {
             fn type_rules(&self, item_type: &str) -> Option<&TypeRules> {
@@ -214,10 +217,25 @@ impl World {
                     .cloned()
                     .collect()
             }
+            fn may_have_pending_delete(&self, item: &ItemRef) -> bool {
+                self.pending_deletes.contains(item)
+            }
         }
+        let everything = plan_everything(&self.intended, &self.current, &self.environment);
+        let planned = everything
+            .operations
+            .iter()
+            .filter(|operation| operation.kind == OperationKind::Delete)
+            .map(|operation| operation.item.clone());
+        let waiting = everything
+            .waiting
+            .iter()
+            .filter(|waiting| waiting.operation == OperationKind::Delete)
+            .map(|waiting| waiting.item.clone());
         let environment = Seeded {
             inner: &self.environment,
             unconverged,
+            pending_deletes: planned.chain(waiting).collect(),
         };
         plan_operations(&self.intended, &self.current, seeds, &environment)
     }

@@ -97,6 +97,11 @@ impl WaitingSet {
             .take_while(move |item| &*item.item_type == item_type)
     }
 
+    /// Whether `item` waits to be deleted.
+    pub fn waits_to_delete(&self, item: &ItemRef) -> bool {
+        self.deletes.contains(item)
+    }
+
     /// The waiting entry of `item`, if it waits.
     pub fn get(&self, item: &ItemRef) -> Option<&WaitingItem> {
         self.items.get(item)

@@ -63,6 +63,17 @@ pub trait PlanEnvironment {
         let _ = item_type;
         Vec::new()
     }
+    /// Whether an earlier plan may have planned a Delete of `item` that
+    /// has not been dispatched yet (it waits, or waits for room). A pass
+    /// leaves a dependent that only waits for an item's Modify, as it did
+    /// before, unexamined; but if that dependent is to be deleted (rule 5:
+    /// its own Modify can never be satisfied), the item's Modify must wait
+    /// for that Delete (rule 8), and only an examined dependent tells.
+    /// Answering `true` is always correct, only slower on deep graphs.
+    fn may_have_pending_delete(&self, item: &ItemRef) -> bool {
+        let _ = item;
+        true
+    }
 }
 
 /// Why an item that needs an operation cannot have it yet.

@@ -273,10 +273,13 @@ fn check_incremental(
         return Ok(());
     }
     Err(format!(
-        "seeds {seeds:?}, dirty {dirty:?}\n{problems}{}seeded: {:#?}\nfull: {:#?}",
+        "seeds {seeds:?}, dirty {dirty:?}\n{problems}{}seeded: {:#?}\nfull: {:#?}\n\
+         waiting in the seeded plan: {:#?}\nwaiting in the full plan: {:#?}",
         describe(world),
         incremental.operations,
-        full.operations
+        full.operations,
+        incremental.waiting,
+        full.waiting
     ))
 }
 

@@ -609,7 +609,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     }
 
     /// Whether `dependent` only waits for the Modify of `required`, as it
-    /// did before this pass: it exists, nothing of it runs, it needs a
+    /// did before this pass: it exists, nothing of it runs, no earlier
+    /// pass planned a Delete of it that is still to run, it needs a
     /// plain Modify of its own, and neither its intended nor its applied
     /// value asks anything of `required` but that it exists (no predicate
     /// to check against the new value, no recreate on modification, not
@@ -621,6 +622,11 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             return false;
         };
         if current.is_busy() || !current.is_created() {
+            return false;
+        }
+        // Its Delete, if an earlier pass planned one, is what `required`'s
+        // Modify waits for: it must be examined to be known.
+        if self.environment.may_have_pending_delete(node.item) {
             return false;
         }
         let plain = |dependencies: &[crate::graph::Dependency]| {

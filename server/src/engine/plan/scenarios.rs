@@ -180,6 +180,53 @@ fn a_pass_seeded_with_the_top_of_a_chain_still_sees_the_removal_at_its_bottom() 
 }
 
 #[test]
+fn a_pass_seeded_elsewhere_keeps_a_modify_waiting_for_a_dependents_pending_delete() {
+    // u/d relies on t/a; its intent moves it to w/x, which can never be
+    // created (no configurator for w), so u/d is deleted instead (rule 5),
+    // and that Delete waits too (none for u). t/a's Modify waits for it
+    // (rule 8). A later pass seeded only with a new item on t/a must keep
+    // it so, although u/d only needs a plain Modify by itself.
+    let mut world = World::converged(vec![
+        item("t/a", json!({"v": 1})),
+        item("u/d", json!({})).depends_on(on("t/a")),
+    ]);
+    world.environment.disconnected = ["u".to_owned(), "w".to_owned()].into();
+    world.intend(vec![
+        item("t/a", json!({"v": 2})),
+        item("u/d", json!({})).depends_on(on("w/x")),
+        item("w/x", json!({})),
+    ]);
+    let first = world.plan();
+    world.absorb(&first);
+    let modify_waits = |plan: &super::Plan| {
+        plan.waiting.iter().any(|waiting| {
+            waiting.item == parse_ref("t/a")
+                && waiting.operation == Modify
+                && waiting
+                    .blocked_by
+                    .iter()
+                    .any(|b| b.item == parse_ref("u/d"))
+        })
+    };
+    assert!(modify_waits(&first), "{:?}", first.waiting);
+    let mut unconverged = first.unconverged.clone();
+    let mut intent: Vec<Item> = world
+        .intended
+        .iter()
+        .map(|(_, entry)| (*entry.item).clone())
+        .collect();
+    intent.push(item("t/top", json!({})).depends_on(on("t/a")));
+    world.intend(intent);
+    unconverged.insert(parse_ref("t/top"));
+    let plan = world.plan_seeded(&["t/top"], &unconverged);
+    assert!(
+        plan.ready()
+            .all(|index| plan.operations[index].item != parse_ref("t/a"))
+    );
+    assert!(modify_waits(&plan), "{:?}", plan.waiting);
+}
+
+#[test]
 fn removing_the_bottom_of_a_four_level_chain_deletes_every_level_and_the_rest_waits() {
     let d_on_c = || item("t/d", json!({})).depends_on(on("t/c"));
     let world = Case {

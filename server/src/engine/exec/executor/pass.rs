@@ -58,6 +58,9 @@ impl PlanEnvironment for Environment<'_> {
         let queued = self.room.queued_deletes_of(item_type);
         in_flight.chain(waiting).chain(queued).cloned().collect()
     }
+    fn may_have_pending_delete(&self, item: &ItemRef) -> bool {
+        self.model.waiting.waits_to_delete(item) || self.room.queues_delete_of(item)
+    }
 }
 
 impl Executor {
