@@ -142,16 +142,19 @@ const LARGE_TENANT_ITEMS: usize = 2_000;
 type Reply<T> = oneshot::Sender<Result<T, TenantError>>;
 
 /// A command with the time it was queued (for the queue wait metric).
+///
+/// The command is boxed: a tenant's channel keeps its first block of 32
+/// slots for as long as the tenant lives, 3.9 KiB with commands inline.
 struct Queued {
     at: std::time::Instant,
-    command: Command,
+    command: Box<Command>,
 }
 
 impl Queued {
     fn now(command: Command) -> Self {
         Self {
             at: std::time::Instant::now(),
-            command,
+            command: Box::new(command),
         }
     }
 }
@@ -411,10 +414,16 @@ impl Owner {
         }
     }
 
+    /// Runs the tenant: its first pass, then commands, timers and internal
+    /// work until `stop`, the end of the command channel, or a fenced commit.
+    ///
+    /// The work awaited here is boxed: a tenant's task lives as long as
+    /// the tenant, and keeping these state machines inline made every
+    /// tenant's task 11.4 KiB instead of 7.6 KiB.
     async fn run(mut self, mut commands: mpsc::Receiver<Queued>, stop: CancellationToken) {
         let now = self.now();
         let (effects, _) = self.executor.reconcile(false, now);
-        if let Err(error) = self.carry_out(effects).await {
+        if let Err(error) = Box::pin(self.carry_out(effects)).await {
             warn!(tenant = %self.record.name, %error, "First pass failed.");
         }
         let mut deferred: Option<Command> = None;
@@ -423,7 +432,7 @@ impl Owner {
             if self.fenced_out {
                 break;
             }
-            self.internal_work().await;
+            Box::pin(self.internal_work()).await;
             if self.fenced_out {
                 break;
             }
@@ -447,8 +456,8 @@ impl Owner {
                         () = stop.cancelled() => break,
                         () = timer => {
                             let now = self.now();
-                            let effects = self.large(|executor| executor.on_timer(now)).await;
-                            if let Err(error) = self.carry_out(effects).await {
+                            let effects = Box::pin(self.large(|executor| executor.on_timer(now))).await;
+                            if let Err(error) = Box::pin(self.carry_out(effects)).await {
                                 warn!(tenant = %self.record.name, %error, "Timer pass failed; retrying in a second.");
                             }
                             continue;
@@ -500,12 +509,12 @@ impl Owner {
                     }
                 }
                 let effects = self.executor.results(batch, self.now());
-                if let Err(error) = self.carry_out(effects).await {
+                if let Err(error) = Box::pin(self.carry_out(effects)).await {
                     warn!(tenant = %self.record.name, %error, "Recording results failed.");
                 }
                 continue;
             }
-            self.handle(command).await;
+            Box::pin(self.handle(command)).await;
         }
         if self.fenced_out {
             warn!(tenant = %self.record.name, "This process no longer owns the tenant (a commit was fenced out); its owner stopped.");
@@ -889,7 +898,7 @@ impl Owner {
         self.settings
             .metrics
             .queue_wait(queued.at.elapsed().as_secs_f64());
-        queued.command
+        *queued.command
     }
 
     /// Publishes a snapshot of the tenant as it is now.
