@@ -59,10 +59,10 @@ fn items(count: usize, properties: &Properties) -> Vec<Item> {
 }
 
 fn bench_schema(c: &mut Criterion) {
-    let listener: Properties = json!({"host": "web.local", "port": 443, "tls": {"certificate": "pem"}, "tags": ["a", "b"]})
-        .as_object()
-        .cloned()
-        .unwrap_or_default().into();
+    let listener = Properties::try_from(
+        json!({"host": "web.local", "port": 443, "tls": {"certificate": "pem"}, "tags": ["a", "b"]}),
+    )
+    .unwrap_or_default();
     let derived_types = registry(derived());
     let thousand = items(1_000, &listener);
     c.bench_function("derived_schema_1000_items", |b| {
@@ -82,7 +82,10 @@ fn bench_schema(c: &mut Criterion) {
     });
     // The same item with every member invalid (empty strings): validation
     // stops at the most violations one rejection reports.
-    let empty: Properties = big.keys().map(|key| (key.clone(), json!(""))).collect();
+    let empty: Properties = big
+        .iter()
+        .map(|(key, _)| (key.clone(), json!("")))
+        .collect();
     let invalid = items(1, &empty);
     c.bench_function("worst_schema_one_64k_item_all_invalid", |b| {
         b.iter(|| check_items(black_box(&worst_types), &invalid))

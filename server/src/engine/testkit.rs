@@ -7,7 +7,7 @@ use super::plan::{Plan, PlanEnvironment, TypeRules, plan_everything, plan_operat
 use super::transition::{Completion, apply_bookkeeping, begin_operation, complete_operation};
 use crate::graph::{
     CurrentGraph, Dependency, InFlight, IntendedGraph, IntendedItem, Item, ItemRef, OperationError,
-    OperationKind,
+    OperationKind, Properties,
 };
 
 /// Builds an item `type/name` from "type/name" with properties.
@@ -16,7 +16,7 @@ pub fn item(identity: &str, properties: serde_json::Value) -> Item {
     Item::new(
         &*reference.item_type,
         &*reference.name,
-        properties.as_object().cloned().unwrap_or_default().into(),
+        Properties::try_from(properties).unwrap_or_default(),
     )
 }
 
@@ -177,24 +177,54 @@ impl World {
     /// Plans from the dirty set (what the engine would do on a pass): the
     /// dirty items are the seeds and the only items not converged.
     pub fn plan(&self) -> Plan {
-        self.plan_from(&self.dirty, &self.dirty)
+        // Every unconverged item is a seed: no Delete an earlier pass
+        // planned can be left out, whatever the answer.
+        self.plan_from(&self.dirty, &self.dirty, None)
     }
 
     /// Plans the way a pass on one result does: from `seeds` only, with
     /// `unconverged` the items the last plans left unconverged (the
     /// planner walks upstream through those).
     pub fn plan_seeded(&self, seeds: &[&str], unconverged: &BTreeSet<ItemRef>) -> Plan {
-        let seeds: BTreeSet<ItemRef> = seeds.iter().map(|s| parse_ref(s)).collect();
-        self.plan_from(&seeds, unconverged)
+        let everything = plan_everything(&self.intended, &self.current, &self.environment);
+        self.plan_seeded_after(&everything, seeds, unconverged)
     }
 
-    fn plan_from(&self, seeds: &BTreeSet<ItemRef>, unconverged: &BTreeSet<ItemRef>) -> Plan {
+    /// [`Self::plan_seeded`], with `everything` a plan over the whole
+    /// world: its Deletes, planned or waiting, stand for those the passes
+    /// before this one left for the engine to know.
+    pub fn plan_seeded_after(
+        &self,
+        everything: &Plan,
+        seeds: &[&str],
+        unconverged: &BTreeSet<ItemRef>,
+    ) -> Plan {
+        let seeds: BTreeSet<ItemRef> = seeds.iter().map(|s| parse_ref(s)).collect();
+        let planned = everything
+            .operations
+            .iter()
+            .filter(|operation| operation.kind == OperationKind::Delete)
+            .map(|operation| operation.item.clone());
+        let waiting = everything
+            .waiting
+            .iter()
+            .filter(|waiting| waiting.operation == OperationKind::Delete)
+            .map(|waiting| waiting.item.clone());
+        self.plan_from(&seeds, unconverged, Some(planned.chain(waiting).collect()))
+    }
+
+    /// Plans from `seeds`; `pending_deletes` are the Deletes earlier passes
+    /// left to run (`None`: not known, any may be).
+    fn plan_from(
+        &self,
+        seeds: &BTreeSet<ItemRef>,
+        unconverged: &BTreeSet<ItemRef>,
+        pending_deletes: Option<BTreeSet<ItemRef>>,
+    ) -> Plan {
         struct Seeded<'a> {
             inner: &'a TestEnvironment,
             unconverged: &'a BTreeSet<ItemRef>,
-            /// The Deletes a pass over everything plans or keeps waiting:
-            /// what the passes before this one left for the engine to know.
-            pending_deletes: BTreeSet<ItemRef>,
+            pending_deletes: Option<BTreeSet<ItemRef>>,
         }
         impl PlanEnvironment for Seeded<'_> {
             fn type_rules(&self, item_type: &str) -> Option<&TypeRules> {
@@ -218,24 +248,15 @@ impl World {
                     .collect()
             }
             fn may_have_pending_delete(&self, item: &ItemRef) -> bool {
-                self.pending_deletes.contains(item)
+                self.pending_deletes
+                    .as_ref()
+                    .is_none_or(|pending| pending.contains(item))
             }
         }
-        let everything = plan_everything(&self.intended, &self.current, &self.environment);
-        let planned = everything
-            .operations
-            .iter()
-            .filter(|operation| operation.kind == OperationKind::Delete)
-            .map(|operation| operation.item.clone());
-        let waiting = everything
-            .waiting
-            .iter()
-            .filter(|waiting| waiting.operation == OperationKind::Delete)
-            .map(|waiting| waiting.item.clone());
         let environment = Seeded {
             inner: &self.environment,
             unconverged,
-            pending_deletes: planned.chain(waiting).collect(),
+            pending_deletes,
         };
         plan_operations(&self.intended, &self.current, seeds, &environment)
     }

@@ -557,22 +557,26 @@ mod tests {
         assert_eq!(single.iter().filter(|id| id.is_some()).count(), 6);
     }
 
+    /// Item `t/x` requiring `t/{name}` for each of `names`.
+    fn requiring(names: &[&str]) -> Arc<Item> {
+        let mut item = Item::new("t", "x", Default::default());
+        for name in names {
+            item.dependencies
+                .push(Dependency::on(ItemRef::new("t", name)));
+        }
+        Arc::new(item)
+    }
+
+    /// The names of the current dependents of `t/{name}`.
+    fn dependents(graph: &CurrentGraph, name: &str) -> Vec<String> {
+        graph
+            .dependents_of(&ItemRef::new("t", name))
+            .map(|item| item.name.to_string())
+            .collect()
+    }
+
     #[test]
     fn current_dependents_follow_each_items_latest_edges() {
-        let requiring = |names: &[&str]| {
-            let mut item = Item::new("t", "x", Default::default());
-            for name in names {
-                item.dependencies
-                    .push(Dependency::on(ItemRef::new("t", name)));
-            }
-            Arc::new(item)
-        };
-        let dependents = |graph: &CurrentGraph, name: &str| {
-            graph
-                .dependents_of(&ItemRef::new("t", name))
-                .map(|item| item.name.to_string())
-                .collect::<Vec<_>>()
-        };
         let key = ItemRef::new("t", "x");
         let mut graph = CurrentGraph::default();
         graph.insert(key.clone(), CurrentItem::created(requiring(&["a", "b"]), 1));
@@ -593,14 +597,6 @@ mod tests {
 
     #[test]
     fn current_edges_named_twice_are_kept_once_and_forgotten_with_their_item() {
-        let requiring = |names: &[&str]| {
-            let mut item = Item::new("t", "x", Default::default());
-            for name in names {
-                item.dependencies
-                    .push(Dependency::on(ItemRef::new("t", name)));
-            }
-            Arc::new(item)
-        };
         let key = ItemRef::new("t", "x");
         let mut graph = CurrentGraph::default();
         // An item without edges costs the index nothing.
@@ -613,18 +609,12 @@ mod tests {
         operation.target = Some(requiring(&["a", "b"]));
         modifying.in_flight = Some(Box::new(operation));
         graph.insert(key.clone(), modifying);
-        let named = |graph: &CurrentGraph, name: &str| {
-            graph
-                .dependents_of(&ItemRef::new("t", name))
-                .map(|item| item.name.to_string())
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(named(&graph, "a"), ["x"]);
-        assert_eq!(named(&graph, "b"), ["x"]);
+        assert_eq!(dependents(&graph, "a"), ["x"]);
+        assert_eq!(dependents(&graph, "b"), ["x"]);
         // The Modify done: b goes with the old target, a stays.
         graph.insert(key.clone(), CurrentItem::created(requiring(&["a"]), 2));
-        assert_eq!(named(&graph, "a"), ["x"]);
-        assert!(named(&graph, "b").is_empty());
+        assert_eq!(dependents(&graph, "a"), ["x"]);
+        assert!(dependents(&graph, "b").is_empty());
         assert_eq!(graph.ids.get(&ItemRef::new("t", "b")), None);
         graph.remove(&key);
         for name in ["a", "b", "x"] {

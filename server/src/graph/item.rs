@@ -241,7 +241,7 @@ mod tests {
     use serde_json::json;
 
     fn props(value: serde_json::Value) -> Properties {
-        value.as_object().cloned().unwrap_or_default().into()
+        Properties::try_from(value).unwrap_or_default()
     }
 
     #[test]

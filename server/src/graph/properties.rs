@@ -43,17 +43,6 @@ impl Properties {
         self.entries.get(index).map(|(_, value)| value)
     }
 
-    /// The value of `key`, to change it.
-    pub fn get_mut(&mut self, key: &str) -> Option<&mut Value> {
-        let index = self.position(key).ok()?;
-        self.entries.get_mut(index).map(|(_, value)| value)
-    }
-
-    /// Whether the object has `key`.
-    pub fn contains_key(&self, key: &str) -> bool {
-        self.position(key).is_ok()
-    }
-
     /// Sets `key` to `value`; returns the value it replaced.
     pub fn insert(&mut self, key: String, value: Value) -> Option<Value> {
         match self.position(&key) {
@@ -80,8 +69,8 @@ impl Properties {
     }
 
     /// The keys and values, in key order.
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&String, &Value)> + ExactSizeIterator {
-        self.entries.iter().map(|(key, value)| (key, value))
+    pub fn iter(&self) -> <&Self as IntoIterator>::IntoIter {
+        self.into_iter()
     }
 
     /// The keys and values, in key order, values changeable.
@@ -91,11 +80,6 @@ impl Properties {
         self.entries.iter_mut().map(|(key, value)| (&*key, value))
     }
 
-    /// The keys, in order.
-    pub fn keys(&self) -> impl DoubleEndedIterator<Item = &String> + ExactSizeIterator {
-        self.entries.iter().map(|(key, _)| key)
-    }
-
     /// The values, in key order.
     pub fn values(&self) -> impl DoubleEndedIterator<Item = &Value> + ExactSizeIterator {
         self.entries.iter().map(|(_, value)| value)
@@ -103,12 +87,7 @@ impl Properties {
 
     /// The object as a `serde_json` value (a copy).
     pub fn to_value(&self) -> Value {
-        Value::Object(self.to_map())
-    }
-
-    /// The object as a `serde_json` map (a copy).
-    pub fn to_map(&self) -> Map<String, Value> {
-        self.entries.iter().cloned().collect()
+        Value::Object(self.entries.iter().cloned().collect())
     }
 
     fn position(&self, key: &str) -> Result<usize, usize> {
@@ -143,22 +122,6 @@ impl FromIterator<(String, Value)> for Properties {
     }
 }
 
-impl Extend<(String, Value)> for Properties {
-    fn extend<I: IntoIterator<Item = (String, Value)>>(&mut self, entries: I) {
-        let added = std::mem::take(&mut self.entries).into_iter().chain(entries);
-        *self = added.collect();
-    }
-}
-
-impl IntoIterator for Properties {
-    type Item = (String, Value);
-    type IntoIter = std::vec::IntoIter<(String, Value)>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.entries.into_iter()
-    }
-}
-
 impl<'a> IntoIterator for &'a Properties {
     type Item = (&'a String, &'a Value);
     type IntoIter = std::iter::Map<
@@ -171,6 +134,18 @@ impl<'a> IntoIterator for &'a Properties {
     }
 }
 
+impl TryFrom<Value> for Properties {
+    type Error = Value;
+
+    /// The properties of a JSON object; anything else is handed back.
+    fn try_from(value: Value) -> Result<Self, Value> {
+        match value {
+            Value::Object(map) => Ok(map.into()),
+            other => Err(other),
+        }
+    }
+}
+
 impl From<Map<String, Value>> for Properties {
     fn from(map: Map<String, Value>) -> Self {
         // A map iterates in key order: no sorting needed.
@@ -178,15 +153,9 @@ impl From<Map<String, Value>> for Properties {
     }
 }
 
-impl From<Properties> for Map<String, Value> {
-    fn from(properties: Properties) -> Self {
-        properties.entries.into_iter().collect()
-    }
-}
-
 impl From<Properties> for Value {
     fn from(properties: Properties) -> Self {
-        Value::Object(properties.into())
+        Value::Object(properties.entries.into_iter().collect())
     }
 }
 
@@ -241,10 +210,10 @@ mod tests {
             .into_iter()
             .map(|(key, value)| (key.to_owned(), json!(value)))
             .collect();
-        let keys: Vec<&String> = properties.keys().collect();
+        let keys: Vec<&String> = properties.iter().map(|(key, _)| key).collect();
         assert_eq!(keys, map.keys().collect::<Vec<_>>());
         assert_eq!(properties.get("a"), Some(&json!(5)), "the last value wins");
-        assert_eq!(properties.to_map(), map);
+        assert_eq!(properties.to_value(), Value::Object(map.clone()));
         let collected: Properties = [("b", 1), ("a", 2), ("a", 5), ("B", 4), ("ab", 3)]
             .into_iter()
             .map(|(key, value)| (key.to_owned(), json!(value)))
@@ -267,18 +236,18 @@ mod tests {
     }
 
     #[test]
-    fn removing_and_changing_keep_the_rest_in_order() {
+    fn inserting_and_removing_keep_the_rest_in_order() {
         let mut properties: Properties = serde_json::from_value::<Properties>(json!({
-            "a": 1, "b": 2, "c": 3
+            "a": 1, "c": 3
         }))
         .expect("an object");
+        assert_eq!(properties.insert("a".into(), json!(10)), Some(json!(1)));
+        assert_eq!(properties.insert("b".into(), json!(2)), None);
+        assert_eq!(properties.to_value(), json!({"a": 10, "b": 2, "c": 3}));
+        assert_eq!(properties.get("c"), Some(&json!(3)));
+        assert_eq!(properties.get("z"), None);
         assert_eq!(properties.remove("b"), Some(json!(2)));
         assert_eq!(properties.remove("b"), None);
-        if let Some(value) = properties.get_mut("c") {
-            *value = json!(30);
-        }
-        assert_eq!(properties.insert("a".into(), json!(10)), Some(json!(1)));
-        assert_eq!(properties.to_value(), json!({"a": 10, "c": 30}));
-        assert!(properties.contains_key("c") && !properties.contains_key("b"));
+        assert_eq!(properties.to_value(), json!({"a": 10, "c": 3}));
     }
 }

@@ -8,7 +8,7 @@ use crate::graph::{InFlight, OperationKind, Properties};
 
 /// The properties of a JSON object (empty for anything else).
 pub fn props(value: Json) -> Properties {
-    value.as_object().cloned().unwrap_or_default().into()
+    Properties::try_from(value).unwrap_or_default()
 }
 
 /// A number value.

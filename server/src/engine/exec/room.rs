@@ -159,7 +159,10 @@ impl Room {
     /// The queued Deletes of `item_type` (a plan's Creates of a type wait
     /// for its Deletes of that type, queued ones included).
     pub fn queued_deletes_of(&self, item_type: &str) -> impl Iterator<Item = &ItemRef> {
-        self.queued_of_type(item_type)
+        self.queued
+            .get(item_type)
+            .into_iter()
+            .flatten()
             .filter(|(_, kind)| **kind == OperationKind::Delete)
             .map(|(item, _)| item)
     }
@@ -170,11 +173,6 @@ impl Room {
             .get(&*item.item_type)
             .and_then(|queued| queued.get(item))
             .is_some_and(|kind| *kind == OperationKind::Delete)
-    }
-
-    /// The queued operations of `item_type`.
-    fn queued_of_type(&self, item_type: &str) -> impl Iterator<Item = (&ItemRef, &OperationKind)> {
-        self.queued.get(item_type).into_iter().flatten()
     }
 }
 

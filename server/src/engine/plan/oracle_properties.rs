@@ -54,7 +54,7 @@ use super::oracle::{Decision, Needs, OperationId, OraclePlan, OwnNeed, oracle_pl
 use super::{Plan, TypeRules, WaitReason, plan_everything};
 use crate::engine::testkit::{World, item, on, parse_ref};
 use crate::engine::transition::Completion;
-use crate::graph::{Dependency, Item, ItemRef, OperationError, OperationKind, code};
+use crate::graph::{Dependency, Item, ItemRef, OperationError, OperationKind, Properties, code};
 
 use OperationKind::{Create, Delete, Modify};
 
@@ -250,8 +250,8 @@ fn check_incremental(
         seeds.push(dirty[rng.random_range(0..dirty.len())].to_string());
     }
     let seed_refs: Vec<&str> = seeds.iter().map(String::as_str).collect();
-    let incremental = world.plan_seeded(&seed_refs, &world.dirty);
     let full = plan_everything(&world.intended, &world.current, &world.environment);
+    let incremental = world.plan_seeded_after(&full, &seed_refs, &world.dirty);
     let (small, large) = (normal_of_plan(&incremental), normal_of_plan(&full));
     let mut problems = String::new();
     for operation in &small.planned {
@@ -473,11 +473,7 @@ fn random_completion(world: &World, rng: &mut StdRng) -> Completion {
     match rng.random_range(0..100) {
         0..55 => Completion::Done {
             observed: rng.random_bool(0.3).then(|| {
-                json!({"up": rng.random_bool(0.6)})
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default()
-                    .into()
+                Properties::try_from(json!({"up": rng.random_bool(0.6)})).unwrap_or_default()
             }),
         },
         55..72 => Completion::Failed {
@@ -578,11 +574,8 @@ fn random_action(world: &mut World, spec: &CaseSpec, rng: &mut StdRng, plan: &Pl
                     // its modification counter moves.
                     let mut modified = (*existing).clone();
                     let mut applied = modified.applied.as_deref().cloned().unwrap_or_default();
-                    applied.properties = random_properties(rng)
-                        .as_object()
-                        .cloned()
-                        .unwrap_or_default()
-                        .into();
+                    applied.properties =
+                        Properties::try_from(random_properties(rng)).unwrap_or_default();
                     modified.applied = Some(std::sync::Arc::new(applied));
                     modified.modifications += 1;
                     world.current.insert(key.clone(), modified);

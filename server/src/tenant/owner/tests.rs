@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 
 use crate::engine::exec::port::{AgentOutcome, FromAgent, OperationOrder, Registration, ToAgent};
 use crate::engine::exec::{RetryPolicy, TypeSpec};
-use crate::graph::{Item, ItemRef, ItemState, code};
+use crate::graph::{Item, ItemRef, ItemState, Properties, code};
 use crate::store::{InMemoryStore, Store};
 use crate::tenant::clock::{Clock, SimulatedClock};
 use crate::tenant::record::{TenantLimits, TenantRecord};
@@ -218,11 +218,7 @@ async fn a_cancel_is_committed_before_it_is_sent() {
             Item::new(
                 "t",
                 "a",
-                serde_json::json!({"v": 1})
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default()
-                    .into(),
+                Properties::try_from(serde_json::json!({"v": 1})).unwrap_or_default(),
             ),
             Vec::new(),
         )],
@@ -238,11 +234,7 @@ async fn a_cancel_is_committed_before_it_is_sent() {
             Item::new(
                 "t",
                 "a",
-                serde_json::json!({"v": 2})
-                    .as_object()
-                    .cloned()
-                    .unwrap_or_default()
-                    .into(),
+                Properties::try_from(serde_json::json!({"v": 2})).unwrap_or_default(),
             ),
             Vec::new(),
         )],
