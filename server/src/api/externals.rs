@@ -123,7 +123,7 @@ fn convert_report(
         Some(v1::external_report::Change::Delete(reference)) => {
             let item = item_ref_from_proto(reference);
             let mut problems = Vec::new();
-            for (part, value) in [("type", &*item.item_type), ("name", &*item.name)] {
+            for (part, value) in [("type", item.item_type()), ("name", item.name())] {
                 if let Err(problem) = validate_name(value, limits) {
                     problems.push(FieldViolation::new(
                         format!("{path}.delete.{part}"),

@@ -18,7 +18,9 @@ impl PageToken {
     pub fn encode(&self) -> String {
         let raw = format!(
             "{}:{}\0{}",
-            self.revision, self.after.item_type, self.after.name
+            self.revision,
+            self.after.item_type(),
+            self.after.name()
         );
         raw.bytes().map(|byte| format!("{byte:02x}")).collect()
     }

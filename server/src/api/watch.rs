@@ -169,7 +169,7 @@ async fn send_snapshot(
     let revision = snapshot.record.revision;
     let generation = snapshot.record.generation;
     let keys: Vec<&ItemRef> = merged_keys(snapshot)
-        .filter(|key| filter.wants_type(&key.item_type))
+        .filter(|key| filter.wants_type(key.item_type()))
         .collect();
     let mut message = empty_snapshot(revision, generation);
     let mut bytes = 0;

@@ -395,7 +395,11 @@ mod tests {
             request("team/a", vec![item("z", "")]),
         )
         .expect("accepted");
-        let removed: Vec<String> = change.removals.iter().map(|r| r.name.to_string()).collect();
+        let removed: Vec<String> = change
+            .removals
+            .iter()
+            .map(|r| r.name().to_string())
+            .collect();
         assert_eq!(removed, ["x", "y"]);
         assert_eq!(
             graph
@@ -459,7 +463,7 @@ mod tests {
             prepare_submit(&graph, generation, 1_000, request("two", vec![b])).expect_err("cycle");
         match error {
             IntentError::DependencyCycle { cycle, field } => {
-                let names: Vec<String> = cycle.iter().map(|r| r.name.to_string()).collect();
+                let names: Vec<String> = cycle.iter().map(|r| r.name().to_string()).collect();
                 assert_eq!(names, ["b", "a", "b"]);
                 assert_eq!(field, "items[0].dependencies");
             }

@@ -14,8 +14,8 @@ use crate::graph::{
 pub fn item(identity: &str, properties: serde_json::Value) -> Item {
     let reference = parse_ref(identity);
     Item::new(
-        &*reference.item_type,
-        &*reference.name,
+        reference.item_type(),
+        reference.name(),
         Properties::try_from(properties).unwrap_or_default(),
     )
 }
@@ -243,7 +243,7 @@ impl World {
                 // Every unconverged item of the type: a superset is fine.
                 self.unconverged
                     .iter()
-                    .filter(|item| &*item.item_type == item_type)
+                    .filter(|item| &**item.item_type() == item_type)
                     .cloned()
                     .collect()
             }

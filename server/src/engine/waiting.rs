@@ -38,7 +38,7 @@ impl WaitingSummary {
             adjust(&mut self.terminal);
         }
         if item.reason == WaitReason::NoConfigurator {
-            let item_type = item.item.item_type.to_string();
+            let item_type = item.item.item_type().to_string();
             let entry = self
                 .without_configurator
                 .entry(item_type.clone())
@@ -94,7 +94,7 @@ impl WaitingSet {
         let start = ItemRef::new(item_type, "");
         self.deletes
             .range(start..)
-            .take_while(move |item| &*item.item_type == item_type)
+            .take_while(move |item| &**item.item_type() == item_type)
     }
 
     /// Whether `item` waits to be deleted.
@@ -168,7 +168,7 @@ mod tests {
         set.insert(delete("u", "d"));
         let names = |set: &WaitingSet| -> Vec<String> {
             set.deletes_of_type("t")
-                .map(|item| item.name.to_string())
+                .map(|item| item.name().to_string())
                 .collect()
         };
         assert_eq!(names(&set), ["b", "c"]);

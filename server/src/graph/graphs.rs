@@ -68,10 +68,10 @@ impl IntendedItem {
             .dependencies
             .iter()
             .map(|dependency| {
-                if dependency.must_satisfy.is_empty() {
+                if dependency.must_satisfy().is_empty() {
                     Ok(None)
                 } else {
-                    Predicate::compile(&dependency.must_satisfy).map(Some)
+                    Predicate::compile(dependency.must_satisfy()).map(Some)
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -159,8 +159,7 @@ impl IntendedGraph {
             .map(|target| self.ids.acquire(target))
             .collect();
         if let Some(item) = Arc::get_mut(&mut entry.item) {
-            item.item_type = key.item_type.clone();
-            item.name = key.name.clone();
+            item.identity = key.clone();
             for (dependency, &target) in item.dependencies.iter_mut().zip(required.as_slice()) {
                 if let Some(shared) = self.ids.item(target) {
                     dependency.requires = shared.clone();
@@ -571,7 +570,7 @@ mod tests {
     fn dependents(graph: &CurrentGraph, name: &str) -> Vec<String> {
         graph
             .dependents_of(&ItemRef::new("t", name))
-            .map(|item| item.name.to_string())
+            .map(|item| item.name().to_string())
             .collect()
     }
 
@@ -634,7 +633,10 @@ mod tests {
             item.subgraph = subgraph.into();
             graph.insert(IntendedItem::compile(item, 1).expect("no predicates"));
         }
-        let under_a: Vec<String> = graph.items_under("a").map(|r| r.name.to_string()).collect();
+        let under_a: Vec<String> = graph
+            .items_under("a")
+            .map(|r| r.name().to_string())
+            .collect();
         assert_eq!(under_a, ["x", "y"]);
         assert_eq!(graph.items_under("").count(), 4);
         graph.remove(&ItemRef::new("t", "y"));

@@ -57,15 +57,13 @@ impl<T: Default> IdTable<T> {
             }
             return id;
         }
-        let item_type = match self.types.get_key_value(&item.item_type) {
-            Some((shared, _)) => shared.clone(),
-            None => item.item_type.clone(),
+        let item = match self.types.get_key_value(item.item_type()) {
+            Some((shared, _)) if !Arc::ptr_eq(shared, item.item_type()) => {
+                ItemRef::from_parts(shared.clone(), item.name().clone())
+            }
+            _ => item.clone(),
         };
-        *self.types.entry(item_type.clone()).or_default() += 1;
-        let item = ItemRef {
-            item_type,
-            name: item.name.clone(),
-        };
+        *self.types.entry(item.item_type().clone()).or_default() += 1;
         let slot = Slot {
             item: item.clone(),
             uses: 1,
@@ -99,10 +97,10 @@ impl<T: Default> IdTable<T> {
         }
         if let Some(slot) = self.slots.get_mut(id as usize).and_then(Option::take) {
             self.by_ref.remove(&slot.item);
-            if let Some(users) = self.types.get_mut(&slot.item.item_type) {
+            if let Some(users) = self.types.get_mut(slot.item.item_type()) {
                 *users -= 1;
                 if *users == 0 {
-                    self.types.remove(&slot.item.item_type);
+                    self.types.remove(slot.item.item_type());
                 }
             }
             self.free.push(id);
@@ -187,6 +185,6 @@ mod tests {
         let (Some(a), Some(b)) = (table.item(a), table.item(b)) else {
             panic!("both identities are kept");
         };
-        assert!(Arc::ptr_eq(&a.item_type, &b.item_type));
+        assert!(Arc::ptr_eq(a.item_type(), b.item_type()));
     }
 }

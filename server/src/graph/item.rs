@@ -10,23 +10,74 @@ pub use super::properties::Properties;
 
 /// The identity of an item within a tenant: `type/name`.
 ///
-/// Cloning is cheap (both parts are reference counted), so graphs and plans
-/// pass identities around by value.
-#[derive(Clone, Eq, Serialize, Deserialize)]
-pub struct ItemRef {
-    /// The item type, e.g. `interface`.
-    pub item_type: Arc<str>,
-    /// The item name, unique within its type.
-    pub name: Arc<str>,
+/// One pointer wide: a deep graph holds an identity per dependency, and
+/// every graph keys its items by one. Cloning is cheap (the parts are
+/// reference counted), so graphs and plans pass identities around by
+/// value; identities cloned from one another compare by pointer.
+#[derive(Clone)]
+pub struct ItemRef(Arc<Parts>);
+
+#[derive(Debug)]
+struct Parts {
+    item_type: Arc<str>,
+    name: Arc<str>,
 }
 
 impl ItemRef {
     /// Builds an identity from a type and a name.
     pub fn new(item_type: impl AsRef<str>, name: impl AsRef<str>) -> Self {
-        Self {
-            item_type: Arc::from(item_type.as_ref()),
-            name: Arc::from(name.as_ref()),
+        Self::from_parts(Arc::from(item_type.as_ref()), Arc::from(name.as_ref()))
+    }
+
+    /// Builds an identity from shared texts (no copy of them).
+    pub fn from_parts(item_type: Arc<str>, name: Arc<str>) -> Self {
+        Self(Arc::new(Parts { item_type, name }))
+    }
+
+    /// The item type, e.g. `interface`.
+    pub fn item_type(&self) -> &Arc<str> {
+        &self.0.item_type
+    }
+
+    /// The item name, unique within its type.
+    pub fn name(&self) -> &Arc<str> {
+        &self.0.name
+    }
+
+    /// Whether both are the same allocation (clones of one another), a
+    /// cheaper test than equality that implies it.
+    pub fn ptr_eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Default for ItemRef {
+    fn default() -> Self {
+        Self::new("", "")
+    }
+}
+
+/// The fields of an identity as stored and shown in JSON.
+#[derive(Serialize, Deserialize)]
+struct ItemRefFields<T> {
+    item_type: T,
+    name: T,
+}
+
+impl Serialize for ItemRef {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        ItemRefFields {
+            item_type: &*self.0.item_type,
+            name: &*self.0.name,
         }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ItemRef {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let fields = ItemRefFields::<Arc<str>>::deserialize(deserializer)?;
+        Ok(Self::from_parts(fields.item_type, fields.name))
     }
 }
 
@@ -46,22 +97,29 @@ fn compare_parts(left: &Arc<str>, right: &Arc<str>) -> Ordering {
 
 impl PartialEq for ItemRef {
     fn eq(&self, other: &Self) -> bool {
-        same_part(&self.item_type, &other.item_type) && same_part(&self.name, &other.name)
+        self.ptr_eq(other)
+            || (same_part(&self.0.item_type, &other.0.item_type)
+                && same_part(&self.0.name, &other.0.name))
     }
 }
+
+impl Eq for ItemRef {}
 
 /// Hashes the text of both parts, consistent with equality.
 impl std::hash::Hash for ItemRef {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.item_type.hash(state);
-        self.name.hash(state);
+        self.0.item_type.hash(state);
+        self.0.name.hash(state);
     }
 }
 
 impl Ord for ItemRef {
     fn cmp(&self, other: &Self) -> Ordering {
-        compare_parts(&self.item_type, &other.item_type)
-            .then_with(|| compare_parts(&self.name, &other.name))
+        if self.ptr_eq(other) {
+            return Ordering::Equal;
+        }
+        compare_parts(&self.0.item_type, &other.0.item_type)
+            .then_with(|| compare_parts(&self.0.name, &other.0.name))
     }
 }
 
@@ -73,7 +131,7 @@ impl PartialOrd for ItemRef {
 
 impl fmt::Display for ItemRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.item_type, self.name)
+        write!(f, "{}/{}", self.0.item_type, self.0.name)
     }
 }
 
@@ -84,17 +142,15 @@ impl fmt::Debug for ItemRef {
 }
 
 /// A "must exist" edge from a dependent item to the item it requires.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+///
+/// 24 bytes: a deep graph holds millions of dependencies, and their texts
+/// (a predicate, a description) are nearly always empty, so they live in
+/// one optional box.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Dependency {
     /// The required item.
     pub requires: ItemRef,
-    /// Optional CEL expression over the required item, bound as `self`.
-    /// Empty means the dependency holds as soon as the item is created.
-    /// (`Box<str>`, not `String`: a deep graph holds millions of
-    /// dependencies, and this one is nearly always empty.)
-    pub must_satisfy: Box<str>,
-    /// Free text for humans; not part of equality.
-    pub description: Box<str>,
+    texts: Option<Box<DependencyTexts>>,
     /// Recreate the dependent whenever the required item is modified.
     pub recreate_when_modified: bool,
     /// When the required (external) item disappears, the dependent is gone
@@ -102,36 +158,127 @@ pub struct Dependency {
     pub auto_deleted_by_external: bool,
 }
 
+/// The rarely set texts of a dependency.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct DependencyTexts {
+    must_satisfy: Box<str>,
+    description: Box<str>,
+}
+
 impl Dependency {
     /// A plain dependency on `requires` with no predicate or flags.
     pub fn on(requires: ItemRef) -> Self {
         Self {
             requires,
-            must_satisfy: Box::default(),
-            description: Box::default(),
+            texts: None,
             recreate_when_modified: false,
             auto_deleted_by_external: false,
+        }
+    }
+
+    /// Optional CEL expression over the required item, bound as `self`.
+    /// Empty means the dependency holds as soon as the item is created.
+    pub fn must_satisfy(&self) -> &str {
+        self.texts.as_ref().map_or("", |texts| &texts.must_satisfy)
+    }
+
+    /// Free text for humans; not part of equality.
+    pub fn description(&self) -> &str {
+        self.texts.as_ref().map_or("", |texts| &texts.description)
+    }
+
+    /// Sets the predicate (empty: none).
+    pub fn set_must_satisfy(&mut self, must_satisfy: impl Into<Box<str>>) {
+        self.edit_texts(|texts| texts.must_satisfy = must_satisfy.into());
+    }
+
+    /// Sets the description (empty: none).
+    pub fn set_description(&mut self, description: impl Into<Box<str>>) {
+        self.edit_texts(|texts| texts.description = description.into());
+    }
+
+    /// This dependency with the predicate `must_satisfy` (builder style).
+    pub fn with_must_satisfy(mut self, must_satisfy: impl Into<Box<str>>) -> Self {
+        self.set_must_satisfy(must_satisfy);
+        self
+    }
+
+    /// This dependency with the description `description` (builder style).
+    pub fn with_description(mut self, description: impl Into<Box<str>>) -> Self {
+        self.set_description(description);
+        self
+    }
+
+    /// This dependency with `recreate_when_modified` set (builder style).
+    pub fn with_recreate_when_modified(mut self, recreate: bool) -> Self {
+        self.recreate_when_modified = recreate;
+        self
+    }
+
+    /// This dependency with `auto_deleted_by_external` set (builder style).
+    pub fn with_auto_deleted_by_external(mut self, auto_deleted: bool) -> Self {
+        self.auto_deleted_by_external = auto_deleted;
+        self
+    }
+
+    /// Edits the texts, keeping no box when both end up empty.
+    fn edit_texts(&mut self, edit: impl FnOnce(&mut DependencyTexts)) {
+        let mut texts = self.texts.take().unwrap_or_default();
+        edit(&mut texts);
+        if !texts.must_satisfy.is_empty() || !texts.description.is_empty() {
+            self.texts = Some(texts);
         }
     }
 
     /// Equality for planning purposes: the description does not count.
     fn same_content(&self, other: &Self) -> bool {
         self.requires == other.requires
-            && self.must_satisfy == other.must_satisfy
+            && self.must_satisfy() == other.must_satisfy()
             && self.recreate_when_modified == other.recreate_when_modified
             && self.auto_deleted_by_external == other.auto_deleted_by_external
     }
 }
 
+/// The fields of a dependency as stored and shown in JSON.
+#[derive(Serialize, Deserialize)]
+struct DependencyFields<R, T> {
+    requires: R,
+    must_satisfy: T,
+    description: T,
+    recreate_when_modified: bool,
+    auto_deleted_by_external: bool,
+}
+
+impl Serialize for Dependency {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        DependencyFields {
+            requires: &self.requires,
+            must_satisfy: self.must_satisfy(),
+            description: self.description(),
+            recreate_when_modified: self.recreate_when_modified,
+            auto_deleted_by_external: self.auto_deleted_by_external,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Dependency {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let fields = DependencyFields::<ItemRef, String>::deserialize(deserializer)?;
+        Ok(Self::on(fields.requires)
+            .with_must_satisfy(fields.must_satisfy)
+            .with_description(fields.description)
+            .with_recreate_when_modified(fields.recreate_when_modified)
+            .with_auto_deleted_by_external(fields.auto_deleted_by_external))
+    }
+}
+
 /// A configuration item, as intended by a user or as last applied.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Item {
-    /// The item type; together with `name` the item's identity. Shared
-    /// text (`Arc<str>`): the item's [`ItemRef`] is a clone of it, not a
-    /// copy.
-    pub item_type: Arc<str>,
-    /// The item name (shared text, as `item_type`).
-    pub name: Arc<str>,
+    /// The item's type and name. Shared: the graphs key the item by a
+    /// clone of it, and dependencies on the item point at the graph's.
+    pub identity: ItemRef,
     /// The item's configuration (a JSON object).
     pub properties: Properties,
     /// Items that must exist (and satisfy predicates) before this one.
@@ -146,23 +293,74 @@ pub struct Item {
     pub description: String,
 }
 
+/// The fields of an item as stored and shown in JSON.
+#[derive(Serialize, Deserialize)]
+struct ItemFields<T, P, D, S> {
+    item_type: T,
+    name: T,
+    properties: P,
+    dependencies: D,
+    external: bool,
+    subgraph: S,
+    label: S,
+    description: S,
+}
+
+impl Serialize for Item {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        ItemFields {
+            item_type: &**self.item_type(),
+            name: &**self.name(),
+            properties: &self.properties,
+            dependencies: &self.dependencies,
+            external: self.external,
+            subgraph: &self.subgraph,
+            label: &self.label,
+            description: &self.description,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Item {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let fields =
+            ItemFields::<Arc<str>, Properties, Vec<Dependency>, String>::deserialize(deserializer)?;
+        Ok(Self {
+            identity: ItemRef::from_parts(fields.item_type, fields.name),
+            properties: fields.properties,
+            dependencies: fields.dependencies,
+            external: fields.external,
+            subgraph: fields.subgraph,
+            label: fields.label,
+            description: fields.description,
+        })
+    }
+}
+
 impl Item {
     /// A non-external item with the given identity and properties.
     pub fn new(item_type: impl AsRef<str>, name: impl AsRef<str>, properties: Properties) -> Self {
         Self {
-            item_type: Arc::from(item_type.as_ref()),
-            name: Arc::from(name.as_ref()),
+            identity: ItemRef::new(item_type, name),
             properties,
             ..Self::default()
         }
     }
 
-    /// The item's identity (sharing the item's text).
+    /// The item type; together with the name the item's identity.
+    pub fn item_type(&self) -> &Arc<str> {
+        self.identity.item_type()
+    }
+
+    /// The item name.
+    pub fn name(&self) -> &Arc<str> {
+        self.identity.name()
+    }
+
+    /// The item's identity (a clone of the shared one).
     pub fn item_ref(&self) -> ItemRef {
-        ItemRef {
-            item_type: self.item_type.clone(),
-            name: self.name.clone(),
-        }
+        self.identity.clone()
     }
 
     /// Adds a dependency (builder style, for tests and tools).
@@ -200,8 +398,7 @@ impl Item {
         if std::ptr::eq(self, other) {
             return true;
         }
-        self.item_type == other.item_type
-            && self.name == other.name
+        self.identity == other.identity
             && self.external == other.external
             && self.properties == other.properties
             && same_dependency_set(&self.dependencies, &other.dependencies)
@@ -253,10 +450,7 @@ mod tests {
             .depends_on(Dependency::on(b.clone()));
         let mut right = Item::new("t", "x", props(json!({"mtu": 1500})))
             .depends_on(Dependency::on(b))
-            .depends_on(Dependency {
-                description: "other words".into(),
-                ..Dependency::on(a)
-            });
+            .depends_on(Dependency::on(a).with_description("other words"));
         right.label = "new label".into();
         right.subgraph = "moved/elsewhere".into();
         right.description = "changed".into();
@@ -280,7 +474,7 @@ mod tests {
         assert!(!abcd.same_content(&with(&["a", "b", "e", "c"])));
         assert!(!abcd.same_content(&with(&["a", "b", "c"])));
         let mut predicate = with(&["a", "b", "c", "d"]);
-        predicate.dependencies[3].must_satisfy = "self.up".into();
+        predicate.dependencies[3].set_must_satisfy("self.up");
         assert!(
             !abcd.same_content(&predicate),
             "aligned lists still compare each edge"
@@ -316,7 +510,7 @@ mod tests {
         assert!(!base.same_content(&changed));
 
         let mut predicate = base.clone();
-        predicate.dependencies[0].must_satisfy = "self.up".into();
+        predicate.dependencies[0].set_must_satisfy("self.up");
         assert!(!base.same_content(&predicate));
 
         let mut external = base.clone();
@@ -326,6 +520,44 @@ mod tests {
         let mut flag = base.clone();
         flag.dependencies[0].recreate_when_modified = true;
         assert!(!base.same_content(&flag));
+    }
+
+    #[test]
+    fn identities_and_dependencies_stay_small_and_keep_their_json_shape() {
+        // A deep graph holds an identity per dependency: keep them compact.
+        assert_eq!(std::mem::size_of::<ItemRef>(), 8);
+        assert_eq!(std::mem::size_of::<Dependency>(), 24);
+
+        let plain = Dependency::on(ItemRef::new("t", "a"));
+        let described = plain.clone().with_description("why");
+        assert!(plain.texts.is_none());
+        assert_eq!(described.description(), "why");
+        assert_eq!(described.must_satisfy(), "");
+        let cleared = described.clone().with_description("");
+        assert!(cleared.texts.is_none(), "no box once both texts are empty");
+        assert_eq!(cleared, plain);
+
+        let item = Item::new("t", "x", props(json!({"v": 1}))).depends_on(
+            described
+                .with_must_satisfy("self.up")
+                .with_recreate_when_modified(true),
+        );
+        let text = serde_json::to_value(&item).expect("serializes");
+        assert_eq!(
+            text,
+            json!({
+                "item_type": "t", "name": "x", "properties": {"v": 1},
+                "dependencies": [{
+                    "requires": {"item_type": "t", "name": "a"},
+                    "must_satisfy": "self.up", "description": "why",
+                    "recreate_when_modified": true, "auto_deleted_by_external": false,
+                }],
+                "external": false, "subgraph": "", "label": "", "description": "",
+            })
+        );
+        let back: Item = serde_json::from_value(text).expect("deserializes");
+        assert_eq!(back, item);
+        assert_eq!(back.dependencies[0].description(), "why");
     }
 
     #[test]

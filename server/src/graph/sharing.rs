@@ -1,7 +1,7 @@
-//! One copy of each identity's text for the items of a request.
+//! One copy of each identity for the items of a request.
 //!
 //! Every dependency names its target by type and name. Decoded from the
-//! wire or the store, each of those is an allocation of its own, although
+//! wire or the store, each of those is an identity of its own, although
 //! on a deep graph a dozen dependencies name the same item and every item
 //! has the same few types. [`IdentitySharing`] hands out one copy per
 //! identity: the intended graph's own when it already mentions the
@@ -35,9 +35,7 @@ impl<'g> IdentitySharing<'g> {
     /// Makes `item` and every dependency of it name their identities by
     /// the shared copies.
     pub fn share_identities(&mut self, item: &mut Item) {
-        let own = self.shared(&item.item_ref());
-        item.item_type = own.item_type;
-        item.name = own.name;
+        item.identity = self.shared(&item.identity);
         for dependency in &mut item.dependencies {
             dependency.requires = self.shared(&dependency.requires);
         }
@@ -51,16 +49,15 @@ impl<'g> IdentitySharing<'g> {
         if let Some(shared) = self.identities.get(identity) {
             return shared.clone();
         }
-        let item_type = match self.types.get(&identity.item_type) {
-            Some(shared) => shared.clone(),
-            None => {
-                self.types.insert(identity.item_type.clone());
-                identity.item_type.clone()
+        let shared = match self.types.get(identity.item_type()) {
+            Some(item_type) if !Arc::ptr_eq(item_type, identity.item_type()) => {
+                ItemRef::from_parts(item_type.clone(), identity.name().clone())
             }
-        };
-        let shared = ItemRef {
-            item_type,
-            name: identity.name.clone(),
+            Some(_) => identity.clone(),
+            None => {
+                self.types.insert(identity.item_type().clone());
+                identity.clone()
+            }
         };
         self.identities.insert(shared.clone());
         shared
@@ -98,16 +95,14 @@ mod tests {
         sharing.share_identities(&mut second);
 
         let part = |item: &Item, index: usize| item.dependencies[index].requires.clone();
-        assert!(Arc::ptr_eq(&part(&first, 0).name, &in_graph.name));
-        assert!(Arc::ptr_eq(&part(&second, 1).name, &in_graph.name));
-        assert!(Arc::ptr_eq(&part(&first, 1).name, &part(&second, 0).name));
-        assert!(Arc::ptr_eq(
-            &part(&first, 1).item_type,
-            &part(&second, 0).item_type
-        ));
+        assert!(part(&first, 0).ptr_eq(&in_graph));
+        assert!(part(&second, 1).ptr_eq(&in_graph));
+        assert!(part(&first, 1).ptr_eq(&part(&second, 0)));
         let mut c = requiring("c", &[]);
         sharing.share_identities(&mut c);
-        assert!(Arc::ptr_eq(&c.name, &part(&first, 1).name));
+        assert!(c.identity.ptr_eq(&part(&first, 1)));
+        // Identities new to the graph share the type text of the others.
+        assert!(Arc::ptr_eq(c.item_type(), first.item_type()));
         // Sharing changes no identity.
         assert_eq!(part(&first, 1), ItemRef::new("t", "c"));
         assert_eq!(part(&second, 1), ItemRef::new("t", "b"));

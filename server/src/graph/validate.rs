@@ -92,7 +92,7 @@ pub fn validate_items(
     for (index, item) in items.iter().enumerate() {
         let path = format!("items[{index}]");
         check_item_identity(item, &path, limits, &mut violations);
-        match first_index_of.entry((&item.item_type, &item.name)) {
+        match first_index_of.entry((item.item_type(), item.name())) {
             Entry::Vacant(vacant) => {
                 vacant.insert(index);
             }
@@ -101,8 +101,8 @@ pub fn validate_items(
                 format!(
                     "the identity {}/{} is already used by items[{}]; each type/name \
                      pair may appear once: remove or rename one of the two",
-                    item.item_type,
-                    item.name,
+                    item.item_type(),
+                    item.name(),
                     first.get()
                 ),
             ),
@@ -284,14 +284,14 @@ fn check_item_identity(
     violations: &mut Violations,
 ) {
     check_name(
-        &item.item_type,
+        item.item_type(),
         "type",
         &format!("{path}.type"),
         limits,
         violations,
     );
     check_name(
-        &item.name,
+        item.name(),
         "name",
         &format!("{path}.name"),
         limits,
@@ -333,14 +333,14 @@ fn check_dependencies(
         let path = format!("{path}.dependencies[{index}]");
         let requires = &dependency.requires;
         check_name(
-            &requires.item_type,
+            requires.item_type(),
             "required type",
             &format!("{path}.requires.type"),
             limits,
             violations,
         );
         check_name(
-            &requires.name,
+            requires.name(),
             "required name",
             &format!("{path}.requires.name"),
             limits,
@@ -358,7 +358,7 @@ fn check_dependencies(
             first_index_of.insert(requires, index);
         }
         predicates.push(compile_predicate(
-            &dependency.must_satisfy,
+            dependency.must_satisfy(),
             &path,
             violations,
         ));
@@ -455,10 +455,7 @@ mod tests {
         let items = vec![
             item("interface", "eth0"),
             item("vlan", "eth0.100")
-                .depends_on(Dependency {
-                    must_satisfy: "self.up".into(),
-                    ..on("interface", "eth0")
-                })
+                .depends_on(on("interface", "eth0").with_must_satisfy("self.up"))
                 .depends_on(on("bridge", "br0")),
         ];
         let predicates = validate_items(&items, &ValidationLimits::default()).expect("valid");
@@ -517,10 +514,7 @@ mod tests {
         let dependent = item("t", "x")
             .depends_on(on("t", "a"))
             .depends_on(on("t", "b"))
-            .depends_on(Dependency {
-                must_satisfy: "self.up".into(),
-                ..on("t", "a")
-            });
+            .depends_on(on("t", "a").with_must_satisfy("self.up"));
         let found = violations(&[item("t", "a"), dependent]);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].field, "items[1].dependencies[2].requires");
@@ -572,14 +566,8 @@ mod tests {
     #[test]
     fn predicate_that_does_not_parse() {
         let dependent = item("t", "x")
-            .depends_on(Dependency {
-                must_satisfy: "self.up".into(),
-                ..on("t", "a")
-            })
-            .depends_on(Dependency {
-                must_satisfy: "self.mtu >=".into(),
-                ..on("t", "b")
-            });
+            .depends_on(on("t", "a").with_must_satisfy("self.up"))
+            .depends_on(on("t", "b").with_must_satisfy("self.mtu >="));
         let found = violations(&[dependent]);
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].field, "items[0].dependencies[1].must_satisfy");
@@ -602,7 +590,7 @@ mod tests {
             serde_json::to_vec(&fits).map(|bytes| bytes.len()).ok()
         );
         let mut over = fits.clone();
-        over.name = "b".into();
+        over.identity = ItemRef::new(over.item_type(), "b");
         over.properties
             .insert("b".into(), json!(format!("{padding}x")));
         let found = violations(&[fits, over]);
@@ -637,10 +625,7 @@ mod tests {
 
     #[test]
     fn all_violations_are_collected_in_item_order() {
-        let mut external = item("t", "").depends_on(Dependency {
-            must_satisfy: "(".into(),
-            ..on("t", "a")
-        });
+        let mut external = item("t", "").depends_on(on("t", "a").with_must_satisfy("("));
         external.external = true;
         assert_eq!(
             fields(&[item("", "a"), external]),

@@ -51,7 +51,7 @@ fn store_of(records: &Records) -> Arc<dyn Store> {
 
 fn chain() -> ValidatedSubmit {
     let mut on_a = Dependency::on(ItemRef::new("t", "a"));
-    on_a.must_satisfy = "self.v >= 1".into();
+    on_a.set_must_satisfy("self.v >= 1");
     let mut a = Item::new("t", "a", Default::default());
     a.properties.insert("v".into(), 1.into());
     let b = Item::new("t", "b", Default::default()).depends_on(on_a);

@@ -61,11 +61,11 @@ fn write_intent(
             item: (*entry.item).clone(),
             generation: entry.generation,
         };
-        let key = keys::intended_item_key(tenant, &stored.item.item_type, &stored.item.name);
+        let key = keys::intended_item_key(tenant, stored.item.item_type(), stored.item.name());
         batch.put(key, encode(&stored)?);
     }
     for key in &change.removals {
-        batch.delete(keys::intended_item_key(tenant, &key.item_type, &key.name));
+        batch.delete(keys::intended_item_key(tenant, key.item_type(), key.name()));
     }
     Ok(())
 }
@@ -77,7 +77,7 @@ fn put_current(
     item: &ItemRef,
     value: Option<&CurrentItem>,
 ) -> Result<(), TenantError> {
-    let key = keys::current_item_key(tenant, &item.item_type, &item.name);
+    let key = keys::current_item_key(tenant, item.item_type(), item.name());
     match value {
         Some(current) => {
             batch.put(key, encode(current)?);

@@ -134,13 +134,13 @@ pub(crate) mod samples {
             description: "described".into(),
             ..Item::new("t1", "a", Default::default())
         }
-        .depends_on(Dependency {
-            must_satisfy: "self.v >= 1".into(),
-            description: "edge".into(),
-            recreate_when_modified: true,
-            auto_deleted_by_external: true,
-            ..Dependency::on(required.clone())
-        });
+        .depends_on(
+            Dependency::on(required.clone())
+                .with_must_satisfy("self.v >= 1")
+                .with_description("edge")
+                .with_recreate_when_modified(true)
+                .with_auto_deleted_by_external(true),
+        );
         let applied = Arc::new(applied);
         let mut lost = InFlight::new(OperationKind::Create, "1-ab-8".into(), 1, 2, 900, 60_000);
         lost.target = Some(applied.clone());

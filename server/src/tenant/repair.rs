@@ -548,7 +548,7 @@ mod tests {
                 .expect("t/a keeps an intent"),
         )
         .expect("readable");
-        assert_eq!(&*stored.item.name, "a", "the applied value");
+        assert_eq!(&**stored.item.name(), "a", "the applied value");
         assert!(
             store
                 .get(&keys::intended_item_key(bad, "t", "b"))

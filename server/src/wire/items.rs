@@ -10,8 +10,8 @@ use super::properties::{properties_from_struct, properties_to_struct};
 /// Converts an identity to its proto form.
 pub fn item_ref_to_proto(item: &ItemRef) -> v1::ItemRef {
     v1::ItemRef {
-        r#type: item.item_type.to_string(),
-        name: item.name.to_string(),
+        r#type: item.item_type().to_string(),
+        name: item.name().to_string(),
     }
 }
 
@@ -52,8 +52,7 @@ pub fn item_from_proto_at(item: v1::Item, path: &str) -> Result<Item, Vec<FieldV
         return Err(violations);
     }
     Ok(Item {
-        item_type: item.r#type.into(),
-        name: item.name.into(),
+        identity: ItemRef::new(item.r#type, item.name),
         properties,
         dependencies,
         external: item.external,
@@ -73,20 +72,18 @@ fn dependency_from_proto(
             "is missing; name the required item with its type and name",
         )
     })?;
-    Ok(Dependency {
-        requires: item_ref_from_proto(requires),
-        must_satisfy: dependency.must_satisfy.into(),
-        description: dependency.description.into(),
-        recreate_when_modified: dependency.recreate_when_modified,
-        auto_deleted_by_external: dependency.auto_deleted_by_external,
-    })
+    Ok(Dependency::on(item_ref_from_proto(requires))
+        .with_must_satisfy(dependency.must_satisfy)
+        .with_description(dependency.description)
+        .with_recreate_when_modified(dependency.recreate_when_modified)
+        .with_auto_deleted_by_external(dependency.auto_deleted_by_external))
 }
 
 /// Converts an item to its proto form.
 pub fn item_to_proto(item: &Item) -> v1::Item {
     v1::Item {
-        r#type: item.item_type.to_string(),
-        name: item.name.to_string(),
+        r#type: item.item_type().to_string(),
+        name: item.name().to_string(),
         properties: Some(properties_to_struct(&item.properties)),
         dependencies: item.dependencies.iter().map(dependency_to_proto).collect(),
         external: item.external,
@@ -99,8 +96,8 @@ pub fn item_to_proto(item: &Item) -> v1::Item {
 fn dependency_to_proto(dependency: &Dependency) -> v1::Dependency {
     v1::Dependency {
         requires: Some(item_ref_to_proto(&dependency.requires)),
-        must_satisfy: dependency.must_satisfy.to_string(),
-        description: dependency.description.to_string(),
+        must_satisfy: dependency.must_satisfy().to_string(),
+        description: dependency.description().to_string(),
         recreate_when_modified: dependency.recreate_when_modified,
         auto_deleted_by_external: dependency.auto_deleted_by_external,
     }
@@ -124,16 +121,14 @@ mod tests {
     #[test]
     fn items_convert_both_ways() {
         let item = Item {
-            item_type: "vlan".into(),
-            name: "10".into(),
+            identity: ItemRef::new("vlan", "10"),
             properties: props(json!({"id": 10, "ports": ["a", "b"]})),
-            dependencies: vec![Dependency {
-                requires: ItemRef::new("port", "a"),
-                must_satisfy: "self.up".into(),
-                description: "needs the port".into(),
-                recreate_when_modified: true,
-                auto_deleted_by_external: false,
-            }],
+            dependencies: vec![
+                Dependency::on(ItemRef::new("port", "a"))
+                    .with_must_satisfy("self.up")
+                    .with_description("needs the port")
+                    .with_recreate_when_modified(true),
+            ],
             external: false,
             subgraph: "net/vlans".into(),
             label: "VLAN 10".into(),

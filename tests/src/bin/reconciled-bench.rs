@@ -356,7 +356,7 @@ fn stored_records(
                 .map_err(|violations| anyhow!("benchmark item is invalid: {violations:?}"))?;
             // The server places items with no subgraph in the request's.
             item.subgraph = subgraph_of(client);
-            let key = keys::intended_item_key(RAW_TENANT_ID, &item.item_type, &item.name);
+            let key = keys::intended_item_key(RAW_TENANT_ID, item.item_type(), item.name());
             let value = encode(&StoredIntended {
                 item,
                 generation: round,

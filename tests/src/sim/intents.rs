@@ -265,8 +265,8 @@ pub fn describe_item(item: &Item) -> String {
             .iter()
             .map(|d| {
                 let mut dep = d.requires.to_string();
-                if !d.must_satisfy.is_empty() {
-                    dep.push_str(&format!(" if {}", d.must_satisfy));
+                if !d.must_satisfy().is_empty() {
+                    dep.push_str(&format!(" if {}", d.must_satisfy()));
                 }
                 if d.recreate_when_modified {
                     dep.push_str(" rwm");
@@ -487,8 +487,8 @@ pub fn generate_submit(rng: &mut StdRng, scenario: &Scenario, model: &IntentMode
             }
             None => {
                 let mut item = Item::new(
-                    &*identity.item.item_type,
-                    &*identity.item.name,
+                    identity.item.item_type(),
+                    identity.item.name(),
                     random_properties(rng),
                 );
                 item.dependencies = dependencies(rng, scenario, rank, &chosen, chain_mode, None);
@@ -604,19 +604,19 @@ fn new_dependency(rng: &mut StdRng, scenario: &Scenario, target: ItemRef) -> Dep
         } else {
             rng.random_range(0..PREDICATES.len() - 1)
         };
-        dependency.must_satisfy = PREDICATES[index].into();
+        dependency.set_must_satisfy(PREDICATES[index]);
     }
     dependency.recreate_when_modified = rng.random_bool(0.2);
     dependency.auto_deleted_by_external = on_external && rng.random_bool(0.5);
     if rng.random_bool(0.1) {
-        dependency.description = "needs it".into();
+        dependency.set_description("needs it");
     }
     dependency
 }
 
 /// The value an external item is reported with.
 pub fn external_value(item: &ItemRef, properties: Properties) -> Item {
-    let mut value = Item::new(&*item.item_type, &*item.name, properties);
+    let mut value = Item::new(item.item_type(), item.name(), properties);
     value.external = true;
     value
 }

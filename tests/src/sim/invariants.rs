@@ -184,14 +184,14 @@ pub fn check_order(
                         ),
                     );
                 };
-                if !holds(&dependency.must_satisfy, &existing.value.properties) {
+                if !holds(dependency.must_satisfy(), &existing.value.properties) {
                     return fail(
                         "a create or modify runs only when its predicates hold",
                         format!(
                             "{} {item} (op {}) was sent while `{}` is false on {required} = {}",
                             order.kind.as_str(),
                             order.op_id,
-                            dependency.must_satisfy,
+                            dependency.must_satisfy(),
                             properties_text(&existing.value.properties)
                         ),
                     );
@@ -217,7 +217,7 @@ pub fn check_order(
                     let Some(dependency) = dependent.value.dependency_on(&item) else {
                         continue;
                     };
-                    if !holds(&dependency.must_satisfy, &value.properties) {
+                    if !holds(dependency.must_satisfy(), &value.properties) {
                         return fail(
                             "a modify that breaks a dependent's predicate deletes the dependent first",
                             format!(
@@ -225,7 +225,7 @@ pub fn check_order(
                                 order.op_id,
                                 properties_text(&value.properties),
                                 dependent.value.item_ref(),
-                                dependency.must_satisfy
+                                dependency.must_satisfy()
                             ),
                         );
                     }
@@ -712,7 +712,7 @@ impl Ledger {
                         !world
                             .items
                             .get(&dependency.requires)
-                            .is_some_and(|w| holds(&dependency.must_satisfy, &w.value.properties))
+                            .is_some_and(|w| holds(dependency.must_satisfy(), &w.value.properties))
                     });
                     broken || !intended
                 }
@@ -815,10 +815,11 @@ pub fn unconverged_reason(snapshot: &TenantSnapshot) -> Option<String> {
             let Some(required) = snapshot.current.get(&dependency.requires) else {
                 return Some(format!("{key} exists but {} does not", dependency.requires));
             };
-            if !holds(&dependency.must_satisfy, &required.effective_properties()) {
+            if !holds(dependency.must_satisfy(), &required.effective_properties()) {
                 return Some(format!(
                     "{key} exists but `{}` is false on {}",
-                    dependency.must_satisfy, dependency.requires
+                    dependency.must_satisfy(),
+                    dependency.requires
                 ));
             }
             if dependency.recreate_when_modified
@@ -1116,7 +1117,7 @@ fn connected_to_failures(
         .keys()
         .chain(snapshot.current.iter().map(|(key, _)| key))
         .chain(world.items.keys())
-        .filter(|key| down_types.contains(&*key.item_type))
+        .filter(|key| down_types.contains(&**key.item_type()))
         .cloned();
     let mut tainted: BTreeSet<ItemRef> = snapshot
         .current
@@ -1188,7 +1189,7 @@ pub fn check_converged(
 ) -> Result<(), Violation> {
     let down_types = scenario.down_types();
     for (key, current) in snapshot.current.iter() {
-        if current.in_flight.is_some() && !down_types.contains(&*key.item_type) {
+        if current.in_flight.is_some() && !down_types.contains(&**key.item_type()) {
             return fail(
                 "a quiet tenant has nothing in flight",
                 format!(
@@ -1231,7 +1232,7 @@ pub fn check_converged(
                         .filter(|w| w.value.external)
                         .map(|w| &w.value.properties),
                 };
-                value.is_some_and(|properties| holds(&dependency.must_satisfy, properties))
+                value.is_some_and(|properties| holds(dependency.must_satisfy(), properties))
             });
         expected.insert(key.clone(), satisfiable);
     }
@@ -1341,7 +1342,7 @@ pub fn check_converged(
         }
         for dependency in &existing.value.dependencies {
             let value = world.items.get(&dependency.requires);
-            if !value.is_some_and(|v| holds(&dependency.must_satisfy, &v.value.properties)) {
+            if !value.is_some_and(|v| holds(dependency.must_satisfy(), &v.value.properties)) {
                 return fail(
                     "a quiet tenant converged",
                     format!(

@@ -392,7 +392,7 @@ impl Sim {
             ToAgent::Operation(order) => {
                 self.stats.operations += 1;
                 self.counts.on_order(&order, now);
-                let epoch = self.agents.epoch(agent, session, &order.item.item_type);
+                let epoch = self.agents.epoch(agent, session, order.item.item_type());
                 let key = (order.op_id.clone(), order.attempt);
                 let holder = &self.agents.agents[agent];
                 let known = holder.finished.contains_key(&key)
@@ -816,13 +816,12 @@ impl Sim {
             self.check().await?;
             let snapshot = self.handle.snapshots.latest();
             // A lost operation of a type whose agent stays down stays lost.
-            let busy = snapshot
-                .current
-                .iter()
-                .any(|(key, c)| c.in_flight.is_some() && !down_types.contains(&*key.item_type))
-                || retry_pending(&snapshot)
-                || self.agents.pending_count() > 0
-                || self.up_agents_hold_unacked();
+            let busy =
+                snapshot.current.iter().any(|(key, c)| {
+                    c.in_flight.is_some() && !down_types.contains(&**key.item_type())
+                }) || retry_pending(&snapshot)
+                    || self.agents.pending_count() > 0
+                    || self.up_agents_hold_unacked();
             let now = self.now_ms();
             self.trace.phase(
                 "final",

@@ -388,7 +388,7 @@ impl Executor {
             .iter()
             .map(|write| {
                 self.sessions
-                    .get(&*write.item.item_type)
+                    .get(&**write.item.item_type())
                     .map_or(0, |holder| holder.epoch)
             })
             .collect();
@@ -599,7 +599,7 @@ fn clamp_retry_times(current: &mut CurrentGraph, types: &TypeRegistry, now_ms: u
         .iter()
         .filter_map(|(key, entry)| {
             let at = entry.next_attempt_at_ms?;
-            let max_delay = types.spec(&key.item_type).map_or_else(
+            let max_delay = types.spec(key.item_type()).map_or_else(
                 || TypeSpec::new("").retry.max_delay_ms(),
                 |spec| spec.retry.max_delay_ms(),
             );

@@ -326,8 +326,8 @@ pub fn broken_dependencies<'a>(
         .filter(|dependency| {
             !current.get(&dependency.requires).is_some_and(|required| {
                 required.is_created()
-                    && (dependency.must_satisfy.is_empty()
-                        || Predicate::compile(&dependency.must_satisfy)
+                    && (dependency.must_satisfy().is_empty()
+                        || Predicate::compile(dependency.must_satisfy())
                             .and_then(|predicate| {
                                 predicate.evaluate(&required.effective_properties())
                             })

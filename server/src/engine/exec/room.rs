@@ -95,16 +95,19 @@ impl Room {
     /// a drift READ) then waits in the queue.
     pub fn admit(&mut self, item: &ItemRef, kind: OperationKind, limits: Limits) -> bool {
         let read = kind == OperationKind::Read;
-        if self.type_room(&item.item_type, limits) == 0 {
+        if self.type_room(item.item_type(), limits) == 0 {
             if !read {
                 self.queued
-                    .entry(item.item_type.to_string())
+                    .entry(item.item_type().to_string())
                     .or_default()
                     .insert(item.clone(), kind);
             }
             return false;
         }
-        let running = self.running.entry(item.item_type.to_string()).or_default();
+        let running = self
+            .running
+            .entry(item.item_type().to_string())
+            .or_default();
         running.all += 1;
         running.reads += usize::from(read);
         self.unqueue_one(item);
@@ -120,10 +123,10 @@ impl Room {
     }
 
     fn unqueue_one(&mut self, item: &ItemRef) {
-        if let Some(queued) = self.queued.get_mut(&*item.item_type) {
+        if let Some(queued) = self.queued.get_mut(&**item.item_type()) {
             queued.remove(item);
             if queued.is_empty() {
-                self.queued.remove(&*item.item_type);
+                self.queued.remove(&**item.item_type());
             }
         }
     }
@@ -170,7 +173,7 @@ impl Room {
     /// Whether a Delete of `item` waits for room.
     pub fn queues_delete_of(&self, item: &ItemRef) -> bool {
         self.queued
-            .get(&*item.item_type)
+            .get(&**item.item_type())
             .and_then(|queued| queued.get(item))
             .is_some_and(|kind| *kind == OperationKind::Delete)
     }

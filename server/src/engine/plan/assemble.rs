@@ -144,10 +144,7 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
 /// one after the other sit together in memory, so building the unconverged
 /// set (which compares neighbours), cloning and dropping stay in cache.
 fn hand_out(item: &ItemRef) -> ItemRef {
-    ItemRef {
-        item_type: item.item_type.clone(),
-        name: Arc::from(&*item.name),
-    }
+    ItemRef::from_parts(item.item_type().clone(), Arc::from(&**item.name()))
 }
 
 /// An item dropped with its external item while an operation of it runs
@@ -335,7 +332,7 @@ fn order_operations<E: PlanEnvironment>(
         .map(|index| predecessors_of(index).len())
         .collect();
 
-    let item_type = |index: usize| -> &str { &planner.node(drafts[index].node).item.item_type };
+    let item_type = |index: usize| -> &str { planner.node(drafts[index].node).item.item_type() };
     let mut barriers = TypeBarriers::default();
     if drafts
         .iter()
@@ -388,9 +385,9 @@ fn order_operations<E: PlanEnvironment>(
             .map(|&p| new_index[p as usize])
             .collect();
         after.sort_unstable();
-        if draft.kind == OperationKind::Delete && barriers.has_creates(&item.item_type) {
+        if draft.kind == OperationKind::Delete && barriers.has_creates(item.item_type()) {
             type_barriers
-                .entry(item.item_type.clone())
+                .entry(item.item_type().clone())
                 .or_default()
                 .push(operations.len());
         }

@@ -175,7 +175,7 @@ impl Plan {
     pub fn predecessors(&self, index: usize) -> impl Iterator<Item = usize> + '_ {
         let operation = &self.operations[index];
         let barrier = match operation.kind {
-            OperationKind::Create => self.type_barriers.get(&operation.item.item_type),
+            OperationKind::Create => self.type_barriers.get(operation.item.item_type()),
             _ => None,
         };
         operation.after.iter().copied().chain(

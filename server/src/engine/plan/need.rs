@@ -79,7 +79,7 @@ fn change_need(
     current: &CurrentItem,
     environment: &impl PlanEnvironment,
 ) -> Need {
-    let Some(rules) = environment.type_rules(&intended.item.item_type) else {
+    let Some(rules) = environment.type_rules(intended.item.item_type()) else {
         return Need::Modify { ask: false };
     };
     if change_hits_recreate_paths(rules, applied, &intended.item) {

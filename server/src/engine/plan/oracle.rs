@@ -197,7 +197,9 @@ impl OraclePlan {
         let mut all = after;
         if id.1 == OperationKind::Create {
             all.extend(self.planned().into_iter().filter(|(item, kind)| {
-                *kind == OperationKind::Delete && item.item_type == id.0.item_type && *item != id.0
+                *kind == OperationKind::Delete
+                    && item.item_type() == id.0.item_type()
+                    && *item != id.0
             }));
         }
         all
@@ -209,7 +211,7 @@ impl OraclePlan {
         let deleted_types: BTreeSet<&str> = planned
             .iter()
             .filter(|(_, kind)| *kind == OperationKind::Delete)
-            .map(|(item, _)| &*item.item_type)
+            .map(|(item, _)| &**item.item_type())
             .collect();
         self.operations()
             .filter_map(|(id, decision)| match decision {
@@ -217,7 +219,7 @@ impl OraclePlan {
                 _ => None,
             })
             .filter(|(item, kind)| {
-                *kind != OperationKind::Create || !deleted_types.contains(&*item.item_type)
+                *kind != OperationKind::Create || !deleted_types.contains(&**item.item_type())
             })
             .collect()
     }
@@ -516,7 +518,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
     }
 
     fn change_need(&self, applied: &Item, intended: &IntendedItem, c: &CurrentItem) -> OwnNeed {
-        let Some(rules) = self.env.type_rules(&intended.item.item_type) else {
+        let Some(rules) = self.env.type_rules(intended.item.item_type()) else {
             return OwnNeed::Modify { ask: false };
         };
         let as_value = |p: &Properties| p.to_value();
@@ -643,7 +645,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         if self.operable(required) && changes {
             return false;
         }
-        self.holds_for(&dependency.must_satisfy, &current.effective_properties())
+        self.holds_for(dependency.must_satisfy(), &current.effective_properties())
     }
 
     /// Reasons an item is planned for deletion that do not depend on other
@@ -685,7 +687,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                     continue;
                 }
                 let next = self.next_value(required);
-                let predicate_fails = !self.holds_for(&dependency.must_satisfy, &next);
+                let predicate_fails = !self.holds_for(dependency.must_satisfy(), &next);
                 let modified = matches!(self.own(required), OwnNeed::Modify { .. });
                 let recreate = modified
                     && intended
@@ -799,7 +801,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         if self.in_backoff(current) {
             return Some(Self::wait(WaitReason::Backoff));
         }
-        if !self.env.has_configurator(&item.item_type) {
+        if !self.env.has_configurator(item.item_type()) {
             return Some(Self::wait(WaitReason::NoConfigurator));
         }
         let mut after = BTreeSet::new();
@@ -953,7 +955,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
             // Rule 8: a Delete of the same type in flight holds Creates.
             let same_type_delete = self.current.iter().any(|(other, c)| {
                 other != item
-                    && other.item_type == item.item_type
+                    && other.item_type() == item.item_type()
                     && c.in_flight
                         .as_ref()
                         .is_some_and(|op| op.kind == OperationKind::Delete)
@@ -965,7 +967,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                 reason: WaitReason::Dependency,
                 hopeless,
             }
-        } else if !self.env.has_configurator(&item.item_type) {
+        } else if !self.env.has_configurator(item.item_type()) {
             Self::wait(WaitReason::NoConfigurator)
         } else if blocked {
             Self::wait(WaitReason::Blocked)
@@ -1023,7 +1025,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         properties: &Properties,
         after: Option<OperationId>,
     ) -> Status {
-        if !self.holds_for(&dependency.must_satisfy, properties) {
+        if !self.holds_for(dependency.must_satisfy(), properties) {
             return Status::Unsatisfied { hopeless: true };
         }
         match after {

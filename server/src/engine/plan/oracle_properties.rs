@@ -54,7 +54,7 @@ use super::oracle::{Decision, Needs, OperationId, OraclePlan, OwnNeed, oracle_pl
 use super::{Plan, TypeRules, WaitReason, plan_everything};
 use crate::engine::testkit::{World, item, on, parse_ref};
 use crate::engine::transition::Completion;
-use crate::graph::{Dependency, Item, ItemRef, OperationError, OperationKind, Properties, code};
+use crate::graph::{Item, ItemRef, OperationError, OperationKind, Properties, code};
 
 use OperationKind::{Create, Delete, Modify};
 
@@ -135,10 +135,10 @@ fn describe(world: &World) -> String {
                 format!(
                     "{}{}{}{}",
                     d.requires,
-                    if d.must_satisfy.is_empty() {
+                    if d.must_satisfy().is_empty() {
                         String::new()
                     } else {
-                        format!("[{}]", d.must_satisfy)
+                        format!("[{}]", d.must_satisfy())
                     },
                     if d.recreate_when_modified { "+rwm" } else { "" },
                     if d.auto_deleted_by_external {
@@ -166,10 +166,10 @@ fn describe(world: &World) -> String {
                     format!(
                         "{}{}{}",
                         d.requires,
-                        if d.must_satisfy.is_empty() {
+                        if d.must_satisfy().is_empty() {
                             String::new()
                         } else {
-                            format!("[{}]", d.must_satisfy)
+                            format!("[{}]", d.must_satisfy())
                         },
                         if d.recreate_when_modified { "+rwm" } else { "" }
                     )
@@ -410,16 +410,14 @@ fn build(spec: &CaseSpec, intent: &[Option<ItemSpec>]) -> Vec<Item> {
                 return built;
             }
             for dependency in &item_spec.dependencies {
-                built = built.depends_on(Dependency {
-                    must_satisfy: dependency
-                        .predicate
-                        .map(|p| PREDICATES[p].into())
-                        .unwrap_or_default(),
-                    recreate_when_modified: dependency.recreate_when_modified,
-                    auto_deleted_by_external: dependency.auto_deleted
-                        && spec.external[dependency.target],
-                    ..on(&identity(spec, dependency.target))
-                });
+                built = built.depends_on(
+                    on(&identity(spec, dependency.target))
+                        .with_must_satisfy(dependency.predicate.map_or("", |p| PREDICATES[p]))
+                        .with_recreate_when_modified(dependency.recreate_when_modified)
+                        .with_auto_deleted_by_external(
+                            dependency.auto_deleted && spec.external[dependency.target],
+                        ),
+                );
             }
             built
         })
@@ -587,7 +585,7 @@ fn random_action(world: &mut World, spec: &CaseSpec, rng: &mut StdRng, plan: &Pl
             let asking: Vec<ItemRef> = world
                 .current
                 .iter()
-                .filter(|(key, c)| &*key.item_type == "q" && c.in_flight.is_none())
+                .filter(|(key, c)| &**key.item_type() == "q" && c.in_flight.is_none())
                 .map(|(key, _)| key.clone())
                 .collect();
             if asking.is_empty() {
@@ -752,12 +750,7 @@ fn the_oracle_recreates_on_a_recreate_path_and_cascades() {
 
 #[test]
 fn the_oracle_deletes_a_dependent_before_a_modify_that_breaks_its_predicate() {
-    let dependent = || {
-        item("t/b", json!({})).depends_on(Dependency {
-            must_satisfy: "self.up".into(),
-            ..on("t/a")
-        })
-    };
+    let dependent = || item("t/b", json!({})).depends_on(on("t/a").with_must_satisfy("self.up"));
     let mut world = World::converged(vec![item("t/a", json!({"up": true})), dependent()]);
     world.intend(vec![item("t/a", json!({"up": false})), dependent()]);
     let plan = oracle_of(&world);
@@ -777,10 +770,7 @@ fn the_oracle_drops_auto_deleted_dependents_of_a_vanished_external_item() {
     external.external = true;
     let intent = vec![
         external,
-        item("t/auto", json!({})).depends_on(Dependency {
-            auto_deleted_by_external: true,
-            ..on("ext/e")
-        }),
+        item("t/auto", json!({})).depends_on(on("ext/e").with_auto_deleted_by_external(true)),
         item("t/plain", json!({})).depends_on(on("ext/e")),
     ];
     world.intend(intent);
@@ -912,10 +902,7 @@ fn planner_bug_2_a_leaving_dependent_whose_predicate_breaks_is_deleted_before_th
     // a.up; a turns down and b leaves the intent in the same submit. The
     // planner readies "modify t/a" and "delete t/b" together, so a is
     // modified under a b that still exists and relies on a.up.
-    let dependent = item("t/b", json!({})).depends_on(Dependency {
-        must_satisfy: "self.up".into(),
-        ..on("t/a")
-    });
+    let dependent = item("t/b", json!({})).depends_on(on("t/a").with_must_satisfy("self.up"));
     let mut world = World::converged(vec![item("t/a", json!({"up": true})), dependent]);
     world.intend(vec![item("t/a", json!({"up": false}))]);
     let oracle = oracle_of(&world);
@@ -934,10 +921,7 @@ fn planner_bug_2_a_cascaded_dependent_whose_predicate_breaks_is_deleted_before_t
     // "delete t/c" depends on the order it happens to visit c and x.
     let dependent = || {
         item("t/c", json!({}))
-            .depends_on(Dependency {
-                must_satisfy: "self.up".into(),
-                ..on("t/a")
-            })
+            .depends_on(on("t/a").with_must_satisfy("self.up"))
             .depends_on(on("t/x"))
     };
     let mut world = World::converged(vec![
@@ -1023,10 +1007,7 @@ fn planner_bug_4_a_dependent_whose_dependency_was_modified_is_recreated_even_if_
     let mut external = item("ext/e", json!({}));
     external.external = true;
     let dependent = |v: u8| {
-        item("t/b", json!({"v": v})).depends_on(Dependency {
-            recreate_when_modified: true,
-            ..on("ext/e")
-        })
+        item("t/b", json!({"v": v})).depends_on(on("ext/e").with_recreate_when_modified(true))
     };
     world.intend(vec![external.clone(), dependent(1)]);
     world.run_to_quiescence(5);
@@ -1063,10 +1044,7 @@ fn planner_bug_5_an_auto_deleted_dependent_is_dropped_whatever_the_order_of_its_
             external
         })
     };
-    let auto = || Dependency {
-        auto_deleted_by_external: true,
-        ..on("ext/auto")
-    };
+    let auto = || on("ext/auto").with_auto_deleted_by_external(true);
     let orders = [
         item("t/b", json!({}))
             .depends_on(on("ext/plain"))
@@ -1120,10 +1098,7 @@ fn planner_bug_6_a_modify_is_ordered_the_same_whatever_the_seeds() {
     world.intend(vec![
         item("t/a", json!({"v": 2})),
         item("q/c", json!({}))
-            .depends_on(Dependency {
-                recreate_when_modified: true,
-                ..on("t/a")
-            })
+            .depends_on(on("t/a").with_recreate_when_modified(true))
             .depends_on(on("t/x")),
     ]);
     let full = plan_everything(&world.intended, &world.current, &world.environment);
@@ -1147,14 +1122,8 @@ fn planner_bug_2_every_modify_that_breaks_a_predicate_waits_for_the_delete() {
         item("t/a", json!({"v": 1})),
         item("t/b", json!({"v": 0})),
         item("t/c", json!({}))
-            .depends_on(Dependency {
-                must_satisfy: "self.v >= 1".into(),
-                ..on("t/a")
-            })
-            .depends_on(Dependency {
-                must_satisfy: "self.v != 2".into(),
-                ..on("t/b")
-            }),
+            .depends_on(on("t/a").with_must_satisfy("self.v >= 1"))
+            .depends_on(on("t/b").with_must_satisfy("self.v != 2")),
     ]);
     world.intend(vec![
         item("t/a", json!({"v": 0})),

@@ -634,7 +634,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 .iter()
                 .filter(|dependency| dependency.requires == *required)
                 .all(|dependency| {
-                    dependency.must_satisfy.is_empty()
+                    dependency.must_satisfy().is_empty()
                         && !dependency.recreate_when_modified
                         && !dependency.auto_deleted_by_external
                 })
@@ -658,8 +658,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let mut fresh = Vec::new();
         for &id in &self.examined {
             let item: &'a ItemRef = self.node(id).item;
-            if self.marks.has(id, OPERABLE) && covered.insert(&*item.item_type) {
-                fresh.push(&*item.item_type);
+            if self.marks.has(id, OPERABLE) && covered.insert(item.item_type()) {
+                fresh.push(item.item_type());
             }
         }
         let before = self.examined.len();
@@ -920,16 +920,16 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             let still_intended = intended
                 .item
                 .dependency_on_near(&dependency.requires, index);
-            let predicate_fails = if dependency.must_satisfy.is_empty() {
+            let predicate_fails = if dependency.must_satisfy().is_empty() {
                 false
             } else {
                 let compiled_now = still_intended
-                    .filter(|intended| intended.must_satisfy == dependency.must_satisfy)
+                    .filter(|intended| intended.must_satisfy() == dependency.must_satisfy())
                     .and_then(|_| intended.predicate_on(&dependency.requires));
                 let value = self.value_after_plan(required);
                 match compiled_now {
                     Some(predicate) => !predicate.evaluate(&value).unwrap_or(false),
-                    None => !Predicate::compile(&dependency.must_satisfy)
+                    None => !Predicate::compile(dependency.must_satisfy())
                         .and_then(|predicate| predicate.evaluate(&value))
                         .unwrap_or(false),
                 }
@@ -971,7 +971,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 .is_some_and(|op| op.kind == OperationKind::Delete);
             if deleting_now {
                 self.inflight_deletes_by_type
-                    .entry(&node.item.item_type)
+                    .entry(node.item.item_type())
                     .or_insert(id);
             }
         }
@@ -1064,7 +1064,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         if self.in_backoff(current) {
             return backoff(item, current, kind);
         }
-        if !self.environment.has_configurator(&item.item_type) {
+        if !self.environment.has_configurator(item.item_type()) {
             return no_configurator(item, kind);
         }
         let mut after = Vec::new();
@@ -1259,7 +1259,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             self.waits_for_unknown_dependencies(id, true, &mut waits_on_operations);
         }
         if kind == OperationKind::Create
-            && let Some(&deleting) = self.inflight_deletes_by_type.get(&*item.item_type)
+            && let Some(&deleting) = self.inflight_deletes_by_type.get(&**item.item_type())
             && deleting != id
         {
             waits_on_operations.push(BlockedBy {
@@ -1278,7 +1278,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 blocked_by: waits_on_dependencies,
                 hopeless,
             }
-        } else if !self.environment.has_configurator(&item.item_type) {
+        } else if !self.environment.has_configurator(item.item_type()) {
             no_configurator(item, kind)
         } else if !waits_on_operations.is_empty() {
             Schedule::Waiting {
@@ -1597,7 +1597,7 @@ fn no_configurator(item: &ItemRef, kind: OperationKind) -> Schedule {
             item: item.clone(),
             why: format!(
                 "no configurator for type {:?} is connected",
-                &*item.item_type
+                item.item_type()
             ),
         }],
         hopeless: false,

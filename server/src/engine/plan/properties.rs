@@ -20,7 +20,7 @@ use serde_json::json;
 
 use super::{TypeRules, plan_everything};
 use crate::engine::testkit::{World, item, on};
-use crate::graph::{Dependency, Item, ItemRef, OperationKind};
+use crate::graph::{Item, ItemRef, OperationKind};
 
 /// A generated item: index, type, properties and dependencies on lower
 /// indices (so every generated graph is acyclic).
@@ -50,10 +50,9 @@ fn build(specs: &[Spec], types: &[&'static str]) -> Vec<Item> {
             if !spec.external {
                 for (target, recreate) in &spec.dependencies {
                     let target_type = types[*target];
-                    built = built.depends_on(Dependency {
-                        recreate_when_modified: *recreate,
-                        ..on(&identity(*target, target_type))
-                    });
+                    built = built.depends_on(
+                        on(&identity(*target, target_type)).with_recreate_when_modified(*recreate),
+                    );
                 }
             }
             built
@@ -113,7 +112,7 @@ fn must_stay_pending(world: &World) -> BTreeSet<ItemRef> {
         .iter()
         .map(|(key, entry)| (key.clone(), entry.item.required_items().cloned().collect()))
         .collect();
-    order.sort_by_key(|(key, _)| key.name.clone());
+    order.sort_by_key(|(key, _)| key.name().clone());
     for (key, required) in order {
         let reported = |r: &ItemRef| {
             world

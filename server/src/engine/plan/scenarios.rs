@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::{TypeRules, WaitReason};
 use crate::engine::testkit::{World, item, on, parse_ref};
-use crate::graph::{Dependency, Item, ItemState, OperationKind, code};
+use crate::graph::{Item, ItemState, OperationKind, code};
 
 use OperationKind::{Create, Delete, Modify};
 
@@ -302,18 +302,12 @@ fn a_retargeted_dependent_whose_new_dependency_is_being_modified_is_deleted_inst
     // for satisfied dependencies).
     let mut world = World::converged(vec![
         item("t/c", json!({"v": 0})),
-        item("t/a", json!({})).depends_on(Dependency {
-            recreate_when_modified: true,
-            ..on("t/c")
-        }),
+        item("t/a", json!({})).depends_on(on("t/c").with_recreate_when_modified(true)),
         b_on_a(),
     ]);
     world.intend(vec![
         item("t/c", json!({"v": 1})),
-        item("t/a", json!({})).depends_on(Dependency {
-            recreate_when_modified: true,
-            ..on("t/c")
-        }),
+        item("t/a", json!({})).depends_on(on("t/c").with_recreate_when_modified(true)),
         item("t/b", json!({})).depends_on(on("t/c")),
     ]);
     world.run_to_quiescence(20);
@@ -477,12 +471,8 @@ fn a_type_that_asks_gets_a_modify_flagged_as_a_question_and_a_yes_recreates() {
 
 #[test]
 fn recreate_when_modified_dependents_are_deleted_before_the_modify_and_created_after() {
-    let dependent = || {
-        item("t/b", json!({})).depends_on(Dependency {
-            recreate_when_modified: true,
-            ..on("t/a")
-        })
-    };
+    let dependent =
+        || item("t/b", json!({})).depends_on(on("t/a").with_recreate_when_modified(true));
     Case {
         current: vec![item("t/a", json!({"v": 1})), dependent()],
         intended: vec![item("t/a", json!({"v": 2})), dependent()],
@@ -498,10 +488,8 @@ fn an_external_item_reported_modified_recreates_dependents_that_ask_for_it() {
     world.report_external("ext/e", json!({"v": 1}));
     let mut external = item("ext/e", json!({}));
     external.external = true;
-    let dependent = item("t/b", json!({})).depends_on(Dependency {
-        recreate_when_modified: true,
-        ..on("ext/e")
-    });
+    let dependent =
+        item("t/b", json!({})).depends_on(on("ext/e").with_recreate_when_modified(true));
     world.intend(vec![external.clone(), dependent.clone()]);
     world.run_to_quiescence(5);
     assert_eq!(world.labels(), ["create t/b"]);
@@ -551,12 +539,7 @@ fn a_modified_item_whose_new_dependency_is_created_in_the_same_plan_waits_for_it
 
 #[test]
 fn a_dependent_whose_predicate_fails_for_the_new_value_is_deleted_first_and_recreated_after() {
-    let dependent = || {
-        item("t/b", json!({})).depends_on(Dependency {
-            must_satisfy: "self.up".into(),
-            ..on("t/a")
-        })
-    };
+    let dependent = || item("t/b", json!({})).depends_on(on("t/a").with_must_satisfy("self.up"));
     let world = Case {
         current: vec![item("t/a", json!({"up": true})), dependent()],
         intended: vec![item("t/a", json!({"up": false})), dependent()],
@@ -587,10 +570,8 @@ fn a_predicate_changing_together_with_its_dependency_deletes_the_dependent_first
     // applied predicate fails for a's new value (rule 6) and its new one
     // fails for a's old value (rule 5): delete b, modify a, create b.
     let dependent = |val: &str| {
-        item("t/b", json!({})).depends_on(Dependency {
-            must_satisfy: format!("self.val == \"{val}\"").into(),
-            ..on("t/a")
-        })
+        item("t/b", json!({}))
+            .depends_on(on("t/a").with_must_satisfy(format!("self.val == \"{val}\"")))
     };
     let world = Case {
         current: vec![item("t/a", json!({"val": "42"})), dependent("42")],
@@ -991,10 +972,7 @@ fn when_an_external_item_disappears_auto_deleted_dependents_are_dropped_and_othe
     world.report_external("ext/e", json!({}));
     let intent = vec![
         external("ext/e"),
-        item("t/auto", json!({})).depends_on(Dependency {
-            auto_deleted_by_external: true,
-            ..on("ext/e")
-        }),
+        item("t/auto", json!({})).depends_on(on("ext/e").with_auto_deleted_by_external(true)),
         item("t/plain", json!({})).depends_on(on("ext/e")),
         item("t/child", json!({})).depends_on(on("t/auto")),
     ];
@@ -1112,10 +1090,7 @@ fn a_dependent_dropped_while_its_modify_runs_holds_the_delete_of_its_dependency(
     external.external = true;
     let a_on = |v: i64| {
         item("t/a", json!({ "v": v }))
-            .depends_on(Dependency {
-                auto_deleted_by_external: true,
-                ..on("e/x")
-            })
+            .depends_on(on("e/x").with_auto_deleted_by_external(true))
             .depends_on(on("t/b"))
     };
     let mut world = World::new();
@@ -1185,10 +1160,7 @@ fn a_dependency_modified_while_a_create_runs_recreates_the_dependent() {
     // (re-sent after a lost outcome). b recorded a's counter at completion
     // and was never recreated; the counter at dispatch errs on the safe side.
     let mut world = World::converged(vec![a()]);
-    let b = item("t/b", json!({})).depends_on(Dependency {
-        recreate_when_modified: true,
-        ..on("t/a")
-    });
+    let b = item("t/b", json!({})).depends_on(on("t/a").with_recreate_when_modified(true));
     world.intend(vec![a(), b]);
     world.dispatch(&parse_ref("t/b"), Create, 2);
     let mut modified = (**world.current.get(&parse_ref("t/a")).expect("a")).clone();
@@ -1212,10 +1184,8 @@ fn an_item_that_may_hold_an_untied_value_is_deleted_not_dropped_and_holds_its_de
     // although the agent had applied that Modify.
     let mut external = item("e/x", json!({}));
     external.external = true;
-    let tied = item("t/a", json!({"v": 1})).depends_on(Dependency {
-        auto_deleted_by_external: true,
-        ..on("e/x")
-    });
+    let tied =
+        item("t/a", json!({"v": 1})).depends_on(on("e/x").with_auto_deleted_by_external(true));
     let untied = item("t/a", json!({"v": 2}))
         .depends_on(on("e/x"))
         .depends_on(on("t/b"));

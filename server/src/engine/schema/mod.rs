@@ -286,7 +286,7 @@ pub fn check_items<'a>(
         .enumerate()
         .filter(|(_, item)| !item.external)
         .filter_map(|(index, item)| {
-            let spec = types.spec(&item.item_type)?;
+            let spec = types.spec(item.item_type())?;
             Some((index, item, spec.schema.as_ref()?))
         })
         .collect();
@@ -323,7 +323,7 @@ pub fn check_items<'a>(
         // The validator takes a JSON value; items of schema'd types only.
         let properties = item.properties.to_value();
         schema.check(
-            &item.item_type,
+            item.item_type(),
             &properties,
             &format!("items[{index}].properties"),
             cost,

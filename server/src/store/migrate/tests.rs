@@ -124,7 +124,7 @@ fn json_records_of_schema_version_1_decode_as_the_same_records_after_migrating()
     let applied = full.applied.clone().expect("applied");
     // Large enough that the current record was stored in chunks.
     let mut big = (*applied).clone();
-    big.name = "big".into();
+    big.identity = crate::graph::ItemRef::new(big.item_type(), "big");
     big.properties
         .insert("blob".into(), "x".repeat(50_000).into());
     let big = Arc::new(big);
@@ -143,7 +143,7 @@ fn json_records_of_schema_version_1_decode_as_the_same_records_after_migrating()
     };
     spec.schema = Some(TypeSchema::stored(serde_json::json!({"type": "object"})));
     let spec = StoredSpec { spec, epoch: 4 };
-    let item_key = |item: &Item| (item.item_type.clone(), item.name.clone());
+    let item_key = |item: &Item| (item.item_type().clone(), item.name().clone());
     let (applied_type, applied_name) = item_key(&applied);
 
     let dir = tempfile::tempdir().expect("tempdir");
@@ -165,7 +165,7 @@ fn json_records_of_schema_version_1_decode_as_the_same_records_after_migrating()
             json(&full),
         );
         batch.put(
-            current_item_key(id, &big.item_type, &big.name),
+            current_item_key(id, big.item_type(), big.name()),
             json(&modifying),
         );
         batch.put(type_spec_key(id, "t1"), json(&spec));
@@ -195,7 +195,7 @@ fn json_records_of_schema_version_1_decode_as_the_same_records_after_migrating()
     );
     let (key, value) = read(current_item_key(id, &applied_type, &applied_name));
     assert_eq!(decode::<CurrentItem>(&key, &value).expect("decodes"), full);
-    let (key, value) = read(current_item_key(id, &big.item_type, &big.name));
+    let (key, value) = read(current_item_key(id, big.item_type(), big.name()));
     assert_eq!(
         decode::<CurrentItem>(&key, &value).expect("decodes"),
         modifying

@@ -262,17 +262,17 @@ fn properties_from(text: &[u8]) -> Result<Properties, String> {
 
 fn item_message(item: &Item) -> Result<pb::Item, String> {
     Ok(pb::Item {
-        r#type: item.item_type.to_string(),
-        name: item.name.to_string(),
+        r#type: item.item_type().to_string(),
+        name: item.name().to_string(),
         properties: properties_text(&item.properties)?,
         dependencies: item
             .dependencies
             .iter()
             .map(|dependency| pb::Dependency {
-                requires_type: dependency.requires.item_type.to_string(),
-                requires_name: dependency.requires.name.to_string(),
-                must_satisfy: dependency.must_satisfy.to_string(),
-                description: dependency.description.to_string(),
+                requires_type: dependency.requires.item_type().to_string(),
+                requires_name: dependency.requires.name().to_string(),
+                must_satisfy: dependency.must_satisfy().to_string(),
+                description: dependency.description().to_string(),
                 recreate_when_modified: dependency.recreate_when_modified,
                 auto_deleted_by_external: dependency.auto_deleted_by_external,
             })
@@ -287,17 +287,19 @@ fn item_message(item: &Item) -> Result<pb::Item, String> {
 fn item_from(message: pb::Item) -> Result<Item, String> {
     Ok(Item {
         properties: properties_from(&message.properties)?,
-        item_type: message.r#type.into(),
-        name: message.name.into(),
+        identity: ItemRef::new(message.r#type, message.name),
         dependencies: message
             .dependencies
             .into_iter()
-            .map(|dependency| Dependency {
-                requires: ItemRef::new(dependency.requires_type, dependency.requires_name),
-                must_satisfy: dependency.must_satisfy.into(),
-                description: dependency.description.into(),
-                recreate_when_modified: dependency.recreate_when_modified,
-                auto_deleted_by_external: dependency.auto_deleted_by_external,
+            .map(|dependency| {
+                Dependency::on(ItemRef::new(
+                    dependency.requires_type,
+                    dependency.requires_name,
+                ))
+                .with_must_satisfy(dependency.must_satisfy)
+                .with_description(dependency.description)
+                .with_recreate_when_modified(dependency.recreate_when_modified)
+                .with_auto_deleted_by_external(dependency.auto_deleted_by_external)
             })
             .collect(),
         external: message.external,
@@ -372,8 +374,8 @@ fn marks_message(marks: &BTreeMap<ItemRef, u64>) -> Vec<pb::Mark> {
     marks
         .iter()
         .map(|(item, counter)| pb::Mark {
-            r#type: item.item_type.to_string(),
-            name: item.name.to_string(),
+            r#type: item.item_type().to_string(),
+            name: item.name().to_string(),
             counter: *counter,
         })
         .collect()

@@ -194,7 +194,7 @@ fn current_records(tenants: usize, items: usize, padding: usize) -> anyhow::Resu
                                 anyhow::anyhow!("benchmark item is invalid: {violations:?}")
                             },
                         )?;
-                        let key = keys::current_item_key(RAW_TENANT_ID, ITEM_TYPE, &item.name);
+                        let key = keys::current_item_key(RAW_TENANT_ID, ITEM_TYPE, item.name());
                         let value = encode(&CurrentItem::created(Arc::new(item), round))?;
                         Ok((key, value))
                     })

@@ -126,14 +126,14 @@ fn write_tenants(dir: &std::path::Path, args: &ScaleArgs) -> anyhow::Result<()> 
             properties.insert("index".into(), item_index.into());
             let item = Item::new(ITEM_TYPE, format!("if-{item_index:04}"), properties);
             batch.put(
-                keys::intended_item_key(id, ITEM_TYPE, &item.name),
+                keys::intended_item_key(id, ITEM_TYPE, item.name()),
                 encode(&StoredIntended {
                     item: item.clone(),
                     generation: 1,
                 })?,
             );
             batch.put(
-                keys::current_item_key(id, ITEM_TYPE, &item.name),
+                keys::current_item_key(id, ITEM_TYPE, item.name()),
                 encode(&CurrentItem::created(Arc::new(item), 1))?,
             );
         }

@@ -166,7 +166,7 @@ impl Executor {
         let lost: Vec<ItemRef> = self
             .operations
             .values()
-            .filter(|item| released.iter().any(|t| **t == *item.item_type))
+            .filter(|item| released.iter().any(|t| **t == **item.item_type()))
             .filter(|item| {
                 self.model
                     .current
@@ -275,7 +275,7 @@ impl Executor {
         };
         let holder = self
             .sessions
-            .get(&*item.item_type)
+            .get(&**item.item_type())
             .map(|holder| (holder.session_id, holder.epoch));
         if holder.is_none_or(|(holder, _)| holder != session_id) {
             // A session whose epoch is over: its result changes no state; the
@@ -376,7 +376,7 @@ impl Executor {
             AgentOutcome::Failed(error) => {
                 let failures = entry.attempts.saturating_add(1);
                 let retry_at_ms =
-                    self.retry_at(&item.item_type, now.wall_ms, failures, error.is_terminal());
+                    self.retry_at(item.item_type(), now.wall_ms, failures, error.is_terminal());
                 Completion::Failed { error, retry_at_ms }
             }
         };
@@ -612,7 +612,7 @@ impl Executor {
             .deferred_redeliveries
             .iter()
             .filter(|item| {
-                self.sessions.contains_key(&*item.item_type)
+                self.sessions.contains_key(&**item.item_type())
                     && self.model.current.get(item).is_none_or(|current| {
                         current.state != ItemState::Unknown
                             || !waits_for_a_dependency(&self.model.current, item, current)
@@ -628,7 +628,7 @@ impl Executor {
         }
         let types: HashSet<String> = ready
             .iter()
-            .map(|item| item.item_type.to_string())
+            .map(|item| item.item_type().to_string())
             .collect();
         self.begin();
         self.redeliver_lost(&types, Some(&ready), now);
@@ -654,7 +654,7 @@ impl Executor {
             .operations
             .values()
             .filter(|item| {
-                types.contains(&*item.item_type) && only.is_none_or(|only| only.contains(item))
+                types.contains(&**item.item_type()) && only.is_none_or(|only| only.contains(item))
             })
             .cloned()
             .collect();
@@ -684,9 +684,9 @@ impl Executor {
             }
             let agent_holds = self
                 .sessions
-                .get(&*item.item_type)
+                .get(&**item.item_type())
                 .and_then(|holder| holder.outstanding.holds(&operation.op_id));
-            let spec = self.spec(&item.item_type);
+            let spec = self.spec(item.item_type());
             let readable = spec.supports_read;
             let rng = &mut self.rng;
             let retry_at = |failures| {
@@ -759,7 +759,7 @@ impl Executor {
             InFlight::new(OperationKind::Read, String::new(), 1, 0, now.wall_ms, 0)
         });
         lost.redeliveries = lost.redeliveries.saturating_add(1);
-        let timeout_ms = self.spec(&item.item_type).operation_timeout_ms;
+        let timeout_ms = self.spec(item.item_type()).operation_timeout_ms;
         let read = InFlight {
             resolves: Some(Box::new(lost.clone())),
             ..InFlight::new(
@@ -808,7 +808,7 @@ impl Executor {
             in_flight: Some(Box::new(lost.clone())),
             ..entry.clone()
         };
-        let spec = self.spec(&item.item_type);
+        let spec = self.spec(item.item_type());
         let rng = &mut self.rng;
         let retry_at = |failures| {
             spec.retry_at(now.wall_ms, failures, false, |low, high| {

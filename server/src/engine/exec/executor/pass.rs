@@ -46,7 +46,7 @@ impl PlanEnvironment for Environment<'_> {
     }
     fn deletes_of_type(&self, item_type: &str) -> Vec<ItemRef> {
         let in_flight = self.operations.values().filter(|item| {
-            *item.item_type == *item_type
+            **item.item_type() == *item_type
                 && self
                     .model
                     .current
@@ -134,7 +134,7 @@ impl Executor {
                 continue;
             };
             if &operation.op_id == op_id && super::runs(entry) {
-                let count = counts.entry(&*item.item_type).or_default();
+                let count = counts.entry(item.item_type()).or_default();
                 count.0 += 1;
                 count.1 += usize::from(operation.kind == OperationKind::Read);
             }
@@ -188,8 +188,8 @@ impl Executor {
         for index in plan.ready() {
             let operation = &plan.operations[index];
             let item = &operation.item;
-            let spec = self.spec(&item.item_type);
-            if !self.sessions.contains_key(&*item.item_type) {
+            let spec = self.spec(item.item_type());
+            if !self.sessions.contains_key(&**item.item_type()) {
                 continue;
             }
             if !self
@@ -275,10 +275,10 @@ impl Executor {
         let mut updates: CurrentUpdates = Vec::new();
         let queued: Vec<ItemRef> = self.pending_reads.iter().cloned().collect();
         for item in queued {
-            let spec = self.spec(&item.item_type);
+            let spec = self.spec(item.item_type());
             let limits = self.room_limits(&spec);
-            if !self.sessions.contains_key(&*item.item_type)
-                || !self.room.has_room(&item.item_type, limits)
+            if !self.sessions.contains_key(&**item.item_type())
+                || !self.room.has_room(item.item_type(), limits)
             {
                 continue;
             }
@@ -333,7 +333,7 @@ impl Executor {
     /// Queues the order of `item`'s journaled operation for its type's
     /// session, to send once the commit is durable; its clock starts then.
     pub(super) fn send_journaled(&mut self, item: &ItemRef) {
-        let Some(holder) = self.sessions.get(&*item.item_type) else {
+        let Some(holder) = self.sessions.get(&**item.item_type()) else {
             return;
         };
         let (session_id, epoch) = (holder.session_id, holder.epoch);
@@ -485,7 +485,7 @@ impl Executor {
             self.stage(item, Some(marked));
             let session = self
                 .sessions
-                .get(&*item.item_type)
+                .get(&**item.item_type())
                 .map(|holder| holder.session_id);
             let txn = self.transaction();
             if let Some(session_id) = session {

@@ -197,7 +197,7 @@ fn a_dependent_is_dispatched_by_its_dependencys_result_and_acknowledged_after() 
     let effects = submit(&mut executor, vec![dependent, item("b", 1)], at(10));
     let first = orders(&effects.sends);
     assert_eq!(first.len(), 1, "only the dependency runs first");
-    assert_eq!(&*first[0].item.name, "b");
+    assert_eq!(&**first[0].item.name(), "b");
     assert_eq!(
         executor
             .model()
@@ -210,7 +210,7 @@ fn a_dependent_is_dispatched_by_its_dependencys_result_and_acknowledged_after() 
     let effects = answer(&mut executor, &first[0], done(), at(20));
     let next = orders(&effects.sends);
     assert_eq!(next.len(), 1);
-    assert_eq!(&*next[0].item.name, "a");
+    assert_eq!(&**next[0].item.name(), "a");
     let ack = effects
         .sends
         .iter()

@@ -109,7 +109,7 @@ impl Executor {
             self.send_relost();
             return;
         }
-        if let Some(holder) = self.sessions.get(&*item.item_type) {
+        if let Some(holder) = self.sessions.get(&**item.item_type()) {
             let cancel = to_session(
                 holder.session_id,
                 ToAgent::Cancel {
@@ -131,7 +131,7 @@ impl Executor {
             }
         } else {
             let failures = entry.attempts.saturating_add(1);
-            let retry_at_ms = self.retry_at(&item.item_type, now.wall_ms, failures, false);
+            let retry_at_ms = self.retry_at(item.item_type(), now.wall_ms, failures, false);
             Completion::Failed {
                 error: error.clone(),
                 retry_at_ms,
@@ -197,7 +197,7 @@ impl Executor {
                 .get(key)
                 .is_some_and(|entry| !entry.item.external);
             if ours
-                && readable.contains(&key.item_type.to_string())
+                && readable.contains(&key.item_type().to_string())
                 && current.state == ItemState::Created
                 && !current.is_busy()
             {
