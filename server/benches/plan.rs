@@ -190,11 +190,14 @@ fn converged_graphs(shape: Shape, size: usize) -> Graphs {
     let mut all = BTreeSet::new();
     for index in 0..size {
         let item = make_item(shape, size, index, &mut rng, 0);
-        let key = item.item_ref();
-        let entry = IntendedItem::compile(item, 1).expect("no predicates");
+        intended.insert(IntendedItem::compile(item, 1).expect("no predicates"));
+    }
+    // As loading does: the intended graph first (it shares identities
+    // between items and their dependencies), then the current graph keyed
+    // by the same identities, its applied values sharing the intended ones.
+    for (key, entry) in intended.iter() {
         current.insert(key.clone(), CurrentItem::created(entry.item.clone(), 1));
-        intended.insert(entry);
-        all.insert(key);
+        all.insert(key.clone());
     }
     Graphs {
         intended,

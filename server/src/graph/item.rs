@@ -1,145 +1,11 @@
 //! The item model: identities, items, dependencies and their equality.
 
-use std::cmp::Ordering;
-use std::fmt;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::identity::ItemRef;
 pub use super::properties::Properties;
-
-/// The identity of an item within a tenant: `type/name`.
-///
-/// One pointer wide: a deep graph holds an identity per dependency, and
-/// every graph keys its items by one. Cloning is cheap (the parts are
-/// reference counted), so graphs and plans pass identities around by
-/// value; identities cloned from one another compare by pointer.
-#[derive(Clone)]
-pub struct ItemRef(Arc<Parts>);
-
-#[derive(Debug)]
-struct Parts {
-    item_type: Arc<str>,
-    name: Arc<str>,
-}
-
-impl ItemRef {
-    /// Builds an identity from a type and a name.
-    pub fn new(item_type: impl AsRef<str>, name: impl AsRef<str>) -> Self {
-        Self::from_parts(Arc::from(item_type.as_ref()), Arc::from(name.as_ref()))
-    }
-
-    /// Builds an identity from shared texts (no copy of them).
-    pub fn from_parts(item_type: Arc<str>, name: Arc<str>) -> Self {
-        Self(Arc::new(Parts { item_type, name }))
-    }
-
-    /// The item type, e.g. `interface`.
-    pub fn item_type(&self) -> &Arc<str> {
-        &self.0.item_type
-    }
-
-    /// The item name, unique within its type.
-    pub fn name(&self) -> &Arc<str> {
-        &self.0.name
-    }
-
-    /// Whether both are the same allocation (clones of one another), a
-    /// cheaper test than equality that implies it.
-    pub fn ptr_eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl Default for ItemRef {
-    fn default() -> Self {
-        Self::new("", "")
-    }
-}
-
-/// The fields of an identity as stored and shown in JSON.
-#[derive(Serialize, Deserialize)]
-struct ItemRefFields<T> {
-    item_type: T,
-    name: T,
-}
-
-impl Serialize for ItemRef {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        ItemRefFields {
-            item_type: &*self.0.item_type,
-            name: &*self.0.name,
-        }
-        .serialize(serializer)
-    }
-}
-
-impl<'de> Deserialize<'de> for ItemRef {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let fields = ItemRefFields::<Arc<str>>::deserialize(deserializer)?;
-        Ok(Self::from_parts(fields.item_type, fields.name))
-    }
-}
-
-/// Two parts are equal when they share their allocation (identities cloned
-/// from one another do) or their text.
-fn same_part(left: &Arc<str>, right: &Arc<str>) -> bool {
-    Arc::ptr_eq(left, right) || left == right
-}
-
-fn compare_parts(left: &Arc<str>, right: &Arc<str>) -> Ordering {
-    if Arc::ptr_eq(left, right) {
-        Ordering::Equal
-    } else {
-        left.cmp(right)
-    }
-}
-
-impl PartialEq for ItemRef {
-    fn eq(&self, other: &Self) -> bool {
-        self.ptr_eq(other)
-            || (same_part(&self.0.item_type, &other.0.item_type)
-                && same_part(&self.0.name, &other.0.name))
-    }
-}
-
-impl Eq for ItemRef {}
-
-/// Hashes the text of both parts, consistent with equality.
-impl std::hash::Hash for ItemRef {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.0.item_type.hash(state);
-        self.0.name.hash(state);
-    }
-}
-
-impl Ord for ItemRef {
-    fn cmp(&self, other: &Self) -> Ordering {
-        if self.ptr_eq(other) {
-            return Ordering::Equal;
-        }
-        compare_parts(&self.0.item_type, &other.0.item_type)
-            .then_with(|| compare_parts(&self.0.name, &other.0.name))
-    }
-}
-
-impl PartialOrd for ItemRef {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl fmt::Display for ItemRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.0.item_type, self.0.name)
-    }
-}
-
-impl fmt::Debug for ItemRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
 
 /// A "must exist" edge from a dependent item to the item it requires.
 ///
@@ -558,17 +424,5 @@ mod tests {
         let back: Item = serde_json::from_value(text).expect("deserializes");
         assert_eq!(back, item);
         assert_eq!(back.dependencies[0].description(), "why");
-    }
-
-    #[test]
-    fn identities_order_by_type_then_name() {
-        let mut refs = [
-            ItemRef::new("b", "a"),
-            ItemRef::new("a", "z"),
-            ItemRef::new("a", "b"),
-        ];
-        refs.sort();
-        let shown: Vec<String> = refs.iter().map(ToString::to_string).collect();
-        assert_eq!(shown, ["a/b", "a/z", "b/a"]);
     }
 }

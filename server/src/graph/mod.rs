@@ -3,6 +3,7 @@
 
 mod graphs;
 mod id_list;
+mod identity;
 mod ids;
 mod item;
 pub mod predicate;
