@@ -461,6 +461,16 @@ impl ServerProcess {
         Ok(())
     }
 
+    /// Whether the process started last printed its `listening on` line
+    /// (stdout, which goes to the log whatever the log level): it has
+    /// bound its port.
+    fn listens_since_last_start(&self) -> bool {
+        let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let marker = format!("=== start #{} on {} ===", self.starts, self.addr);
+        log.rfind(&marker)
+            .is_some_and(|start| log[start..].contains("reconciled listening on "))
+    }
+
     async fn wait_until_healthy(&mut self) -> anyhow::Result<()> {
         let started = Instant::now();
         let endpoint = self
@@ -485,6 +495,12 @@ impl ServerProcess {
                         })
                         .await
                     {
+                        // Another test's server may hold the port this one
+                        // failed to bind: only an answer after this process
+                        // said it listens is its own.
+                        Ok(_) if !self.listens_since_last_start() => {
+                            "an answer from another process on the port".to_owned()
+                        }
                         Ok(reply)
                             if reply.get_ref().status() == ServingStatus::Serving
                                 || !self.options.wait_for_serving =>
