@@ -364,7 +364,7 @@ mod tests {
         )
         .expect("accepted");
         let mut relabelled = item("a", "");
-        relabelled.label = "new".into();
+        relabelled.set_label("new");
         let change =
             submit(&mut graph, &mut generation, request("", vec![relabelled])).expect("accepted");
         assert_eq!(change.upserts.len(), 1);

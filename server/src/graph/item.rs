@@ -153,10 +153,15 @@ pub struct Item {
     pub external: bool,
     /// `/`-separated path of the subgraph that lists the item; empty = root.
     pub subgraph: String,
-    /// Short human label; not part of equality.
-    pub label: String,
-    /// Free text; not part of equality.
-    pub description: String,
+    /// Label and description, rarely set: one optional box.
+    texts: Option<Box<ItemTexts>>,
+}
+
+/// The rarely set texts of an item.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct ItemTexts {
+    label: String,
+    description: String,
 }
 
 /// The fields of an item as stored and shown in JSON.
@@ -180,9 +185,9 @@ impl Serialize for Item {
             properties: &self.properties,
             dependencies: &self.dependencies,
             external: self.external,
-            subgraph: &self.subgraph,
-            label: &self.label,
-            description: &self.description,
+            subgraph: self.subgraph.as_str(),
+            label: self.label(),
+            description: self.description(),
         }
         .serialize(serializer)
     }
@@ -192,15 +197,17 @@ impl<'de> Deserialize<'de> for Item {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let fields =
             ItemFields::<Arc<str>, Properties, Vec<Dependency>, String>::deserialize(deserializer)?;
-        Ok(Self {
+        let mut item = Self {
             identity: ItemRef::from_parts(fields.item_type, fields.name),
             properties: fields.properties,
             dependencies: fields.dependencies,
             external: fields.external,
             subgraph: fields.subgraph,
-            label: fields.label,
-            description: fields.description,
-        })
+            texts: None,
+        };
+        item.set_label(fields.label);
+        item.set_description(fields.description);
+        Ok(item)
     }
 }
 
@@ -208,9 +215,57 @@ impl Item {
     /// A non-external item with the given identity and properties.
     pub fn new(item_type: impl AsRef<str>, name: impl AsRef<str>, properties: Properties) -> Self {
         Self {
-            identity: ItemRef::new(item_type, name),
             properties,
+            ..Self::identified(ItemRef::new(item_type, name))
+        }
+    }
+
+    /// An empty, non-external item with identity `identity`.
+    pub fn identified(identity: ItemRef) -> Self {
+        Self {
+            identity,
             ..Self::default()
+        }
+    }
+
+    /// Short human label; not part of equality.
+    pub fn label(&self) -> &str {
+        self.texts.as_ref().map_or("", |texts| &texts.label)
+    }
+
+    /// Free text; not part of equality.
+    pub fn description(&self) -> &str {
+        self.texts.as_ref().map_or("", |texts| &texts.description)
+    }
+
+    /// This item with the label `label` (builder style).
+    pub fn with_label(mut self, label: impl Into<String>) -> Self {
+        self.set_label(label);
+        self
+    }
+
+    /// This item with the description `description` (builder style).
+    pub fn with_description(mut self, description: impl Into<String>) -> Self {
+        self.set_description(description);
+        self
+    }
+
+    /// Sets the label (empty: none).
+    pub fn set_label(&mut self, label: impl Into<String>) {
+        self.edit_texts(|texts| texts.label = label.into());
+    }
+
+    /// Sets the description (empty: none).
+    pub fn set_description(&mut self, description: impl Into<String>) {
+        self.edit_texts(|texts| texts.description = description.into());
+    }
+
+    /// Edits the texts, keeping no box when both end up empty.
+    fn edit_texts(&mut self, edit: impl FnOnce(&mut ItemTexts)) {
+        let mut texts = self.texts.take().unwrap_or_default();
+        edit(&mut texts);
+        if !texts.label.is_empty() || !texts.description.is_empty() {
+            self.texts = Some(texts);
         }
     }
 
@@ -317,9 +372,9 @@ mod tests {
         let mut right = Item::new("t", "x", props(json!({"mtu": 1500})))
             .depends_on(Dependency::on(b))
             .depends_on(Dependency::on(a).with_description("other words"));
-        right.label = "new label".into();
+        right.set_label("new label");
         right.subgraph = "moved/elsewhere".into();
-        right.description = "changed".into();
+        right.set_description("changed");
         assert!(left.same_content(&right));
     }
 
@@ -389,10 +444,34 @@ mod tests {
     }
 
     #[test]
+    fn an_item_keeps_its_label_and_description_in_a_box_only_while_set() {
+        let plain = Item::new("t", "x", Properties::new());
+        let labelled = plain.clone().with_label("edge router");
+        assert!(plain.texts.is_none());
+        assert_eq!(labelled.label(), "edge router");
+        assert_eq!(labelled.description(), "");
+        let described = labelled.clone().with_description("rack 4");
+        assert_eq!(
+            (described.label(), described.description()),
+            ("edge router", "rack 4")
+        );
+        let mut cleared = described;
+        cleared.set_label("");
+        cleared.set_description("");
+        assert!(cleared.texts.is_none(), "no box once both texts are empty");
+        assert_eq!(cleared, plain);
+        assert!(
+            labelled.same_content(&plain),
+            "texts are not part of equality"
+        );
+    }
+
+    #[test]
     fn identities_and_dependencies_stay_small_and_keep_their_json_shape() {
         // A deep graph holds an identity per dependency: keep them compact.
         assert_eq!(std::mem::size_of::<ItemRef>(), 8);
         assert_eq!(std::mem::size_of::<Dependency>(), 24);
+        assert_eq!(std::mem::size_of::<Item>(), 96);
 
         let plain = Dependency::on(ItemRef::new("t", "a"));
         let described = plain.clone().with_description("why");

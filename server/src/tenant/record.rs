@@ -126,15 +126,11 @@ pub(crate) mod samples {
             "nested".into(),
             serde_json::json!({"a": [1, 2.5, null, "ü"]}),
         );
-        let applied = Item {
-            properties,
-            external: false,
-            subgraph: "sub".into(),
-            label: "label".into(),
-            description: "described".into(),
-            ..Item::new("t1", "a", Default::default())
-        }
-        .depends_on(
+        let mut applied = Item::new("t1", "a", properties)
+            .with_label("label")
+            .with_description("described");
+        applied.subgraph = "sub".into();
+        let applied = applied.depends_on(
             Dependency::on(required.clone())
                 .with_must_satisfy("self.v >= 1")
                 .with_description("edge")

@@ -51,15 +51,14 @@ pub fn item_from_proto_at(item: v1::Item, path: &str) -> Result<Item, Vec<FieldV
     if !violations.is_empty() {
         return Err(violations);
     }
-    Ok(Item {
-        identity: ItemRef::new(item.r#type, item.name),
-        properties,
-        dependencies,
-        external: item.external,
-        subgraph: item.subgraph,
-        label: item.label,
-        description: item.description,
-    })
+    let mut decoded = Item::identified(ItemRef::new(item.r#type, item.name))
+        .with_label(item.label)
+        .with_description(item.description);
+    decoded.properties = properties;
+    decoded.dependencies = dependencies;
+    decoded.external = item.external;
+    decoded.subgraph = item.subgraph;
+    Ok(decoded)
 }
 
 fn dependency_from_proto(
@@ -88,8 +87,8 @@ pub fn item_to_proto(item: &Item) -> v1::Item {
         dependencies: item.dependencies.iter().map(dependency_to_proto).collect(),
         external: item.external,
         subgraph: item.subgraph.clone(),
-        label: item.label.clone(),
-        description: item.description.clone(),
+        label: item.label().to_owned(),
+        description: item.description().to_owned(),
     }
 }
 
@@ -120,20 +119,16 @@ mod tests {
 
     #[test]
     fn items_convert_both_ways() {
-        let item = Item {
-            identity: ItemRef::new("vlan", "10"),
-            properties: props(json!({"id": 10, "ports": ["a", "b"]})),
-            dependencies: vec![
+        let mut item = Item::new("vlan", "10", props(json!({"id": 10, "ports": ["a", "b"]})))
+            .depends_on(
                 Dependency::on(ItemRef::new("port", "a"))
                     .with_must_satisfy("self.up")
                     .with_description("needs the port")
                     .with_recreate_when_modified(true),
-            ],
-            external: false,
-            subgraph: "net/vlans".into(),
-            label: "VLAN 10".into(),
-            description: "test".into(),
-        };
+            )
+            .with_label("VLAN 10")
+            .with_description("test");
+        item.subgraph = "net/vlans".into();
         let wire = item_to_proto(&item);
         assert_eq!(wire.r#type, "vlan");
         assert_eq!(wire.dependencies[0].requires, Some(proto_ref("port", "a")));

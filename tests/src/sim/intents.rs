@@ -256,8 +256,8 @@ pub fn describe_item(item: &Item) -> String {
     if !item.subgraph.is_empty() {
         text.push_str(&format!(" @{}", item.subgraph));
     }
-    if !item.label.is_empty() {
-        text.push_str(&format!(" label={}", item.label));
+    if !item.label().is_empty() {
+        text.push_str(&format!(" label={}", item.label()));
     }
     if !item.dependencies.is_empty() {
         let deps: Vec<String> = item
@@ -501,10 +501,10 @@ pub fn generate_submit(rng: &mut StdRng, scenario: &Scenario, model: &IntentMode
         }
         item.subgraph = subgraph_for(rng, &scope, existing);
         if rng.random_bool(0.05) {
-            item.label = (*["", "blue", "green"].choose(rng).unwrap_or(&"")).to_string();
+            item.set_label(*["", "blue", "green"].choose(rng).unwrap_or(&""));
         }
         if rng.random_bool(0.05) {
-            item.description = format!("note {}", rng.random_range(0..3));
+            item.set_description(format!("note {}", rng.random_range(0..3)));
         }
         items.push(item);
     }

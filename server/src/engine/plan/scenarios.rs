@@ -355,7 +355,7 @@ fn a_changed_item_is_modified_in_place_and_dependents_are_untouched() {
 fn relabelling_or_moving_an_item_runs_no_operation() {
     let mut moved = a();
     moved.subgraph = "elsewhere".into();
-    moved.label = "new".into();
+    moved.set_label("new");
     Case {
         current: vec![a()],
         intended: vec![moved],

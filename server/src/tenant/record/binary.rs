@@ -279,34 +279,33 @@ fn item_message(item: &Item) -> Result<pb::Item, String> {
             .collect(),
         external: item.external,
         subgraph: item.subgraph.clone(),
-        label: item.label.clone(),
-        description: item.description.clone(),
+        label: item.label().to_owned(),
+        description: item.description().to_owned(),
     })
 }
 
 fn item_from(message: pb::Item) -> Result<Item, String> {
-    Ok(Item {
-        properties: properties_from(&message.properties)?,
-        identity: ItemRef::new(message.r#type, message.name),
-        dependencies: message
-            .dependencies
-            .into_iter()
-            .map(|dependency| {
-                Dependency::on(ItemRef::new(
-                    dependency.requires_type,
-                    dependency.requires_name,
-                ))
-                .with_must_satisfy(dependency.must_satisfy)
-                .with_description(dependency.description)
-                .with_recreate_when_modified(dependency.recreate_when_modified)
-                .with_auto_deleted_by_external(dependency.auto_deleted_by_external)
-            })
-            .collect(),
-        external: message.external,
-        subgraph: message.subgraph,
-        label: message.label,
-        description: message.description,
-    })
+    let mut item = Item::identified(ItemRef::new(message.r#type, message.name));
+    item.properties = properties_from(&message.properties)?;
+    item.dependencies = message
+        .dependencies
+        .into_iter()
+        .map(|dependency| {
+            Dependency::on(ItemRef::new(
+                dependency.requires_type,
+                dependency.requires_name,
+            ))
+            .with_must_satisfy(dependency.must_satisfy)
+            .with_description(dependency.description)
+            .with_recreate_when_modified(dependency.recreate_when_modified)
+            .with_auto_deleted_by_external(dependency.auto_deleted_by_external)
+        })
+        .collect();
+    item.external = message.external;
+    item.subgraph = message.subgraph;
+    Ok(item
+        .with_label(message.label)
+        .with_description(message.description))
 }
 
 fn optional_item(message: Option<pb::Item>) -> Result<Option<Arc<Item>>, String> {
