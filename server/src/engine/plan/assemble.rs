@@ -134,15 +134,17 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
     plan
 }
 
-/// The identity the plan hands out for `item`: a copy of its name in a
-/// fresh allocation (the type name is shared).
+/// The identity the plan hands out for `item`: a fresh identity with a
+/// copy of its name (the type name is shared).
 ///
-/// Cloning the graph's identity instead would touch the reference count of
-/// its name, a scattered cold cache line in a large graph, with an atomic
-/// operation that the processor cannot overlap with other misses; and the
-/// plan's clones and its drop would touch it again each time. Copies made
-/// one after the other sit together in memory, so building the unconverged
+/// Cloning the graph's identity instead would touch its reference count,
+/// a scattered cold cache line in a large graph, with an atomic operation
+/// that the processor cannot overlap with other misses; and the plan's
+/// clones and its drop would touch it again each time. Copies made one
+/// after the other sit together in memory, so building the unconverged
 /// set (which compares neighbours), cloning and dropping stay in cache.
+/// (Measured again with one-pointer identities: handing out clones made
+/// plan + apply of 100k items 20–40% slower.)
 fn hand_out(item: &ItemRef) -> ItemRef {
     ItemRef::from_parts(item.item_type().clone(), Arc::from(&**item.name()))
 }
