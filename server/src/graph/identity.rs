@@ -58,6 +58,34 @@ impl ItemRef {
         }))
     }
 
+    /// This identity with `item_type` (the same text, another copy of it)
+    /// as its type: itself when it already shares that copy. Graphs keep
+    /// one copy of each type name this way.
+    pub fn sharing_type(&self, item_type: &Arc<str>) -> Self {
+        if Arc::ptr_eq(&self.0.item_type, item_type) {
+            return self.clone();
+        }
+        debug_assert_eq!(*self.0.item_type, **item_type, "the same type text");
+        self.rebuilt(item_type.clone(), self.0.name.clone())
+    }
+
+    /// An equal identity of its own, with a copy of the name (the type
+    /// text stays shared).
+    pub fn fresh_copy(&self) -> Self {
+        self.rebuilt(self.0.item_type.clone(), Arc::from(&*self.0.name))
+    }
+
+    /// New parts holding texts equal to this identity's: the hash and the
+    /// name's prefix are copied, not computed again.
+    fn rebuilt(&self, item_type: Arc<str>, name: Arc<str>) -> Self {
+        Self(Arc::new(Parts {
+            name_prefix: self.0.name_prefix,
+            item_type,
+            name,
+            hash: self.0.hash,
+        }))
+    }
+
     /// The item type, e.g. `interface`.
     pub fn item_type(&self) -> &Arc<str> {
         &self.0.item_type
@@ -226,6 +254,15 @@ mod tests {
             if a == b {
                 prop_assert_eq!(hash_of(&a), hash_of(&b));
             }
+            // Rebuilt parts keep the hash and prefix of the texts they copy.
+            let copy = a.fresh_copy();
+            prop_assert!(copy == a && !copy.ptr_eq(&a));
+            prop_assert_eq!(hash_of(&copy), hash_of(&a));
+            prop_assert_eq!(copy.cmp(&b), left.cmp(&right));
+            let typed = ItemRef::new(&left.0, &left.1).sharing_type(a.item_type());
+            prop_assert!(Arc::ptr_eq(typed.item_type(), a.item_type()));
+            prop_assert_eq!(&typed, &a);
+            prop_assert_eq!(hash_of(&typed), hash_of(&a));
             let shared = ItemRef::from_parts(a.item_type().clone(), b.name().clone());
             prop_assert_eq!(shared.cmp(&b), left.0.cmp(&right.0).then(Ordering::Equal));
         }

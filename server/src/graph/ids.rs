@@ -58,10 +58,8 @@ impl<T: Default> IdTable<T> {
             return id;
         }
         let item = match self.types.get_key_value(item.item_type()) {
-            Some((shared, _)) if !Arc::ptr_eq(shared, item.item_type()) => {
-                ItemRef::from_parts(shared.clone(), item.name().clone())
-            }
-            _ => item.clone(),
+            Some((shared, _)) => item.sharing_type(shared),
+            None => item.clone(),
         };
         *self.types.entry(item.item_type().clone()).or_default() += 1;
         let slot = Slot {

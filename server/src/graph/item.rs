@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 pub use super::identity::ItemRef;
 pub use super::properties::Properties;
+use super::rare_texts::RareTexts;
 
 /// A "must exist" edge from a dependent item to the item it requires.
 ///
@@ -16,7 +17,8 @@ pub use super::properties::Properties;
 pub struct Dependency {
     /// The required item.
     pub requires: ItemRef,
-    texts: Option<Box<DependencyTexts>>,
+    /// The predicate (first) and the description (second).
+    texts: RareTexts,
     /// Recreate the dependent whenever the required item is modified.
     pub recreate_when_modified: bool,
     /// When the required (external) item disappears, the dependent is gone
@@ -24,19 +26,12 @@ pub struct Dependency {
     pub auto_deleted_by_external: bool,
 }
 
-/// The rarely set texts of a dependency.
-#[derive(Clone, Debug, Default, PartialEq)]
-struct DependencyTexts {
-    must_satisfy: Box<str>,
-    description: Box<str>,
-}
-
 impl Dependency {
     /// A plain dependency on `requires` with no predicate or flags.
     pub fn on(requires: ItemRef) -> Self {
         Self {
             requires,
-            texts: None,
+            texts: RareTexts::default(),
             recreate_when_modified: false,
             auto_deleted_by_external: false,
         }
@@ -45,22 +40,22 @@ impl Dependency {
     /// Optional CEL expression over the required item, bound as `self`.
     /// Empty means the dependency holds as soon as the item is created.
     pub fn must_satisfy(&self) -> &str {
-        self.texts.as_ref().map_or("", |texts| &texts.must_satisfy)
+        self.texts.first()
     }
 
     /// Free text for humans; not part of equality.
     pub fn description(&self) -> &str {
-        self.texts.as_ref().map_or("", |texts| &texts.description)
+        self.texts.second()
     }
 
     /// Sets the predicate (empty: none).
     pub fn set_must_satisfy(&mut self, must_satisfy: impl Into<Box<str>>) {
-        self.edit_texts(|texts| texts.must_satisfy = must_satisfy.into());
+        self.texts.set_first(must_satisfy);
     }
 
     /// Sets the description (empty: none).
     pub fn set_description(&mut self, description: impl Into<Box<str>>) {
-        self.edit_texts(|texts| texts.description = description.into());
+        self.texts.set_second(description);
     }
 
     /// This dependency with the predicate `must_satisfy` (builder style).
@@ -85,15 +80,6 @@ impl Dependency {
     pub fn with_auto_deleted_by_external(mut self, auto_deleted: bool) -> Self {
         self.auto_deleted_by_external = auto_deleted;
         self
-    }
-
-    /// Edits the texts, keeping no box when both end up empty.
-    fn edit_texts(&mut self, edit: impl FnOnce(&mut DependencyTexts)) {
-        let mut texts = self.texts.take().unwrap_or_default();
-        edit(&mut texts);
-        if !texts.must_satisfy.is_empty() || !texts.description.is_empty() {
-            self.texts = Some(texts);
-        }
     }
 
     /// Equality for planning purposes: the description does not count.
@@ -153,15 +139,8 @@ pub struct Item {
     pub external: bool,
     /// `/`-separated path of the subgraph that lists the item; empty = root.
     pub subgraph: String,
-    /// Label and description, rarely set: one optional box.
-    texts: Option<Box<ItemTexts>>,
-}
-
-/// The rarely set texts of an item.
-#[derive(Clone, Debug, Default, PartialEq)]
-struct ItemTexts {
-    label: String,
-    description: String,
+    /// The label (first) and the description (second), rarely set.
+    texts: RareTexts,
 }
 
 /// The fields of an item as stored and shown in JSON.
@@ -203,7 +182,7 @@ impl<'de> Deserialize<'de> for Item {
             dependencies: fields.dependencies,
             external: fields.external,
             subgraph: fields.subgraph,
-            texts: None,
+            texts: RareTexts::default(),
         };
         item.set_label(fields.label);
         item.set_description(fields.description);
@@ -230,43 +209,34 @@ impl Item {
 
     /// Short human label; not part of equality.
     pub fn label(&self) -> &str {
-        self.texts.as_ref().map_or("", |texts| &texts.label)
+        self.texts.first()
     }
 
     /// Free text; not part of equality.
     pub fn description(&self) -> &str {
-        self.texts.as_ref().map_or("", |texts| &texts.description)
+        self.texts.second()
     }
 
     /// This item with the label `label` (builder style).
-    pub fn with_label(mut self, label: impl Into<String>) -> Self {
+    pub fn with_label(mut self, label: impl Into<Box<str>>) -> Self {
         self.set_label(label);
         self
     }
 
     /// This item with the description `description` (builder style).
-    pub fn with_description(mut self, description: impl Into<String>) -> Self {
+    pub fn with_description(mut self, description: impl Into<Box<str>>) -> Self {
         self.set_description(description);
         self
     }
 
     /// Sets the label (empty: none).
-    pub fn set_label(&mut self, label: impl Into<String>) {
-        self.edit_texts(|texts| texts.label = label.into());
+    pub fn set_label(&mut self, label: impl Into<Box<str>>) {
+        self.texts.set_first(label);
     }
 
     /// Sets the description (empty: none).
-    pub fn set_description(&mut self, description: impl Into<String>) {
-        self.edit_texts(|texts| texts.description = description.into());
-    }
-
-    /// Edits the texts, keeping no box when both end up empty.
-    fn edit_texts(&mut self, edit: impl FnOnce(&mut ItemTexts)) {
-        let mut texts = self.texts.take().unwrap_or_default();
-        edit(&mut texts);
-        if !texts.label.is_empty() || !texts.description.is_empty() {
-            self.texts = Some(texts);
-        }
+    pub fn set_description(&mut self, description: impl Into<Box<str>>) {
+        self.texts.set_second(description);
     }
 
     /// The item type; together with the name the item's identity.
@@ -447,7 +417,7 @@ mod tests {
     fn an_item_keeps_its_label_and_description_in_a_box_only_while_set() {
         let plain = Item::new("t", "x", Properties::new());
         let labelled = plain.clone().with_label("edge router");
-        assert!(plain.texts.is_none());
+        assert!(!plain.texts.is_boxed());
         assert_eq!(labelled.label(), "edge router");
         assert_eq!(labelled.description(), "");
         let described = labelled.clone().with_description("rack 4");
@@ -458,7 +428,10 @@ mod tests {
         let mut cleared = described;
         cleared.set_label("");
         cleared.set_description("");
-        assert!(cleared.texts.is_none(), "no box once both texts are empty");
+        assert!(
+            !cleared.texts.is_boxed(),
+            "no box once both texts are empty"
+        );
         assert_eq!(cleared, plain);
         assert!(
             labelled.same_content(&plain),
@@ -475,11 +448,14 @@ mod tests {
 
         let plain = Dependency::on(ItemRef::new("t", "a"));
         let described = plain.clone().with_description("why");
-        assert!(plain.texts.is_none());
+        assert!(!plain.texts.is_boxed());
         assert_eq!(described.description(), "why");
         assert_eq!(described.must_satisfy(), "");
         let cleared = described.clone().with_description("");
-        assert!(cleared.texts.is_none(), "no box once both texts are empty");
+        assert!(
+            !cleared.texts.is_boxed(),
+            "no box once both texts are empty"
+        );
         assert_eq!(cleared, plain);
 
         let item = Item::new("t", "x", props(json!({"v": 1}))).depends_on(

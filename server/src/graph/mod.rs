@@ -8,6 +8,7 @@ mod ids;
 mod item;
 pub mod predicate;
 mod properties;
+mod rare_texts;
 mod sharing;
 mod state;
 pub mod validate;

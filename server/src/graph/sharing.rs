@@ -50,10 +50,7 @@ impl<'g> IdentitySharing<'g> {
             return shared.clone();
         }
         let shared = match self.types.get(identity.item_type()) {
-            Some(item_type) if !Arc::ptr_eq(item_type, identity.item_type()) => {
-                ItemRef::from_parts(item_type.clone(), identity.name().clone())
-            }
-            Some(_) => identity.clone(),
+            Some(item_type) => identity.sharing_type(item_type),
             None => {
                 self.types.insert(identity.item_type().clone());
                 identity.clone()
