@@ -123,7 +123,7 @@ pub fn record_dispatch_marks(current: &CurrentGraph, entry: &mut CurrentItem) {
     operation.dispatch_marks = target
         .dependencies
         .iter()
-        .filter(|dependency| dependency.recreate_when_modified)
+        .filter(|dependency| dependency.recreate_when_modified())
         .map(|dependency| {
             let counter = current
                 .get(&dependency.requires)
@@ -440,7 +440,7 @@ fn completed_successfully(
             for dependency in target
                 .dependencies
                 .iter()
-                .filter(|d| d.recreate_when_modified)
+                .filter(|d| d.recreate_when_modified())
             {
                 let counter = match current.get(&dependency.requires) {
                     // It went while the operation ran: whatever appears
@@ -462,7 +462,7 @@ fn completed_successfully(
             entry.dependency_marks.retain(|required, _| {
                 target
                     .dependency_on(required)
-                    .is_some_and(|d| d.recreate_when_modified)
+                    .is_some_and(|d| d.recreate_when_modified())
             });
             Some(entry)
         }
@@ -507,7 +507,7 @@ fn still_tied(existing: &CurrentItem, operation: &InFlight) -> bool {
     let ties = |item: &Item| -> std::collections::BTreeSet<ItemRef> {
         item.dependencies
             .iter()
-            .filter(|dependency| dependency.auto_deleted_by_external)
+            .filter(|dependency| dependency.auto_deleted_by_external())
             .map(|dependency| dependency.requires.clone())
             .collect()
     };
@@ -590,7 +590,7 @@ pub fn mark_gone_with_externals(
             let ties = |item: &Item| {
                 item.dependencies
                     .iter()
-                    .any(|d| d.auto_deleted_by_external && d.requires == required)
+                    .any(|d| d.auto_deleted_by_external() && d.requires == required)
             };
             let applied_ties = entry.applied.as_deref().is_some_and(ties);
             let target_ties = || {
@@ -756,7 +756,7 @@ mod tests {
     fn marked_gone_with_x(kind: OperationKind, applied_tied: bool) -> CurrentItem {
         let on_x = |tied: bool, version: i64| {
             let mut dependency = crate::graph::Dependency::on(ItemRef::new("e", "x"));
-            dependency.auto_deleted_by_external = tied;
+            dependency.set_auto_deleted_by_external(tied);
             let mut item = Item::new("t", "a", Default::default());
             item.properties.insert("v".into(), version.into());
             item.dependencies.push(dependency);

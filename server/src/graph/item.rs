@@ -10,20 +10,22 @@ use super::rare_texts::RareTexts;
 
 /// A "must exist" edge from a dependent item to the item it requires.
 ///
-/// 24 bytes: a deep graph holds millions of dependencies, and their texts
-/// (a predicate, a description) are nearly always empty, so they live in
-/// one optional box.
+/// 16 bytes: a deep graph holds millions of dependencies, and their texts
+/// (a predicate, a description) and flags are nearly always unset, so they
+/// live in one optional box.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Dependency {
     /// The required item.
     pub requires: ItemRef,
-    /// The predicate (first) and the description (second).
-    texts: RareTexts,
-    /// Recreate the dependent whenever the required item is modified.
-    pub recreate_when_modified: bool,
-    /// When the required (external) item disappears, the dependent is gone
-    /// too: drop it from current state without a Delete call.
-    pub auto_deleted_by_external: bool,
+    /// The predicate (first), the description (second) and the flags.
+    rare: RareTexts<DependencyFlags>,
+}
+
+/// The flags of a dependency, both nearly always false.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct DependencyFlags {
+    recreate_when_modified: bool,
+    auto_deleted_by_external: bool,
 }
 
 impl Dependency {
@@ -31,31 +33,58 @@ impl Dependency {
     pub fn on(requires: ItemRef) -> Self {
         Self {
             requires,
-            texts: RareTexts::default(),
-            recreate_when_modified: false,
-            auto_deleted_by_external: false,
+            rare: RareTexts::default(),
         }
     }
 
     /// Optional CEL expression over the required item, bound as `self`.
     /// Empty means the dependency holds as soon as the item is created.
     pub fn must_satisfy(&self) -> &str {
-        self.texts.first()
+        self.rare.first()
     }
 
     /// Free text for humans; not part of equality.
     pub fn description(&self) -> &str {
-        self.texts.second()
+        self.rare.second()
+    }
+
+    /// Recreate the dependent whenever the required item is modified.
+    pub fn recreate_when_modified(&self) -> bool {
+        self.rare.flags().recreate_when_modified
+    }
+
+    /// When the required (external) item disappears, the dependent is gone
+    /// too: drop it from current state without a Delete call.
+    pub fn auto_deleted_by_external(&self) -> bool {
+        self.rare.flags().auto_deleted_by_external
     }
 
     /// Sets the predicate (empty: none).
     pub fn set_must_satisfy(&mut self, must_satisfy: impl Into<Box<str>>) {
-        self.texts.set_first(must_satisfy);
+        self.rare.set_first(must_satisfy);
     }
 
     /// Sets the description (empty: none).
     pub fn set_description(&mut self, description: impl Into<Box<str>>) {
-        self.texts.set_second(description);
+        self.rare.set_second(description);
+    }
+
+    /// Sets [`Self::recreate_when_modified`].
+    pub fn set_recreate_when_modified(&mut self, recreate: bool) {
+        let flags = self.rare.flags();
+        self.rare.set_flags(DependencyFlags {
+            recreate_when_modified: recreate,
+            ..flags
+        });
+    }
+
+    /// Sets [`Self::auto_deleted_by_external`].
+    pub fn set_auto_deleted_by_external(&mut self, auto_deleted: bool) {
+        let flags = self.rare.flags();
+        self.rare.set_flags(DependencyFlags {
+            auto_deleted_by_external: auto_deleted,
+            ..flags
+        });
     }
 
     /// This dependency with the predicate `must_satisfy` (builder style).
@@ -72,13 +101,13 @@ impl Dependency {
 
     /// This dependency with `recreate_when_modified` set (builder style).
     pub fn with_recreate_when_modified(mut self, recreate: bool) -> Self {
-        self.recreate_when_modified = recreate;
+        self.set_recreate_when_modified(recreate);
         self
     }
 
     /// This dependency with `auto_deleted_by_external` set (builder style).
     pub fn with_auto_deleted_by_external(mut self, auto_deleted: bool) -> Self {
-        self.auto_deleted_by_external = auto_deleted;
+        self.set_auto_deleted_by_external(auto_deleted);
         self
     }
 
@@ -86,8 +115,7 @@ impl Dependency {
     fn same_content(&self, other: &Self) -> bool {
         self.requires == other.requires
             && self.must_satisfy() == other.must_satisfy()
-            && self.recreate_when_modified == other.recreate_when_modified
-            && self.auto_deleted_by_external == other.auto_deleted_by_external
+            && self.rare.flags() == other.rare.flags()
     }
 }
 
@@ -107,8 +135,8 @@ impl Serialize for Dependency {
             requires: &self.requires,
             must_satisfy: self.must_satisfy(),
             description: self.description(),
-            recreate_when_modified: self.recreate_when_modified,
-            auto_deleted_by_external: self.auto_deleted_by_external,
+            recreate_when_modified: self.recreate_when_modified(),
+            auto_deleted_by_external: self.auto_deleted_by_external(),
         }
         .serialize(serializer)
     }
@@ -371,7 +399,7 @@ mod tests {
             "aligned lists still compare each edge"
         );
         let mut moved = with(&["a", "b", "d", "c"]);
-        moved.dependencies[2].recreate_when_modified = true;
+        moved.dependencies[2].set_recreate_when_modified(true);
         assert!(!abcd.same_content(&moved), "so do reordered ones");
         assert!(abcd.same_content(&abcd), "a value is its own equal");
     }
@@ -409,7 +437,7 @@ mod tests {
         assert!(!base.same_content(&external));
 
         let mut flag = base.clone();
-        flag.dependencies[0].recreate_when_modified = true;
+        flag.dependencies[0].set_recreate_when_modified(true);
         assert!(!base.same_content(&flag));
     }
 
@@ -443,20 +471,25 @@ mod tests {
     fn identities_and_dependencies_stay_small_and_keep_their_json_shape() {
         // A deep graph holds an identity per dependency: keep them compact.
         assert_eq!(std::mem::size_of::<ItemRef>(), 8);
-        assert_eq!(std::mem::size_of::<Dependency>(), 24);
+        assert_eq!(std::mem::size_of::<Dependency>(), 16);
         assert_eq!(std::mem::size_of::<Item>(), 96);
 
         let plain = Dependency::on(ItemRef::new("t", "a"));
         let described = plain.clone().with_description("why");
-        assert!(!plain.texts.is_boxed());
+        assert!(!plain.rare.is_boxed());
         assert_eq!(described.description(), "why");
         assert_eq!(described.must_satisfy(), "");
         let cleared = described.clone().with_description("");
         assert!(
-            !cleared.texts.is_boxed(),
+            !cleared.rare.is_boxed(),
             "no box once both texts are empty"
         );
         assert_eq!(cleared, plain);
+        let flagged = plain.clone().with_recreate_when_modified(true);
+        assert!(flagged.rare.is_boxed() && flagged.recreate_when_modified());
+        assert!(!flagged.auto_deleted_by_external());
+        assert_ne!(flagged, plain, "flags count in equality");
+        assert_eq!(flagged.with_recreate_when_modified(false), plain);
 
         let item = Item::new("t", "x", props(json!({"v": 1}))).depends_on(
             described

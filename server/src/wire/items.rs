@@ -97,8 +97,8 @@ fn dependency_to_proto(dependency: &Dependency) -> v1::Dependency {
         requires: Some(item_ref_to_proto(&dependency.requires)),
         must_satisfy: dependency.must_satisfy().to_string(),
         description: dependency.description().to_string(),
-        recreate_when_modified: dependency.recreate_when_modified,
-        auto_deleted_by_external: dependency.auto_deleted_by_external,
+        recreate_when_modified: dependency.recreate_when_modified(),
+        auto_deleted_by_external: dependency.auto_deleted_by_external(),
     }
 }
 

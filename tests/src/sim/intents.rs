@@ -268,10 +268,10 @@ pub fn describe_item(item: &Item) -> String {
                 if !d.must_satisfy().is_empty() {
                     dep.push_str(&format!(" if {}", d.must_satisfy()));
                 }
-                if d.recreate_when_modified {
+                if d.recreate_when_modified() {
                     dep.push_str(" rwm");
                 }
-                if d.auto_deleted_by_external {
+                if d.auto_deleted_by_external() {
                     dep.push_str(" auto");
                 }
                 dep
@@ -606,8 +606,8 @@ fn new_dependency(rng: &mut StdRng, scenario: &Scenario, target: ItemRef) -> Dep
         };
         dependency.set_must_satisfy(PREDICATES[index]);
     }
-    dependency.recreate_when_modified = rng.random_bool(0.2);
-    dependency.auto_deleted_by_external = on_external && rng.random_bool(0.5);
+    dependency.set_recreate_when_modified(rng.random_bool(0.2));
+    dependency.set_auto_deleted_by_external(on_external && rng.random_bool(0.5));
     if rng.random_bool(0.1) {
         dependency.set_description("needs it");
     }

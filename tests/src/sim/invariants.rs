@@ -647,7 +647,7 @@ impl Ledger {
                     !vanished.contains(item)
                         && lost.target.as_ref().is_some_and(|target| {
                             target.dependencies.iter().any(|d| {
-                                d.auto_deleted_by_external && vanished.contains(&d.requires)
+                                d.auto_deleted_by_external() && vanished.contains(&d.requires)
                             })
                         })
                 })
@@ -670,7 +670,7 @@ impl Ledger {
                     .value
                     .dependencies
                     .iter()
-                    .any(|d| d.auto_deleted_by_external && vanished.contains(&d.requires));
+                    .any(|d| d.auto_deleted_by_external() && vanished.contains(&d.requires));
             if *ending == Ending::Open && (vanished.contains(item) || tied_create) {
                 self.vanished_ops.insert(op_id.clone());
             }
@@ -822,7 +822,7 @@ pub fn unconverged_reason(snapshot: &TenantSnapshot) -> Option<String> {
                     dependency.requires
                 ));
             }
-            if dependency.recreate_when_modified
+            if dependency.recreate_when_modified()
                 && current.dependency_marks.get(&dependency.requires)
                     != Some(&required.modifications)
             {

@@ -70,7 +70,7 @@ impl World {
         let marks = value
             .dependencies
             .iter()
-            .filter(|d| d.recreate_when_modified)
+            .filter(|d| d.recreate_when_modified())
             .map(|d| (d.requires.clone(), self.modifications_of(&d.requires)))
             .collect();
         let key = value.item_ref();
@@ -93,7 +93,7 @@ impl World {
                 .value
                 .dependencies
                 .iter()
-                .any(|d| d.auto_deleted_by_external && !self.items.contains_key(&d.requires))
+                .any(|d| d.auto_deleted_by_external() && !self.items.contains_key(&d.requires))
         });
         if orphaned {
             self.items.remove(key);
@@ -110,7 +110,7 @@ impl World {
         for dependency in value
             .dependencies
             .iter()
-            .filter(|d| d.recreate_when_modified)
+            .filter(|d| d.recreate_when_modified())
         {
             let counter = self.modifications_of(&dependency.requires);
             marks.entry(dependency.requires.clone()).or_insert(counter);
@@ -118,7 +118,7 @@ impl World {
         marks.retain(|required, _| {
             value
                 .dependency_on(required)
-                .is_some_and(|d| d.recreate_when_modified)
+                .is_some_and(|d| d.recreate_when_modified())
         });
         let modifications = existing.modifications + 1;
         self.items.insert(
@@ -168,7 +168,7 @@ impl World {
                 existing
                     .value
                     .dependency_on(item)
-                    .is_some_and(|d| d.auto_deleted_by_external)
+                    .is_some_and(|d| d.auto_deleted_by_external())
             })
             .map(|(key, _)| key.clone())
             .collect();

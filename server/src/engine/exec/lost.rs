@@ -197,7 +197,7 @@ fn applied_or_not(
     match (operation.kind, operation.target.as_ref()) {
         (OperationKind::Create, Some(_)) => {
             let gone_with_external = broken.iter().all(|dependency| {
-                dependency.auto_deleted_by_external && current.get(&dependency.requires).is_none()
+                dependency.auto_deleted_by_external() && current.get(&dependency.requires).is_none()
             });
             if gone_with_external {
                 // Created or not, it went with the external item it was
@@ -469,7 +469,7 @@ mod tests {
     #[test]
     fn a_lost_create_auto_deleted_with_a_vanished_external_item_is_forgotten() {
         let mut tied = on("x");
-        tied.auto_deleted_by_external = true;
+        tied.set_auto_deleted_by_external(true);
         let (operation, entry) =
             lost_create(Item::new("t", "a", Default::default()).depends_on(tied));
         let decided = decide(&CurrentGraph::default(), &entry, &operation, None);

@@ -119,7 +119,7 @@ fn dependency_was_modified(
         .item
         .dependencies
         .iter()
-        .filter(|dependency| dependency.recreate_when_modified)
+        .filter(|dependency| dependency.recreate_when_modified())
         .any(|dependency| {
             let Some(required) = current_graph.get(&dependency.requires) else {
                 return false;

@@ -502,11 +502,11 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         intended
             .dependencies
             .iter()
-            .filter(|d| d.recreate_when_modified)
+            .filter(|d| d.recreate_when_modified())
             .filter(|d| {
                 applied
                     .dependency_on(&d.requires)
-                    .is_some_and(|a| a.recreate_when_modified)
+                    .is_some_and(|a| a.recreate_when_modified())
             })
             .any(|d| {
                 let Some(required) = self.current_of(&d.requires) else {
@@ -585,7 +585,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                     value
                         .dependencies
                         .iter()
-                        .any(|d| d.auto_deleted_by_external && self.gone(&d.requires))
+                        .any(|d| d.auto_deleted_by_external() && self.gone(&d.requires))
                 };
                 let drop = entry.applied.as_deref().is_some_and(ties)
                     && entry.maybe_applied.as_deref().is_none_or(ties);
@@ -693,7 +693,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                     && intended
                         .item
                         .dependency_on(required)
-                        .is_some_and(|d| d.recreate_when_modified);
+                        .is_some_and(|d| d.recreate_when_modified());
                 if predicate_fails || recreate {
                     doomed.insert(item.clone());
                 }

@@ -140,8 +140,8 @@ fn describe(world: &World) -> String {
                     } else {
                         format!("[{}]", d.must_satisfy())
                     },
-                    if d.recreate_when_modified { "+rwm" } else { "" },
-                    if d.auto_deleted_by_external {
+                    if d.recreate_when_modified() { "+rwm" } else { "" },
+                    if d.auto_deleted_by_external() {
                         "+auto"
                     } else {
                         ""
@@ -171,7 +171,7 @@ fn describe(world: &World) -> String {
                         } else {
                             format!("[{}]", d.must_satisfy())
                         },
-                        if d.recreate_when_modified { "+rwm" } else { "" }
+                        if d.recreate_when_modified() { "+rwm" } else { "" }
                     )
                 })
                 .collect();

@@ -635,8 +635,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 .filter(|dependency| dependency.requires == *required)
                 .all(|dependency| {
                     dependency.must_satisfy().is_empty()
-                        && !dependency.recreate_when_modified
-                        && !dependency.auto_deleted_by_external
+                        && !dependency.recreate_when_modified()
+                        && !dependency.auto_deleted_by_external()
                 })
         };
         let applied_plain = current
@@ -864,7 +864,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 None => true,
             };
             if gone {
-                if dependency.auto_deleted_by_external {
+                if dependency.auto_deleted_by_external() {
                     gone_auto = true;
                 } else {
                     gone_plain = true;
@@ -935,7 +935,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 }
             };
             let recreate = required_is_modified
-                && still_intended.is_some_and(|intended| intended.recreate_when_modified);
+                && still_intended.is_some_and(|intended| intended.recreate_when_modified());
             if predicate_fails || recreate {
                 // The dependency's Modify waits for this Delete (see
                 // `modify_waits_for_dependents`).

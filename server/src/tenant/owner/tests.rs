@@ -468,7 +468,7 @@ async fn report_x(harness: &Harness, present: bool) {
 fn submit_on_external(auto_deleted: bool) -> ValidatedSubmit {
     let external = external_x();
     let mut dependency = crate::graph::Dependency::on(ItemRef::new("e", "x"));
-    dependency.auto_deleted_by_external = auto_deleted;
+    dependency.set_auto_deleted_by_external(auto_deleted);
     let dependent = Item::new("t", "a", Default::default()).depends_on(dependency);
     ValidatedSubmit {
         subgraph: String::new(),

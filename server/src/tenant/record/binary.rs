@@ -273,8 +273,8 @@ fn item_message(item: &Item) -> Result<pb::Item, String> {
                 requires_name: dependency.requires.name().to_string(),
                 must_satisfy: dependency.must_satisfy().to_string(),
                 description: dependency.description().to_string(),
-                recreate_when_modified: dependency.recreate_when_modified,
-                auto_deleted_by_external: dependency.auto_deleted_by_external,
+                recreate_when_modified: dependency.recreate_when_modified(),
+                auto_deleted_by_external: dependency.auto_deleted_by_external(),
             })
             .collect(),
         external: item.external,
