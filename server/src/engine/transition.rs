@@ -80,9 +80,9 @@ pub fn started(
         Some(existing) => CurrentItem {
             state,
             in_flight: Some(Box::new(in_flight)),
-            retry_of: None,
             ..existing.clone()
-        },
+        }
+        .with_rare(|rare| rare.retry_of = None),
         None => CurrentItem::creating(in_flight),
     }
 }
@@ -188,34 +188,46 @@ pub fn completed(
         Completion::Done { observed } => {
             completed_successfully(current, existing, &operation, observed)
         }
-        Completion::Failed { error, retry_at_ms } => Some(CurrentItem {
-            state: ItemState::Failed,
-            last_operation: Some(operation.kind),
-            last_error: Some(Box::new(error)),
-            attempts: existing.attempts.saturating_add(1),
-            next_attempt_at_ms: retry_at_ms,
-            failed_generation: operation.target_generation,
-            retry_of: Some(retry_of(&operation)),
-            gave_up: retry_at_ms.is_none(),
-            in_flight: None,
-            ..existing.clone()
-        }),
-        Completion::Wait { retry_at_ms } => Some(CurrentItem {
-            state: state_before(existing, &operation),
-            next_attempt_at_ms: Some(retry_at_ms),
-            retry_of: Some(retry_of(&operation)),
-            in_flight: None,
-            ..existing.clone()
-        }),
+        Completion::Failed { error, retry_at_ms } => Some(
+            CurrentItem {
+                state: ItemState::Failed,
+                last_operation: Some(operation.kind),
+                attempts: existing.attempts.saturating_add(1),
+                gave_up: retry_at_ms.is_none(),
+                in_flight: None,
+                ..existing.clone()
+            }
+            .with_rare(|rare| {
+                rare.last_error = Some(error);
+                rare.next_attempt_at_ms = retry_at_ms;
+                rare.failed_generation = operation.target_generation;
+                rare.retry_of = Some(retry_of(&operation));
+            }),
+        ),
+        Completion::Wait { retry_at_ms } => Some(
+            CurrentItem {
+                state: state_before(existing, &operation),
+                in_flight: None,
+                ..existing.clone()
+            }
+            .with_rare(|rare| {
+                rare.next_attempt_at_ms = Some(retry_at_ms);
+                rare.retry_of = Some(retry_of(&operation));
+            }),
+        ),
         Completion::Read { observed } => Some(read_back(existing, observed)),
         Completion::Vanished => None,
-        Completion::Answered { needs_recreate } => Some(CurrentItem {
-            state: state_before(existing, &operation),
-            needs_recreate_answer: Some((operation.target_generation, needs_recreate)),
-            retry_of: None,
-            in_flight: None,
-            ..existing.clone()
-        }),
+        Completion::Answered { needs_recreate } => Some(
+            CurrentItem {
+                state: state_before(existing, &operation),
+                in_flight: None,
+                ..existing.clone()
+            }
+            .with_rare(|rare| {
+                rare.needs_recreate_answer = Some((operation.target_generation, needs_recreate));
+                rare.retry_of = None;
+            }),
+        ),
         // Only a READ that resolves an UNKNOWN item resolves (above).
         Completion::Resolved { .. } => Some(CurrentItem {
             in_flight: None,
@@ -286,16 +298,16 @@ fn resolved(
             .map(|created| read_back(&created, observed));
     }
     let kept = CurrentItem {
-        state: if existing.last_error.is_some() {
+        state: if existing.rare.last_error.is_some() {
             ItemState::Failed
         } else {
             ItemState::Created
         },
         in_flight: None,
         unknown_was_created: false,
-        retry_of: (!lost.question).then(|| retry_of(lost)),
         ..existing.clone()
-    };
+    }
+    .with_rare(|rare| rare.retry_of = (!lost.question).then(|| retry_of(lost)));
     Some(read_back(&kept, observed))
 }
 
@@ -305,40 +317,45 @@ fn resolved(
 /// and attempts (DESIGN 4). `None` when no Create waits for a retry.
 fn create_to_retry(existing: &CurrentItem) -> Option<CurrentItem> {
     let retry_of = existing
+        .rare
         .retry_of
         .clone()
         .filter(|retry| retry.kind == OperationKind::Create)?;
     if existing.in_flight.is_some() {
         return None;
     }
-    Some(CurrentItem {
-        state: if existing.last_error.is_some() {
-            ItemState::Failed
-        } else {
-            ItemState::Pending
-        },
-        applied: None,
-        applied_generation: 0,
-        observed: None,
-        last_operation: Some(OperationKind::Create),
-        dependency_marks: std::collections::BTreeMap::new(),
-        unknown_was_created: false,
-        needs_recreate_answer: None,
-        retry_of: Some(retry_of),
-        gone_with_external: false,
-        existence_uncertain: false,
-        maybe_applied: None,
-        ..existing.clone()
-    })
+    Some(
+        CurrentItem {
+            state: if existing.rare.last_error.is_some() {
+                ItemState::Failed
+            } else {
+                ItemState::Pending
+            },
+            applied: None,
+            applied_generation: 0,
+            observed: None,
+            last_operation: Some(OperationKind::Create),
+            unknown_was_created: false,
+            gone_with_external: false,
+            existence_uncertain: false,
+            ..existing.clone()
+        }
+        .with_rare(|rare| {
+            rare.dependency_marks.clear();
+            rare.needs_recreate_answer = None;
+            rare.retry_of = Some(retry_of);
+            rare.maybe_applied = None;
+        }),
+    )
 }
 
 /// What a retry of `operation` continues: its kind, target and op id.
-fn retry_of(operation: &InFlight) -> Box<RetryOf> {
-    Box::new(RetryOf {
+fn retry_of(operation: &InFlight) -> RetryOf {
+    RetryOf {
         kind: operation.kind,
         target_generation: operation.target_generation,
         op_id: operation.op_id.clone(),
-    })
+    }
 }
 
 /// The paths (top-level properties) where `observed` contradicts what the
@@ -378,7 +395,7 @@ fn read_back(existing: &CurrentItem, observed: Properties) -> CurrentItem {
 fn state_before(existing: &CurrentItem, operation: &InFlight) -> ItemState {
     match (
         operation.kind,
-        &existing.last_error,
+        &existing.rare.last_error,
         existing.applied.is_some(),
     ) {
         (_, Some(_), _) => ItemState::Failed,
@@ -435,7 +452,7 @@ fn completed_successfully(
                 entry.modifications = 0;
             } else {
                 entry.modifications = existing.modifications.saturating_add(1);
-                entry.dependency_marks = existing.dependency_marks.clone();
+                entry.rare.dependency_marks = existing.rare.dependency_marks.clone();
             }
             for dependency in target
                 .dependencies
@@ -453,13 +470,19 @@ fn completed_successfully(
                         .copied()
                         .unwrap_or(required.modifications),
                 };
-                if created_now || !entry.dependency_marks.contains_key(&dependency.requires) {
+                if created_now
+                    || !entry
+                        .rare
+                        .dependency_marks
+                        .contains_key(&dependency.requires)
+                {
                     entry
+                        .rare
                         .dependency_marks
                         .insert(dependency.requires.clone(), counter);
                 }
             }
-            entry.dependency_marks.retain(|required, _| {
+            entry.rare.dependency_marks.retain(|required, _| {
                 target
                     .dependency_on(required)
                     .is_some_and(|d| d.recreate_when_modified())
@@ -544,7 +567,7 @@ pub fn forget_marks_on(current: &CurrentGraph, vanished: &[ItemRef], updates: &m
         };
         let mut changed = false;
         for required in vanished {
-            if let Some(mark) = entry.dependency_marks.get_mut(required) {
+            if let Some(mark) = entry.rare.dependency_marks.get_mut(required) {
                 changed |= *mark != ABSENT_DEPENDENCY_MARK;
                 *mark = ABSENT_DEPENDENCY_MARK;
             }
@@ -657,11 +680,13 @@ pub fn bookkeeping_updates(current: &CurrentGraph, plan: &Plan) -> CurrentUpdate
             // go on counting (DESIGN 4).
             let settled = CurrentItem {
                 state: ItemState::Created,
-                last_error: None,
-                next_attempt_at_ms: None,
                 gave_up: false,
                 ..(**existing).clone()
-            };
+            }
+            .with_rare(|rare| {
+                rare.last_error = None;
+                rare.next_attempt_at_ms = None;
+            });
             updates.push((item.clone(), Some(settled)));
         }
     }
@@ -701,15 +726,17 @@ mod tests {
         CurrentItem {
             state: ItemState::Created,
             existence_uncertain: true,
-            last_error: last_error.map(Box::new),
             attempts: 2,
-            retry_of: Some(Box::new(RetryOf {
+            ..CurrentItem::created(Arc::new(Item::new("t", "a", Default::default())), 7)
+        }
+        .with_rare(|rare| {
+            rare.last_error = last_error;
+            rare.retry_of = Some(RetryOf {
                 kind: OperationKind::Create,
                 target_generation: 7,
                 op_id: "op-1".into(),
-            })),
-            ..CurrentItem::created(Arc::new(Item::new("t", "a", Default::default())), 7)
-        }
+            });
+        })
     }
 
     fn forgotten_with_external(entry: CurrentItem) -> Option<CurrentItem> {
@@ -732,7 +759,10 @@ mod tests {
         let kept = forgotten_with_external(waiting_to_retry_create(None)).expect("kept");
         assert_eq!(kept.state, ItemState::Pending);
         assert!(kept.applied.is_none() && !kept.existence_uncertain && !kept.may_exist());
-        assert_eq!(kept.retry_of.map(|retry| retry.op_id), Some("op-1".into()));
+        assert_eq!(
+            kept.rare.retry_of.as_ref().map(|retry| retry.op_id.clone()),
+            Some("op-1".into())
+        );
         assert_eq!(kept.attempts, 2, "attempts go on counting");
 
         let failed = forgotten_with_external(waiting_to_retry_create(Some(OperationError {
@@ -747,7 +777,7 @@ mod tests {
     #[test]
     fn an_item_that_goes_with_its_external_item_is_otherwise_forgotten() {
         let mut entry = waiting_to_retry_create(None);
-        entry.retry_of = None;
+        entry.rare.retry_of = None;
         assert!(forgotten_with_external(entry).is_none());
     }
 

@@ -396,7 +396,9 @@ impl CurrentGraph {
     /// Puts `entry` in the graph under `key`, replacing (and returning) any
     /// previous one. Edges follow the applied value's dependencies and those
     /// of an in-flight Create or Modify.
-    pub fn insert(&mut self, key: ItemRef, entry: CurrentItem) -> Option<Arc<CurrentItem>> {
+    pub fn insert(&mut self, key: ItemRef, mut entry: CurrentItem) -> Option<Arc<CurrentItem>> {
+        // Changes may have boxed the rare fields and set them back.
+        entry.rare.compact();
         let entry = Arc::new(entry);
         let previous = self.items.insert(key.clone(), entry.clone());
         match &previous {
@@ -509,6 +511,7 @@ fn current_edges(entry: &CurrentItem) -> impl Iterator<Item = &ItemRef> {
         .filter_map(|operation| operation.target.as_ref())
         .flat_map(|item| item.required_items());
     let maybe_applied = entry
+        .rare
         .maybe_applied
         .iter()
         .flat_map(|item| item.required_items());

@@ -480,10 +480,7 @@ mod tests {
         assert_eq!(described.description(), "why");
         assert_eq!(described.must_satisfy(), "");
         let cleared = described.clone().with_description("");
-        assert!(
-            !cleared.rare.is_boxed(),
-            "no box once both texts are empty"
-        );
+        assert!(!cleared.rare.is_boxed(), "no box once both texts are empty");
         assert_eq!(cleared, plain);
         let flagged = plain.clone().with_recreate_when_modified(true);
         assert!(flagged.rare.is_boxed() && flagged.recreate_when_modified());

@@ -21,4 +21,6 @@ pub use item::{Dependency, Item, ItemRef};
 pub use predicate::{Predicate, PredicateError};
 pub use properties::Properties;
 pub use sharing::IdentitySharing;
-pub use state::{CurrentItem, InFlight, ItemState, OperationError, OperationKind, RetryOf, code};
+pub use state::{
+    CurrentItem, InFlight, ItemState, OperationError, OperationKind, RareFields, RetryOf, code,
+};

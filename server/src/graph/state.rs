@@ -186,6 +186,10 @@ impl InFlight {
 }
 
 /// An item of the current graph.
+///
+/// 64 bytes: what a settled item keeps inline, with the fields it sets only
+/// while it fails, waits, retries or tracks recreate marks boxed together in
+/// [`RareFields`] (a tenant may hold a million current items).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CurrentItem {
     /// Where the item stands.
@@ -199,35 +203,15 @@ pub struct CurrentItem {
     pub observed: Option<Arc<Properties>>,
     /// The last operation that finished (successfully or not).
     pub last_operation: Option<OperationKind>,
-    /// The error of the last operation, while the item is failed.
-    pub last_error: Option<Box<OperationError>>,
     /// Failed attempts of the current operation since the last success.
     pub attempts: u32,
-    /// No new attempt before this time (unix milliseconds).
-    pub next_attempt_at_ms: Option<u64>,
-    /// The intended generation the last failure happened at: a terminal
-    /// failure blocks retries only while the intent is still this one.
-    pub failed_generation: u64,
     /// The operation in flight, if any.
     pub in_flight: Option<Box<InFlight>>,
     /// Completed Modifies (and modified reports of external items): the
     /// counter `recreate_when_modified` dependents compare against.
     pub modifications: u64,
-    /// For each `recreate_when_modified` dependency: the required item's
-    /// `modifications` when this item was created. Stored as a list of
-    /// pairs: JSON maps need string keys.
-    #[serde(with = "marks_as_pairs")]
-    pub dependency_marks: BTreeMap<ItemRef, u64>,
     /// For `Unknown`: whether the item was created before the outcome got lost.
     pub unknown_was_created: bool,
-    /// Answer of the agent to "does this change need a recreate?", for the
-    /// intent generation it was asked about.
-    pub needs_recreate_answer: Option<(u64, bool)>,
-    /// The operation the item's next attempt continues: after a FAILED
-    /// outcome, a timeout or a WAIT, the next try of the same operation
-    /// (same kind, same target generation) keeps its op id (DESIGN §4).
-    #[serde(default)]
-    pub retry_of: Option<Box<RetryOf>>,
     /// The last failure allows no further attempt: its code is terminal or
     /// the type's `max_attempts` is used up. Like a terminal code, only an
     /// intent change retries it.
@@ -248,12 +232,116 @@ pub struct CurrentItem {
     /// `previous_uncertain`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub existence_uncertain: bool,
+    /// The fields a settled item nearly never sets, boxed only while one
+    /// is: read them as `item.rare.last_error`; writing one boxes them.
+    #[serde(flatten)]
+    pub rare: RareBox,
+}
+
+/// The fields of a current item that a settled item nearly never sets.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RareFields {
+    /// The error of the last operation, while the item is failed.
+    pub last_error: Option<OperationError>,
+    /// No new attempt before this time (unix milliseconds).
+    pub next_attempt_at_ms: Option<u64>,
+    /// The intended generation the last failure happened at: a terminal
+    /// failure blocks retries only while the intent is still this one.
+    pub failed_generation: u64,
+    /// For each `recreate_when_modified` dependency: the required item's
+    /// `modifications` when this item was created. Stored as a list of
+    /// pairs: JSON maps need string keys.
+    #[serde(with = "marks_as_pairs")]
+    pub dependency_marks: BTreeMap<ItemRef, u64>,
+    /// Answer of the agent to "does this change need a recreate?", for the
+    /// intent generation it was asked about.
+    pub needs_recreate_answer: Option<(u64, bool)>,
+    /// The operation the item's next attempt continues: after a FAILED
+    /// outcome, a timeout or a WAIT, the next try of the same operation
+    /// (same kind, same target generation) keeps its op id (DESIGN §4).
+    pub retry_of: Option<RetryOf>,
     /// A lost Modify that was not sent again (its dependency no longer
     /// held) may have applied this value: its dependencies count as edges
     /// of the current graph (nothing it may rely on is deleted under it)
     /// until an operation of the item succeeds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub maybe_applied: Option<Arc<Item>>,
+}
+
+/// No rare field set: what [`CurrentItem::rare`] shows without a box.
+static NO_RARE_FIELDS: RareFields = RareFields {
+    last_error: None,
+    next_attempt_at_ms: None,
+    failed_generation: 0,
+    dependency_marks: BTreeMap::new(),
+    needs_recreate_answer: None,
+    retry_of: None,
+    maybe_applied: None,
+};
+
+/// [`RareFields`] in a box while one is set; equal by content.
+///
+/// Reading a field never allocates; changing one (through `DerefMut`)
+/// boxes them, and [`RareBox::compact`] drops a box with nothing set (the
+/// current graph compacts every item it takes).
+#[derive(Clone, Debug, Default)]
+pub struct RareBox(Option<Box<RareFields>>);
+
+impl RareBox {
+    fn get(&self) -> &RareFields {
+        self.0.as_deref().unwrap_or(&NO_RARE_FIELDS)
+    }
+
+    /// Drops the box if no field is set.
+    pub fn compact(&mut self) {
+        if self.0.as_deref() == Some(&NO_RARE_FIELDS) {
+            self.0 = None;
+        }
+    }
+
+    /// Whether the fields take a box.
+    pub fn is_boxed(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl From<RareFields> for RareBox {
+    fn from(fields: RareFields) -> Self {
+        Self((fields != NO_RARE_FIELDS).then(|| Box::new(fields)))
+    }
+}
+
+impl std::ops::Deref for RareBox {
+    type Target = RareFields;
+
+    fn deref(&self) -> &RareFields {
+        self.get()
+    }
+}
+
+impl std::ops::DerefMut for RareBox {
+    fn deref_mut(&mut self) -> &mut RareFields {
+        self.0.get_or_insert_with(Box::default)
+    }
+}
+
+impl PartialEq for RareBox {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Serialize for RareBox {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.get().serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for RareBox {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        RareFields::deserialize(deserializer).map(Self::from)
+    }
 }
 
 /// An operation that ended without success and will be tried again under
@@ -324,20 +412,14 @@ impl CurrentItem {
             applied_generation: generation,
             observed: None,
             last_operation: Some(OperationKind::Create),
-            last_error: None,
             attempts: 0,
-            next_attempt_at_ms: None,
-            failed_generation: 0,
             in_flight: None,
             modifications: 0,
-            dependency_marks: BTreeMap::new(),
             unknown_was_created: false,
-            needs_recreate_answer: None,
-            retry_of: None,
             gave_up: false,
             gone_with_external: false,
             existence_uncertain: false,
-            maybe_applied: None,
+            rare: RareBox::default(),
         }
     }
 
@@ -349,21 +431,23 @@ impl CurrentItem {
             applied_generation: 0,
             observed: None,
             last_operation: None,
-            last_error: None,
             attempts: 0,
-            next_attempt_at_ms: None,
-            failed_generation: 0,
             in_flight: Some(Box::new(in_flight)),
             modifications: 0,
-            dependency_marks: BTreeMap::new(),
             unknown_was_created: false,
-            needs_recreate_answer: None,
-            retry_of: None,
             gave_up: false,
             gone_with_external: false,
             existence_uncertain: false,
-            maybe_applied: None,
+            rare: RareBox::default(),
         }
+    }
+
+    /// This item with its rarely set fields changed by `change` (builder
+    /// style, boxed only if one is left set).
+    pub fn with_rare(mut self, change: impl FnOnce(&mut RareFields)) -> Self {
+        change(&mut self.rare);
+        self.rare.compact();
+        self
     }
 
     /// "Created" for dependency purposes: `Created`, `Modifying`, `Failed`
@@ -401,11 +485,12 @@ impl CurrentItem {
     /// `intended_generation` (0 when the item left the intent).
     pub fn failed_terminally_at(&self, intended_generation: u64) -> bool {
         self.state == ItemState::Failed
-            && self.failed_generation == intended_generation
+            && self.rare.failed_generation == intended_generation
             && (self.gave_up
                 || self
+                    .rare
                     .last_error
-                    .as_deref()
+                    .as_ref()
                     .is_some_and(OperationError::is_terminal))
     }
 
@@ -427,5 +512,64 @@ impl CurrentItem {
             }
         }
         properties
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed() -> CurrentItem {
+        CurrentItem {
+            state: ItemState::Failed,
+            ..CurrentItem::created(Arc::new(Item::new("t", "a", Properties::new())), 2)
+        }
+        .with_rare(|rare| {
+            rare.last_error = Some(OperationError {
+                code: code::UNAVAILABLE,
+                message: "agent gone".into(),
+            });
+            rare.next_attempt_at_ms = Some(5_000);
+            rare.failed_generation = 2;
+        })
+    }
+
+    #[test]
+    fn a_settled_item_keeps_no_box_and_stays_small() {
+        assert_eq!(std::mem::size_of::<CurrentItem>(), 64);
+        let settled = CurrentItem::created(Arc::new(Item::new("t", "a", Properties::new())), 2);
+        assert!(!settled.rare.is_boxed());
+        assert!(failed().rare.is_boxed());
+        let recovered = failed().with_rare(|rare| *rare = RareFields::default());
+        assert!(
+            !recovered.rare.is_boxed(),
+            "a box with nothing set is dropped"
+        );
+
+        // Boxed or not, equal contents are equal.
+        let mut touched = settled.clone();
+        touched.rare.next_attempt_at_ms = None;
+        assert!(touched.rare.is_boxed());
+        assert_eq!(touched, settled);
+        touched.rare.compact();
+        assert!(!touched.rare.is_boxed());
+    }
+
+    #[test]
+    fn rare_fields_keep_their_json_shape() {
+        let item = failed();
+        let json = serde_json::to_value(&item).expect("encodes");
+        assert_eq!(json["last_error"]["message"], "agent gone");
+        assert_eq!(json["next_attempt_at_ms"], 5_000);
+        assert_eq!(json["failed_generation"], 2);
+        assert!(json["retry_of"].is_null() && json["dependency_marks"] == serde_json::json!([]));
+        let decoded: CurrentItem = serde_json::from_value(json).expect("decodes");
+        assert_eq!(decoded, item);
+
+        let settled = CurrentItem::created(Arc::new(Item::new("t", "a", Properties::new())), 2);
+        let decoded: CurrentItem =
+            serde_json::from_value(serde_json::to_value(&settled).expect("encodes"))
+                .expect("decodes");
+        assert!(!decoded.rare.is_boxed());
     }
 }

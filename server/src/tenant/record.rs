@@ -154,27 +154,27 @@ pub(crate) mod samples {
         current.state = ItemState::Unknown;
         current.observed = Some(Arc::new(Properties::new()));
         current.last_operation = Some(OperationKind::Modify);
-        current.last_error = Some(Box::new(OperationError {
+        current.rare.last_error = Some(OperationError {
             code: 9,
             message: "refused".into(),
-        }));
+        });
         current.attempts = 2;
-        current.next_attempt_at_ms = Some(5_000);
-        current.failed_generation = 3;
+        current.rare.next_attempt_at_ms = Some(5_000);
+        current.rare.failed_generation = 3;
         current.in_flight = Some(Box::new(read));
         current.modifications = 6;
-        current.dependency_marks.insert(required, 7);
+        current.rare.dependency_marks.insert(required, 7);
         current.unknown_was_created = true;
-        current.needs_recreate_answer = Some((3, true));
-        current.retry_of = Some(Box::new(RetryOf {
+        current.rare.needs_recreate_answer = Some((3, true));
+        current.rare.retry_of = Some(RetryOf {
             kind: OperationKind::Modify,
             target_generation: 3,
             op_id: "1-ab-9".into(),
-        }));
+        });
         current.gave_up = true;
         current.gone_with_external = true;
         current.existence_uncertain = true;
-        current.maybe_applied = Some(applied);
+        current.rare.maybe_applied = Some(applied);
         current
     }
 

@@ -122,7 +122,7 @@ fn item_change_events(change: &ItemChange, out: &mut Vec<v1::Event>) {
                     .map_or(v1::ItemState::Unspecified, |a| item_state_to_proto(a.state))
                     .into(),
                 error: after
-                    .and_then(|a| a.last_error.as_deref())
+                    .and_then(|a| a.rare.last_error.as_ref())
                     .map(operation_error_to_status),
                 status,
             }),
@@ -162,7 +162,7 @@ fn status_differs(before: Option<&CurrentItem>, after: Option<&CurrentItem>) -> 
         (None, None) => false,
         (Some(before), Some(after)) => {
             before.state != after.state
-                || before.last_error != after.last_error
+                || before.rare.last_error != after.rare.last_error
                 || !same(&before.applied, &after.applied)
                 || !same(&before.observed, &after.observed)
         }
@@ -292,9 +292,9 @@ mod tests {
         // that no status shows.
         let after = CurrentItem {
             observed: Some(Arc::new(observed)),
-            next_attempt_at_ms: Some(5),
             ..created()
-        };
+        }
+        .with_rare(|rare| rare.next_attempt_at_ms = Some(5));
         assert!(change_events(&before, &after).is_empty());
     }
 

@@ -142,9 +142,13 @@ fn fill_current(status: &mut v1::ItemStatus, current: &CurrentItem) {
         .last_operation
         .map_or(v1::OperationKind::Unspecified, operation_kind_to_proto)
         .into();
-    status.last_error = current.last_error.as_deref().map(operation_error_to_status);
+    status.last_error = current
+        .rare
+        .last_error
+        .as_ref()
+        .map(operation_error_to_status);
     status.attempts = current.attempts;
-    status.next_attempt_at = current.next_attempt_at_ms.map(timestamp_from_ms);
+    status.next_attempt_at = current.rare.next_attempt_at_ms.map(timestamp_from_ms);
     status.operation = current.in_flight.as_deref().map(in_flight_to_proto);
     status.modifications = current.modifications;
 }
@@ -285,12 +289,12 @@ mod tests {
         current.state = ItemState::Failed;
         current.in_flight = None;
         current.last_operation = Some(OperationKind::Create);
-        current.last_error = Some(Box::new(OperationError {
+        current.rare.last_error = Some(OperationError {
             code: 14,
             message: "agent gone".into(),
-        }));
+        });
         current.attempts = 3;
-        current.next_attempt_at_ms = Some(9_000);
+        current.rare.next_attempt_at_ms = Some(9_000);
         let entry = intended(Item::new("t", "a", Properties::new()), 4);
         let waiting = WaitingItem {
             item: key.clone(),

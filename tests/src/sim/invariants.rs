@@ -692,7 +692,7 @@ impl Ledger {
         self.retry_pending = snapshot
             .current
             .iter()
-            .filter(|(_, c)| c.in_flight.is_none() && c.next_attempt_at_ms.is_some())
+            .filter(|(_, c)| c.in_flight.is_none() && c.rare.next_attempt_at_ms.is_some())
             .map(|(key, _)| key.clone())
             .collect();
     }
@@ -823,7 +823,7 @@ pub fn unconverged_reason(snapshot: &TenantSnapshot) -> Option<String> {
                 ));
             }
             if dependency.recreate_when_modified()
-                && current.dependency_marks.get(&dependency.requires)
+                && current.rare.dependency_marks.get(&dependency.requires)
                     != Some(&required.modifications)
             {
                 return Some(format!(
@@ -1065,12 +1065,13 @@ fn failed_for_good(snapshot: &TenantSnapshot, key: &ItemRef, current: &CurrentIt
         .get(key)
         .map_or(0, |entry| entry.generation);
     current.state == ItemState::Failed
-        && current.failed_generation == generation
+        && current.rare.failed_generation == generation
         && (current
+            .rare
             .last_error
             .as_ref()
             .is_some_and(|error| error.is_terminal())
-            || current.next_attempt_at_ms.is_none())
+            || current.rare.next_attempt_at_ms.is_none())
 }
 
 /// Items connected to an item that failed for good, through dependency
@@ -1439,9 +1440,9 @@ pub fn check_converged(
                 format!(
                     "{key} ({} failed: {:?}, attempts {}, next attempt {:?}, intended: {}, waiting: {:?})",
                     c.last_operation.map_or("?", |k| k.as_str()),
-                    c.last_error,
+                    c.rare.last_error,
                     c.attempts,
-                    c.next_attempt_at_ms,
+                    c.rare.next_attempt_at_ms,
                     model.items.contains_key(key),
                     snapshot.waiting.get(key)
                 )

@@ -862,7 +862,7 @@ impl Sim {
                 let record = snapshot.current.get(key).map(|c| {
                     format!(
                         "{:?}, next attempt {:?}, retry of {:?}",
-                        c.state, c.next_attempt_at_ms, c.retry_of
+                        c.state, c.rare.next_attempt_at_ms, c.rare.retry_of
                     )
                 });
                 format!("{key} ({:?}: {record:?})", waiting.operation)

@@ -598,7 +598,7 @@ fn clamp_retry_times(current: &mut CurrentGraph, types: &TypeRegistry, now_ms: u
     let clamped: Vec<(ItemRef, CurrentItem)> = current
         .iter()
         .filter_map(|(key, entry)| {
-            let at = entry.next_attempt_at_ms?;
+            let at = entry.rare.next_attempt_at_ms?;
             let max_delay = types.spec(key.item_type()).map_or_else(
                 || TypeSpec::new("").retry.max_delay_ms(),
                 |spec| spec.retry.max_delay_ms(),
@@ -606,7 +606,7 @@ fn clamp_retry_times(current: &mut CurrentGraph, types: &TypeRegistry, now_ms: u
             let latest = now_ms.saturating_add(max_delay);
             (at > latest).then(|| {
                 let mut clamped = (**entry).clone();
-                clamped.next_attempt_at_ms = Some(latest);
+                clamped.rare.next_attempt_at_ms = Some(latest);
                 (key.clone(), clamped)
             })
         })

@@ -230,10 +230,7 @@ fn applied_or_not(
                     retry_at_ms: now_ms,
                 },
             )
-            .map(|value| CurrentItem {
-                maybe_applied: operation.target.clone(),
-                ..value
-            })
+            .map(|value| value.with_rare(|rare| rare.maybe_applied = operation.target.clone()))
         }
     }
 }
@@ -501,8 +498,11 @@ mod tests {
         assert_eq!(why, GiveUpReason::Poison);
         let value = value.expect("failed");
         assert_eq!(value.state, ItemState::Failed);
-        assert_eq!(value.last_error.map(|e| e.code), Some(code::UNAVAILABLE));
-        assert_eq!(value.next_attempt_at_ms, Some(100));
+        assert_eq!(
+            value.rare.last_error.as_ref().map(|e| e.code),
+            Some(code::UNAVAILABLE)
+        );
+        assert_eq!(value.rare.next_attempt_at_ms, Some(100));
     }
 
     #[test]

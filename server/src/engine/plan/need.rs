@@ -86,7 +86,7 @@ fn change_need(
         return Need::Recreate;
     }
     if rules.ask_needs_recreate {
-        return match current.needs_recreate_answer {
+        return match current.rare.needs_recreate_answer {
             Some((generation, true)) if generation == intended.generation => Need::Recreate,
             Some((generation, false)) if generation == intended.generation => {
                 Need::Modify { ask: false }
@@ -128,6 +128,7 @@ fn dependency_was_modified(
             // modified) under has a mark; one the new intent adds does not
             // recreate it.
             current
+                .rare
                 .dependency_marks
                 .get(&dependency.requires)
                 .is_some_and(|&recorded| recorded != required.modifications)

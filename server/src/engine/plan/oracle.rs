@@ -412,7 +412,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
     fn applied_dependencies(&self, item: &ItemRef) -> Vec<Dependency> {
         self.current_of(item)
             .into_iter()
-            .flat_map(|c| c.applied.iter().chain(c.maybe_applied.iter()))
+            .flat_map(|c| c.applied.iter().chain(c.rare.maybe_applied.iter()))
             .flat_map(|value| value.dependencies.iter().cloned())
             .collect()
     }
@@ -420,6 +420,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
     fn in_backoff(&self, current: &CurrentItem) -> bool {
         !current.is_busy()
             && current
+                .rare
                 .next_attempt_at_ms
                 .is_some_and(|at| at > self.env.now_ms())
     }
@@ -512,7 +513,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                 let Some(required) = self.current_of(&d.requires) else {
                     return false;
                 };
-                let recorded = current.dependency_marks.get(&d.requires).copied();
+                let recorded = current.rare.dependency_marks.get(&d.requires).copied();
                 recorded.unwrap_or(0) != required.modifications
             })
     }
@@ -532,7 +533,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
             return OwnNeed::Recreate;
         }
         if rules.ask_needs_recreate {
-            return match c.needs_recreate_answer {
+            return match c.rare.needs_recreate_answer {
                 Some((generation, true)) if generation == intended.generation => OwnNeed::Recreate,
                 Some((generation, false)) if generation == intended.generation => {
                     OwnNeed::Modify { ask: false }
@@ -588,7 +589,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                         .any(|d| d.auto_deleted_by_external() && self.gone(&d.requires))
                 };
                 let drop = entry.applied.as_deref().is_some_and(ties)
-                    && entry.maybe_applied.as_deref().is_none_or(ties);
+                    && entry.rare.maybe_applied.as_deref().is_none_or(ties);
                 if drop {
                     self.dropped.insert(key.clone());
                     changed = true;

@@ -140,7 +140,11 @@ fn describe(world: &World) -> String {
                     } else {
                         format!("[{}]", d.must_satisfy())
                     },
-                    if d.recreate_when_modified() { "+rwm" } else { "" },
+                    if d.recreate_when_modified() {
+                        "+rwm"
+                    } else {
+                        ""
+                    },
                     if d.auto_deleted_by_external() {
                         "+auto"
                     } else {
@@ -171,7 +175,11 @@ fn describe(world: &World) -> String {
                         } else {
                             format!("[{}]", d.must_satisfy())
                         },
-                        if d.recreate_when_modified() { "+rwm" } else { "" }
+                        if d.recreate_when_modified() {
+                            "+rwm"
+                        } else {
+                            ""
+                        }
                     )
                 })
                 .collect();
@@ -189,17 +197,17 @@ fn describe(world: &World) -> String {
             entry.applied_generation,
             entry.observed.as_ref().map(|o| o.to_value()),
             entry.last_operation,
-            entry.last_error.as_ref().map(|e| e.code),
-            entry.failed_generation,
-            entry.next_attempt_at_ms,
+            entry.rare.last_error.as_ref().map(|e| e.code),
+            entry.rare.failed_generation,
+            entry.rare.next_attempt_at_ms,
             entry
                 .in_flight
                 .as_ref()
                 .map(|op| (op.kind, op.target_generation)),
             entry.modifications,
-            entry.dependency_marks,
+            entry.rare.dependency_marks,
             entry.unknown_was_created,
-            entry.needs_recreate_answer,
+            entry.rare.needs_recreate_answer,
         );
     }
     out
@@ -596,7 +604,7 @@ fn random_action(world: &mut World, spec: &CaseSpec, rng: &mut StdRng, plan: &Pl
                 return;
             };
             let mut answered = (**world.current.get(&key).expect("listed")).clone();
-            answered.needs_recreate_answer = Some((generation, rng.random_bool(0.5)));
+            answered.rare.needs_recreate_answer = Some((generation, rng.random_bool(0.5)));
             world.current.insert(key.clone(), answered);
             touch(world, &key);
         }

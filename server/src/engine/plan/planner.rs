@@ -887,7 +887,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         // another value (`maybe_applied`) is dropped only if that value
         // goes too; otherwise it may exist, and is deleted.
         let (applied_plain, applied_auto) = self.gone_dependencies(applied);
-        let (maybe_plain, maybe_auto) = match current.maybe_applied.as_deref() {
+        let (maybe_plain, maybe_auto) = match current.rare.maybe_applied.as_deref() {
             Some(maybe) => self.gone_dependencies(maybe),
             None => (false, applied_auto),
         };
@@ -981,6 +981,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     fn in_backoff(&self, current: &CurrentItem) -> bool {
         !current.is_busy()
             && current
+                .rare
                 .next_attempt_at_ms
                 .is_some_and(|at| at > self.now_ms)
     }
@@ -1562,6 +1563,7 @@ fn waiting_on_itself(item: &ItemRef, current: &CurrentItem, kind: OperationKind)
 
 fn terminal(item: &ItemRef, current: &CurrentItem, kind: OperationKind) -> Schedule {
     let message = current
+        .rare
         .last_error
         .as_ref()
         .map(|error| error.message.clone())

@@ -463,7 +463,7 @@ fn a_type_that_asks_gets_a_modify_flagged_as_a_question_and_a_yes_recreates() {
     // The agent answers "yes": the answer is recorded for this generation.
     let key = parse_ref("x/a");
     let mut answered = (**world.current.get(&key).expect("a exists")).clone();
-    answered.needs_recreate_answer = Some((world.generation, true));
+    answered.rare.needs_recreate_answer = Some((world.generation, true));
     world.current.insert(key, answered);
     world.run_to_quiescence(10);
     assert_eq!(world.labels(), ["delete x/a", "create x/a"]);
@@ -1171,7 +1171,7 @@ fn a_dependency_modified_while_a_create_runs_recreates_the_dependent() {
     let recorded = world
         .current
         .get(&parse_ref("t/b"))
-        .and_then(|b| b.dependency_marks.get(&parse_ref("t/a")).copied());
+        .and_then(|b| b.rare.dependency_marks.get(&parse_ref("t/a")).copied());
     assert_eq!(recorded, Some(0), "the counter when the Create was sent");
     assert_eq!(planned_labels(&world.plan()), ["delete t/b", "create t/b"]);
 }
@@ -1194,7 +1194,7 @@ fn an_item_that_may_hold_an_untied_value_is_deleted_not_dropped_and_holds_its_de
     world.intend(vec![external, item("t/b", json!({})), tied]);
     world.run_to_quiescence(5);
     let mut a = (**world.current.get(&parse_ref("t/a")).expect("a")).clone();
-    a.maybe_applied = Some(std::sync::Arc::new(untied));
+    a.rare.maybe_applied = Some(std::sync::Arc::new(untied));
     world.current.insert(parse_ref("t/a"), a);
     world.remove_external("e/x");
     world.intend(vec![]);

@@ -161,7 +161,7 @@ async fn a_wall_clock_step_neither_expires_nor_extends_operations() {
         .expect("item recorded");
     assert_eq!(current.state, ItemState::Failed);
     assert_eq!(
-        current.last_error.as_ref().map(|error| error.code),
+        current.rare.last_error.as_ref().map(|error| error.code),
         Some(code::DEADLINE_EXCEEDED)
     );
     assert!(harness.clock.now_ms() < 1_700_000_000_000);
@@ -191,7 +191,7 @@ async fn one_seed_gives_the_same_op_ids_and_retry_times() {
             .latest()
             .current
             .get(&ItemRef::new("t", "a"))
-            .and_then(|c| c.next_attempt_at_ms);
+            .and_then(|c| c.rare.next_attempt_at_ms);
         (op_ids, retry_at)
     }
     let first = run(42).await;
@@ -384,7 +384,7 @@ async fn a_drift_read_that_times_out_changes_nothing() {
         snapshot
             .current
             .get(&ItemRef::new("t", "a"))
-            .is_some_and(|c| c.last_error.is_none())
+            .is_some_and(|c| c.rare.last_error.is_none())
     );
 }
 
@@ -1057,7 +1057,7 @@ async fn cancelled_as_asked_is_not_a_failed_attempt() {
     let snapshot = harness.handle.snapshots.latest();
     let a = snapshot.current.get(&ItemRef::new("t", "a")).expect("a");
     assert_eq!(a.attempts, 0, "no attempt counted");
-    assert!(a.last_error.is_none(), "no failure recorded");
+    assert!(a.rare.last_error.is_none(), "no failure recorded");
 }
 
 #[tokio::test(start_paused = true)]

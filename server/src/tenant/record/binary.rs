@@ -19,7 +19,7 @@ use crate::engine::exec::{RetryPolicy, TypeSpec};
 use crate::engine::schema::TypeSchema;
 use crate::graph::{
     CurrentItem, Dependency, InFlight, Item, ItemRef, ItemState, OperationError, OperationKind,
-    Properties, RetryOf,
+    Properties, RareFields, RetryOf,
 };
 use crate::tenant::persist::StoredSpec;
 
@@ -112,28 +112,32 @@ impl StoredRecord for CurrentItem {
             applied_generation: self.applied_generation,
             observed: self.observed.as_deref().map(json_text).transpose()?,
             last_operation: kind_message(self.last_operation) as i32,
-            last_error: self.last_error.as_ref().map(|error| pb::OperationError {
-                code: error.code,
-                message: error.message.clone(),
-            }),
+            last_error: self
+                .rare
+                .last_error
+                .as_ref()
+                .map(|error| pb::OperationError {
+                    code: error.code,
+                    message: error.message.clone(),
+                }),
             attempts: self.attempts,
-            next_attempt_at_ms: self.next_attempt_at_ms,
-            failed_generation: self.failed_generation,
+            next_attempt_at_ms: self.rare.next_attempt_at_ms,
+            failed_generation: self.rare.failed_generation,
             in_flight: self
                 .in_flight
                 .as_deref()
                 .map(in_flight_message)
                 .transpose()?,
             modifications: self.modifications,
-            dependency_marks: marks_message(&self.dependency_marks),
+            dependency_marks: marks_message(&self.rare.dependency_marks),
             unknown_was_created: self.unknown_was_created,
-            needs_recreate_answer: self.needs_recreate_answer.map(|(generation, needs)| {
+            needs_recreate_answer: self.rare.needs_recreate_answer.map(|(generation, needs)| {
                 pb::RecreateAnswer {
                     generation,
                     needs_recreate: needs,
                 }
             }),
-            retry_of: self.retry_of.as_ref().map(|retry| pb::RetryOf {
+            retry_of: self.rare.retry_of.as_ref().map(|retry| pb::RetryOf {
                 kind: kind_message(Some(retry.kind)) as i32,
                 target_generation: retry.target_generation,
                 op_id: retry.op_id.clone(),
@@ -142,6 +146,7 @@ impl StoredRecord for CurrentItem {
             gone_with_external: self.gone_with_external,
             existence_uncertain: self.existence_uncertain,
             maybe_applied: self
+                .rare
                 .maybe_applied
                 .as_deref()
                 .map(item_message)
@@ -159,33 +164,31 @@ impl StoredRecord for CurrentItem {
                 .map(|text| properties_from(&text).map(Arc::new))
                 .transpose()?,
             last_operation: kind_from(message.last_operation)?,
-            last_error: message.last_error.map(|error| {
-                Box::new(OperationError {
-                    code: error.code,
-                    message: error.message,
-                })
-            }),
             attempts: message.attempts,
-            next_attempt_at_ms: message.next_attempt_at_ms,
-            failed_generation: message.failed_generation,
             in_flight: message
                 .in_flight
                 .map(|message| in_flight_from(message).map(Box::new))
                 .transpose()?,
             modifications: message.modifications,
-            dependency_marks: marks_from(message.dependency_marks),
             unknown_was_created: message.unknown_was_created,
-            needs_recreate_answer: message
-                .needs_recreate_answer
-                .map(|answer| (answer.generation, answer.needs_recreate)),
-            retry_of: message
-                .retry_of
-                .map(|retry| retry_of_from(retry).map(Box::new))
-                .transpose()?,
             gave_up: message.gave_up,
             gone_with_external: message.gone_with_external,
             existence_uncertain: message.existence_uncertain,
-            maybe_applied: optional_item(message.maybe_applied)?,
+            rare: RareFields {
+                last_error: message.last_error.map(|error| OperationError {
+                    code: error.code,
+                    message: error.message,
+                }),
+                next_attempt_at_ms: message.next_attempt_at_ms,
+                failed_generation: message.failed_generation,
+                dependency_marks: marks_from(message.dependency_marks),
+                needs_recreate_answer: message
+                    .needs_recreate_answer
+                    .map(|answer| (answer.generation, answer.needs_recreate)),
+                retry_of: message.retry_of.map(retry_of_from).transpose()?,
+                maybe_applied: optional_item(message.maybe_applied)?,
+            }
+            .into(),
         })
     }
 }

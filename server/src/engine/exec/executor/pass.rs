@@ -204,7 +204,7 @@ impl Executor {
             // and starts at attempt 1.
             let existing = self.model.current.get(item);
             let continued = existing
-                .and_then(|c| c.retry_of.as_ref())
+                .and_then(|c| c.rare.retry_of.as_ref())
                 .and_then(|retry| retry.continues(operation.kind, operation.target_generation))
                 .map(str::to_owned);
             let (op_id, attempt) = match continued {
@@ -241,14 +241,14 @@ impl Executor {
                 let mut value = started(existing, target, in_flight.clone());
                 record_dispatch_marks(&self.model.current, &mut value);
                 let continues = existing
-                    .and_then(|c| c.retry_of.as_ref())
+                    .and_then(|c| c.rare.retry_of.as_ref())
                     .is_some_and(|retry| retry.op_id == in_flight.op_id);
                 if !continues {
                     // A new operation: its failures count from zero, and an
                     // earlier operation's failure (even one given up on)
                     // says nothing about it.
                     value.attempts = 0;
-                    value.last_error = None;
+                    value.rare.last_error = None;
                     value.gave_up = false;
                 }
                 (item.clone(), Some(value))
@@ -316,7 +316,7 @@ impl Executor {
                 .model
                 .current
                 .get(&item)
-                .and_then(|c| c.last_error.as_deref().cloned());
+                .and_then(|c| c.rare.last_error.as_ref().cloned());
             let started = Started {
                 item: item.clone(),
                 kind: in_flight.kind,
@@ -419,7 +419,7 @@ impl Executor {
                     .model
                     .current
                     .get(&waiting.item)
-                    .and_then(|c| c.next_attempt_at_ms);
+                    .and_then(|c| c.rare.next_attempt_at_ms);
                 next_retry = match (next_retry, at) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),

@@ -75,7 +75,7 @@ impl Executor {
                             .model
                             .current
                             .get(item)
-                            .and_then(|current| current.next_attempt_at_ms)
+                            .and_then(|current| current.rare.next_attempt_at_ms)
                             .is_none_or(|at| at <= now.wall_ms)
                 })
                 .map(|(item, _)| item.clone())
