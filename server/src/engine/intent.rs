@@ -211,8 +211,8 @@ fn place_items(
     let mut placed = Vec::with_capacity(items.len());
     for (index, (mut item, predicates)) in items.into_iter().enumerate() {
         match normalize_subgraph(&item.subgraph) {
-            Ok(path) if path.is_empty() => item.subgraph = scope.to_string(),
-            Ok(path) => item.subgraph = path,
+            Ok(path) if path.is_empty() => item.subgraph = scope.into(),
+            Ok(path) => item.subgraph = path.into(),
             Err(problem) => violations.push(FieldViolation::new(
                 format!("items[{index}].subgraph"),
                 problem,
@@ -233,7 +233,7 @@ fn place_items(
             return Err(IntentError::ItemInOtherSubgraph {
                 field: format!("items[{index}]"),
                 item: item.item_ref(),
-                subgraph: existing.item.subgraph.clone(),
+                subgraph: existing.item.subgraph.to_string(),
             });
         }
         placed.push((item, predicates));

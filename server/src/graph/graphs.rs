@@ -132,7 +132,7 @@ struct Edges {
 pub struct IntendedGraph {
     items: OrdMap<ItemRef, Arc<IntendedItem>>,
     ids: IdTable<Edges>,
-    subgraphs: BTreeMap<String, BTreeSet<ItemRef>>,
+    subgraphs: BTreeMap<Box<str>, BTreeSet<ItemRef>>,
 }
 
 impl IntendedGraph {
@@ -206,10 +206,10 @@ impl IntendedGraph {
             }
             self.ids.release(id);
         }
-        if let Some(listed) = self.subgraphs.get_mut(&previous.item.subgraph) {
+        if let Some(listed) = self.subgraphs.get_mut(&*previous.item.subgraph) {
             listed.remove(item);
             if listed.is_empty() {
-                self.subgraphs.remove(&previous.item.subgraph);
+                self.subgraphs.remove(&*previous.item.subgraph);
             }
         }
         Some(previous)
@@ -218,10 +218,9 @@ impl IntendedGraph {
     /// Items listed in subgraph `path` or any subgraph under it (`""` is
     /// the root and covers everything), in identity order per subgraph.
     pub fn items_under(&self, path: &str) -> impl Iterator<Item = &ItemRef> {
-        let prefix = path.to_string();
         self.subgraphs
-            .range(prefix.clone()..)
-            .take_while(move |(listed, _)| listed.starts_with(&prefix))
+            .range::<str, _>((std::ops::Bound::Included(path), std::ops::Bound::Unbounded))
+            .take_while(move |(listed, _)| listed.starts_with(path))
             .filter(move |(listed, _)| subgraph_contains(path, listed))
             .flat_map(|(_, items)| items.iter())
     }

@@ -166,7 +166,7 @@ pub struct Item {
     /// Present only to express an expectation; never operated on.
     pub external: bool,
     /// `/`-separated path of the subgraph that lists the item; empty = root.
-    pub subgraph: String,
+    pub subgraph: Box<str>,
     /// The label (first) and the description (second), rarely set.
     texts: RareTexts,
 }
@@ -192,7 +192,7 @@ impl Serialize for Item {
             properties: &self.properties,
             dependencies: &self.dependencies,
             external: self.external,
-            subgraph: self.subgraph.as_str(),
+            subgraph: &*self.subgraph,
             label: self.label(),
             description: self.description(),
         }
@@ -209,7 +209,7 @@ impl<'de> Deserialize<'de> for Item {
             properties: fields.properties,
             dependencies: fields.dependencies,
             external: fields.external,
-            subgraph: fields.subgraph,
+            subgraph: fields.subgraph.into(),
             texts: RareTexts::default(),
         };
         item.set_label(fields.label);
@@ -472,7 +472,7 @@ mod tests {
         // A deep graph holds an identity per dependency: keep them compact.
         assert_eq!(std::mem::size_of::<ItemRef>(), 8);
         assert_eq!(std::mem::size_of::<Dependency>(), 16);
-        assert_eq!(std::mem::size_of::<Item>(), 96);
+        assert_eq!(std::mem::size_of::<Item>(), 88);
 
         let plain = Dependency::on(ItemRef::new("t", "a"));
         let described = plain.clone().with_description("why");

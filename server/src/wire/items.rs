@@ -57,7 +57,7 @@ pub fn item_from_proto_at(item: v1::Item, path: &str) -> Result<Item, Vec<FieldV
     decoded.properties = properties;
     decoded.dependencies = dependencies;
     decoded.external = item.external;
-    decoded.subgraph = item.subgraph;
+    decoded.subgraph = item.subgraph.into();
     Ok(decoded)
 }
 
@@ -86,7 +86,7 @@ pub fn item_to_proto(item: &Item) -> v1::Item {
         properties: Some(properties_to_struct(&item.properties)),
         dependencies: item.dependencies.iter().map(dependency_to_proto).collect(),
         external: item.external,
-        subgraph: item.subgraph.clone(),
+        subgraph: item.subgraph.to_string(),
         label: item.label().to_owned(),
         description: item.description().to_owned(),
     }

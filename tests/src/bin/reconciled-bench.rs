@@ -355,7 +355,7 @@ fn stored_records(
             let mut item = reconciled::wire::item_from_proto(proto, index)
                 .map_err(|violations| anyhow!("benchmark item is invalid: {violations:?}"))?;
             // The server places items with no subgraph in the request's.
-            item.subgraph = subgraph_of(client);
+            item.subgraph = subgraph_of(client).into();
             let key = keys::intended_item_key(RAW_TENANT_ID, item.item_type(), item.name());
             let value = encode(&StoredIntended {
                 item,
@@ -1061,7 +1061,7 @@ mod tests {
         );
         let stored: StoredIntended =
             reconciled::tenant::record::decode(key, value).expect("decodes");
-        assert_eq!(stored.item.subgraph, "c3");
+        assert_eq!(&*stored.item.subgraph, "c3");
         assert_eq!(stored.generation, 7);
     }
 

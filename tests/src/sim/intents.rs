@@ -367,7 +367,7 @@ impl IntentModel {
         for item in &plan.items {
             let mut item = item.clone();
             if item.subgraph.is_empty() {
-                item.subgraph = plan.scope.clone();
+                item.subgraph = plan.scope.as_str().into();
             }
             if !subgraph_contains(&plan.scope, &item.subgraph) {
                 return Expected::OutsideScope;
@@ -499,7 +499,7 @@ pub fn generate_submit(rng: &mut StdRng, scenario: &Scenario, model: &IntentMode
             item.external = true;
             item.dependencies.clear();
         }
-        item.subgraph = subgraph_for(rng, &scope, existing);
+        item.subgraph = subgraph_for(rng, &scope, existing).into();
         if rng.random_bool(0.05) {
             item.set_label(*["", "blue", "green"].choose(rng).unwrap_or(&""));
         }
@@ -535,7 +535,7 @@ fn subgraph_for(rng: &mut StdRng, scope: &str, existing: Option<&Item>) -> Strin
         .collect();
     match existing {
         Some(existing) if subgraph_contains(scope, &existing.subgraph) && rng.random_bool(0.85) => {
-            existing.subgraph.clone()
+            existing.subgraph.to_string()
         }
         _ => (*candidates.choose(rng).unwrap_or(&scope)).to_string(),
     }

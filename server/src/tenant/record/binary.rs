@@ -281,7 +281,7 @@ fn item_message(item: &Item) -> Result<pb::Item, String> {
             })
             .collect(),
         external: item.external,
-        subgraph: item.subgraph.clone(),
+        subgraph: item.subgraph.to_string(),
         label: item.label().to_owned(),
         description: item.description().to_owned(),
     })
@@ -305,7 +305,7 @@ fn item_from(message: pb::Item) -> Result<Item, String> {
         })
         .collect();
     item.external = message.external;
-    item.subgraph = message.subgraph;
+    item.subgraph = message.subgraph.into();
     Ok(item
         .with_label(message.label)
         .with_description(message.description))
