@@ -57,6 +57,11 @@ pub struct ScaleArgs {
     /// Agents connected (one per tenant, the first tenants).
     #[arg(long, default_value_t = 1_000)]
     agents: usize,
+    /// Seconds the server idles with its agents before "RSS settled" is
+    /// read: past the moment it first gives freed memory back (10 s after
+    /// loading).
+    #[arg(long, default_value_t = 15)]
+    settle_secs: u64,
 }
 
 /// A configurator that does nothing and succeeds.
@@ -274,6 +279,15 @@ pub fn scale_benchmark(args: &ScaleArgs) -> anyhow::Result<()> {
             rss_agents
         );
 
+        // Idle: what the server keeps once start-up has settled (it gives
+        // freed memory back to the system some seconds after loading).
+        tokio::time::sleep(Duration::from_secs(args.settle_secs)).await;
+        let rss_settled = rss_mib(pid)?;
+        println!(
+            "{} s later, idle: RSS {:.0} MiB",
+            args.settle_secs, rss_settled
+        );
+
         let restarted = Instant::now();
         server.restart().await?;
         let serving_again = restarted.elapsed();
@@ -291,10 +305,10 @@ pub fn scale_benchmark(args: &ScaleArgs) -> anyhow::Result<()> {
             rss_after
         );
         println!();
-        println!("| tenants × items | agents | start → SERVING | start → all Ready | RSS idle | agents registered | RSS with agents | restart → SERVING | restart → all Ready | restart → agents back | RSS after restart |");
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        println!("| tenants × items | agents | start → SERVING | start → all Ready | RSS idle | agents registered | RSS with agents | RSS settled | restart → SERVING | restart → all Ready | restart → agents back | RSS after restart |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         println!(
-            "| {} × {} | {} | {:.2} s | {:.2} s | {:.0} MiB | {:.2} s | {:.0} MiB | {:.2} s | {:.2} s | {:.2} s | {:.0} MiB |",
+            "| {} × {} | {} | {:.2} s | {:.2} s | {:.0} MiB | {:.2} s | {:.0} MiB | {:.0} MiB | {:.2} s | {:.2} s | {:.2} s | {:.0} MiB |",
             args.tenants,
             args.items,
             args.agents,
@@ -303,6 +317,7 @@ pub fn scale_benchmark(args: &ScaleArgs) -> anyhow::Result<()> {
             rss_idle,
             connected.as_secs_f64(),
             rss_agents,
+            rss_settled,
             serving_again.as_secs_f64(),
             ready_again.as_secs_f64(),
             agents_again.as_secs_f64(),
