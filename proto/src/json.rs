@@ -16,13 +16,13 @@ pub const MAX_EXACT_INTEGER: u64 = 1 << 53;
 /// Converts a JSON object (a `serde_json::Map`, or any other type that
 /// lists its keys and values) to a `google.protobuf.Struct`. Integers whose
 /// magnitude exceeds 2^53 become decimal strings.
-pub fn properties_to_struct<'a>(
-    properties: impl IntoIterator<Item = (&'a String, &'a Value)>,
+pub fn properties_to_struct<'a, K: AsRef<str>>(
+    properties: impl IntoIterator<Item = (K, &'a Value)>,
 ) -> prost_types::Struct {
     prost_types::Struct {
         fields: properties
             .into_iter()
-            .map(|(key, value)| (key.clone(), json_to_value(value)))
+            .map(|(key, value)| (key.as_ref().to_owned(), json_to_value(value)))
             .collect(),
     }
 }

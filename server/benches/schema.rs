@@ -82,10 +82,7 @@ fn bench_schema(c: &mut Criterion) {
     });
     // The same item with every member invalid (empty strings): validation
     // stops at the most violations one rejection reports.
-    let empty: Properties = big
-        .iter()
-        .map(|(key, _)| (key.clone(), json!("")))
-        .collect();
+    let empty: Properties = big.iter().map(|(key, _)| (key, json!(""))).collect();
     let invalid = items(1, &empty);
     c.bench_function("worst_schema_one_64k_item_all_invalid", |b| {
         b.iter(|| check_items(black_box(&worst_types), &invalid))

@@ -414,11 +414,11 @@ fn push_entries<'a>(
 /// A JSON object (properties, or a map nested in them) as a CEL map whose
 /// strings borrow from `object`.
 fn object_to_val<'a>(
-    object: impl IntoIterator<Item = (&'a String, &'a serde_json::Value)>,
+    object: impl IntoIterator<Item = (&'a str, &'a serde_json::Value)>,
 ) -> CelMap<'a> {
     let entries: HashMap<CelMapKey<'a>, Box<dyn Val + 'a>> = object
         .into_iter()
-        .map(|(key, value)| (CelMapKey::from(key.as_str()), json_to_val(value)))
+        .map(|(key, value)| (CelMapKey::from(key), json_to_val(value)))
         .collect();
     CelMap::from(entries)
 }
@@ -435,7 +435,9 @@ fn json_to_val(value: &serde_json::Value) -> Box<dyn Val + '_> {
             let elements: Vec<Box<dyn Val + '_>> = elements.iter().map(json_to_val).collect();
             Box::new(CelList::from(elements))
         }
-        serde_json::Value::Object(object) => Box::new(object_to_val(object)),
+        serde_json::Value::Object(object) => Box::new(object_to_val(
+            object.iter().map(|(key, value)| (key.as_str(), value)),
+        )),
     }
 }
 

@@ -6,9 +6,13 @@
 //! [`Properties`] keeps the entries in one allocation of exactly their
 //! size, sorted by key: it iterates in the map's order (the keys' byte
 //! order), so what users see is unchanged, and finds a key by binary
-//! search. Values, nested objects included, stay `serde_json` values.
+//! search. Keys of up to 24 bytes (nearly all) are kept inline, not in an
+//! allocation of their own. Values, nested objects included, stay
+//! `serde_json` values.
 
 use std::fmt;
+
+use compact_str::CompactString;
 
 use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
@@ -18,8 +22,11 @@ use serde_json::{Map, Value};
 /// A JSON object with string keys, sorted by key, each key once.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Properties {
-    entries: Vec<(String, Value)>,
+    entries: Vec<(Key, Value)>,
 }
+
+/// A property key: inline up to 24 bytes.
+type Key = CompactString;
 
 impl Properties {
     /// An empty object.
@@ -51,7 +58,7 @@ impl Properties {
                 .get_mut(index)
                 .map(|(_, old)| std::mem::replace(old, value)),
             Err(index) => {
-                self.entries.insert(index, (key, value));
+                self.entries.insert(index, (key.into(), value));
                 None
             }
         }
@@ -76,8 +83,10 @@ impl Properties {
     /// The keys and values, in key order, values changeable.
     pub fn iter_mut(
         &mut self,
-    ) -> impl DoubleEndedIterator<Item = (&String, &mut Value)> + ExactSizeIterator {
-        self.entries.iter_mut().map(|(key, value)| (&*key, value))
+    ) -> impl DoubleEndedIterator<Item = (&str, &mut Value)> + ExactSizeIterator {
+        self.entries
+            .iter_mut()
+            .map(|(key, value)| (key.as_str(), value))
     }
 
     /// The values, in key order.
@@ -87,7 +96,12 @@ impl Properties {
 
     /// The object as a `serde_json` value (a copy).
     pub fn to_value(&self) -> Value {
-        Value::Object(self.entries.iter().cloned().collect())
+        Value::Object(
+            self.entries
+                .iter()
+                .map(|(key, value)| (key.to_string(), value.clone()))
+                .collect(),
+        )
     }
 
     fn position(&self, key: &str) -> Result<usize, usize> {
@@ -96,11 +110,14 @@ impl Properties {
     }
 }
 
-impl FromIterator<(String, Value)> for Properties {
+impl<K: Into<Key>> FromIterator<(K, Value)> for Properties {
     /// Collects entries in any order; a key given twice keeps its last
     /// value, as inserting them one by one would.
-    fn from_iter<I: IntoIterator<Item = (String, Value)>>(entries: I) -> Self {
-        let mut entries: Vec<(String, Value)> = entries.into_iter().collect();
+    fn from_iter<I: IntoIterator<Item = (K, Value)>>(entries: I) -> Self {
+        let mut entries: Vec<(Key, Value)> = entries
+            .into_iter()
+            .map(|(key, value)| (key.into(), value))
+            .collect();
         let sorted = entries.windows(2).all(|pair| match pair {
             [(first, _), (second, _)] => first < second,
             _ => true,
@@ -108,29 +125,33 @@ impl FromIterator<(String, Value)> for Properties {
         if !sorted {
             // Stable: of equal keys, the last given stays last.
             entries.sort_by(|(a, _), (b, _)| a.cmp(b));
-            let mut unique: Vec<(String, Value)> = Vec::with_capacity(entries.len());
+            let mut unique: Vec<(Key, Value)> = Vec::with_capacity(entries.len());
             for (key, value) in entries {
                 match unique.last_mut() {
                     Some((last, kept)) if *last == key => *kept = value,
                     _ => unique.push((key, value)),
                 }
             }
-            unique.shrink_to_fit();
             entries = unique;
         }
+        // Pushed one by one (as decoding does), the list has room to spare;
+        // an item keeps its properties for as long as it lives.
+        entries.shrink_to_fit();
         Self { entries }
     }
 }
 
 impl<'a> IntoIterator for &'a Properties {
-    type Item = (&'a String, &'a Value);
+    type Item = (&'a str, &'a Value);
     type IntoIter = std::iter::Map<
-        std::slice::Iter<'a, (String, Value)>,
-        fn(&'a (String, Value)) -> (&'a String, &'a Value),
+        std::slice::Iter<'a, (Key, Value)>,
+        fn(&'a (Key, Value)) -> (&'a str, &'a Value),
     >;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.entries.iter().map(|(key, value)| (key, value))
+        self.entries
+            .iter()
+            .map(|(key, value)| (key.as_str(), value))
     }
 }
 
@@ -155,7 +176,13 @@ impl From<Map<String, Value>> for Properties {
 
 impl From<Properties> for Value {
     fn from(properties: Properties) -> Self {
-        Value::Object(properties.entries.into_iter().collect())
+        Value::Object(
+            properties
+                .entries
+                .into_iter()
+                .map(|(key, value)| (key.into_string(), value))
+                .collect(),
+        )
     }
 }
 
@@ -163,7 +190,7 @@ impl Serialize for Properties {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(Some(self.entries.len()))?;
         for (key, value) in &self.entries {
-            map.serialize_entry(key, value)?;
+            map.serialize_entry(key.as_str(), value)?;
         }
         map.end()
     }
@@ -188,10 +215,38 @@ impl<'de> Visitor<'de> for PropertiesVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Properties, A::Error> {
         // The hint is the sender's word: bound what it may reserve.
         let mut entries = Vec::with_capacity(access.size_hint().unwrap_or(0).min(64));
-        while let Some(entry) = access.next_entry::<String, Value>()? {
-            entries.push(entry);
+        while let Some(key) = access.next_key_seed(KeyVisitor)? {
+            entries.push((key, access.next_value::<Value>()?));
         }
         Ok(entries.into_iter().collect())
+    }
+}
+
+/// Reads a key straight into a [`Key`]: no `String` first (a short key
+/// then takes no allocation at all, not even a passing one).
+struct KeyVisitor;
+
+impl<'de> serde::de::DeserializeSeed<'de> for KeyVisitor {
+    type Value = Key;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Key, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for KeyVisitor {
+    type Value = Key;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a property name")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Key, E> {
+        Ok(Key::from(key))
+    }
+
+    fn visit_string<E: serde::de::Error>(self, key: String) -> Result<Key, E> {
+        Ok(Key::from(key))
     }
 }
 
@@ -210,8 +265,8 @@ mod tests {
             .into_iter()
             .map(|(key, value)| (key.to_owned(), json!(value)))
             .collect();
-        let keys: Vec<&String> = properties.iter().map(|(key, _)| key).collect();
-        assert_eq!(keys, map.keys().collect::<Vec<_>>());
+        let keys: Vec<&str> = properties.iter().map(|(key, _)| key).collect();
+        assert_eq!(keys, map.keys().map(String::as_str).collect::<Vec<_>>());
         assert_eq!(properties.get("a"), Some(&json!(5)), "the last value wins");
         assert_eq!(properties.to_value(), Value::Object(map.clone()));
         let collected: Properties = [("b", 1), ("a", 2), ("a", 5), ("B", 4), ("ab", 3)]
@@ -220,6 +275,22 @@ mod tests {
             .collect();
         assert_eq!(collected, properties);
         assert_eq!(Properties::from(map), properties);
+    }
+
+    #[test]
+    fn short_keys_take_no_allocation_of_their_own() {
+        let long = "k".repeat(40);
+        let properties: Properties = [("mtu", json!(1500)), (long.as_str(), json!(1))]
+            .into_iter()
+            .collect();
+        let heap: Vec<bool> = properties
+            .entries
+            .iter()
+            .map(|(key, _)| key.is_heap_allocated())
+            .collect();
+        assert_eq!(heap, [true, false], "the 40-byte key sorts first");
+        assert_eq!(properties.get(&long), Some(&json!(1)));
+        assert_eq!(properties.get("mtu"), Some(&json!(1500)));
     }
 
     #[test]

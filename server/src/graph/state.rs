@@ -508,7 +508,7 @@ impl CurrentItem {
             .unwrap_or_default();
         if let Some(observed) = &self.observed {
             for (key, value) in observed.iter() {
-                properties.insert(key.clone(), value.clone());
+                properties.insert(key.to_owned(), value.clone());
             }
         }
         properties
