@@ -204,30 +204,20 @@ pub fn completed(
                 rare.retry_of = Some(retry_of(&operation));
             }),
         ),
-        Completion::Wait { retry_at_ms } => Some(
-            CurrentItem {
-                state: state_before(existing, &operation),
-                in_flight: None,
-                ..existing.clone()
-            }
-            .with_rare(|rare| {
+        Completion::Wait { retry_at_ms } => {
+            Some(as_before(existing, &operation).with_rare(|rare| {
                 rare.next_attempt_at_ms = Some(retry_at_ms);
                 rare.retry_of = Some(retry_of(&operation));
-            }),
-        ),
+            }))
+        }
         Completion::Read { observed } => Some(read_back(existing, observed)),
         Completion::Vanished => None,
-        Completion::Answered { needs_recreate } => Some(
-            CurrentItem {
-                state: state_before(existing, &operation),
-                in_flight: None,
-                ..existing.clone()
-            }
-            .with_rare(|rare| {
+        Completion::Answered { needs_recreate } => {
+            Some(as_before(existing, &operation).with_rare(|rare| {
                 rare.needs_recreate_answer = Some((operation.target_generation, needs_recreate));
                 rare.retry_of = None;
-            }),
-        ),
+            }))
+        }
         // Only a READ that resolves an UNKNOWN item resolves (above).
         Completion::Resolved { .. } => Some(CurrentItem {
             in_flight: None,
@@ -391,6 +381,16 @@ fn read_back(existing: &CurrentItem, observed: Properties) -> CurrentItem {
     item
 }
 
+/// `existing` with nothing in flight, back in the state it had before
+/// `operation` ran (see [`state_before`]).
+fn as_before(existing: &CurrentItem, operation: &InFlight) -> CurrentItem {
+    CurrentItem {
+        state: state_before(existing, operation),
+        in_flight: None,
+        ..existing.clone()
+    }
+}
+
 /// The state an item had before `operation` started.
 fn state_before(existing: &CurrentItem, operation: &InFlight) -> ItemState {
     match (
@@ -448,44 +448,41 @@ fn completed_successfully(
             let mut entry = CurrentItem::created(target.clone(), operation.target_generation);
             entry.last_operation = Some(operation.kind);
             entry.observed = observed.map(Arc::new);
-            if created_now {
-                entry.modifications = 0;
+            entry.modifications = if created_now {
+                0
             } else {
-                entry.modifications = existing.modifications.saturating_add(1);
-                entry.rare.dependency_marks = existing.rare.dependency_marks.clone();
-            }
-            for dependency in target
-                .dependencies
-                .iter()
-                .filter(|d| d.recreate_when_modified())
-            {
-                let counter = match current.get(&dependency.requires) {
-                    // It went while the operation ran: whatever appears
-                    // under its name later is another item (its counter
-                    // starts again), so it counts as modified.
-                    None => ABSENT_DEPENDENCY_MARK,
-                    Some(required) => operation
-                        .dispatch_marks
-                        .get(&dependency.requires)
-                        .copied()
-                        .unwrap_or(required.modifications),
-                };
-                if created_now
-                    || !entry
-                        .rare
-                        .dependency_marks
-                        .contains_key(&dependency.requires)
-                {
-                    entry
-                        .rare
-                        .dependency_marks
-                        .insert(dependency.requires.clone(), counter);
+                existing.modifications.saturating_add(1)
+            };
+            entry.rare.update(|rare| {
+                let marks = &mut rare.dependency_marks;
+                if !created_now {
+                    marks.clone_from(&existing.rare.dependency_marks);
                 }
-            }
-            entry.rare.dependency_marks.retain(|required, _| {
-                target
-                    .dependency_on(required)
-                    .is_some_and(|d| d.recreate_when_modified())
+                for dependency in target
+                    .dependencies
+                    .iter()
+                    .filter(|d| d.recreate_when_modified())
+                {
+                    let counter = match current.get(&dependency.requires) {
+                        // It went while the operation ran: whatever appears
+                        // under its name later is another item (its counter
+                        // starts again), so it counts as modified.
+                        None => ABSENT_DEPENDENCY_MARK,
+                        Some(required) => operation
+                            .dispatch_marks
+                            .get(&dependency.requires)
+                            .copied()
+                            .unwrap_or(required.modifications),
+                    };
+                    if created_now || !marks.contains_key(&dependency.requires) {
+                        marks.insert(dependency.requires.clone(), counter);
+                    }
+                }
+                marks.retain(|required, _| {
+                    target
+                        .dependency_on(required)
+                        .is_some_and(|d| d.recreate_when_modified())
+                });
             });
             Some(entry)
         }
@@ -566,11 +563,15 @@ pub fn forget_marks_on(current: &CurrentGraph, vanished: &[ItemRef], updates: &m
             },
         };
         let mut changed = false;
-        for required in vanished {
-            if let Some(mark) = entry.rare.dependency_marks.get_mut(required) {
-                changed |= *mark != ABSENT_DEPENDENCY_MARK;
-                *mark = ABSENT_DEPENDENCY_MARK;
+        entry.rare.update(|rare| {
+            for required in vanished {
+                if let Some(mark) = rare.dependency_marks.get_mut(required) {
+                    changed |= *mark != ABSENT_DEPENDENCY_MARK;
+                    *mark = ABSENT_DEPENDENCY_MARK;
+                }
             }
+        });
+        for required in vanished {
             if let Some(mark) = entry
                 .in_flight
                 .as_mut()
@@ -777,7 +778,7 @@ mod tests {
     #[test]
     fn an_item_that_goes_with_its_external_item_is_otherwise_forgotten() {
         let mut entry = waiting_to_retry_create(None);
-        entry.rare.retry_of = None;
+        entry.rare.update(|rare| rare.retry_of = None);
         assert!(forgotten_with_external(entry).is_none());
     }
 

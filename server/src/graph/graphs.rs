@@ -395,9 +395,7 @@ impl CurrentGraph {
     /// Puts `entry` in the graph under `key`, replacing (and returning) any
     /// previous one. Edges follow the applied value's dependencies and those
     /// of an in-flight Create or Modify.
-    pub fn insert(&mut self, key: ItemRef, mut entry: CurrentItem) -> Option<Arc<CurrentItem>> {
-        // Changes may have boxed the rare fields and set them back.
-        entry.rare.compact();
+    pub fn insert(&mut self, key: ItemRef, entry: CurrentItem) -> Option<Arc<CurrentItem>> {
         let entry = Arc::new(entry);
         let previous = self.items.insert(key.clone(), entry.clone());
         match &previous {

@@ -233,7 +233,8 @@ pub struct CurrentItem {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub existence_uncertain: bool,
     /// The fields a settled item nearly never sets, boxed only while one
-    /// is: read them as `item.rare.last_error`; writing one boxes them.
+    /// is: read them as `item.rare.last_error`, change them with
+    /// `item.rare.update(…)` or [`Self::with_rare`].
     #[serde(flatten)]
     pub rare: RareBox,
 }
@@ -280,11 +281,13 @@ static NO_RARE_FIELDS: RareFields = RareFields {
     maybe_applied: None,
 };
 
-/// [`RareFields`] in a box while one is set; equal by content.
+/// [`RareFields`] in a box exactly while one is set; equal by content.
 ///
-/// Reading a field never allocates; changing one (through `DerefMut`)
-/// boxes them, and [`RareBox::compact`] drops a box with nothing set (the
-/// current graph compacts every item it takes).
+/// Reading a field (through `Deref`) never allocates. Fields change only
+/// through [`RareBox::update`], which boxes them when a change sets one
+/// and drops the box when a change leaves none set, so a change that sets
+/// nothing (clearing an error that is not there, the hot path of every
+/// dispatch) allocates nothing.
 #[derive(Clone, Debug, Default)]
 pub struct RareBox(Option<Box<RareFields>>);
 
@@ -293,10 +296,20 @@ impl RareBox {
         self.0.as_deref().unwrap_or(&NO_RARE_FIELDS)
     }
 
-    /// Drops the box if no field is set.
-    pub fn compact(&mut self) {
-        if self.0.as_deref() == Some(&NO_RARE_FIELDS) {
-            self.0 = None;
+    /// Changes the fields with `change`.
+    pub fn update(&mut self, change: impl FnOnce(&mut RareFields)) {
+        match &mut self.0 {
+            Some(fields) => {
+                change(fields);
+                if **fields == NO_RARE_FIELDS {
+                    self.0 = None;
+                }
+            }
+            None => {
+                let mut fields = RareFields::default();
+                change(&mut fields);
+                *self = fields.into();
+            }
         }
     }
 
@@ -317,12 +330,6 @@ impl std::ops::Deref for RareBox {
 
     fn deref(&self) -> &RareFields {
         self.get()
-    }
-}
-
-impl std::ops::DerefMut for RareBox {
-    fn deref_mut(&mut self) -> &mut RareFields {
-        self.0.get_or_insert_with(Box::default)
     }
 }
 
@@ -445,8 +452,7 @@ impl CurrentItem {
     /// This item with its rarely set fields changed by `change` (builder
     /// style, boxed only if one is left set).
     pub fn with_rare(mut self, change: impl FnOnce(&mut RareFields)) -> Self {
-        change(&mut self.rare);
-        self.rare.compact();
+        self.rare.update(change);
         self
     }
 
@@ -546,13 +552,11 @@ mod tests {
             "a box with nothing set is dropped"
         );
 
-        // Boxed or not, equal contents are equal.
+        // A change that sets nothing allocates nothing.
         let mut touched = settled.clone();
-        touched.rare.next_attempt_at_ms = None;
-        assert!(touched.rare.is_boxed());
-        assert_eq!(touched, settled);
-        touched.rare.compact();
+        touched.rare.update(|rare| rare.next_attempt_at_ms = None);
         assert!(!touched.rare.is_boxed());
+        assert_eq!(touched, settled);
     }
 
     #[test]

@@ -154,28 +154,29 @@ pub(crate) mod samples {
         current.state = ItemState::Unknown;
         current.observed = Some(Arc::new(Properties::new()));
         current.last_operation = Some(OperationKind::Modify);
-        current.rare.last_error = Some(OperationError {
-            code: 9,
-            message: "refused".into(),
-        });
         current.attempts = 2;
-        current.rare.next_attempt_at_ms = Some(5_000);
-        current.rare.failed_generation = 3;
         current.in_flight = Some(Box::new(read));
         current.modifications = 6;
-        current.rare.dependency_marks.insert(required, 7);
         current.unknown_was_created = true;
-        current.rare.needs_recreate_answer = Some((3, true));
-        current.rare.retry_of = Some(RetryOf {
-            kind: OperationKind::Modify,
-            target_generation: 3,
-            op_id: "1-ab-9".into(),
-        });
         current.gave_up = true;
         current.gone_with_external = true;
         current.existence_uncertain = true;
-        current.rare.maybe_applied = Some(applied);
-        current
+        current.with_rare(|rare| {
+            rare.last_error = Some(OperationError {
+                code: 9,
+                message: "refused".into(),
+            });
+            rare.next_attempt_at_ms = Some(5_000);
+            rare.failed_generation = 3;
+            rare.dependency_marks.insert(required, 7);
+            rare.needs_recreate_answer = Some((3, true));
+            rare.retry_of = Some(RetryOf {
+                kind: OperationKind::Modify,
+                target_generation: 3,
+                op_id: "1-ab-9".into(),
+            });
+            rare.maybe_applied = Some(applied);
+        })
     }
 
     /// A tenant record with every optional part set.

@@ -289,12 +289,16 @@ mod tests {
         current.state = ItemState::Failed;
         current.in_flight = None;
         current.last_operation = Some(OperationKind::Create);
-        current.rare.last_error = Some(OperationError {
-            code: 14,
-            message: "agent gone".into(),
+        current.rare.update(|rare| {
+            rare.last_error = Some(OperationError {
+                code: 14,
+                message: "agent gone".into(),
+            });
         });
         current.attempts = 3;
-        current.rare.next_attempt_at_ms = Some(9_000);
+        current
+            .rare
+            .update(|rare| rare.next_attempt_at_ms = Some(9_000));
         let entry = intended(Item::new("t", "a", Properties::new()), 4);
         let waiting = WaitingItem {
             item: key.clone(),

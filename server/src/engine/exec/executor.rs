@@ -606,7 +606,9 @@ fn clamp_retry_times(current: &mut CurrentGraph, types: &TypeRegistry, now_ms: u
             let latest = now_ms.saturating_add(max_delay);
             (at > latest).then(|| {
                 let mut clamped = (**entry).clone();
-                clamped.rare.next_attempt_at_ms = Some(latest);
+                clamped
+                    .rare
+                    .update(|rare| rare.next_attempt_at_ms = Some(latest));
                 (key.clone(), clamped)
             })
         })

@@ -604,7 +604,9 @@ fn random_action(world: &mut World, spec: &CaseSpec, rng: &mut StdRng, plan: &Pl
                 return;
             };
             let mut answered = (**world.current.get(&key).expect("listed")).clone();
-            answered.rare.needs_recreate_answer = Some((generation, rng.random_bool(0.5)));
+            answered.rare.update(|rare| {
+                rare.needs_recreate_answer = Some((generation, rng.random_bool(0.5)))
+            });
             world.current.insert(key.clone(), answered);
             touch(world, &key);
         }

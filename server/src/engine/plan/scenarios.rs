@@ -463,7 +463,9 @@ fn a_type_that_asks_gets_a_modify_flagged_as_a_question_and_a_yes_recreates() {
     // The agent answers "yes": the answer is recorded for this generation.
     let key = parse_ref("x/a");
     let mut answered = (**world.current.get(&key).expect("a exists")).clone();
-    answered.rare.needs_recreate_answer = Some((world.generation, true));
+    answered
+        .rare
+        .update(|rare| rare.needs_recreate_answer = Some((world.generation, true)));
     world.current.insert(key, answered);
     world.run_to_quiescence(10);
     assert_eq!(world.labels(), ["delete x/a", "create x/a"]);
@@ -1194,7 +1196,8 @@ fn an_item_that_may_hold_an_untied_value_is_deleted_not_dropped_and_holds_its_de
     world.intend(vec![external, item("t/b", json!({})), tied]);
     world.run_to_quiescence(5);
     let mut a = (**world.current.get(&parse_ref("t/a")).expect("a")).clone();
-    a.rare.maybe_applied = Some(std::sync::Arc::new(untied));
+    a.rare
+        .update(|rare| rare.maybe_applied = Some(std::sync::Arc::new(untied)));
     world.current.insert(parse_ref("t/a"), a);
     world.remove_external("e/x");
     world.intend(vec![]);

@@ -248,7 +248,7 @@ impl Executor {
                     // earlier operation's failure (even one given up on)
                     // says nothing about it.
                     value.attempts = 0;
-                    value.rare.last_error = None;
+                    value.rare.update(|rare| rare.last_error = None);
                     value.gave_up = false;
                 }
                 (item.clone(), Some(value))
