@@ -76,6 +76,14 @@ pub fn started(
         OperationKind::Read => existing.map_or(ItemState::Created, |e| e.state),
     };
     match existing {
+        // A READ only observes: an operation waiting to be asked again
+        // (after WAIT, a failure or a timeout) is still that operation
+        // afterwards, under its op id.
+        Some(existing) if in_flight.kind == OperationKind::Read => CurrentItem {
+            state,
+            in_flight: Some(Box::new(in_flight)),
+            ..existing.clone()
+        },
         // The running operation carries its own op id from now on.
         Some(existing) => CurrentItem {
             state,
@@ -237,8 +245,8 @@ pub fn completed(
 ///
 /// - the item does not exist: it is gone, whatever `lost` was;
 /// - it exists, and `lost` was a Create or Modify whose target it shows on
-///   every property the target sets, and those differ from the applied
-///   value: `lost` applied;
+///   every property the target sets, and the target sets one of them to a
+///   value the applied value did not have: `lost` applied;
 /// - it exists otherwise: `lost` did not apply (a Create applied some
 ///   other value): the item is created with what was read taken into its
 ///   applied value (drift), and a Modify or Delete that did not apply is
@@ -272,15 +280,22 @@ fn resolved(
             .iter()
             .all(|(key, value)| observed.get(key) == Some(value))
     });
-    // A READ sees properties only: when the target sets the properties
-    // the item already had (a Modify of its dependencies, say), what was
-    // read cannot tell whether it applied, and it is asked again under its
-    // op id (it is idempotent) rather than taken as applied.
+    // A READ sees properties only, and only those the target sets tell
+    // (an agent may report more than the intent sets): when the target
+    // sets no property to a value the item did not have already (a Modify
+    // of its dependencies, say, or one that only removes a property), what
+    // was read cannot tell whether it applied, and it is asked again under
+    // its op id (it is idempotent) rather than taken as applied.
     let tells = existing
         .applied
         .as_deref()
         .zip(target)
-        .is_none_or(|(applied, target)| applied.properties != target.properties);
+        .is_none_or(|(applied, target)| {
+            target
+                .properties
+                .iter()
+                .any(|(key, value)| applied.properties.get(key) != Some(value))
+        });
     if applies && ((shows_target && tells) || existing.applied.is_none()) {
         // Applied; or a Create found something else in its place: created,
         // with what was read as the applied value where they differ.

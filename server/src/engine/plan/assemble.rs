@@ -123,6 +123,9 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
             }
             unconverged.push(handed_out);
         }
+        if planner.revises_earlier_verdict(id) {
+            plan.revised.push(planner.node(id).item.clone());
+        }
     }
 
     let (operations, type_barriers) = order_operations(planner, drafts, draft_items);

@@ -163,6 +163,13 @@ pub struct Plan {
     pub settle: Vec<ItemRef>,
     /// Every item this plan found not converged: plan it again next pass.
     pub unconverged: BTreeSet<ItemRef>,
+    /// Items the plan examined without being seeded with them although the
+    /// environment counted them unconverged (an earlier pass left them
+    /// waiting or planned), in identity order. The plan's verdict replaces
+    /// the earlier one: such an item that is in neither `unconverged` nor
+    /// `waiting` is converged now, and what the earlier pass said of it no
+    /// longer holds.
+    pub revised: Vec<ItemRef>,
     /// For each item type: the plan's Deletes that its Creates wait for.
     pub type_barriers: BTreeMap<Arc<str>, Vec<usize>>,
     /// How many items the planner looked at (its cost, for diagnostics).

@@ -518,6 +518,21 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         need
     }
 
+    /// Whether `id` is an examined item that this run was not seeded with
+    /// although the environment counts it unconverged: an earlier pass left
+    /// it waiting or planned, and this plan's verdict on it replaces that.
+    pub(super) fn revises_earlier_verdict(&mut self, id: Id) -> bool {
+        if self.node(id).seed {
+            return false;
+        }
+        if !self.marks.has(id, CONVERGENCE_KNOWN) {
+            let converged = self.environment.is_converged(self.node(id).item);
+            let answer = if converged { 0 } else { UNCONVERGED };
+            self.marks.set(id, CONVERGENCE_KNOWN | answer);
+        }
+        self.marks.has(id, UNCONVERGED)
+    }
+
     /// Whether `id` is planned for deletion.
     pub(super) fn is_deleting(&self, id: Id) -> bool {
         self.marks.has(id, DELETING)

@@ -354,7 +354,11 @@ impl Executor {
     /// Merges a plan over `seeds` into the tenant's bookkeeping: the
     /// unconverged set, the waiting set, and who waits on whom.
     fn absorb(&mut self, seeds: &BTreeSet<ItemRef>, plan: &Plan, now_ms: u64) {
-        for seed in seeds {
+        // The plan's verdict on the items it examined replaces what earlier
+        // passes said of them: seeds, and items it reached that were left
+        // unconverged (a dependent whose Delete waited for a retry is
+        // converged once the item it relies on is back).
+        for seed in seeds.iter().chain(&plan.revised) {
             if !plan.unconverged.contains(seed) {
                 self.model.unconverged.remove(seed);
             }

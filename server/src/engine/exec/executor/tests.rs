@@ -601,3 +601,190 @@ fn a_read_that_cannot_tell_sends_the_lost_operation_again() {
     let again = orders(&effects.sends).remove(0);
     assert_eq!(again.op_id, lost.op_id);
 }
+
+/// The executor with a READ-capable agent for type `t` on session 1.
+fn connected_readable() -> Executor {
+    let mut readable = spec();
+    readable.supports_read = true;
+    let mut executor = executor();
+    register_with(
+        &mut executor,
+        1,
+        "agent",
+        readable,
+        Outstanding::Listed(Default::default()),
+        at(0),
+    );
+    executor
+}
+
+fn ready(executor: &Executor) -> bool {
+    executor
+        .model()
+        .progress()
+        .conditions
+        .iter()
+        .any(|condition| {
+            condition.kind == crate::engine::conditions::ConditionKind::Ready && condition.status
+        })
+}
+
+fn external_put(executor: &mut Executor, item: &Item, now: Now) -> Effects {
+    let effects = executor.report_external(
+        vec![crate::engine::exec::port::ExternalChange::Put {
+            item: item.clone(),
+            modified: false,
+        }],
+        now,
+    );
+    executor.committed(now);
+    effects
+}
+
+fn external_delete(executor: &mut Executor, item: &Item, now: Now) -> Effects {
+    let effects = executor.report_external(
+        vec![crate::engine::exec::port::ExternalChange::Delete {
+            item: item.item_ref(),
+        }],
+        now,
+    );
+    executor.committed(now);
+    effects
+}
+
+/// `m` goes with the external item `x` (`auto_deleted_by_external`) and
+/// `b` depends on `m`: `x` goes, taking `m` with it, and `b`'s Delete is
+/// answered WAIT; `x` comes back and `m` is created again before `b` is
+/// asked again. Returns the executor, `x`, `b` and the Delete that waits.
+fn delete_waiting_when_its_reason_went() -> (Executor, Item, Item, OperationOrder) {
+    let mut executor = connected_readable();
+    let mut x = item("x", 1);
+    x.external = true;
+    let m = item("m", 1).depends_on(on("t/x").with_auto_deleted_by_external(true));
+    let b = item("b", 1).depends_on(on("t/m"));
+    submit(&mut executor, vec![x.clone(), m, b.clone()], at(10));
+    let effects = external_put(&mut executor, &x, at(20));
+    let create_m = orders(&effects.sends).remove(0);
+    let effects = answer(&mut executor, &create_m, done(), at(30));
+    let create_b = orders(&effects.sends).remove(0);
+    answer(&mut executor, &create_b, done(), at(40));
+    assert!(ready(&executor), "m on x, b on m");
+
+    let effects = external_delete(&mut executor, &x, at(50));
+    let delete = orders(&effects.sends).remove(0);
+    assert_eq!(
+        (delete.kind, delete.item.identity.name().as_ref()),
+        (OperationKind::Delete, "b")
+    );
+    answer(
+        &mut executor,
+        &delete,
+        AgentOutcome::Wait {
+            retry_after_ms: 60_000,
+        },
+        at(60),
+    );
+    assert!(!ready(&executor), "b's Delete waits to be asked again");
+
+    let effects = external_put(&mut executor, &x, at(70));
+    let create_m = orders(&effects.sends).remove(0);
+    assert_eq!(create_m.item.identity.name().as_ref(), "m");
+    let effects = answer(&mut executor, &create_m, done(), at(80));
+    assert!(
+        orders(&effects.sends).is_empty(),
+        "b exists on m again: nothing to do"
+    );
+    (executor, x, b, delete)
+}
+
+#[test]
+fn a_dependent_whose_waiting_delete_is_no_longer_needed_is_ready_at_once() {
+    let (executor, _, b, _) = delete_waiting_when_its_reason_went();
+    assert!(
+        executor.model().waiting.get(&b.item_ref()).is_none(),
+        "the pass that reached b replaced what the earlier one said of it"
+    );
+    assert!(
+        ready(&executor),
+        "converged: Ready without waiting for the retry time"
+    );
+}
+
+#[test]
+fn a_read_in_between_keeps_the_op_id_of_a_delete_answered_wait() {
+    let (mut executor, x, b, delete) = delete_waiting_when_its_reason_went();
+    let (effects, _) = executor.reconcile(true, at(90));
+    executor.committed(at(90));
+    let read = orders(&effects.sends).remove(0);
+    assert_eq!(read.kind, OperationKind::Read);
+    answer(
+        &mut executor,
+        &read,
+        AgentOutcome::Done {
+            observed: Some(b.properties.clone()),
+            needs_recreate: false,
+        },
+        at(100),
+    );
+
+    // x goes again: the Delete that answered WAIT is asked again (DESIGN 4:
+    // a re-ask after WAIT keeps op id and attempt), after its retry time.
+    external_delete(&mut executor, &x, at(110));
+    let effects = executor.on_timer(at(60 + 60_000));
+    executor.committed(at(60 + 60_000));
+    let again = orders(&effects.sends).remove(0);
+    assert_eq!(
+        (again.kind, again.op_id.as_str(), again.attempt),
+        (OperationKind::Delete, delete.op_id.as_str(), delete.attempt)
+    );
+}
+
+/// A READ resolving a lost Modify that only takes a property away cannot
+/// tell whether it applied (agents may report properties the intent does
+/// not set): the Modify is asked again under its op id, not taken as
+/// applied while the item still has the property.
+#[test]
+fn a_read_cannot_confirm_a_lost_modify_that_only_removes_a_property() {
+    let mut executor = connected_readable();
+    let mut with_extra = item("a", 1);
+    with_extra.properties.insert("extra".into(), 7.into());
+    let effects = submit(&mut executor, vec![with_extra.clone()], at(10));
+    let create = orders(&effects.sends).remove(0);
+    answer(&mut executor, &create, done(), at(20));
+
+    let effects = submit(&mut executor, vec![item("a", 1)], at(30));
+    let modify = orders(&effects.sends).remove(0);
+    assert_eq!(modify.kind, OperationKind::Modify);
+    executor.session_closed(1, "gone", at(40));
+    executor.committed(at(40));
+    let mut readable = spec();
+    readable.supports_read = true;
+    let effects = register_with(
+        &mut executor,
+        2,
+        "agent",
+        readable,
+        Outstanding::Listed(Default::default()),
+        at(50),
+    );
+    let read = orders(&effects.sends).remove(0);
+    assert_eq!(read.kind, OperationKind::Read);
+
+    // The item still has the property the Modify takes away.
+    let effects = answer_on(
+        &mut executor,
+        2,
+        &read,
+        AgentOutcome::Done {
+            observed: Some(with_extra.properties.clone()),
+            needs_recreate: false,
+        },
+        at(60),
+    );
+    let again = orders(&effects.sends).remove(0);
+    assert_eq!(
+        (again.kind, again.op_id.as_str()),
+        (OperationKind::Modify, modify.op_id.as_str())
+    );
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Modifying));
+}
