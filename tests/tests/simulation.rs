@@ -439,3 +439,28 @@ fn seeds_768_10082_the_simulators_checks_follow_design() {
 fn seed_12078_a_lost_modify_resent_waits_for_its_dependents_operations() {
     passes_in(12078, 500);
 }
+
+/// Fixed in the engine (found by a sweep of seeds 20000-23999): a pass
+/// that reached an item it was not seeded with kept what an earlier pass
+/// said of it, so a dependent whose Delete waited for a retry stayed
+/// "waiting to be retried" after the item it relies on came back (seed
+/// 21027); an operation waiting for room counted only in the pass that
+/// found it ready, so a later pass about other items reported Ready
+/// (seed 23389).
+#[test]
+fn seeds_21027_23389_the_conditions_follow_every_pass() {
+    passes(21027);
+    passes(23389);
+}
+
+/// Fixed in the engine: a READ resolving a lost Modify that only takes a
+/// property away took it as applied while the item still had the property
+/// (seeds 22752, 23107, 23802); a READ started on an item whose operation
+/// waited to be asked again after WAIT dropped its op id, and the
+/// operation was later sent under a new one (seeds 21212, 23232).
+#[test]
+fn seeds_21212_22752_23107_23232_23802_reads_never_decide_what_they_cannot_see() {
+    for seed in [21212, 22752, 23107, 23232, 23802] {
+        passes(seed);
+    }
+}

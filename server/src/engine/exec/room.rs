@@ -114,6 +114,11 @@ impl Room {
         true
     }
 
+    /// Ready operations waiting for room, of every type.
+    pub fn queued_len(&self) -> usize {
+        self.queued.values().map(BTreeMap::len).sum()
+    }
+
     /// Items planned again leave the queue; those still without room are
     /// queued again by [`Room::admit`].
     pub fn unqueue<'a>(&mut self, items: impl IntoIterator<Item = &'a ItemRef>) {

@@ -106,7 +106,7 @@ impl Executor {
         // is decided anew below (an item queued for room may need nothing
         // now, and would take the room of one that does).
         self.room.unqueue(&seeds);
-        let (mut starts, mut journal, waiting_for_room) = self.prepare_dispatch(&plan, now.wall_ms);
+        let (mut starts, mut journal) = self.prepare_dispatch(&plan, now.wall_ms);
         let (reads, read_journal) = self.prepare_reads(now.wall_ms, &plan, &starts);
         starts.extend(reads);
         journal.extend(read_journal);
@@ -114,7 +114,9 @@ impl Executor {
         self.absorb(&seeds, &plan, now.wall_ms);
         self.stage_all(bookkeeping);
         self.stage_all(journal);
-        self.update_conditions(now.wall_ms, waiting_for_room);
+        // Every operation that waits for room is ready work, whichever
+        // pass found it ready: the tenant is not quiescent while any does.
+        self.update_conditions(now.wall_ms, self.room.queued_len());
         self.stage_cancels(&plan, now.wall_ms);
         self.dispatch(starts, now.wall_ms);
         self.transaction().seeds.extend(seeds);
@@ -176,14 +178,13 @@ impl Executor {
     }
 
     /// Picks every ready operation whose type has a live session with room
-    /// and prepares its journal record. Returns the operations, their
-    /// journal updates, and how many ready ones had to wait for room.
+    /// and prepares its journal record (ready ones without room wait in
+    /// the room's queue). Returns the operations and their journal updates.
     fn prepare_dispatch(
         &mut self,
         plan: &Plan,
         now_ms: u64,
-    ) -> (Vec<(ItemRef, InFlight)>, CurrentUpdates, usize) {
-        let mut waiting_for_room = 0;
+    ) -> (Vec<(ItemRef, InFlight)>, CurrentUpdates) {
         let mut starts: Vec<(ItemRef, InFlight)> = Vec::new();
         for index in plan.ready() {
             let operation = &plan.operations[index];
@@ -196,7 +197,6 @@ impl Executor {
                 .room
                 .admit(item, operation.kind, self.room_limits(&spec))
             {
-                waiting_for_room += 1;
                 continue;
             }
             // A retry (after FAILED, a timeout or WAIT) of the same
@@ -254,7 +254,7 @@ impl Executor {
                 (item.clone(), Some(value))
             })
             .collect();
-        (starts, updates, waiting_for_room)
+        (starts, updates)
     }
 
     /// Picks queued READs whose type's session has room and prepares their

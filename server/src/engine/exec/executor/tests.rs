@@ -788,3 +788,107 @@ fn a_read_cannot_confirm_a_lost_modify_that_only_removes_a_property() {
     );
     assert_eq!(state_of(&executor, "a"), Some(ItemState::Modifying));
 }
+
+/// A ready operation that found no room (a READ holds its type's only
+/// slot) keeps the tenant from Ready through later passes that do not
+/// plan it, until it runs (seed 23389: Ready while a retry waited for
+/// room).
+#[test]
+fn an_operation_waiting_for_room_keeps_the_tenant_from_ready() {
+    let mut readable = spec();
+    readable.supports_read = true;
+    readable.max_in_flight = 1;
+    let mut executor = executor();
+    register_with(
+        &mut executor,
+        1,
+        "agent",
+        readable,
+        Outstanding::Listed(Default::default()),
+        at(0),
+    );
+    let mut x = item("x", 1);
+    x.external = true;
+    let effects = submit(
+        &mut executor,
+        vec![x.clone(), item("a", 1), item("b", 1)],
+        at(10),
+    );
+    let create = orders(&effects.sends).remove(0);
+    let effects = answer(&mut executor, &create, done(), at(20));
+    let create = orders(&effects.sends).remove(0);
+    answer(&mut executor, &create, done(), at(30));
+    external_put(&mut executor, &x, at(40));
+    assert!(ready(&executor));
+
+    let (effects, _) = executor.reconcile(true, at(50));
+    executor.committed(at(50));
+    let read = orders(&effects.sends).remove(0);
+    assert_eq!(read.kind, OperationKind::Read);
+    let other = if read.item.identity.name().as_ref() == "a" {
+        "b"
+    } else {
+        "a"
+    };
+    let effects = submit(
+        &mut executor,
+        vec![
+            x.clone(),
+            item(read.item.identity.name(), 1),
+            item(other, 2),
+        ],
+        at(60),
+    );
+    assert!(
+        orders(&effects.sends).is_empty(),
+        "the Modify waits for the READ's slot"
+    );
+    assert!(!ready(&executor));
+
+    // A pass about something else (an operation of another type ends)
+    // leaves the Modify waiting for room.
+    let mut other_type = TypeSpec::new("u");
+    other_type.operation_timeout_ms = TIMEOUT_MS;
+    register_with(
+        &mut executor,
+        2,
+        "other agent",
+        other_type,
+        Outstanding::Listed(Default::default()),
+        at(70),
+    );
+    let c = |version: i64| {
+        let mut c = Item::new("u", "c", Default::default());
+        c.properties.insert("v".into(), version.into());
+        c
+    };
+    let intent = |c: Item| {
+        vec![
+            x.clone(),
+            item(read.item.identity.name(), 1),
+            item(other, 2),
+            c,
+        ]
+    };
+    let effects = submit(&mut executor, intent(c(1)), at(80));
+    let create_c = orders(&effects.sends).remove(0);
+    assert_eq!(create_c.item.identity.name().as_ref(), "c");
+    answer_on(&mut executor, 2, &create_c, done(), at(90));
+    assert!(!ready(&executor), "the Modify still waits for room");
+
+    // The READ ends: the Modify runs.
+    let effects = answer(
+        &mut executor,
+        &read,
+        AgentOutcome::Done {
+            observed: Some(read.item.properties.clone()),
+            needs_recreate: false,
+        },
+        at(100),
+    );
+    let modify = orders(&effects.sends).remove(0);
+    assert_eq!(
+        (modify.kind, modify.item.identity.name().as_ref()),
+        (OperationKind::Modify, other)
+    );
+}
