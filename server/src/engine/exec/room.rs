@@ -136,6 +136,15 @@ impl Room {
         }
     }
 
+    /// Takes every queued item of `item_type` out of the queue (its session
+    /// ended: they are to be planned again, and wait for a configurator).
+    pub fn take_queued_of(&mut self, item_type: &str) -> Vec<ItemRef> {
+        self.queued
+            .remove(item_type)
+            .map(|queued| queued.into_keys().collect())
+            .unwrap_or_default()
+    }
+
     /// Queued items that now have room, to be planned again: per type as
     /// many as its room (in identity order), within the tenant's room. They
     /// leave the queue.

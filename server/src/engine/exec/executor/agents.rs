@@ -162,7 +162,12 @@ impl Executor {
             item_types: released.clone(),
             reason: reason.to_owned(),
         });
-        let mut touched = BTreeSet::new();
+        // Operations of these types that waited for room wait for a
+        // configurator now: planned again, they say so.
+        let mut touched: BTreeSet<ItemRef> = released
+            .iter()
+            .flat_map(|item_type| self.room.take_queued_of(item_type))
+            .collect();
         let lost: Vec<ItemRef> = self
             .operations
             .values()

@@ -102,10 +102,11 @@ impl Executor {
             &self.environment(now.wall_ms),
         );
         let bookkeeping = bookkeeping_updates(&self.model.current, &plan);
-        // The seeds were planned again: whether they still wait for room
-        // is decided anew below (an item queued for room may need nothing
-        // now, and would take the room of one that does).
-        self.room.unqueue(&seeds);
+        // The seeds (and the items the plan revised) were planned again:
+        // whether they still wait for room is decided anew below (an item
+        // queued for room may need nothing now, and would take the room of
+        // one that does).
+        self.room.unqueue(seeds.iter().chain(&plan.revised));
         let (mut starts, mut journal) = self.prepare_dispatch(&plan, now.wall_ms);
         let (reads, read_journal) = self.prepare_reads(now.wall_ms, &plan, &starts);
         starts.extend(reads);

@@ -892,3 +892,42 @@ fn an_operation_waiting_for_room_keeps_the_tenant_from_ready() {
         (OperationKind::Modify, other)
     );
 }
+
+/// Operations waiting for room when their agent leaves wait for a
+/// configurator instead (and the tenant can stall), not for room that no
+/// session will free.
+#[test]
+fn operations_waiting_for_room_wait_for_a_configurator_when_their_agent_leaves() {
+    let mut narrow = spec();
+    narrow.max_in_flight = 1;
+    let mut executor = executor();
+    register_with(
+        &mut executor,
+        1,
+        "agent",
+        narrow,
+        Outstanding::Listed(Default::default()),
+        at(0),
+    );
+    let effects = submit(&mut executor, vec![item("a", 1), item("b", 1)], at(10));
+    let sent = orders(&effects.sends);
+    assert_eq!(sent.len(), 1, "one slot");
+    let queued = if sent[0].item.identity.name().as_ref() == "a" {
+        "b"
+    } else {
+        "a"
+    };
+    executor.session_closed(1, "gone", at(20));
+    executor.committed(at(20));
+    let waits = |name: &str| {
+        executor
+            .model()
+            .waiting
+            .get(&ItemRef::new("t", name))
+            .map(|waiting| waiting.reason)
+    };
+    assert_eq!(
+        waits(queued),
+        Some(crate::engine::plan::WaitReason::NoConfigurator)
+    );
+}
