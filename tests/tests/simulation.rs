@@ -447,10 +447,15 @@ fn seed_12078_a_lost_modify_resent_waits_for_its_dependents_operations() {
 /// 21027); an operation waiting for room counted only in the pass that
 /// found it ready, so a later pass about other items reported Ready
 /// (seed 23389).
+///
+/// Counting the room's queue showed operations kept there for an agent
+/// that had left, which kept a quiet tenant Reconciling (seeds 679,
+/// 20106): they now wait for a configurator.
 #[test]
-fn seeds_21027_23389_the_conditions_follow_every_pass() {
-    passes(21027);
-    passes(23389);
+fn seeds_679_20106_21027_23389_the_conditions_follow_every_pass() {
+    for seed in [679, 20106, 21027, 23389] {
+        passes(seed);
+    }
 }
 
 /// Fixed in the engine: a READ resolving a lost Modify that only takes a
