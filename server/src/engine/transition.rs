@@ -3,6 +3,7 @@
 //! Pure functions over the current graph, shared by the executor (which
 //! commits their result) and by the planner's tests (which simulate agents).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::graph::{
@@ -75,22 +76,24 @@ pub fn started(
         OperationKind::Delete => ItemState::Deleting,
         OperationKind::Read => existing.map_or(ItemState::Created, |e| e.state),
     };
+    let observes = in_flight.kind == OperationKind::Read;
     match existing {
-        // A READ only observes: an operation waiting to be asked again
-        // (after WAIT, a failure or a timeout) is still that operation
-        // afterwards, under its op id.
-        Some(existing) if in_flight.kind == OperationKind::Read => CurrentItem {
-            state,
-            in_flight: Some(Box::new(in_flight)),
-            ..existing.clone()
-        },
-        // The running operation carries its own op id from now on.
-        Some(existing) => CurrentItem {
-            state,
-            in_flight: Some(Box::new(in_flight)),
-            ..existing.clone()
+        Some(existing) => {
+            let running = CurrentItem {
+                state,
+                in_flight: Some(Box::new(in_flight)),
+                ..existing.clone()
+            };
+            if observes {
+                // A READ only observes: an operation waiting to be asked
+                // again (after WAIT, a failure or a timeout) is still that
+                // operation afterwards, under its op id.
+                running
+            } else {
+                // The running operation carries its own op id from now on.
+                running.with_rare(|rare| rare.retry_of = None)
+            }
         }
-        .with_rare(|rare| rare.retry_of = None),
         None => CurrentItem::creating(in_flight),
     }
 }
@@ -578,23 +581,11 @@ pub fn forget_marks_on(current: &CurrentGraph, vanished: &[ItemRef], updates: &m
             },
         };
         let mut changed = false;
-        entry.rare.update(|rare| {
-            for required in vanished {
-                if let Some(mark) = rare.dependency_marks.get_mut(required) {
-                    changed |= *mark != ABSENT_DEPENDENCY_MARK;
-                    *mark = ABSENT_DEPENDENCY_MARK;
-                }
-            }
-        });
-        for required in vanished {
-            if let Some(mark) = entry
-                .in_flight
-                .as_mut()
-                .and_then(|operation| operation.dispatch_marks.get_mut(required))
-            {
-                changed |= *mark != ABSENT_DEPENDENCY_MARK;
-                *mark = ABSENT_DEPENDENCY_MARK;
-            }
+        entry
+            .rare
+            .update(|rare| changed |= mark_absent(&mut rare.dependency_marks, vanished));
+        if let Some(operation) = entry.in_flight.as_mut() {
+            changed |= mark_absent(&mut operation.dispatch_marks, vanished);
         }
         if changed {
             match staged {
@@ -603,6 +594,19 @@ pub fn forget_marks_on(current: &CurrentGraph, vanished: &[ItemRef], updates: &m
             }
         }
     }
+}
+
+/// Sets the marks `marks` holds on `vanished` items to the absent mark;
+/// whether one changed.
+fn mark_absent(marks: &mut BTreeMap<ItemRef, u64>, vanished: &[ItemRef]) -> bool {
+    let mut changed = false;
+    for required in vanished {
+        if let Some(mark) = marks.get_mut(required) {
+            changed |= *mark != ABSENT_DEPENDENCY_MARK;
+            *mark = ABSENT_DEPENDENCY_MARK;
+        }
+    }
+    changed
 }
 
 /// Rule 9 for items that are busy when external items vanish: each item

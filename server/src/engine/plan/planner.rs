@@ -522,9 +522,12 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// although the environment counts it unconverged: an earlier pass left
     /// it waiting or planned, and this plan's verdict on it replaces that.
     pub(super) fn revises_earlier_verdict(&mut self, id: Id) -> bool {
-        if self.node(id).seed {
-            return false;
-        }
+        !self.node(id).seed && self.counted_unconverged(id)
+    }
+
+    /// Whether the environment counts `id` unconverged (asked once per
+    /// item, then remembered in its marks).
+    fn counted_unconverged(&mut self, id: Id) -> bool {
         if !self.marks.has(id, CONVERGENCE_KNOWN) {
             let converged = self.environment.is_converged(self.node(id).item);
             let answer = if converged { 0 } else { UNCONVERGED };
@@ -714,15 +717,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// is asked about once, and an examined node not at all: in a dense
     /// graph many edges lead to the same item.
     fn visit_if_unconverged(&mut self, id: Id) {
-        if self.node(id).examined {
-            return;
-        }
-        if !self.marks.has(id, CONVERGENCE_KNOWN) {
-            let converged = self.environment.is_converged(self.node(id).item);
-            let answer = if converged { 0 } else { UNCONVERGED };
-            self.marks.set(id, CONVERGENCE_KNOWN | answer);
-        }
-        if self.marks.has(id, UNCONVERGED) {
+        if !self.node(id).examined && self.counted_unconverged(id) {
             self.visit(id);
         }
     }

@@ -91,6 +91,37 @@ fn register_with(
     effects
 }
 
+/// Registers `spec` for `agent_id` on `session_id`, the agent saying it
+/// runs nothing.
+fn register_listed(
+    executor: &mut Executor,
+    session_id: u64,
+    agent_id: &str,
+    spec: TypeSpec,
+    now: Now,
+) -> Effects {
+    register_with(
+        executor,
+        session_id,
+        agent_id,
+        spec,
+        Outstanding::Listed(Default::default()),
+        now,
+    )
+}
+
+/// [`spec`] for a type that supports READ.
+fn readable() -> TypeSpec {
+    let mut readable = spec();
+    readable.supports_read = true;
+    readable
+}
+
+/// The other of the items `a` and `b`.
+fn other_than(name: &str) -> &'static str {
+    if name == "a" { "b" } else { "a" }
+}
+
 fn item(name: &str, version: i64) -> Item {
     let mut item = Item::new("t", name, Default::default());
     item.properties.insert("v".into(), version.into());
@@ -138,6 +169,14 @@ fn answer(
 fn done() -> AgentOutcome {
     AgentOutcome::Done {
         observed: None,
+        needs_recreate: false,
+    }
+}
+
+/// DONE, reporting `observed`.
+fn done_observing(observed: crate::graph::Properties) -> AgentOutcome {
+    AgentOutcome::Done {
+        observed: Some(observed),
         needs_recreate: false,
     }
 }
@@ -469,29 +508,12 @@ fn a_dry_run_plans_on_the_changed_intent_and_changes_nothing() {
 /// and the agent back on session 2 saying it runs nothing: the READ that
 /// resolves it, and the lost Create.
 fn lost_create_read_back() -> (Executor, OperationOrder, OperationOrder) {
-    let mut readable = spec();
-    readable.supports_read = true;
-    let mut executor = executor();
-    register_with(
-        &mut executor,
-        1,
-        "agent",
-        readable.clone(),
-        Outstanding::Listed(Default::default()),
-        at(0),
-    );
+    let mut executor = connected_readable();
     let effects = submit(&mut executor, vec![item("a", 1)], at(10));
     let lost = orders(&effects.sends).remove(0);
     executor.session_closed(1, "gone", at(20));
     executor.committed(at(20));
-    let effects = register_with(
-        &mut executor,
-        2,
-        "agent",
-        readable,
-        Outstanding::Listed(Default::default()),
-        at(30),
-    );
+    let effects = register_listed(&mut executor, 2, "agent", readable(), at(30));
     let read = orders(&effects.sends).remove(0);
     (executor, lost, read)
 }
@@ -537,16 +559,7 @@ fn an_unknown_item_of_a_readable_type_is_read_when_its_lost_operation_runs_nowhe
 fn a_read_showing_the_lost_creates_value_resolves_it_as_applied() {
     let (mut executor, lost, read) = lost_create_read_back();
     let observed = lost.item.properties.clone();
-    let effects = answer_on(
-        &mut executor,
-        2,
-        &read,
-        AgentOutcome::Done {
-            observed: Some(observed),
-            needs_recreate: false,
-        },
-        at(40),
-    );
+    let effects = answer_on(&mut executor, 2, &read, done_observing(observed), at(40));
     assert!(orders(&effects.sends).is_empty(), "nothing more to do");
     assert_eq!(state_of(&executor, "a"), Some(ItemState::Created));
     assert_eq!(executor.model().counts().get(ItemState::Created), 1);
@@ -604,17 +617,8 @@ fn a_read_that_cannot_tell_sends_the_lost_operation_again() {
 
 /// The executor with a READ-capable agent for type `t` on session 1.
 fn connected_readable() -> Executor {
-    let mut readable = spec();
-    readable.supports_read = true;
     let mut executor = executor();
-    register_with(
-        &mut executor,
-        1,
-        "agent",
-        readable,
-        Outstanding::Listed(Default::default()),
-        at(0),
-    );
+    register_listed(&mut executor, 1, "agent", readable(), at(0));
     executor
 }
 
@@ -720,10 +724,7 @@ fn a_read_in_between_keeps_the_op_id_of_a_delete_answered_wait() {
     answer(
         &mut executor,
         &read,
-        AgentOutcome::Done {
-            observed: Some(b.properties.clone()),
-            needs_recreate: false,
-        },
+        done_observing(b.properties.clone()),
         at(100),
     );
 
@@ -757,16 +758,7 @@ fn a_read_cannot_confirm_a_lost_modify_that_only_removes_a_property() {
     assert_eq!(modify.kind, OperationKind::Modify);
     executor.session_closed(1, "gone", at(40));
     executor.committed(at(40));
-    let mut readable = spec();
-    readable.supports_read = true;
-    let effects = register_with(
-        &mut executor,
-        2,
-        "agent",
-        readable,
-        Outstanding::Listed(Default::default()),
-        at(50),
-    );
+    let effects = register_listed(&mut executor, 2, "agent", readable(), at(50));
     let read = orders(&effects.sends).remove(0);
     assert_eq!(read.kind, OperationKind::Read);
 
@@ -775,10 +767,7 @@ fn a_read_cannot_confirm_a_lost_modify_that_only_removes_a_property() {
         &mut executor,
         2,
         &read,
-        AgentOutcome::Done {
-            observed: Some(with_extra.properties.clone()),
-            needs_recreate: false,
-        },
+        done_observing(with_extra.properties.clone()),
         at(60),
     );
     let again = orders(&effects.sends).remove(0);
@@ -795,18 +784,10 @@ fn a_read_cannot_confirm_a_lost_modify_that_only_removes_a_property() {
 /// room).
 #[test]
 fn an_operation_waiting_for_room_keeps_the_tenant_from_ready() {
-    let mut readable = spec();
-    readable.supports_read = true;
-    readable.max_in_flight = 1;
+    let mut narrow = readable();
+    narrow.max_in_flight = 1;
     let mut executor = executor();
-    register_with(
-        &mut executor,
-        1,
-        "agent",
-        readable,
-        Outstanding::Listed(Default::default()),
-        at(0),
-    );
+    register_listed(&mut executor, 1, "agent", narrow, at(0));
     let mut x = item("x", 1);
     x.external = true;
     let effects = submit(
@@ -825,11 +806,7 @@ fn an_operation_waiting_for_room_keeps_the_tenant_from_ready() {
     executor.committed(at(50));
     let read = orders(&effects.sends).remove(0);
     assert_eq!(read.kind, OperationKind::Read);
-    let other = if read.item.identity.name().as_ref() == "a" {
-        "b"
-    } else {
-        "a"
-    };
+    let other = other_than(read.item.identity.name());
     let effects = submit(
         &mut executor,
         vec![
@@ -849,14 +826,7 @@ fn an_operation_waiting_for_room_keeps_the_tenant_from_ready() {
     // leaves the Modify waiting for room.
     let mut other_type = TypeSpec::new("u");
     other_type.operation_timeout_ms = TIMEOUT_MS;
-    register_with(
-        &mut executor,
-        2,
-        "other agent",
-        other_type,
-        Outstanding::Listed(Default::default()),
-        at(70),
-    );
+    register_listed(&mut executor, 2, "other agent", other_type, at(70));
     let c = |version: i64| {
         let mut c = Item::new("u", "c", Default::default());
         c.properties.insert("v".into(), version.into());
@@ -880,10 +850,7 @@ fn an_operation_waiting_for_room_keeps_the_tenant_from_ready() {
     let effects = answer(
         &mut executor,
         &read,
-        AgentOutcome::Done {
-            observed: Some(read.item.properties.clone()),
-            needs_recreate: false,
-        },
+        done_observing(read.item.properties.clone()),
         at(100),
     );
     let modify = orders(&effects.sends).remove(0);
@@ -901,22 +868,11 @@ fn operations_waiting_for_room_wait_for_a_configurator_when_their_agent_leaves()
     let mut narrow = spec();
     narrow.max_in_flight = 1;
     let mut executor = executor();
-    register_with(
-        &mut executor,
-        1,
-        "agent",
-        narrow,
-        Outstanding::Listed(Default::default()),
-        at(0),
-    );
+    register_listed(&mut executor, 1, "agent", narrow, at(0));
     let effects = submit(&mut executor, vec![item("a", 1), item("b", 1)], at(10));
     let sent = orders(&effects.sends);
     assert_eq!(sent.len(), 1, "one slot");
-    let queued = if sent[0].item.identity.name().as_ref() == "a" {
-        "b"
-    } else {
-        "a"
-    };
+    let queued = other_than(sent[0].item.identity.name());
     executor.session_closed(1, "gone", at(20));
     executor.committed(at(20));
     let waits = |name: &str| {
