@@ -156,6 +156,11 @@ pub struct Executor {
     deadlines: Deadlines,
     /// For each item: the waiting items that named it in `blocked_by`.
     waiters: HashMap<ItemRef, BTreeSet<ItemRef>>,
+    /// For each item with a planned operation: the items whose operations
+    /// a plan put after it. Should a later pass no longer plan an
+    /// operation for it (it now waits, or needs nothing), they are planned
+    /// again: no result of it would wake them.
+    behind: HashMap<ItemRef, BTreeSet<ItemRef>>,
     room: Room,
     rng: StdRng,
     /// Random per executor start: op ids never repeat across restarts.
@@ -170,8 +175,9 @@ pub struct Executor {
     timer_retry: Option<u64>,
     /// Items of READ-capable types to read back (periodic resync).
     pending_reads: BTreeSet<ItemRef>,
-    /// Items a pass changed without an operation: the next turn plans them
-    /// again, so what they now need is planned and shown.
+    /// Items a pass changed without an operation, or left behind an
+    /// operation it no longer plans: the next turn plans them again, so
+    /// what they now need is planned and shown.
     follow_up: BTreeSet<ItemRef>,
     /// UNKNOWN items whose lost operation waits to be sent again until an
     /// UNKNOWN item it depends on is resolved (DESIGN 4).
@@ -235,6 +241,7 @@ impl Executor {
             operations,
             deadlines: Deadlines::default(),
             waiters: HashMap::new(),
+            behind: HashMap::new(),
             room: Room::default(),
             rng,
             boot,

@@ -89,6 +89,7 @@ impl Executor {
                     if let Some(waiters) = self.waiters.remove(item) {
                         seeds.extend(waiters);
                     }
+                    self.behind.remove(item);
                 }
                 seeds
             }
@@ -365,6 +366,7 @@ impl Executor {
             }
             self.model.waiting.remove(seed);
         }
+        self.wake_behind_unplanned(seeds, plan);
         self.model
             .unconverged
             .extend(plan.unconverged.iter().cloned());
@@ -383,6 +385,10 @@ impl Executor {
                 let blocker = &plan.operations[predecessor];
                 if blocker.item != operation.item {
                     self.waiters
+                        .entry(blocker.item.clone())
+                        .or_default()
+                        .insert(operation.item.clone());
+                    self.behind
                         .entry(blocker.item.clone())
                         .or_default()
                         .insert(operation.item.clone());
@@ -440,6 +446,32 @@ impl Executor {
                 (true, Some(since)) => Some(since),
                 (true, None) => Some(now_ms),
             };
+    }
+
+    /// Items an earlier plan put after an operation that this plan no
+    /// longer has (its item now waits, say behind a dependent's failed
+    /// Delete, or needs nothing) are planned again by a follow-up pass:
+    /// that operation's result, which was to wake them, will not come. A
+    /// Create kept behind a Delete of its type that now waits would wait
+    /// for good, where a plan made afresh creates it (DESIGN 3, rule 8:
+    /// the block ends when the blocking operation is no longer needed).
+    fn wake_behind_unplanned(&mut self, seeds: &BTreeSet<ItemRef>, plan: &Plan) {
+        if self.behind.is_empty() {
+            return;
+        }
+        let planned: HashSet<&ItemRef> = plan.operations.iter().map(|o| &o.item).collect();
+        let decided = seeds
+            .iter()
+            .chain(&plan.revised)
+            .chain(plan.waiting.iter().map(|w| &w.item));
+        for item in decided {
+            if planned.contains(item) {
+                continue;
+            }
+            if let Some(behind) = self.behind.remove(item) {
+                self.follow_up.extend(behind);
+            }
+        }
     }
 
     /// Recomputes the conditions: staged when they changed in substance; a

@@ -147,23 +147,14 @@ fn submit(executor: &mut Executor, items: Vec<Item>, now: Now) -> Effects {
     effects
 }
 
+/// Session 1's answer to `order`; the commit becomes durable.
 fn answer(
     executor: &mut Executor,
     order: &OperationOrder,
     outcome: AgentOutcome,
     now: Now,
 ) -> Effects {
-    let effects = executor.results(
-        vec![AgentResult {
-            session_id: 1,
-            op_id: order.op_id.clone(),
-            attempt: order.attempt,
-            outcome,
-        }],
-        now,
-    );
-    executor.committed(now);
-    effects
+    answer_on(executor, 1, order, outcome, now)
 }
 
 fn done() -> AgentOutcome {
@@ -518,6 +509,7 @@ fn lost_create_read_back() -> (Executor, OperationOrder, OperationOrder) {
     (executor, lost, read)
 }
 
+/// `session_id`'s answer to `order`; the commit becomes durable.
 fn answer_on(
     executor: &mut Executor,
     session_id: u64,
@@ -886,4 +878,59 @@ fn operations_waiting_for_room_wait_for_a_configurator_when_their_agent_leaves()
         waits(queued),
         Some(crate::engine::plan::WaitReason::NoConfigurator)
     );
+}
+
+/// `p` and `n` are of type `t`, `d` of type `u` relies on `p`. Removing
+/// `p` and `d` while adding `n`: `d`'s Delete runs first, `p`'s waits for
+/// it, and `n`'s Create waits for `p`'s (a Create waits for its plan's
+/// Deletes of the same type, DESIGN 3 rule 8). `d`'s Delete then fails
+/// for good, so `p`'s cannot run: `n`, which only `p`'s result would have
+/// woken, is planned again and created, as a plan made afresh would.
+#[test]
+fn a_create_behind_a_delete_that_can_no_longer_run_is_planned_again() {
+    let mut executor = connected();
+    let mut u = spec();
+    u.item_type = "u".into();
+    register_with(&mut executor, 2, "agent-u", u, Outstanding::Unsaid, at(0));
+    let mut d = Item::new("u", "d", Default::default()).depends_on(on("t/p"));
+    d.properties.insert("v".into(), 1.into());
+    let effects = submit(&mut executor, vec![item("p", 1), d], at(10));
+    let create_p = orders(&effects.sends).remove(0);
+    let effects = answer(&mut executor, &create_p, done(), at(20));
+    let create_d = orders(&effects.sends).remove(0);
+    answer_on(&mut executor, 2, &create_d, done(), at(30));
+    assert!(ready(&executor), "p, and d on p");
+
+    let effects = submit(&mut executor, vec![item("n", 1)], at(40));
+    let delete_d = orders(&effects.sends).remove(0);
+    assert_eq!(
+        (delete_d.kind, delete_d.item.identity.name().as_ref()),
+        (OperationKind::Delete, "d"),
+        "only d's Delete runs first"
+    );
+    let n = ItemRef::new("t", "n");
+    let waits_for_p = |executor: &Executor| {
+        executor
+            .model()
+            .waiting
+            .get(&n)
+            .is_some_and(|w| w.blocked_by.iter().any(|b| b.item.name().as_ref() == "p"))
+    };
+    assert!(waits_for_p(&executor), "n's Create waits for p's Delete");
+
+    let failed = AgentOutcome::Failed(OperationError {
+        code: code::FAILED_PRECONDITION,
+        message: "d is in use".into(),
+    });
+    let mut sent = orders(&answer_on(&mut executor, 2, &delete_d, failed, at(50)).sends);
+    if let Some(effects) = executor.follow_up(at(50)) {
+        executor.committed(at(50));
+        sent.extend(orders(&effects.sends));
+    }
+    assert!(
+        sent.iter()
+            .any(|o| o.kind == OperationKind::Create && o.item.name().as_ref() == "n"),
+        "n is created: p's Delete waits behind d's failure and holds nothing; sent {sent:?}"
+    );
+    assert!(!waits_for_p(&executor));
 }

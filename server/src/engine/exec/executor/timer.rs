@@ -153,8 +153,9 @@ impl Executor {
     }
 
     /// Plans the items a pass changed without an operation (dropped with a
-    /// vanished external item, or settled after a failure), so that what
-    /// they now need is planned and shown. `None` when there are none.
+    /// vanished external item, or settled after a failure), and those
+    /// that waited for an operation a later pass no longer plans, so that
+    /// what they now need is planned and shown. `None` when there are none.
     pub fn follow_up(&mut self, now: Now) -> Option<Effects> {
         if self.follow_up.is_empty() {
             return None;
