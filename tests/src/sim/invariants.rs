@@ -349,6 +349,10 @@ pub struct Ledger {
     /// time and nothing in flight): their next operation, if it is the same
     /// one, continues the failed or WAITed op id.
     retry_pending: BTreeSet<ItemRef>,
+    /// READs sent to resolve a lost operation that no agent has received
+    /// yet (journaled, and the store died before it went out): they count
+    /// as its deliveries once it is delivered.
+    reads_before_delivery: BTreeMap<String, u32>,
 }
 
 impl Ledger {
@@ -377,12 +381,19 @@ impl Ledger {
         }
         if order.kind == OperationKind::Read
             && let Some(lost) = self.lost.get(&item)
-            && let Some(record) = self.ops.get_mut(&lost.op_id)
         {
             // A READ sent to resolve the lost operation counts as one more
             // delivery of it: the server gives it up as poison after as many
             // losses as if it had been sent again each time (DESIGN 4).
-            record.deliveries += 1;
+            match self.ops.get_mut(&lost.op_id) {
+                Some(record) => record.deliveries += 1,
+                None => {
+                    *self
+                        .reads_before_delivery
+                        .entry(lost.op_id.clone())
+                        .or_default() += 1;
+                }
+            }
         }
         if order.kind != OperationKind::Read
             && let Some(lost) = self.lost.remove(&item)
@@ -511,7 +522,10 @@ impl Ledger {
                         generation: order.generation,
                         question: order.question,
                         attempt: order.attempt,
-                        deliveries: 1,
+                        deliveries: 1 + self
+                            .reads_before_delivery
+                            .remove(&order.op_id)
+                            .unwrap_or(0),
                         failed: false,
                         delivered_at_ms,
                         timeout_ms: order.timeout_ms,
