@@ -127,7 +127,12 @@ pub fn redelivery(
             why: GiveUpReason::GoneWithExternal,
         };
     }
-    if waits_for_a_dependency(current, item, entry) {
+    // A READ only observes: it may resolve the item while a dependency's
+    // outcome is unknown too (that dependency may stay unknown for long,
+    // its agent gone). What the READ finds then waits for the dependency
+    // like any operation would.
+    let read_resolves = readable && agent_holds == Some(false);
+    if !read_resolves && waits_for_a_dependency(current, item, entry) {
         return Redelivery::Defer;
     }
     if operation.redeliveries >= MAX_REDELIVERIES {
@@ -147,7 +152,7 @@ pub fn redelivery(
             why: GiveUpReason::Poison,
         };
     }
-    if readable && agent_holds == Some(false) {
+    if read_resolves {
         // It runs nowhere: what exists says what it did (DESIGN 4, "READ
         // resolves them"), with nothing left uncertain.
         return Redelivery::Read;
@@ -238,9 +243,9 @@ fn applied_or_not(
 /// Whether the re-delivery of `item`'s lost operation must wait for a
 /// dependency: one that `item` relies on (by its applied value or the lost
 /// operation's target) is UNKNOWN, or, for a lost Create or Modify, a
-/// dependency of its target is being modified or deleted (a Create or
-/// Modify waits for those, DESIGN 3), or, for a lost Modify, an operation
-/// runs on a dependent (rule 8). The owner tries again after every
+/// dependency of its target is being created, modified or deleted (a
+/// Create or Modify waits for those, DESIGN 3), or, for a lost Modify, an
+/// operation runs on a dependent (rule 8). The owner tries again after every
 /// command ([`super::Executor::redeliver_deferred`]).
 pub fn waits_for_a_dependency(current: &CurrentGraph, item: &ItemRef, entry: &CurrentItem) -> bool {
     let operation = entry.in_flight.as_ref();
@@ -271,9 +276,12 @@ pub fn waits_for_a_dependency(current: &CurrentGraph, item: &ItemRef, entry: &Cu
         lost_kind,
         Some(OperationKind::Create | OperationKind::Modify)
     ) && target.into_iter().flat_map(others).any(|required| {
+        // Being created counts too: a dependency that went with its
+        // external item while the lost operation ran, and whose Create
+        // runs again, is not broken but on its way back.
         matches!(
             running_kind(current, &required),
-            Some(OperationKind::Modify | OperationKind::Delete)
+            Some(OperationKind::Create | OperationKind::Modify | OperationKind::Delete)
         )
     });
     // A Modify also waits for the operations running on its dependents
@@ -420,6 +428,53 @@ mod tests {
         };
         let graph = graph_with(vec![("b", unknown)]);
         assert_eq!(decide(&graph, &entry, &operation, None), Redelivery::Defer);
+    }
+
+    #[test]
+    fn a_read_resolves_the_item_while_a_dependency_is_unknown() {
+        let (operation, entry) =
+            lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let unknown = CurrentItem {
+            state: ItemState::Unknown,
+            ..created("b")
+        };
+        let graph = graph_with(vec![("b", unknown)]);
+        let decision = redelivery(
+            &graph,
+            &ItemRef::new("t", "a"),
+            &entry,
+            &operation,
+            Some(false),
+            true,
+            5,
+            never,
+        );
+        assert_eq!(
+            decision,
+            Redelivery::Read,
+            "a READ only observes: b's unknown outcome does not hold it"
+        );
+    }
+
+    #[test]
+    fn a_lost_create_waits_while_its_dependency_is_created_again() {
+        // b went with its external item while a's Create ran, came back,
+        // and its Create runs: a's Create is not given up but sent again
+        // under its op id once b exists.
+        let (operation, entry) =
+            lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let b_create = InFlight::new(OperationKind::Create, "b-op".into(), 1, 1, 0, 10_000);
+        let graph = graph_with(vec![("b", CurrentItem::creating(b_create))]);
+        assert_eq!(decide(&graph, &entry, &operation, None), Redelivery::Defer);
+
+        let graph = graph_with(vec![("b", created("b"))]);
+        let Redelivery::Resend {
+            operation: again, ..
+        } = decide(&graph, &entry, &operation, None)
+        else {
+            panic!("sent again once b exists");
+        };
+        assert_eq!((again.op_id.as_str(), again.attempt), ("op", 1));
     }
 
     #[test]
