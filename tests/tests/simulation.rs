@@ -501,3 +501,33 @@ fn seed_29711_a_create_is_not_left_behind_a_delete_that_cannot_run() {
 fn seed_31146_reads_before_a_lost_operations_first_delivery_count() {
     passes(31146);
 }
+
+/// Fixed in the engine (found by a sweep of seeds 36000-39999): a lost
+/// Create whose dependency had gone with its external item while it ran,
+/// and whose dependency's Create was running again, was given up as if the
+/// dependency were broken and planned afresh under a new op id. It now
+/// waits for that Create and goes again under its op id (DESIGN 4).
+#[test]
+fn seed_39389_a_lost_create_waits_for_its_dependency_to_come_back() {
+    passes(39389);
+}
+
+/// Fixed in the simulator: an item whose lost operation waits for an
+/// UNKNOWN item of the type whose agent stays down stays UNKNOWN too; the
+/// final phase took it for work that never ended. (The engine now also
+/// lets a READ resolve such an item; here the READ could not tell.)
+#[test]
+fn seed_36729_what_waits_for_an_agent_down_for_good_stays_lost() {
+    passes(36729);
+}
+
+/// Fixed in the simulator (found by a 1,000-step sweep): an operation's
+/// timeout fell due at the instant its agent disconnected; the server
+/// counted the attempt failed first, and then planned a new operation for
+/// a new generation, while the simulator took the operation for one lost
+/// with its session that had to resume under its op id. What falls due at
+/// the instant of a disconnect now runs first.
+#[test]
+fn seed_40880_a_timeout_due_at_a_disconnect_comes_first() {
+    passes_in(40880, 1_000);
+}

@@ -949,6 +949,41 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
             ),
         );
     }
+    // An item kept behind another's operation ("its delete runs first")
+    // is kept behind one that will run: the other item does not wait for
+    // something else (a failure, a retry time, a configurator), or no
+    // result would come to wake the first (seed 29711).
+    for (key, waiting) in snapshot.waiting.iter() {
+        for blocker in &waiting.blocked_by {
+            if !runs_first(&blocker.why) || blocker.item == *key {
+                continue;
+            }
+            // The blocker's waiting entry may be about another operation
+            // of it (the Create of a recreate, whose Delete runs).
+            let Some(held) = snapshot.waiting.get(&blocker.item).filter(|held| {
+                blocker.why == format!("its {} runs first", held.operation.as_str())
+            }) else {
+                continue;
+            };
+            let running = snapshot
+                .current
+                .get(&blocker.item)
+                .and_then(|c| c.in_flight.as_ref())
+                .is_some_and(|operation| operation.kind == held.operation);
+            if running {
+                continue;
+            }
+            if let Some(other) = held.blocked_by.iter().find(|b| !runs_first(&b.why)) {
+                return fail(
+                    "an item kept behind an operation is kept behind one that will run",
+                    format!(
+                        "{key} waits because {} (of {}), which waits: {} {}",
+                        blocker.why, blocker.item, other.item, other.why
+                    ),
+                );
+            }
+        }
+    }
     // Conditions.
     let ready = condition(snapshot, ConditionKind::Ready);
     let reconciling = condition(snapshot, ConditionKind::Reconciling);
@@ -985,6 +1020,12 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
         }
     }
     Ok(())
+}
+
+/// Whether a `blocked_by` reason says an operation of the same plan runs
+/// first ("its delete runs first").
+fn runs_first(why: &str) -> bool {
+    why.starts_with("its ") && why.ends_with(" runs first")
 }
 
 /// Checks the state a restarted server loaded (before its first pass):
@@ -1172,6 +1213,55 @@ impl PlanEnvironment for Everything {
     }
 }
 
+/// Whether `key`'s operation in flight stays lost after the final phase:
+/// its type's agent stays down, or the item is UNKNOWN and relies (by its
+/// applied value or its lost operation's target) on an item whose
+/// operation stays lost. An UNKNOWN dependency blocks the re-delivery of
+/// a dependent's lost operation (DESIGN 4), and one whose agent never
+/// comes back is never resolved.
+pub fn stays_lost(snapshot: &TenantSnapshot, key: &ItemRef, down_types: &BTreeSet<String>) -> bool {
+    let mut seen = BTreeSet::new();
+    stays_lost_from(snapshot, key, down_types, &mut seen)
+}
+
+fn stays_lost_from(
+    snapshot: &TenantSnapshot,
+    key: &ItemRef,
+    down_types: &BTreeSet<String>,
+    seen: &mut BTreeSet<ItemRef>,
+) -> bool {
+    if !seen.insert(key.clone()) {
+        return false;
+    }
+    let Some(current) = snapshot.current.get(key) else {
+        return false;
+    };
+    if current.in_flight.is_none() {
+        return false;
+    }
+    if down_types.contains(&**key.item_type()) {
+        return true;
+    }
+    if current.state != ItemState::Unknown {
+        return false;
+    }
+    let target = current.in_flight.as_ref().and_then(|o| o.target.as_deref());
+    let relied_on: Vec<ItemRef> = current
+        .applied
+        .as_deref()
+        .into_iter()
+        .chain(target)
+        .flat_map(|value| value.dependencies.iter().map(|d| d.requires.clone()))
+        .collect();
+    relied_on.iter().any(|required| {
+        snapshot
+            .current
+            .get(required)
+            .is_some_and(|r| r.state == ItemState::Unknown)
+            && stays_lost_from(snapshot, required, down_types, seen)
+    })
+}
+
 /// The items a snapshot shows UNKNOWN (an operation whose outcome is lost).
 pub fn unknown_items(snapshot: &TenantSnapshot) -> BTreeSet<ItemRef> {
     snapshot
@@ -1204,7 +1294,7 @@ pub fn check_converged(
 ) -> Result<(), Violation> {
     let down_types = scenario.down_types();
     for (key, current) in snapshot.current.iter() {
-        if current.in_flight.is_some() && !down_types.contains(&**key.item_type()) {
+        if current.in_flight.is_some() && !stays_lost(snapshot, key, &down_types) {
             return fail(
                 "a quiet tenant has nothing in flight",
                 format!(

@@ -35,7 +35,7 @@ use super::faults::FaultyStore;
 use super::intents::{Expected, IntentModel, Scenario, SubmitPlan, external_value};
 use super::invariants::{
     Ledger, Violation, check_converged, check_order, check_restart, check_snapshot, retry_pending,
-    unknown_items,
+    stays_lost, unknown_items,
 };
 use super::steps::{AgentView, Answer, Report, Step, View};
 use super::trace::Trace;
@@ -242,8 +242,8 @@ impl Sim {
                 let sent = self.agents.replay(*agent, *pick);
                 self.send(sent).await;
             }
-            Step::Disconnect { agent, luck } => self.end_sessions(*agent, false, *luck).await,
-            Step::CloseSuperseded { agent, luck } => self.end_sessions(*agent, true, *luck).await,
+            Step::Disconnect { agent, luck } => self.end_sessions(*agent, false, *luck).await?,
+            Step::CloseSuperseded { agent, luck } => self.end_sessions(*agent, true, *luck).await?,
             Step::Connect { agent } => self.connect(*agent).await?,
             Step::Impostor { agent } => self.impostor(*agent).await?,
             Step::Advance { ms } => self.advance(*ms).await?,
@@ -717,7 +717,16 @@ impl Sim {
     }
 
     /// Ends sessions of `agent` and tells the owner.
-    async fn end_sessions(&mut self, agent: usize, superseded_only: bool, luck: u64) {
+    async fn end_sessions(
+        &mut self,
+        agent: usize,
+        superseded_only: bool,
+        luck: u64,
+    ) -> Result<(), Violation> {
+        // What falls due at this very instant (an operation's timeout) runs
+        // before the sessions end: an operation that timed out is a failed
+        // attempt to the server, not one lost with its session.
+        self.run_what_is_due().await?;
         let now = self.now_ms();
         let (ended, notes, dropped) =
             self.agents
@@ -742,6 +751,7 @@ impl Sim {
                 .session_closed(session, "the stream ended".into())
                 .await;
         }
+        Ok(())
     }
 
     /// The server dies and restarts from the store's bytes only; the
@@ -827,12 +837,12 @@ impl Sim {
                 if self.agents.agents[agent].live.is_some()
                     || !self.agents.agents[agent].superseded.is_empty()
                 {
-                    self.end_sessions(agent, false, 0).await;
+                    self.end_sessions(agent, false, 0).await?;
                 }
                 continue;
             }
             if !self.agents.agents[agent].superseded.is_empty() {
-                self.end_sessions(agent, true, 0).await;
+                self.end_sessions(agent, true, 0).await?;
             }
             if self.agents.agents[agent].live.is_none() {
                 self.connect(agent).await?;
@@ -847,10 +857,11 @@ impl Sim {
             self.answer_everything().await?;
             self.check().await?;
             let snapshot = self.handle.snapshots.latest();
-            // A lost operation of a type whose agent stays down stays lost.
+            // A lost operation of a type whose agent stays down stays lost,
+            // and so do those waiting for one.
             let busy =
                 snapshot.current.iter().any(|(key, c)| {
-                    c.in_flight.is_some() && !down_types.contains(&**key.item_type())
+                    c.in_flight.is_some() && !stays_lost(&snapshot, key, &down_types)
                 }) || retry_pending(&snapshot)
                     || self.agents.pending_count() > 0
                     || self.up_agents_hold_unacked();
