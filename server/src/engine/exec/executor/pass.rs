@@ -63,6 +63,13 @@ impl PlanEnvironment for Environment<'_> {
     }
 }
 
+/// The kinds of operation a plan may put others after.
+const OPERATION_KINDS: [OperationKind; 3] = [
+    OperationKind::Create,
+    OperationKind::Modify,
+    OperationKind::Delete,
+];
+
 impl Executor {
     pub(super) fn environment(&self, now_ms: u64) -> Environment<'_> {
         Environment {
@@ -89,7 +96,9 @@ impl Executor {
                     if let Some(waiters) = self.waiters.remove(item) {
                         seeds.extend(waiters);
                     }
-                    self.behind.remove(item);
+                    for kind in OPERATION_KINDS {
+                        self.behind.remove(&(item.clone(), kind));
+                    }
                 }
                 seeds
             }
@@ -367,6 +376,12 @@ impl Executor {
             self.model.waiting.remove(seed);
         }
         self.wake_behind_unplanned(seeds, plan);
+        // An item the plan gives an operation no longer waits for what an
+        // earlier pass said (it runs, waits for room, or waits for the
+        // operations before it, below), whether it was a seed or not.
+        for operation in &plan.operations {
+            self.model.waiting.remove(&operation.item);
+        }
         self.model
             .unconverged
             .extend(plan.unconverged.iter().cloned());
@@ -389,7 +404,7 @@ impl Executor {
                         .or_default()
                         .insert(operation.item.clone());
                     self.behind
-                        .entry(blocker.item.clone())
+                        .entry((blocker.item.clone(), blocker.kind))
                         .or_default()
                         .insert(operation.item.clone());
                     waits_for_dependency |= blocker.kind != OperationKind::Delete;
@@ -448,7 +463,8 @@ impl Executor {
             };
     }
 
-    /// Items an earlier plan put after an operation that this plan no
+    /// Items an earlier plan put after an operation (of an item, of a
+    /// kind: a recreate plans a Delete and a Create) that this plan no
     /// longer has (its item now waits, say behind a dependent's failed
     /// Delete, or needs nothing) are planned again by a follow-up pass:
     /// that operation's result, which was to wake them, will not come. A
@@ -459,17 +475,20 @@ impl Executor {
         if self.behind.is_empty() {
             return;
         }
-        let planned: HashSet<&ItemRef> = plan.operations.iter().map(|o| &o.item).collect();
+        let planned: HashSet<(&ItemRef, OperationKind)> =
+            plan.operations.iter().map(|o| (&o.item, o.kind)).collect();
         let decided = seeds
             .iter()
             .chain(&plan.revised)
             .chain(plan.waiting.iter().map(|w| &w.item));
         for item in decided {
-            if planned.contains(item) {
-                continue;
-            }
-            if let Some(behind) = self.behind.remove(item) {
-                self.follow_up.extend(behind);
+            for kind in OPERATION_KINDS {
+                if planned.contains(&(item, kind)) {
+                    continue;
+                }
+                if let Some(behind) = self.behind.remove(&(item.clone(), kind)) {
+                    self.follow_up.extend(behind);
+                }
             }
         }
     }
