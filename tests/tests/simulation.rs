@@ -531,3 +531,14 @@ fn seed_36729_what_waits_for_an_agent_down_for_good_stays_lost() {
 fn seed_40880_a_timeout_due_at_a_disconnect_comes_first() {
     passes_in(40880, 1_000);
 }
+
+/// Fixed in the engine (found by the invariant that an item kept behind an
+/// operation is kept behind one still planned): the executor remembered
+/// what waited behind an operation per item, so when a pass dropped the
+/// Create of a recreate while keeping its Delete, the items planned after
+/// that Create were not planned again. It now remembers it per item and
+/// kind.
+#[test]
+fn seed_2140_what_waits_behind_a_recreates_create_follows_it() {
+    passes(2140);
+}

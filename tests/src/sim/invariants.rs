@@ -950,12 +950,12 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
         );
     }
     // An item kept behind another's operation ("its delete runs first")
-    // is kept behind one that will run: the other item does not wait for
-    // a failure, a retry time, a configurator or an unknown outcome, or
-    // no result would come to wake the first (seed 29711). (One that waits
-    // for a dependency, or for an operation in flight, will run once that
-    // is done; the waiting entry it shows may also be older than the
-    // operation queued for room, which the snapshot does not show.)
+    // is kept behind one that is still planned: the other item's entry
+    // for that operation shows it waiting only for operations before it,
+    // not for something else (a failure, a retry time, a configurator, a
+    // dependency), or no result of it may come to wake the first (seed
+    // 29711; seed 2140: the Create of a recreate dropped from the plan
+    // while its Delete stayed).
     for (key, waiting) in snapshot.waiting.iter() {
         for blocker in &waiting.blocked_by {
             if !runs_first(&blocker.why) || blocker.item == *key {
@@ -974,16 +974,6 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
                 .and_then(|c| c.in_flight.as_ref())
                 .is_some_and(|operation| operation.kind == held.operation);
             if running {
-                continue;
-            }
-            let stuck = matches!(
-                held.reason,
-                WaitReason::NoConfigurator
-                    | WaitReason::Backoff
-                    | WaitReason::TerminalFailure
-                    | WaitReason::UnknownOutcome
-            );
-            if !stuck {
                 continue;
             }
             if let Some(other) = held.blocked_by.iter().find(|b| !runs_first(&b.why)) {
