@@ -48,11 +48,37 @@ const EPOCH_MS: u64 = 1_704_067_200_000;
 /// Exchanges between owner and agents after one step before it counts as
 /// a message storm.
 const MAX_EXCHANGES: usize = 200;
-/// Yields that let a due timer's pass run to its dispatch (each await in
-/// the pass takes one).
-const YIELDS_TO_RUN_WHAT_IS_DUE: usize = 16;
 /// Rounds of the final phase before a tenant that never goes quiet fails.
 const MAX_FINAL_ROUNDS: usize = 60;
+
+/// How the simulator lets the owner run before it looks for messages.
+#[derive(Clone, Copy)]
+enum Pause {
+    /// Sleep a millisecond of paused time: time moves only once every
+    /// task waits, so after it the owner is idle.
+    Millisecond,
+    /// Yield without moving the clock: each yield lets the runtime poll
+    /// its timers and run the tasks they wake, and a few let a pass that
+    /// falls due now reach its dispatch.
+    Yields,
+}
+
+impl Pause {
+    /// Yields that let a due timer's pass run to its dispatch (each await
+    /// in the pass takes one).
+    const YIELDS: usize = 16;
+
+    async fn wait(self) {
+        match self {
+            Pause::Millisecond => tokio::time::sleep(Duration::from_millis(1)).await,
+            Pause::Yields => {
+                for _ in 0..Self::YIELDS {
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+    }
+}
 
 /// Counters of a run.
 #[derive(Clone, Copy, Debug, Default)]
@@ -329,19 +355,23 @@ impl Sim {
     /// Lets the owner finish what it can do now and exchanges messages
     /// with the agents until nobody has anything more to say.
     async fn settle(&mut self) -> Result<(), Violation> {
+        self.exchange_until_quiet(Pause::Millisecond).await
+    }
+
+    /// Lets the owner run what is due at the current instant, without
+    /// moving the clock, and delivers what it sends meanwhile.
+    async fn run_what_is_due(&mut self) -> Result<(), Violation> {
+        self.exchange_until_quiet(Pause::Yields).await
+    }
+
+    /// Pauses as `pause` says, then delivers what the owner sent, until a
+    /// pause brings nothing.
+    async fn exchange_until_quiet(&mut self, pause: Pause) -> Result<(), Violation> {
         for _ in 0..MAX_EXCHANGES {
-            // Paused time moves only once every task waits: after this
-            // sleep the owner is idle.
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            let received = self.agents.collect();
-            if received.is_empty() {
+            pause.wait().await;
+            if !self.deliver_received().await? {
                 return Ok(());
             }
-            let mut sent = Vec::new();
-            for message in received {
-                sent.extend(self.receive(message)?);
-            }
-            self.send(sent).await;
         }
         Err(Violation::new(
             "the owner and its agents stop exchanging messages",
@@ -349,29 +379,19 @@ impl Sim {
         ))
     }
 
-    /// Lets the owner run what is due at the current instant, without
-    /// moving the clock, and delivers what it sends meanwhile.
-    async fn run_what_is_due(&mut self) -> Result<(), Violation> {
-        for _ in 0..MAX_EXCHANGES {
-            // Each yield lets the runtime poll its timers and run the tasks
-            // they wake; a few of them let a pass reach its dispatch.
-            for _ in 0..YIELDS_TO_RUN_WHAT_IS_DUE {
-                tokio::task::yield_now().await;
-            }
-            let received = self.agents.collect();
-            if received.is_empty() {
-                return Ok(());
-            }
-            let mut sent = Vec::new();
-            for message in received {
-                sent.extend(self.receive(message)?);
-            }
-            self.send(sent).await;
+    /// Delivers to the agents what the owner sent them and sends their
+    /// replies; whether anything had arrived.
+    async fn deliver_received(&mut self) -> Result<bool, Violation> {
+        let received = self.agents.collect();
+        if received.is_empty() {
+            return Ok(false);
         }
-        Err(Violation::new(
-            "the owner and its agents stop exchanging messages",
-            format!("still exchanging messages after {MAX_EXCHANGES} rounds"),
-        ))
+        let mut sent = Vec::new();
+        for message in received {
+            sent.extend(self.receive(message)?);
+        }
+        self.send(sent).await;
+        Ok(true)
     }
 
     /// Lets `ms` of simulated time pass, delivering what the owner sends
@@ -388,12 +408,7 @@ impl Sim {
             self.sent_since_ms = self.now_ms();
             tokio::time::sleep(Duration::from_millis(chunk)).await;
             left -= chunk;
-            let received = self.agents.collect();
-            let mut sent = Vec::new();
-            for message in received {
-                sent.extend(self.receive(message)?);
-            }
-            self.send(sent).await;
+            self.deliver_received().await?;
             if answer {
                 self.answer_everything().await?;
             }

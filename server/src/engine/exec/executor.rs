@@ -156,11 +156,12 @@ pub struct Executor {
     deadlines: Deadlines,
     /// For each item: the waiting items that named it in `blocked_by`.
     waiters: HashMap<ItemRef, BTreeSet<ItemRef>>,
-    /// For each planned operation (item and kind): the items whose
-    /// operations a plan put after it. Should a later pass no longer plan
-    /// that operation (its item now waits, or needs nothing), they are
-    /// planned again: no result of it would wake them.
-    behind: HashMap<(ItemRef, OperationKind), BTreeSet<ItemRef>>,
+    /// For each item with a planned operation: the items a plan put after
+    /// it, with the kind of that operation (a recreate plans a Delete and a
+    /// Create of one item). Should a later pass no longer plan that
+    /// operation (its item now waits, or needs nothing), they are planned
+    /// again: no result of it would wake them.
+    behind: HashMap<ItemRef, BTreeSet<(OperationKind, ItemRef)>>,
     room: Room,
     rng: StdRng,
     /// Random per executor start: op ids never repeat across restarts.

@@ -418,27 +418,26 @@ mod tests {
         assert_eq!(value.state, ItemState::Creating);
     }
 
-    #[test]
-    fn a_lost_operation_waits_while_a_dependency_is_unknown() {
+    /// `a`'s lost Create on `b`, and a graph where `b` is UNKNOWN.
+    fn lost_create_on_unknown_b() -> (InFlight, CurrentItem, CurrentGraph) {
         let (operation, entry) =
             lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
         let unknown = CurrentItem {
             state: ItemState::Unknown,
             ..created("b")
         };
-        let graph = graph_with(vec![("b", unknown)]);
+        (operation, entry, graph_with(vec![("b", unknown)]))
+    }
+
+    #[test]
+    fn a_lost_operation_waits_while_a_dependency_is_unknown() {
+        let (operation, entry, graph) = lost_create_on_unknown_b();
         assert_eq!(decide(&graph, &entry, &operation, None), Redelivery::Defer);
     }
 
     #[test]
     fn a_read_resolves_the_item_while_a_dependency_is_unknown() {
-        let (operation, entry) =
-            lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
-        let unknown = CurrentItem {
-            state: ItemState::Unknown,
-            ..created("b")
-        };
-        let graph = graph_with(vec![("b", unknown)]);
+        let (operation, entry, graph) = lost_create_on_unknown_b();
         let decision = redelivery(
             &graph,
             &ItemRef::new("t", "a"),

@@ -63,13 +63,6 @@ impl PlanEnvironment for Environment<'_> {
     }
 }
 
-/// The kinds of operation a plan may put others after.
-const OPERATION_KINDS: [OperationKind; 3] = [
-    OperationKind::Create,
-    OperationKind::Modify,
-    OperationKind::Delete,
-];
-
 impl Executor {
     pub(super) fn environment(&self, now_ms: u64) -> Environment<'_> {
         Environment {
@@ -96,9 +89,7 @@ impl Executor {
                     if let Some(waiters) = self.waiters.remove(item) {
                         seeds.extend(waiters);
                     }
-                    for kind in OPERATION_KINDS {
-                        self.behind.remove(&(item.clone(), kind));
-                    }
+                    self.behind.remove(item);
                 }
                 seeds
             }
@@ -404,9 +395,9 @@ impl Executor {
                         .or_default()
                         .insert(operation.item.clone());
                     self.behind
-                        .entry((blocker.item.clone(), blocker.kind))
+                        .entry(blocker.item.clone())
                         .or_default()
-                        .insert(operation.item.clone());
+                        .insert((blocker.kind, operation.item.clone()));
                     waits_for_dependency |= blocker.kind != OperationKind::Delete;
                     blocked_by.push(BlockedBy {
                         item: blocker.item.clone(),
@@ -472,23 +463,30 @@ impl Executor {
     /// for good, where a plan made afresh creates it (DESIGN 3, rule 8:
     /// the block ends when the blocking operation is no longer needed).
     fn wake_behind_unplanned(&mut self, seeds: &BTreeSet<ItemRef>, plan: &Plan) {
-        if self.behind.is_empty() {
+        let decided: Vec<&ItemRef> = seeds
+            .iter()
+            .chain(&plan.revised)
+            .chain(plan.waiting.iter().map(|w| &w.item))
+            .filter(|item| self.behind.contains_key(*item))
+            .collect();
+        if decided.is_empty() {
             return;
         }
         let planned: HashSet<(&ItemRef, OperationKind)> =
             plan.operations.iter().map(|o| (&o.item, o.kind)).collect();
-        let decided = seeds
-            .iter()
-            .chain(&plan.revised)
-            .chain(plan.waiting.iter().map(|w| &w.item));
         for item in decided {
-            for kind in OPERATION_KINDS {
-                if planned.contains(&(item, kind)) {
-                    continue;
+            let Some(behind) = self.behind.get_mut(item) else {
+                continue;
+            };
+            behind.retain(|(kind, waiter)| {
+                let still_planned = planned.contains(&(item, *kind));
+                if !still_planned {
+                    self.follow_up.insert(waiter.clone());
                 }
-                if let Some(behind) = self.behind.remove(&(item.clone(), kind)) {
-                    self.follow_up.extend(behind);
-                }
+                still_planned
+            });
+            if behind.is_empty() {
+                self.behind.remove(item);
             }
         }
     }

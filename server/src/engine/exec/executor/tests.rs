@@ -24,7 +24,12 @@ fn at(ms: u64) -> Now {
 }
 
 fn spec() -> TypeSpec {
-    let mut spec = TypeSpec::new("t");
+    spec_of("t")
+}
+
+/// [`spec`] for another item type.
+fn spec_of(item_type: &str) -> TypeSpec {
+    let mut spec = TypeSpec::new(item_type);
     spec.operation_timeout_ms = TIMEOUT_MS;
     spec.retry = RetryPolicy::Static { wait_ms: 1_000 };
     spec
@@ -117,13 +122,27 @@ fn readable() -> TypeSpec {
     readable
 }
 
+/// The executor with an agent for `spec`'s type on session 1, one
+/// operation in flight at a time, the agent saying it runs nothing.
+fn connected_with_one_slot(mut spec: TypeSpec) -> Executor {
+    spec.max_in_flight = 1;
+    let mut executor = executor();
+    register_listed(&mut executor, 1, "agent", spec, at(0));
+    executor
+}
+
 /// The other of the items `a` and `b`.
 fn other_than(name: &str) -> &'static str {
     if name == "a" { "b" } else { "a" }
 }
 
 fn item(name: &str, version: i64) -> Item {
-    let mut item = Item::new("t", name, Default::default());
+    item_of("t", name, version)
+}
+
+/// [`item`] of another item type.
+fn item_of(item_type: &str, name: &str, version: i64) -> Item {
+    let mut item = Item::new(item_type, name, Default::default());
     item.properties.insert("v".into(), version.into());
     item
 }
@@ -776,10 +795,7 @@ fn a_read_cannot_confirm_a_lost_modify_that_only_removes_a_property() {
 /// room).
 #[test]
 fn an_operation_waiting_for_room_keeps_the_tenant_from_ready() {
-    let mut narrow = readable();
-    narrow.max_in_flight = 1;
-    let mut executor = executor();
-    register_listed(&mut executor, 1, "agent", narrow, at(0));
+    let mut executor = connected_with_one_slot(readable());
     let mut x = item("x", 1);
     x.external = true;
     let effects = submit(
@@ -816,14 +832,8 @@ fn an_operation_waiting_for_room_keeps_the_tenant_from_ready() {
 
     // A pass about something else (an operation of another type ends)
     // leaves the Modify waiting for room.
-    let mut other_type = TypeSpec::new("u");
-    other_type.operation_timeout_ms = TIMEOUT_MS;
-    register_listed(&mut executor, 2, "other agent", other_type, at(70));
-    let c = |version: i64| {
-        let mut c = Item::new("u", "c", Default::default());
-        c.properties.insert("v".into(), version.into());
-        c
-    };
+    register_listed(&mut executor, 2, "other agent", spec_of("u"), at(70));
+    let c = |version: i64| item_of("u", "c", version);
     let intent = |c: Item| {
         vec![
             x.clone(),
@@ -857,10 +867,7 @@ fn an_operation_waiting_for_room_keeps_the_tenant_from_ready() {
 /// session will free.
 #[test]
 fn operations_waiting_for_room_wait_for_a_configurator_when_their_agent_leaves() {
-    let mut narrow = spec();
-    narrow.max_in_flight = 1;
-    let mut executor = executor();
-    register_listed(&mut executor, 1, "agent", narrow, at(0));
+    let mut executor = connected_with_one_slot(spec());
     let effects = submit(&mut executor, vec![item("a", 1), item("b", 1)], at(10));
     let sent = orders(&effects.sends);
     assert_eq!(sent.len(), 1, "one slot");
@@ -889,11 +896,15 @@ fn operations_waiting_for_room_wait_for_a_configurator_when_their_agent_leaves()
 #[test]
 fn a_create_behind_a_delete_that_can_no_longer_run_is_planned_again() {
     let mut executor = connected();
-    let mut u = spec();
-    u.item_type = "u".into();
-    register_with(&mut executor, 2, "agent-u", u, Outstanding::Unsaid, at(0));
-    let mut d = Item::new("u", "d", Default::default()).depends_on(on("t/p"));
-    d.properties.insert("v".into(), 1.into());
+    register_with(
+        &mut executor,
+        2,
+        "agent-u",
+        spec_of("u"),
+        Outstanding::Unsaid,
+        at(0),
+    );
+    let d = item_of("u", "d", 1).depends_on(on("t/p"));
     let effects = submit(&mut executor, vec![item("p", 1), d], at(10));
     let create_p = orders(&effects.sends).remove(0);
     let effects = answer(&mut executor, &create_p, done(), at(20));
