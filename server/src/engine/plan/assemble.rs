@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::need::Need;
-use super::planner::{Id, OperationKey, Planner, Schedule, Span};
+use super::planner::{Id, OperationKey, Planner, Schedule, Span, terminal_failure};
 use super::{
     BlockedBy, ForgetReason, Plan, PlanEnvironment, PlannedOperation, WaitReason, WaitingItem,
 };
@@ -110,7 +110,8 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
         let waits = waits
             .or(change_waits)
             .or_else(|| dropped_while_busy(planner, id))
-            .or_else(|| outcome_unknown(planner, id));
+            .or_else(|| outcome_unknown(planner, id))
+            .map(|waits| with_own_terminal_failure(planner, id, waits));
         let is_waiting = waits.is_some();
         if let Some(waits) = waits {
             waiting.push(waits);
@@ -150,6 +151,27 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
 /// plan + apply of 100k items 20–40% slower.)
 fn hand_out(item: &ItemRef) -> ItemRef {
     item.fresh_copy()
+}
+
+/// A waiting item that failed terminally toward its intent, and now waits
+/// for something else (the Delete that the recreate of an item it relies
+/// on needs, say), still shows that failure: the item stays failed until
+/// its intent changes, and a quiet tenant with it is Stalled (DESIGN 5).
+fn with_own_terminal_failure<E: PlanEnvironment>(
+    planner: &Planner<'_, E>,
+    id: Id,
+    mut waits: WaitingItem,
+) -> WaitingItem {
+    let node = planner.node(id);
+    let (Some(current), Some(intended)) = (node.current, node.intended) else {
+        return waits;
+    };
+    if waits.reason != WaitReason::TerminalFailure
+        && current.failed_terminally_at(intended.generation)
+    {
+        waits.blocked_by.push(terminal_failure(node.item, current));
+    }
+    waits
 }
 
 /// An item dropped with its external item while an operation of it runs

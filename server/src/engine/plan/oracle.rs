@@ -794,9 +794,11 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
             return Some(Self::busy_wait(current));
         }
         let generation = self.intended_of(item).map_or(0, |i| i.generation);
-        if current.last_operation == Some(OperationKind::Delete)
-            && current.failed_terminally_at(generation)
-        {
+        // No retry until the intent changes: neither of a failed Delete,
+        // nor the item's own recreate after its Modify failed for good.
+        let retries_a_refusal = current.last_operation == Some(OperationKind::Delete)
+            || self.own(item) == OwnNeed::Recreate;
+        if retries_a_refusal && current.failed_terminally_at(generation) {
             return Some(Self::wait(WaitReason::TerminalFailure));
         }
         if self.in_backoff(current) {

@@ -1069,7 +1069,15 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             return waiting_on_itself(item, current, kind);
         }
         let target_generation = node.intended.map_or(0, |entry| entry.generation);
-        if current.last_operation == Some(kind) && current.failed_terminally_at(target_generation) {
+        // DESIGN 4: a terminal failure gets no retry until the intent
+        // changes. That covers the Delete that failed, and the recreate an
+        // item needs on its own (rule 4, a dependency modified since it was
+        // created) after its Modify toward this intent failed for good: the
+        // Create would send the refused value again, with the item deleted.
+        let recreates_the_refused_value = node.need == Some(Need::Recreate);
+        if (current.last_operation == Some(kind) || recreates_the_refused_value)
+            && current.failed_terminally_at(target_generation)
+        {
             return terminal(item, current, kind);
         }
         if self.in_backoff(current) {
@@ -1572,20 +1580,25 @@ fn waiting_on_itself(item: &ItemRef, current: &CurrentItem, kind: OperationKind)
 }
 
 fn terminal(item: &ItemRef, current: &CurrentItem, kind: OperationKind) -> Schedule {
+    Schedule::Waiting {
+        kind,
+        reason: WaitReason::TerminalFailure,
+        blocked_by: vec![terminal_failure(item, current)],
+        hopeless: false,
+    }
+}
+
+/// What a waiting item shows of its own terminal failure.
+pub(super) fn terminal_failure(item: &ItemRef, current: &CurrentItem) -> BlockedBy {
     let message = current
         .rare
         .last_error
         .as_ref()
-        .map(|error| error.message.clone())
+        .map(|error| error.message.as_str())
         .unwrap_or_default();
-    Schedule::Waiting {
-        kind,
-        reason: WaitReason::TerminalFailure,
-        blocked_by: vec![BlockedBy {
-            item: item.clone(),
-            why: format!("failed terminally: {message}; change its intent to retry"),
-        }],
-        hopeless: false,
+    BlockedBy {
+        item: item.clone(),
+        why: format!("failed terminally: {message}; change its intent to retry"),
     }
 }
 

@@ -659,6 +659,91 @@ fn a_terminal_failure_stops_retries_until_the_intent_changes() {
 }
 
 #[test]
+fn a_dependency_modified_after_a_terminal_modify_does_not_recreate_the_refused_value() {
+    // Found by the simulator (seed 46010): b's Modify toward v2 failed for
+    // good, then its recreate_when_modified dependency was reported
+    // modified. A recreate would delete b and send the refused value again;
+    // b stays failed until its intent changes, and then it is recreated.
+    let mut world = World::new();
+    world.report_external("ext/e", json!({"v": 1}));
+    let mut external = item("ext/e", json!({}));
+    external.external = true;
+    let b = |v: u64| {
+        item("t/b", json!({ "v": v })).depends_on(on("ext/e").with_recreate_when_modified(true))
+    };
+    world.intend(vec![external.clone(), b(1)]);
+    world.run_to_quiescence(5);
+    world.fail(Modify, "t/b", code::INVALID_ARGUMENT);
+    world.intend(vec![external.clone(), b(2)]);
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["create t/b", "modify t/b"]);
+
+    let key = parse_ref("ext/e");
+    let mut modified = (**world.current.get(&key).expect("reported")).clone();
+    modified.modifications += 1;
+    world.current.insert(key.clone(), modified);
+    world.dirty.insert(key);
+    world.environment.now_ms += 3_600_000;
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["create t/b", "modify t/b"], "no recreate");
+    let plan = world.plan();
+    assert_eq!(plan.waiting.len(), 1);
+    assert_eq!(plan.waiting[0].item, parse_ref("t/b"));
+    assert_eq!(plan.waiting[0].reason, WaitReason::TerminalFailure);
+
+    world.intend(vec![external, b(3)]);
+    world.run_to_quiescence(5);
+    assert_eq!(
+        world.labels(),
+        ["create t/b", "modify t/b", "delete t/b", "create t/b"]
+    );
+}
+
+#[test]
+fn an_item_failed_for_good_that_a_recreate_below_it_deletes_still_shows_its_failure() {
+    // Found by the simulator (seed 46010): the recreate of vlan/v deletes
+    // t/b first, whose own Modify had failed for good. Its Delete waits for
+    // t's agent; t/b stays failed meanwhile, and says so, which keeps a
+    // quiet tenant Stalled.
+    let b = |v: u64| item("t/b", json!({ "v": v })).depends_on(on("vlan/v"));
+    let mut world = World::converged(vec![item("vlan/v", json!({"vlan": {"id": 1}})), b(1)]);
+    with_rules(
+        &mut world,
+        "vlan",
+        TypeRules {
+            recreate_on_change: vec!["/vlan".into()],
+            ask_needs_recreate: false,
+        },
+    );
+    world.fail(Modify, "t/b", code::INVALID_ARGUMENT);
+    world.intend(vec![item("vlan/v", json!({"vlan": {"id": 1}})), b(2)]);
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["modify t/b"]);
+
+    world.environment.disconnected.insert("t".into());
+    world.intend(vec![item("vlan/v", json!({"vlan": {"id": 2}})), b(2)]);
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["modify t/b"], "t/b's Delete waits");
+    let plan = world.plan();
+    let b_waits = plan
+        .waiting
+        .iter()
+        .find(|w| w.item == parse_ref("t/b"))
+        .expect("t/b waits");
+    assert_eq!(
+        (b_waits.operation, b_waits.reason),
+        (Delete, WaitReason::NoConfigurator)
+    );
+    assert!(
+        b_waits
+            .blocked_by
+            .iter()
+            .any(|b| b.why.starts_with("failed terminally")),
+        "{b_waits:?}"
+    );
+}
+
+#[test]
 fn a_retryable_failure_past_max_attempts_stops_retries_like_a_terminal_one() {
     // The executor gives no retry time once max_attempts is used up.
     let mut world = World::new();
