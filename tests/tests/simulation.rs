@@ -23,7 +23,7 @@ const WATCHDOG: Duration = Duration::from_secs(30);
 /// Seeds that still break an invariant (open defects, listed with their
 /// diagnosis in docs/testing.md, "Open"); the sweeps skip them. Replay one
 /// with `reconciled-sim --seed N`; once fixed, give it a test below.
-const KNOWN_BAD: &[u64] = &[46010, 46322];
+const KNOWN_BAD: &[u64] = &[];
 
 fn passes(seed: u64) {
     passes_in(seed, STEPS);
@@ -541,4 +541,25 @@ fn seed_40880_a_timeout_due_at_a_disconnect_comes_first() {
 #[test]
 fn seed_2140_what_waits_behind_a_recreates_create_follows_it() {
     passes(2140);
+}
+
+/// Fixed in the engine: the recreate of an item below it deleted an item
+/// whose own Modify had failed for good; its Delete waited for an agent
+/// that stays down, and the item no longer showed its failure, so the
+/// quiet tenant was not Stalled. A waiting item that failed terminally
+/// toward its intent now shows that failure whatever else it waits for.
+#[test]
+fn seed_46010_an_item_failed_for_good_keeps_the_tenant_stalled() {
+    passes(46010);
+}
+
+/// Fixed in the simulator: the fault-free run of operation counts left
+/// operations unanswered while time moved, so they timed out, retries gave
+/// up and their dependents were never created; the run with faults, whose
+/// agents answered more, took intent-driven operations the baseline never
+/// reached. The fault-free run's agents now answer every operation before
+/// time moves.
+#[test]
+fn seed_46322_the_fault_free_run_answers_before_time_moves() {
+    passes(46322);
 }

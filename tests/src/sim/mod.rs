@@ -188,7 +188,14 @@ enum Faults {
 fn run(seed: u64, steps: Steps, trace: Trace) -> Result<Passed, Box<Failure>> {
     let (passed, taken) = run_once(seed, steps, trace.clone(), Faults::On)?;
     let calm = counts::fault_free(&taken);
-    let (baseline, _) = run_once(seed, Steps::Given(calm.clone()), Trace::new(), Faults::Off)
+    // RECONCILED_SIM_TRACE_FAULT_FREE=1 traces the fault-free run too
+    // (after the run's own trace), to see why its counts differ.
+    let calm_trace = if std::env::var_os("RECONCILED_SIM_TRACE_FAULT_FREE").is_some() {
+        trace.clone()
+    } else {
+        Trace::new()
+    };
+    let (baseline, _) = run_once(seed, Steps::Given(calm.clone()), calm_trace, Faults::Off)
         .map_err(|mut failure| {
             failure.violation.detail = format!(
                 "the fault-free run of these steps failed: {}",
@@ -248,6 +255,9 @@ async fn simulate(
         Ok(sim) => sim,
         Err(violation) => return Err(failure(taken, Some(0), violation, &trace)),
     };
+    if faults == Faults::Off {
+        sim.answer_before_time_moves();
+    }
     let count = match &steps {
         Steps::Generated(count) => *count,
         Steps::Given(given) => given.len(),

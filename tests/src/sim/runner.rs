@@ -133,6 +133,9 @@ pub struct Sim {
     pub stats: Stats,
     /// Operations per item, and the faults that touched each.
     pub counts: OpCounts,
+    /// The fault-free run: agents answer every operation before time
+    /// moves, so none times out and no retry gives up.
+    answers_before_time_moves: bool,
 }
 
 impl Sim {
@@ -194,6 +197,7 @@ impl Sim {
             unreported: Vec::new(),
             stats: Stats::default(),
             counts: OpCounts::default(),
+            answers_before_time_moves: false,
         };
         sim.trace.phase(
             "setup",
@@ -240,6 +244,15 @@ impl Sim {
         }
     }
 
+    /// Makes this the fault-free run of operation counts: agents answer
+    /// every operation DONE before time moves, as a healthy agent would,
+    /// so its counts are those of every operation going through (an
+    /// operation left to time out is a fault: its retries give up, and
+    /// what depends on it is never created).
+    pub fn answer_before_time_moves(&mut self) {
+        self.answers_before_time_moves = true;
+    }
+
     /// Runs step `index`, then lets everything settle and checks the
     /// invariants.
     pub async fn apply(&mut self, index: usize, step: &Step) -> Result<(), Violation> {
@@ -272,6 +285,10 @@ impl Sim {
             Step::CloseSuperseded { agent, luck } => self.end_sessions(*agent, true, *luck).await?,
             Step::Connect { agent } => self.connect(*agent).await?,
             Step::Impostor { agent } => self.impostor(*agent).await?,
+            Step::Advance { ms } if self.answers_before_time_moves => {
+                self.answer_everything().await?;
+                self.advance_answering(*ms, true).await?;
+            }
             Step::Advance { ms } => self.advance(*ms).await?,
             Step::ClockStep { ms } => self.clock.step_wall_clock(*ms),
             Step::Crash { owner_seed, luck } => self.restart(*owner_seed, *luck).await?,
