@@ -12,7 +12,6 @@ use tracing::instrument;
 use std::time::Duration;
 
 use crate::engine::intent::normalize_subgraph;
-use crate::engine::plan::WaitReason;
 use crate::graph::ItemState;
 use crate::graph::validate::{ValidationLimits, validate_items};
 use crate::graph::{ItemRef, subgraph_contains};
@@ -520,12 +519,7 @@ fn scope_outcome(snapshot: &TenantSnapshot, scope: &str) -> ScopeOutcome {
             return ScopeOutcome::Working;
         }
         if let Some(waiting) = snapshot.waiting.get(item) {
-            if waiting.reason == WaitReason::TerminalFailure
-                || waiting
-                    .blocked_by
-                    .iter()
-                    .any(|b| b.why.contains("failed terminally"))
-            {
+            if waiting.waits_on_terminal_failure() {
                 outcome = ScopeOutcome::Stalled;
             } else if outcome == ScopeOutcome::Converged {
                 outcome = ScopeOutcome::Idle;

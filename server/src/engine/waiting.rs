@@ -21,20 +21,12 @@ pub struct WaitingSummary {
     pub without_configurator: BTreeMap<String, usize>,
 }
 
-fn blocked_by_terminal(item: &WaitingItem) -> bool {
-    item.reason == WaitReason::TerminalFailure
-        || item
-            .blocked_by
-            .iter()
-            .any(|b| b.why.contains("failed terminally"))
-}
-
 impl WaitingSummary {
     fn count(&mut self, item: &WaitingItem, delta: isize) {
         let adjust = |value: &mut usize| *value = value.saturating_add_signed(delta);
         adjust(&mut self.total);
         adjust(self.by_reason.entry(item.reason).or_default());
-        if blocked_by_terminal(item) {
+        if item.waits_on_terminal_failure() {
             adjust(&mut self.terminal);
         }
         if item.reason == WaitReason::NoConfigurator {

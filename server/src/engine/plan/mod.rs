@@ -135,6 +135,23 @@ pub struct WaitingItem {
     pub blocked_by: Vec<BlockedBy>,
 }
 
+/// The words every `why` about a terminal failure contains, the item's
+/// own ("failed terminally: ...") or a dependency's ("not created (failed
+/// terminally)").
+pub(crate) const FAILED_TERMINALLY: &str = "failed terminally";
+
+impl WaitingItem {
+    /// Whether the item failed terminally itself or waits on an item that
+    /// did: only an intent change moves it (a quiet tenant is Stalled).
+    pub fn waits_on_terminal_failure(&self) -> bool {
+        self.reason == WaitReason::TerminalFailure
+            || self
+                .blocked_by
+                .iter()
+                .any(|blocked| blocked.why.contains(FAILED_TERMINALLY))
+    }
+}
+
 /// Why the planner removes an item from current state without an operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ForgetReason {

@@ -35,7 +35,7 @@ use super::marks::{
     DROPPED, Mark, Marks, NEED_KNOWN, NEEDS_CHANGE, OPERABLE, UNCONVERGED,
 };
 use super::need::{Need, own_need};
-use super::{BlockedBy, PlanEnvironment, WaitReason};
+use super::{BlockedBy, FAILED_TERMINALLY, PlanEnvironment, WaitReason};
 use crate::graph::{
     CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, Item, ItemId, ItemRef, ItemState,
     ItemSummary, OperationKind, Predicate, Properties,
@@ -1557,7 +1557,7 @@ pub(super) fn reason_words(reason: WaitReason) -> &'static str {
         WaitReason::NoConfigurator => "no configurator",
         WaitReason::Backoff => "backoff",
         WaitReason::Blocked => "blocked",
-        WaitReason::TerminalFailure => "failed terminally",
+        WaitReason::TerminalFailure => FAILED_TERMINALLY,
         WaitReason::UnknownOutcome => "outcome unknown",
     }
 }
@@ -1598,7 +1598,7 @@ pub(super) fn terminal_failure(item: &ItemRef, current: &CurrentItem) -> Blocked
         .unwrap_or_default();
     BlockedBy {
         item: item.clone(),
-        why: format!("failed terminally: {message}; change its intent to retry"),
+        why: format!("{FAILED_TERMINALLY}: {message}; change its intent to retry"),
     }
 }
 
