@@ -10,7 +10,17 @@
 //! tenant in arrival order: a tenant that floods the server with large work
 //! waits behind one that asks for little, instead of the other way round.
 //!
-//! Small work never takes a seat: a tenant of 3 items is served at once.
+//! Small work runs at once on the async worker that asked for it. What
+//! hurts everyone else's small calls there is not how much a tenant runs
+//! but how long each piece holds a worker: a call queued behind ten pieces
+//! of a millisecond waits ten milliseconds. So each piece's time beyond
+//! [`INLINE_ALLOWANCE`] is charged to its tenant (decayed like seat time),
+//! and a tenant whose charge passes [`INLINE_EXCESS_LIMIT`] takes seats for
+//! its small work as well, until the charge decays. One tenant's many small
+//! but costly calls (twenty predicates to compile in a 21-item intent,
+//! hundreds of times a second) then queue behind everyone's large work
+//! instead of ahead of everyone's small calls, while a tenant sending
+//! cheap calls, however many, is served at once.
 //!
 //! Seated work runs on a thread of lower scheduling priority
 //! ([`run_below_async_workers`]): when the cores are short, the operating
@@ -77,21 +87,68 @@ pub fn off_async_workers<T: Send>(work: impl FnOnce() -> T + Send) -> T {
     }
 }
 
-/// Runs `tenant`'s `work` fairly: when it is `large`, on a seat of
-/// `workers` and off the async workers ([`off_async_workers`]); small work
-/// runs here at once.
+/// Runs `tenant`'s `work` fairly: when it is `large`, or the tenant's
+/// recent small work ran long ([`INLINE_EXCESS_LIMIT`]), on a seat of
+/// `workers` and off the async workers ([`off_async_workers`]); otherwise
+/// here at once, what it takes beyond [`INLINE_ALLOWANCE`] charged to the
+/// tenant.
 pub async fn fairly<T: Send>(
     workers: &Arc<FairWorkers>,
     tenant: u64,
     large: bool,
     work: impl FnOnce() -> T + Send,
 ) -> T {
-    if large {
+    if large || workers.ran_long_inline(tenant) {
         let _seat = workers.seat(tenant).await;
         off_async_workers(work)
     } else {
-        work()
+        let started = ThreadCpuTime::now();
+        let value = work();
+        workers.charge_inline(tenant, started.elapsed());
+        value
     }
+}
+
+/// The CPU time the calling thread has used: what a piece of work took,
+/// without the time the operating system gave its core to others (on a
+/// busy machine the wall time of a 30 µs call can be milliseconds). Wall
+/// time where the platform has no such clock.
+#[derive(Clone, Copy, Debug)]
+enum ThreadCpuTime {
+    Cpu(Duration),
+    Wall(Instant),
+}
+
+impl ThreadCpuTime {
+    fn now() -> Self {
+        match thread_cpu_time() {
+            Some(used) => Self::Cpu(used),
+            None => Self::Wall(Instant::now()),
+        }
+    }
+
+    /// The CPU time used since `self` (for work that stays on one thread).
+    fn elapsed(self) -> Duration {
+        match self {
+            Self::Cpu(before) => {
+                thread_cpu_time().map_or(Duration::ZERO, |now| now.saturating_sub(before))
+            }
+            Self::Wall(before) => before.elapsed(),
+        }
+    }
+}
+
+#[cfg(any(target_os = "linux", target_os = "android", target_os = "macos"))]
+fn thread_cpu_time() -> Option<Duration> {
+    use nix::time::{ClockId, clock_gettime};
+    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .ok()
+        .map(Duration::from)
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android", target_os = "macos")))]
+fn thread_cpu_time() -> Option<Duration> {
+    None
 }
 
 /// Lowers the calling thread's scheduling priority; a failure (a platform
@@ -120,8 +177,21 @@ fn lower_priority() {
     }
 }
 
-/// How fast a tenant's recent use of seats is forgotten.
+/// How fast a tenant's recent use of seats (and of the async workers) is
+/// forgotten.
 pub const HALF_LIFE: Duration = Duration::from_secs(1);
+
+/// How long one piece of small work may hold an async worker without a
+/// charge: validating a 10-item intent or planning a small pass takes
+/// tens of microseconds.
+pub const INLINE_ALLOWANCE: Duration = Duration::from_micros(100);
+
+/// How much time beyond [`INLINE_ALLOWANCE`] a tenant's small work may
+/// have taken recently (decayed every [`HALF_LIFE`]) before its small work
+/// takes seats too. An occasional long piece (a pass of a few hundred
+/// items) stays under it; a steady stream of millisecond pieces passes it
+/// within a few dozen calls.
+pub const INLINE_EXCESS_LIMIT: Duration = Duration::from_millis(5);
 
 /// The seats of heavy work and who waits for them.
 #[derive(Debug)]
@@ -134,6 +204,9 @@ struct State {
     free: usize,
     /// Each tenant's decayed seat time (seconds), and when it was decayed.
     used: HashMap<u64, (f64, Instant)>,
+    /// Each tenant's decayed time of small work on the async workers
+    /// beyond [`INLINE_ALLOWANCE`] per piece.
+    inline: HashMap<u64, (f64, Instant)>,
     waiting: Vec<Waiter>,
     arrivals: u64,
 }
@@ -164,6 +237,7 @@ impl FairWorkers {
             state: Mutex::new(State {
                 free: seats,
                 used: HashMap::new(),
+                inline: HashMap::new(),
                 waiting: Vec::new(),
                 arrivals: 0,
             }),
@@ -214,6 +288,26 @@ impl FairWorkers {
         }
     }
 
+    /// Whether `tenant`'s recent small work ran long: its charge passed
+    /// [`INLINE_EXCESS_LIMIT`].
+    fn ran_long_inline(&self, tenant: u64) -> bool {
+        let mut state = self.lock();
+        decay(&mut state.inline, tenant, Instant::now()) > INLINE_EXCESS_LIMIT.as_secs_f64()
+    }
+
+    /// Charges `tenant` for a piece of small work that held an async worker
+    /// for `took`: what it took beyond [`INLINE_ALLOWANCE`].
+    fn charge_inline(&self, tenant: u64, took: Duration) {
+        let Some(excess) = took.checked_sub(INLINE_ALLOWANCE).filter(|e| !e.is_zero()) else {
+            return;
+        };
+        let mut state = self.lock();
+        let now = Instant::now();
+        let used = decay(&mut state.inline, tenant, now) + excess.as_secs_f64();
+        state.inline.insert(tenant, (used, now));
+        forget_idle(&mut state.inline, now);
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // No update panics halfway, so a poisoned lock is still consistent.
         self.state
@@ -230,7 +324,7 @@ impl FairWorkers {
         loop {
             let Some(next) = state.next_waiter(now) else {
                 state.free += 1;
-                state.forget_idle(now);
+                forget_idle(&mut state.used, now);
                 return;
             };
             let seat = self.handed_to(next.tenant);
@@ -243,16 +337,35 @@ impl FairWorkers {
     }
 }
 
+/// `tenant`'s use in `uses` decayed to `now`.
+fn decay(uses: &mut HashMap<u64, (f64, Instant)>, tenant: u64, now: Instant) -> f64 {
+    let Some((used, at)) = uses.get_mut(&tenant) else {
+        return 0.0;
+    };
+    *used *= decay_factor(*at, now);
+    *at = now;
+    *used
+}
+
+/// What is left at `now` of a use recorded at `at`.
+fn decay_factor(at: Instant, now: Instant) -> f64 {
+    let halvings = now.duration_since(at).as_secs_f64() / HALF_LIFE.as_secs_f64();
+    0.5_f64.powf(halvings)
+}
+
+/// Drops the use of tenants that have all but forgotten it, so the map
+/// holds only recently busy tenants.
+fn forget_idle(uses: &mut HashMap<u64, (f64, Instant)>, now: Instant) {
+    if uses.len() < 1024 {
+        return;
+    }
+    uses.retain(|_, (used, at)| *used * decay_factor(*at, now) >= 1e-6);
+}
+
 impl State {
-    /// `tenant`'s use decayed to `now`.
+    /// `tenant`'s seat use decayed to `now`.
     fn decayed(&mut self, tenant: u64, now: Instant) -> f64 {
-        let Some((used, at)) = self.used.get_mut(&tenant) else {
-            return 0.0;
-        };
-        let halvings = now.duration_since(*at).as_secs_f64() / HALF_LIFE.as_secs_f64();
-        *used *= 0.5_f64.powf(halvings);
-        *at = now;
-        *used
+        decay(&mut self.used, tenant, now)
     }
 
     /// Removes the waiter whose tenant used least (earliest arrival first
@@ -270,20 +383,6 @@ impl State {
             }
         }
         best.map(|(index, _, _)| self.waiting.swap_remove(index))
-    }
-
-    /// Drops the use of tenants that have all but forgotten it, so the map
-    /// holds only recently busy tenants.
-    fn forget_idle(&mut self, now: Instant) {
-        if self.used.len() < 1024 {
-            return;
-        }
-        let tenants: Vec<u64> = self.used.keys().copied().collect();
-        for tenant in tenants {
-            if self.decayed(tenant, now) < 1e-6 {
-                self.used.remove(&tenant);
-            }
-        }
     }
 }
 
@@ -356,6 +455,59 @@ mod tests {
         drop(holder);
         let _seat = workers.seat(3).await;
         assert_eq!(workers.lock().free, 0);
+    }
+
+    #[tokio::test]
+    async fn a_tenant_whose_small_work_runs_long_takes_seats_for_it_too() {
+        let workers = FairWorkers::new(1);
+        assert_eq!(fairly(&workers, 1, false, || 7).await, 7);
+        for _ in 0..10_000 {
+            workers.charge_inline(1, INLINE_ALLOWANCE);
+        }
+        assert!(!workers.ran_long_inline(1), "short pieces cost nothing");
+        for _ in 0..6 {
+            workers.charge_inline(1, INLINE_ALLOWANCE + Duration::from_millis(1));
+        }
+        assert!(workers.ran_long_inline(1));
+        assert!(!workers.ran_long_inline(2), "other tenants are not charged");
+
+        // Its small work now waits for a seat like large work: while
+        // another tenant holds the only seat, it does not run.
+        let holder = workers.seat(2).await;
+        let small = tokio::spawn({
+            let workers = workers.clone();
+            async move { fairly(&workers, 1, false, || 8).await }
+        });
+        while workers.lock().waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        assert!(!small.is_finished());
+        drop(holder);
+        assert_eq!(small.await.expect("small work"), 8);
+    }
+
+    #[test]
+    fn a_piece_of_work_is_timed_by_the_cpu_it_used_not_the_wall_clock() {
+        let started = ThreadCpuTime::now();
+        // Waiting (as a thread the kernel preempted would) uses no CPU.
+        std::thread::sleep(Duration::from_millis(50));
+        if matches!(started, ThreadCpuTime::Cpu(_)) {
+            assert!(started.elapsed() < Duration::from_millis(25));
+        }
+    }
+
+    #[test]
+    fn inline_use_decays_like_seat_use() {
+        let workers = FairWorkers::new(1);
+        let now = Instant::now();
+        workers.lock().inline.insert(
+            3,
+            (INLINE_EXCESS_LIMIT.as_secs_f64() * 1.5, now - HALF_LIFE),
+        );
+        assert!(
+            !workers.ran_long_inline(3),
+            "half of 1.5 limits is under one"
+        );
     }
 
     #[test]

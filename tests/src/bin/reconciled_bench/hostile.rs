@@ -58,6 +58,36 @@ pub struct HostileArgs {
     /// bounds (predicates, dense and anonymous messages, the deaf agent).
     #[arg(long)]
     without_bulk: bool,
+    /// Run only these attacks, comma separated (to find which one costs
+    /// the bystander): predicates, flood, dense, anonymous, pages, reports.
+    /// Default: all of them (less the bulk ones with `--without-bulk`).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<Attack>,
+}
+
+/// One of the hostile tenant's worst cases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Attack {
+    /// An intent of 20 predicates asking for a million steps each.
+    Predicates,
+    /// 10,000 tiny items changing every round, 2,000 for a deaf agent.
+    Flood,
+    /// A 4 MB message of 2M empty items.
+    Dense,
+    /// An anonymous 16 MB message.
+    Anonymous,
+    /// 5,000-item GetGraph pages.
+    Pages,
+    /// 10,000-item external reports.
+    Reports,
+}
+
+impl HostileArgs {
+    /// Whether the attackers run `attack`.
+    fn runs(&self, attack: Attack) -> bool {
+        let bulk = matches!(attack, Attack::Pages | Attack::Reports);
+        (self.only.is_empty() || self.only.contains(&attack)) && !(bulk && self.without_bulk)
+    }
 }
 
 /// What the bystander measured in one phase.
@@ -130,12 +160,13 @@ async fn run(args: &HostileArgs) -> anyhow::Result<()> {
         // Each hostile tenant on connections of its own, as it would be:
         // streams it never reads hold HTTP/2 windows of their connection.
         let (endpoint, name, token) = (endpoint.clone(), name.clone(), token.clone());
-        let (without_bulk, stop, calls) = (args.without_bulk, stop.clone(), calls.clone());
+        let attacks = Attacks::chosen(args);
+        let (stop, calls) = (stop.clone(), calls.clone());
         attackers.push(attackers_runtime.spawn(async move {
             let connect =
                 || async { anyhow::Ok(Channel::from_shared(endpoint.clone())?.connect().await?) };
             let held = hold_resources(&connect().await?, &name, &token).await?;
-            attack(connect().await?, name, token, without_bulk, stop, calls).await;
+            attack(connect().await?, name, token, attacks, stop, calls).await;
             drop(held);
             anyhow::Ok(())
         }));
@@ -371,12 +402,39 @@ async fn hold_resources(channel: &Channel, name: &str, token: &str) -> anyhow::R
     })
 }
 
+/// Which attacks the hostile tenants run, and how large the flood is.
+#[derive(Clone, Copy, Debug)]
+struct Attacks {
+    predicates: bool,
+    flood: bool,
+    dense: bool,
+    anonymous: bool,
+    pages: bool,
+    reports: bool,
+    /// Tiny items in each flood (0 with `--without-bulk`).
+    bulk: usize,
+}
+
+impl Attacks {
+    fn chosen(args: &HostileArgs) -> Self {
+        Self {
+            predicates: args.runs(Attack::Predicates),
+            flood: args.runs(Attack::Flood),
+            dense: args.runs(Attack::Dense),
+            anonymous: args.runs(Attack::Anonymous),
+            pages: args.runs(Attack::Pages),
+            reports: args.runs(Attack::Reports),
+            bulk: if args.without_bulk { 0 } else { 10_000 },
+        }
+    }
+}
+
 /// The hostile tenant's loop over the suite's worst cases until `stop`.
 async fn attack(
     channel: Channel,
     name: String,
     token: String,
-    without_bulk: bool,
+    attacks: Attacks,
     stop: Arc<AtomicBool>,
     calls: Arc<AtomicU64>,
 ) {
@@ -384,41 +442,59 @@ async fn attack(
     let expensive = expensive_intent(&name);
     let dense = dense_request(&name, 2_000_000);
     let huge_anonymous = dense_request(&name, 8_000_000);
-    let bulk = if without_bulk { 0 } else { 10_000 };
     // Built once: the attack is on the server, not on this process's CPU.
-    let floods = [0, 1].map(|round| flood_request(&name, bulk, round));
+    let floods = [0, 1].map(|round| flood_request(&name, attacks.bulk, round));
     let reports = external_reports(&name);
     let mut round = 0_u64;
     while !stop.load(Ordering::Relaxed) {
         round += 1;
-        let _ = reconciler
-            .clone()
-            .submit_intent(v1::SubmitIntentRequest {
-                subgraph: "expensive".into(),
-                ..expensive.clone()
-            })
-            .await;
-        let _ = reconciler
-            .clone()
-            .submit_intent(floods[usize::from(round % 2 == 1)].clone())
-            .await;
-        let _ = raw_submit(&channel, &token, dense.clone()).await;
-        let _ = raw_submit(&channel, "", huge_anonymous.clone()).await;
-        if without_bulk {
-            calls.fetch_add(4, Ordering::Relaxed);
-            continue;
+        let mut answered = 0;
+        if attacks.predicates {
+            let _ = reconciler
+                .clone()
+                .submit_intent(v1::SubmitIntentRequest {
+                    subgraph: "expensive".into(),
+                    ..expensive.clone()
+                })
+                .await;
+            answered += 1;
         }
-        let _ = reconciler
-            .clone()
-            .get_graph(v1::GetGraphRequest {
-                tenant: name.clone(),
-                view: v1::GraphView::Both.into(),
-                page_size: 5_000,
-                ..Default::default()
-            })
-            .await;
-        let _ = reconciler.clone().report_external(reports.clone()).await;
-        calls.fetch_add(6, Ordering::Relaxed);
+        if attacks.flood {
+            let _ = reconciler
+                .clone()
+                .submit_intent(floods[usize::from(round % 2 == 1)].clone())
+                .await;
+            answered += 1;
+        }
+        if attacks.dense {
+            let _ = raw_submit(&channel, &token, dense.clone()).await;
+            answered += 1;
+        }
+        if attacks.anonymous {
+            let _ = raw_submit(&channel, "", huge_anonymous.clone()).await;
+            answered += 1;
+        }
+        if attacks.pages {
+            let _ = reconciler
+                .clone()
+                .get_graph(v1::GetGraphRequest {
+                    tenant: name.clone(),
+                    view: v1::GraphView::Both.into(),
+                    page_size: 5_000,
+                    ..Default::default()
+                })
+                .await;
+            answered += 1;
+        }
+        if attacks.reports {
+            let _ = reconciler.clone().report_external(reports.clone()).await;
+            answered += 1;
+        }
+        calls.fetch_add(answered, Ordering::Relaxed);
+        if answered == 0 {
+            // Only the held resources (deaf agent, unread Watch) attack.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }
 
