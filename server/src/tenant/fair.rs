@@ -13,9 +13,10 @@
 //! Small work runs at once on the async worker that asked for it. What
 //! hurts everyone else's small calls there is not how much a tenant runs
 //! but how long each piece holds a worker: a call queued behind ten pieces
-//! of a millisecond waits ten milliseconds. So each piece's time beyond
-//! [`INLINE_ALLOWANCE`] is charged to its tenant (decayed like seat time),
-//! and a tenant whose charge passes [`INLINE_EXCESS_LIMIT`] takes seats for
+//! of a millisecond waits ten milliseconds. So each piece's CPU time beyond
+//! [`INLINE_ALLOWANCE`] (at most [`INLINE_CHARGE_CAP`]) is charged to its
+//! tenant (decayed like seat time), and a tenant whose charge passes
+//! [`INLINE_EXCESS_LIMIT`] takes seats for
 //! its small work as well, until the charge decays. One tenant's many small
 //! but costly calls (twenty predicates to compile in a 21-item intent,
 //! hundreds of times a second) then queue behind everyone's large work
@@ -182,15 +183,20 @@ fn lower_priority() {
 pub const HALF_LIFE: Duration = Duration::from_secs(1);
 
 /// How long one piece of small work may hold an async worker without a
-/// charge: validating a 10-item intent or planning a small pass takes
-/// tens of microseconds.
-pub const INLINE_ALLOWANCE: Duration = Duration::from_micros(100);
+/// charge: validating a 10-item intent or planning a small tenant's pass
+/// takes tens of microseconds, a pass on one result of a 2,000-item tenant
+/// a few hundred.
+pub const INLINE_ALLOWANCE: Duration = Duration::from_micros(500);
+
+/// The most one piece is charged: a single long piece (the first pass over
+/// a 2,000-item intent, some 20 ms) does not by itself move its tenant to
+/// seats; three in a second do.
+pub const INLINE_CHARGE_CAP: Duration = Duration::from_millis(2);
 
 /// How much time beyond [`INLINE_ALLOWANCE`] a tenant's small work may
 /// have taken recently (decayed every [`HALF_LIFE`]) before its small work
-/// takes seats too. An occasional long piece (a pass of a few hundred
-/// items) stays under it; a steady stream of millisecond pieces passes it
-/// within a few dozen calls.
+/// takes seats too: a steady stream of millisecond pieces passes it within
+/// about ten calls.
 pub const INLINE_EXCESS_LIMIT: Duration = Duration::from_millis(5);
 
 /// The seats of heavy work and who waits for them.
@@ -296,11 +302,13 @@ impl FairWorkers {
     }
 
     /// Charges `tenant` for a piece of small work that held an async worker
-    /// for `took`: what it took beyond [`INLINE_ALLOWANCE`].
+    /// for `took`: what it took beyond [`INLINE_ALLOWANCE`], at most
+    /// [`INLINE_CHARGE_CAP`].
     fn charge_inline(&self, tenant: u64, took: Duration) {
         let Some(excess) = took.checked_sub(INLINE_ALLOWANCE).filter(|e| !e.is_zero()) else {
             return;
         };
+        let excess = excess.min(INLINE_CHARGE_CAP);
         let mut state = self.lock();
         let now = Instant::now();
         let used = decay(&mut state.inline, tenant, now) + excess.as_secs_f64();
@@ -465,10 +473,12 @@ mod tests {
             workers.charge_inline(1, INLINE_ALLOWANCE);
         }
         assert!(!workers.ran_long_inline(1), "short pieces cost nothing");
-        for _ in 0..6 {
+        workers.charge_inline(1, INLINE_ALLOWANCE + Duration::from_secs(1));
+        assert!(!workers.ran_long_inline(1), "one long piece is not enough");
+        for _ in 0..4 {
             workers.charge_inline(1, INLINE_ALLOWANCE + Duration::from_millis(1));
         }
-        assert!(workers.ran_long_inline(1));
+        assert!(workers.ran_long_inline(1), "a stream of them is");
         assert!(!workers.ran_long_inline(2), "other tenants are not charged");
 
         // Its small work now waits for a seat like large work: while
