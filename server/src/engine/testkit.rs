@@ -20,6 +20,13 @@ pub fn item(identity: &str, properties: serde_json::Value) -> Item {
     )
 }
 
+/// An external item "type/name" as an intent lists it (no properties).
+pub fn external(identity: &str) -> Item {
+    let mut external = item(identity, serde_json::json!({}));
+    external.external = true;
+    external
+}
+
 /// Parses "type/name".
 pub fn parse_ref(identity: &str) -> ItemRef {
     let (item_type, name) = identity.split_once('/').unwrap_or(("t", identity));
@@ -388,6 +395,16 @@ impl World {
         let entry = crate::graph::CurrentItem::created(std::sync::Arc::new(external), 0);
         self.current.insert(key.clone(), entry);
         self.mark_changed(&key);
+    }
+
+    /// Moves `identity`'s modification counter, as a completed Modify or
+    /// a report marking an external item modified does (DESIGN 3, rule 4).
+    pub fn mark_modified(&mut self, identity: &str) {
+        let key = parse_ref(identity);
+        let mut modified = (**self.current.get(&key).expect("the item exists")).clone();
+        modified.modifications += 1;
+        self.current.insert(key.clone(), modified);
+        self.dirty.insert(key);
     }
 
     /// Removes an external item's report.

@@ -33,7 +33,9 @@ use std::sync::Arc;
 
 use reconciled::engine::conditions::ConditionKind;
 use reconciled::engine::exec::port::{AgentOutcome, OperationOrder};
-use reconciled::engine::plan::{PlanEnvironment, TypeRules, WaitReason, plan_everything};
+use reconciled::engine::plan::{
+    PlanEnvironment, TypeRules, WaitReason, plan_everything, runs_first,
+};
 use reconciled::graph::{
     CurrentGraph, CurrentItem, IntendedGraph, Item, ItemRef, ItemState, OperationKind, Predicate,
     Properties,
@@ -958,14 +960,16 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
     // while its Delete stayed).
     for (key, waiting) in snapshot.waiting.iter() {
         for blocker in &waiting.blocked_by {
-            if !runs_first(&blocker.why) || blocker.item == *key {
+            if !says_runs_first(&blocker.why) || blocker.item == *key {
                 continue;
             }
             // The blocker's waiting entry may be about another operation
             // of it (the Create of a recreate, whose Delete runs).
-            let Some(held) = snapshot.waiting.get(&blocker.item).filter(|held| {
-                blocker.why == format!("its {} runs first", held.operation.as_str())
-            }) else {
+            let Some(held) = snapshot
+                .waiting
+                .get(&blocker.item)
+                .filter(|held| blocker.why == runs_first(held.operation))
+            else {
                 continue;
             };
             let running = snapshot
@@ -976,7 +980,7 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
             if running {
                 continue;
             }
-            if let Some(other) = held.blocked_by.iter().find(|b| !runs_first(&b.why)) {
+            if let Some(other) = held.blocked_by.iter().find(|b| !says_runs_first(&b.why)) {
                 return fail(
                     "an item kept behind an operation is kept behind one that will run",
                     format!(
@@ -1027,8 +1031,14 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
 
 /// Whether a `blocked_by` reason says an operation of the same plan runs
 /// first ("its delete runs first").
-fn runs_first(why: &str) -> bool {
-    why.starts_with("its ") && why.ends_with(" runs first")
+fn says_runs_first(why: &str) -> bool {
+    [
+        OperationKind::Create,
+        OperationKind::Modify,
+        OperationKind::Delete,
+    ]
+    .into_iter()
+    .any(|kind| why == runs_first(kind))
 }
 
 /// Checks the state a restarted server loaded (before its first pass):

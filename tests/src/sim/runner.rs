@@ -285,10 +285,6 @@ impl Sim {
             Step::CloseSuperseded { agent, luck } => self.end_sessions(*agent, true, *luck).await?,
             Step::Connect { agent } => self.connect(*agent).await?,
             Step::Impostor { agent } => self.impostor(*agent).await?,
-            Step::Advance { ms } if self.answers_before_time_moves => {
-                self.answer_everything().await?;
-                self.advance_answering(*ms, true).await?;
-            }
             Step::Advance { ms } => self.advance(*ms).await?,
             Step::ClockStep { ms } => self.clock.step_wall_clock(*ms),
             Step::Crash { owner_seed, luck } => self.restart(*owner_seed, *luck).await?,
@@ -412,12 +408,18 @@ impl Sim {
     }
 
     /// Lets `ms` of simulated time pass, delivering what the owner sends
-    /// meanwhile (every simulated second); in the final phase the agents
-    /// also answer it at once.
+    /// meanwhile (every simulated second); in the fault-free run the agents
+    /// answer everything first and as it comes.
     async fn advance(&mut self, ms: u64) -> Result<(), Violation> {
-        self.advance_answering(ms, false).await
+        if self.answers_before_time_moves {
+            self.answer_everything().await?;
+        }
+        self.advance_answering(ms, self.answers_before_time_moves)
+            .await
     }
 
+    /// [`Self::advance`], the agents answering what arrives each second
+    /// when `answer` says so.
     async fn advance_answering(&mut self, ms: u64, answer: bool) -> Result<(), Violation> {
         let mut left = ms;
         while left > 0 {

@@ -140,6 +140,12 @@ pub struct WaitingItem {
 /// terminally)").
 pub(crate) const FAILED_TERMINALLY: &str = "failed terminally";
 
+/// The `why` of an item that a plan keeps behind an operation of another
+/// item, which runs first ("its delete runs first").
+pub fn runs_first(kind: OperationKind) -> String {
+    format!("its {} runs first", kind.as_str())
+}
+
 impl WaitingItem {
     /// Whether the item failed terminally itself or waits on an item that
     /// did: only an intent change moves it (a quiet tenant is Stalled).

@@ -52,7 +52,7 @@ use serde_json::json;
 
 use super::oracle::{Decision, Needs, OperationId, OraclePlan, OwnNeed, oracle_plan};
 use super::{Plan, TypeRules, WaitReason, plan_everything};
-use crate::engine::testkit::{World, item, on, parse_ref};
+use crate::engine::testkit::{World, external, item, on, parse_ref};
 use crate::engine::transition::Completion;
 use crate::graph::{Item, ItemRef, OperationError, OperationKind, Properties, code};
 
@@ -776,8 +776,7 @@ fn the_oracle_deletes_a_dependent_before_a_modify_that_breaks_its_predicate() {
 fn the_oracle_drops_auto_deleted_dependents_of_a_vanished_external_item() {
     let mut world = World::new();
     world.report_external("ext/e", json!({}));
-    let mut external = item("ext/e", json!({}));
-    external.external = true;
+    let external = external("ext/e");
     let intent = vec![
         external,
         item("t/auto", json!({})).depends_on(on("ext/e").with_auto_deleted_by_external(true)),
@@ -1014,18 +1013,13 @@ fn planner_bug_4_a_dependent_whose_dependency_was_modified_is_recreated_even_if_
     // pass: modify, delete, create instead of delete, create.
     let mut world = World::new();
     world.report_external("ext/e", json!({"v": 1}));
-    let mut external = item("ext/e", json!({}));
-    external.external = true;
+    let external = external("ext/e");
     let dependent = |v: u8| {
         item("t/b", json!({"v": v})).depends_on(on("ext/e").with_recreate_when_modified(true))
     };
     world.intend(vec![external.clone(), dependent(1)]);
     world.run_to_quiescence(5);
-    let key = parse_ref("ext/e");
-    let mut modified = (**world.current.get(&key).expect("reported")).clone();
-    modified.modifications += 1;
-    world.current.insert(key.clone(), modified);
-    world.dirty.insert(key);
+    world.mark_modified("ext/e");
     world.intend(vec![external, dependent(2)]);
 
     let oracle = oracle_of(&world);
@@ -1047,13 +1041,7 @@ fn planner_bug_5_an_auto_deleted_dependent_is_dropped_whatever_the_order_of_its_
     // looks at the first gone dependency only: listed first, ext/plain
     // makes it Delete b; listed first, ext/auto makes it drop b. Equality
     // ignores dependency order, so the outcome must not depend on it.
-    let externals = || {
-        ["ext/plain", "ext/auto"].map(|identity| {
-            let mut external = item(identity, json!({}));
-            external.external = true;
-            external
-        })
-    };
+    let externals = || ["ext/plain", "ext/auto"].map(external);
     let auto = || on("ext/auto").with_auto_deleted_by_external(true);
     let orders = [
         item("t/b", json!({}))

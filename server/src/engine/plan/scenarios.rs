@@ -5,7 +5,7 @@
 use serde_json::json;
 
 use super::{TypeRules, WaitReason};
-use crate::engine::testkit::{World, item, on, parse_ref};
+use crate::engine::testkit::{World, external, item, on, parse_ref};
 use crate::graph::{Item, ItemState, OperationKind, code};
 
 use OperationKind::{Create, Delete, Modify};
@@ -488,8 +488,7 @@ fn recreate_when_modified_dependents_are_deleted_before_the_modify_and_created_a
 fn an_external_item_reported_modified_recreates_dependents_that_ask_for_it() {
     let mut world = World::new();
     world.report_external("ext/e", json!({"v": 1}));
-    let mut external = item("ext/e", json!({}));
-    external.external = true;
+    let external = external("ext/e");
     let dependent =
         item("t/b", json!({})).depends_on(on("ext/e").with_recreate_when_modified(true));
     world.intend(vec![external.clone(), dependent.clone()]);
@@ -497,11 +496,7 @@ fn an_external_item_reported_modified_recreates_dependents_that_ask_for_it() {
     assert_eq!(world.labels(), ["create t/b"]);
 
     // A report marks the external item modified: its counter moves.
-    let key = parse_ref("ext/e");
-    let mut modified = (**world.current.get(&key).expect("reported")).clone();
-    modified.modifications += 1;
-    world.current.insert(key.clone(), modified);
-    world.dirty.insert(key);
+    world.mark_modified("ext/e");
     world.run_to_quiescence(5);
     assert_eq!(world.labels(), ["create t/b", "delete t/b", "create t/b"]);
 }
@@ -666,8 +661,7 @@ fn a_dependency_modified_after_a_terminal_modify_does_not_recreate_the_refused_v
     // b stays failed until its intent changes, and then it is recreated.
     let mut world = World::new();
     world.report_external("ext/e", json!({"v": 1}));
-    let mut external = item("ext/e", json!({}));
-    external.external = true;
+    let external = external("ext/e");
     let b = |v: u64| {
         item("t/b", json!({ "v": v })).depends_on(on("ext/e").with_recreate_when_modified(true))
     };
@@ -678,11 +672,7 @@ fn a_dependency_modified_after_a_terminal_modify_does_not_recreate_the_refused_v
     world.run_to_quiescence(5);
     assert_eq!(world.labels(), ["create t/b", "modify t/b"]);
 
-    let key = parse_ref("ext/e");
-    let mut modified = (**world.current.get(&key).expect("reported")).clone();
-    modified.modifications += 1;
-    world.current.insert(key.clone(), modified);
-    world.dirty.insert(key);
+    world.mark_modified("ext/e");
     world.environment.now_ms += 3_600_000;
     world.run_to_quiescence(5);
     assert_eq!(world.labels(), ["create t/b", "modify t/b"], "no recreate");
@@ -1029,12 +1019,6 @@ fn an_unknown_outcome_blocks_the_delete_of_a_dependent() {
 
 // Rule 9: external items ---------------------------------------------------------
 
-fn external(identity: &str) -> Item {
-    let mut external = item(identity, json!({}));
-    external.external = true;
-    external
-}
-
 #[test]
 fn dependents_of_an_external_item_are_created_when_it_appears() {
     let mut world = World::new();
@@ -1173,8 +1157,7 @@ fn a_dependent_dropped_while_its_modify_runs_holds_the_delete_of_its_dependency(
     // Found by the simulator (seed 2232): a's Modify runs when the external
     // item it goes with vanishes; a is dropped once that Modify reports.
     // Until then, b (which a's values need) may not be deleted.
-    let mut external = item("e/x", json!({}));
-    external.external = true;
+    let external = external("e/x");
     let a_on = |v: i64| {
         item("t/a", json!({ "v": v }))
             .depends_on(on("e/x").with_auto_deleted_by_external(true))
@@ -1250,10 +1233,7 @@ fn a_dependency_modified_while_a_create_runs_recreates_the_dependent() {
     let b = item("t/b", json!({})).depends_on(on("t/a").with_recreate_when_modified(true));
     world.intend(vec![a(), b]);
     world.dispatch(&parse_ref("t/b"), Create, 2);
-    let mut modified = (**world.current.get(&parse_ref("t/a")).expect("a")).clone();
-    modified.modifications += 1;
-    world.current.insert(parse_ref("t/a"), modified);
-    world.dirty.insert(parse_ref("t/a"));
+    world.mark_modified("t/a");
     world.finish(&parse_ref("t/b"), Create);
     let recorded = world
         .current
@@ -1269,8 +1249,7 @@ fn an_item_that_may_hold_an_untied_value_is_deleted_not_dropped_and_holds_its_de
     // also needs b and is not auto-deleted by e/x was lost and not sent
     // again. When e/x vanished, a was dropped and b deleted under it,
     // although the agent had applied that Modify.
-    let mut external = item("e/x", json!({}));
-    external.external = true;
+    let external = external("e/x");
     let tied =
         item("t/a", json!({"v": 1})).depends_on(on("e/x").with_auto_deleted_by_external(true));
     let untied = item("t/a", json!({"v": 2}))

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use reconciled_tests::api::{self, Bearer};
 use reconciled_tests::proto::v1;
 use reconciled_tests::proto::v1::configurators_client::ConfiguratorsClient;
@@ -66,7 +66,7 @@ pub struct HostileArgs {
 }
 
 /// One of the hostile tenant's worst cases.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Attack {
     /// An intent of 20 predicates asking for a million steps each.
     Predicates,
@@ -83,10 +83,19 @@ pub enum Attack {
 }
 
 impl HostileArgs {
-    /// Whether the attackers run `attack`.
-    fn runs(&self, attack: Attack) -> bool {
-        let bulk = matches!(attack, Attack::Pages | Attack::Reports);
-        (self.only.is_empty() || self.only.contains(&attack)) && !(bulk && self.without_bulk)
+    /// The attacks to run, in the order of a round, and the tiny items of
+    /// each flood: those `--only` names (all by default), less the bulk
+    /// ones with `--without-bulk`.
+    fn attacks(&self) -> (Vec<Attack>, usize) {
+        let attacks = Attack::value_variants()
+            .iter()
+            .copied()
+            .filter(|attack| self.only.is_empty() || self.only.contains(attack))
+            .filter(|attack| {
+                !(self.without_bulk && matches!(attack, Attack::Pages | Attack::Reports))
+            })
+            .collect();
+        (attacks, if self.without_bulk { 0 } else { 10_000 })
     }
 }
 
@@ -160,13 +169,13 @@ async fn run(args: &HostileArgs) -> anyhow::Result<()> {
         // Each hostile tenant on connections of its own, as it would be:
         // streams it never reads hold HTTP/2 windows of their connection.
         let (endpoint, name, token) = (endpoint.clone(), name.clone(), token.clone());
-        let attacks = Attacks::chosen(args);
+        let (attacks, bulk) = args.attacks();
         let (stop, calls) = (stop.clone(), calls.clone());
         attackers.push(attackers_runtime.spawn(async move {
             let connect =
                 || async { anyhow::Ok(Channel::from_shared(endpoint.clone())?.connect().await?) };
             let held = hold_resources(&connect().await?, &name, &token).await?;
-            attack(connect().await?, name, token, attacks, stop, calls).await;
+            attack(connect().await?, name, token, attacks, bulk, stop, calls).await;
             drop(held);
             anyhow::Ok(())
         }));
@@ -402,39 +411,14 @@ async fn hold_resources(channel: &Channel, name: &str, token: &str) -> anyhow::R
     })
 }
 
-/// Which attacks the hostile tenants run, and how large the flood is.
-#[derive(Clone, Copy, Debug)]
-struct Attacks {
-    predicates: bool,
-    flood: bool,
-    dense: bool,
-    anonymous: bool,
-    pages: bool,
-    reports: bool,
-    /// Tiny items in each flood (0 with `--without-bulk`).
-    bulk: usize,
-}
-
-impl Attacks {
-    fn chosen(args: &HostileArgs) -> Self {
-        Self {
-            predicates: args.runs(Attack::Predicates),
-            flood: args.runs(Attack::Flood),
-            dense: args.runs(Attack::Dense),
-            anonymous: args.runs(Attack::Anonymous),
-            pages: args.runs(Attack::Pages),
-            reports: args.runs(Attack::Reports),
-            bulk: if args.without_bulk { 0 } else { 10_000 },
-        }
-    }
-}
-
-/// The hostile tenant's loop over the suite's worst cases until `stop`.
+/// The hostile tenant's loop over the chosen worst cases until `stop`;
+/// each flood has `bulk` tiny items.
 async fn attack(
     channel: Channel,
     name: String,
     token: String,
-    attacks: Attacks,
+    attacks: Vec<Attack>,
+    bulk: usize,
     stop: Arc<AtomicBool>,
     calls: Arc<AtomicU64>,
 ) {
@@ -443,55 +427,52 @@ async fn attack(
     let dense = dense_request(&name, 2_000_000);
     let huge_anonymous = dense_request(&name, 8_000_000);
     // Built once: the attack is on the server, not on this process's CPU.
-    let floods = [0, 1].map(|round| flood_request(&name, attacks.bulk, round));
+    let floods = [0, 1].map(|round| flood_request(&name, bulk, round));
     let reports = external_reports(&name);
     let mut round = 0_u64;
     while !stop.load(Ordering::Relaxed) {
         round += 1;
-        let mut answered = 0;
-        if attacks.predicates {
-            let _ = reconciler
-                .clone()
-                .submit_intent(v1::SubmitIntentRequest {
-                    subgraph: "expensive".into(),
-                    ..expensive.clone()
-                })
-                .await;
-            answered += 1;
+        for attack in &attacks {
+            match attack {
+                Attack::Predicates => {
+                    let _ = reconciler
+                        .clone()
+                        .submit_intent(v1::SubmitIntentRequest {
+                            subgraph: "expensive".into(),
+                            ..expensive.clone()
+                        })
+                        .await;
+                }
+                Attack::Flood => {
+                    let _ = reconciler
+                        .clone()
+                        .submit_intent(floods[usize::from(round % 2 == 1)].clone())
+                        .await;
+                }
+                Attack::Dense => {
+                    let _ = raw_submit(&channel, &token, dense.clone()).await;
+                }
+                Attack::Anonymous => {
+                    let _ = raw_submit(&channel, "", huge_anonymous.clone()).await;
+                }
+                Attack::Pages => {
+                    let _ = reconciler
+                        .clone()
+                        .get_graph(v1::GetGraphRequest {
+                            tenant: name.clone(),
+                            view: v1::GraphView::Both.into(),
+                            page_size: 5_000,
+                            ..Default::default()
+                        })
+                        .await;
+                }
+                Attack::Reports => {
+                    let _ = reconciler.clone().report_external(reports.clone()).await;
+                }
+            }
         }
-        if attacks.flood {
-            let _ = reconciler
-                .clone()
-                .submit_intent(floods[usize::from(round % 2 == 1)].clone())
-                .await;
-            answered += 1;
-        }
-        if attacks.dense {
-            let _ = raw_submit(&channel, &token, dense.clone()).await;
-            answered += 1;
-        }
-        if attacks.anonymous {
-            let _ = raw_submit(&channel, "", huge_anonymous.clone()).await;
-            answered += 1;
-        }
-        if attacks.pages {
-            let _ = reconciler
-                .clone()
-                .get_graph(v1::GetGraphRequest {
-                    tenant: name.clone(),
-                    view: v1::GraphView::Both.into(),
-                    page_size: 5_000,
-                    ..Default::default()
-                })
-                .await;
-            answered += 1;
-        }
-        if attacks.reports {
-            let _ = reconciler.clone().report_external(reports.clone()).await;
-            answered += 1;
-        }
-        calls.fetch_add(answered, Ordering::Relaxed);
-        if answered == 0 {
+        calls.fetch_add(attacks.len() as u64, Ordering::Relaxed);
+        if attacks.is_empty() {
             // Only the held resources (deaf agent, unread Watch) attack.
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -15,6 +15,7 @@ use crate::engine::exec::room::{Limits, Room, Running};
 use crate::engine::exec::spec::{DEFAULT_MAX_IN_FLIGHT, TypeSpec};
 use crate::engine::plan::{
     BlockedBy, Plan, PlanEnvironment, TypeRules, WaitReason, WaitingItem, plan_operations,
+    runs_first,
 };
 use crate::engine::transition::{
     CurrentUpdates, bookkeeping_updates, record_dispatch_marks, started,
@@ -401,7 +402,7 @@ impl Executor {
                     waits_for_dependency |= blocker.kind != OperationKind::Delete;
                     blocked_by.push(BlockedBy {
                         item: blocker.item.clone(),
-                        why: format!("its {} runs first", blocker.kind.as_str()),
+                        why: runs_first(blocker.kind),
                     });
                 }
             }
