@@ -24,16 +24,17 @@
 //! cheap calls, however many, is served at once.
 //!
 //! Seated work runs on a thread of lower scheduling priority
-//! ([`run_below_async_workers`]): when the cores are short, the operating
-//! system gives them first to the threads that answer calls, so a flood
-//! of large work slows down large work, not every tenant's small calls.
-//! On Linux that thread is `SCHED_IDLE`: a thread answering a call that
-//! wakes up takes the core at once, where a merely niced thread keeps it
-//! for the rest of its time slice (milliseconds, which is what a small
-//! call's tail latency was made of). The price: while small calls keep
-//! every core busy, large work gets only a sliver of CPU and waits; it
-//! catches up as soon as a core is free. Elsewhere it is niced
-//! ([`HEAVY_PRIORITY`]).
+//! ([`run_below_async_workers`], about nice 10: [`HEAVY_PRIORITY`]): when
+//! the cores are short, the operating system gives most of them to the
+//! threads that answer calls, so a flood of large work slows down large
+//! work more than every tenant's small calls. It is deliberately *not*
+//! `SCHED_IDLE`, which answers calls a little sooner but gets next to no
+//! CPU while any normal thread on the machine is runnable: another busy
+//! process on the host (or the server's own small calls keeping every core
+//! busy) then stalls large tenants' passes for minutes, with no way back
+//! (an unprivileged thread cannot leave `SCHED_IDLE`). A niced thread
+//! keeps about a tenth of a contended core. See docs/performance.md,
+//! "Hostile tenants", item 11.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -152,25 +153,11 @@ fn thread_cpu_time() -> Option<Duration> {
     None
 }
 
-/// Lowers the calling thread's scheduling priority; a failure (a platform
-/// without niceness) leaves it as it was, which is only less fair.
+/// Lowers the calling thread's scheduling priority to [`HEAVY_PRIORITY`]
+/// (a nice value on Linux, never `SCHED_IDLE`: see the module docs); a
+/// failure (a platform without niceness) leaves it as it was, which is
+/// only less fair.
 fn lower_priority() {
-    #[cfg(target_os = "linux")]
-    {
-        use thread_priority::{
-            NormalThreadSchedulePolicy, ThreadPriority, ThreadSchedulePolicy,
-            set_thread_priority_and_policy, thread_native_id,
-        };
-        if set_thread_priority_and_policy(
-            thread_native_id(),
-            ThreadPriority::Min,
-            ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle),
-        )
-        .is_ok()
-        {
-            return;
-        }
-    }
     if let Ok(priority) = HEAVY_PRIORITY.try_into() {
         let _ = thread_priority::set_current_thread_priority(
             thread_priority::ThreadPriority::Crossplatform(priority),
@@ -406,6 +393,30 @@ impl Drop for Seat {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Seated work must keep a share of a busy machine's CPU: a
+    /// `SCHED_IDLE` thread starves while any other process keeps a core
+    /// busy (a 30,000-item chain made no progress for minutes next to two
+    /// busy loops), and cannot be raised again without privileges.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn seated_work_runs_niced_not_at_idle_policy() {
+        let (policy, nice) = run_below_async_workers(|| {
+            let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("own stat");
+            // Fields after the command name (which ends at the last ')'):
+            // state is field 3; nice is 19 and policy 41 of proc(5).
+            let fields: Vec<&str> = stat[stat.rfind(')').expect("comm") + 2..]
+                .split(' ')
+                .collect();
+            let field = |n: usize| fields[n - 3].parse::<i64>().expect("a number");
+            (field(41), field(19))
+        });
+        assert_eq!(policy, 0, "seated work must stay SCHED_OTHER");
+        assert!(
+            (5..=15).contains(&nice),
+            "seated work runs niced, got nice {nice}"
+        );
+    }
 
     #[tokio::test]
     async fn a_free_seat_is_taken_at_once_and_comes_back() {
