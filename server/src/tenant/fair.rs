@@ -37,7 +37,7 @@
 //! "Hostile tenants", item 11.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -50,29 +50,36 @@ const HEAVY_PRIORITY: u8 = 23;
 /// Runs `work` on a thread of lower scheduling priority and waits for it
 /// (blocking the caller: call it from `block_in_place` or a blocking
 /// thread). A panic in `work` is resumed here.
+///
+/// The threads are a pool kept for the server's life ([`heavy_pool`]):
+/// one per seat and one more, so work that takes no seat (the decoding
+/// layer's walks) always finds a thread that seated work cannot hold. A
+/// thread started for every piece cost a third of its time in the
+/// allocator and the kernel setting up the new thread's memory.
 pub fn run_below_async_workers<T: Send>(work: impl FnOnce() -> T + Send) -> T {
-    let mut pending = Some(work);
-    let joined = std::thread::scope(|scope| {
-        let task = &mut pending;
-        std::thread::Builder::new()
-            .name("tenant-heavy".to_owned())
-            .spawn_scoped(scope, move || {
-                lower_priority();
-                task.take().map(|work| work())
+    match heavy_pool() {
+        Some(pool) => pool.install(work),
+        // No thread could be started: the work is done on this thread.
+        None => work(),
+    }
+}
+
+/// The pool of [`run_below_async_workers`], started on first use;
+/// `None` if its threads cannot be started.
+fn heavy_pool() -> Option<&'static rayon_core::ThreadPool> {
+    static POOL: OnceLock<Option<rayon_core::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon_core::ThreadPoolBuilder::new()
+            .num_threads(FairWorkers::default_seats() + 1)
+            .thread_name(|index| format!("tenant-heavy-{index}"))
+            .start_handler(|_| lower_priority())
+            .build()
+            .inspect_err(|error| {
+                tracing::warn!(%error, "Cannot start the threads for heavy work; it runs on the async workers' threads.");
             })
             .ok()
-            .map(|thread| thread.join())
-    });
-    match joined {
-        Some(Ok(Some(value))) => value,
-        Some(Err(panic)) => std::panic::resume_unwind(panic),
-        // No thread could be started (the closure never ran): the work is
-        // done on this thread.
-        _ => pending
-            .take()
-            .map(|work| work())
-            .expect("a thread that did not start left its work behind"),
-    }
+    })
+    .as_ref()
 }
 
 /// Runs `work` on a thread below the async workers
