@@ -566,6 +566,13 @@ impl Executor {
                 }
             }
         }
+        // A report that changes nothing (the item exactly as stored, or the
+        // vanishing of an item that is not there) writes nothing and plans
+        // nothing: agents and controllers re-report their whole inventory
+        // periodically, and an unchanged item settles nothing new.
+        latest.retain(|key, reported| {
+            self.model.current.get(key).map(|stored| &**stored) != reported.as_ref()
+        });
         if latest.is_empty() {
             return;
         }

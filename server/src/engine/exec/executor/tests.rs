@@ -667,6 +667,48 @@ fn external_delete(executor: &mut Executor, item: &Item, now: Now) -> Effects {
     effects
 }
 
+/// Re-reporting an external item exactly as stored (or the vanishing of
+/// one that is not there) writes and plans nothing, as periodic full
+/// re-reports of an inventory do; a changed value or a `modified` mark is
+/// still recorded.
+#[test]
+fn an_unchanged_external_report_writes_nothing() {
+    let mut executor = connected_readable();
+    let mut x = item("x", 1);
+    x.external = true;
+    let d = item("d", 1).depends_on(on("t/x"));
+    submit(&mut executor, vec![d], at(10));
+    let first = external_put(&mut executor, &x, at(20));
+    assert!(!first.commit.is_empty(), "the first report is stored");
+    let create_d = orders(&first.sends).remove(0);
+    answer(&mut executor, &create_d, done(), at(30));
+    assert!(ready(&executor));
+
+    let again = external_put(&mut executor, &x, at(40));
+    assert!(
+        again.commit.is_empty(),
+        "nothing changed: {:?}",
+        again.commit
+    );
+    assert!(again.sends.is_empty() && again.immediate.is_empty());
+    let absent = external_delete(&mut executor, &item("y", 1), at(45));
+    assert!(absent.commit.is_empty(), "y was never there");
+
+    let modified = executor.report_external(
+        vec![crate::engine::exec::port::ExternalChange::Put {
+            item: x.clone(),
+            modified: true,
+        }],
+        at(50),
+    );
+    executor.committed(at(50));
+    assert_eq!(modified.commit.items.len(), 1, "a modification counts");
+    let mut changed = x.clone();
+    changed.properties = item("x", 2).properties;
+    let changed = external_put(&mut executor, &changed, at(60));
+    assert_eq!(changed.commit.items.len(), 1, "a new value is stored");
+}
+
 /// `m` goes with the external item `x` (`auto_deleted_by_external`) and
 /// `b` depends on `m`: `x` goes, taking `m` with it, and `b`'s Delete is
 /// answered WAIT; `x` comes back and `m` is created again before `b` is
