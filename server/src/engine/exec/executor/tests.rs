@@ -3,7 +3,9 @@
 //! the effects, and says whether their commit became durable.
 
 use crate::engine::exec::effects::{Effects, OperationOutcome, TenantEvent};
-use crate::engine::exec::port::{AgentOutcome, OperationOrder, Outstanding, Registration, ToAgent};
+use crate::engine::exec::port::{
+    AgentOutcome, ExternalChange, OperationOrder, Outstanding, Registration, ToAgent,
+};
 use crate::engine::exec::{
     AgentResult, Executor, ExecutorSettings, Now, RetryPolicy, TenantProgress, TypeSpec,
 };
@@ -644,27 +646,26 @@ fn ready(executor: &Executor) -> bool {
         })
 }
 
-fn external_put(executor: &mut Executor, item: &Item, now: Now) -> Effects {
-    let effects = executor.report_external(
-        vec![crate::engine::exec::port::ExternalChange::Put {
-            item: item.clone(),
-            modified: false,
-        }],
-        now,
-    );
+/// Reports one external change at `now` and commits it.
+fn external_report(executor: &mut Executor, change: ExternalChange, now: Now) -> Effects {
+    let effects = executor.report_external(vec![change], now);
     executor.committed(now);
     effects
 }
 
+fn external_put(executor: &mut Executor, item: &Item, now: Now) -> Effects {
+    let put = ExternalChange::Put {
+        item: item.clone(),
+        modified: false,
+    };
+    external_report(executor, put, now)
+}
+
 fn external_delete(executor: &mut Executor, item: &Item, now: Now) -> Effects {
-    let effects = executor.report_external(
-        vec![crate::engine::exec::port::ExternalChange::Delete {
-            item: item.item_ref(),
-        }],
-        now,
-    );
-    executor.committed(now);
-    effects
+    let delete = ExternalChange::Delete {
+        item: item.item_ref(),
+    };
+    external_report(executor, delete, now)
 }
 
 /// Re-reporting an external item exactly as stored (or the vanishing of
@@ -694,14 +695,11 @@ fn an_unchanged_external_report_writes_nothing() {
     let absent = external_delete(&mut executor, &item("y", 1), at(45));
     assert!(absent.commit.is_empty(), "y was never there");
 
-    let modified = executor.report_external(
-        vec![crate::engine::exec::port::ExternalChange::Put {
-            item: x.clone(),
-            modified: true,
-        }],
-        at(50),
-    );
-    executor.committed(at(50));
+    let marked = ExternalChange::Put {
+        item: x.clone(),
+        modified: true,
+    };
+    let modified = external_report(&mut executor, marked, at(50));
     assert_eq!(modified.commit.items.len(), 1, "a modification counts");
     let mut changed = x.clone();
     changed.properties = item("x", 2).properties;
