@@ -585,13 +585,19 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 // only wait for that Modify, by a plain edge, with an own
                 // Modify of their own and nothing running, wait for it as
                 // before; a chain being modified is not walked to its top.
-                let modify_as_before = !self.node(id).seed
-                    && need == (Need::Modify { ask: false })
-                    && current.is_some_and(|c| c.is_created());
+                // And whatever the item, a plain Modify of it leaves its
+                // settled dependents as they are (`settled_despite_modify_of`).
+                let modifies_in_place =
+                    need == (Need::Modify { ask: false }) && current.is_some_and(|c| c.is_created());
+                let modify_as_before = !self.node(id).seed && modifies_in_place;
+                let passes_over = |planner: &mut Self, dependent: Id| {
+                    (modify_as_before && planner.waits_only_for_modify_of(dependent, id))
+                        || (modifies_in_place && planner.settled_despite_modify_of(dependent, id))
+                };
                 let dependents = self.current_dependents(id);
                 for index in 0..dependents.len as usize {
                     let dependent = self.edge(dependents, index);
-                    if modify_as_before && self.waits_only_for_modify_of(dependent, id) {
+                    if !self.node(dependent).examined && passes_over(self, dependent) {
                         continue;
                     }
                     self.visit(dependent);
@@ -615,7 +621,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                             continue;
                         }
                         if let Some(dependent) = self.node_for_intended(dependent) {
-                            if modify_as_before && self.waits_only_for_modify_of(dependent, id) {
+                            if !self.node(dependent).examined && passes_over(self, dependent) {
                                 continue;
                             }
                             self.visit(dependent);
@@ -627,13 +633,32 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     }
 
     /// Whether `dependent` only waits for the Modify of `required`, as it
-    /// did before this pass: it exists, nothing of it runs, no earlier
-    /// pass planned a Delete of it that is still to run, it needs a
-    /// plain Modify of its own, and neither its intended nor its applied
-    /// value asks anything of `required` but that it exists (no predicate
-    /// to check against the new value, no recreate on modification, not
-    /// gone with an external item).
+    /// did before this pass: it stands apart from that Modify (see
+    /// [`Self::stands_apart_from_modify_of`]) and needs a plain Modify of
+    /// its own.
     fn waits_only_for_modify_of(&mut self, dependent: Id, required: Id) -> bool {
+        self.stands_apart_from_modify_of(dependent, required)
+            && self.need(dependent) == (Need::Modify { ask: false })
+    }
+
+    /// Whether `dependent` is settled and a Modify of `required` leaves it
+    /// so: the last pass that looked at it found it converged (and nothing
+    /// changed it since), and it stands apart from that Modify. Nothing
+    /// of it is to be planned because `required` changes in place, so a
+    /// pass that modifies an item with many dependents does not examine
+    /// them all (DESIGN 3, rule 12).
+    fn settled_despite_modify_of(&mut self, dependent: Id, required: Id) -> bool {
+        !self.counted_unconverged(dependent) && self.stands_apart_from_modify_of(dependent, required)
+    }
+
+    /// Whether a Modify of `required` cannot change what is planned for
+    /// `dependent` beyond its own need: it exists, nothing of it runs, no
+    /// earlier pass planned a Delete of it that is still to run, and
+    /// neither its intended nor its applied value asks anything of
+    /// `required` but that it exists (no predicate to check against the
+    /// new value, no recreate on modification, not gone with an external
+    /// item).
+    fn stands_apart_from_modify_of(&self, dependent: Id, required: Id) -> bool {
         let required = self.node(required).item;
         let node = self.node(dependent);
         let (Some(intended), Some(current)) = (node.intended, node.current) else {
@@ -661,9 +686,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             .applied
             .as_ref()
             .is_none_or(|applied| plain(&applied.dependencies));
-        plain(&intended.item.dependencies)
-            && applied_plain
-            && self.need(dependent) == (Need::Modify { ask: false })
+        plain(&intended.item.dependencies) && applied_plain
     }
 
     /// Examines the items whose Delete is in flight or planned (as the

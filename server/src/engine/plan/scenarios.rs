@@ -1153,6 +1153,42 @@ fn a_one_item_change_examines_only_its_neighbourhood() {
 }
 
 #[test]
+fn modifying_a_hub_in_place_examines_only_the_dependents_it_can_affect() {
+    // A hub with 500 settled dependents that only need it to exist, one
+    // whose predicate reads it and one recreated when it is modified.
+    let hub = |mtu: u32| item("net/hub", json!({"mtu": mtu}));
+    let plain: Vec<Item> = (0..500)
+        .map(|i| item(&format!("port/p{i:03}"), json!({})).depends_on(on("net/hub")))
+        .collect();
+    let reads = || {
+        item("route/reads", json!({}))
+            .depends_on(on("net/hub").with_must_satisfy("self.mtu >= 1500"))
+    };
+    let recreated =
+        || item("tunnel/t", json!({})).depends_on(on("net/hub").with_recreate_when_modified(true));
+    let mut items = plain.clone();
+    items.extend([hub(1500), reads(), recreated()]);
+    let mut world = World::converged(items);
+    let mut changed = plain;
+    changed.extend([hub(9000), reads(), recreated()]);
+    world.intend(changed);
+
+    let seeds = std::collections::BTreeSet::from([parse_ref("net/hub")]);
+    let plan = world.plan_seeded(&["net/hub"], &seeds);
+    assert!(
+        plan.examined <= 3,
+        "{} items examined for a hub's Modify",
+        plan.examined
+    );
+    world.run_to_quiescence(10);
+    assert_eq!(
+        world.labels(),
+        ["delete tunnel/t", "modify net/hub", "create tunnel/t"],
+        "the predicate still holds; the plain dependents need nothing"
+    );
+}
+
+#[test]
 fn a_dependent_dropped_while_its_modify_runs_holds_the_delete_of_its_dependency() {
     // Found by the simulator (seed 2232): a's Modify runs when the external
     // item it goes with vanishes; a is dropped once that Modify reports.
