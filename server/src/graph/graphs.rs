@@ -378,7 +378,18 @@ pub struct CurrentGraph {
     /// targets), each with the ids of the items whose edges point at it.
     /// Kept for targets that are not current too, so a dependent waiting
     /// for a missing item is found when it appears.
-    ids: IdTable<BTreeSet<ItemId>>,
+    ids: IdTable<Mentioned>,
+}
+
+/// What the current graph keeps for an identity an edge mentions.
+#[derive(Clone, Debug, Default)]
+struct Mentioned {
+    /// The items whose edges point at it.
+    dependents: BTreeSet<ItemId>,
+    /// Its current item, if it is current: the planner looks up the items
+    /// around the ones it examines, and a hash look-up here reads less
+    /// memory than a walk down the ordered map, comparing names.
+    item: Option<Arc<CurrentItem>>,
 }
 
 impl CurrentGraph {
@@ -389,7 +400,10 @@ impl CurrentGraph {
 
     /// The current item with identity `item`.
     pub fn get(&self, item: &ItemRef) -> Option<&Arc<CurrentItem>> {
-        self.items.get(item)
+        match self.ids.get(item) {
+            Some(id) => self.ids.data(id).and_then(|mentioned| mentioned.item.as_ref()),
+            None => self.items.get(item),
+        }
     }
 
     /// Puts `entry` in the graph under `key`, replacing (and returning) any
@@ -409,14 +423,24 @@ impl CurrentGraph {
             }
             None => self.link(&key, &entry),
         }
+        self.index_item(&key, Some(entry));
         previous
     }
 
     /// Removes and returns the item with identity `item`.
     pub fn remove(&mut self, item: &ItemRef) -> Option<Arc<CurrentItem>> {
         let previous = self.items.remove(item)?;
+        self.index_item(item, None);
         self.unlink(item, &previous);
         Some(previous)
+    }
+
+    /// Keeps `entry` as the current item of `key` in the id table, if an
+    /// edge mentions `key` (see [`Mentioned::item`]).
+    fn index_item(&mut self, key: &ItemRef, entry: Option<Arc<CurrentItem>>) {
+        if let Some(mentioned) = self.ids.get(key).and_then(|id| self.ids.data_mut(id)) {
+            mentioned.item = entry;
+        }
     }
 
     /// Items whose applied value (or in-flight target) requires `item`, in
@@ -426,7 +450,7 @@ impl CurrentGraph {
             .get(item)
             .and_then(|id| self.ids.data(id))
             .into_iter()
-            .flatten()
+            .flat_map(|mentioned| &mentioned.dependents)
             .filter_map(|&dependent| self.ids.item(dependent))
     }
 
@@ -450,8 +474,17 @@ impl CurrentGraph {
                 continue;
             }
             previous = Some(target);
-            if let Some(dependents) = self.ids.data_mut(target) {
-                dependents.insert(dependent);
+            // A target interned just now learns whether it is current.
+            let unknown = self.ids.data(target).is_some_and(|m| m.item.is_none());
+            let item = unknown
+                .then(|| self.ids.item(target).and_then(|item| self.items.get(item)))
+                .flatten()
+                .cloned();
+            if let Some(mentioned) = self.ids.data_mut(target) {
+                mentioned.dependents.insert(dependent);
+                if item.is_some() {
+                    mentioned.item = item;
+                }
             }
         }
     }
@@ -469,8 +502,8 @@ impl CurrentGraph {
         targets.sort_unstable();
         targets.dedup();
         for target in targets {
-            if let Some(dependents) = self.ids.data_mut(target) {
-                dependents.remove(&dependent);
+            if let Some(mentioned) = self.ids.data_mut(target) {
+                mentioned.dependents.remove(&dependent);
             }
             self.ids.release(target);
         }
@@ -622,6 +655,49 @@ mod tests {
                 None,
                 "{name} is forgotten with the last item mentioning it"
             );
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever is inserted and removed in whatever order, looking an
+        /// item up (through the id table where an edge mentions it) finds
+        /// exactly what the ordered map holds, and its dependents are the
+        /// items whose edges name it.
+        #[test]
+        fn look_ups_and_dependents_follow_every_change(
+            steps in proptest::collection::vec(
+                (0..6usize, proptest::collection::vec(0..6usize, 0..3), proptest::bool::ANY),
+                1..40,
+            ),
+        ) {
+            let names = ["a", "b", "c", "d", "e", "f"];
+            let mut graph = CurrentGraph::default();
+            for (generation, (item, requires, remove)) in (1..).zip(steps) {
+                let key = ItemRef::new("t", names[item]);
+                if remove {
+                    graph.remove(&key);
+                } else {
+                    let mut value = Item::new("t", names[item], Default::default());
+                    for &target in &requires {
+                        value.dependencies.push(Dependency::on(ItemRef::new("t", names[target])));
+                    }
+                    graph.insert(key, CurrentItem::created(Arc::new(value), generation));
+                }
+                for name in names {
+                    let key = ItemRef::new("t", name);
+                    let found = graph.get(&key).map(Arc::as_ptr);
+                    proptest::prop_assert_eq!(found, graph.items.get(&key).map(Arc::as_ptr));
+                    let mut listed = dependents(&graph, name);
+                    listed.sort();
+                    let mut expected: Vec<String> = graph
+                        .iter()
+                        .filter(|(_, entry)| current_edges(entry).any(|target| *target == key))
+                        .map(|(dependent, _)| dependent.name().to_string())
+                        .collect();
+                    expected.dedup();
+                    proptest::prop_assert_eq!(listed, expected);
+                }
+            }
         }
     }
 
