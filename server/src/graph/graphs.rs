@@ -401,7 +401,10 @@ impl CurrentGraph {
     /// The current item with identity `item`.
     pub fn get(&self, item: &ItemRef) -> Option<&Arc<CurrentItem>> {
         match self.ids.get(item) {
-            Some(id) => self.ids.data(id).and_then(|mentioned| mentioned.item.as_ref()),
+            Some(id) => self
+                .ids
+                .data(id)
+                .and_then(|mentioned| mentioned.item.as_ref()),
             None => self.items.get(item),
         }
     }

@@ -587,8 +587,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 // before; a chain being modified is not walked to its top.
                 // And whatever the item, a plain Modify of it leaves its
                 // settled dependents as they are (`settled_despite_modify_of`).
-                let modifies_in_place =
-                    need == (Need::Modify { ask: false }) && current.is_some_and(|c| c.is_created());
+                let modifies_in_place = need == (Need::Modify { ask: false })
+                    && current.is_some_and(|c| c.is_created());
                 let modify_as_before = !self.node(id).seed && modifies_in_place;
                 let passes_over = |planner: &mut Self, dependent: Id| {
                     (modify_as_before && planner.waits_only_for_modify_of(dependent, id))
@@ -648,7 +648,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// pass that modifies an item with many dependents does not examine
     /// them all (DESIGN 3, rule 12).
     fn settled_despite_modify_of(&mut self, dependent: Id, required: Id) -> bool {
-        !self.counted_unconverged(dependent) && self.stands_apart_from_modify_of(dependent, required)
+        !self.counted_unconverged(dependent)
+            && self.stands_apart_from_modify_of(dependent, required)
     }
 
     /// Whether a Modify of `required` cannot change what is planned for
