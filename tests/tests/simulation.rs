@@ -563,3 +563,17 @@ fn seed_46010_an_item_failed_for_good_keeps_the_tenant_stalled() {
 fn seed_46322_the_fault_free_run_answers_before_time_moves() {
     passes(46322);
 }
+
+/// Fixed in the simulator: a READ sent to resolve a lost operation was
+/// answered on a session that no longer held the type (the agent had
+/// reconnected, and the server sent the READ again on the new session).
+/// The server ignores such a result (DESIGN 4: a result carrying an older
+/// epoch changes no state), but the ledger counted the lost operation
+/// resolved; when its item then vanished with an external item and the
+/// server created it again under a new op id, as rule 9 allows, the ledger
+/// no longer knew the lost operation could be replaced. Results of a
+/// session whose epoch is over now change nothing in the ledger either.
+#[test]
+fn seed_46695_a_result_from_a_superseded_session_resolves_nothing() {
+    passes_in(46695, 1_000);
+}

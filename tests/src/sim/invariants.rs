@@ -542,12 +542,27 @@ impl Ledger {
         Ok(())
     }
 
-    /// An agent sent a result.
-    pub fn on_result(&mut self, op_id: &str, attempt: u32, outcome: &AgentOutcome) {
+    /// An agent sent a result on a session that `session_epoch` tells the
+    /// epoch of, by item type.
+    pub fn on_result(
+        &mut self,
+        op_id: &str,
+        attempt: u32,
+        outcome: &AgentOutcome,
+        session_epoch: impl Fn(&str) -> Option<u64>,
+    ) {
         let Some(record) = self.ops.get_mut(op_id) else {
             return;
         };
         if attempt != record.attempt {
+            return;
+        }
+        // A result from a session whose epoch for the type is over changes
+        // nothing (DESIGN 4): the server sends the operation again to the
+        // session that holds the type now, and a READ it sent to resolve
+        // a lost operation has not resolved it.
+        let item_type = record.item.item_type();
+        if session_epoch(item_type) != self.epochs.get(&**item_type).copied() {
             return;
         }
         if matches!(outcome, AgentOutcome::Failed(_)) {

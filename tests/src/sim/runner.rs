@@ -523,7 +523,11 @@ impl Sim {
                 outcome,
             } = &outgoing.message
             {
-                self.ledger.on_result(op_id, *attempt, outcome);
+                let agents = &self.agents;
+                self.ledger
+                    .on_result(op_id, *attempt, outcome, |item_type| {
+                        agents.session_epoch(outgoing.session, item_type)
+                    });
                 self.trace.note(format!(
                     "session {} -> result op {op_id} attempt {attempt}: {}",
                     outgoing.session,

@@ -398,6 +398,12 @@ impl Agents {
         received
     }
 
+    /// The epoch `session`, of whichever agent, was granted for
+    /// `item_type`.
+    pub fn session_epoch(&self, session: u64, item_type: &str) -> Option<u64> {
+        (0..self.agents.len()).find_map(|agent| self.epoch(agent, session, item_type))
+    }
+
     /// The epoch `session` of `agent` was granted for `item_type`.
     pub fn epoch(&self, agent: usize, session: u64, item_type: &str) -> Option<u64> {
         let agent = &self.agents[agent];
