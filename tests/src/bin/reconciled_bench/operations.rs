@@ -39,6 +39,11 @@
 //!    revision (one per durable tenant commit) over the phase gives the
 //!    commits the server actually made per operation.
 //!
+//! `--chain` makes item n depend on items n+1 to n+10 (EVE's benchmark
+//! shape); `--hub` makes every item depend on item 0, and its modify phase
+//! changes item 0 alone: one Modify of an item with N − 1 dependents that
+//! only need it to exist, timed from SubmitIntent to Ready like the rest.
+//!
 //! Ratios: reconciled ops/s over echo round trips/s at the same
 //! concurrency (M in flight ↔ M outstanding), and over the store's
 //! operation bound (commits/s ÷ 2) with 1 and with `--committers`
@@ -168,8 +173,13 @@ pub struct OperationsArgs {
     /// items n+1 to n+10, so operations run one after another. Compare with
     /// the same number of items without dependencies at `--in-flight 1`
     /// (the inherent bound: one round trip and one commit each).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "hub")]
     chain: bool,
+    /// One hub every other item depends on (a network and its ports, say);
+    /// the modify phase changes the hub alone, so it measures one Modify
+    /// of an item with N − 1 settled dependents (one operation).
+    #[arg(long)]
+    hub: bool,
 }
 
 impl OperationsArgs {
@@ -225,6 +235,16 @@ impl OperationsArgs {
         Ok(())
     }
 
+    fn shape(&self) -> Shape {
+        if self.hub {
+            Shape::Hub
+        } else if self.chain {
+            Shape::Chain
+        } else {
+            Shape::Independent
+        }
+    }
+
     fn items_for(&self, in_flight: u32) -> usize {
         if in_flight == 1 {
             self.items_serial
@@ -249,7 +269,7 @@ impl OperationsArgs {
                     agents,
                     in_flight,
                     items: self.items_for(in_flight),
-                    chain: self.chain,
+                    shape: self.shape(),
                 });
             }
         }
@@ -263,8 +283,29 @@ struct Configuration {
     agents: usize,
     in_flight: u32,
     items: usize,
-    /// Items depend on the next ten (see [`OperationsArgs::chain`]).
-    chain: bool,
+    shape: Shape,
+}
+
+/// How the items of a configuration depend on one another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// Not at all.
+    Independent,
+    /// Each on the next ten (see [`OperationsArgs::chain`]).
+    Chain,
+    /// Each on item 0 (see [`OperationsArgs::hub`]).
+    Hub,
+}
+
+impl Shape {
+    /// How the phase's heading describes the shape.
+    fn described(self) -> &'static str {
+        match self {
+            Self::Independent => "",
+            Self::Chain => ", each depending on the next ten",
+            Self::Hub => ", each depending on the first; the modify phase changes it alone",
+        }
+    }
 }
 
 /// Runs `reconciled-bench operations`.
@@ -316,11 +357,7 @@ pub fn operations_benchmark(args: &OperationsArgs) -> anyhow::Result<()> {
             configuration.agents,
             configuration.in_flight,
             configuration.items,
-            if configuration.chain {
-                ", each depending on the next ten"
-            } else {
-                ""
-            }
+            configuration.shape.described()
         );
         let perf = args
             .perf
@@ -695,29 +732,40 @@ impl Phase {
             .collect()
     }
 
-    /// The intent of this phase: N items with `round` 0, then 1, then none.
+    /// The intent of this phase: N items with `round` 0, then 1 (the hub
+    /// alone in the hub shape), then none.
     fn intent(self, configuration: Configuration) -> Vec<v1::Item> {
         let round = match self {
             Phase::Create => 0,
             Phase::Modify => 1,
             Phase::Delete => return Vec::new(),
         };
+        let agents = configuration.agents;
+        let on = |m: usize| api::dependency(&item_type(m % agents.max(1)), &format!("i{m}"));
         (0..configuration.items)
             .map(|n| {
-                let mut item = bench_item(n, configuration.agents, round);
-                if configuration.chain {
-                    item.dependencies = (n + 1..(n + 11).min(configuration.items))
-                        .map(|m| {
-                            api::dependency(
-                                &item_type(m % configuration.agents.max(1)),
-                                &format!("i{m}"),
-                            )
-                        })
-                        .collect();
-                }
+                let (round, dependencies) = match configuration.shape {
+                    Shape::Independent => (round, Vec::new()),
+                    Shape::Chain => (
+                        round,
+                        (n + 1..(n + 11).min(configuration.items)).map(on).collect(),
+                    ),
+                    Shape::Hub if n == 0 => (round, Vec::new()),
+                    Shape::Hub => (0, vec![on(0)]),
+                };
+                let mut item = bench_item(n, agents, round);
+                item.dependencies = dependencies;
                 item
             })
             .collect()
+    }
+
+    /// Operations this phase runs: one per item, or the hub's Modify.
+    fn operations(self, configuration: Configuration) -> usize {
+        match (self, configuration.shape) {
+            (Phase::Modify, Shape::Hub) => 1,
+            _ => configuration.items,
+        }
     }
 }
 
@@ -859,7 +907,7 @@ async fn measure_configuration(
         .await
         {
             Ok(figure) => {
-                println!("{}", figure.line(configuration.items));
+                println!("{}", figure.line(phase.operations(configuration)));
                 phases.push(figure);
             }
             Err(error) => {
@@ -1236,7 +1284,7 @@ mod tests {
             agents: 3,
             in_flight: 1,
             items: 7,
-            chain: false,
+            shape: Shape::Independent,
         };
         let items = Phase::Create.intent(configuration);
         assert_eq!(items.len(), 7);
@@ -1244,7 +1292,7 @@ mod tests {
         assert_eq!(items[4].name, "i4");
         assert!(items[4].dependencies.is_empty());
         let chained = Phase::Create.intent(Configuration {
-            chain: true,
+            shape: Shape::Chain,
             ..configuration
         });
         let required: Vec<&str> = chained[4]
@@ -1274,6 +1322,24 @@ mod tests {
         assert_eq!(Phase::Delete.requests(large).len(), 3);
         let changed = Phase::Modify.intent(configuration);
         assert_ne!(items[0].properties, changed[0].properties);
+        let hub = Configuration {
+            shape: Shape::Hub,
+            ..configuration
+        };
+        let (created, modified) = (Phase::Create.intent(hub), Phase::Modify.intent(hub));
+        assert!(created[0].dependencies.is_empty());
+        let required: Vec<&str> = created[6]
+            .dependencies
+            .iter()
+            .filter_map(|d| d.requires.as_ref().map(|r| r.name.as_str()))
+            .collect();
+        assert_eq!(required, ["i0"], "every other item depends on the hub");
+        let changed: Vec<usize> = (0..7)
+            .filter(|&n| created[n].properties != modified[n].properties)
+            .collect();
+        assert_eq!(changed, [0], "the modify phase changes the hub alone");
+        assert_eq!(Phase::Modify.operations(hub), 1);
+        assert_eq!(Phase::Delete.operations(hub), 7);
     }
 
     #[test]
@@ -1291,6 +1357,7 @@ mod tests {
             perf_call_graph: "fp".to_owned(),
             perf_frequency: 999,
             chain: false,
+            hub: false,
         };
         args.check().expect("valid");
         let configurations = args.configurations();
@@ -1301,7 +1368,7 @@ mod tests {
                 agents: 1,
                 in_flight: 1,
                 items: 500,
-                chain: false,
+                shape: Shape::Independent,
             }
         );
         assert_eq!(
@@ -1310,7 +1377,7 @@ mod tests {
                 agents: 10,
                 in_flight: 64,
                 items: 2000,
-                chain: false,
+                shape: Shape::Independent,
             }
         );
     }
