@@ -41,7 +41,8 @@
 //!
 //! `--chain` makes item n depend on items n+1 to n+10 (EVE's benchmark
 //! shape); `--hub` makes every item depend on item 0, and its modify phase
-//! changes item 0 alone: one Modify of an item with N − 1 dependents that
+//! changes item 0 alone (sent alone, in a subgraph of its own): one Modify
+//! of an item with N − 1 dependents that
 //! only need it to exist, timed from SubmitIntent to Ready like the rest.
 //!
 //! Ratios: reconciled ops/s over echo round trips/s at the same
@@ -719,17 +720,29 @@ impl Phase {
 
     /// The SubmitIntent requests of this phase: the intent in subgraphs of
     /// [`REQUEST_ITEMS`] items (`part-0`, `part-1`, ...), each emptied by
-    /// the Delete phase.
+    /// the Delete phase. In the hub shape the hub has a subgraph of its
+    /// own (`hub`), which the modify phase sends alone.
     fn requests(self, configuration: Configuration) -> Vec<v1::SubmitIntentRequest> {
-        let parts = configuration.items.div_ceil(REQUEST_ITEMS).max(1);
-        let mut items = self.intent(configuration).into_iter();
-        (0..parts)
-            .map(|part| {
-                let mut request = api::submit(TENANT, items.by_ref().take(REQUEST_ITEMS).collect());
-                request.subgraph = format!("part-{part}");
-                request
-            })
-            .collect()
+        let mut items = self.intent(configuration).into_iter().peekable();
+        let mut requests = Vec::new();
+        let mut rest = configuration.items;
+        if configuration.shape == Shape::Hub {
+            let hub = items.next_if(|item| item.name == "i0");
+            let mut request = api::submit(TENANT, hub.into_iter().collect());
+            request.subgraph = "hub".to_owned();
+            requests.push(request);
+            if self == Phase::Modify {
+                return requests;
+            }
+            rest = rest.saturating_sub(1);
+        }
+        let parts = rest.div_ceil(REQUEST_ITEMS).max(1);
+        requests.extend((0..parts).map(|part| {
+            let mut request = api::submit(TENANT, items.by_ref().take(REQUEST_ITEMS).collect());
+            request.subgraph = format!("part-{part}");
+            request
+        }));
+        requests
     }
 
     /// The intent of this phase: N items with `round` 0, then 1 (the hub
@@ -942,15 +955,18 @@ async fn run_phase(
     let bench_cpu_before = process_cpu(std::process::id())?;
     let start = Instant::now();
     let mut generation = 0;
+    let mut changed = false;
     for request in requests {
         let reply = client
             .submit_intent(request)
             .await
             .context("SubmitIntent failed")?
             .into_inner();
-        ensure!(reply.changed, "SubmitIntent changed nothing");
+        // In the hub shape, the modify phase changes the first part alone.
+        changed |= reply.changed;
         generation = reply.generation;
     }
+    ensure!(changed, "the phase's SubmitIntents changed nothing");
     let submit = start.elapsed();
     let mut polls = 0;
     let revision_after = loop {
@@ -1222,7 +1238,10 @@ fn print_tables(
                 configuration.in_flight,
                 configuration.items,
                 phase.phase.name(),
-                if phase.anomaly(configuration.items).is_some() {
+                if phase
+                    .anomaly(phase.phase.operations(*configuration))
+                    .is_some()
+                {
                     " (!)"
                 } else {
                     ""
@@ -1339,6 +1358,18 @@ mod tests {
             .collect();
         assert_eq!(changed, [0], "the modify phase changes the hub alone");
         assert_eq!(Phase::Modify.operations(hub), 1);
+        let hub_alone: Vec<(String, usize)> = Phase::Modify
+            .requests(hub)
+            .into_iter()
+            .map(|request| (request.subgraph, request.items.len()))
+            .collect();
+        assert_eq!(hub_alone, [("hub".to_owned(), 1)]);
+        let emptied: Vec<(String, usize)> = Phase::Delete
+            .requests(hub)
+            .into_iter()
+            .map(|request| (request.subgraph, request.items.len()))
+            .collect();
+        assert_eq!(emptied, [("hub".to_owned(), 0), ("part-0".to_owned(), 0)]);
         assert_eq!(Phase::Delete.operations(hub), 7);
     }
 
