@@ -585,14 +585,17 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 // only wait for that Modify, by a plain edge, with an own
                 // Modify of their own and nothing running, wait for it as
                 // before; a chain being modified is not walked to its top.
-                // And whatever the item, a plain Modify of it leaves its
-                // settled dependents as they are (`settled_despite_modify_of`).
+                // And whatever the item, if it exists and keeps existing
+                // (a plain Modify of it, or nothing: say its Modify just
+                // completed), its settled dependents stay as they are
+                // (`settled_beside`).
                 let modifies_in_place = need == (Need::Modify { ask: false })
                     && current.is_some_and(|c| c.is_created());
                 let modify_as_before = !self.node(id).seed && modifies_in_place;
+                let keeps_existing = modifies_in_place || settled;
                 let passes_over = |planner: &mut Self, dependent: Id| {
                     (modify_as_before && planner.waits_only_for_modify_of(dependent, id))
-                        || (modifies_in_place && planner.settled_despite_modify_of(dependent, id))
+                        || (keeps_existing && planner.settled_beside(dependent, id))
                 };
                 let dependents = self.current_dependents(id);
                 for index in 0..dependents.len as usize {
@@ -641,13 +644,14 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             && self.need(dependent) == (Need::Modify { ask: false })
     }
 
-    /// Whether `dependent` is settled and a Modify of `required` leaves it
-    /// so: the last pass that looked at it found it converged (and nothing
-    /// changed it since), and it stands apart from that Modify. Nothing
-    /// of it is to be planned because `required` changes in place, so a
-    /// pass that modifies an item with many dependents does not examine
-    /// them all (DESIGN 3, rule 12).
-    fn settled_despite_modify_of(&mut self, dependent: Id, required: Id) -> bool {
+    /// Whether `dependent` is settled and stays so while `required` keeps
+    /// existing (a plain Modify of it, or a completed one): the last pass
+    /// that looked at it found it converged (and nothing changed it
+    /// since), and it stands apart from a Modify of `required`. Nothing of
+    /// it is to be planned because of `required`, so a pass that modifies
+    /// an item with many dependents, or learns that its Modify completed,
+    /// does not examine them all (DESIGN 3, rule 12).
+    fn settled_beside(&mut self, dependent: Id, required: Id) -> bool {
         !self.counted_unconverged(dependent)
             && self.stands_apart_from_modify_of(dependent, required)
     }

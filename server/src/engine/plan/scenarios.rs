@@ -1186,6 +1186,14 @@ fn modifying_a_hub_in_place_examines_only_the_dependents_it_can_affect() {
         ["delete tunnel/t", "modify net/hub", "create tunnel/t"],
         "the predicate still holds; the plain dependents need nothing"
     );
+    // The pass on the completed Modify, seeded with the hub, likewise.
+    let plan = world.plan_seeded(&["net/hub"], &seeds);
+    assert!(plan.operations.is_empty(), "{plan:?}");
+    assert!(
+        plan.examined <= 3,
+        "{} items examined after a hub's Modify completed",
+        plan.examined
+    );
 }
 
 #[test]
