@@ -352,6 +352,29 @@ struct Owner {
     /// owns the tenant ([`StoreError::Fenced`], replicas on etcd): the
     /// owner stops at once, before handling anything else.
     fenced_out: bool,
+    /// What the last durable commit has to tell watchers, until the
+    /// snapshot that shows it is published (see [`Announcement`]).
+    announcement: Option<Announcement>,
+}
+
+/// The events of a durable commit, told to the tenant's watchers and the
+/// fleet once the snapshot showing the commit is published: a dashboard
+/// that answers an event by reading the tenant's status (GetTenant,
+/// GetStatus) then reads the state the event announces, not the one
+/// before it.
+struct Announcement {
+    revision: u64,
+    events: Vec<v1::Event>,
+    /// The commit's fleet revision and event, if it changed conditions.
+    fleet: Option<(u64, v1::FleetEvent)>,
+}
+
+impl Drop for Owner {
+    /// A fleet revision left unsettled would hold back every later one,
+    /// whoever's: an owner that stops tells what it committed.
+    fn drop(&mut self) {
+        self.announce();
+    }
 }
 
 impl Owner {
@@ -411,6 +434,7 @@ impl Owner {
             origin,
             oldest_event_ms,
             fenced_out: false,
+            announcement: None,
         }
     }
 
@@ -818,6 +842,8 @@ impl Owner {
         mut events: Vec<v1::Event>,
         fleet_event: Option<v1::FleetEvent>,
     ) -> Result<(), TenantError> {
+        // Whatever an earlier commit has not told yet goes first.
+        self.announce();
         let now = self.now().wall_ms;
         record.revision = self.record.revision + 1;
         crate::wire::stamp(&mut events, record.revision, now);
@@ -825,9 +851,21 @@ impl Owner {
         record.compact_revision = Some(floor);
         persist::put_events(&mut batch, record.id, record.revision, &events);
         persist::put_record(&mut batch, &record)?;
-        let committed = match (&self.settings.fleet, fleet_event) {
-            (Some(fleet), event) => fleet.commit_durably(batch, event, now).await,
-            (None, _) => self.store.commit(batch).await,
+        let (committed, fleet_revision) = match &self.settings.fleet {
+            Some(fleet) => {
+                let (handle, sequenced) = fleet.commit(batch, fleet_event, now)?;
+                let committed = handle.await;
+                match sequenced {
+                    // A failed commit settles its fleet revision at once,
+                    // with nothing to publish.
+                    Some((revision, _)) if committed.is_err() => {
+                        fleet.settle(revision, None);
+                        (committed, None)
+                    }
+                    sequenced => (committed, sequenced),
+                }
+            }
+            None => (self.store.commit(batch).await, None),
         };
         if let Err(error) = committed {
             self.fenced_out |= matches!(error, StoreError::Fenced { .. });
@@ -836,7 +874,11 @@ impl Owner {
         if !events.is_empty() && self.oldest_event_ms.is_none() {
             self.oldest_event_ms = Some(now);
         }
-        self.events.hub.publish(record.revision, events);
+        self.announcement = Some(Announcement {
+            revision: record.revision,
+            events,
+            fleet: fleet_revision,
+        });
         self.record = record;
         Ok(())
     }
@@ -910,7 +952,7 @@ impl Owner {
     }
 
     /// Publishes a snapshot of the tenant as it is now.
-    fn publish(&self) {
+    fn publish(&mut self) {
         self.snapshots.publish(
             TenantSnapshot::capture(
                 self.current_record(),
@@ -920,6 +962,21 @@ impl Owner {
             )
             .with_item_types(self.executor.item_types()),
         );
+        self.announce();
+    }
+
+    /// Tells watchers and the fleet what the last durable commit did, if
+    /// that is still to be told (see [`Announcement`]).
+    fn announce(&mut self) {
+        let Some(announcement) = self.announcement.take() else {
+            return;
+        };
+        self.events
+            .hub
+            .publish(announcement.revision, announcement.events);
+        if let (Some(fleet), Some((revision, event))) = (&self.settings.fleet, announcement.fleet) {
+            fleet.settle(revision, Some(event));
+        }
     }
 }
 
