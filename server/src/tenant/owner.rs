@@ -851,26 +851,17 @@ impl Owner {
         record.compact_revision = Some(floor);
         persist::put_events(&mut batch, record.id, record.revision, &events);
         persist::put_record(&mut batch, &record)?;
-        let (committed, fleet_revision) = match &self.settings.fleet {
-            Some(fleet) => {
-                let (handle, sequenced) = fleet.commit(batch, fleet_event, now)?;
-                let committed = handle.await;
-                match sequenced {
-                    // A failed commit settles its fleet revision at once,
-                    // with nothing to publish.
-                    Some((revision, _)) if committed.is_err() => {
-                        fleet.settle(revision, None);
-                        (committed, None)
-                    }
-                    sequenced => (committed, sequenced),
-                }
-            }
-            None => (self.store.commit(batch).await, None),
+        let committed = match &self.settings.fleet {
+            Some(fleet) => fleet.commit_unsettled(batch, fleet_event, now).await,
+            None => self.store.commit(batch).await.map(|()| None),
         };
-        if let Err(error) = committed {
-            self.fenced_out |= matches!(error, StoreError::Fenced { .. });
-            return Err(error.into());
-        }
+        let fleet_revision = match committed {
+            Ok(fleet_revision) => fleet_revision,
+            Err(error) => {
+                self.fenced_out |= matches!(error, StoreError::Fenced { .. });
+                return Err(error.into());
+            }
+        };
         if !events.is_empty() && self.oldest_event_ms.is_none() {
             self.oldest_event_ms = Some(now);
         }

@@ -206,12 +206,33 @@ impl FleetLog {
         event: Option<v1::FleetEvent>,
         now_ms: u64,
     ) -> Result<(), StoreError> {
-        let (handle, sequenced) = self.commit(batch, event, now_ms)?;
-        let result = handle.await;
-        if let Some((revision, event)) = sequenced {
-            self.settle(revision, result.is_ok().then_some(event));
+        if let Some((revision, event)) = self.commit_unsettled(batch, event, now_ms).await? {
+            self.settle(revision, Some(event));
         }
-        result
+        Ok(())
+    }
+
+    /// Commits `batch` durably, with `event` (if any) at the next fleet
+    /// revision, and gives that revision back for the caller to
+    /// [`settle`](Self::settle) once it may be told: a tenant's owner tells
+    /// it after publishing the snapshot that shows the commit. A failed
+    /// commit settles its revision at once, with nothing to publish.
+    pub async fn commit_unsettled(
+        &self,
+        batch: WriteBatch,
+        event: Option<v1::FleetEvent>,
+        now_ms: u64,
+    ) -> Result<Option<(u64, v1::FleetEvent)>, StoreError> {
+        let (handle, sequenced) = self.commit(batch, event, now_ms)?;
+        match handle.await {
+            Ok(()) => Ok(sequenced),
+            Err(error) => {
+                if let Some((revision, _)) = sequenced {
+                    self.settle(revision, None);
+                }
+                Err(error)
+            }
+        }
     }
 
     /// Publishes revision `revision` once every earlier one is settled:
