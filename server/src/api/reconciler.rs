@@ -666,7 +666,7 @@ fn graph_page(
                 key,
                 snapshot.current.get(key).map(AsRef::as_ref),
                 intended.map(AsRef::as_ref),
-                snapshot.waiting.get(key),
+                snapshot.waiting.get(key).map(|w| &**w),
             )
         });
         let added = intended_proto

@@ -176,7 +176,12 @@ async fn send_snapshot(
     for key in keys {
         let intended = snapshot.intended.get(key).map(|i| &**i);
         let current = snapshot.current.get(key).map(|c| &**c);
-        let status = item_status(key, current, intended, snapshot.waiting.get(key));
+        let status = item_status(
+            key,
+            current,
+            intended,
+            snapshot.waiting.get(key).map(|w| &**w),
+        );
         let intended = intended.map(intended_item_to_proto);
         let size = status.encoded_len() + intended.as_ref().map_or(0, Message::encoded_len) + 8;
         if bytes > 0 && bytes + size > message_bytes {

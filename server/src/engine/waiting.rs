@@ -2,10 +2,11 @@
 //! pass, with running counts so conditions never rescan them.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use imbl::{OrdMap, OrdSet};
 
-use super::plan::{WaitReason, WaitingItem};
+use super::plan::{BlockedBy, WaitReason, WaitingItem};
 use crate::graph::{ItemRef, OperationKind};
 
 /// Counts over the waiting items.
@@ -45,9 +46,13 @@ impl WaitingSummary {
 }
 
 /// The waiting items (an O(1)-clone map for snapshots) and their summary.
+///
+/// Entries are shared, not copied, when a change to the map copies the
+/// part of it a snapshot still holds: a Delete waiting for a hub's many
+/// dependents names each of them.
 #[derive(Clone, Debug, Default)]
 pub struct WaitingSet {
-    items: OrdMap<ItemRef, WaitingItem>,
+    items: OrdMap<ItemRef, Arc<WaitingItem>>,
     /// The items whose waiting operation is a Delete: a Create of their
     /// type asks for them, and must not walk every waiting item to find
     /// them (a deep chain keeps almost every item waiting).
@@ -63,10 +68,10 @@ impl WaitingSet {
         } else {
             self.deletes.remove(&entry.item);
         }
-        if let Some(previous) = self.items.insert(entry.item.clone(), entry.clone()) {
+        self.summary.count(&entry, 1);
+        if let Some(previous) = self.items.insert(entry.item.clone(), Arc::new(entry)) {
             self.summary.count(&previous, -1);
         }
-        self.summary.count(&entry, 1);
     }
 
     /// Records that `item` no longer waits.
@@ -75,6 +80,28 @@ impl WaitingSet {
         if let Some(previous) = self.items.remove(item) {
             self.summary.count(&previous, -1);
         }
+    }
+
+    /// Replaces the blockers of waiting `item` with `left`, what is left of
+    /// them once some are gone (their Deletes completed): it waits as
+    /// before otherwise. None of those gone may show a terminal failure,
+    /// so the counts stand, and are not recounted over a long list.
+    pub fn drop_gone_blockers(&mut self, item: &ItemRef, left: Vec<BlockedBy>) {
+        let Some(entry) = self.items.get(item) else {
+            return;
+        };
+        let shortened = WaitingItem {
+            item: entry.item.clone(),
+            operation: entry.operation,
+            reason: entry.reason,
+            blocked_by: left,
+        };
+        debug_assert_eq!(
+            shortened.waits_on_terminal_failure(),
+            entry.waits_on_terminal_failure(),
+            "a blocker shown failed terminally left the list"
+        );
+        self.items.insert(item.clone(), Arc::new(shortened));
     }
 
     /// The items of one item type waiting to be deleted, in identity
@@ -95,7 +122,7 @@ impl WaitingSet {
     }
 
     /// The waiting entry of `item`, if it waits.
-    pub fn get(&self, item: &ItemRef) -> Option<&WaitingItem> {
+    pub fn get(&self, item: &ItemRef) -> Option<&Arc<WaitingItem>> {
         self.items.get(item)
     }
 
@@ -105,7 +132,7 @@ impl WaitingSet {
     }
 
     /// An O(1) copy of the items.
-    pub fn items(&self) -> OrdMap<ItemRef, WaitingItem> {
+    pub fn items(&self) -> OrdMap<ItemRef, Arc<WaitingItem>> {
         self.items.clone()
     }
 }

@@ -28,7 +28,7 @@ pub struct TenantSnapshot {
     /// Current items.
     pub current: OrdMap<ItemRef, Arc<CurrentItem>>,
     /// Items waiting, with reasons.
-    pub waiting: OrdMap<ItemRef, WaitingItem>,
+    pub waiting: OrdMap<ItemRef, Arc<WaitingItem>>,
     /// Items by displayed state.
     pub counts: StateCounts,
     /// Operations in flight.

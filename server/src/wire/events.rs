@@ -102,7 +102,7 @@ fn item_change_events(change: &ItemChange, out: &mut Vec<v1::Event>) {
                 &change.item,
                 Some(after),
                 change.intended.as_deref(),
-                change.waiting.as_ref(),
+                change.waiting.as_deref(),
             )
         });
         if status

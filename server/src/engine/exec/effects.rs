@@ -121,7 +121,7 @@ pub struct ItemChange {
     /// Its intended entry after the commit.
     pub intended: Option<Arc<IntendedItem>>,
     /// Why it waits, if it does.
-    pub waiting: Option<WaitingItem>,
+    pub waiting: Option<Arc<WaitingItem>>,
     /// The epoch of the session holding its type.
     pub epoch: u64,
 }

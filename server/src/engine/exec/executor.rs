@@ -186,6 +186,8 @@ pub struct Executor {
     /// Since when some item waits for a configurator (unix ms).
     no_configurator_since_ms: Option<u64>,
     txn: Option<Transaction>,
+    /// Items the planner examined over every pass so far.
+    items_examined: u64,
 }
 
 impl Executor {
@@ -255,6 +257,7 @@ impl Executor {
             deferred_redeliveries: BTreeSet::new(),
             no_configurator_since_ms: None,
             txn: None,
+            items_examined: 0,
         };
         executor.schedule_resync(now);
         executor
@@ -263,6 +266,13 @@ impl Executor {
     /// The tenant's state.
     pub fn model(&self) -> &TenantModel {
         &self.model
+    }
+
+    /// How many items the planner examined over every pass so far: the
+    /// engine's planning cost, which a completed operation should grow by
+    /// its neighbours, not by the graph.
+    pub fn items_examined(&self) -> u64 {
+        self.items_examined
     }
 
     /// Operations running now.

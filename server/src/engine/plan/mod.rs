@@ -74,6 +74,17 @@ pub trait PlanEnvironment {
         let _ = item;
         true
     }
+    /// Whether `item` is a seed only because room opened for the
+    /// operation an earlier plan gave it: nothing of it changed since that
+    /// plan. A pass leaves what such an item relies on unexamined when it
+    /// is to be deleted, as it was (its Delete is what the items it relies
+    /// on wait for already). Answering `false` is always correct, only
+    /// slower: a queued dependent's dispatch would examine the item it
+    /// relies on and, through that item's Delete, all of its dependents.
+    fn planned_again_for_room(&self, item: &ItemRef) -> bool {
+        let _ = item;
+        false
+    }
 }
 
 /// Why an item that needs an operation cannot have it yet.
@@ -103,6 +114,14 @@ pub struct BlockedBy {
     /// Why, in words: "missing", "not created", "being modified",
     /// "predicate false: ...", "delete in flight", ...
     pub why: String,
+}
+
+impl BlockedBy {
+    /// Whether it shows a terminal failure (the item's own, or one it
+    /// waits on): only an intent change moves what waits on it.
+    pub fn shows_terminal_failure(&self) -> bool {
+        self.why.contains(FAILED_TERMINALLY)
+    }
 }
 
 /// An operation in a plan.
@@ -154,7 +173,7 @@ impl WaitingItem {
             || self
                 .blocked_by
                 .iter()
-                .any(|blocked| blocked.why.contains(FAILED_TERMINALLY))
+                .any(BlockedBy::shows_terminal_failure)
     }
 }
 

@@ -569,10 +569,14 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             }
             // What an item relies on decides whether it must go; an item
             // going already whose Delete did not change this pass (not a
-            // seed) learns nothing from it, and the items it relies on
+            // seed, or one planned again only because room opened for its
+            // Delete) learns nothing from it, and the items it relies on
             // wait for its Delete as before: a chain being deleted is not
-            // walked to its bottom.
-            let deleting_as_before = !self.node(id).seed && need == Need::Delete;
+            // walked to its bottom, and the dependents of an item being
+            // deleted are dispatched without examining it again.
+            let unchanged =
+                !self.node(id).seed || self.environment.planned_again_for_room(self.node(id).item);
+            let deleting_as_before = unchanged && need == Need::Delete;
             if self.expand && !deleting_as_before {
                 self.visit_unconverged_dependencies(id);
             }
@@ -1158,6 +1162,16 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             let after = self.keep_after(&after);
             Schedule::Ready { kind, after }
         } else {
+            // The Deletes that could run first are waited for too, and
+            // named: the list holds every dependent's Delete still to
+            // come, whether it runs, waits or is ready, as a Ready
+            // schedule's `after` does when none runs yet.
+            for &(dependent, _) in &after {
+                blocked_by.push(BlockedBy {
+                    item: self.node(dependent).item.clone(),
+                    why: super::runs_first(kind),
+                });
+            }
             Schedule::Waiting {
                 kind,
                 reason: WaitReason::Blocked,

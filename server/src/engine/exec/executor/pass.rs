@@ -4,6 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
+use rustc_hash::FxHashSet;
+
 use super::Holder;
 use super::{Executor, Now, Scope, to_session};
 use crate::engine::conditions::{Progress, compute_conditions};
@@ -29,6 +31,8 @@ pub(super) struct Environment<'a> {
     model: &'a TenantModel,
     operations: &'a BTreeMap<String, ItemRef>,
     room: &'a Room,
+    /// Seeds taken from the room's queue that nothing else changed.
+    for_room: Option<&'a BTreeSet<ItemRef>>,
     now_ms: u64,
 }
 
@@ -62,6 +66,9 @@ impl PlanEnvironment for Environment<'_> {
     fn may_have_pending_delete(&self, item: &ItemRef) -> bool {
         self.model.waiting.waits_to_delete(item) || self.room.queues_delete_of(item)
     }
+    fn planned_again_for_room(&self, item: &ItemRef) -> bool {
+        self.for_room.is_some_and(|taken| taken.contains(item))
+    }
 }
 
 impl Executor {
@@ -72,6 +79,7 @@ impl Executor {
             model: &self.model,
             operations: &self.operations,
             room: &self.room,
+            for_room: None,
             now_ms,
         }
     }
@@ -85,24 +93,28 @@ impl Executor {
         let mut seeds = match scope {
             Scope::Full => self.model.unconverged.clone(),
             Scope::Items(items) => {
-                let mut seeds = items.clone();
-                for item in &items {
-                    if let Some(waiters) = self.waiters.remove(item) {
-                        seeds.extend(waiters);
-                    }
-                    self.behind.remove(item);
-                }
+                let mut seeds = self.wake_waiters(&items);
+                seeds.extend(items);
                 seeds
             }
         };
         self.count_in_flight();
-        seeds.extend(self.take_undispatched_with_room());
+        let for_room: BTreeSet<ItemRef> = self
+            .take_undispatched_with_room()
+            .into_iter()
+            .filter(|item| !seeds.contains(item))
+            .collect();
+        seeds.extend(for_room.iter().cloned());
         let plan = plan_operations(
             &self.model.intended,
             &self.model.current,
             &seeds,
-            &self.environment(now.wall_ms),
+            &Environment {
+                for_room: Some(&for_room),
+                ..self.environment(now.wall_ms)
+            },
         );
+        self.items_examined = self.items_examined.saturating_add(plan.examined as u64);
         let bookkeeping = bookkeeping_updates(&self.model.current, &plan);
         // The seeds (and the items the plan revised) were planned again:
         // whether they still wait for room is decided anew below (an item
@@ -124,6 +136,67 @@ impl Executor {
         self.dispatch(starts, now.wall_ms);
         self.transaction().seeds.extend(seeds);
         plan
+    }
+
+    /// The waiting items to plan again because `items` changed: those that
+    /// named one of them in `blocked_by`.
+    ///
+    /// Except a Delete blocked by operations of other items (its
+    /// dependents' Deletes, reason `BLOCKED`) when the blockers that
+    /// changed are gone (their Deletes completed), none of them was shown
+    /// failed terminally, and others remain: it waits for those as
+    /// before, and only its list of blockers shortens.
+    /// The last of them to go wakes it. A hub's Delete is thus planned
+    /// again once, not on every one of its N dependents' Deletes, each of
+    /// which would examine all the dependents left (O(N²)).
+    fn wake_waiters(&mut self, items: &BTreeSet<ItemRef>) -> BTreeSet<ItemRef> {
+        let gone: FxHashSet<ItemRef> = items
+            .iter()
+            .filter(|item| self.model.current.get(item).is_none())
+            .cloned()
+            .collect();
+        let mut woken = BTreeSet::new();
+        let mut of_gone_only = BTreeSet::new();
+        for item in items {
+            self.behind.remove(item);
+            let Some(waiters) = self.waiters.remove(item) else {
+                continue;
+            };
+            if gone.contains(item) {
+                of_gone_only.extend(waiters);
+            } else {
+                woken.extend(waiters);
+            }
+        }
+        for waiter in of_gone_only {
+            if woken.contains(&waiter) || items.contains(&waiter) {
+                continue;
+            }
+            let left = self.model.waiting.get(&waiter).and_then(|entry| {
+                if entry.operation != OperationKind::Delete || entry.reason != WaitReason::Blocked {
+                    return None;
+                }
+                let mut left = Vec::with_capacity(entry.blocked_by.len());
+                for blocker in &entry.blocked_by {
+                    if !gone.contains(&blocker.item) {
+                        left.push(blocker.clone());
+                    } else if blocker.shows_terminal_failure() {
+                        // What it showed of that blocker no longer
+                        // holds: its conditions change.
+                        return None;
+                    }
+                }
+                let holds = !left.is_empty() && left.iter().all(|blocker| blocker.item != waiter);
+                holds.then_some(left)
+            });
+            match left {
+                Some(left) => self.model.waiting.drop_gone_blockers(&waiter, left),
+                None => {
+                    woken.insert(waiter);
+                }
+            }
+        }
+        woken
     }
 
     /// Counts each session's operations in flight (and READs among them)

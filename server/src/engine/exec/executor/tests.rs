@@ -985,3 +985,100 @@ fn a_create_behind_a_delete_that_can_no_longer_run_is_planned_again() {
     );
     assert!(!waits_for_p(&executor));
 }
+
+/// Session 1's DONE to every order of `batch`, in one batch of results;
+/// the commit becomes durable.
+fn answer_all(executor: &mut Executor, batch: &[OperationOrder], now: Now) -> Effects {
+    let results = batch
+        .iter()
+        .map(|order| AgentResult {
+            session_id: 1,
+            op_id: order.op_id.clone(),
+            attempt: order.attempt,
+            outcome: done(),
+        })
+        .collect();
+    let effects = executor.results(results, now);
+    executor.committed(now);
+    effects
+}
+
+/// Deleting a hub's dependents costs each of them its own neighbours. The
+/// hub's Delete waits for them all and names those left, and it is planned
+/// again once, when the last is gone, not on every dependent's Delete: each
+/// such pass examined every dependent left, O(N²) for the whole.
+#[test]
+fn a_hubs_delete_names_the_dependents_left_and_is_planned_again_when_the_last_is_gone() {
+    const DEPENDENTS: usize = 200;
+    let mut spec = spec();
+    spec.max_in_flight = 4;
+    let mut executor = executor();
+    register_listed(&mut executor, 1, "agent", spec, at(0));
+    let hub = item("hub", 1);
+    let hub_ref = hub.item_ref();
+    let mut intent = vec![hub];
+    intent.extend((0..DEPENDENTS).map(|i| item(&format!("d{i:03}"), 1).depends_on(on("t/hub"))));
+    let mut now = 10;
+    let mut effects = submit(&mut executor, intent, at(now));
+    loop {
+        let batch = orders(&effects.sends);
+        if batch.is_empty() {
+            break;
+        }
+        now += 10;
+        effects = answer_all(&mut executor, &batch, at(now));
+    }
+    assert!(ready(&executor), "the hub and its dependents are created");
+
+    let examined_before = executor.items_examined();
+    now += 10;
+    effects = submit(&mut executor, Vec::new(), at(now));
+    let mut deleted = 0;
+    loop {
+        let batch = orders(&effects.sends);
+        assert!(
+            !batch.is_empty(),
+            "the Deletes stopped with {deleted} of {DEPENDENTS} dependents deleted"
+        );
+        if batch.iter().any(|order| order.item.item_ref() == hub_ref) {
+            assert_eq!(batch.len(), 1, "the hub goes last, alone");
+            break;
+        }
+        now += 10;
+        effects = answer_all(&mut executor, &batch, at(now));
+        deleted += batch.len();
+        if deleted == DEPENDENTS / 2 {
+            // A full pass plans the hub again while some Deletes run: it
+            // still names them all, the running ones and those to come.
+            let (full, _) = executor.reconcile(false, at(now));
+            executor.committed(at(now));
+            assert!(orders(&full.sends).is_empty(), "the room is full");
+        }
+        if deleted < DEPENDENTS {
+            let waiting = executor
+                .model()
+                .waiting
+                .get(&hub_ref)
+                .expect("the hub's Delete waits");
+            let mut named: Vec<String> = waiting
+                .blocked_by
+                .iter()
+                .map(|blocker| blocker.item.name().to_string())
+                .collect();
+            named.sort();
+            let left: Vec<String> = executor
+                .model()
+                .current
+                .dependents_of(&hub_ref)
+                .map(|dependent| dependent.name().to_string())
+                .collect();
+            assert_eq!(named, left, "the hub's Delete names the dependents left");
+        }
+    }
+    assert_eq!(deleted, DEPENDENTS);
+    let examined = executor.items_examined() - examined_before;
+    assert!(
+        examined <= 5 * DEPENDENTS as u64,
+        "{examined} items examined to delete a hub's {DEPENDENTS} dependents"
+    );
+}
