@@ -161,7 +161,7 @@ fn fill_waiting(status: &mut v1::ItemStatus, waiting: &WaitingItem) {
         .iter()
         .map(|blocked| v1::BlockedBy {
             item: Some(item_ref_to_proto(&blocked.item)),
-            why: blocked.why.clone(),
+            why: blocked.why.to_string(),
         })
         .collect();
 }

@@ -198,7 +198,7 @@ fn dropped_while_busy<E: PlanEnvironment>(planner: &Planner<'_, E>, id: Id) -> O
         reason,
         blocked_by: vec![BlockedBy {
             item: node.item.clone(),
-            why: format!("goes with its external item once {running} reports"),
+            why: format!("goes with its external item once {running} reports").into(),
         }],
     })
 }
@@ -219,7 +219,7 @@ fn outcome_unknown<E: PlanEnvironment>(planner: &Planner<'_, E>, id: Id) -> Opti
         reason: WaitReason::UnknownOutcome,
         blocked_by: vec![BlockedBy {
             item: node.item.clone(),
-            why: super::planner::busy_words(current),
+            why: super::planner::busy_words(current).into(),
         }],
     })
 }

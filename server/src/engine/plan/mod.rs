@@ -18,6 +18,7 @@ mod marks;
 mod need;
 mod planner;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -112,8 +113,10 @@ pub struct BlockedBy {
     /// The item waited for (possibly the item itself).
     pub item: ItemRef,
     /// Why, in words: "missing", "not created", "being modified",
-    /// "predicate false: ...", "delete in flight", ...
-    pub why: String,
+    /// "predicate false: ...", "delete in flight", ... Borrowed when the
+    /// words are fixed: a Delete waiting for many dependents names each,
+    /// and copies of that list then allocate nothing per entry.
+    pub why: Cow<'static, str>,
 }
 
 impl BlockedBy {
@@ -161,8 +164,13 @@ pub(crate) const FAILED_TERMINALLY: &str = "failed terminally";
 
 /// The `why` of an item that a plan keeps behind an operation of another
 /// item, which runs first ("its delete runs first").
-pub fn runs_first(kind: OperationKind) -> String {
-    format!("its {} runs first", kind.as_str())
+pub fn runs_first(kind: OperationKind) -> Cow<'static, str> {
+    Cow::Borrowed(match kind {
+        OperationKind::Create => "its create runs first",
+        OperationKind::Modify => "its modify runs first",
+        OperationKind::Delete => "its delete runs first",
+        OperationKind::Read => "its read runs first",
+    })
 }
 
 impl WaitingItem {

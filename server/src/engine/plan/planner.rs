@@ -1141,7 +1141,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 Some(Schedule::Ready { .. }) => after.push((dependent, kind)),
                 Some(Schedule::Waiting { reason, .. }) => blocked_by.push(BlockedBy {
                     item: node.item.clone(),
-                    why: format!("its delete waits ({})", reason_words(*reason)),
+                    why: format!("its delete waits ({})", reason_words(*reason)).into(),
                 }),
                 Some(Schedule::NotNeeded) => {}
                 None => {
@@ -1287,7 +1287,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 Some(Schedule::Ready { .. }) => after.push((id, OperationKind::Delete)),
                 Some(Schedule::Waiting { reason, .. }) => waits_on_operations.push(BlockedBy {
                     item: item.clone(),
-                    why: format!("its own delete waits ({})", reason_words(*reason)),
+                    why: format!("its own delete waits ({})", reason_words(*reason)).into(),
                 }),
                 Some(Schedule::NotNeeded) | None => {}
             }
@@ -1310,7 +1310,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                     hopeless |= never;
                     waits_on_dependencies.push(BlockedBy {
                         item: self.node(dependency).item.clone(),
-                        why,
+                        why: why.into(),
                     });
                 }
             }
@@ -1379,7 +1379,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             {
                 blocked_by.push(BlockedBy {
                     item: node.item.clone(),
-                    why: busy_words(current),
+                    why: busy_words(current).into(),
                 });
                 continue;
             }
@@ -1390,7 +1390,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 Some(Schedule::Ready { .. }) => after.push((dependent, OperationKind::Delete)),
                 Some(Schedule::Waiting { reason, .. }) => blocked_by.push(BlockedBy {
                     item: node.item.clone(),
-                    why: format!("its delete waits ({})", reason_words(*reason)),
+                    why: format!("its delete waits ({})", reason_words(*reason)).into(),
                 }),
                 Some(Schedule::NotNeeded) | None => {}
             }
@@ -1427,7 +1427,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             {
                 blocked_by.push(BlockedBy {
                     item: self.node(required).item.clone(),
-                    why: busy_words(current),
+                    why: busy_words(current).into(),
                 });
             }
         }
@@ -1615,7 +1615,7 @@ fn waiting_on_itself(item: &ItemRef, current: &CurrentItem, kind: OperationKind)
         reason,
         blocked_by: vec![BlockedBy {
             item: item.clone(),
-            why: busy_words(current),
+            why: busy_words(current).into(),
         }],
         hopeless: false,
     }
@@ -1640,7 +1640,7 @@ pub(super) fn terminal_failure(item: &ItemRef, current: &CurrentItem) -> Blocked
         .unwrap_or_default();
     BlockedBy {
         item: item.clone(),
-        why: format!("{FAILED_TERMINALLY}: {message}; change its intent to retry"),
+        why: format!("{FAILED_TERMINALLY}: {message}; change its intent to retry").into(),
     }
 }
 
@@ -1650,7 +1650,7 @@ fn backoff(item: &ItemRef, current: &CurrentItem, kind: OperationKind) -> Schedu
         reason: WaitReason::Backoff,
         blocked_by: vec![BlockedBy {
             item: item.clone(),
-            why: format!("retry {} after backoff", current.attempts.saturating_add(1)),
+            why: format!("retry {} after backoff", current.attempts.saturating_add(1)).into(),
         }],
         hopeless: false,
     }
@@ -1665,7 +1665,8 @@ fn no_configurator(item: &ItemRef, kind: OperationKind) -> Schedule {
             why: format!(
                 "no configurator for type {:?} is connected",
                 item.item_type()
-            ),
+            )
+            .into(),
         }],
         hopeless: false,
     }

@@ -43,7 +43,8 @@
 //! shape); `--hub` makes every item depend on item 0, and its modify phase
 //! changes item 0 alone (sent alone, in a subgraph of its own): one Modify
 //! of an item with N − 1 dependents that
-//! only need it to exist, timed from SubmitIntent to Ready like the rest.
+//! only need it to exist, timed from SubmitIntent to Ready like the rest;
+//! its delete phase removes the dependents, then the hub.
 //!
 //! Ratios: reconciled ops/s over echo round trips/s at the same
 //! concurrency (M in flight ↔ M outstanding), and over the store's
@@ -178,7 +179,8 @@ pub struct OperationsArgs {
     chain: bool,
     /// One hub every other item depends on (a network and its ports, say);
     /// the modify phase changes the hub alone, so it measures one Modify
-    /// of an item with N − 1 settled dependents (one operation).
+    /// of an item with N − 1 settled dependents (one operation); the
+    /// delete phase removes the dependents from the intent, then the hub.
     #[arg(long)]
     hub: bool,
 }
@@ -721,20 +723,26 @@ impl Phase {
     /// The SubmitIntent requests of this phase: the intent in subgraphs of
     /// [`REQUEST_ITEMS`] items (`part-0`, `part-1`, ...), each emptied by
     /// the Delete phase. In the hub shape the hub has a subgraph of its
-    /// own (`hub`), which the modify phase sends alone.
+    /// own (`hub`), which the modify phase sends alone, and which the
+    /// Delete phase empties last, as one removes a network's ports and
+    /// then the network.
     fn requests(self, configuration: Configuration) -> Vec<v1::SubmitIntentRequest> {
         let mut items = self.intent(configuration).into_iter().peekable();
         let mut requests = Vec::new();
         let mut rest = configuration.items;
+        let mut hub_request = None;
         if configuration.shape == Shape::Hub {
             let hub = items.next_if(|item| item.name == "i0");
             let mut request = api::submit(TENANT, hub.into_iter().collect());
             request.subgraph = "hub".to_owned();
-            requests.push(request);
             if self == Phase::Modify {
-                return requests;
+                return vec![request];
             }
+            hub_request = Some(request);
             rest = rest.saturating_sub(1);
+        }
+        if self != Phase::Delete {
+            requests.extend(hub_request.take());
         }
         let parts = rest.div_ceil(REQUEST_ITEMS).max(1);
         requests.extend((0..parts).map(|part| {
@@ -742,6 +750,7 @@ impl Phase {
             request.subgraph = format!("part-{part}");
             request
         }));
+        requests.extend(hub_request);
         requests
     }
 
@@ -1369,7 +1378,7 @@ mod tests {
             .into_iter()
             .map(|request| (request.subgraph, request.items.len()))
             .collect();
-        assert_eq!(emptied, [("hub".to_owned(), 0), ("part-0".to_owned(), 0)]);
+        assert_eq!(emptied, [("part-0".to_owned(), 0), ("hub".to_owned(), 0)]);
         assert_eq!(Phase::Delete.operations(hub), 7);
     }
 
