@@ -253,13 +253,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
         let mut covered_types = BTreeSet::new();
         loop {
-            loop {
-                self.process_queue();
-                self.recheck_retargeted();
-                if !self.expand || !self.visit_deletes_of_new_types(&mut covered_types) {
-                    break;
-                }
-            }
+            self.process_queue();
+            self.recheck_retargeted();
             self.order = self.identity_order();
             for node in &mut self.nodes {
                 node.delete_schedule = None;
@@ -271,14 +266,17 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             self.schedule_deletes();
             self.schedule_changes();
             let doomed = self.modifies_that_must_delete();
-            // Each round must plan something more for deletion (the marks
-            // only grow, so the loop ends); a round that cannot is the end
-            // too, rather than a loop that never ends.
+            // Each round must plan something more for deletion or examine
+            // more items (both only grow, so the loop ends); a round that
+            // does neither is the end too, rather than a loop that never
+            // ends.
             let fresh: Vec<Id> = doomed
                 .into_iter()
                 .filter(|&id| !self.is_deleting(id))
                 .collect();
-            if fresh.is_empty() {
+            let more_deletes =
+                self.expand && self.visit_deletes_of_ready_creates(&mut covered_types);
+            if fresh.is_empty() && !more_deletes {
                 break;
             }
             for id in fresh {
@@ -699,16 +697,28 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     }
 
     /// Examines the items whose Delete is in flight or planned (as the
-    /// environment knows them) of every type an examined item that is ours
-    /// to create has, and that no earlier call covered: a Create of that
-    /// type waits for them (rule 8). Whether it examined anything new.
-    fn visit_deletes_of_new_types(&mut self, covered: &mut BTreeSet<&'a str>) -> bool {
+    /// environment knows them) of every type of which this round plans a
+    /// Create, and that no earlier round covered: the Create waits for
+    /// them (rule 8), and the next round plans it so. Whether it examined
+    /// anything new. A Create that waits for something else needs no
+    /// such look: a pass on a batch of results, say, whose items wait to
+    /// be created again while many Deletes of their type are pending, does
+    /// not examine all of those.
+    fn visit_deletes_of_ready_creates(&mut self, covered: &mut BTreeSet<&'a str>) -> bool {
         let current: &'a CurrentGraph = self.current;
         let environment = self.environment;
         let mut fresh = Vec::new();
-        for &id in &self.examined {
-            let item: &'a ItemRef = self.node(id).item;
-            if self.marks.has(id, OPERABLE) && covered.insert(item.item_type()) {
+        for &id in &self.order {
+            let node = self.node(id);
+            let item: &'a ItemRef = node.item;
+            let creates = matches!(
+                node.change_schedule,
+                Some(Schedule::Ready {
+                    kind: OperationKind::Create,
+                    ..
+                })
+            );
+            if creates && covered.insert(item.item_type()) {
                 fresh.push(item.item_type());
             }
         }
@@ -738,9 +748,20 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 self.visit_if_unconverged(required);
             }
         }
+        // An absent item loses nothing upstream, and to its Create a
+        // dependency that left the intent is planned for deletion (or
+        // missing) whatever is planned for it: such a dependency is not
+        // examined. The pass on each batch of Deletes of a hub's dependents
+        // that are still intended, the hub having left the intent, would
+        // otherwise take along the hub and, through its deletion cascade,
+        // every dependent left.
+        let absent = self.current_of(id).is_none();
         let required = self.required(id);
         for index in 0..required.len as usize {
             let dependency = self.edge(required, index);
+            if absent && self.node(dependency).intended.is_none() {
+                continue;
+            }
             self.visit_if_unconverged(dependency);
         }
     }

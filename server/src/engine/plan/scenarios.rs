@@ -1197,6 +1197,55 @@ fn modifying_a_hub_in_place_examines_only_the_dependents_it_can_affect() {
 }
 
 #[test]
+fn a_hub_leaving_the_intent_before_its_dependents_costs_each_batch_its_own_items() {
+    // The hub leaves the intent; its 500 ports stay and go with it (rule
+    // 2), then wait to be created again. The pass on a batch of their
+    // completed Deletes looks at those ports alone: not at the hub (to a
+    // port's Create it is planned for deletion, whatever is planned for
+    // it) and, since none of their Creates can run, not at the Deletes of
+    // their type still to come (rule 8).
+    let port = |i: usize| item(&format!("port/p{i:03}"), json!({})).depends_on(on("net/hub"));
+    let mut items: Vec<Item> = (0..500).map(port).collect();
+    items.push(item("net/hub", json!({})));
+    let mut world = World::converged(items);
+    world.intend((0..500).map(port).collect());
+    let unconverged = world.plan().unconverged;
+    assert_eq!(unconverged.len(), 501, "every port goes with the hub");
+
+    let batch = ["port/p000", "port/p001", "port/p002", "port/p003"];
+    for name in batch {
+        world.dispatch(&parse_ref(name), Delete, 0);
+        world.finish(&parse_ref(name), Delete);
+    }
+    let plan = world.plan_seeded(&batch, &unconverged);
+    assert_eq!(
+        plan.operations.len(),
+        0,
+        "{} items examined, and operations planned again",
+        plan.examined
+    );
+    for name in batch {
+        let waiting = plan
+            .waiting
+            .iter()
+            .find(|waiting| waiting.item == parse_ref(name))
+            .expect("the port waits to be created again");
+        assert_eq!(
+            (waiting.operation, waiting.reason),
+            (Create, WaitReason::Dependency)
+        );
+        assert_eq!(waiting.blocked_by[0].item, parse_ref("net/hub"));
+        assert_eq!(waiting.blocked_by[0].why, "planned for deletion");
+    }
+    assert!(
+        plan.examined <= batch.len(),
+        "{} items examined for a batch of {} Deletes",
+        plan.examined,
+        batch.len()
+    );
+}
+
+#[test]
 fn a_dependent_dropped_while_its_modify_runs_holds_the_delete_of_its_dependency() {
     // Found by the simulator (seed 2232): a's Modify runs when the external
     // item it goes with vanishes; a is dropped once that Modify reports.
