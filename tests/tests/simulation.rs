@@ -577,3 +577,13 @@ fn seed_46322_the_fault_free_run_answers_before_time_moves() {
 fn seed_46695_a_result_from_a_superseded_session_resolves_nothing() {
     passes_in(46695, 1_000);
 }
+
+/// Fixed in the engine: one external report in which an item vanished
+/// and came back, then another item vanished, is planned in two segments.
+/// The pass on the first found a Create ready whose dependency the second
+/// removed, and the Create was sent, after the commit, with that item
+/// already gone. Only the pass on a report's last segment dispatches now.
+#[test]
+fn seed_86703_a_report_sends_no_operation_on_an_item_it_removes() {
+    passes(86703);
+}

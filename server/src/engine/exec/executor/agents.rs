@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use tracing::{debug, info};
 
+use super::pass::Dispatch;
 use super::{Executor, Holder, Now, Scope, lost_outcome, to_session};
 use crate::engine::exec::effects::{Effects, Finished, OperationOutcome, TenantEvent};
 use crate::engine::exec::lost::{GiveUpReason, Redelivery, redelivery, waits_for_a_dependency};
@@ -534,18 +535,42 @@ impl Executor {
     /// Records reports of external items. Reports in which an item
     /// vanishes and comes back are planned in segments: its vanishing must
     /// be planned (dependents auto-deleted with it are dropped, rule 9)
-    /// before it exists again. One commit holds every segment.
+    /// before it exists again. One commit holds every segment, and only
+    /// the pass on the last one dispatches: an operation found ready
+    /// before a later segment removes an item it relies on would be sent,
+    /// once the commit is durable, with that item already gone.
     pub fn report_external(&mut self, changes: Vec<ExternalChange>, now: Now) -> Effects {
         self.begin();
-        for segment in flap_segments(changes) {
-            self.report_segment(segment, now);
+        let segments = flap_segments(changes);
+        let last = segments.len().saturating_sub(1);
+        let mut held = false;
+        for (index, segment) in segments.into_iter().enumerate() {
+            let dispatch = if index == last {
+                Dispatch::Now
+            } else {
+                Dispatch::Held
+            };
+            let planned = self.report_segment(segment, dispatch, now);
+            if index == last && held && !planned {
+                // The last segment changed nothing: what the held passes
+                // found ready is planned and dispatched now.
+                let unconverged = self.model.unconverged.clone();
+                self.pass(Scope::Items(unconverged), now);
+            }
+            held |= planned;
         }
         self.end()
     }
 
     /// Stages reports in which no item vanishes and comes back (the last
-    /// report of an item wins), and plans.
-    fn report_segment(&mut self, changes: Vec<ExternalChange>, now: Now) {
+    /// report of an item wins), and plans, dispatching as told. Whether it
+    /// planned (a report that changes nothing does not).
+    fn report_segment(
+        &mut self,
+        changes: Vec<ExternalChange>,
+        dispatch: Dispatch,
+        now: Now,
+    ) -> bool {
         let mut latest: BTreeMap<ItemRef, Option<CurrentItem>> = BTreeMap::new();
         for change in changes {
             match change {
@@ -574,7 +599,7 @@ impl Executor {
             self.model.current.get(key).map(|stored| &**stored) != reported.as_ref()
         });
         if latest.is_empty() {
-            return;
+            return false;
         }
         let vanished: Vec<ItemRef> = latest
             .iter()
@@ -609,7 +634,11 @@ impl Executor {
         // an external item is back), and its wait must not outlive it.
         touched.extend(self.model.unconverged.iter().cloned());
         self.stage_all(updates);
-        self.pass(Scope::Items(touched), now);
+        match dispatch {
+            Dispatch::Now => self.pass(Scope::Items(touched), now),
+            Dispatch::Held => self.pass_holding_dispatch(Scope::Items(touched), now),
+        };
+        true
     }
 
     /// Sends again the lost operations whose re-delivery waited for a

@@ -24,6 +24,16 @@ use crate::engine::transition::{
 };
 use crate::graph::{CurrentGraph, InFlight, ItemRef, ItemState, OperationKind};
 
+/// Whether a pass dispatches the operations it finds ready.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Dispatch {
+    /// Journals them (sent once the commit is durable) or queues them
+    /// for room.
+    Now,
+    /// Leaves them unconverged, for a later pass of the same input.
+    Held,
+}
+
 /// The planner's view of the world, as the executor sees it.
 pub(super) struct Environment<'a> {
     types: &'a TypeRegistry,
@@ -90,6 +100,17 @@ impl Executor {
     /// dispatches (sent once the commit is durable), the conditions and
     /// cancel marks.
     pub(super) fn pass(&mut self, scope: Scope, now: Now) -> Plan {
+        self.pass_then(scope, Dispatch::Now, now)
+    }
+
+    /// [`Self::pass`], dispatching nothing: the operations it finds ready
+    /// stay unconverged, for a later pass of the same input to plan and
+    /// dispatch on the state that input leaves (see `report_external`).
+    pub(super) fn pass_holding_dispatch(&mut self, scope: Scope, now: Now) -> Plan {
+        self.pass_then(scope, Dispatch::Held, now)
+    }
+
+    fn pass_then(&mut self, scope: Scope, dispatch: Dispatch, now: Now) -> Plan {
         let mut seeds = match scope {
             Scope::Full => self.model.unconverged.clone(),
             Scope::Items(items) => {
@@ -121,10 +142,15 @@ impl Executor {
         // queued for room may need nothing now, and would take the room of
         // one that does).
         self.room.unqueue(seeds.iter().chain(&plan.revised));
-        let (mut starts, mut journal) = self.prepare_dispatch(&plan, now.wall_ms);
-        let (reads, read_journal) = self.prepare_reads(now.wall_ms, &plan, &starts);
-        starts.extend(reads);
-        journal.extend(read_journal);
+        let (mut starts, mut journal) = match dispatch {
+            Dispatch::Now => self.prepare_dispatch(&plan, now.wall_ms),
+            Dispatch::Held => Default::default(),
+        };
+        if dispatch == Dispatch::Now {
+            let (reads, read_journal) = self.prepare_reads(now.wall_ms, &plan, &starts);
+            starts.extend(reads);
+            journal.extend(read_journal);
+        }
         // Retry times and waiters are read from the state the plan saw.
         self.absorb(&seeds, &plan, now.wall_ms);
         self.stage_all(bookkeeping);
