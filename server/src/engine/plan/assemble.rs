@@ -219,7 +219,7 @@ fn outcome_unknown<E: PlanEnvironment>(planner: &Planner<'_, E>, id: Id) -> Opti
         reason: WaitReason::UnknownOutcome,
         blocked_by: vec![BlockedBy {
             item: node.item.clone(),
-            why: super::planner::busy_words(current).into(),
+            why: super::planner::busy_words(current),
         }],
     })
 }

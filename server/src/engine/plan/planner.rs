@@ -572,9 +572,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             // wait for its Delete as before: a chain being deleted is not
             // walked to its bottom, and the dependents of an item being
             // deleted are dispatched without examining it again.
-            let unchanged =
-                !self.node(id).seed || self.environment.planned_again_for_room(self.node(id).item);
-            let deleting_as_before = unchanged && need == Need::Delete;
+            let deleting_as_before = need == Need::Delete
+                && (!self.node(id).seed
+                    || self.environment.planned_again_for_room(self.node(id).item));
             if self.expand && !deleting_as_before {
                 self.visit_unconverged_dependencies(id);
             }
@@ -1400,7 +1400,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             {
                 blocked_by.push(BlockedBy {
                     item: node.item.clone(),
-                    why: busy_words(current).into(),
+                    why: busy_words(current),
                 });
                 continue;
             }
@@ -1448,7 +1448,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             {
                 blocked_by.push(BlockedBy {
                     item: self.node(required).item.clone(),
-                    why: busy_words(current).into(),
+                    why: busy_words(current),
                 });
             }
         }
@@ -1597,19 +1597,21 @@ fn check_predicate(
     }
 }
 
-pub(super) fn busy_words(current: &CurrentItem) -> String {
+pub(super) fn busy_words(current: &CurrentItem) -> Cow<'static, str> {
     match &current.in_flight {
         Some(operation) if current.state == ItemState::Unknown => format!(
             "outcome of its {} (op {}) is unknown",
             operation.kind.as_str(),
             operation.op_id
-        ),
+        )
+        .into(),
         Some(operation) => format!(
             "{} in flight (op {})",
             operation.kind.as_str(),
             operation.op_id
-        ),
-        None => "outcome of its last operation is unknown".into(),
+        )
+        .into(),
+        None => Cow::Borrowed("outcome of its last operation is unknown"),
     }
 }
 
@@ -1636,7 +1638,7 @@ fn waiting_on_itself(item: &ItemRef, current: &CurrentItem, kind: OperationKind)
         reason,
         blocked_by: vec![BlockedBy {
             item: item.clone(),
-            why: busy_words(current).into(),
+            why: busy_words(current),
         }],
         hopeless: false,
     }

@@ -728,30 +728,29 @@ impl Phase {
     /// then the network.
     fn requests(self, configuration: Configuration) -> Vec<v1::SubmitIntentRequest> {
         let mut items = self.intent(configuration).into_iter().peekable();
-        let mut requests = Vec::new();
-        let mut rest = configuration.items;
-        let mut hub_request = None;
-        if configuration.shape == Shape::Hub {
+        let hub = (configuration.shape == Shape::Hub).then(|| {
             let hub = items.next_if(|item| item.name == "i0");
             let mut request = api::submit(TENANT, hub.into_iter().collect());
             request.subgraph = "hub".to_owned();
-            if self == Phase::Modify {
-                return vec![request];
-            }
-            hub_request = Some(request);
-            rest = rest.saturating_sub(1);
-        }
-        if self != Phase::Delete {
-            requests.extend(hub_request.take());
-        }
-        let parts = rest.div_ceil(REQUEST_ITEMS).max(1);
-        requests.extend((0..parts).map(|part| {
-            let mut request = api::submit(TENANT, items.by_ref().take(REQUEST_ITEMS).collect());
-            request.subgraph = format!("part-{part}");
             request
-        }));
-        requests.extend(hub_request);
-        requests
+        });
+        if self == Phase::Modify && hub.is_some() {
+            return hub.into_iter().collect();
+        }
+        let rest = configuration
+            .items
+            .saturating_sub(usize::from(hub.is_some()));
+        let parts: Vec<v1::SubmitIntentRequest> = (0..rest.div_ceil(REQUEST_ITEMS).max(1))
+            .map(|part| {
+                let mut request = api::submit(TENANT, items.by_ref().take(REQUEST_ITEMS).collect());
+                request.subgraph = format!("part-{part}");
+                request
+            })
+            .collect();
+        match self {
+            Phase::Delete => parts.into_iter().chain(hub).collect(),
+            Phase::Create | Phase::Modify => hub.into_iter().chain(parts).collect(),
+        }
     }
 
     /// The intent of this phase: N items with `round` 0, then 1 (the hub
@@ -971,7 +970,6 @@ async fn run_phase(
             .await
             .context("SubmitIntent failed")?
             .into_inner();
-        // In the hub shape, the modify phase changes the first part alone.
         changed |= reply.changed;
         generation = reply.generation;
     }

@@ -634,10 +634,7 @@ impl Executor {
         // an external item is back), and its wait must not outlive it.
         touched.extend(self.model.unconverged.iter().cloned());
         self.stage_all(updates);
-        match dispatch {
-            Dispatch::Now => self.pass(Scope::Items(touched), now),
-            Dispatch::Held => self.pass_holding_dispatch(Scope::Items(touched), now),
-        };
+        self.pass_dispatching(Scope::Items(touched), dispatch, now);
         true
     }
 

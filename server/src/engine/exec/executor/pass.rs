@@ -100,17 +100,14 @@ impl Executor {
     /// dispatches (sent once the commit is durable), the conditions and
     /// cancel marks.
     pub(super) fn pass(&mut self, scope: Scope, now: Now) -> Plan {
-        self.pass_then(scope, Dispatch::Now, now)
+        self.pass_dispatching(scope, Dispatch::Now, now)
     }
 
-    /// [`Self::pass`], dispatching nothing: the operations it finds ready
-    /// stay unconverged, for a later pass of the same input to plan and
-    /// dispatch on the state that input leaves (see `report_external`).
-    pub(super) fn pass_holding_dispatch(&mut self, scope: Scope, now: Now) -> Plan {
-        self.pass_then(scope, Dispatch::Held, now)
-    }
-
-    fn pass_then(&mut self, scope: Scope, dispatch: Dispatch, now: Now) -> Plan {
+    /// [`Self::pass`], dispatching as told: with [`Dispatch::Held`] the
+    /// operations it finds ready stay unconverged, for a later pass of the
+    /// same input to plan and dispatch on the state that input leaves
+    /// (see `report_external`).
+    pub(super) fn pass_dispatching(&mut self, scope: Scope, dispatch: Dispatch, now: Now) -> Plan {
         let mut seeds = match scope {
             Scope::Full => self.model.unconverged.clone(),
             Scope::Items(items) => {
@@ -176,11 +173,6 @@ impl Executor {
     /// again once, not on every one of its N dependents' Deletes, each of
     /// which would examine all the dependents left (O(N²)).
     fn wake_waiters(&mut self, items: &BTreeSet<ItemRef>) -> BTreeSet<ItemRef> {
-        let gone: FxHashSet<ItemRef> = items
-            .iter()
-            .filter(|item| self.model.current.get(item).is_none())
-            .cloned()
-            .collect();
         let mut woken = BTreeSet::new();
         let mut of_gone_only = BTreeSet::new();
         for item in items {
@@ -188,12 +180,19 @@ impl Executor {
             let Some(waiters) = self.waiters.remove(item) else {
                 continue;
             };
-            if gone.contains(item) {
+            if self.model.current.get(item).is_none() {
                 of_gone_only.extend(waiters);
             } else {
                 woken.extend(waiters);
             }
         }
+        if of_gone_only.is_empty() {
+            return woken;
+        }
+        let gone: FxHashSet<&ItemRef> = items
+            .iter()
+            .filter(|item| self.model.current.get(item).is_none())
+            .collect();
         for waiter in of_gone_only {
             if woken.contains(&waiter) || items.contains(&waiter) {
                 continue;
