@@ -587,3 +587,16 @@ fn seed_46695_a_result_from_a_superseded_session_resolves_nothing() {
 fn seed_86703_a_report_sends_no_operation_on_an_item_it_removes() {
     passes(86703);
 }
+
+/// The checker's count of a lost operation's deliveries (sweep of
+/// 91500–94499). A Delete timed out, its next attempt was journaled but its
+/// session ended before it went out, and READs asked the agent what it had
+/// done: the server counts those READs as losses of the new attempt, the
+/// checker counted them for the old one and started the new attempt's
+/// count again at its first delivery. After the sixth loss the server gave
+/// the Delete up as poison (DESIGN 4) and later sent a new one; the checker,
+/// counting two deliveries, called that a lost operation not resumed.
+#[test]
+fn seed_92706_reads_before_a_lost_attempts_delivery_count_for_it() {
+    passes(92706);
+}

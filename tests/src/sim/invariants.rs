@@ -351,9 +351,10 @@ pub struct Ledger {
     /// time and nothing in flight): their next operation, if it is the same
     /// one, continues the failed or WAITed op id.
     retry_pending: BTreeSet<ItemRef>,
-    /// READs sent to resolve a lost operation that no agent has received
-    /// yet (journaled, and the store died before it went out): they count
-    /// as its deliveries once it is delivered.
+    /// READs sent to resolve a lost operation, or a lost attempt of it,
+    /// that no agent has received yet (journaled, and the store died or
+    /// its session ended before it went out): they count as deliveries of
+    /// that attempt once it is delivered.
     reads_before_delivery: BTreeMap<String, u32>,
 }
 
@@ -387,9 +388,12 @@ impl Ledger {
             // A READ sent to resolve the lost operation counts as one more
             // delivery of it: the server gives it up as poison after as many
             // losses as if it had been sent again each time (DESIGN 4).
+            // A lost attempt that no agent received yet (journaled, and
+            // the store died or its session ended before it went out)
+            // counts it for that attempt, once it is delivered.
             match self.ops.get_mut(&lost.op_id) {
-                Some(record) => record.deliveries += 1,
-                None => {
+                Some(record) if record.attempt >= lost.attempt => record.deliveries += 1,
+                _ => {
                     *self
                         .reads_before_delivery
                         .entry(lost.op_id.clone())
@@ -404,8 +408,14 @@ impl Ledger {
             // Given up as poison, the lost operation counts as failed: an
             // operation the intent now needs instead is new, while the same
             // operation keeps its op id (checked below as for any retry).
+            let reads_before = self.reads_before_delivery.get(&lost.op_id).copied();
             let given_up = self.ops.get(&lost.op_id).is_some_and(|record| {
-                record.deliveries >= MAX_REDELIVERIES
+                let deliveries = if record.attempt >= lost.attempt {
+                    record.deliveries
+                } else {
+                    reads_before.unwrap_or(0)
+                };
+                deliveries >= MAX_REDELIVERIES
                     && (record.kind, record.generation, record.question)
                         != (order.kind, order.generation, order.question)
             });
@@ -488,7 +498,8 @@ impl Ledger {
                         );
                     }
                     record.attempt = order.attempt;
-                    record.deliveries = 1;
+                    record.deliveries =
+                        1 + self.reads_before_delivery.remove(&order.op_id).unwrap_or(0);
                     record.failed = false;
                     record.delivered_at_ms = delivered_at_ms;
                     record.timeout_ms = order.timeout_ms;
