@@ -600,3 +600,13 @@ fn seed_86703_a_report_sends_no_operation_on_an_item_it_removes() {
 fn seed_92706_reads_before_a_lost_attempts_delivery_count_for_it() {
     passes(92706);
 }
+
+/// An UNKNOWN item blocks its dependents (DESIGN 4), also one created
+/// again while it may still exist (sweep of 94500–97499). `t1/n3`'s
+/// existence was uncertain, so the server sent a Create under its new
+/// intent, which no longer relies on `t0/n1`; but `t1/n3` could still hold
+/// its applied value, which does, and `t0/n1` was UNKNOWN.
+#[test]
+fn seed_95441_an_unknown_item_blocks_the_create_of_a_dependent_that_may_exist() {
+    passes(95441);
+}

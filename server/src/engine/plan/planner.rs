@@ -1338,6 +1338,12 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
         if kind == OperationKind::Modify {
             self.modify_waits_for_dependents(id, &mut after, &mut waits_on_operations);
+        }
+        // An UNKNOWN item blocks its dependents (DESIGN 4), and an item
+        // created again while it may still exist (its existence uncertain)
+        // is one while it holds its applied value, as for a Modify.
+        let may_hold_applied = !recreating && self.current_of(id).is_some_and(|c| c.may_exist());
+        if kind == OperationKind::Modify || may_hold_applied {
             self.waits_for_unknown_dependencies(id, true, &mut waits_on_operations);
         }
         if kind == OperationKind::Create

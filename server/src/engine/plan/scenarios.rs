@@ -975,6 +975,30 @@ fn an_unknown_outcome_blocks_a_dependent_whose_modify_drops_the_dependency() {
 }
 
 #[test]
+fn an_unknown_outcome_blocks_the_create_of_a_dependent_that_may_still_exist() {
+    // Found by the simulator (seed 95441): b's existence is uncertain, so it
+    // is created again, under an intent that no longer needs a. But b may
+    // still exist holding its applied value, which relies on a, and a is
+    // UNKNOWN: b is a's dependent until that Create is done.
+    let mut world = World::converged(vec![a(), b_on_a()]);
+    make_unknown(&mut world, "t/a");
+    let key = parse_ref("t/b");
+    let mut uncertain = (**world.current.get(&key).expect("b exists")).clone();
+    uncertain.existence_uncertain = true;
+    world.current.insert(key.clone(), uncertain);
+    world.intend(vec![a(), item("t/b", json!({"v": 2}))]);
+    let plan = world.plan();
+    assert!(plan.operations.is_empty(), "{plan:?}");
+    let b = plan
+        .waiting
+        .iter()
+        .find(|w| w.item == key)
+        .expect("b waits");
+    assert_eq!((b.operation, b.reason), (Create, WaitReason::Blocked));
+    assert_eq!(b.blocked_by[0].item, parse_ref("t/a"));
+}
+
+#[test]
 fn an_item_whose_create_outcome_is_unknown_waits_to_be_deleted_when_it_leaves_the_intent() {
     // Found by the simulator (seeds 1130, 1196, 1278, 2202): the lost Create
     // may have created the item, so leaving the intent needs a Delete once
