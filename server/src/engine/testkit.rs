@@ -259,6 +259,11 @@ impl World {
                     .as_ref()
                     .is_none_or(|pending| pending.contains(item))
             }
+            fn deletes_as_before(&self, item: &ItemRef) -> bool {
+                self.pending_deletes
+                    .as_ref()
+                    .is_some_and(|pending| pending.contains(item))
+            }
         }
         let environment = Seeded {
             inner: &self.environment,

@@ -145,10 +145,13 @@ impl Room {
             .unwrap_or_default()
     }
 
-    /// Queued items that now have room, to be planned again: per type as
-    /// many as its room (in identity order), within the tenant's room. They
-    /// leave the queue.
-    pub fn take_queued(&mut self, limits_of: impl Fn(&str) -> Limits) -> Vec<ItemRef> {
+    /// Queued items that now have room, to be planned again, with the
+    /// operation each was queued for: per type as many as its room (in
+    /// identity order), within the tenant's room. They leave the queue.
+    pub fn take_queued(
+        &mut self,
+        limits_of: impl Fn(&str) -> Limits,
+    ) -> Vec<(ItemRef, OperationKind)> {
         let mut taken = Vec::new();
         let types: Vec<String> = self.queued.keys().cloned().collect();
         for item_type in types {
@@ -162,7 +165,7 @@ impl Room {
             };
             for _ in 0..room {
                 match queued.pop_first() {
-                    Some((item, _)) => taken.push(item),
+                    Some(entry) => taken.push(entry),
                     None => break,
                 }
             }
@@ -228,9 +231,12 @@ mod tests {
         assert!(!room.admit(&t("c"), OperationKind::Create, ONE_AT_A_TIME));
         assert!(!room.admit(&t("a"), OperationKind::Create, ONE_AT_A_TIME));
         assert_eq!(room.running(), 1);
-        assert_eq!(room.take_queued(|_| ONE_AT_A_TIME), Vec::<ItemRef>::new());
+        assert_eq!(room.take_queued(|_| ONE_AT_A_TIME), vec![]);
         room.set_running([("t".to_owned(), Running::default())]);
-        assert_eq!(room.take_queued(|_| ONE_AT_A_TIME), vec![t("a")]);
+        assert_eq!(
+            room.take_queued(|_| ONE_AT_A_TIME),
+            vec![(t("a"), OperationKind::Create)]
+        );
         assert_eq!(queued(&room, "t"), vec![t("c")]);
     }
 
@@ -247,7 +253,10 @@ mod tests {
         // A pass seeded otherwise dispatches `b` directly.
         assert!(room.admit(&t("b"), OperationKind::Create, ONE_AT_A_TIME));
         room.set_running([("t".to_owned(), Running::default())]);
-        assert_eq!(room.take_queued(|_| ONE_AT_A_TIME), vec![t("c")]);
+        assert_eq!(
+            room.take_queued(|_| ONE_AT_A_TIME),
+            vec![(t("c"), OperationKind::Create)]
+        );
     }
 
     #[test]
@@ -262,7 +271,10 @@ mod tests {
         // Planned again, only `c` is still ready.
         assert!(!room.admit(&t("c"), OperationKind::Create, ONE_AT_A_TIME));
         room.set_running([("t".to_owned(), Running::default())]);
-        assert_eq!(room.take_queued(|_| ONE_AT_A_TIME), vec![t("c")]);
+        assert_eq!(
+            room.take_queued(|_| ONE_AT_A_TIME),
+            vec![(t("c"), OperationKind::Create)]
+        );
     }
 
     #[test]
@@ -303,6 +315,6 @@ mod tests {
         let mut room = Room::default();
         assert!(!room.has_room("t", ONE_AT_A_TIME));
         assert!(!room.admit(&t("a"), OperationKind::Create, ONE_AT_A_TIME));
-        assert_eq!(room.take_queued(|_| ONE_AT_A_TIME), Vec::<ItemRef>::new());
+        assert_eq!(room.take_queued(|_| ONE_AT_A_TIME), vec![]);
     }
 }

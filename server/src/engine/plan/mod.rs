@@ -86,6 +86,19 @@ pub trait PlanEnvironment {
         let _ = item;
         false
     }
+    /// Whether an earlier plan planned a Delete of `item` that is still
+    /// to complete: it runs, waits (for its dependents, or for room), or
+    /// was taken from the room's queue for this pass. A pass that reaches
+    /// such an item, still deleted along with an item that itself goes as
+    /// an earlier plan left it, leaves that item unexamined (see
+    /// `Planner::goes_with_as_before`). Answering `false` is always
+    /// correct, only slower: each batch of a hub's dependents deleted
+    /// along with it would examine the hub and, through its Delete, every
+    /// dependent left.
+    fn deletes_as_before(&self, item: &ItemRef) -> bool {
+        let _ = item;
+        false
+    }
 }
 
 /// Why an item that needs an operation cannot have it yet.
@@ -124,6 +137,19 @@ impl BlockedBy {
     /// waits on): only an intent change moves what waits on it.
     pub fn shows_terminal_failure(&self) -> bool {
         self.why.contains(FAILED_TERMINALLY)
+    }
+
+    /// Whether it says an operation of the blocker runs first ("its
+    /// delete runs first"), rather than that the blocker waits for
+    /// something else.
+    pub fn says_runs_first(&self) -> bool {
+        [
+            OperationKind::Create,
+            OperationKind::Modify,
+            OperationKind::Delete,
+        ]
+        .into_iter()
+        .any(|kind| self.why == runs_first(kind))
     }
 }
 

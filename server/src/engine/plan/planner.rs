@@ -188,6 +188,10 @@ pub(super) struct Planner<'a, E> {
     /// Dependents the cascade spared because the intent retargets them
     /// (rule 7); checked again once the cascade is complete.
     retargeted: Vec<Id>,
+    /// Dependencies left unexamined because a dependent goes with them as
+    /// before (`goes_with_as_before`), with that dependent: examined after
+    /// all if the dependent's Delete does not run first after all.
+    going_as_before: Vec<(Id, Id)>,
 }
 
 impl<'a, E: PlanEnvironment> Planner<'a, E> {
@@ -216,6 +220,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             queue: Vec::new(),
             inflight_deletes_by_type: FxHashMap::default(),
             retargeted: Vec::new(),
+            going_as_before: Vec::new(),
         }
     }
 
@@ -276,7 +281,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 .collect();
             let more_deletes =
                 self.expand && self.visit_deletes_of_ready_creates(&mut covered_types);
-            if fresh.is_empty() && !more_deletes {
+            let more_upstream = self.visit_dependencies_of_waiting_deletes();
+            if fresh.is_empty() && !more_deletes && !more_upstream {
                 break;
             }
             for id in fresh {
@@ -742,9 +748,18 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// goes with C). Converged items end the walk (see
     /// [`PlanEnvironment::is_converged`]).
     fn visit_unconverged_dependencies(&mut self, id: Id) {
+        // Dependencies that take `id` along as an earlier plan had it: not
+        // examined (see `goes_with_as_before`).
+        let mut going_as_before = Vec::new();
         if let Some(applied) = self.current_of(id).and_then(|c| c.applied.as_ref()) {
             for dependency in &applied.dependencies {
                 let required = self.id(&dependency.requires);
+                if self.goes_with_as_before(id, required) {
+                    self.mark_deleting(id);
+                    going_as_before.push(required);
+                    self.going_as_before.push((id, required));
+                    continue;
+                }
                 self.visit_if_unconverged(required);
             }
         }
@@ -759,11 +774,64 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let required = self.required(id);
         for index in 0..required.len as usize {
             let dependency = self.edge(required, index);
-            if absent && self.node(dependency).intended.is_none() {
+            if absent && self.node(dependency).intended.is_none()
+                || going_as_before.contains(&dependency)
+            {
                 continue;
             }
             self.visit_if_unconverged(dependency);
         }
+    }
+
+    /// Whether `dependent` goes with `required` as an earlier plan left
+    /// them both, so that `required` need not be examined: `required` is
+    /// not examined so far and is to be deleted on its own account (it
+    /// left the intent), and `dependent`, which relies on it now and
+    /// exists, has a Delete an earlier plan gave it, nothing of it changed
+    /// since but its own removal from the intent, and its intent (if any)
+    /// still relies on `required`, so no retargeting spares it (rule 7).
+    /// Its Delete is then what `required`'s waits for already. Each batch
+    /// of a hub's dependents deleted along with the hub (the hub having
+    /// left the intent first) would otherwise examine the hub and, through
+    /// its Delete, every dependent left.
+    fn goes_with_as_before(&mut self, dependent: Id, required: Id) -> bool {
+        if self.node(required).examined || self.is_dropped(required) {
+            return false;
+        }
+        let node = self.node(dependent);
+        let (item, intended, current) = (node.item, node.intended, node.current);
+        let required_item = self.node(required).item;
+        let unchanged =
+            !node.seed || intended.is_none() || self.environment.planned_again_for_room(item);
+        let still_relies =
+            intended.is_none_or(|entry| entry.item.dependency_on(required_item).is_some());
+        unchanged
+            && still_relies
+            && current.is_some_and(|c| c.may_exist() || c.is_busy())
+            && self.environment.deletes_as_before(item)
+            && self.need(required) == Need::Delete
+    }
+
+    /// Examines the dependencies left unexamined because a dependent goes
+    /// with them as before, where this round did not find that dependent's
+    /// Delete ready after all (it waits for a dependent of its own that now
+    /// fails or waits, say): the dependency's Delete, which waits for it,
+    /// then shows why, and is woken by it. Whether it examined anything.
+    fn visit_dependencies_of_waiting_deletes(&mut self) -> bool {
+        let before = self.examined.len();
+        for index in 0..self.going_as_before.len() {
+            let (dependent, required) = self.going_as_before[index];
+            let ready = matches!(
+                self.node(dependent).delete_schedule,
+                Some(Schedule::Ready { .. })
+            );
+            if !ready {
+                self.visit(required);
+            }
+        }
+        self.going_as_before
+            .retain(|&(_, required)| !self.nodes[required as usize].examined);
+        self.examined.len() > before
     }
 
     /// Visits `id` if the environment says it is not converged. Each node
@@ -1302,6 +1370,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let mut waits_on_dependencies = Vec::new();
         let mut waits_on_operations = Vec::new();
         let mut hopeless = false;
+        // Whether a dependency left the intent: then only a change of
+        // that dependency (which wakes this item) can let it run.
+        let mut waits_for_an_intent_change = false;
 
         if recreating {
             match &self.node(id).delete_schedule {
@@ -1329,6 +1400,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                     hopeless: never,
                 } => {
                     hopeless |= never;
+                    waits_for_an_intent_change |= self.left_the_intent(dependency);
                     waits_on_dependencies.push(BlockedBy {
                         item: self.node(dependency).item.clone(),
                         why: why.into(),
@@ -1346,7 +1418,13 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         if kind == OperationKind::Modify || may_hold_applied {
             self.waits_for_unknown_dependencies(id, true, &mut waits_on_operations);
         }
+        // Rule 8: a Create waits for a Delete of its type in flight, and is
+        // woken by its result. Not one that waits for a dependency that left
+        // the intent: that Delete's result cannot let it run, and each of
+        // many such Creates (a hub's dependents, the hub removed first)
+        // would be planned again on every Delete of their type.
         if kind == OperationKind::Create
+            && !waits_for_an_intent_change
             && let Some(&deleting) = self.inflight_deletes_by_type.get(&**item.item_type())
             && deleting != id
         {
@@ -1458,6 +1536,18 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 });
             }
         }
+    }
+
+    /// Whether `id` left the intent (or never was in it) and is not a
+    /// reported external item: a dependency on it is satisfied only once
+    /// the intent (or a report) brings it back.
+    fn left_the_intent(&self, id: Id) -> bool {
+        let node = self.node(id);
+        node.intended.is_none()
+            && !node
+                .current
+                .and_then(|c| c.applied.as_ref())
+                .is_some_and(|applied| applied.external)
     }
 
     /// Whether the dependency on `required` is satisfied now, will be after

@@ -44,7 +44,8 @@
 //! changes item 0 alone (sent alone, in a subgraph of its own): one Modify
 //! of an item with N − 1 dependents that
 //! only need it to exist, timed from SubmitIntent to Ready like the rest;
-//! its delete phase removes the dependents, then the hub.
+//! its delete phase removes the dependents, then the hub (`--hub-first`:
+//! the hub, then the dependents).
 //!
 //! Ratios: reconciled ops/s over echo round trips/s at the same
 //! concurrency (M in flight ↔ M outstanding), and over the store's
@@ -183,6 +184,12 @@ pub struct OperationsArgs {
     /// delete phase removes the dependents from the intent, then the hub.
     #[arg(long)]
     hub: bool,
+    /// With `--hub`: the delete phase removes the hub first, then its
+    /// dependents, as a controller that tears down a network before its
+    /// ports would. The hub's Delete takes the dependents along, and those
+    /// still intended wait to be created again until they leave the intent.
+    #[arg(long, requires = "hub")]
+    hub_first: bool,
 }
 
 impl OperationsArgs {
@@ -273,6 +280,7 @@ impl OperationsArgs {
                     in_flight,
                     items: self.items_for(in_flight),
                     shape: self.shape(),
+                    hub_removed_first: self.hub_first,
                 });
             }
         }
@@ -287,6 +295,9 @@ struct Configuration {
     in_flight: u32,
     items: usize,
     shape: Shape,
+    /// In the hub shape, whether the delete phase removes the hub first
+    /// (see [`OperationsArgs::hub_first`]).
+    hub_removed_first: bool,
 }
 
 /// How the items of a configuration depend on one another.
@@ -356,11 +367,16 @@ pub fn operations_benchmark(args: &OperationsArgs) -> anyhow::Result<()> {
     let mut reports = Vec::new();
     for configuration in configurations {
         println!(
-            "\n## {} agent(s), max_in_flight {}, {} items{}",
+            "\n## {} agent(s), max_in_flight {}, {} items{}{}",
             configuration.agents,
             configuration.in_flight,
             configuration.items,
-            configuration.shape.described()
+            configuration.shape.described(),
+            if configuration.hub_removed_first {
+                "; the delete phase removes it first"
+            } else {
+                ""
+            }
         );
         let perf = args
             .perf
@@ -748,6 +764,9 @@ impl Phase {
             })
             .collect();
         match self {
+            Phase::Delete if configuration.hub_removed_first => {
+                hub.into_iter().chain(parts).collect()
+            }
             Phase::Delete => parts.into_iter().chain(hub).collect(),
             Phase::Create | Phase::Modify => hub.into_iter().chain(parts).collect(),
         }
@@ -1311,6 +1330,7 @@ mod tests {
             in_flight: 1,
             items: 7,
             shape: Shape::Independent,
+            hub_removed_first: false,
         };
         let items = Phase::Create.intent(configuration);
         assert_eq!(items.len(), 7);
@@ -1378,6 +1398,16 @@ mod tests {
             .collect();
         assert_eq!(emptied, [("part-0".to_owned(), 0), ("hub".to_owned(), 0)]);
         assert_eq!(Phase::Delete.operations(hub), 7);
+        let hub_first = Configuration {
+            hub_removed_first: true,
+            ..hub
+        };
+        let emptied: Vec<String> = Phase::Delete
+            .requests(hub_first)
+            .into_iter()
+            .map(|request| request.subgraph)
+            .collect();
+        assert_eq!(emptied, ["hub", "part-0"], "the hub goes first");
     }
 
     #[test]
@@ -1396,6 +1426,7 @@ mod tests {
             perf_frequency: 999,
             chain: false,
             hub: false,
+            hub_first: false,
         };
         args.check().expect("valid");
         let configurations = args.configurations();
@@ -1407,6 +1438,7 @@ mod tests {
                 in_flight: 1,
                 items: 500,
                 shape: Shape::Independent,
+                hub_removed_first: false,
             }
         );
         assert_eq!(
@@ -1416,6 +1448,7 @@ mod tests {
                 in_flight: 64,
                 items: 2000,
                 shape: Shape::Independent,
+                hub_removed_first: false,
             }
         );
     }

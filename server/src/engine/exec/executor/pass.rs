@@ -24,6 +24,9 @@ use crate::engine::transition::{
 };
 use crate::graph::{CurrentGraph, InFlight, ItemRef, ItemState, OperationKind};
 
+/// Waiters kept waiting on blockers that only left the intent, by blocker.
+type KeptWaiting = Vec<(ItemRef, Vec<ItemRef>)>;
+
 /// Whether a pass dispatches the operations it finds ready.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Dispatch {
@@ -41,8 +44,9 @@ pub(super) struct Environment<'a> {
     model: &'a TenantModel,
     operations: &'a BTreeMap<String, ItemRef>,
     room: &'a Room,
-    /// Seeds taken from the room's queue that nothing else changed.
-    for_room: Option<&'a BTreeSet<ItemRef>>,
+    /// Seeds taken from the room's queue that nothing else changed, with
+    /// the operation each was queued for.
+    for_room: Option<&'a BTreeMap<ItemRef, OperationKind>>,
     now_ms: u64,
 }
 
@@ -77,7 +81,23 @@ impl PlanEnvironment for Environment<'_> {
         self.model.waiting.waits_to_delete(item) || self.room.queues_delete_of(item)
     }
     fn planned_again_for_room(&self, item: &ItemRef) -> bool {
-        self.for_room.is_some_and(|taken| taken.contains(item))
+        self.for_room.is_some_and(|taken| taken.contains_key(item))
+    }
+    fn deletes_as_before(&self, item: &ItemRef) -> bool {
+        let taken_for_room = self
+            .for_room
+            .and_then(|taken| taken.get(item))
+            .is_some_and(|kind| *kind == OperationKind::Delete);
+        let running = self
+            .model
+            .current
+            .get(item)
+            .and_then(|current| current.in_flight.as_ref())
+            .is_some_and(|operation| operation.kind == OperationKind::Delete);
+        taken_for_room
+            || running
+            || self.model.waiting.waits_to_delete(item)
+            || self.room.queues_delete_of(item)
     }
 }
 
@@ -108,21 +128,21 @@ impl Executor {
     /// same input to plan and dispatch on the state that input leaves
     /// (see `report_external`).
     pub(super) fn pass_dispatching(&mut self, scope: Scope, dispatch: Dispatch, now: Now) -> Plan {
-        let mut seeds = match scope {
-            Scope::Full => self.model.unconverged.clone(),
+        let (mut seeds, kept_waiting) = match scope {
+            Scope::Full => (self.model.unconverged.clone(), Vec::new()),
             Scope::Items(items) => {
-                let mut seeds = self.wake_waiters(&items);
+                let (mut seeds, kept) = self.wake_waiters(&items);
                 seeds.extend(items);
-                seeds
+                (seeds, kept)
             }
         };
         self.count_in_flight();
-        let for_room: BTreeSet<ItemRef> = self
+        let for_room: BTreeMap<ItemRef, OperationKind> = self
             .take_undispatched_with_room()
             .into_iter()
-            .filter(|item| !seeds.contains(item))
+            .filter(|(item, _)| !seeds.contains(item))
             .collect();
-        seeds.extend(for_room.iter().cloned());
+        seeds.extend(for_room.keys().cloned());
         let plan = plan_operations(
             &self.model.intended,
             &self.model.current,
@@ -150,6 +170,7 @@ impl Executor {
         }
         // Retry times and waiters are read from the state the plan saw.
         self.absorb(&seeds, &plan, now.wall_ms);
+        self.follow_up_kept_waiters(kept_waiting);
         self.stage_all(bookkeeping);
         self.stage_all(journal);
         // Every operation that waits for room is ready work, whichever
@@ -165,35 +186,72 @@ impl Executor {
     /// named one of them in `blocked_by`.
     ///
     /// Except a Delete blocked by operations of other items (its
-    /// dependents' Deletes, reason `BLOCKED`) when the blockers that
-    /// changed are gone (their Deletes completed), none of them was shown
-    /// failed terminally, and others remain: it waits for those as
-    /// before, and only its list of blockers shortens.
-    /// The last of them to go wakes it. A hub's Delete is thus planned
-    /// again once, not on every one of its N dependents' Deletes, each of
-    /// which would examine all the dependents left (O(N²)).
-    fn wake_waiters(&mut self, items: &BTreeSet<ItemRef>) -> BTreeSet<ItemRef> {
+    /// dependents' Deletes, reason `BLOCKED`) when each blocker that
+    /// changed either is gone (its Delete completed; none of them was shown
+    /// failed terminally) or left the intent while its Delete was already
+    /// what the waiter waits for ("its delete runs first": nothing can
+    /// spare it now), and some blocker remains. It waits for those as
+    /// before: the gone ones leave its list, the others stay on it. The
+    /// last blocker to go wakes it. A hub's Delete is thus planned again
+    /// once, not on every batch of its N dependents' Deletes nor on every
+    /// request removing some of them from the intent, each of which would
+    /// examine all the dependents left (O(N²)).
+    ///
+    /// Returns the items to plan again, and the waiters kept waiting on
+    /// blockers that only left the intent, by blocker (see
+    /// [`Self::follow_up_kept_waiters`]).
+    fn wake_waiters(&mut self, items: &BTreeSet<ItemRef>) -> (BTreeSet<ItemRef>, KeptWaiting) {
         let mut woken = BTreeSet::new();
-        let mut of_gone_only = BTreeSet::new();
+        // Waiters whose changed blockers are all gone or only left the
+        // intent.
+        let mut of_leavers_only = BTreeSet::new();
+        // The waiters of changed blockers that only left the intent.
+        let mut of_remaining_leavers = Vec::new();
+        let mut any_gone = false;
         for item in items {
             self.behind.remove(item);
             let Some(waiters) = self.waiters.remove(item) else {
                 continue;
             };
-            if self.model.current.get(item).is_none() {
-                of_gone_only.extend(waiters);
+            let current = self.model.current.get(item);
+            let gone = current.is_none();
+            any_gone |= gone;
+            // Out of the intent, and otherwise as it was: existing, ours
+            // (not an external item), idle, no failure or retry time (a
+            // result or a report changes one of those). Its own need is
+            // then a Delete, whatever else changes.
+            let only_left_the_intent = current.is_some_and(|current| {
+                current.state == ItemState::Created
+                    && !current.is_busy()
+                    && current.rare.next_attempt_at_ms.is_none()
+                    && current
+                        .applied
+                        .as_ref()
+                        .is_some_and(|applied| !applied.external)
+            }) && self.model.intended.get(item).is_none();
+            if gone {
+                of_leavers_only.extend(waiters);
+            } else if only_left_the_intent {
+                of_leavers_only.extend(waiters.iter().cloned());
+                of_remaining_leavers.push((item, waiters));
             } else {
                 woken.extend(waiters);
             }
         }
-        if of_gone_only.is_empty() {
-            return woken;
+        if of_leavers_only.is_empty() {
+            return (woken, Vec::new());
         }
-        let gone: FxHashSet<&ItemRef> = items
-            .iter()
-            .filter(|item| self.model.current.get(item).is_none())
-            .collect();
-        for waiter in of_gone_only {
+        let gone: FxHashSet<&ItemRef> = if any_gone {
+            items
+                .iter()
+                .filter(|item| self.model.current.get(item).is_none())
+                .collect()
+        } else {
+            FxHashSet::default()
+        };
+        let delete_runs_first = runs_first(OperationKind::Delete);
+        let mut still_waiting = Vec::new();
+        for waiter in of_leavers_only {
             if woken.contains(&waiter) || items.contains(&waiter) {
                 continue;
             }
@@ -203,25 +261,70 @@ impl Executor {
                 }
                 let mut left = Vec::with_capacity(entry.blocked_by.len());
                 for blocker in &entry.blocked_by {
-                    if !gone.contains(&blocker.item) {
-                        left.push(blocker.clone());
-                    } else if blocker.shows_terminal_failure() {
-                        // What it showed of that blocker no longer
-                        // holds: its conditions change.
+                    if gone.contains(&blocker.item) {
+                        if blocker.shows_terminal_failure() {
+                            // What it showed of that blocker no longer
+                            // holds: its conditions change.
+                            return None;
+                        }
+                    } else if blocker.why != delete_runs_first && items.contains(&blocker.item) {
+                        // It left the intent while shown otherwise (a
+                        // Modify sparing it, an operation running): what
+                        // the waiter waits for may change.
                         return None;
+                    } else {
+                        left.push(blocker.clone());
                     }
                 }
                 let holds = !left.is_empty() && left.iter().all(|blocker| blocker.item != waiter);
                 holds.then_some(left)
             });
             match left {
-                Some(left) => self.model.waiting.drop_gone_blockers(&waiter, left),
+                Some(left) => still_waiting.push((waiter, left)),
                 None => {
                     woken.insert(waiter);
                 }
             }
         }
-        woken
+        // Those still waiting stay waiters of the blockers that left the
+        // intent and remain (the others are planned again, and wait anew).
+        let mut kept = Vec::new();
+        for (item, mut waiters) in of_remaining_leavers {
+            waiters.retain(|waiter| !woken.contains(waiter) && !items.contains(waiter));
+            if !waiters.is_empty() {
+                kept.push((item.clone(), waiters.iter().cloned().collect()));
+                self.waiters.insert(item.clone(), waiters);
+            }
+        }
+        for (waiter, left) in still_waiting {
+            let shortened = self
+                .model
+                .waiting
+                .get(&waiter)
+                .is_some_and(|entry| entry.blocked_by.len() != left.len());
+            if shortened {
+                self.model.waiting.drop_gone_blockers(&waiter, left);
+            }
+        }
+        (woken, kept)
+    }
+
+    /// The waiters [`Self::wake_waiters`] kept waiting on a blocker that
+    /// only left the intent still say that the blocker's Delete runs
+    /// first. If the pass made that Delete wait for something else (the
+    /// Deletes of its own dependents that left the intent with it, say, or
+    /// a configurator), a follow-up pass plans them again, so that they
+    /// show what they wait for and are woken by it.
+    fn follow_up_kept_waiters(&mut self, kept: KeptWaiting) {
+        for (blocker, waiters) in kept {
+            let runs_first = self.model.waiting.get(&blocker).is_none_or(|entry| {
+                entry.operation != OperationKind::Delete
+                    || entry.blocked_by.iter().all(BlockedBy::says_runs_first)
+            });
+            if !runs_first {
+                self.follow_up.extend(waiters);
+            }
+        }
     }
 
     /// Counts each session's operations in flight (and READs among them)
@@ -256,7 +359,7 @@ impl Executor {
     /// Items queued for room that now have some, to plan again (as many
     /// per type as the type has room for: re-planning the whole backlog on
     /// every result would cost O(backlog) per operation).
-    fn take_undispatched_with_room(&mut self) -> Vec<ItemRef> {
+    fn take_undispatched_with_room(&mut self) -> Vec<(ItemRef, OperationKind)> {
         let types = &self.types;
         let per_tenant = self.settings.max_operations_in_flight;
         self.room.take_queued(|item_type| {

@@ -1082,3 +1082,240 @@ fn a_hubs_delete_names_the_dependents_left_and_is_planned_again_when_the_last_is
         "{examined} items examined to delete a hub's {DEPENDENTS} dependents"
     );
 }
+
+/// Submits `items` as subgraph `subgraph`; the commit becomes durable.
+fn submit_subgraph(executor: &mut Executor, subgraph: &str, items: Vec<Item>, now: Now) -> Effects {
+    let request = ValidatedSubmit {
+        subgraph: subgraph.to_owned(),
+        items: items
+            .into_iter()
+            .map(|item| {
+                let predicates = vec![None; item.dependencies.len()];
+                (item, predicates)
+            })
+            .collect(),
+        expected_generation: None,
+        dry_run: false,
+    };
+    let (effects, _) = executor.submit(request, now).expect("accepted");
+    executor.committed(now);
+    effects
+}
+
+/// A hub removed from the intent before its dependents (a controller that
+/// tears down a network, then its ports, each in a request of its own):
+/// the hub's Delete takes its dependents along, and those still intended
+/// wait to be created again. Each batch of their Deletes costs the pass
+/// its own items: it neither examines the hub again (and, through its
+/// Delete, every dependent left) nor wakes every waiting Create with the
+/// Delete of their type that just ran (rule 8 cannot let them run while
+/// their dependency is out of the intent). O(N) per batch, O(N²) in all,
+/// before.
+#[test]
+fn a_hub_removed_first_costs_each_batch_of_its_dependents_their_own_items() {
+    const DEPENDENTS: usize = 400;
+    const PARTS: usize = 4;
+    let mut spec = spec();
+    spec.max_in_flight = 4;
+    let mut executor = executor();
+    register_listed(&mut executor, 1, "agent", spec, at(0));
+    let part = |p: usize| -> Vec<Item> {
+        (p * DEPENDENTS / PARTS..(p + 1) * DEPENDENTS / PARTS)
+            .map(|i| item(&format!("d{i:03}"), 1).depends_on(on("t/hub")))
+            .collect()
+    };
+    let now = 10;
+    let mut batch =
+        orders(&submit_subgraph(&mut executor, "hub", vec![item("hub", 1)], at(now)).sends);
+    for p in 0..PARTS {
+        batch.extend(orders(
+            &submit_subgraph(&mut executor, &format!("part-{p}"), part(p), at(now)).sends,
+        ));
+    }
+    let mut now = now;
+    while !batch.is_empty() {
+        now += 10;
+        batch = orders(&answer_all(&mut executor, &batch, at(now)).sends);
+    }
+    assert!(ready(&executor), "the hub and its dependents are created");
+
+    let examined_before = executor.items_examined();
+    let hub_ref = ItemRef::new("t", "hub");
+    now += 10;
+    let mut batch = orders(&submit_subgraph(&mut executor, "hub", Vec::new(), at(now)).sends);
+    let mut parts_removed = 0;
+    let mut batches = 0;
+    while !batch.is_empty() {
+        now += 10;
+        batch = orders(&answer_all(&mut executor, &batch, at(now)).sends);
+        if let Some(effects) = executor.follow_up(at(now)) {
+            executor.committed(at(now));
+            batch.extend(orders(&effects.sends));
+        }
+        batches += 1;
+        if batches == 21 {
+            // A dependent planned for deletion along with the hub (again,
+            // after the second part left the intent), while others'
+            // Deletes run, waits to be created again for the hub alone,
+            // not for the Deletes of its type.
+            let waiting = executor
+                .model()
+                .waiting
+                .get(&ItemRef::new("t", "d200"))
+                .expect("d200 waits to be created again");
+            let blockers: Vec<(&str, &str)> = waiting
+                .blocked_by
+                .iter()
+                .map(|blocker| (blocker.item.name().as_ref(), blocker.why.as_ref()))
+                .collect();
+            assert_eq!(blockers, [("hub", "planned for deletion")]);
+        }
+        if batches % 10 == 0 && parts_removed < PARTS {
+            let removed = format!("part-{parts_removed}");
+            batch.extend(orders(
+                &submit_subgraph(&mut executor, &removed, Vec::new(), at(now)).sends,
+            ));
+            parts_removed += 1;
+        }
+        // The hub's Delete, planned again or not, names the dependents left.
+        if let Some(waiting) = executor.model().waiting.get(&hub_ref) {
+            let mut named: Vec<String> = waiting
+                .blocked_by
+                .iter()
+                .map(|blocker| blocker.item.name().to_string())
+                .collect();
+            named.sort();
+            let left: Vec<String> = executor
+                .model()
+                .current
+                .dependents_of(&hub_ref)
+                .map(|dependent| dependent.name().to_string())
+                .collect();
+            assert_eq!(named, left, "the hub's Delete names the dependents left");
+        }
+    }
+    assert_eq!(
+        parts_removed, PARTS,
+        "every part was removed before the end"
+    );
+    assert!(ready(&executor), "everything is gone");
+    assert_eq!(executor.model().current.iter().count(), 0);
+    let examined = executor.items_examined() - examined_before;
+    assert!(
+        examined <= 6 * DEPENDENTS as u64,
+        "{examined} items examined to delete a hub and its {DEPENDENTS} dependents, hub first"
+    );
+}
+
+/// A dependent whose Delete an earlier pass planned along with its
+/// dependency's (the dependency left the intent while the dependent's new
+/// dependency was not created yet) is retargeted when a later pass finds
+/// it can be (rule 7), not deleted as that earlier pass had it: the pass
+/// on the new dependency's Create examines the dependency that goes.
+#[test]
+fn a_dependent_deleted_along_with_its_dependency_is_retargeted_once_it_can_be() {
+    let mut executor = executor();
+    register_listed(&mut executor, 1, "agent", spec(), at(0));
+    // x is of another type: its Create does not wait for t's Deletes.
+    register_listed(&mut executor, 2, "agent-u", spec_of("u"), at(0));
+    let (hub, d, e, x) = (
+        || item("hub", 1),
+        |on_what: &str| item("d", 1).depends_on(on(on_what)),
+        || item("e", 1).depends_on(on("t/d")),
+        || item_of("u", "x", 1),
+    );
+    let mut now = 10;
+    let mut batch = orders(&submit(&mut executor, vec![hub(), d("t/hub"), e()], at(now)).sends);
+    while !batch.is_empty() {
+        now += 10;
+        batch = orders(&answer_all(&mut executor, &batch, at(now)).sends);
+    }
+    assert!(ready(&executor));
+
+    // The hub leaves the intent and d moves to x, which does not exist yet:
+    // d cannot be retargeted, so it goes with the hub, after e.
+    now += 10;
+    let sent = orders(&submit(&mut executor, vec![d("u/x"), e(), x()], at(now)).sends);
+    let labels = |orders: &[OperationOrder]| -> Vec<String> {
+        let mut labels: Vec<String> = orders
+            .iter()
+            .map(|o| format!("{} {}", o.kind.as_str(), o.item.item_ref()))
+            .collect();
+        labels.sort();
+        labels
+    };
+    assert_eq!(labels(&sent), ["create u/x", "delete t/e"]);
+    let create_x = sent
+        .iter()
+        .find(|o| o.kind == OperationKind::Create)
+        .expect("x");
+    let delete_e = sent
+        .iter()
+        .find(|o| o.kind == OperationKind::Delete)
+        .expect("e");
+
+    // x exists now, and e's Delete still runs: d can keep existing,
+    // modified to rely on x once e is gone, and the hub waits for it.
+    now += 10;
+    let sent = orders(&answer_on(&mut executor, 2, create_x, done(), at(now)).sends);
+    assert!(sent.is_empty(), "{:?}", labels(&sent));
+    let d_waits = executor
+        .model()
+        .waiting
+        .get(&ItemRef::new("t", "d"))
+        .expect("d waits for e");
+    assert_eq!(d_waits.operation, OperationKind::Modify, "{d_waits:?}");
+    now += 10;
+    let sent = orders(&answer(&mut executor, delete_e, done(), at(now)).sends);
+    assert_eq!(labels(&sent), ["modify t/d"]);
+}
+
+/// A dependent's Delete that fails wakes the Delete waiting for it, even
+/// though the dependent left the intent (a dependent that only left the
+/// intent, idle, does not): the waiting Delete shows what became of it.
+#[test]
+fn a_failed_delete_of_a_dependent_out_of_the_intent_wakes_the_delete_waiting_for_it() {
+    let mut executor = executor();
+    register_listed(&mut executor, 1, "agent", spec(), at(0));
+    let intent = vec![
+        item("hub", 1),
+        item("d1", 1).depends_on(on("t/hub")),
+        item("d2", 1).depends_on(on("t/hub")),
+    ];
+    let mut now = 10;
+    let mut batch = orders(&submit(&mut executor, intent, at(now)).sends);
+    while !batch.is_empty() {
+        now += 10;
+        batch = orders(&answer_all(&mut executor, &batch, at(now)).sends);
+    }
+    assert!(ready(&executor));
+
+    now += 10;
+    let deletes = orders(&submit(&mut executor, Vec::new(), at(now)).sends);
+    assert_eq!(deletes.len(), 2, "both dependents' Deletes run first");
+    let hub = ItemRef::new("t", "hub");
+    let why_for = |executor: &Executor, name: &str| -> String {
+        let waiting = executor.model().waiting.get(&hub).expect("the hub waits");
+        waiting
+            .blocked_by
+            .iter()
+            .find(|blocker| blocker.item.name().as_ref() == name)
+            .map(|blocker| blocker.why.to_string())
+            .unwrap_or_default()
+    };
+    let d1 = deletes
+        .iter()
+        .find(|order| order.item.item_ref().name().as_ref() == "d1")
+        .expect("d1's Delete");
+    let failed = AgentOutcome::Failed(OperationError {
+        code: code::UNAVAILABLE,
+        message: "try again".into(),
+    });
+    now += 10;
+    answer(&mut executor, d1, failed, at(now));
+    let why = why_for(&executor, "d1");
+    assert!(
+        why.contains("wait") || why.contains("fail"),
+        "the hub shows d1's failed Delete, not {why:?}"
+    );
+}
