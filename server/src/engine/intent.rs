@@ -301,18 +301,7 @@ mod tests {
     use crate::graph::Dependency;
 
     fn request(subgraph: &str, items: Vec<Item>) -> ValidatedSubmit {
-        ValidatedSubmit {
-            subgraph: subgraph.into(),
-            items: items
-                .into_iter()
-                .map(|item| {
-                    let predicates = vec![None; item.dependencies.len()];
-                    (item, predicates)
-                })
-                .collect(),
-            expected_generation: None,
-            dry_run: false,
-        }
+        crate::engine::testkit::validated_submit(subgraph, items)
     }
 
     fn item(name: &str, subgraph: &str) -> Item {

@@ -38,6 +38,23 @@ pub fn on(identity: &str) -> Dependency {
     Dependency::on(parse_ref(identity))
 }
 
+/// A validated SubmitIntent of `items` (no predicates) as subgraph
+/// `subgraph` ("": the whole intent).
+pub fn validated_submit(subgraph: &str, items: Vec<Item>) -> super::intent::ValidatedSubmit {
+    super::intent::ValidatedSubmit {
+        subgraph: subgraph.into(),
+        items: items
+            .into_iter()
+            .map(|item| {
+                let predicates = vec![None; item.dependencies.len()];
+                (item, predicates)
+            })
+            .collect(),
+        expected_generation: None,
+        dry_run: false,
+    }
+}
+
 /// The world outside the graphs, as the planner sees it.
 #[derive(Default)]
 pub struct TestEnvironment {

@@ -4,7 +4,7 @@
 
 use serde_json::json;
 
-use super::{TypeRules, WaitReason};
+use super::{Plan, TypeRules, WaitReason, WaitingItem};
 use crate::engine::testkit::{World, external, item, on, parse_ref};
 use crate::graph::{Item, ItemState, OperationKind, code};
 
@@ -956,6 +956,15 @@ fn an_unknown_outcome_blocks_the_item_and_its_dependents_but_never_deletes_them(
     );
 }
 
+/// The waiting entry of `identity` in `plan`.
+fn waiting_entry<'p>(plan: &'p Plan, identity: &str) -> &'p WaitingItem {
+    let item = parse_ref(identity);
+    plan.waiting
+        .iter()
+        .find(|waiting| waiting.item == item)
+        .unwrap_or_else(|| panic!("{identity} waits: {plan:?}"))
+}
+
 #[test]
 fn an_unknown_outcome_blocks_a_dependent_whose_modify_drops_the_dependency() {
     // Found by the simulator (seed 1009): b's new intent no longer needs a,
@@ -965,11 +974,7 @@ fn an_unknown_outcome_blocks_a_dependent_whose_modify_drops_the_dependency() {
     world.intend(vec![a(), item("t/b", json!({"v": 2}))]);
     let plan = world.plan();
     assert!(plan.operations.is_empty(), "{plan:?}");
-    let b = plan
-        .waiting
-        .iter()
-        .find(|w| w.item == parse_ref("t/b"))
-        .expect("b waits");
+    let b = waiting_entry(&plan, "t/b");
     assert_eq!((b.operation, b.reason), (Modify, WaitReason::Blocked));
     assert_eq!(b.blocked_by[0].item, parse_ref("t/a"));
 }
@@ -989,11 +994,7 @@ fn an_unknown_outcome_blocks_the_create_of_a_dependent_that_may_still_exist() {
     world.intend(vec![a(), item("t/b", json!({"v": 2}))]);
     let plan = world.plan();
     assert!(plan.operations.is_empty(), "{plan:?}");
-    let b = plan
-        .waiting
-        .iter()
-        .find(|w| w.item == key)
-        .expect("b waits");
+    let b = waiting_entry(&plan, "t/b");
     assert_eq!((b.operation, b.reason), (Create, WaitReason::Blocked));
     assert_eq!(b.blocked_by[0].item, parse_ref("t/a"));
 }

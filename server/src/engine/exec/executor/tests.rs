@@ -149,23 +149,17 @@ fn item_of(item_type: &str, name: &str, version: i64) -> Item {
     item
 }
 
-/// Submits `items` as the whole intent; the commit becomes durable.
-fn submit(executor: &mut Executor, items: Vec<Item>, now: Now) -> Effects {
-    let request = ValidatedSubmit {
-        subgraph: String::new(),
-        items: items
-            .into_iter()
-            .map(|item| {
-                let predicates = vec![None; item.dependencies.len()];
-                (item, predicates)
-            })
-            .collect(),
-        expected_generation: None,
-        dry_run: false,
-    };
+/// Submits `items` as subgraph `subgraph`; the commit becomes durable.
+fn submit_subgraph(executor: &mut Executor, subgraph: &str, items: Vec<Item>, now: Now) -> Effects {
+    let request = crate::engine::testkit::validated_submit(subgraph, items);
     let (effects, _) = executor.submit(request, now).expect("accepted");
     executor.committed(now);
     effects
+}
+
+/// Submits `items` as the whole intent; the commit becomes durable.
+fn submit(executor: &mut Executor, items: Vec<Item>, now: Now) -> Effects {
+    submit_subgraph(executor, "", items, now)
 }
 
 /// Session 1's answer to `order`; the commit becomes durable.
@@ -1003,6 +997,26 @@ fn answer_all(executor: &mut Executor, batch: &[OperationOrder], now: Now) -> Ef
     effects
 }
 
+/// If `hub`'s Delete waits, it names exactly the dependents left.
+fn assert_names_the_dependents_left(executor: &Executor, hub: &ItemRef) {
+    let Some(waiting) = executor.model().waiting.get(hub) else {
+        return;
+    };
+    let mut named: Vec<String> = waiting
+        .blocked_by
+        .iter()
+        .map(|blocker| blocker.item.name().to_string())
+        .collect();
+    named.sort();
+    let left: Vec<String> = executor
+        .model()
+        .current
+        .dependents_of(hub)
+        .map(|dependent| dependent.name().to_string())
+        .collect();
+    assert_eq!(named, left, "{hub}'s Delete names the dependents left");
+}
+
 /// Deleting a hub's dependents costs each of them its own neighbours. The
 /// hub's Delete waits for them all and names those left, and it is planned
 /// again once, when the last is gone, not on every dependent's Delete: each
@@ -1055,24 +1069,11 @@ fn a_hubs_delete_names_the_dependents_left_and_is_planned_again_when_the_last_is
             assert!(orders(&full.sends).is_empty(), "the room is full");
         }
         if deleted < DEPENDENTS {
-            let waiting = executor
-                .model()
-                .waiting
-                .get(&hub_ref)
-                .expect("the hub's Delete waits");
-            let mut named: Vec<String> = waiting
-                .blocked_by
-                .iter()
-                .map(|blocker| blocker.item.name().to_string())
-                .collect();
-            named.sort();
-            let left: Vec<String> = executor
-                .model()
-                .current
-                .dependents_of(&hub_ref)
-                .map(|dependent| dependent.name().to_string())
-                .collect();
-            assert_eq!(named, left, "the hub's Delete names the dependents left");
+            assert!(
+                executor.model().waiting.get(&hub_ref).is_some(),
+                "the hub's Delete waits"
+            );
+            assert_names_the_dependents_left(&executor, &hub_ref);
         }
     }
     assert_eq!(deleted, DEPENDENTS);
@@ -1081,25 +1082,6 @@ fn a_hubs_delete_names_the_dependents_left_and_is_planned_again_when_the_last_is
         examined <= 5 * DEPENDENTS as u64,
         "{examined} items examined to delete a hub's {DEPENDENTS} dependents"
     );
-}
-
-/// Submits `items` as subgraph `subgraph`; the commit becomes durable.
-fn submit_subgraph(executor: &mut Executor, subgraph: &str, items: Vec<Item>, now: Now) -> Effects {
-    let request = ValidatedSubmit {
-        subgraph: subgraph.to_owned(),
-        items: items
-            .into_iter()
-            .map(|item| {
-                let predicates = vec![None; item.dependencies.len()];
-                (item, predicates)
-            })
-            .collect(),
-        expected_generation: None,
-        dry_run: false,
-    };
-    let (effects, _) = executor.submit(request, now).expect("accepted");
-    executor.committed(now);
-    effects
 }
 
 /// A hub removed from the intent before its dependents (a controller that
@@ -1178,21 +1160,7 @@ fn a_hub_removed_first_costs_each_batch_of_its_dependents_their_own_items() {
             parts_removed += 1;
         }
         // The hub's Delete, planned again or not, names the dependents left.
-        if let Some(waiting) = executor.model().waiting.get(&hub_ref) {
-            let mut named: Vec<String> = waiting
-                .blocked_by
-                .iter()
-                .map(|blocker| blocker.item.name().to_string())
-                .collect();
-            named.sort();
-            let left: Vec<String> = executor
-                .model()
-                .current
-                .dependents_of(&hub_ref)
-                .map(|dependent| dependent.name().to_string())
-                .collect();
-            assert_eq!(named, left, "the hub's Delete names the dependents left");
-        }
+        assert_names_the_dependents_left(&executor, &hub_ref);
     }
     assert_eq!(
         parts_removed, PARTS,
