@@ -986,7 +986,7 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
     // while its Delete stayed).
     for (key, waiting) in snapshot.waiting.iter() {
         for blocker in &waiting.blocked_by {
-            if !says_runs_first(&blocker.why) || blocker.item == *key {
+            if !blocker.says_runs_first() || blocker.item == *key {
                 continue;
             }
             // The blocker's waiting entry may be about another operation
@@ -1006,7 +1006,7 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
             if running {
                 continue;
             }
-            if let Some(other) = held.blocked_by.iter().find(|b| !says_runs_first(&b.why)) {
+            if let Some(other) = held.blocked_by.iter().find(|b| !b.says_runs_first()) {
                 return fail(
                     "an item kept behind an operation is kept behind one that will run",
                     format!(
@@ -1053,18 +1053,6 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
         }
     }
     Ok(())
-}
-
-/// Whether a `blocked_by` reason says an operation of the same plan runs
-/// first ("its delete runs first").
-fn says_runs_first(why: &str) -> bool {
-    [
-        OperationKind::Create,
-        OperationKind::Modify,
-        OperationKind::Delete,
-    ]
-    .into_iter()
-    .any(|kind| why == runs_first(kind))
 }
 
 /// Checks the state a restarted server loaded (before its first pass):

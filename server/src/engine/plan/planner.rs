@@ -748,15 +748,15 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// goes with C). Converged items end the walk (see
     /// [`PlanEnvironment::is_converged`]).
     fn visit_unconverged_dependencies(&mut self, id: Id) {
-        // Dependencies that take `id` along as an earlier plan had it: not
-        // examined (see `goes_with_as_before`).
-        let mut going_as_before = Vec::new();
+        // Dependencies that take `id` along as an earlier plan had it are
+        // not examined (see `goes_with_as_before`); they are recorded from
+        // here on.
+        let first_going = self.going_as_before.len();
         if let Some(applied) = self.current_of(id).and_then(|c| c.applied.as_ref()) {
             for dependency in &applied.dependencies {
                 let required = self.id(&dependency.requires);
                 if self.goes_with_as_before(id, required) {
                     self.mark_deleting(id);
-                    going_as_before.push(required);
                     self.going_as_before.push((id, required));
                     continue;
                 }
@@ -774,9 +774,10 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let required = self.required(id);
         for index in 0..required.len as usize {
             let dependency = self.edge(required, index);
-            if absent && self.node(dependency).intended.is_none()
-                || going_as_before.contains(&dependency)
-            {
+            let going = self.going_as_before[first_going..]
+                .iter()
+                .any(|&(_, required)| required == dependency);
+            if absent && self.node(dependency).intended.is_none() || going {
                 continue;
             }
             self.visit_if_unconverged(dependency);

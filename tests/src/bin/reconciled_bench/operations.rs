@@ -247,7 +247,9 @@ impl OperationsArgs {
 
     fn shape(&self) -> Shape {
         if self.hub {
-            Shape::Hub
+            Shape::Hub {
+                removed_first: self.hub_first,
+            }
         } else if self.chain {
             Shape::Chain
         } else {
@@ -280,7 +282,6 @@ impl OperationsArgs {
                     in_flight,
                     items: self.items_for(in_flight),
                     shape: self.shape(),
-                    hub_removed_first: self.hub_first,
                 });
             }
         }
@@ -295,9 +296,6 @@ struct Configuration {
     in_flight: u32,
     items: usize,
     shape: Shape,
-    /// In the hub shape, whether the delete phase removes the hub first
-    /// (see [`OperationsArgs::hub_first`]).
-    hub_removed_first: bool,
 }
 
 /// How the items of a configuration depend on one another.
@@ -307,8 +305,10 @@ enum Shape {
     Independent,
     /// Each on the next ten (see [`OperationsArgs::chain`]).
     Chain,
-    /// Each on item 0 (see [`OperationsArgs::hub`]).
-    Hub,
+    /// Each on item 0 (see [`OperationsArgs::hub`]); `removed_first`:
+    /// the delete phase removes the hub first (see
+    /// [`OperationsArgs::hub_first`]).
+    Hub { removed_first: bool },
 }
 
 impl Shape {
@@ -317,7 +317,15 @@ impl Shape {
         match self {
             Self::Independent => "",
             Self::Chain => ", each depending on the next ten",
-            Self::Hub => ", each depending on the first; the modify phase changes it alone",
+            Self::Hub {
+                removed_first: false,
+            } => ", each depending on the first; the modify phase changes it alone",
+            Self::Hub {
+                removed_first: true,
+            } => {
+                ", each depending on the first; the modify phase changes it alone; \
+                 the delete phase removes it first"
+            }
         }
     }
 }
@@ -367,16 +375,11 @@ pub fn operations_benchmark(args: &OperationsArgs) -> anyhow::Result<()> {
     let mut reports = Vec::new();
     for configuration in configurations {
         println!(
-            "\n## {} agent(s), max_in_flight {}, {} items{}{}",
+            "\n## {} agent(s), max_in_flight {}, {} items{}",
             configuration.agents,
             configuration.in_flight,
             configuration.items,
-            configuration.shape.described(),
-            if configuration.hub_removed_first {
-                "; the delete phase removes it first"
-            } else {
-                ""
-            }
+            configuration.shape.described()
         );
         let perf = args
             .perf
@@ -744,7 +747,7 @@ impl Phase {
     /// then the network.
     fn requests(self, configuration: Configuration) -> Vec<v1::SubmitIntentRequest> {
         let mut items = self.intent(configuration).into_iter().peekable();
-        let hub = (configuration.shape == Shape::Hub).then(|| {
+        let hub = matches!(configuration.shape, Shape::Hub { .. }).then(|| {
             let hub = items.next_if(|item| item.name == "i0");
             let mut request = api::submit(TENANT, hub.into_iter().collect());
             request.subgraph = "hub".to_owned();
@@ -764,7 +767,12 @@ impl Phase {
             })
             .collect();
         match self {
-            Phase::Delete if configuration.hub_removed_first => {
+            Phase::Delete
+                if configuration.shape
+                    == (Shape::Hub {
+                        removed_first: true,
+                    }) =>
+            {
                 hub.into_iter().chain(parts).collect()
             }
             Phase::Delete => parts.into_iter().chain(hub).collect(),
@@ -790,8 +798,8 @@ impl Phase {
                         round,
                         (n + 1..(n + 11).min(configuration.items)).map(on).collect(),
                     ),
-                    Shape::Hub if n == 0 => (round, Vec::new()),
-                    Shape::Hub => (0, vec![on(0)]),
+                    Shape::Hub { .. } if n == 0 => (round, Vec::new()),
+                    Shape::Hub { .. } => (0, vec![on(0)]),
                 };
                 let mut item = bench_item(n, agents, round);
                 item.dependencies = dependencies;
@@ -803,7 +811,7 @@ impl Phase {
     /// Operations this phase runs: one per item, or the hub's Modify.
     fn operations(self, configuration: Configuration) -> usize {
         match (self, configuration.shape) {
-            (Phase::Modify, Shape::Hub) => 1,
+            (Phase::Modify, Shape::Hub { .. }) => 1,
             _ => configuration.items,
         }
     }
@@ -1330,7 +1338,6 @@ mod tests {
             in_flight: 1,
             items: 7,
             shape: Shape::Independent,
-            hub_removed_first: false,
         };
         let items = Phase::Create.intent(configuration);
         assert_eq!(items.len(), 7);
@@ -1369,7 +1376,9 @@ mod tests {
         let changed = Phase::Modify.intent(configuration);
         assert_ne!(items[0].properties, changed[0].properties);
         let hub = Configuration {
-            shape: Shape::Hub,
+            shape: Shape::Hub {
+                removed_first: false,
+            },
             ..configuration
         };
         let (created, modified) = (Phase::Create.intent(hub), Phase::Modify.intent(hub));
@@ -1399,7 +1408,9 @@ mod tests {
         assert_eq!(emptied, [("part-0".to_owned(), 0), ("hub".to_owned(), 0)]);
         assert_eq!(Phase::Delete.operations(hub), 7);
         let hub_first = Configuration {
-            hub_removed_first: true,
+            shape: Shape::Hub {
+                removed_first: true,
+            },
             ..hub
         };
         let emptied: Vec<String> = Phase::Delete
@@ -1438,7 +1449,6 @@ mod tests {
                 in_flight: 1,
                 items: 500,
                 shape: Shape::Independent,
-                hub_removed_first: false,
             }
         );
         assert_eq!(
@@ -1448,7 +1458,6 @@ mod tests {
                 in_flight: 64,
                 items: 2000,
                 shape: Shape::Independent,
-                hub_removed_first: false,
             }
         );
     }

@@ -94,10 +94,7 @@ impl PlanEnvironment for Environment<'_> {
             .get(item)
             .and_then(|current| current.in_flight.as_ref())
             .is_some_and(|operation| operation.kind == OperationKind::Delete);
-        taken_for_room
-            || running
-            || self.model.waiting.waits_to_delete(item)
-            || self.room.queues_delete_of(item)
+        taken_for_room || running || self.may_have_pending_delete(item)
     }
 }
 

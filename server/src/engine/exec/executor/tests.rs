@@ -997,6 +997,21 @@ fn answer_all(executor: &mut Executor, batch: &[OperationOrder], now: Now) -> Ef
     effects
 }
 
+/// Answers DONE to `batch` and to every order that follows, each batch
+/// 10 ms after the one before, from `now` (ms) until none comes. Returns
+/// the time of the last batch.
+fn answer_until_quiet(
+    executor: &mut Executor,
+    mut batch: Vec<OperationOrder>,
+    mut now: u64,
+) -> u64 {
+    while !batch.is_empty() {
+        now += 10;
+        batch = orders(&answer_all(executor, &batch, at(now)).sends);
+    }
+    now
+}
+
 /// If `hub`'s Delete waits, it names exactly the dependents left.
 fn assert_names_the_dependents_left(executor: &Executor, hub: &ItemRef) {
     let Some(waiting) = executor.model().waiting.get(hub) else {
@@ -1032,21 +1047,13 @@ fn a_hubs_delete_names_the_dependents_left_and_is_planned_again_when_the_last_is
     let hub_ref = hub.item_ref();
     let mut intent = vec![hub];
     intent.extend((0..DEPENDENTS).map(|i| item(&format!("d{i:03}"), 1).depends_on(on("t/hub"))));
-    let mut now = 10;
-    let mut effects = submit(&mut executor, intent, at(now));
-    loop {
-        let batch = orders(&effects.sends);
-        if batch.is_empty() {
-            break;
-        }
-        now += 10;
-        effects = answer_all(&mut executor, &batch, at(now));
-    }
+    let created = orders(&submit(&mut executor, intent, at(10)).sends);
+    let mut now = answer_until_quiet(&mut executor, created, 10);
     assert!(ready(&executor), "the hub and its dependents are created");
 
     let examined_before = executor.items_examined();
     now += 10;
-    effects = submit(&mut executor, Vec::new(), at(now));
+    let mut effects = submit(&mut executor, Vec::new(), at(now));
     let mut deleted = 0;
     loop {
         let batch = orders(&effects.sends);
@@ -1114,11 +1121,7 @@ fn a_hub_removed_first_costs_each_batch_of_its_dependents_their_own_items() {
             &submit_subgraph(&mut executor, &format!("part-{p}"), part(p), at(now)).sends,
         ));
     }
-    let mut now = now;
-    while !batch.is_empty() {
-        now += 10;
-        batch = orders(&answer_all(&mut executor, &batch, at(now)).sends);
-    }
+    let mut now = answer_until_quiet(&mut executor, batch, now);
     assert!(ready(&executor), "the hub and its dependents are created");
 
     let examined_before = executor.items_examined();
@@ -1192,12 +1195,8 @@ fn a_dependent_deleted_along_with_its_dependency_is_retargeted_once_it_can_be() 
         || item("e", 1).depends_on(on("t/d")),
         || item_of("u", "x", 1),
     );
-    let mut now = 10;
-    let mut batch = orders(&submit(&mut executor, vec![hub(), d("t/hub"), e()], at(now)).sends);
-    while !batch.is_empty() {
-        now += 10;
-        batch = orders(&answer_all(&mut executor, &batch, at(now)).sends);
-    }
+    let created = orders(&submit(&mut executor, vec![hub(), d("t/hub"), e()], at(10)).sends);
+    let mut now = answer_until_quiet(&mut executor, created, 10);
     assert!(ready(&executor));
 
     // The hub leaves the intent and d moves to x, which does not exist yet:
@@ -1250,12 +1249,8 @@ fn a_failed_delete_of_a_dependent_out_of_the_intent_wakes_the_delete_waiting_for
         item("d1", 1).depends_on(on("t/hub")),
         item("d2", 1).depends_on(on("t/hub")),
     ];
-    let mut now = 10;
-    let mut batch = orders(&submit(&mut executor, intent, at(now)).sends);
-    while !batch.is_empty() {
-        now += 10;
-        batch = orders(&answer_all(&mut executor, &batch, at(now)).sends);
-    }
+    let created = orders(&submit(&mut executor, intent, at(10)).sends);
+    let mut now = answer_until_quiet(&mut executor, created, 10);
     assert!(ready(&executor));
 
     now += 10;
