@@ -95,7 +95,7 @@ impl Room {
     /// a drift READ) then waits in the queue.
     pub fn admit(&mut self, item: &ItemRef, kind: OperationKind, limits: Limits) -> bool {
         let read = kind == OperationKind::Read;
-        if self.type_room(item.item_type(), limits) == 0 {
+        if !self.take(item.item_type(), read, limits) {
             if !read {
                 self.queued
                     .entry(item.item_type().to_string())
@@ -104,13 +104,21 @@ impl Room {
             }
             return false;
         }
-        let running = self
-            .running
-            .entry(item.item_type().to_string())
-            .or_default();
+        self.unqueue_one(item);
+        true
+    }
+
+    /// Takes room for an operation of `item_type` (`read`: a READ) if the
+    /// type and the tenant have some, and queues nothing: a lost operation
+    /// sent again, or the READ that resolves it, waits as UNKNOWN instead
+    /// (see [`Room::admit`] for planned ones).
+    pub fn take(&mut self, item_type: &str, read: bool, limits: Limits) -> bool {
+        if self.type_room(item_type, limits) == 0 {
+            return false;
+        }
+        let running = self.running.entry(item_type.to_string()).or_default();
         running.all += 1;
         running.reads += usize::from(read);
-        self.unqueue_one(item);
         true
     }
 

@@ -293,6 +293,9 @@ impl Executor {
             if let Some((holder, epoch)) = holder
                 && let Some(order) = self.order_for(&item, epoch)
             {
+                // This is the re-delivery a registration may have put off
+                // until the agent's answer came: it is not made again.
+                self.deferred_redeliveries.remove(&item);
                 self.deadlines
                     .start(&order.op_id, order.timeout_ms, now.mono_ms);
                 self.transaction()
@@ -639,18 +642,23 @@ impl Executor {
     }
 
     /// Sends again the lost operations whose re-delivery waited for a
-    /// dependency (UNKNOWN, or being modified or deleted), once none does
-    /// and their type has a session.
+    /// dependency (UNKNOWN, or being modified or deleted) or for room,
+    /// once none does and their type has a session with room.
     /// `None` when there is nothing to send.
     pub fn redeliver_deferred(&mut self, now: Now) -> Option<Effects> {
         if self.deferred_redeliveries.is_empty() {
             return None;
         }
+        self.count_in_flight();
         let ready: BTreeSet<ItemRef> = self
             .deferred_redeliveries
             .iter()
             .filter(|item| {
                 self.sessions.contains_key(&**item.item_type())
+                    && self.room.has_room(
+                        item.item_type(),
+                        self.room_limits(&self.spec(item.item_type())),
+                    )
                     && self.model.current.get(item).is_none_or(|current| {
                         current.state != ItemState::Unknown
                             || !waits_for_a_dependency(&self.model.current, item, current)
@@ -679,7 +687,11 @@ impl Executor {
     /// operations in flight on the type's previous session. With `only`,
     /// just the lost operations of those items. A lost operation of an item
     /// that relies on an UNKNOWN item waits (DESIGN 4) until that is
-    /// resolved ([`Self::redeliver_deferred`]).
+    /// resolved ([`Self::redeliver_deferred`]), and so does one (or the
+    /// READ that would resolve it) that finds no room: an UNKNOWN item's
+    /// lost operation does not count as running, so sending every one at
+    /// once could pass the type's `max_in_flight` (after a restart, say,
+    /// with operations whose cancel went unanswered).
     fn redeliver_lost(
         &mut self,
         types: &HashSet<String>,
@@ -747,8 +759,21 @@ impl Executor {
         for item in resend {
             self.send_journaled(&item);
         }
+        self.count_in_flight();
         let mut orders = Vec::new();
         for (item, decision, entry) in decided {
+            // Decided now: a deferral from before is settled (or made
+            // again below), so the item is not sent twice.
+            self.deferred_redeliveries.remove(&item);
+            let read = matches!(decision, Redelivery::Read);
+            let sends = read || matches!(decision, Redelivery::Resend { .. });
+            if sends {
+                let limits = self.room_limits(&self.spec(item.item_type()));
+                if !self.room.take(item.item_type(), read, limits) {
+                    self.deferred_redeliveries.insert(item);
+                    continue;
+                }
+            }
             let op_id = entry
                 .in_flight
                 .as_ref()

@@ -371,7 +371,7 @@ impl Executor {
     }
 
     /// The limits that make room for an operation of `spec`'s type.
-    fn room_limits(&self, spec: &TypeSpec) -> Limits {
+    pub(super) fn room_limits(&self, spec: &TypeSpec) -> Limits {
         Limits {
             per_type: spec.max_in_flight.max(1) as usize,
             per_tenant: self.settings.max_operations_in_flight,

@@ -1282,3 +1282,61 @@ fn a_failed_delete_of_a_dependent_out_of_the_intent_wakes_the_delete_waiting_for
         "the hub shows d1's failed Delete, not {why:?}"
     );
 }
+
+/// Lost operations sent again, and the READs that resolve them, take room
+/// like any other operation (DESIGN 4, `max_in_flight`): an agent back
+/// with less room than it had operations in flight gets the rest as room
+/// frees, each lost operation under its own op id.
+#[test]
+fn lost_operations_sent_again_wait_for_room() {
+    for readable in [false, true] {
+        let mut spec = spec();
+        spec.supports_read = readable;
+        spec.max_in_flight = 2;
+        let mut executor = executor();
+        register_listed(&mut executor, 1, "agent", spec.clone(), at(0));
+        let effects = submit(&mut executor, vec![item("a", 1), item("b", 1)], at(10));
+        let lost = orders(&effects.sends);
+        assert_eq!(lost.len(), 2);
+        executor.session_closed(1, "gone", at(20));
+        executor.committed(at(20));
+
+        spec.max_in_flight = 1;
+        let effects = register_listed(&mut executor, 2, "agent", spec, at(30));
+        let sent = orders(&effects.sends);
+        assert_eq!(sent.len(), 1, "one slot, one of the two goes out");
+        let first = sent[0].item.name().to_string();
+        let other = other_than(&first);
+        assert_eq!(state_of(&executor, other), Some(ItemState::Unknown));
+        assert!(
+            executor.redeliver_deferred(at(31)).is_none(),
+            "no room until the first one ends"
+        );
+
+        // The first one ends (DONE; a READ finding the lost Create's value).
+        let outcome = if readable {
+            done_observing(sent[0].item.properties.clone())
+        } else {
+            done()
+        };
+        answer_on(&mut executor, 2, &sent[0], outcome, at(40));
+        assert_eq!(state_of(&executor, &first), Some(ItemState::Created));
+        let effects = executor
+            .redeliver_deferred(at(41))
+            .expect("room for the other one");
+        executor.committed(at(41));
+        let next = orders(&effects.sends);
+        assert_eq!(next.len(), 1);
+        assert_eq!(&**next[0].item.name(), other);
+        if readable {
+            assert_eq!(next[0].kind, OperationKind::Read);
+        } else {
+            let lost_other = lost.iter().find(|order| **order.item.name() == *other);
+            assert_eq!(
+                Some(next[0].op_id.as_str()),
+                lost_other.map(|order| order.op_id.as_str()),
+                "sent again under its op id"
+            );
+        }
+    }
+}
