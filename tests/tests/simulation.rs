@@ -610,3 +610,60 @@ fn seed_92706_reads_before_a_lost_attempts_delivery_count_for_it() {
 fn seed_95441_an_unknown_item_blocks_the_create_of_a_dependent_that_may_exist() {
     passes(95441);
 }
+
+/// The checker's view of a lost Delete that was half of a recreate (sweep
+/// of 113000–115999). `t2/n1`'s Delete toward generation 12 (to be created
+/// again) was lost, and the item then left the intent: the Delete the
+/// intent needs is another operation, toward no generation, and the server
+/// rightly gave it a new op id (DESIGN 4: it sends what the intent now
+/// needs). The checker took any lost Delete to be owed as it was while its
+/// item existed, and called the new one a lost operation not resumed.
+#[test]
+fn seed_115955_a_lost_recreate_delete_is_replaced_once_its_item_leaves_the_intent() {
+    passes(115955);
+}
+
+/// Lost operations sent again take room (found when the checker learned
+/// DESIGN 4's in-flight limits, on seeds 0–299). After a restart the server
+/// sent a READ for every UNKNOWN item of a type at once, four where the
+/// agent declared `max_in_flight` 3: an operation whose cancel went
+/// unanswered no longer counted as running, and a new one had taken its
+/// place. Those beyond the room now wait for it, UNKNOWN.
+#[test]
+fn seeds_6_152_lost_operations_sent_again_wait_for_room() {
+    passes(6);
+    passes(152);
+}
+
+/// An UNKNOWN item is sent one READ, not two (sweep of 122000–124999, with
+/// the room check). An item whose re-delivery had been put off was also
+/// handled by the registration of its type's agent: the registration sent
+/// a READ, and the put-off re-delivery, run right after, took that READ
+/// for lost and sent another. The agent ran two READs of one item (past
+/// its `max_in_flight`), and the lost operation's re-deliveries counted
+/// twice toward giving it up as poison. A decision now settles a deferral.
+///
+/// Seed 125866 (sweep of 125000–127999) found the same through another
+/// path: a READ answered on a session the agent had replaced was sent
+/// again to its new session, and the re-delivery the registration had put
+/// off, until that answer came, then sent one more.
+#[test]
+fn seeds_122310_124429_125866_an_unknown_item_is_sent_one_read() {
+    passes(122310);
+    passes(124429);
+    passes(125866);
+}
+
+/// The checker's view of a READ answered before a crash (sweep of
+/// 125000–127999). A READ found a lost Create's item absent; the server
+/// journaled a new Create, and the store died before it went out. After
+/// the restart the agent sent the READ's answer again, which the new
+/// server rightly ignored (that READ is no longer in flight), but the
+/// checker took it as resolving the new lost Create, and then called the
+/// Create resumed under its own op id a fresh decision. A READ's answer
+/// now resolves only the lost operation it was sent for.
+#[test]
+fn seeds_126733_127901_a_read_resolves_only_the_operation_it_was_sent_for() {
+    passes(126733);
+    passes(127901);
+}

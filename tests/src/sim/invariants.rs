@@ -290,6 +290,142 @@ pub fn check_order(
     Ok(())
 }
 
+/// Rule 8: a Create waits for the Deletes of its type (two items
+/// contending for one resource never race). Checked on the Creates the
+/// server decides to run, not on those it resumes (see
+/// [`Ledger::resumes`]): a lost Create resumes as it was sent.
+pub fn check_create_waits_for_deletes_of_its_type(
+    order: &OperationOrder,
+    agents: &Agents,
+    now_ms: u64,
+) -> Result<(), Violation> {
+    if order.kind != OperationKind::Create || order.question {
+        return Ok(());
+    }
+    let item = order.item.item_ref();
+    let running_delete = agents
+        .pending()
+        .filter(|p| p.effectful() && p.may_apply(now_ms))
+        .map(|p| &p.order)
+        .find(|other| {
+            other.kind == OperationKind::Delete
+                && other.item.item_type() == order.item.item_type()
+                && other.item.item_ref() != item
+        });
+    match running_delete {
+        Some(other) => fail(
+            "a create waits for the deletes of its type",
+            format!(
+                "create {item} (op {}) was sent while delete {} (op {}) runs",
+                order.op_id,
+                other.item.item_ref(),
+                other.op_id
+            ),
+        ),
+        None => Ok(()),
+    }
+}
+
+/// Rule 4: a change to a property under one of the type's
+/// `recreate_on_change` paths (`*`: any change) recreates the item; it is
+/// never sent as a Modify.
+pub fn check_modify_spares_recreate_paths(
+    order: &OperationOrder,
+    scenario: &Scenario,
+) -> Result<(), Violation> {
+    if order.kind != OperationKind::Modify || order.question {
+        return Ok(());
+    }
+    let Some(previous) = &order.previous else {
+        return Ok(());
+    };
+    let Some(spec) = scenario.spec(order.item.item_type()) else {
+        return Ok(());
+    };
+    let (before, after) = (
+        previous.properties.to_value(),
+        order.item.properties.to_value(),
+    );
+    let hit = spec
+        .recreate_on_change
+        .iter()
+        .find(|path| *path == "*" || before.pointer(path) != after.pointer(path));
+    match hit {
+        Some(path) => fail(
+            "a change under a recreate path recreates the item",
+            format!(
+                "modify {} (op {}) from {} to {} changes `{path}`, which the type recreates on",
+                order.item.item_ref(),
+                order.op_id,
+                properties_text(&previous.properties),
+                properties_text(&order.item.properties)
+            ),
+        ),
+        None => Ok(()),
+    }
+}
+
+/// DESIGN 4: operations in flight stay within their type's
+/// `max_in_flight` and the tenant's `max_operations_in_flight`. Checked on
+/// the operations the server decides to send (not those it resumes),
+/// against those the agents hold and the server still counts: delivered
+/// on a session that is still live, not answered, within their timeout and
+/// not cancelled (a cancelled one may have left the server's count).
+pub fn check_room(
+    order: &OperationOrder,
+    agents: &Agents,
+    scenario: &Scenario,
+    now_ms: u64,
+) -> Result<(), Violation> {
+    let item_type = order.item.item_type();
+    let running: Vec<&OperationOrder> = agents
+        .agents
+        .iter()
+        .flat_map(|agent| {
+            let live = agent.live.as_ref().map(|session| session.id);
+            agent
+                .pending
+                .iter()
+                .filter(move |p| live == Some(p.session))
+        })
+        .filter(|p| p.may_apply(now_ms) && !p.cancelled && !p.cancel_mode)
+        .map(|p| &p.order)
+        .filter(|other| other.op_id != order.op_id)
+        .collect();
+    let of_type = running
+        .iter()
+        .filter(|other| other.item.item_type() == item_type)
+        .count();
+    let per_type = scenario
+        .spec(item_type)
+        .map_or(u32::MAX, |spec| spec.max_in_flight.max(1));
+    let per_tenant = scenario.max_operations_in_flight;
+    let (held, limit, whose) = if of_type >= per_type as usize {
+        (
+            of_type,
+            per_type as u64,
+            format!("its type's max_in_flight {per_type}"),
+        )
+    } else if per_tenant > 0 && running.len() as u64 >= per_tenant {
+        (
+            running.len(),
+            per_tenant,
+            format!("the tenant's max_operations_in_flight {per_tenant}"),
+        )
+    } else {
+        return Ok(());
+    };
+    fail(
+        "operations in flight stay within their limits",
+        format!(
+            "{} {} (op {}) was sent while {held} operations run, at {whose} (limit {limit})",
+            order.kind.as_str(),
+            order.item.item_ref(),
+            order.op_id
+        ),
+    )
+}
+
 /// What the agents know of one op id.
 #[derive(Clone, Debug)]
 struct OpRecord {
@@ -329,8 +465,10 @@ pub struct LostOperation {
     pub target: Option<Arc<Item>>,
     /// Since the loss, the target's dependencies broke in the world, the
     /// target stopped being the intent, or (for a Delete) the item vanished
-    /// with an external item it was auto-deleted by: the server may then
-    /// send the operation the intent needs instead (DESIGN §4, UNKNOWN).
+    /// with an external item it was auto-deleted by or, for the Delete of a
+    /// recreate, the value it was to make way for is not intended any
+    /// more: the server may then send the operation the intent needs
+    /// instead (DESIGN §4, UNKNOWN).
     pub may_be_replaced: bool,
 }
 
@@ -356,9 +494,63 @@ pub struct Ledger {
     /// its session ended before it went out): they count as deliveries of
     /// that attempt once it is delivered.
     reads_before_delivery: BTreeMap<String, u32>,
+    /// The READs sent to resolve a lost operation, by op id, with the op
+    /// id of the lost operation each was sent for: a READ's answer resolves
+    /// that one only (a READ answered before a crash, its answer sent again
+    /// after the restart, says nothing of an operation lost since).
+    resolving_reads: HashMap<String, String>,
+    /// Items and generations for which an agent answered a NEEDS_RECREATE
+    /// question with no (on a session that held the type then).
+    modify_in_place: BTreeSet<(ItemRef, u64)>,
 }
 
 impl Ledger {
+    /// Rule 4: for a type that declares `ask_needs_recreate`, a Modify is
+    /// sent only after an agent answered the question about that change
+    /// (the item toward the Modify's generation) with no.
+    pub fn check_modify_was_answered(
+        &self,
+        order: &OperationOrder,
+        scenario: &Scenario,
+    ) -> Result<(), Violation> {
+        let asks = scenario
+            .spec(order.item.item_type())
+            .is_some_and(|spec| spec.ask_needs_recreate);
+        let item = order.item.item_ref();
+        if order.kind != OperationKind::Modify
+            || order.question
+            || !asks
+            || self
+                .modify_in_place
+                .contains(&(item.clone(), order.generation))
+        {
+            return Ok(());
+        }
+        fail(
+            "a type that asks modifies only after the agent answers no",
+            format!(
+                "modify {item} (op {}) toward generation {} was sent, but no agent answered \
+                 its NEEDS_RECREATE question with no",
+                order.op_id, order.generation
+            ),
+        )
+    }
+
+    /// Whether `order` resumes an operation already under way: the same op
+    /// id and attempt was delivered before, or was journaled when its
+    /// outcome was lost. Resuming it is not a new decision to run it.
+    pub fn resumes(&self, order: &OperationOrder) -> bool {
+        let delivered = self
+            .ops
+            .get(&order.op_id)
+            .is_some_and(|record| record.attempt == order.attempt);
+        let lost = self
+            .lost
+            .get(&order.item.item_ref())
+            .is_some_and(|lost| lost.op_id == order.op_id && lost.attempt == order.attempt);
+        delivered || lost
+    }
+
     /// An order arrived on a session granted `session_epoch` for its type,
     /// at simulated `now_ms`; `delivered_at_ms` is the earliest time it can
     /// have been sent.
@@ -385,6 +577,8 @@ impl Ledger {
         if order.kind == OperationKind::Read
             && let Some(lost) = self.lost.get(&item)
         {
+            self.resolving_reads
+                .insert(order.op_id.clone(), lost.op_id.clone());
             // A READ sent to resolve the lost operation counts as one more
             // delivery of it: the server gives it up as poison after as many
             // losses as if it had been sent again each time (DESIGN 4).
@@ -579,6 +773,18 @@ impl Ledger {
         if matches!(outcome, AgentOutcome::Failed(_)) {
             record.failed = true;
         }
+        if record.question
+            && matches!(
+                outcome,
+                AgentOutcome::Done {
+                    needs_recreate: false,
+                    ..
+                }
+            )
+        {
+            self.modify_in_place
+                .insert((record.item.clone(), record.generation));
+        }
         let item = record.item.clone();
         let resolves = record.kind == OperationKind::Read
             && match outcome {
@@ -587,7 +793,8 @@ impl Ledger {
                 _ => false,
             };
         if let Some(lost) = self.lost.get(&item)
-            && (resolves || (lost.op_id == op_id && lost.attempt == attempt))
+            && ((resolves && self.resolving_reads.get(op_id) == Some(&lost.op_id))
+                || (lost.op_id == op_id && lost.attempt == attempt))
         {
             // Answered; or a READ (only ever sent to an UNKNOWN item whose
             // lost operation runs nowhere) said what exists: either way
@@ -743,6 +950,7 @@ impl Ledger {
     /// (their target's dependencies broke in the world, or the target is
     /// no longer the intent).
     pub fn observe(&mut self, world: &World, model: &IntentModel) {
+        let ops = &self.ops;
         for (item, lost) in &mut self.lost {
             let replaceable = match &lost.target {
                 Some(target) => {
@@ -758,7 +966,22 @@ impl Ledger {
                     });
                     broken || !intended
                 }
-                None => lost.kind == OperationKind::Delete && !world.items.contains_key(item),
+                None => {
+                    // A Delete toward a generation is the first half of a
+                    // recreate: once that generation's value is not the
+                    // intent any more, the Delete the intent needs is
+                    // another operation (toward the generation intended
+                    // now, or 0 if the item left the intent).
+                    let toward = ops.get(&lost.op_id).map_or(0, |record| record.generation);
+                    let recreate_dropped = toward != 0
+                        && model.items.get(item).is_none_or(|intended| {
+                            model
+                                .value_at(toward, item)
+                                .is_none_or(|target| !intended.same_content(target))
+                        });
+                    lost.kind == OperationKind::Delete
+                        && (!world.items.contains_key(item) || recreate_dropped)
+                }
             };
             if replaceable {
                 lost.may_be_replaced = true;

@@ -34,8 +34,9 @@ use super::counts::OpCounts;
 use super::faults::FaultyStore;
 use super::intents::{Expected, IntentModel, Scenario, SubmitPlan, external_value};
 use super::invariants::{
-    Ledger, Violation, check_converged, check_order, check_restart, check_snapshot, retry_pending,
-    stays_lost, unknown_items,
+    Ledger, Violation, check_converged, check_create_waits_for_deletes_of_its_type,
+    check_modify_spares_recreate_paths, check_order, check_restart, check_room, check_snapshot,
+    retry_pending, stays_lost, unknown_items,
 };
 use super::steps::{AgentView, Answer, Report, Step, View};
 use super::trace::Trace;
@@ -475,6 +476,7 @@ impl Sim {
                     if known { " (again)" } else { "" }
                 ));
                 self.ledger.observe(&self.world, &self.model);
+                let resumed = self.ledger.resumes(&order);
                 self.ledger
                     .on_order(&order, epoch, self.sent_since_ms, now)?;
                 if !known {
@@ -494,6 +496,13 @@ impl Sim {
                         now,
                         self.sent_since_ms,
                     )?;
+                    if !resumed {
+                        check_create_waits_for_deletes_of_its_type(&order, &self.agents, now)?;
+                        check_room(&order, &self.agents, &self.scenario, now)?;
+                    }
+                    check_modify_spares_recreate_paths(&order, &self.scenario)?;
+                    self.ledger
+                        .check_modify_was_answered(&order, &self.scenario)?;
                 }
                 Ok(self
                     .agents
