@@ -667,3 +667,14 @@ fn seeds_126733_127901_a_read_resolves_only_the_operation_it_was_sent_for() {
     passes(126733);
     passes(127901);
 }
+
+/// The checker's view of a cancel (first sweep with the cancel check,
+/// 131000–133999). `t0/n5`'s existence was uncertain, with an applied
+/// value auto-deleted by `t1/n4`, while a Create of a new value that does
+/// not rely on `t1/n4` ran. When `t1/n4` vanished the server dropped the
+/// item as it may exist (rule 9) and cancelled the Create; the world held
+/// no such value, and the checker called the cancel unjustified.
+#[test]
+fn seed_133369_a_cancel_follows_an_item_that_may_have_gone_with_its_external() {
+    passes(133369);
+}

@@ -418,6 +418,32 @@ impl IntentModel {
         self.uncertain = None;
     }
 
+    /// Whether `item`'s intended content changed after `generation` (or it
+    /// left the intent), in an acknowledged intent or in one whose answer
+    /// was lost (the server may hold it).
+    pub fn changed_since(&self, generation: u64, item: &ItemRef) -> bool {
+        let then = self.value_at(generation, item);
+        self.history
+            .range(generation + 1..)
+            .map(|(_, items)| items.get(item))
+            .chain(self.uncertain.iter().map(|(_, items)| items.get(item)))
+            .any(|later| match (then, later) {
+                (Some(then), Some(later)) => !then.same_content(later),
+                (None, None) => false,
+                _ => true,
+            })
+    }
+
+    /// Whether `item` is intended, in the acknowledged intent or in one
+    /// whose answer was lost.
+    pub fn intends(&self, item: &ItemRef) -> bool {
+        self.items.contains_key(item)
+            || self
+                .uncertain
+                .as_ref()
+                .is_some_and(|(_, items)| items.contains_key(item))
+    }
+
     /// The intended value of `item` at `generation` (the generation that
     /// last changed it), as far as the model knows.
     pub fn value_at(&self, generation: u64, item: &ItemRef) -> Option<&Item> {

@@ -499,6 +499,12 @@ pub struct Ledger {
     /// that one only (a READ answered before a crash, its answer sent again
     /// after the restart, says nothing of an operation lost since).
     resolving_reads: HashMap<String, String>,
+    /// Operations a cancel is justified for without a new reason: one was
+    /// sent when it was (sent again after a reconnect, say), or their item
+    /// may have gone with an external item as the server knows it (a value
+    /// delivered for it earlier, which the server may hold as applied, was
+    /// auto-deleted by a vanished item).
+    may_be_cancelled: BTreeSet<String>,
     /// Items and generations for which an agent answered a NEEDS_RECREATE
     /// question with no (on a session that held the type then).
     modify_in_place: BTreeSet<(ItemRef, u64)>,
@@ -532,6 +538,50 @@ impl Ledger {
                 "modify {item} (op {}) toward generation {} was sent, but no agent answered \
                  its NEEDS_RECREATE question with no",
                 order.op_id, order.generation
+            ),
+        )
+    }
+
+    /// DESIGN 4: an operation is cancelled only when it is superseded (its
+    /// item's intended value changed: a Create or Modify whose target
+    /// changed or left the intent, a Delete whose item is intended again;
+    /// rule 9: one whose item went with an external item it was
+    /// auto-deleted by) or it timed out.
+    pub fn check_cancel(
+        &mut self,
+        op_id: &str,
+        now_ms: u64,
+        model: &IntentModel,
+    ) -> Result<(), Violation> {
+        let Some(record) = self.ops.get(op_id) else {
+            return Ok(());
+        };
+        if self.may_be_cancelled.contains(op_id) {
+            return Ok(());
+        }
+        let timed_out = now_ms >= record.delivered_at_ms.saturating_add(record.timeout_ms);
+        let superseded = match record.kind {
+            OperationKind::Create | OperationKind::Modify => {
+                model.changed_since(record.generation, &record.item)
+            }
+            // Its item back in the intent.
+            OperationKind::Delete => model.intends(&record.item),
+            OperationKind::Read => false,
+        };
+        if timed_out || superseded || self.vanished_ops.contains(op_id) {
+            self.may_be_cancelled.insert(op_id.to_owned());
+            return Ok(());
+        }
+        fail(
+            "an operation is cancelled only when superseded or timed out",
+            format!(
+                "{} {} (op {op_id}) toward generation {} was cancelled {} ms after its delivery \
+                 (timeout {} ms), its intent unchanged",
+                record.kind.as_str(),
+                record.item,
+                record.generation,
+                now_ms.saturating_sub(record.delivered_at_ms),
+                record.timeout_ms
             ),
         )
     }
@@ -922,6 +972,23 @@ impl Ledger {
                     .any(|d| d.auto_deleted_by_external() && vanished.contains(&d.requires));
             if *ending == Ending::Open && (vanished.contains(item) || tied_create) {
                 self.vanished_ops.insert(op_id.clone());
+            }
+            // A value delivered for the item earlier, which the server may
+            // hold as applied (its outcome unknown), tied it to a vanished
+            // item: the server may drop the item, superseding what runs.
+            let tied_before =
+                || {
+                    self.ops.values().any(|earlier| {
+                        earlier.item == *item
+                            && matches!(earlier.kind, OperationKind::Create | OperationKind::Modify)
+                            && !earlier.question
+                            && earlier.value.dependencies.iter().any(|d| {
+                                d.auto_deleted_by_external() && vanished.contains(&d.requires)
+                            })
+                    })
+                };
+            if *ending == Ending::Open && tied_before() {
+                self.may_be_cancelled.insert(op_id.clone());
             }
         }
         for item in &vanished {

@@ -510,6 +510,7 @@ impl Sim {
             }
             ToAgent::Cancel { op_id } => {
                 self.counts.on_cancel(&op_id, now);
+                self.ledger.check_cancel(&op_id, now, &self.model)?;
                 self.trace.note(format!(
                     "{} <- cancel op {op_id}",
                     self.agents.agents[agent].plan.id
