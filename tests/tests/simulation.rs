@@ -678,3 +678,25 @@ fn seeds_126733_127901_a_read_resolves_only_the_operation_it_was_sent_for() {
 fn seed_133369_a_cancel_follows_an_item_that_may_have_gone_with_its_external() {
     passes(133369);
 }
+
+/// The checker's view of a late READ answer (1,000-step sweep of
+/// 58500–59999). A READ sent to resolve a lost Create timed out, the
+/// server sent another READ, and the first one's late answer (not found)
+/// arrived: the server rightly ignored it, the checker took it as resolving
+/// the lost Create. Only the last READ sent for a lost operation resolves
+/// it now.
+#[test]
+fn seed_59036_only_the_last_read_resolves_a_lost_operation() {
+    passes_in(59036, 1_000);
+}
+
+/// The checker's in-flight count (1,000-step sweep of 58500–59999). An
+/// operation the server had cancelled was sent again to the agent's new
+/// session, which made it look running again to the checker, while the
+/// server (its cancel unanswered, the item UNKNOWN) no longer counted it.
+/// An operation a cancel was sent for stays out of the count.
+#[test]
+fn seeds_59277_59729_an_operation_once_cancelled_stays_out_of_the_room_count() {
+    passes_in(59277, 1_000);
+    passes_in(59729, 1_000);
+}

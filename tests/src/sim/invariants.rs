@@ -370,10 +370,12 @@ pub fn check_modify_spares_recreate_paths(
 /// the operations the server decides to send (not those it resumes),
 /// against those the agents hold and the server still counts: delivered
 /// on a session that is still live, not answered, within their timeout and
-/// not cancelled (a cancelled one may have left the server's count).
+/// never cancelled (a cancelled one may have left the server's count, and
+/// stays out of it when sent again).
 pub fn check_room(
     order: &OperationOrder,
     agents: &Agents,
+    ledger: &Ledger,
     scenario: &Scenario,
     now_ms: u64,
 ) -> Result<(), Violation> {
@@ -388,7 +390,12 @@ pub fn check_room(
                 .iter()
                 .filter(move |p| live == Some(p.session))
         })
-        .filter(|p| p.may_apply(now_ms) && !p.cancelled && !p.cancel_mode)
+        .filter(|p| {
+            p.may_apply(now_ms)
+                && !p.cancelled
+                && !p.cancel_mode
+                && !ledger.cancel_sent(&p.order.op_id)
+        })
         .map(|p| &p.order)
         .filter(|other| other.op_id != order.op_id)
         .collect();
@@ -400,17 +407,35 @@ pub fn check_room(
         .spec(item_type)
         .map_or(u32::MAX, |spec| spec.max_in_flight.max(1));
     let per_tenant = scenario.max_operations_in_flight;
-    let (held, limit, whose) = if of_type >= per_type as usize {
+    let describe = |ops: &mut dyn Iterator<Item = &&OperationOrder>| -> String {
+        ops.map(|other| {
+            format!(
+                "{} {} (op {})",
+                other.kind.as_str(),
+                other.item.item_ref(),
+                other.op_id
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+    };
+    let (held, limit, whose, ops) = if of_type >= per_type as usize {
         (
             of_type,
             per_type as u64,
             format!("its type's max_in_flight {per_type}"),
+            describe(
+                &mut running
+                    .iter()
+                    .filter(|other| other.item.item_type() == item_type),
+            ),
         )
     } else if per_tenant > 0 && running.len() as u64 >= per_tenant {
         (
             running.len(),
             per_tenant,
             format!("the tenant's max_operations_in_flight {per_tenant}"),
+            describe(&mut running.iter()),
         )
     } else {
         return Ok(());
@@ -418,10 +443,10 @@ pub fn check_room(
     fail(
         "operations in flight stay within their limits",
         format!(
-            "{} {} (op {}) was sent while {held} operations run, at {whose} (limit {limit})",
+            "{} {} (op {}) was sent while {held} operations run, at {whose} (limit {limit}): {ops}",
             order.kind.as_str(),
             order.item.item_ref(),
-            order.op_id
+            order.op_id,
         ),
     )
 }
@@ -494,11 +519,16 @@ pub struct Ledger {
     /// its session ended before it went out): they count as deliveries of
     /// that attempt once it is delivered.
     reads_before_delivery: BTreeMap<String, u32>,
-    /// The READs sent to resolve a lost operation, by op id, with the op
-    /// id of the lost operation each was sent for: a READ's answer resolves
-    /// that one only (a READ answered before a crash, its answer sent again
-    /// after the restart, says nothing of an operation lost since).
-    resolving_reads: HashMap<String, String>,
+    /// The last READ sent to resolve each lost operation, by the lost
+    /// operation's op id: only its answer resolves that operation. An
+    /// earlier READ's late answer (the server sent another READ after it
+    /// timed out) does not, nor does a READ's answer sent again after a
+    /// crash, for an operation lost since.
+    resolving_read: HashMap<String, String>,
+    /// Operations a cancel was sent for: an agent may hold one, re-sent
+    /// to it, that the server no longer counts as running (its item
+    /// UNKNOWN once the cancel went unanswered).
+    cancels_sent: BTreeSet<String>,
     /// Operations a cancel is justified for without a new reason: one was
     /// sent when it was (sent again after a reconnect, say), or their item
     /// may have gone with an external item as the server knows it (a value
@@ -553,6 +583,7 @@ impl Ledger {
         now_ms: u64,
         model: &IntentModel,
     ) -> Result<(), Violation> {
+        self.cancels_sent.insert(op_id.to_owned());
         let Some(record) = self.ops.get(op_id) else {
             return Ok(());
         };
@@ -584,6 +615,11 @@ impl Ledger {
                 record.timeout_ms
             ),
         )
+    }
+
+    /// Whether a cancel was ever sent for `op_id`.
+    pub fn cancel_sent(&self, op_id: &str) -> bool {
+        self.cancels_sent.contains(op_id)
     }
 
     /// Whether `order` resumes an operation already under way: the same op
@@ -627,8 +663,8 @@ impl Ledger {
         if order.kind == OperationKind::Read
             && let Some(lost) = self.lost.get(&item)
         {
-            self.resolving_reads
-                .insert(order.op_id.clone(), lost.op_id.clone());
+            self.resolving_read
+                .insert(lost.op_id.clone(), order.op_id.clone());
             // A READ sent to resolve the lost operation counts as one more
             // delivery of it: the server gives it up as poison after as many
             // losses as if it had been sent again each time (DESIGN 4).
@@ -843,7 +879,11 @@ impl Ledger {
                 _ => false,
             };
         if let Some(lost) = self.lost.get(&item)
-            && ((resolves && self.resolving_reads.get(op_id) == Some(&lost.op_id))
+            && ((resolves
+                && self
+                    .resolving_read
+                    .get(&lost.op_id)
+                    .is_some_and(|read| read == op_id))
                 || (lost.op_id == op_id && lost.attempt == attempt))
         {
             // Answered; or a READ (only ever sent to an UNKNOWN item whose

@@ -498,7 +498,7 @@ impl Sim {
                     )?;
                     if !resumed {
                         check_create_waits_for_deletes_of_its_type(&order, &self.agents, now)?;
-                        check_room(&order, &self.agents, &self.scenario, now)?;
+                        check_room(&order, &self.agents, &self.ledger, &self.scenario, now)?;
                     }
                     check_modify_spares_recreate_paths(&order, &self.scenario)?;
                     self.ledger
