@@ -700,3 +700,14 @@ fn seeds_59277_59729_an_operation_once_cancelled_stays_out_of_the_room_count() {
     passes_in(59277, 1_000);
     passes_in(59729, 1_000);
 }
+
+/// A lost operation the agent still runs is sent again at once, room or
+/// not (1,000-step sweep of 60000–61499, after lost operations began to
+/// take room). The agent listed a Modify it still ran; its re-delivery
+/// waited for room, the agent's answer then came on its old session, and
+/// the server sent the Modify again from there, after its dependency had
+/// vanished, where attaching to it at registration was what DESIGN 4 asks.
+#[test]
+fn seed_60661_a_lost_operation_the_agent_still_runs_is_sent_again_at_once() {
+    passes_in(60661, 1_000);
+}

@@ -691,7 +691,8 @@ impl Executor {
     /// READ that would resolve it) that finds no room: an UNKNOWN item's
     /// lost operation does not count as running, so sending every one at
     /// once could pass the type's `max_in_flight` (after a restart, say,
-    /// with operations whose cancel went unanswered).
+    /// with operations whose cancel went unanswered). One the agent lists
+    /// as still running goes at once: it attaches to what already runs.
     fn redeliver_lost(
         &mut self,
         types: &HashSet<String>,
@@ -699,7 +700,10 @@ impl Executor {
         now: Now,
     ) {
         let mut resend = Vec::new();
-        let mut decided: Vec<(ItemRef, Redelivery, CurrentItem)> = Vec::new();
+        // Each decision, with whether the agent still runs the operation
+        // (it listed it): sending it again then attaches to the running
+        // one, which already takes its room.
+        let mut decided: Vec<(ItemRef, Redelivery, CurrentItem, bool)> = Vec::new();
         let candidates: Vec<ItemRef> = self
             .operations
             .values()
@@ -754,20 +758,20 @@ impl Executor {
                 now.wall_ms,
                 retry_at,
             );
-            decided.push((item, decision, entry));
+            decided.push((item, decision, entry, agent_holds == Some(true)));
         }
         for item in resend {
             self.send_journaled(&item);
         }
         self.count_in_flight();
         let mut orders = Vec::new();
-        for (item, decision, entry) in decided {
+        for (item, decision, entry, still_runs) in decided {
             // Decided now: a deferral from before is settled (or made
             // again below), so the item is not sent twice.
             self.deferred_redeliveries.remove(&item);
             let read = matches!(decision, Redelivery::Read);
             let sends = read || matches!(decision, Redelivery::Resend { .. });
-            if sends {
+            if sends && !still_runs {
                 let limits = self.room_limits(&self.spec(item.item_type()));
                 if !self.room.take(item.item_type(), read, limits) {
                     self.deferred_redeliveries.insert(item);

@@ -1340,3 +1340,36 @@ fn lost_operations_sent_again_wait_for_room() {
         }
     }
 }
+
+/// A lost operation the agent lists as still running goes out at once,
+/// room or not: sending it again attaches to what already runs there.
+#[test]
+fn lost_operations_the_agent_still_runs_are_sent_again_whatever_the_room() {
+    let mut spec = spec();
+    spec.max_in_flight = 2;
+    let mut executor = executor();
+    register_listed(&mut executor, 1, "agent", spec.clone(), at(0));
+    let effects = submit(&mut executor, vec![item("a", 1), item("b", 1)], at(10));
+    let lost = orders(&effects.sends);
+    executor.session_closed(1, "gone", at(20));
+    executor.committed(at(20));
+
+    spec.max_in_flight = 1;
+    let still_running = lost.iter().map(|order| order.op_id.clone()).collect();
+    let effects = register_with(
+        &mut executor,
+        2,
+        "agent",
+        spec,
+        Outstanding::Listed(still_running),
+        at(30),
+    );
+    let mut sent: Vec<String> = orders(&effects.sends)
+        .into_iter()
+        .map(|order| order.op_id)
+        .collect();
+    sent.sort();
+    let mut expected: Vec<String> = lost.into_iter().map(|order| order.op_id).collect();
+    expected.sort();
+    assert_eq!(sent, expected, "both attach to what the agent runs");
+}
