@@ -535,7 +535,10 @@ async fn the_fleet_stream_has_one_order_on_every_replica_and_resumes_on_another(
         let name = format!("t{i}");
         let token = replicas.create_tenant(i % 3, &name).await;
         // No agent: the tenant's conditions change (waiting for one).
-        api::reconciler(&replicas.channel(0).await, &token)
+        // Through the replica that created the tenant: it knows the token
+        // when CreateTenant answers, the others once etcd's watch delivers
+        // it (docs/scale-out.md).
+        api::reconciler(&replicas.channel(i % 3).await, &token)
             .submit_intent(api::submit(&name, chain(2, 1)))
             .await
             .expect("submits");
