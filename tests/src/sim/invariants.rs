@@ -525,16 +525,17 @@ pub struct Ledger {
     /// timed out) does not, nor does a READ's answer sent again after a
     /// crash, for an operation lost since.
     resolving_read: HashMap<String, String>,
-    /// Operations a cancel was sent for: an agent may hold one, re-sent
-    /// to it, that the server no longer counts as running (its item
-    /// UNKNOWN once the cancel went unanswered).
+    /// Operations a cancel was sent for (each was justified then, or the
+    /// run failed): sent again, after a reconnect say, it needs no new
+    /// reason. An agent may hold one, re-sent to it, that the server no
+    /// longer counts as running (its item UNKNOWN once the cancel went
+    /// unanswered).
     cancels_sent: BTreeSet<String>,
-    /// Operations a cancel is justified for without a new reason: one was
-    /// sent when it was (sent again after a reconnect, say), or their item
-    /// may have gone with an external item as the server knows it (a value
-    /// delivered for it earlier, which the server may hold as applied, was
-    /// auto-deleted by a vanished item).
-    may_be_cancelled: BTreeSet<String>,
+    /// Operations whose item may have gone with an external item as the
+    /// server knows it (a value delivered for it earlier, which the server
+    /// may hold as applied, was auto-deleted by a vanished item): a cancel
+    /// of one needs no other reason.
+    dropped_with_external: BTreeSet<String>,
     /// Items and generations for which an agent answered a NEEDS_RECREATE
     /// question with no (on a session that held the type then).
     modify_in_place: BTreeSet<(ItemRef, u64)>,
@@ -583,13 +584,12 @@ impl Ledger {
         now_ms: u64,
         model: &IntentModel,
     ) -> Result<(), Violation> {
-        self.cancels_sent.insert(op_id.to_owned());
+        if !self.cancels_sent.insert(op_id.to_owned()) {
+            return Ok(());
+        }
         let Some(record) = self.ops.get(op_id) else {
             return Ok(());
         };
-        if self.may_be_cancelled.contains(op_id) {
-            return Ok(());
-        }
         let timed_out = now_ms >= record.delivered_at_ms.saturating_add(record.timeout_ms);
         let superseded = match record.kind {
             OperationKind::Create | OperationKind::Modify => {
@@ -599,8 +599,11 @@ impl Ledger {
             OperationKind::Delete => model.intends(&record.item),
             OperationKind::Read => false,
         };
-        if timed_out || superseded || self.vanished_ops.contains(op_id) {
-            self.may_be_cancelled.insert(op_id.to_owned());
+        if timed_out
+            || superseded
+            || self.vanished_ops.contains(op_id)
+            || self.dropped_with_external.contains(op_id)
+        {
             return Ok(());
         }
         fail(
@@ -1028,7 +1031,7 @@ impl Ledger {
                     })
                 };
             if *ending == Ending::Open && tied_before() {
-                self.may_be_cancelled.insert(op_id.clone());
+                self.dropped_with_external.insert(op_id.clone());
             }
         }
         for item in &vanished {

@@ -655,10 +655,9 @@ impl Executor {
             .iter()
             .filter(|item| {
                 self.sessions.contains_key(&**item.item_type())
-                    && self.room.has_room(
-                        item.item_type(),
-                        self.room_limits(&self.spec(item.item_type())),
-                    )
+                    && self
+                        .room
+                        .has_room(item.item_type(), self.type_limits(item.item_type()))
                     && self.model.current.get(item).is_none_or(|current| {
                         current.state != ItemState::Unknown
                             || !waits_for_a_dependency(&self.model.current, item, current)
@@ -772,7 +771,7 @@ impl Executor {
             let read = matches!(decision, Redelivery::Read);
             let sends = read || matches!(decision, Redelivery::Resend { .. });
             if sends && !still_runs {
-                let limits = self.room_limits(&self.spec(item.item_type()));
+                let limits = self.type_limits(item.item_type());
                 if !self.room.take(item.item_type(), read, limits) {
                     self.deferred_redeliveries.insert(item);
                     continue;

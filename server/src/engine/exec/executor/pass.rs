@@ -359,19 +359,22 @@ impl Executor {
     fn take_undispatched_with_room(&mut self) -> Vec<(ItemRef, OperationKind)> {
         let types = &self.types;
         let per_tenant = self.settings.max_operations_in_flight;
-        self.room.take_queued(|item_type| {
-            let per_type = types
-                .spec(item_type)
-                .map_or(DEFAULT_MAX_IN_FLIGHT, |spec| spec.max_in_flight);
-            Limits {
-                per_type: per_type.max(1) as usize,
-                per_tenant,
-            }
-        })
+        self.room
+            .take_queued(|item_type| limits_of(types, per_tenant, item_type))
+    }
+
+    /// The limits that make room for an operation of `item_type` (the
+    /// default ones for a type that never registered).
+    pub(super) fn type_limits(&self, item_type: &str) -> Limits {
+        limits_of(
+            &self.types,
+            self.settings.max_operations_in_flight,
+            item_type,
+        )
     }
 
     /// The limits that make room for an operation of `spec`'s type.
-    pub(super) fn room_limits(&self, spec: &TypeSpec) -> Limits {
+    fn room_limits(&self, spec: &TypeSpec) -> Limits {
         Limits {
             per_type: spec.max_in_flight.max(1) as usize,
             per_tenant: self.settings.max_operations_in_flight,
@@ -789,4 +792,17 @@ pub(super) fn order_for(
         previous_uncertain: entry.existence_uncertain,
         question: operation.question,
     })
+}
+
+/// The limits that make room for an operation of `item_type`: its spec's
+/// `max_in_flight` (the default for a type that never registered) and the
+/// tenant's `per_tenant`.
+fn limits_of(types: &TypeRegistry, per_tenant: u64, item_type: &str) -> Limits {
+    let per_type = types
+        .spec(item_type)
+        .map_or(DEFAULT_MAX_IN_FLIGHT, |spec| spec.max_in_flight);
+    Limits {
+        per_type: per_type.max(1) as usize,
+        per_tenant,
+    }
 }
