@@ -25,7 +25,7 @@
 //! At the end the server restarts and every acknowledged write of both
 //! tenants is there.
 //!
-//! `cargo test -p reconciled-tests --test hostile_suite` runs
+//! `cargo test -p reconciled-tests --test integration hostile_suite::` runs
 //! [`DEFAULT_CASES`] cases (about a minute on 2 cores, debug build);
 //! `HOSTILE_CASES=500` runs more. A failure prints the shrunk case.
 
