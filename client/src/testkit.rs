@@ -36,11 +36,14 @@
 //! 1. `$RECONCILED_BIN`, if set (a prebuilt or installed server);
 //! 2. under cargo (`cargo test` sets `CARGO`): `cargo build -p reconciled
 //!    --bin reconciled` with the test's profile and target directory, run
-//!    from the test's package directory (inside the reconciled workspace, or
-//!    a workspace that depends on the `reconciled` package). Cargo rebuilds
-//!    the server only if it changed (about a second otherwise), so a test
-//!    never runs against a stale binary (`cargo test` does not build another
-//!    package's binaries);
+//!    from the test's package directory (in a workspace that depends on the
+//!    `reconciled` package). Cargo rebuilds the server only if it changed
+//!    (about a second otherwise), so a test never runs against a stale
+//!    binary (`cargo test` does not build another package's binaries).
+//!    Inside the reconciled workspace it builds `--workspace --bins
+//!    --examples` instead: that is the selection of `cargo test --workspace`,
+//!    so cargo reuses the test run's dependencies rather than compiling
+//!    them again with other features;
 //! 3. otherwise, or if that build fails, `reconciled` next to the test
 //!    executable, in the cargo profile directory it was built into
 //!    (`target/debug/reconciled` when the test is `target/debug/deps/<test>`).
@@ -191,14 +194,21 @@ fn build_with_cargo(profile_dir: Option<&Path>) -> Result<PathBuf, String> {
         None | Some("debug") => "dev".to_owned(),
         Some(other) => other.to_owned(),
     };
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR");
+    let selection: &[&str] = if reconciled_is_a_workspace_member(&cargo, manifest_dir.as_deref()) {
+        &["--workspace", "--bins", "--examples"]
+    } else {
+        &["-p", "reconciled", "--bin", "reconciled"]
+    };
     let mut command = std::process::Command::new(&cargo);
     command
-        .args(["build", "-p", "reconciled", "--bin", "reconciled"])
+        .arg("build")
+        .args(selection)
         .args(["--profile", &profile, "--message-format", "json"]);
     if let Some(target) = profile_dir.and_then(Path::parent) {
         command.arg("--target-dir").arg(target);
     }
-    if let Some(dir) = std::env::var_os("CARGO_MANIFEST_DIR") {
+    if let Some(dir) = &manifest_dir {
         command.current_dir(dir);
     }
     let output = command
@@ -206,13 +216,43 @@ fn build_with_cargo(profile_dir: Option<&Path>) -> Result<PathBuf, String> {
         .map_err(|error| format!("cannot run cargo: {error}"))?;
     if !output.status.success() {
         return Err(format!(
-            "`cargo build -p reconciled --bin reconciled` failed ({}):\n{}",
+            "`cargo build {}` failed ({}):\n{}",
+            selection.join(" "),
             output.status,
             String::from_utf8_lossy(&output.stderr)
         ));
     }
     reported_executable(&String::from_utf8_lossy(&output.stdout), "reconciled")
         .ok_or_else(|| "cargo built reconciled but reported no executable".to_owned())
+}
+
+/// Whether the `reconciled` package is a member of the test's workspace
+/// (`cargo metadata --no-deps` lists the members alone). If it is, the
+/// server is built with the whole workspace selected, as `cargo test
+/// --workspace` selects it, so cargo resolves every dependency with the
+/// test run's features and only links the binary; `-p reconciled` alone
+/// resolves them differently and compiles a second copy of nearly every
+/// dependency.
+fn reconciled_is_a_workspace_member(
+    cargo: &std::ffi::OsStr,
+    dir: Option<&std::ffi::OsStr>,
+) -> bool {
+    let mut command = std::process::Command::new(cargo);
+    command.args(["metadata", "--no-deps", "--format-version", "1"]);
+    if let Some(dir) = dir {
+        command.current_dir(dir);
+    }
+    let Ok(output) = command.output() else {
+        return false;
+    };
+    let Ok(metadata) = serde_json::from_slice::<serde_json::Value>(&output.stdout) else {
+        return false;
+    };
+    metadata["packages"].as_array().is_some_and(|packages| {
+        packages
+            .iter()
+            .any(|package| package["name"] == "reconciled")
+    })
 }
 
 /// The executable of the binary target `name` among cargo's JSON messages.

@@ -4,11 +4,13 @@
 //! (`CARGO_BIN_EXE_*` exists only for a package's own binaries), and
 //! `cargo test -p reconciled-tests` would otherwise run against whatever
 //! stale binary a previous build left in `target/`. So the first test in each
-//! test process runs `cargo build -p reconciled --bin reconciled` with the
-//! profile of the test itself, and uses the executable cargo reports. When
-//! the binary is up to date this takes about a second. Cargo's own lock on
-//! the build directory serialises concurrent builds from parallel test
-//! processes.
+//! test process that needs a binary runs `cargo build --workspace --bins
+//! --examples` with the profile of the test itself, and uses the
+//! executables cargo reports (the server, `reconctl`, the example agents).
+//! Under `cargo test --workspace` that only links them: see
+//! `build_workspace_executables` for why the whole workspace. Cargo's own
+//! lock on the build directory serialises concurrent builds from parallel
+//! test processes.
 //!
 //! Set `RECONCILED_BIN=/path/to/reconciled` to test a prebuilt binary
 //! instead (nothing is built then).
@@ -85,45 +87,62 @@ pub fn target_dir() -> PathBuf {
 }
 
 fn build_with_cargo() -> anyhow::Result<PathBuf> {
-    cargo_build("reconciled", "bin", "reconciled")
+    workspace_executable("bin", "reconciled")
 }
 
-/// The example `name` of package `package`, built once per test process
-/// with the test's profile (e.g. the `fs_agent` example agent). The build
+/// The example `name` of the workspace (e.g. the `fs_agent` example
+/// agent), built once per test process with the test's profile. The build
 /// blocks the calling thread: call it before opening connections, which
 /// the server closes when their runtime misses its keepalive pings.
-pub fn example_binary(package: &str, name: &str) -> PathBuf {
-    built_once(package, "example", name)
+pub fn example_binary(name: &str) -> PathBuf {
+    executable_or_panic("example", name)
 }
 
-/// The binary `name` of package `package` (e.g. `reconctl` of
-/// `reconciled-client`), built once per test process with the test's
-/// profile. Like [`example_binary`], call it before opening connections.
-pub fn package_binary(package: &str, name: &str) -> PathBuf {
-    built_once(package, "bin", name)
+/// The binary `name` of the workspace (e.g. `reconctl`), built once per
+/// test process with the test's profile. Like [`example_binary`], call it
+/// before opening connections.
+pub fn workspace_binary(name: &str) -> PathBuf {
+    executable_or_panic("bin", name)
 }
 
-fn built_once(package: &str, kind: &str, name: &str) -> PathBuf {
-    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
-    let mut built = BUILT
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let key = format!("{package}/{kind}/{name}");
-    if let Some((_, path)) = built.iter().find(|(k, _)| *k == key) {
-        return path.clone();
-    }
-    match cargo_build(package, kind, name) {
-        Ok(path) => {
-            built.push((key, path.clone()));
-            path
-        }
-        Err(error) => panic!("cannot build {kind} {name} of {package}: {error:#}"),
-    }
+fn executable_or_panic(kind: &str, name: &str) -> PathBuf {
+    workspace_executable(kind, name)
+        .unwrap_or_else(|error| panic!("cannot build {kind} {name}: {error:#}"))
 }
 
-/// Runs `cargo build -p <package> --<kind> <name>` with the test's profile
-/// and target dir, and returns the executable cargo reports.
-fn cargo_build(package: &str, kind: &str, name: &str) -> anyhow::Result<PathBuf> {
+/// The executable of target `name` of `kind` (`bin` or `example`) from the
+/// workspace build, which runs once per test process.
+fn workspace_executable(kind: &str, name: &str) -> anyhow::Result<PathBuf> {
+    static BUILT: OnceLock<Result<Vec<Executable>, String>> = OnceLock::new();
+    let built = BUILT
+        .get_or_init(|| build_workspace_executables().map_err(|error| format!("{error:#}")))
+        .as_ref()
+        .map_err(|message| anyhow::anyhow!("{message}"))?;
+    built
+        .iter()
+        .find(|executable| executable.kind == kind && executable.name == name)
+        .map(|executable| executable.path.clone())
+        .with_context(|| format!("the workspace has no {kind} named {name}"))
+}
+
+/// One executable cargo reported building.
+struct Executable {
+    kind: String,
+    name: String,
+    path: PathBuf,
+}
+
+/// Runs `cargo build --workspace --bins --examples` with the test's profile
+/// and target dir, and returns every executable cargo reports.
+///
+/// The whole workspace, examples included, is what `cargo test --workspace`
+/// selects: cargo then resolves every dependency with the same features as
+/// the test run and reuses its artifacts, so only the binaries themselves
+/// are linked. A narrower selection (`-p reconciled --bin reconciled`)
+/// resolves features differently (no dev-dependencies, fewer packages) and
+/// compiled a second copy of nearly every dependency: about 1 GB of the
+/// target directory and minutes of CPU next to the running tests.
+fn build_workspace_executables() -> anyhow::Result<Vec<Executable>> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let manifest = workspace_root().join("Cargo.toml");
     let profile = test_profile();
@@ -132,7 +151,7 @@ fn cargo_build(package: &str, kind: &str, name: &str) -> anyhow::Result<PathBuf>
         .arg("build")
         .arg("--manifest-path")
         .arg(&manifest)
-        .args(["-p", package, &format!("--{kind}"), name])
+        .args(["--workspace", "--bins", "--examples"])
         .args(["--profile", &profile])
         .args(["--message-format", "json-render-diagnostics"]);
     if let Some(dir) = detected_target_dir() {
@@ -143,27 +162,35 @@ fn cargo_build(package: &str, kind: &str, name: &str) -> anyhow::Result<PathBuf>
         .with_context(|| format!("cannot run {}", Path::new(&cargo).display()))?;
     if !output.status.success() {
         bail!(
-            "`cargo build -p {package} --{kind} {name} --profile {profile}` failed ({}):\n{}",
+            "`cargo build --workspace --bins --examples --profile {profile}` failed ({}):\n{}",
             output.status,
             String::from_utf8_lossy(&output.stderr)
         );
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
+    let mut executables = Vec::new();
     for line in stdout.lines() {
         let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        let is_target = message["reason"] == "compiler-artifact"
-            && message["target"]["name"] == name
-            && message["target"]["kind"]
-                .as_array()
-                .is_some_and(|kinds| kinds.iter().any(|k| k == kind));
-        if let (true, Some(executable)) = (is_target, message["executable"].as_str()) {
-            return Ok(PathBuf::from(executable));
+        if message["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let (Some(name), Some(path)) = (
+            message["target"]["name"].as_str(),
+            message["executable"].as_str(),
+        ) else {
+            continue;
+        };
+        for kind in message["target"]["kind"].as_array().into_iter().flatten() {
+            if let Some(kind) = kind.as_str() {
+                executables.push(Executable {
+                    kind: kind.to_owned(),
+                    name: name.to_owned(),
+                    path: PathBuf::from(path),
+                });
+            }
         }
     }
-    bail!(
-        "cargo built {name} but reported no executable; its output was:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    )
+    Ok(executables)
 }

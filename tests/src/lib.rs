@@ -3,11 +3,13 @@
 //! - [`ServerProcess`]: starts the real `reconciled` binary on a free
 //!   loopback port with a temporary data directory, waits until its health
 //!   check says `SERVING`, and can restart, SIGTERM or SIGKILL it.
-//! - [`reconciled_binary`]: the binary under test. Each test process runs
-//!   `cargo build -p reconciled --bin reconciled` once first (cheap when up
-//!   to date), because cargo does not build another package's binaries for
-//!   a test and a stale `target/debug/reconciled` would test old code. Set
-//!   `RECONCILED_BIN` to test a prebuilt binary instead.
+//! - [`reconciled_binary`]: the binary under test, with
+//!   [`workspace_binary`] and [`example_binary`] for the others (`reconctl`,
+//!   the example agents). Each test process runs `cargo build --workspace
+//!   --bins --examples` once first (it only links them under `cargo test
+//!   --workspace`), because cargo does not build another package's binaries
+//!   for a test and a stale `target/debug/reconciled` would test old code.
+//!   Set `RECONCILED_BIN` to test a prebuilt server instead.
 //! - [`agents`]: real SDK agents for tests: a recording, scriptable
 //!   configurator, a running agent with its events, and a tenant whose
 //!   status and graph can be waited on with deadlines.
@@ -52,7 +54,7 @@ pub mod sim;
 pub mod watch;
 
 pub use binary::{
-    RECONCILED_BIN_ENV, example_binary, package_binary, reconciled_binary, target_dir,
+    RECONCILED_BIN_ENV, example_binary, reconciled_binary, target_dir, workspace_binary,
     workspace_root,
 };
 pub use grpcurl::{GRPCURL_PACKAGE, grpcurl, successful_stdout};

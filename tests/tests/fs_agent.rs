@@ -66,7 +66,7 @@ async fn the_example_agent_creates_changes_and_removes_real_files() {
     // Built before any connection is open: the build blocks this test's
     // runtime, and a connection that cannot answer the server's keepalive
     // pings for 20 s is closed.
-    let agent_binary = example_binary("reconciled-client", "fs_agent");
+    let agent_binary = example_binary("fs_agent");
     let server = ServerProcess::start(ServerOptions::default())
         .await
         .expect("server starts");

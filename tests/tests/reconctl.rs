@@ -15,7 +15,7 @@ use reconciled_client::agent::{ItemRef, OperationKind, TypeSpec};
 use reconciled_tests::agents::{Recorder, RunningAgent, Step, TestTenant};
 use reconciled_tests::proto::v1;
 use reconciled_tests::{
-    ServerOptions, ServerProcess, example_binary, package_binary, workspace_root,
+    ServerOptions, ServerProcess, example_binary, workspace_binary, workspace_root,
 };
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
@@ -79,7 +79,7 @@ impl Reconctl {
     /// reconctl with `RECONCILED_ADDR=addr`.
     fn at(addr: &str) -> Self {
         Self {
-            binary: package_binary("reconciled-client", "reconctl"),
+            binary: workspace_binary("reconctl"),
             env: vec![("RECONCILED_ADDR".into(), addr.into())],
             home: tempfile::tempdir().expect("temp dir"),
         }
@@ -837,7 +837,7 @@ async fn the_readme_quickstart_works_with_reconctl_and_the_example_agent() {
     // export RECONCILED_TOKEN=$TOKEN RECONCILED_TENANT=acme
     // target/release/examples/fs_agent --root /tmp/fs-root &
     let root = tempfile::tempdir().expect("temp dir");
-    let agent = tokio::process::Command::new(example_binary("reconciled-client", "fs_agent"))
+    let agent = tokio::process::Command::new(example_binary("fs_agent"))
         .arg("--root")
         .arg(root.path())
         .env("RECONCILED_ADDR", server.endpoint())

@@ -12,8 +12,8 @@ use reconciled_client::agent::{AgentError, TypeSpec};
 use reconciled_client::schemars::JsonSchema;
 use reconciled_tests::agents::{Recorder, RunningAgent, TestTenant};
 use reconciled_tests::api::{item, submit, violated_fields};
-use reconciled_tests::package_binary;
 use reconciled_tests::proto::v1;
+use reconciled_tests::workspace_binary;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tonic::Code;
@@ -241,7 +241,7 @@ async fn reconctl(
 async fn reconctl_shows_a_types_schema_and_the_refusal_of_an_intent() {
     // Built (if need be) before the agent starts: the build blocks this
     // test's runtime, and with it the agent's heartbeats.
-    let binary = package_binary("reconciled-client", "reconctl");
+    let binary = workspace_binary("reconctl");
     let recorder = Recorder::new();
     let (tenant, _agent) = tenant_with_agent(&recorder).await;
     let home = tempfile::tempdir().expect("a temp dir");

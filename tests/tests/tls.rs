@@ -157,7 +157,7 @@ async fn mutual_tls_refuses_clients_without_a_certificate_and_an_agent_with_one_
     let pki = Pki::new();
     // Built before any connection is open (the build blocks this runtime,
     // and the server closes connections that miss its keepalive pings).
-    let reconctl_binary = reconciled_tests::package_binary("reconciled-client", "reconctl");
+    let reconctl_binary = reconciled_tests::workspace_binary("reconctl");
     let tenant = TestTenant::start_with(pki.server_options(true), "acme").await;
     let admin = tenant.server.admin_token();
 
