@@ -378,6 +378,21 @@ impl Caller {
 pub trait TokenDirectory {
     /// The internal id of the live tenant whose token has this hash.
     fn tenant_by_token_hash(&self, hash: &[u8; 32]) -> Option<u64>;
+
+    /// Whether this directory may lag tokens created or rotated elsewhere
+    /// (a replica learns other replicas' tenants through etcd's watch);
+    /// if so, a token it does not know is looked up again after
+    /// [`catch_up`](Self::catch_up).
+    fn may_lag(&self) -> bool {
+        false
+    }
+
+    /// Waits, for a bounded time, until the directory knows every token
+    /// created or rotated before the call. A directory that never lags
+    /// returns at once.
+    fn catch_up(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
 impl TokenDirectory for HashMap<[u8; 32], u64> {

@@ -18,13 +18,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::follow::follow_records;
+use super::follow::{Progress, follow_records};
 use crate::auth::TokenDirectory;
 use crate::engine::conditions::Condition;
 use crate::store::etcd::RecordChange;
@@ -111,12 +112,22 @@ impl State {
     }
 }
 
+/// How long [`Catalog::catch_up`] waits for a progress report before it
+/// asks etcd again (etcd answers only a watch that has caught up).
+const PROGRESS_ASK_AGAIN: Duration = Duration::from_millis(50);
+
 /// The fleet-wide tenant directory of this replica.
 #[derive(Debug)]
 pub struct Catalog {
     state: RwLock<State>,
     /// Bumped on every change (placement and routing wait on it).
     changed: watch::Sender<u64>,
+    /// Bumped to ask both watches for a progress report.
+    progress_wanted: watch::Sender<u64>,
+    /// How far the name index has been applied.
+    names_progress: Progress,
+    /// How far the directory entries have been applied.
+    entries_progress: Progress,
 }
 
 impl TokenDirectory for Catalog {
@@ -132,9 +143,13 @@ impl Catalog {
         store: Arc<EtcdStore>,
         stop: CancellationToken,
     ) -> Result<Arc<Self>, StoreError> {
+        let progress_wanted = watch::Sender::new(0);
         let catalog = Arc::new(Self {
             state: RwLock::new(State::default()),
             changed: watch::Sender::new(0),
+            names_progress: Progress::asked_by(&progress_wanted),
+            entries_progress: Progress::asked_by(&progress_wanted),
+            progress_wanted,
         });
         let (names, names_revision) = store.list_records(keys::tenant_names_prefix()).await?;
         let (entries, entries_revision) = store.list_records(keys::tenant_entries_prefix()).await?;
@@ -151,6 +166,8 @@ impl Catalog {
                 state.rebuild_token(&name);
             }
         }
+        catalog.names_progress.advance(names_revision);
+        catalog.entries_progress.advance(entries_revision);
         info!(
             tenants = catalog.read().names.len(),
             "Tenant directory loaded from etcd."
@@ -182,6 +199,34 @@ impl Catalog {
         self.state
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Waits until the catalog holds every change etcd had acknowledged
+    /// when it was called (a tenant created or a token rotated through
+    /// another replica a moment ago), for at most `wait`; whether it does.
+    /// Costs one read of etcd's revision and a progress request to each
+    /// watch per 50 ms of waiting.
+    pub async fn catch_up(&self, store: &EtcdStore, wait: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + wait;
+        let revision = match tokio::time::timeout_at(deadline, store.current_revision()).await {
+            Ok(Ok(revision)) => revision,
+            Ok(Err(_)) | Err(_) => return false,
+        };
+        for progress in [&self.names_progress, &self.entries_progress] {
+            let mut through = progress.through.subscribe();
+            while *through.borrow_and_update() < revision {
+                self.progress_wanted
+                    .send_modify(|asked| *asked = asked.wrapping_add(1));
+                let ask_again = (tokio::time::Instant::now() + PROGRESS_ASK_AGAIN).min(deadline);
+                match tokio::time::timeout_at(ask_again, through.changed()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return false,
+                    Err(_) if tokio::time::Instant::now() >= deadline => return false,
+                    Err(_) => {}
+                }
+            }
+        }
+        true
     }
 
     /// The id of tenant `name`, if it exists.
@@ -324,12 +369,17 @@ async fn follow(
     stop: CancellationToken,
 ) {
     let (store, feed) = (&*store, &feed);
+    let progress = match feed {
+        Feed::Names(catalog) => &catalog.names_progress,
+        Feed::Entries(catalog) => &catalog.entries_progress,
+    };
     follow_records(
         store,
         prefix,
         revision,
         "the tenant directory",
         &stop,
+        progress,
         |batch| feed.apply(batch),
         move |_| async move {
             match store.list_records(prefix).await {

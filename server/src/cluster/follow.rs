@@ -4,34 +4,89 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::store::etcd::RecordChange;
+use crate::store::etcd::{RecordChange, RecordWatchEvent};
 use crate::store::{EtcdStore, StoreError};
 
 /// The pause before a failed watch is opened again.
 const REWATCH_PAUSE: Duration = Duration::from_millis(200);
+
+/// How far a follower has got, and how others ask it to find out.
+pub(super) struct Progress {
+    /// Changed by whoever wants etcd to report how far the watch has got.
+    pub wanted: watch::Receiver<u64>,
+    /// The revision up to which every change under the prefix has been
+    /// applied: that of the last change, of the last reload, or of etcd's
+    /// last progress report, whichever is highest.
+    pub through: watch::Sender<i64>,
+}
+
+impl Progress {
+    /// A follower nobody asks about, applied through `revision`.
+    pub fn unasked(revision: i64) -> Self {
+        Self {
+            wanted: watch::channel(0).1,
+            through: watch::Sender::new(revision),
+        }
+    }
+
+    /// A follower asked for progress through `wanted`, applied through
+    /// nothing yet.
+    pub fn asked_by(wanted: &watch::Sender<u64>) -> Self {
+        Self {
+            wanted: wanted.subscribe(),
+            through: watch::Sender::new(0),
+        }
+    }
+
+    /// Records that every change up to `revision` has been applied.
+    pub fn advance(&self, revision: i64) {
+        self.through.send_if_modified(|through| {
+            let later = revision > *through;
+            if later {
+                *through = revision;
+            }
+            later
+        });
+    }
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress")
+            .field("through", &*self.through.borrow())
+            .finish_non_exhaustive()
+    }
+}
 
 /// Watches the records under `prefix` from `revision` + 1 until `stop`,
 /// handing every batch of changes to `apply`, and opening the watch again
 /// after a failure from where it left off. When etcd compacted away what
 /// the watch had not delivered yet, `reload` reads the state afresh and
 /// returns the revision to go on from (`None`: it failed, try again from
-/// where it was). `what` names the records in logs.
+/// where it was). `what` names the records in logs. `progress` tells how
+/// far it has got.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn follow_records<R>(
     store: &EtcdStore,
     prefix: &[u8],
     mut revision: i64,
     what: &str,
     stop: &CancellationToken,
+    progress: &Progress,
     mut apply: impl FnMut(&[RecordChange]),
     mut reload: impl FnMut(i64) -> R,
 ) where
     R: Future<Output = Option<i64>>,
 {
     loop {
-        let mut changes = match store.watch_records(prefix, revision + 1).await {
+        let watched = store
+            .watch_records(prefix, revision + 1, progress.wanted.clone())
+            .await;
+        let mut changes = match watched {
             Ok(changes) => changes,
             Err(error) => {
                 warn!(%error, what, "Cannot watch records in etcd; retrying.");
@@ -47,11 +102,16 @@ pub(super) async fn follow_records<R>(
                 batch = changes.recv() => batch,
             };
             match batch {
-                Some(Ok(batch)) => {
+                Some(Ok(RecordWatchEvent::Changes(batch))) => {
                     if let Some(last) = batch.last() {
                         revision = revision.max(last.revision);
                     }
                     apply(&batch);
+                    progress.advance(revision);
+                }
+                Some(Ok(RecordWatchEvent::ProgressAt { revision: at })) => {
+                    revision = revision.max(at);
+                    progress.advance(revision);
                 }
                 Some(Err(StoreError::Compacted {
                     compact_revision, ..
@@ -62,6 +122,7 @@ pub(super) async fn follow_records<R>(
                     );
                     if let Some(at) = reload(compact_revision).await {
                         revision = at;
+                        progress.advance(revision);
                     }
                     break;
                 }

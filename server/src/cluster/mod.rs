@@ -10,8 +10,9 @@
 //! - [`owner_store`]: the store an owner commits through: every commit
 //!   fenced on its owner key, the tenant's directory entry kept in step.
 //! - [`catalog`]: the fleet-wide tenant directory (names, ids, token
-//!   hashes, conditions) every replica keeps from etcd; it authenticates
-//!   tenant tokens on every replica.
+//!   hashes, conditions) every replica keeps from etcd; with `tokens`, it
+//!   authenticates tenant tokens on every replica, catching up with etcd
+//!   before it refuses one.
 //! - [`forward`]: tenant-scoped calls reach the owner.
 //! - [`fleet`]: `WatchFleet` in etcd's order, the same on every replica.
 //! - [`admin`]: creating tenants atomically across replicas.
@@ -31,6 +32,7 @@ mod mirror;
 pub mod owner_store;
 pub mod ownership;
 pub mod placement;
+mod tokens;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +53,7 @@ pub use forward::{ForwardLayer, Peers};
 pub use membership::Membership;
 pub use metrics::ClusterMetrics;
 pub use ownership::{Ownership, Route};
+use tokens::{CatchUps, ClusterTokens};
 
 /// The default TTL of a replica's etcd lease.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
@@ -75,34 +78,6 @@ pub struct ClusterSettings {
     pub peer_tls: Option<ClientTlsConfig>,
 }
 
-/// The tenant tokens of the whole fleet: the catalog's, except that for a
-/// tenant this replica serves its owner's own directory decides (a token
-/// rotated here is refused here at once, not only once etcd's watch has
-/// brought the change back).
-struct ClusterTokens {
-    catalog: Arc<Catalog>,
-    directory: Arc<TenantDirectory>,
-}
-
-impl TokenDirectory for ClusterTokens {
-    fn tenant_by_token_hash(&self, hash: &[u8; 32]) -> Option<u64> {
-        if let Some(id) = self.directory.tenant_by_token_hash(hash) {
-            return Some(id);
-        }
-        let id = self.catalog.tenant_by_token_hash(hash)?;
-        match self.catalog.name_of(id) {
-            // Served here: the owner's directory decides. Asked again, as
-            // the tenant may have been adopted since the first look (its
-            // token is then known there); a token refused by the catalog
-            // alone would be UNAUTHENTICATED, which an agent takes as final.
-            Some(name) if self.directory.get(&name).is_some() => {
-                self.directory.tenant_by_token_hash(hash)
-            }
-            _ => Some(id),
-        }
-    }
-}
-
 /// This replica's part in the cluster.
 pub struct Cluster {
     settings: ClusterSettings,
@@ -115,6 +90,8 @@ pub struct Cluster {
     fleet: Arc<ClusterFleet>,
     metrics: Arc<ClusterMetrics>,
     peers: Peers,
+    /// Catch-ups of the catalog before an unknown token is refused.
+    catch_ups: Arc<CatchUps>,
     /// Stops the watches and the ownership controller.
     stop: CancellationToken,
 }
@@ -169,6 +146,7 @@ impl Cluster {
         .await?;
         Ok(Arc::new(Self {
             peers: Peers::new(settings.peer_tls.clone(), settings.lease_ttl),
+            catch_ups: Arc::new(CatchUps::new(catalog.clone(), store.clone())),
             settings,
             directory,
             store,
@@ -197,6 +175,7 @@ impl Cluster {
         Arc::new(ClusterTokens {
             catalog: self.catalog.clone(),
             directory: self.directory.clone(),
+            catch_ups: self.catch_ups.clone(),
         })
     }
 
