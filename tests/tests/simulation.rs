@@ -711,3 +711,16 @@ fn seeds_59277_59729_an_operation_once_cancelled_stays_out_of_the_room_count() {
 fn seed_60661_a_lost_operation_the_agent_still_runs_is_sent_again_at_once() {
     passes_in(60661, 1_000);
 }
+
+/// No READ while a lost operation runs again on a live session (sweep of
+/// 144500–147499). A registration put off a READ for room; the READ of
+/// the session before could not tell, so the lost Create was sent again
+/// and then cancelled by an intent change. The put-off READ stayed
+/// behind, and once the cancel went unanswered it was sent on the same
+/// session while the Create still ran there: it found nothing, and the
+/// Create's dependency was deleted under it (DESIGN 4: no new operation
+/// until the old one reports or its session ends).
+#[test]
+fn seed_145486_no_read_while_the_lost_operation_runs_again_on_a_live_session() {
+    passes(145486);
+}

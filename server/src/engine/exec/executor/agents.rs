@@ -881,7 +881,7 @@ impl Executor {
                 rand::Rng::random_range(rng, low..=high)
             })
         };
-        match redelivery(
+        let decision = redelivery(
             &self.model.current,
             item,
             &unknown,
@@ -890,7 +890,13 @@ impl Executor {
             false,
             now.wall_ms,
             retry_at,
-        ) {
+        );
+        // Decided now: a deferral from before (a registration that found
+        // no room for this READ, say) is settled, or made again below. Left
+        // behind, it would send a READ the next time the item is UNKNOWN,
+        // even while its operation still runs on a live session.
+        self.deferred_redeliveries.remove(item);
+        match decision {
             Redelivery::Resend { operation, value } => {
                 self.transaction()
                     .relost

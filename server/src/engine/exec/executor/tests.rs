@@ -1341,6 +1341,69 @@ fn lost_operations_sent_again_wait_for_room() {
     }
 }
 
+/// An item whose lost operation runs again on a live session gets no READ
+/// when that operation's cancel goes unanswered, even if a registration
+/// had put off its READ for room earlier: DESIGN 4, no new operation until
+/// the old one reports or its session ends (simulator seed 145486, where
+/// the READ found nothing while the Create still ran, and a dependency was
+/// deleted under it).
+#[test]
+fn a_read_put_off_for_room_is_not_sent_while_the_lost_operation_runs_again() {
+    let mut spec = readable();
+    spec.max_in_flight = 1;
+    let mut executor = executor();
+    register_listed(&mut executor, 1, "agent", spec.clone(), at(0));
+    submit(&mut executor, vec![item("a", 1)], at(10));
+    executor.session_closed(1, "gone", at(20));
+    executor.committed(at(20));
+    // Session 2 gets a READ to resolve the lost Create.
+    let effects = register_listed(&mut executor, 2, "agent", spec.clone(), at(30));
+    assert_eq!(orders(&effects.sends)[0].kind, OperationKind::Read);
+
+    // Session 3 replaces it: session 2's READ still holds the one slot, so
+    // the READ session 3 would need is put off.
+    let effects = register_listed(&mut executor, 3, "agent", spec.clone(), at(40));
+    let sent = orders(&effects.sends);
+    assert!(sent.is_empty(), "no room yet: {sent:?}");
+
+    // Session 2's READ times out: it cannot tell, so the lost Create is
+    // sent again, to session 3. Then the item's intent changes, which
+    // cancels it, and the cancel goes unanswered: the item is UNKNOWN
+    // again.
+    let effects = executor.on_timer(at(30 + TIMEOUT_MS));
+    executor.committed(at(30 + TIMEOUT_MS));
+    let again = orders(&effects.sends);
+    assert_eq!(again.len(), 1);
+    assert_eq!(
+        again[0].kind,
+        OperationKind::Create,
+        "the lost Create again"
+    );
+    let changed_at = 31 + TIMEOUT_MS;
+    submit(&mut executor, vec![item("a", 2)], at(changed_at));
+    executor.committed(at(changed_at));
+    let cancel_expired_at = changed_at + 5_000;
+    executor.on_timer(at(cancel_expired_at));
+    executor.committed(at(cancel_expired_at));
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Unknown));
+
+    // There is room now, but session 3 may still run the Create: nothing
+    // is sent for the item before it reports or session 3 ends.
+    let sent = executor
+        .redeliver_deferred(at(cancel_expired_at + 1))
+        .map(|effects| orders(&effects.sends))
+        .unwrap_or_default();
+    assert!(sent.is_empty(), "{sent:?}");
+
+    // Once session 3 ends, the next registration reads it.
+    executor.session_closed(3, "gone", at(cancel_expired_at + 2));
+    executor.committed(at(cancel_expired_at + 2));
+    let effects = register_listed(&mut executor, 4, "agent", spec, at(cancel_expired_at + 3));
+    let read = orders(&effects.sends);
+    assert_eq!(read.len(), 1);
+    assert_eq!(read[0].kind, OperationKind::Read);
+}
+
 /// A lost operation the agent lists as still running goes out at once,
 /// room or not: sending it again attaches to what already runs there.
 #[test]

@@ -44,11 +44,13 @@ impl Executor {
         self.transaction().timer = true;
         // Cancels that got no answer within the cancel timeout: the item's
         // outcome is unknown; it gets no new operation until the old one
-        // reports or its session ends.
+        // reports or its session ends (then the next registration decides
+        // it): no re-delivery put off earlier may send one meanwhile.
         for item in
             self.deadlines
                 .cancels_expired(&self.operations, &self.model.current, now.mono_ms)
         {
+            self.deferred_redeliveries.remove(&item);
             if let Some(entry) = self.model.current.get(&item).cloned() {
                 let value = completed(&self.model.current, &entry, lost_outcome(&entry));
                 self.stage(&item, value);
