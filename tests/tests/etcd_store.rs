@@ -405,9 +405,8 @@ async fn the_tenant_catalog_catches_up_with_what_etcd_acknowledged() {
         batch.put(keys::tenant_name_key(&name), id.to_be_bytes().to_vec());
         batch.put(keys::tenant_entry_key(&name), entry.encode());
         // Every other time, a write elsewhere after it: etcd's revision
-        // then passes the tenant's, and only a progress report of the
-        // catalog's watches (no change of theirs) can say they have seen
-        // everything up to it.
+        // then passes the tenant's, and the catalog's watches see no change
+        // at it; the catch-up waits for the tenant's own writes.
         let elsewhere = (id % 2 == 1).then(|| {
             let mut elsewhere = WriteBatch::new();
             elsewhere.put(b"elsewhere".to_vec(), id.to_be_bytes().to_vec());

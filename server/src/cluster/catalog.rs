@@ -112,18 +112,12 @@ impl State {
     }
 }
 
-/// How long [`Catalog::catch_up`] waits for a progress report before it
-/// asks etcd again (etcd answers only a watch that has caught up).
-const PROGRESS_ASK_AGAIN: Duration = Duration::from_millis(50);
-
 /// The fleet-wide tenant directory of this replica.
 #[derive(Debug)]
 pub struct Catalog {
     state: RwLock<State>,
     /// Bumped on every change (placement and routing wait on it).
     changed: watch::Sender<u64>,
-    /// Bumped to ask both watches for a progress report.
-    progress_wanted: watch::Sender<u64>,
     /// How far the name index has been applied.
     names_progress: Progress,
     /// How far the directory entries have been applied.
@@ -143,13 +137,11 @@ impl Catalog {
         store: Arc<EtcdStore>,
         stop: CancellationToken,
     ) -> Result<Arc<Self>, StoreError> {
-        let progress_wanted = watch::Sender::new(0);
         let catalog = Arc::new(Self {
             state: RwLock::new(State::default()),
             changed: watch::Sender::new(0),
-            names_progress: Progress::asked_by(&progress_wanted),
-            entries_progress: Progress::asked_by(&progress_wanted),
-            progress_wanted,
+            names_progress: Progress::at(0),
+            entries_progress: Progress::at(0),
         });
         let (names, names_revision) = store.list_records(keys::tenant_names_prefix()).await?;
         let (entries, entries_revision) = store.list_records(keys::tenant_entries_prefix()).await?;
@@ -201,29 +193,35 @@ impl Catalog {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Waits until the catalog holds every change etcd had acknowledged
-    /// when it was called (a tenant created or a token rotated through
-    /// another replica a moment ago), for at most `wait`; whether it does.
-    /// Costs one read of etcd's revision and a progress request to each
-    /// watch per 50 ms of waiting.
+    /// Waits until the catalog holds every tenant written (created, given
+    /// a new token) that etcd had acknowledged when it was called, for at
+    /// most `wait`; whether it does. For each of its two key ranges it
+    /// reads the latest write after what its watch has applied (keys
+    /// only, filtered by etcd), and waits for the watch to apply it.
+    ///
+    /// It waits for the watch's own events rather than asking etcd for a
+    /// progress report: before etcd 3.5.8 and 3.4.24, a requested report
+    /// could arrive ahead of events it covers (etcd issue 15220).
+    /// Deletions are not waited for: a deleted tenant's token is refused
+    /// once the watch delivers the deletion, as before.
     pub async fn catch_up(&self, store: &EtcdStore, wait: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + wait;
-        let revision = match tokio::time::timeout_at(deadline, store.current_revision()).await {
-            Ok(Ok(revision)) => revision,
-            Ok(Err(_)) | Err(_) => return false,
-        };
-        for progress in [&self.names_progress, &self.entries_progress] {
+        let ranges = [
+            (keys::tenant_names_prefix(), &self.names_progress),
+            (keys::tenant_entries_prefix(), &self.entries_progress),
+        ];
+        for (prefix, progress) in ranges {
+            let applied = *progress.through.borrow();
+            let latest = store.latest_write_after(prefix, applied);
+            let latest = match tokio::time::timeout_at(deadline, latest).await {
+                Ok(Ok(Some(latest))) => latest,
+                Ok(Ok(None)) => continue,
+                Ok(Err(_)) | Err(_) => return false,
+            };
             let mut through = progress.through.subscribe();
-            while *through.borrow_and_update() < revision {
-                self.progress_wanted
-                    .send_modify(|asked| *asked = asked.wrapping_add(1));
-                let ask_again = (tokio::time::Instant::now() + PROGRESS_ASK_AGAIN).min(deadline);
-                match tokio::time::timeout_at(ask_again, through.changed()).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => return false,
-                    Err(_) if tokio::time::Instant::now() >= deadline => return false,
-                    Err(_) => {}
-                }
+            let reached = through.wait_for(|through| *through >= latest);
+            if !matches!(tokio::time::timeout_at(deadline, reached).await, Ok(Ok(_))) {
+                return false;
             }
         }
         true

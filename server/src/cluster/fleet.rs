@@ -184,7 +184,7 @@ async fn follow(store: Arc<EtcdStore>, fleet: Arc<ClusterFleet>, stop: Cancellat
         0,
         "the fleet's entries",
         &stop,
-        &Progress::unasked(0),
+        &Progress::at(0),
         |batch| fleet.publish(batch),
         // etcd no longer has the history from where the watch was: start
         // from its state at the compaction (at start-up, the usual case),

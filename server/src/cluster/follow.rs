@@ -8,37 +8,25 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::store::etcd::{RecordChange, RecordWatchEvent};
+use crate::store::etcd::RecordChange;
 use crate::store::{EtcdStore, StoreError};
 
 /// The pause before a failed watch is opened again.
 const REWATCH_PAUSE: Duration = Duration::from_millis(200);
 
-/// How far a follower has got, and how others ask it to find out.
+/// How far a follower has got: the revision up to which every change
+/// under its prefix has been applied (that of the last change, or of the
+/// last reload, whichever is later). Others wait on it.
 pub(super) struct Progress {
-    /// Changed by whoever wants etcd to report how far the watch has got.
-    pub wanted: watch::Receiver<u64>,
-    /// The revision up to which every change under the prefix has been
-    /// applied: that of the last change, of the last reload, or of etcd's
-    /// last progress report, whichever is highest.
+    /// The revision applied through.
     pub through: watch::Sender<i64>,
 }
 
 impl Progress {
-    /// A follower nobody asks about, applied through `revision`.
-    pub fn unasked(revision: i64) -> Self {
+    /// A follower applied through `revision`.
+    pub fn at(revision: i64) -> Self {
         Self {
-            wanted: watch::channel(0).1,
             through: watch::Sender::new(revision),
-        }
-    }
-
-    /// A follower asked for progress through `wanted`, applied through
-    /// nothing yet.
-    pub fn asked_by(wanted: &watch::Sender<u64>) -> Self {
-        Self {
-            wanted: wanted.subscribe(),
-            through: watch::Sender::new(0),
         }
     }
 
@@ -83,10 +71,7 @@ pub(super) async fn follow_records<R>(
     R: Future<Output = Option<i64>>,
 {
     loop {
-        let watched = store
-            .watch_records(prefix, revision + 1, progress.wanted.clone())
-            .await;
-        let mut changes = match watched {
+        let mut changes = match store.watch_records(prefix, revision + 1).await {
             Ok(changes) => changes,
             Err(error) => {
                 warn!(%error, what, "Cannot watch records in etcd; retrying.");
@@ -102,15 +87,11 @@ pub(super) async fn follow_records<R>(
                 batch = changes.recv() => batch,
             };
             match batch {
-                Some(Ok(RecordWatchEvent::Changes(batch))) => {
+                Some(Ok(batch)) => {
                     if let Some(last) = batch.last() {
                         revision = revision.max(last.revision);
                     }
                     apply(&batch);
-                    progress.advance(revision);
-                }
-                Some(Ok(RecordWatchEvent::ProgressAt { revision: at })) => {
-                    revision = revision.max(at);
                     progress.advance(revision);
                 }
                 Some(Err(StoreError::Compacted {

@@ -7,15 +7,16 @@
 //! that creates a tenant on one replica and calls another at once (through
 //! a load balancer) would otherwise be refused `UNAUTHENTICATED`, which
 //! agents and controllers take as final. So an unknown token waits for
-//! the catalog to catch up with etcd's current revision first
+//! the catalog to catch up with what etcd acknowledged first
 //! ([`Catalog::catch_up`]).
 //!
 //! What that costs is bounded whoever sends unknown tokens: one catch-up
 //! runs at a time, at least [`CATCH_UP_SPACING`] after the one before,
 //! and every call waiting for one is answered by the first that starts
-//! after it arrived, so a flood of bad tokens costs etcd at most one
-//! revision read (and a progress request per watch) per spacing, and each
-//! bad call waits at most two catch-ups of at most [`CATCH_UP_WAIT`].
+//! after it arrived. So a flood of bad tokens costs etcd at most two
+//! keys-only reads (of the name index and of the directory entries,
+//! filtered by revision on etcd's side) per spacing, and each bad call
+//! waits at most two catch-ups of at most [`CATCH_UP_WAIT`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,8 +33,9 @@ use crate::tenant::TenantDirectory;
 /// The longest one catch-up waits for etcd and the watches.
 pub const CATCH_UP_WAIT: Duration = Duration::from_secs(1);
 
-/// The least time between the starts of two catch-ups.
-pub const CATCH_UP_SPACING: Duration = Duration::from_millis(20);
+/// The least time between the starts of two catch-ups: each makes etcd
+/// look through every tenant's keys (it returns only what changed).
+pub const CATCH_UP_SPACING: Duration = Duration::from_millis(100);
 
 /// The tenant tokens of the whole fleet: the catalog's, except that for a
 /// tenant this replica serves its owner's own directory decides (a token

@@ -11,7 +11,7 @@ use std::time::Duration;
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, LockOptions, PutOptions, Txn, TxnOp, WatchOptions,
 };
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 use crate::store::StoreError;
 use crate::store::batch::printable_key;
@@ -70,19 +70,6 @@ pub struct RecordChange {
     pub previous: Option<Vec<u8>>,
     /// The etcd revision of the change (one per transaction).
     pub revision: i64,
-}
-
-/// What a record watch ([`EtcdStore::watch_records`]) yields.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RecordWatchEvent {
-    /// The changes of one or more whole transactions, in revision order.
-    Changes(Vec<RecordChange>),
-    /// Every change under the prefix up to `revision` has been delivered:
-    /// etcd's answer to a progress request.
-    ProgressAt {
-        /// The revision the watch has delivered everything up to.
-        revision: i64,
-    },
 }
 
 /// Events a watch buffers before etcd's stream is paused.
@@ -206,18 +193,29 @@ impl EtcdStore {
             .await
     }
 
-    /// etcd's current revision, read linearizably: every transaction
-    /// acknowledged before this call is at or below it.
-    pub async fn current_revision(&self) -> Result<i64, StoreError> {
-        let key = self.layout().data(b"");
+    /// The highest revision at which a store record under `prefix` was
+    /// written after revision `after` (`None`: none was), read
+    /// linearizably, keys only. Deletions leave no record and are not
+    /// seen. etcd filters the prefix's keys by revision itself, so the
+    /// reply holds only what changed.
+    pub async fn latest_write_after(
+        &self,
+        prefix: &[u8],
+        after: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let start = self.layout().data(prefix);
         self.thread()
             .call(move |shared| async move {
                 let mut kv = shared.kv.clone();
+                let options = GetOptions::new()
+                    .with_range(prefix_end(&start))
+                    .with_keys_only()
+                    .with_min_mod_revision(after.saturating_add(1));
                 let reply = kv
-                    .get(key, Some(GetOptions::new().with_count_only()))
+                    .get(start, Some(options))
                     .await
-                    .map_err(etcd_error("read the current revision"))?;
-                Ok(reply.header().map_or(0, |header| header.revision()))
+                    .map_err(etcd_error("read what changed under a prefix"))?;
+                Ok(reply.kvs().iter().map(|kv| kv.mod_revision()).max())
             })
             .await
     }
@@ -432,16 +430,11 @@ impl EtcdStore {
     /// changes of one revision (one transaction); an `Err` ends it
     /// ([`StoreError::Compacted`] if `from_revision` is no longer kept),
     /// and so does dropping the store.
-    ///
-    /// Each change of `progress_wanted` asks etcd for a progress report,
-    /// which arrives as [`RecordWatchEvent::ProgressAt`] once the watch has
-    /// caught up (etcd answers only a watch that has; ask again to wait).
     pub async fn watch_records(
         &self,
         prefix: &[u8],
         from_revision: i64,
-        mut progress_wanted: watch::Receiver<u64>,
-    ) -> Result<mpsc::Receiver<Result<RecordWatchEvent, StoreError>>, StoreError> {
+    ) -> Result<mpsc::Receiver<Result<Vec<RecordChange>, StoreError>>, StoreError> {
         let start = self.layout().data(prefix);
         let (events, receiver) = mpsc::channel(WATCH_BUFFER);
         self.thread()
@@ -455,26 +448,9 @@ impl EtcdStore {
                     .watch(start, Some(options))
                     .await
                     .map_err(etcd_error("watch records"))?;
-                progress_wanted.mark_unchanged();
                 tokio::spawn(async move {
-                    // False once nobody can ask any more; changes still flow.
-                    let mut asked_for_progress = true;
                     loop {
-                        let message = tokio::select! {
-                            message = stream.message() => message,
-                            wanted = progress_wanted.changed(), if asked_for_progress => {
-                                match wanted {
-                                    // A failed request shows as the stream's
-                                    // own error on its next message.
-                                    Ok(()) => {
-                                        let _ = stream.request_progress().await;
-                                    }
-                                    Err(_) => asked_for_progress = false,
-                                }
-                                continue;
-                            }
-                        };
-                        let reply = match message {
+                        let reply = match stream.message().await {
                             Ok(Some(reply)) => reply,
                             Ok(None) => {
                                 let _ = events.send(Err(watch_ended("the stream ended"))).await;
@@ -489,17 +465,8 @@ impl EtcdStore {
                             let _ = events.send(Err(cancelled(&reply, from_revision))).await;
                             return;
                         }
-                        let event = match progress_of(&reply) {
-                            Some(revision) => RecordWatchEvent::ProgressAt { revision },
-                            None => {
-                                let changes = record_changes_of(&shared, &reply);
-                                if changes.is_empty() {
-                                    continue;
-                                }
-                                RecordWatchEvent::Changes(changes)
-                            }
-                        };
-                        if events.send(Ok(event)).await.is_err() {
+                        let changes = record_changes_of(&shared, &reply);
+                        if !changes.is_empty() && events.send(Ok(changes)).await.is_err() {
                             return;
                         }
                     }
@@ -571,17 +538,6 @@ impl EtcdStore {
 }
 
 /// The store-record changes of one watch reply.
-/// The revision of a progress report: a reply with no events that neither
-/// creates nor cancels the watch (as etcd's own client tells them).
-fn progress_of(reply: &etcd_client::WatchResponse) -> Option<i64> {
-    let progress = reply.events().is_empty()
-        && !reply.created()
-        && !reply.canceled()
-        && reply.compact_revision() == 0;
-    let revision = reply.header().map_or(0, |header| header.revision());
-    (progress && revision > 0).then_some(revision)
-}
-
 fn record_changes_of(
     shared: &crate::store::etcd::runtime::Shared,
     reply: &etcd_client::WatchResponse,

@@ -36,7 +36,7 @@ use std::path::Path;
 use std::sync::mpsc::sync_channel;
 use std::time::Duration;
 
-pub use cluster::{KeyEvent, LeaseId, RecordChange, RecordWatchEvent, Versioned};
+pub use cluster::{KeyEvent, LeaseId, RecordChange, Versioned};
 pub use options::{
     CrashPoint, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TXN_OPS, DEFAULT_PREFIX,
     DEFAULT_STAGING_LEASE, EtcdAuth, EtcdOptions, EtcdTls,
