@@ -95,27 +95,17 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: Request<Body>) -> Self::Future {
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         match self.shared.check(&request) {
-            Ok(caller) => {
-                if let Some(caller) = caller {
-                    request.extensions_mut().insert(caller);
-                }
-                Box::pin(inner.oneshot(request))
-            }
+            Ok(caller) => Box::pin(inner.oneshot(with_caller(request, caller))),
             Err(refused) if self.shared.may_know_later(&request) => {
                 let shared = self.shared.clone();
                 Box::pin(async move {
                     shared.directory.catch_up().await;
                     match shared.check(&request) {
-                        Ok(caller) => {
-                            if let Some(caller) = caller {
-                                request.extensions_mut().insert(caller);
-                            }
-                            inner.oneshot(request).await
-                        }
+                        Ok(caller) => inner.oneshot(with_caller(request, caller)).await,
                         Err(_) => Ok(*refused),
                     }
                 })
@@ -126,6 +116,15 @@ where
             }
         }
     }
+}
+
+/// `request` with its authenticated caller, if it needed one, for the
+/// handlers.
+fn with_caller(mut request: Request<Body>, caller: Option<Caller>) -> Request<Body> {
+    if let Some(caller) = caller {
+        request.extensions_mut().insert(caller);
+    }
+    request
 }
 
 impl Shared {
