@@ -536,6 +536,12 @@ pub struct Ledger {
     /// may hold as applied, was auto-deleted by a vanished item): a cancel
     /// of one needs no other reason.
     dropped_with_external: BTreeSet<String>,
+    /// Items whose running operation a cancel superseded (its intent
+    /// changed; not timed out), with that op id and the session an agent
+    /// runs it on: DESIGN 4, the item gets no new operation until that one
+    /// reports or its session ends. (A cancel of an operation no agent
+    /// runs, lost with its session, holds nothing back.)
+    awaiting_cancelled: BTreeMap<ItemRef, (String, u64)>,
     /// Items and generations for which an agent answered a NEEDS_RECREATE
     /// question with no (on a session that held the type then).
     modify_in_place: BTreeSet<(ItemRef, u64)>,
@@ -577,10 +583,13 @@ impl Ledger {
     /// item's intended value changed: a Create or Modify whose target
     /// changed or left the intent, a Delete whose item is intended again;
     /// rule 9: one whose item went with an external item it was
-    /// auto-deleted by) or it timed out.
+    /// auto-deleted by) or it timed out. `running_on` is the session an
+    /// agent runs `op_id` on, if one does: a superseded one there holds its
+    /// item back ([`Self::check_no_operation_beside_a_cancelled_one`]).
     pub fn check_cancel(
         &mut self,
         op_id: &str,
+        running_on: Option<u64>,
         now_ms: u64,
         model: &IntentModel,
     ) -> Result<(), Violation> {
@@ -599,11 +608,17 @@ impl Ledger {
             OperationKind::Delete => model.intends(&record.item),
             OperationKind::Read => false,
         };
-        if timed_out
-            || superseded
-            || self.vanished_ops.contains(op_id)
-            || self.dropped_with_external.contains(op_id)
+        let vanished =
+            self.vanished_ops.contains(op_id) || self.dropped_with_external.contains(op_id);
+        if superseded
+            && !timed_out
+            && !vanished
+            && let Some(session) = running_on
         {
+            self.awaiting_cancelled
+                .insert(record.item.clone(), (op_id.to_owned(), session));
+        }
+        if timed_out || superseded || vanished {
             return Ok(());
         }
         fail(
@@ -618,6 +633,38 @@ impl Ledger {
                 record.timeout_ms
             ),
         )
+    }
+
+    /// DESIGN 4: an item whose running operation a cancel superseded gets
+    /// no new operation (another op id, a READ included) until that one
+    /// reports or the session the cancel went to ends.
+    pub fn check_no_operation_beside_a_cancelled_one(
+        &self,
+        order: &OperationOrder,
+    ) -> Result<(), Violation> {
+        let item = order.item.item_ref();
+        let Some((cancelled, session)) = self.awaiting_cancelled.get(&item) else {
+            return Ok(());
+        };
+        if *cancelled == order.op_id {
+            return Ok(());
+        }
+        fail(
+            "a cancelled operation's item waits for its report",
+            format!(
+                "{} {item} (op {}) was sent while op {cancelled}, cancelled on session \
+                 {session}, had not reported and its session was live",
+                order.kind.as_str(),
+                order.op_id
+            ),
+        )
+    }
+
+    /// Sessions ended: the operations cancelled on them no longer hold
+    /// their items back.
+    pub fn on_sessions_ended(&mut self, ended: &[u64]) {
+        self.awaiting_cancelled
+            .retain(|_, (_, session)| !ended.contains(session));
     }
 
     /// Whether a cancel was ever sent for `op_id`.
@@ -845,6 +892,8 @@ impl Ledger {
         outcome: &AgentOutcome,
         session_epoch: impl Fn(&str) -> Option<u64>,
     ) {
+        self.awaiting_cancelled
+            .retain(|_, (cancelled, _)| cancelled != op_id);
         let Some(record) = self.ops.get_mut(op_id) else {
             return;
         };
@@ -929,6 +978,8 @@ impl Ledger {
 
     /// The server restarted with these operations journaled.
     pub fn on_restart(&mut self, journaled: BTreeMap<ItemRef, LostOperation>) {
+        // Every session ended with the server.
+        self.awaiting_cancelled.clear();
         // Operations lost earlier and not resolved stay lost: the restarted
         // server owes them as much as the one before.
         for (item, mut lost) in journaled {

@@ -502,6 +502,8 @@ impl Sim {
                     }
                     check_modify_spares_recreate_paths(&order, &self.scenario)?;
                     self.ledger
+                        .check_no_operation_beside_a_cancelled_one(&order)?;
+                    self.ledger
                         .check_modify_was_answered(&order, &self.scenario)?;
                 }
                 Ok(self
@@ -510,7 +512,13 @@ impl Sim {
             }
             ToAgent::Cancel { op_id } => {
                 self.counts.on_cancel(&op_id, now);
-                self.ledger.check_cancel(&op_id, now, &self.model)?;
+                let running_on = self.agents.agents[agent]
+                    .pending
+                    .iter()
+                    .find(|pending| pending.order.op_id == op_id)
+                    .map(|pending| pending.session);
+                self.ledger
+                    .check_cancel(&op_id, running_on, now, &self.model)?;
                 self.trace.note(format!(
                     "{} <- cancel op {op_id}",
                     self.agents.agents[agent].plan.id
@@ -794,6 +802,7 @@ impl Sim {
                 self.ledger.on_dropped(order);
             }
         }
+        self.ledger.on_sessions_ended(&ended);
         for session in ended {
             self.handle
                 .session_closed(session, "the stream ended".into())
