@@ -100,19 +100,19 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         match self.shared.check(&request) {
             Ok(caller) => Box::pin(inner.oneshot(with_caller(request, caller))),
-            Err(refused) if self.shared.may_know_later(&request) => {
+            Err(refused) if refused.known_later => {
                 let shared = self.shared.clone();
                 Box::pin(async move {
                     shared.directory.catch_up().await;
                     match shared.check(&request) {
                         Ok(caller) => inner.oneshot(with_caller(request, caller)).await,
-                        Err(_) => Ok(*refused),
+                        Err(_) => Ok(*refused.response),
                     }
                 })
             }
             Err(refused) => {
                 // The body is dropped unread: the transport resets the stream.
-                Box::pin(async move { Ok(*refused) })
+                Box::pin(async move { Ok(*refused.response) })
             }
         }
     }
@@ -127,17 +127,19 @@ fn with_caller(mut request: Request<Body>, caller: Option<Caller>) -> Request<Bo
     request
 }
 
-impl Shared {
-    /// Whether a refused request carries a well-formed bearer token that
-    /// the directory, which may lag, could know after catching up.
-    fn may_know_later(&self, request: &Request<Body>) -> bool {
-        self.directory.may_lag()
-            && bearer_token(&MetadataMap::from_headers(request.headers().clone())).is_ok()
-    }
+/// Why [`Shared::check`] refused a request.
+struct Refusal {
+    /// The answer refusing it.
+    response: Box<Response<Body>>,
+    /// It carries a well-formed bearer token that the directory, which
+    /// may lag, could know after catching up.
+    known_later: bool,
+}
 
+impl Shared {
     /// The caller of an authenticated request (`None`: no token needed), or
-    /// the response refusing it.
-    fn check(&self, request: &Request<Body>) -> Result<Option<Caller>, Box<Response<Body>>> {
+    /// why it is refused.
+    fn check(&self, request: &Request<Body>) -> Result<Option<Caller>, Refusal> {
         let path = request.uri().path();
         let public = path.starts_with(HEALTH_PREFIX)
             || (path.starts_with(REFLECTION_PREFIX) && self.reflection == Reflection::Public);
@@ -147,7 +149,10 @@ impl Shared {
         let metadata = MetadataMap::from_headers(request.headers().clone());
         authenticate(&metadata, &self.admin, &*self.directory)
             .map(Some)
-            .map_err(|error| Box::new(tonic::Status::from(error).into_http()))
+            .map_err(|error| Refusal {
+                response: Box::new(tonic::Status::from(error).into_http()),
+                known_later: self.directory.may_lag() && bearer_token(&metadata).is_ok(),
+            })
     }
 }
 
@@ -233,6 +238,12 @@ mod tests {
         (caller, status)
     }
 
+    /// The layer answered UNAUTHENTICATED and the inner service saw nothing.
+    fn assert_unauthenticated((caller, status): (Option<Caller>, Option<String>)) {
+        assert_eq!(caller, None);
+        assert_eq!(status.as_deref(), Some("16"), "UNAUTHENTICATED");
+    }
+
     #[tokio::test]
     async fn a_token_a_lagging_directory_learns_by_catching_up_is_accepted() {
         let lagging = directory(true);
@@ -245,9 +256,7 @@ mod tests {
     #[tokio::test]
     async fn a_directory_that_never_lags_refuses_at_once() {
         let current = directory(false);
-        let (caller, status) = call(current.clone(), Some("Bearer new-token")).await;
-        assert_eq!(caller, None);
-        assert_eq!(status.as_deref(), Some("16"), "UNAUTHENTICATED");
+        assert_unauthenticated(call(current.clone(), Some("Bearer new-token")).await);
         assert_eq!(current.catch_ups.load(Ordering::SeqCst), 0);
     }
 
@@ -255,9 +264,7 @@ mod tests {
     async fn a_call_without_a_bearer_token_is_refused_without_catching_up() {
         let lagging = directory(true);
         for authorization in [None, Some("Basic abc")] {
-            let (caller, status) = call(lagging.clone(), authorization).await;
-            assert_eq!(caller, None);
-            assert_eq!(status.as_deref(), Some("16"), "UNAUTHENTICATED");
+            assert_unauthenticated(call(lagging.clone(), authorization).await);
         }
         assert_eq!(lagging.catch_ups.load(Ordering::SeqCst), 0);
     }
@@ -265,9 +272,7 @@ mod tests {
     #[tokio::test]
     async fn an_unknown_token_is_refused_after_one_catch_up() {
         let lagging = directory(true);
-        let (caller, status) = call(lagging.clone(), Some("Bearer made-up")).await;
-        assert_eq!(caller, None);
-        assert_eq!(status.as_deref(), Some("16"), "UNAUTHENTICATED");
+        assert_unauthenticated(call(lagging.clone(), Some("Bearer made-up")).await);
         assert_eq!(lagging.catch_ups.load(Ordering::SeqCst), 1);
     }
 }

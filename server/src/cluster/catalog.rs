@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::follow::{Progress, follow_records};
+use super::follow::follow_records;
 use crate::auth::TokenDirectory;
 use crate::engine::conditions::Condition;
 use crate::store::etcd::RecordChange;
@@ -118,10 +118,11 @@ pub struct Catalog {
     state: RwLock<State>,
     /// Bumped on every change (placement and routing wait on it).
     changed: watch::Sender<u64>,
-    /// How far the name index has been applied.
-    names_progress: Progress,
-    /// How far the directory entries have been applied.
-    entries_progress: Progress,
+    /// The revision through which the name index has been applied (its
+    /// load, its watch's last change, or its last reload).
+    names_applied: watch::Sender<i64>,
+    /// The same for the directory entries.
+    entries_applied: watch::Sender<i64>,
 }
 
 impl TokenDirectory for Catalog {
@@ -137,14 +138,14 @@ impl Catalog {
         store: Arc<EtcdStore>,
         stop: CancellationToken,
     ) -> Result<Arc<Self>, StoreError> {
+        let (names, names_revision) = store.list_records(keys::tenant_names_prefix()).await?;
+        let (entries, entries_revision) = store.list_records(keys::tenant_entries_prefix()).await?;
         let catalog = Arc::new(Self {
             state: RwLock::new(State::default()),
             changed: watch::Sender::new(0),
-            names_progress: Progress::at(0),
-            entries_progress: Progress::at(0),
+            names_applied: watch::Sender::new(names_revision),
+            entries_applied: watch::Sender::new(entries_revision),
         });
-        let (names, names_revision) = store.list_records(keys::tenant_names_prefix()).await?;
-        let (entries, entries_revision) = store.list_records(keys::tenant_entries_prefix()).await?;
         {
             let mut state = catalog.write();
             for (key, value) in &names {
@@ -158,8 +159,6 @@ impl Catalog {
                 state.rebuild_token(&name);
             }
         }
-        catalog.names_progress.advance(names_revision);
-        catalog.entries_progress.advance(entries_revision);
         info!(
             tenants = catalog.read().names.len(),
             "Tenant directory loaded from etcd."
@@ -207,18 +206,18 @@ impl Catalog {
     pub async fn catch_up(&self, store: &EtcdStore, wait: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + wait;
         let ranges = [
-            (keys::tenant_names_prefix(), &self.names_progress),
-            (keys::tenant_entries_prefix(), &self.entries_progress),
+            (keys::tenant_names_prefix(), &self.names_applied),
+            (keys::tenant_entries_prefix(), &self.entries_applied),
         ];
-        for (prefix, progress) in ranges {
-            let applied = *progress.through.borrow();
+        for (prefix, applied_through) in ranges {
+            let applied = *applied_through.borrow();
             let latest = store.latest_write_after(prefix, applied);
             let latest = match tokio::time::timeout_at(deadline, latest).await {
                 Ok(Ok(Some(latest))) => latest,
                 Ok(Ok(None)) => continue,
                 Ok(Err(_)) | Err(_) => return false,
             };
-            let mut through = progress.through.subscribe();
+            let mut through = applied_through.subscribe();
             let reached = through.wait_for(|through| *through >= latest);
             if !matches!(tokio::time::timeout_at(deadline, reached).await, Ok(Ok(_))) {
                 return false;
@@ -333,6 +332,14 @@ enum Feed {
 }
 
 impl Feed {
+    /// The revision through which this feed has been applied.
+    fn applied(&self) -> &watch::Sender<i64> {
+        match self {
+            Feed::Names(catalog) => &catalog.names_applied,
+            Feed::Entries(catalog) => &catalog.entries_applied,
+        }
+    }
+
     fn apply(&self, changes: &[RecordChange]) {
         let (Feed::Names(catalog) | Feed::Entries(catalog)) = self;
         {
@@ -353,8 +360,22 @@ impl Feed {
                 }
             }
         }
+        if let Some(last) = changes.last() {
+            advance(self.applied(), last.revision);
+        }
         catalog.bump();
     }
+}
+
+/// Moves `applied` up to `revision` (never back).
+fn advance(applied: &watch::Sender<i64>, revision: i64) {
+    applied.send_if_modified(|through| {
+        let later = revision > *through;
+        if later {
+            *through = revision;
+        }
+        later
+    });
 }
 
 /// Follows the records under `prefix` from `revision` + 1 until `stop`
@@ -367,22 +388,18 @@ async fn follow(
     stop: CancellationToken,
 ) {
     let (store, feed) = (&*store, &feed);
-    let progress = match feed {
-        Feed::Names(catalog) => &catalog.names_progress,
-        Feed::Entries(catalog) => &catalog.entries_progress,
-    };
     follow_records(
         store,
         prefix,
         revision,
         "the tenant directory",
         &stop,
-        progress,
         |batch| feed.apply(batch),
         move |_| async move {
             match store.list_records(prefix).await {
                 Ok((records, at)) => {
                     reload(feed, &records);
+                    advance(feed.applied(), at);
                     Some(at)
                 }
                 Err(error) => {

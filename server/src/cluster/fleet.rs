@@ -30,7 +30,7 @@ use crate::watch::stream::HistorySource;
 use crate::wire::fleet_event;
 
 use super::catalog::TenantEntry;
-use super::follow::{Progress, follow_records};
+use super::follow::follow_records;
 
 /// The fleet as of one revision, and the recent history.
 #[derive(Debug, Default)]
@@ -184,7 +184,6 @@ async fn follow(store: Arc<EtcdStore>, fleet: Arc<ClusterFleet>, stop: Cancellat
         0,
         "the fleet's entries",
         &stop,
-        &Progress::at(0),
         |batch| fleet.publish(batch),
         // etcd no longer has the history from where the watch was: start
         // from its state at the compaction (at start-up, the usual case),

@@ -4,7 +4,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -14,57 +13,18 @@ use crate::store::{EtcdStore, StoreError};
 /// The pause before a failed watch is opened again.
 const REWATCH_PAUSE: Duration = Duration::from_millis(200);
 
-/// How far a follower has got: the revision up to which every change
-/// under its prefix has been applied (that of the last change, or of the
-/// last reload, whichever is later). Others wait on it.
-pub(super) struct Progress {
-    /// The revision applied through.
-    pub through: watch::Sender<i64>,
-}
-
-impl Progress {
-    /// A follower applied through `revision`.
-    pub fn at(revision: i64) -> Self {
-        Self {
-            through: watch::Sender::new(revision),
-        }
-    }
-
-    /// Records that every change up to `revision` has been applied.
-    pub fn advance(&self, revision: i64) {
-        self.through.send_if_modified(|through| {
-            let later = revision > *through;
-            if later {
-                *through = revision;
-            }
-            later
-        });
-    }
-}
-
-impl std::fmt::Debug for Progress {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Progress")
-            .field("through", &*self.through.borrow())
-            .finish_non_exhaustive()
-    }
-}
-
 /// Watches the records under `prefix` from `revision` + 1 until `stop`,
 /// handing every batch of changes to `apply`, and opening the watch again
 /// after a failure from where it left off. When etcd compacted away what
 /// the watch had not delivered yet, `reload` reads the state afresh and
 /// returns the revision to go on from (`None`: it failed, try again from
-/// where it was). `what` names the records in logs. `progress` tells how
-/// far it has got.
-#[allow(clippy::too_many_arguments)]
+/// where it was). `what` names the records in logs.
 pub(super) async fn follow_records<R>(
     store: &EtcdStore,
     prefix: &[u8],
     mut revision: i64,
     what: &str,
     stop: &CancellationToken,
-    progress: &Progress,
     mut apply: impl FnMut(&[RecordChange]),
     mut reload: impl FnMut(i64) -> R,
 ) where
@@ -92,7 +52,6 @@ pub(super) async fn follow_records<R>(
                         revision = revision.max(last.revision);
                     }
                     apply(&batch);
-                    progress.advance(revision);
                 }
                 Some(Err(StoreError::Compacted {
                     compact_revision, ..
@@ -103,7 +62,6 @@ pub(super) async fn follow_records<R>(
                     );
                     if let Some(at) = reload(compact_revision).await {
                         revision = at;
-                        progress.advance(revision);
                     }
                     break;
                 }

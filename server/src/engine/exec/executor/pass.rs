@@ -14,7 +14,7 @@ use crate::engine::exec::model::TenantModel;
 use crate::engine::exec::port::{OperationOrder, ToAgent};
 use crate::engine::exec::registry::TypeRegistry;
 use crate::engine::exec::room::{Limits, Room, Running};
-use crate::engine::exec::spec::{DEFAULT_MAX_IN_FLIGHT, TypeSpec};
+use crate::engine::exec::spec::DEFAULT_MAX_IN_FLIGHT;
 use crate::engine::plan::{
     BlockedBy, Plan, PlanEnvironment, TypeRules, WaitReason, WaitingItem, plan_operations,
     runs_first,
@@ -373,14 +373,6 @@ impl Executor {
         )
     }
 
-    /// The limits that make room for an operation of `spec`'s type.
-    fn room_limits(&self, spec: &TypeSpec) -> Limits {
-        Limits {
-            per_type: spec.max_in_flight.max(1) as usize,
-            per_tenant: self.settings.max_operations_in_flight,
-        }
-    }
-
     /// Picks every ready operation whose type has a live session with room
     /// and prepares its journal record (ready ones without room wait in
     /// the room's queue). Returns the operations and their journal updates.
@@ -399,7 +391,7 @@ impl Executor {
             }
             if !self
                 .room
-                .admit(item, operation.kind, self.room_limits(&spec))
+                .admit(item, operation.kind, self.type_limits(item.item_type()))
             {
                 continue;
             }
@@ -480,7 +472,7 @@ impl Executor {
         let queued: Vec<ItemRef> = self.pending_reads.iter().cloned().collect();
         for item in queued {
             let spec = self.spec(item.item_type());
-            let limits = self.room_limits(&spec);
+            let limits = self.type_limits(item.item_type());
             if !self.sessions.contains_key(&**item.item_type())
                 || !self.room.has_room(item.item_type(), limits)
             {
