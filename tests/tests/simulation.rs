@@ -724,3 +724,12 @@ fn seed_60661_a_lost_operation_the_agent_still_runs_is_sent_again_at_once() {
 fn seed_145486_no_read_while_the_lost_operation_runs_again_on_a_live_session() {
     passes(145486);
 }
+
+/// A Delete taken from the room's queue found its retry time ahead again
+/// (the wall clock had stepped back 26 s), and the Delete of the item it
+/// relies on, which also waited for another dependent, went on showing
+/// "its delete runs first" for a Delete that no result would end.
+#[test]
+fn seed_150801_a_waiter_behind_a_queued_delete_that_waits_again_is_planned_again() {
+    passes(150801);
+}

@@ -195,12 +195,17 @@ impl Room {
             .map(|(item, _)| item)
     }
 
-    /// Whether a Delete of `item` waits for room.
-    pub fn queues_delete_of(&self, item: &ItemRef) -> bool {
+    /// The operation `item` waits for room for, if it does.
+    pub fn queued_operation(&self, item: &ItemRef) -> Option<OperationKind> {
         self.queued
             .get(&**item.item_type())
             .and_then(|queued| queued.get(item))
-            .is_some_and(|kind| *kind == OperationKind::Delete)
+            .copied()
+    }
+
+    /// Whether a Delete of `item` waits for room.
+    pub fn queues_delete_of(&self, item: &ItemRef) -> bool {
+        self.queued_operation(item) == Some(OperationKind::Delete)
     }
 }
 

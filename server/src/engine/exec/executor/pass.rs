@@ -155,7 +155,17 @@ impl Executor {
         // whether they still wait for room is decided anew below (an item
         // queued for room may need nothing now, and would take the room of
         // one that does).
+        let planned_again_from_queue: Vec<(ItemRef, OperationKind)> = for_room
+            .iter()
+            .map(|(item, kind)| (item.clone(), *kind))
+            .chain(seeds.iter().chain(&plan.revised).filter_map(|item| {
+                self.room
+                    .queued_operation(item)
+                    .map(|kind| (item.clone(), kind))
+            }))
+            .collect();
         self.room.unqueue(seeds.iter().chain(&plan.revised));
+        self.wake_behind_dropped_from_queue(&planned_again_from_queue, &seeds, &plan);
         let (mut starts, mut journal) = match dispatch {
             Dispatch::Now => self.prepare_dispatch(&plan, now.wall_ms),
             Dispatch::Held => Default::default(),
@@ -681,6 +691,37 @@ impl Executor {
             });
             if behind.is_empty() {
                 self.behind.remove(item);
+            }
+        }
+    }
+
+    /// Items that waited for an operation queued for room ("its delete
+    /// runs first") while they also waited for something else wait with
+    /// no operation of their own, so no plan of that queued operation
+    /// revises them. If this plan took it from the queue and no longer has
+    /// it (its retry time is ahead again after the wall clock stepped
+    /// back, say), a follow-up pass plans them again: no result of it will
+    /// come to wake them, and they would show it running first meanwhile
+    /// (seed 150801). Their old registrations as waiters go; waiters the
+    /// plan looked at register anew.
+    fn wake_behind_dropped_from_queue(
+        &mut self,
+        from_queue: &[(ItemRef, OperationKind)],
+        seeds: &BTreeSet<ItemRef>,
+        plan: &Plan,
+    ) {
+        if from_queue.is_empty() {
+            return;
+        }
+        let planned: HashSet<(&ItemRef, OperationKind)> =
+            plan.operations.iter().map(|o| (&o.item, o.kind)).collect();
+        for (item, kind) in from_queue {
+            if planned.contains(&(item, *kind)) {
+                continue;
+            }
+            if let Some(waiters) = self.waiters.remove(item) {
+                self.follow_up
+                    .extend(waiters.into_iter().filter(|waiter| !seeds.contains(waiter)));
             }
         }
     }

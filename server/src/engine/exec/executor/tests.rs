@@ -1436,3 +1436,114 @@ fn lost_operations_the_agent_still_runs_are_sent_again_whatever_the_room() {
     expected.sort();
     assert_eq!(sent, expected, "both attach to what the agent runs");
 }
+
+/// An item kept behind another's Delete waiting for room ("its delete
+/// runs first") while it also waits for something else is planned again
+/// when that Delete, taken from the queue, no longer runs: here its retry
+/// time is ahead again after the wall clock stepped back. The waiter must
+/// show the backoff, not a Delete that no result will end (seed 150801).
+#[test]
+fn a_waiter_behind_a_queued_delete_that_waits_again_shows_what_it_waits_for() {
+    let mut executor = connected_with_one_slot(spec());
+    let intent = vec![
+        item("p", 1),
+        item("d", 1).depends_on(on("t/p")),
+        item("e", 1).depends_on(on("t/p")),
+        item("x", 1),
+    ];
+    let created = orders(&submit(&mut executor, intent, at(10)).sends);
+    let mut now = answer_until_quiet(&mut executor, created, 10);
+    assert!(ready(&executor));
+
+    // p, d and e leave the intent: d's and e's Deletes run first (one at
+    // a time), p's waits for them. The agent answers WAIT to both: d's
+    // retries after 1 s, e's after 10 minutes.
+    now += 10;
+    let delete_d = orders(&submit(&mut executor, vec![item("x", 1)], at(now)).sends).remove(0);
+    assert_eq!(delete_d.item.item_ref(), ItemRef::new("t", "d"));
+    let wait = |retry_after_ms| AgentOutcome::Wait { retry_after_ms };
+    now += 10;
+    let d_retry_at = now + 1_000;
+    let delete_e = orders(&answer(&mut executor, &delete_d, wait(1_000), at(now)).sends).remove(0);
+    assert_eq!(delete_e.item.item_ref(), ItemRef::new("t", "e"));
+    now += 10;
+    answer(&mut executor, &delete_e, wait(600_000), at(now));
+    // x's Modify takes the one slot.
+    now += 10;
+    let modify_x = orders(&submit(&mut executor, vec![item("x", 2)], at(now)).sends).remove(0);
+
+    // d's retry time comes: its Delete is ready and waits for room. p's
+    // Delete waits for it to run first, and for e's backoff.
+    let effects = executor.on_timer(at(d_retry_at));
+    executor.committed(at(d_retry_at));
+    assert!(orders(&effects.sends).is_empty(), "no room for d's Delete");
+    let p = ItemRef::new("t", "p");
+    let why_p = |executor: &Executor| -> Vec<String> {
+        executor
+            .model()
+            .waiting
+            .get(&p)
+            .map(|waiting| {
+                let mut why: Vec<String> = waiting
+                    .blocked_by
+                    .iter()
+                    .map(|blocker| format!("{}: {}", blocker.item, blocker.why))
+                    .collect();
+                why.sort();
+                why
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        why_p(&executor),
+        [
+            "t/d: its delete runs first",
+            "t/e: its delete waits (backoff)"
+        ]
+    );
+
+    // The wall clock steps back 30 s; then x's Modify ends and frees the
+    // slot. d's Delete, taken from the queue, waits for its retry time
+    // again.
+    let stepped_back = |mono_ms: u64| Now {
+        wall_ms: WALL_START + mono_ms - 30_000,
+        mono_ms,
+    };
+    now = d_retry_at + 10;
+    let mut sent = orders(&answer(&mut executor, &modify_x, done(), stepped_back(now)).sends);
+    while let Some(effects) = executor.follow_up(stepped_back(now)) {
+        executor.committed(stepped_back(now));
+        sent.extend(orders(&effects.sends));
+    }
+    assert!(
+        sent.is_empty(),
+        "d's Delete waits for its retry time: {sent:?}"
+    );
+    let d_waits = executor
+        .model()
+        .waiting
+        .get(&ItemRef::new("t", "d"))
+        .map(|waiting| waiting.reason);
+    assert_eq!(d_waits, Some(crate::engine::plan::WaitReason::Backoff));
+    assert_eq!(
+        why_p(&executor),
+        [
+            "t/d: its delete waits (backoff)",
+            "t/e: its delete waits (backoff)"
+        ],
+        "p shows the backoff d's Delete waits for"
+    );
+
+    // When the wall clock reaches the retry time, d's Delete runs.
+    let wake = executor
+        .next_wakeup(stepped_back(now))
+        .expect("a wake-up for d's retry");
+    let effects = executor.on_timer(stepped_back(wake));
+    executor.committed(stepped_back(wake));
+    let sent = orders(&effects.sends);
+    assert!(
+        sent.iter()
+            .any(|order| order.kind == OperationKind::Delete && order.item.name().as_ref() == "d"),
+        "d's Delete runs at its retry time: {sent:?}"
+    );
+}
