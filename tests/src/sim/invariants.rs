@@ -1401,6 +1401,44 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
             }
         }
     }
+    // An operation said to run first is one its item still needs: a
+    // Delete of an item that exists, a Create or Modify of an intended one
+    // (a waiter left naming a Delete that ended, or a Create the intent no
+    // longer asks for, is woken by nothing).
+    for (key, waiting) in snapshot.waiting.iter() {
+        for blocker in &waiting.blocked_by {
+            if blocker.item == *key {
+                continue;
+            }
+            let exists = snapshot.current.contains_key(&blocker.item);
+            let intended = snapshot.intended.contains_key(&blocker.item);
+            let needed = if blocker.why == runs_first(OperationKind::Delete) {
+                exists
+            } else if blocker.why == runs_first(OperationKind::Create) {
+                intended
+            } else if blocker.why == runs_first(OperationKind::Modify) {
+                intended && exists
+            } else {
+                continue;
+            };
+            if !needed {
+                return fail(
+                    "an operation said to run first is one its item needs",
+                    format!(
+                        "{key} waits because {} (of {}), which {}",
+                        blocker.why,
+                        blocker.item,
+                        match (exists, intended) {
+                            (false, false) => "neither exists nor is intended",
+                            (false, true) => "does not exist",
+                            (true, false) => "is not intended",
+                            (true, true) => "exists and is intended",
+                        }
+                    ),
+                );
+            }
+        }
+    }
     // Conditions.
     let ready = condition(snapshot, ConditionKind::Ready);
     let reconciling = condition(snapshot, ConditionKind::Reconciling);
