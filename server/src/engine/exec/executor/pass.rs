@@ -165,7 +165,7 @@ impl Executor {
             }))
             .collect();
         self.room.unqueue(seeds.iter().chain(&plan.revised));
-        self.wake_behind_dropped_from_queue(&planned_again_from_queue, &seeds, &plan);
+        self.wake_waiters_no_result_will_wake(&planned_again_from_queue, &seeds, &plan);
         let (mut starts, mut journal) = match dispatch {
             Dispatch::Now => self.prepare_dispatch(&plan, now.wall_ms),
             Dispatch::Held => Default::default(),
@@ -695,31 +695,45 @@ impl Executor {
         }
     }
 
-    /// Items that waited for an operation queued for room ("its delete
-    /// runs first") while they also waited for something else wait with
-    /// no operation of their own, so no plan of that queued operation
-    /// revises them. If this plan took it from the queue and no longer has
-    /// it (its retry time is ahead again after the wall clock stepped
-    /// back, say), a follow-up pass plans them again: no result of it will
-    /// come to wake them, and they would show it running first meanwhile
-    /// (seed 150801). Their old registrations as waiters go; waiters the
-    /// plan looked at register anew.
-    fn wake_behind_dropped_from_queue(
+    /// Waiters of an item are woken by that item's results and changes
+    /// (see [`Self::wake_waiters`]). Two verdicts of a plan leave them
+    /// with neither to come, so a follow-up pass plans them again:
+    ///
+    /// - An item planned again is converged now, though no result or
+    ///   change of its own settled it: a Delete + Create its dependency's
+    ///   return made needless, say (seed 162641: a dependent's Create kept
+    ///   waiting for good for an item "not created" that existed).
+    /// - An operation taken from the room's queue, or of an item queued
+    ///   for room and planned again, is no longer planned: its retry time
+    ///   is ahead again after the wall clock stepped back, say. Items
+    ///   waiting for it and for something else have no operation placed
+    ///   after it, and went on showing it running first (seed 150801).
+    ///
+    /// Their old registrations as waiters go; waiters the plan looked at
+    /// register anew.
+    fn wake_waiters_no_result_will_wake(
         &mut self,
         from_queue: &[(ItemRef, OperationKind)],
         seeds: &BTreeSet<ItemRef>,
         plan: &Plan,
     ) {
-        if from_queue.is_empty() {
-            return;
-        }
         let planned: HashSet<(&ItemRef, OperationKind)> =
             plan.operations.iter().map(|o| (&o.item, o.kind)).collect();
-        for (item, kind) in from_queue {
-            if planned.contains(&(item, *kind)) {
-                continue;
-            }
-            if let Some(waiters) = self.waiters.remove(item) {
+        // Converged, not merely without an operation or an entry: an item
+        // left unconverged otherwise (its operation runs, or a pass will
+        // plan it) is planned again and its results still come; waking its
+        // waiters on every such pass never ends.
+        let settled = seeds
+            .iter()
+            .chain(&plan.revised)
+            .filter(|item| !plan.unconverged.contains(*item));
+        let dropped = from_queue
+            .iter()
+            .filter(|(item, kind)| !planned.contains(&(item, *kind)))
+            .map(|(item, _)| item);
+        let unwoken: Vec<ItemRef> = settled.chain(dropped).cloned().collect();
+        for item in unwoken {
+            if let Some(waiters) = self.waiters.remove(&item) {
                 self.follow_up
                     .extend(waiters.into_iter().filter(|waiter| !seeds.contains(waiter)));
             }
