@@ -733,3 +733,27 @@ fn seed_145486_no_read_while_the_lost_operation_runs_again_on_a_live_session() {
 fn seed_150801_a_waiter_behind_a_queued_delete_that_waits_again_is_planned_again() {
     passes(150801);
 }
+
+/// An item settled without a result of its own must wake what waits for
+/// it (sweep of 162500–171499). An external item vanished and took along
+/// an item that another relies on with `recreate_when_modified`; that
+/// dependent's Delete + Create waited behind its own dependents' Deletes.
+/// The external item came back and the vanished item was created again as
+/// it was, which made the recreate needless: the dependent was settled by
+/// a pass about another item. A new item's Create, waiting for it to be
+/// "not created", was never planned again and stayed PENDING for good.
+#[test]
+fn seed_162641_a_waiter_behind_an_item_settled_without_a_result_is_planned_again() {
+    passes(162641);
+}
+
+/// A Create cancelled because a value journaled for its item at a crash,
+/// never delivered, tied it to an external item that then vanished (sweep
+/// of 162500–171499). The restarted server holds that value as maybe
+/// applied, so the item may have gone with the external item and what
+/// runs is superseded; the checker now counts journaled values as well as
+/// delivered ones.
+#[test]
+fn seed_163039_a_value_journaled_before_a_crash_may_tie_its_item_to_an_external() {
+    passes(163039);
+}

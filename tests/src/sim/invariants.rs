@@ -536,6 +536,10 @@ pub struct Ledger {
     /// may hold as applied, was auto-deleted by a vanished item): a cancel
     /// of one needs no other reason.
     dropped_with_external: BTreeSet<String>,
+    /// The values of Creates and Modifies journaled when the server
+    /// stopped, by item, delivered or not: the restarted server may hold
+    /// each as applied (its outcome unknown) though no agent received it.
+    journaled_values: BTreeMap<ItemRef, Vec<Arc<Item>>>,
     /// Items whose running operation a cancel superseded (its intent
     /// changed; not timed out), with that op id and the session an agent
     /// runs it on: DESIGN 4, the item gets no new operation until that one
@@ -983,6 +987,12 @@ impl Ledger {
         // Operations lost earlier and not resolved stay lost: the restarted
         // server owes them as much as the one before.
         for (item, mut lost) in journaled {
+            if let Some(target) = &lost.target {
+                self.journaled_values
+                    .entry(item.clone())
+                    .or_default()
+                    .push(target.clone());
+            }
             // What was known of the same lost operation still holds (its
             // item vanished with an external item meanwhile, say).
             let known = self
@@ -1067,20 +1077,28 @@ impl Ledger {
             if *ending == Ending::Open && (vanished.contains(item) || tied_create) {
                 self.vanished_ops.insert(op_id.clone());
             }
-            // A value delivered for the item earlier, which the server may
-            // hold as applied (its outcome unknown), tied it to a vanished
-            // item: the server may drop the item, superseding what runs.
-            let tied_before =
-                || {
-                    self.ops.values().any(|earlier| {
-                        earlier.item == *item
-                            && matches!(earlier.kind, OperationKind::Create | OperationKind::Modify)
-                            && !earlier.question
-                            && earlier.value.dependencies.iter().any(|d| {
-                                d.auto_deleted_by_external() && vanished.contains(&d.requires)
-                            })
-                    })
-                };
+            // A value delivered for the item earlier, or journaled for it
+            // when the server stopped (seed 163039: never delivered), which
+            // the server may hold as applied (its outcome unknown), tied it
+            // to a vanished item: the server may drop the item, superseding
+            // what runs.
+            let tied = |value: &Item| {
+                value
+                    .dependencies
+                    .iter()
+                    .any(|d| d.auto_deleted_by_external() && vanished.contains(&d.requires))
+            };
+            let tied_before = || {
+                self.ops.values().any(|earlier| {
+                    earlier.item == *item
+                        && matches!(earlier.kind, OperationKind::Create | OperationKind::Modify)
+                        && !earlier.question
+                        && tied(&earlier.value)
+                }) || self
+                    .journaled_values
+                    .get(item)
+                    .is_some_and(|values| values.iter().any(|value| tied(value)))
+            };
             if *ending == Ending::Open && tied_before() {
                 self.dropped_with_external.insert(op_id.clone());
             }
@@ -2060,6 +2078,25 @@ pub fn check_converged(
             format!(
                 "the tenant is quiet, but a full plan forgets {:?} and settles {:?}",
                 plan.forget, plan.settle
+            ),
+        );
+    }
+    // Every item a full plan finds waiting is shown waiting, and no other.
+    let fresh: BTreeSet<&ItemRef> = plan.waiting.iter().map(|waiting| &waiting.item).collect();
+    let shown: BTreeSet<&ItemRef> = snapshot.waiting.keys().collect();
+    if fresh != shown {
+        return fail(
+            "a quiet tenant shows waiting the items a full plan finds waiting",
+            format!(
+                "shown but not planned: {:?}; planned but not shown: {:?}",
+                shown
+                    .difference(&fresh)
+                    .map(|item| (item, snapshot.waiting.get(*item)))
+                    .collect::<Vec<_>>(),
+                fresh
+                    .difference(&shown)
+                    .map(|item| plan.waiting.iter().find(|w| &w.item == *item))
+                    .collect::<Vec<_>>()
             ),
         );
     }

@@ -345,17 +345,19 @@ impl Sim {
             self.armed = None;
         }
         self.ledger.observe(&self.world, &self.model);
-        // RECONCILED_SIM_WATCH=type/name traces that item's current record
-        // after every step (for diagnosing a failing seed).
+        // RECONCILED_SIM_WATCH=type/name[,type/name…] traces those items'
+        // current records and waiting entries after every step (for
+        // diagnosing a failing seed).
         if let Ok(watched) = std::env::var("RECONCILED_SIM_WATCH") {
+            let watched: Vec<&str> = watched.split(',').collect();
             let snapshot = self.handle.snapshots.latest();
             for (key, current) in snapshot.current.iter() {
-                if key.to_string() == watched {
+                if watched.contains(&key.to_string().as_str()) {
                     self.trace.note(format!("WATCH {key}: {current:?}"));
                 }
             }
             for (key, waiting) in snapshot.waiting.iter() {
-                if key.to_string() == watched {
+                if watched.contains(&key.to_string().as_str()) {
                     self.trace.note(format!("WATCH {key} waits: {waiting:?}"));
                 }
             }
