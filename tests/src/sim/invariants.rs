@@ -1419,6 +1419,44 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
             }
         }
     }
+    // A dependency said to be "not created" or "being modified" still
+    // needs an operation: an item that waits for one that exists, idle,
+    // and needs nothing is woken by nothing (seed 162641, where it was
+    // found only once the run went quiet).
+    let suspects: Vec<(&ItemRef, &ItemRef, &str)> = snapshot
+        .waiting
+        .iter()
+        .flat_map(|(key, waiting)| {
+            waiting.blocked_by.iter().filter_map(move |blocker| {
+                let named = blocker.why.starts_with("not created")
+                    || blocker.why.starts_with("being modified");
+                let idle_and_settled_looking = snapshot
+                    .current
+                    .get(&blocker.item)
+                    .is_some_and(|c| c.state == ItemState::Created && c.in_flight.is_none())
+                    && !snapshot.waiting.contains_key(&blocker.item);
+                (named && blocker.item != *key && idle_and_settled_looking).then_some((
+                    key,
+                    &blocker.item,
+                    blocker.why.as_ref(),
+                ))
+            })
+        })
+        .collect();
+    if !suspects.is_empty() {
+        let needing = items_a_full_plan_gives_work(snapshot);
+        if let Some((key, item, why)) = suspects
+            .into_iter()
+            .find(|(_, item, _)| !needing.contains(*item))
+        {
+            return fail(
+                "a dependency said to be on its way needs an operation",
+                format!(
+                    "{key} waits because {item} is {why:?}, but {item} exists, runs nothing and needs nothing"
+                ),
+            );
+        }
+    }
     // An operation said to run first is one its item still needs: a
     // Delete of an item that exists, a Create or Modify of an intended one
     // (a waiter left naming a Delete that ended, or a Create the intent no
@@ -1658,6 +1696,34 @@ fn connected_to_failures(
         }
     }
     tainted
+}
+
+/// The items a full plan of the snapshot's graphs gives an operation or
+/// shows waiting (retry times taken as passed, every configurator there).
+fn items_a_full_plan_gives_work(snapshot: &TenantSnapshot) -> BTreeSet<ItemRef> {
+    let mut intended = IntendedGraph::default();
+    for (_, entry) in snapshot.intended.iter() {
+        intended.insert((**entry).clone());
+    }
+    let mut current = CurrentGraph::default();
+    for (key, entry) in snapshot.current.iter() {
+        current.insert(key.clone(), (**entry).clone());
+    }
+    let environment = Everything {
+        rules: snapshot
+            .item_types
+            .specs()
+            .map(|spec| (spec.item_type.clone(), spec.rules()))
+            .collect(),
+        down_types: BTreeSet::new(),
+        now_ms: u64::MAX,
+    };
+    let plan = plan_everything(&intended, &current, &environment);
+    plan.operations
+        .iter()
+        .map(|operation| operation.item.clone())
+        .chain(plan.waiting.iter().map(|waiting| waiting.item.clone()))
+        .collect()
 }
 
 /// The planner's environment after the run: every configurator connected
