@@ -34,7 +34,7 @@ use std::sync::Arc;
 use reconciled::engine::conditions::ConditionKind;
 use reconciled::engine::exec::port::{AgentOutcome, OperationOrder};
 use reconciled::engine::plan::{
-    PlanEnvironment, TypeRules, WaitReason, plan_everything, runs_first,
+    Plan, PlanEnvironment, TypeRules, WaitReason, plan_everything, runs_first,
 };
 use reconciled::graph::{
     CurrentGraph, CurrentItem, IntendedGraph, Item, ItemRef, ItemState, OperationKind, Predicate,
@@ -1423,38 +1423,30 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
     // needs an operation: an item that waits for one that exists, idle,
     // and needs nothing is woken by nothing (seed 162641, where it was
     // found only once the run went quiet).
-    let suspects: Vec<(&ItemRef, &ItemRef, &str)> = snapshot
-        .waiting
-        .iter()
-        .flat_map(|(key, waiting)| {
-            waiting.blocked_by.iter().filter_map(move |blocker| {
-                let named = blocker.why.starts_with("not created")
-                    || blocker.why.starts_with("being modified");
-                let idle_and_settled_looking = snapshot
-                    .current
-                    .get(&blocker.item)
-                    .is_some_and(|c| c.state == ItemState::Created && c.in_flight.is_none())
-                    && !snapshot.waiting.contains_key(&blocker.item);
-                (named && blocker.item != *key && idle_and_settled_looking).then_some((
-                    key,
-                    &blocker.item,
-                    blocker.why.as_ref(),
-                ))
-            })
-        })
-        .collect();
-    if !suspects.is_empty() {
-        let needing = items_a_full_plan_gives_work(snapshot);
-        if let Some((key, item, why)) = suspects
-            .into_iter()
-            .find(|(_, item, _)| !needing.contains(*item))
-        {
-            return fail(
-                "a dependency said to be on its way needs an operation",
-                format!(
-                    "{key} waits because {item} is {why:?}, but {item} exists, runs nothing and needs nothing"
-                ),
-            );
+    let mut needing_work = None;
+    for (key, waiting) in snapshot.waiting.iter() {
+        for blocker in &waiting.blocked_by {
+            let on_its_way =
+                blocker.why.starts_with("not created") || blocker.why.starts_with("being modified");
+            let looks_settled = snapshot
+                .current
+                .get(&blocker.item)
+                .is_some_and(|c| c.state == ItemState::Created && c.in_flight.is_none())
+                && !snapshot.waiting.contains_key(&blocker.item);
+            if !on_its_way || blocker.item == *key || !looks_settled {
+                continue;
+            }
+            let needing =
+                needing_work.get_or_insert_with(|| items_a_full_plan_gives_work(snapshot));
+            if !needing.contains(&blocker.item) {
+                let (item, why) = (&blocker.item, &blocker.why);
+                return fail(
+                    "a dependency said to be on its way needs an operation",
+                    format!(
+                        "{key} waits because {item} is {why:?}, but {item} exists, runs nothing and needs nothing"
+                    ),
+                );
+            }
         }
     }
     // An operation said to run first is one its item still needs: a
@@ -1701,14 +1693,6 @@ fn connected_to_failures(
 /// The items a full plan of the snapshot's graphs gives an operation or
 /// shows waiting (retry times taken as passed, every configurator there).
 fn items_a_full_plan_gives_work(snapshot: &TenantSnapshot) -> BTreeSet<ItemRef> {
-    let mut intended = IntendedGraph::default();
-    for (_, entry) in snapshot.intended.iter() {
-        intended.insert((**entry).clone());
-    }
-    let mut current = CurrentGraph::default();
-    for (key, entry) in snapshot.current.iter() {
-        current.insert(key.clone(), (**entry).clone());
-    }
     let environment = Everything {
         rules: snapshot
             .item_types
@@ -1718,12 +1702,25 @@ fn items_a_full_plan_gives_work(snapshot: &TenantSnapshot) -> BTreeSet<ItemRef> 
         down_types: BTreeSet::new(),
         now_ms: u64::MAX,
     };
-    let plan = plan_everything(&intended, &current, &environment);
+    let plan = full_plan(snapshot, &environment);
     plan.operations
         .iter()
         .map(|operation| operation.item.clone())
         .chain(plan.waiting.iter().map(|waiting| waiting.item.clone()))
         .collect()
+}
+
+/// A plan of everything in the snapshot's graphs, made afresh.
+fn full_plan(snapshot: &TenantSnapshot, environment: &Everything) -> Plan {
+    let mut intended = IntendedGraph::default();
+    for (_, entry) in snapshot.intended.iter() {
+        intended.insert((**entry).clone());
+    }
+    let mut current = CurrentGraph::default();
+    for (key, entry) in snapshot.current.iter() {
+        current.insert(key.clone(), (**entry).clone());
+    }
+    plan_everything(&intended, &current, environment)
 }
 
 /// The planner's environment after the run: every configurator connected
@@ -2104,14 +2101,6 @@ pub fn check_converged(
         );
     }
     // The incremental passes missed nothing a full plan would do.
-    let mut intended = IntendedGraph::default();
-    for (_, entry) in snapshot.intended.iter() {
-        intended.insert((**entry).clone());
-    }
-    let mut current = CurrentGraph::default();
-    for (key, entry) in snapshot.current.iter() {
-        current.insert(key.clone(), (**entry).clone());
-    }
     let environment = Everything {
         rules: scenario
             .types
@@ -2121,7 +2110,7 @@ pub fn check_converged(
         down_types: down_types.clone(),
         now_ms,
     };
-    let plan = plan_everything(&intended, &current, &environment);
+    let plan = full_plan(snapshot, &environment);
     let ready: Vec<String> = plan
         .ready()
         .map(|index| {

@@ -128,20 +128,31 @@ impl Room {
     }
 
     /// Items planned again leave the queue; those still without room are
-    /// queued again by [`Room::admit`].
-    pub fn unqueue<'a>(&mut self, items: impl IntoIterator<Item = &'a ItemRef>) {
-        for item in items {
-            self.unqueue_one(item);
+    /// queued again by [`Room::admit`]. Returns the operations they were
+    /// queued for (a plan that no longer has one leaves its waiters
+    /// without the result that was to wake them).
+    pub fn unqueue<'a>(
+        &mut self,
+        items: impl IntoIterator<Item = &'a ItemRef>,
+    ) -> Vec<(ItemRef, OperationKind)> {
+        if self.queued.is_empty() {
+            return Vec::new();
         }
+        items
+            .into_iter()
+            .filter_map(|item| Some((item.clone(), self.unqueue_one(item)?)))
+            .collect()
     }
 
-    fn unqueue_one(&mut self, item: &ItemRef) {
-        if let Some(queued) = self.queued.get_mut(&**item.item_type()) {
-            queued.remove(item);
-            if queued.is_empty() {
-                self.queued.remove(&**item.item_type());
-            }
+    /// Takes `item` out of its type's queue: the operation it was queued
+    /// for, if it was.
+    fn unqueue_one(&mut self, item: &ItemRef) -> Option<OperationKind> {
+        let queued = self.queued.get_mut(&**item.item_type())?;
+        let kind = queued.remove(item);
+        if queued.is_empty() {
+            self.queued.remove(&**item.item_type());
         }
+        kind
     }
 
     /// Takes every queued item of `item_type` out of the queue (its session
@@ -195,17 +206,12 @@ impl Room {
             .map(|(item, _)| item)
     }
 
-    /// The operation `item` waits for room for, if it does.
-    pub fn queued_operation(&self, item: &ItemRef) -> Option<OperationKind> {
+    /// Whether a Delete of `item` waits for room.
+    pub fn queues_delete_of(&self, item: &ItemRef) -> bool {
         self.queued
             .get(&**item.item_type())
             .and_then(|queued| queued.get(item))
-            .copied()
-    }
-
-    /// Whether a Delete of `item` waits for room.
-    pub fn queues_delete_of(&self, item: &ItemRef) -> bool {
-        self.queued_operation(item) == Some(OperationKind::Delete)
+            .is_some_and(|kind| *kind == OperationKind::Delete)
     }
 }
 
@@ -280,7 +286,14 @@ mod tests {
         assert!(room.admit(&t("a"), OperationKind::Create, ONE_AT_A_TIME));
         assert!(!room.admit(&t("b"), OperationKind::Create, ONE_AT_A_TIME));
         assert!(!room.admit(&t("c"), OperationKind::Create, ONE_AT_A_TIME));
-        room.unqueue([&t("b"), &t("c")]);
+        assert_eq!(
+            room.unqueue([&t("a"), &t("b"), &t("c")]),
+            vec![
+                (t("b"), OperationKind::Create),
+                (t("c"), OperationKind::Create)
+            ],
+            "what was queued, not what ran"
+        );
         // Planned again, only `c` is still ready.
         assert!(!room.admit(&t("c"), OperationKind::Create, ONE_AT_A_TIME));
         room.set_running([("t".to_owned(), Running::default())]);

@@ -154,18 +154,10 @@ impl Executor {
         // The seeds (and the items the plan revised) were planned again:
         // whether they still wait for room is decided anew below (an item
         // queued for room may need nothing now, and would take the room of
-        // one that does).
-        let planned_again_from_queue: Vec<(ItemRef, OperationKind)> = for_room
-            .iter()
-            .map(|(item, kind)| (item.clone(), *kind))
-            .chain(seeds.iter().chain(&plan.revised).filter_map(|item| {
-                self.room
-                    .queued_operation(item)
-                    .map(|kind| (item.clone(), kind))
-            }))
-            .collect();
-        self.room.unqueue(seeds.iter().chain(&plan.revised));
-        self.wake_waiters_no_result_will_wake(&planned_again_from_queue, &seeds, &plan);
+        // one that does). What they were queued for, and what was taken for
+        // room, is checked against the plan in `absorb`.
+        let mut from_queue = self.room.unqueue(seeds.iter().chain(&plan.revised));
+        from_queue.extend(for_room);
         let (mut starts, mut journal) = match dispatch {
             Dispatch::Now => self.prepare_dispatch(&plan, now.wall_ms),
             Dispatch::Held => Default::default(),
@@ -176,7 +168,7 @@ impl Executor {
             journal.extend(read_journal);
         }
         // Retry times and waiters are read from the state the plan saw.
-        self.absorb(&seeds, &plan, now.wall_ms);
+        self.absorb(&seeds, &plan, &from_queue, now.wall_ms);
         self.follow_up_kept_waiters(kept_waiting);
         self.stage_all(bookkeeping);
         self.stage_all(journal);
@@ -559,18 +551,32 @@ impl Executor {
 
     /// Merges a plan over `seeds` into the tenant's bookkeeping: the
     /// unconverged set, the waiting set, and who waits on whom.
-    fn absorb(&mut self, seeds: &BTreeSet<ItemRef>, plan: &Plan, now_ms: u64) {
+    fn absorb(
+        &mut self,
+        seeds: &BTreeSet<ItemRef>,
+        plan: &Plan,
+        from_queue: &[(ItemRef, OperationKind)],
+        now_ms: u64,
+    ) {
         // The plan's verdict on the items it examined replaces what earlier
         // passes said of them: seeds, and items it reached that were left
         // unconverged (a dependent whose Delete waited for a retry is
-        // converged once the item it relies on is back).
+        // converged once the item it relies on is back). One converged
+        // now, though no result or change of its own settled it, has
+        // nothing more to say to its waiters: they are planned again (seed
+        // 162641: a Delete + Create its dependency's return made needless;
+        // an item whose Create waited for it to be created again waited
+        // for good). Only converged ones: an item left unconverged is
+        // planned again and its results still come.
         for seed in seeds.iter().chain(&plan.revised) {
             if !plan.unconverged.contains(seed) {
                 self.model.unconverged.remove(seed);
+                self.follow_up_waiters_of(seed, seeds);
             }
             self.model.waiting.remove(seed);
         }
         self.wake_behind_unplanned(seeds, plan);
+        self.wake_behind_dropped_from_queue(from_queue, seeds, plan);
         // An item the plan gives an operation no longer waits for what an
         // earlier pass said (it runs, waits for room, or waits for the
         // operations before it, below), whether it was a seed or not.
@@ -695,48 +701,38 @@ impl Executor {
         }
     }
 
-    /// Waiters of an item are woken by that item's results and changes
-    /// (see [`Self::wake_waiters`]). Two verdicts of a plan leave them
-    /// with neither to come, so a follow-up pass plans them again:
-    ///
-    /// - An item planned again is converged now, though no result or
-    ///   change of its own settled it: a Delete + Create its dependency's
-    ///   return made needless, say (seed 162641: a dependent's Create kept
-    ///   waiting for good for an item "not created" that existed).
-    /// - An operation taken from the room's queue, or of an item queued
-    ///   for room and planned again, is no longer planned: its retry time
-    ///   is ahead again after the wall clock stepped back, say. Items
-    ///   waiting for it and for something else have no operation placed
-    ///   after it, and went on showing it running first (seed 150801).
-    ///
-    /// Their old registrations as waiters go; waiters the plan looked at
-    /// register anew.
-    fn wake_waiters_no_result_will_wake(
+    /// Operations taken from the room's queue, or queued for items the
+    /// plan looked at again, that the plan no longer has (a retry time
+    /// ahead again after the wall clock stepped back, say): their items'
+    /// waiters are planned again. An item waiting for such an operation and
+    /// for something else is a waiting entry, not an operation placed
+    /// after it ([`Self::wake_behind_unplanned`]), and went on showing it
+    /// running first (seed 150801).
+    fn wake_behind_dropped_from_queue(
         &mut self,
         from_queue: &[(ItemRef, OperationKind)],
         seeds: &BTreeSet<ItemRef>,
         plan: &Plan,
     ) {
+        if from_queue.is_empty() {
+            return;
+        }
         let planned: HashSet<(&ItemRef, OperationKind)> =
             plan.operations.iter().map(|o| (&o.item, o.kind)).collect();
-        // Converged, not merely without an operation or an entry: an item
-        // left unconverged otherwise (its operation runs, or a pass will
-        // plan it) is planned again and its results still come; waking its
-        // waiters on every such pass never ends.
-        let settled = seeds
-            .iter()
-            .chain(&plan.revised)
-            .filter(|item| !plan.unconverged.contains(*item));
-        let dropped = from_queue
-            .iter()
-            .filter(|(item, kind)| !planned.contains(&(item, *kind)))
-            .map(|(item, _)| item);
-        let unwoken: Vec<ItemRef> = settled.chain(dropped).cloned().collect();
-        for item in unwoken {
-            if let Some(waiters) = self.waiters.remove(&item) {
-                self.follow_up
-                    .extend(waiters.into_iter().filter(|waiter| !seeds.contains(waiter)));
+        for (item, kind) in from_queue {
+            if !planned.contains(&(item, *kind)) {
+                self.follow_up_waiters_of(item, seeds);
             }
+        }
+    }
+
+    /// Plans `item`'s waiters again in a follow-up pass (those among this
+    /// pass's seeds were planned in it), dropping their registrations:
+    /// waiters the plan looked at register anew.
+    fn follow_up_waiters_of(&mut self, item: &ItemRef, seeds: &BTreeSet<ItemRef>) {
+        if let Some(waiters) = self.waiters.remove(item) {
+            self.follow_up
+                .extend(waiters.into_iter().filter(|waiter| !seeds.contains(waiter)));
         }
     }
 
