@@ -757,3 +757,17 @@ fn seed_162641_a_waiter_behind_an_item_settled_without_a_result_is_planned_again
 fn seed_163039_a_value_journaled_before_a_crash_may_tie_its_item_to_an_external() {
     passes(163039);
 }
+
+/// A lost Create is not sent again on a dependency that went with its
+/// external item (sweep of 186500–192499). An agent's session ended with
+/// the Create of `t1/n14` (on `t0/n3`) in flight; the READ that was to
+/// resolve it was still running when the external item that `t0/n3`
+/// relies on vanished, with a question about `t0/n3` in flight. `t0/n3`
+/// stayed in the graph, marked gone with its external item, until that
+/// question reports. When the READ timed out, the lost Create was sent
+/// again as if `t0/n3` still existed; a dependency marked gone now counts
+/// as broken, so the Create is given up and the planner decides.
+#[test]
+fn seed_187463_a_lost_create_is_not_sent_again_on_a_dependency_gone_with_its_external() {
+    passes(187463);
+}

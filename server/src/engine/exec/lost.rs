@@ -11,8 +11,9 @@
 //!   went too;
 //! - it was lost too often (a poison operation): the loss counts as a
 //!   failure;
-//! - what it applies can no longer be applied (a dependency vanished or no
-//!   longer satisfies its predicate): the planner sends what the intent
+//! - what it applies can no longer be applied (a dependency vanished, went
+//!   with its external item while an operation of its own still runs, or
+//!   no longer satisfies its predicate): the planner sends what the intent
 //!   needs now instead, with what this one may have done left uncertain.
 
 use crate::engine::transition::{Completion, completed, started};
@@ -202,7 +203,10 @@ fn applied_or_not(
     match (operation.kind, operation.target.as_ref()) {
         (OperationKind::Create, Some(_)) => {
             let gone_with_external = broken.iter().all(|dependency| {
-                dependency.auto_deleted_by_external() && current.get(&dependency.requires).is_none()
+                dependency.auto_deleted_by_external()
+                    && current
+                        .get(&dependency.requires)
+                        .is_none_or(|required| required.gone_with_external)
             });
             if gone_with_external {
                 // Created or not, it went with the external item it was
@@ -330,7 +334,10 @@ pub fn broken_dependencies<'a>(
         .iter()
         .filter(|dependency| {
             !current.get(&dependency.requires).is_some_and(|required| {
-                required.is_created()
+                // One that went with its external item is gone whatever
+                // its running operation (a Delete, READ or question) does.
+                !required.gone_with_external
+                    && required.is_created()
                     && (dependency.must_satisfy().is_empty()
                         || Predicate::compile(dependency.must_satisfy())
                             .and_then(|predicate| {
@@ -489,6 +496,33 @@ mod tests {
             why,
             GiveUpReason::BrokenDependency(ItemRef::new("t", "gone"))
         );
+        let value = value.expect("kept: it may exist");
+        assert!(value.existence_uncertain && value.in_flight.is_none());
+    }
+
+    #[test]
+    fn a_lost_create_on_a_dependency_gone_with_its_external_item_is_not_sent_again() {
+        // b went with its external item while a question about it ran: it
+        // stays in the graph until that question reports, but it is gone
+        // whatever the answer, so a's Create cannot be applied (seed
+        // 187463 sent it on b's record).
+        let (operation, entry) =
+            lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let question = InFlight {
+            question: true,
+            ..InFlight::new(OperationKind::Modify, "b-op".into(), 1, 2, 0, 10_000)
+        };
+        let going = CurrentItem {
+            in_flight: Some(Box::new(question)),
+            gone_with_external: true,
+            ..created("b")
+        };
+        let Redelivery::GiveUp { value, why } =
+            decide(&graph_with(vec![("b", going)]), &entry, &operation, None)
+        else {
+            panic!("not sent again");
+        };
+        assert_eq!(why, GiveUpReason::BrokenDependency(ItemRef::new("t", "b")));
         let value = value.expect("kept: it may exist");
         assert!(value.existence_uncertain && value.in_flight.is_none());
     }
