@@ -486,6 +486,16 @@ impl CurrentItem {
         self.in_flight.is_some() || self.state == ItemState::Unknown
     }
 
+    /// The operation in flight runs at an agent: any operation of an item
+    /// that is not UNKNOWN, and the READ that resolves an UNKNOWN one (an
+    /// UNKNOWN item's own operation is lost: it waits for a report, not a
+    /// clock).
+    pub fn operation_runs(&self) -> bool {
+        self.in_flight.as_ref().is_some_and(|operation| {
+            self.state != ItemState::Unknown || operation.resolves.is_some()
+        })
+    }
+
     /// The last operation failed for good (a terminal code, or
     /// `max_attempts` used up) for the intent generation
     /// `intended_generation` (0 when the item left the intent).

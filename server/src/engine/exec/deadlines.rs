@@ -28,7 +28,7 @@ pub struct Deadlines {
 fn running<'a>(current: &'a CurrentGraph, op_id: &str, item: &ItemRef) -> Option<&'a InFlight> {
     current
         .get(item)
-        .filter(|entry| super::executor::runs(entry))
+        .filter(|entry| entry.operation_runs())
         .and_then(|entry| entry.in_flight.as_deref())
         .filter(|operation| operation.op_id == op_id)
 }

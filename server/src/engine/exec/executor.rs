@@ -43,7 +43,7 @@ use crate::engine::conditions::Condition;
 use crate::engine::intent::{IntentChange, IntentError, ValidatedSubmit, prepare_submit};
 use crate::engine::plan::{Plan, plan_operations};
 use crate::engine::transition::{Completion, completed};
-use crate::graph::{CurrentGraph, CurrentItem, IntendedGraph, ItemRef, ItemState, OperationKind};
+use crate::graph::{CurrentGraph, CurrentItem, IntendedGraph, ItemRef, OperationKind};
 
 pub use agents::{AgentResult, TypeHeld};
 
@@ -217,7 +217,7 @@ impl Executor {
             .collect();
         let mut operations = BTreeMap::new();
         for (key, entry) in journaled {
-            let lost = if runs(&entry) {
+            let lost = if entry.operation_runs() {
                 completed(&current, &entry, lost_outcome(&entry))
             } else {
                 Some(entry)
@@ -651,17 +651,6 @@ fn lost_outcome(current: &CurrentItem) -> Completion {
         }
         _ => Completion::Lost,
     }
-}
-
-/// Whether `entry`'s operation in flight runs at an agent: any operation of
-/// an item that is not UNKNOWN, and the READ that resolves an UNKNOWN one
-/// (an UNKNOWN item's own operation is lost: it waits for a report, not a
-/// clock).
-pub(crate) fn runs(entry: &CurrentItem) -> bool {
-    entry
-        .in_flight
-        .as_ref()
-        .is_some_and(|operation| entry.state != ItemState::Unknown || operation.resolves.is_some())
 }
 
 /// Whether two condition sets differ in anything but their messages.

@@ -177,7 +177,7 @@ impl Executor {
                 self.model
                     .current
                     .get(item)
-                    .is_some_and(|entry| super::runs(entry))
+                    .is_some_and(|entry| entry.operation_runs())
             })
             .cloned()
             .collect();

@@ -338,7 +338,7 @@ impl Executor {
             let Some(operation) = entry.in_flight.as_ref() else {
                 continue;
             };
-            if &operation.op_id == op_id && super::runs(entry) {
+            if &operation.op_id == op_id && entry.operation_runs() {
                 let count = counts.entry(item.item_type()).or_default();
                 count.0 += 1;
                 count.1 += usize::from(operation.kind == OperationKind::Read);
