@@ -7,6 +7,7 @@
 
 mod args;
 mod dot;
+mod explain;
 mod failure;
 mod fleet;
 mod graph;
@@ -29,7 +30,8 @@ use std::process::ExitCode;
 use clap::Parser as _;
 
 use self::args::{Cli, Command, GraphCommand, IntentCommand, TypeCommand};
-use self::failure::{Exit, Failure, connect_failure, rpc_failure};
+use self::explain::{connect_failure, rpc_failure};
+use self::failure::{Exit, Failure};
 use self::settings::{ProcessEnvironment, Settings};
 use crate::Client;
 

@@ -1,0 +1,164 @@
+//! Errors turned into messages that say what went wrong and what to do,
+//! naming where the address and token in use came from.
+
+use tonic::{Code, Status};
+use tonic_types::StatusExt as _;
+
+use super::failure::Failure;
+use super::settings::Settings;
+use crate::ClientError;
+
+/// The deepest cause of an error, e.g. "Connection refused (os error 111)".
+fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut deepest = error;
+    while let Some(source) = deepest.source() {
+        deepest = source;
+    }
+    deepest.to_string()
+}
+
+/// A failure to create the client, naming the address and where it came
+/// from.
+pub(crate) fn connect_failure(error: &ClientError, settings: &Settings) -> Failure {
+    let addr = &settings.addr;
+    match error {
+        ClientError::InvalidEndpoint { .. } => Failure::usage(format!(
+            "{:?} (from {}) is not a valid server address; use a URI such as \
+             http://127.0.0.1:50051",
+            addr.value, addr.source
+        )),
+        ClientError::Connect { source, .. } => Failure::error(format!(
+            "cannot connect to reconciled at {} (address from {}): {}; check that the server \
+             runs and listens there, or point --addr or RECONCILED_ADDR at it",
+            addr.value,
+            addr.source,
+            root_cause(source)
+        )),
+        ClientError::Tls { .. } => {
+            Failure::usage(format!("{error} (address from {})", addr.source))
+        }
+        ClientError::InvalidToken(invalid) => Failure::usage(format!(
+            "{invalid} (token from {})",
+            settings
+                .token
+                .as_ref()
+                .map_or_else(|| "nowhere".to_owned(), |token| token.source.to_string())
+        )),
+    }
+}
+
+/// A failed RPC as a message that says what to do.
+pub(crate) fn rpc_failure(what: &str, status: &Status, settings: &Settings) -> Failure {
+    let token_source = settings
+        .token
+        .as_ref()
+        .map_or_else(|| "nowhere".to_owned(), |token| token.source.to_string());
+    let message = status.message();
+    let text = match status.code() {
+        Code::Unauthenticated => format!(
+            "{what}: the server refused the token from {token_source}: {message}. Use the admin \
+             token (<data-dir>/admin.token) or the tenant's token from `reconctl tenant create` \
+             or `reconctl tenant rotate-token`"
+        ),
+        Code::PermissionDenied => format!(
+            "{what}: the token from {token_source} may not do this: {message}. Tenant \
+             administration and `fleet` need the admin token"
+        ),
+        Code::NotFound => format!(
+            "{what}: {message} (token from {token_source}; `reconctl tenant list` with the \
+             admin token shows every tenant)"
+        ),
+        Code::Unavailable => format!(
+            "{what}: the server at {} is unavailable: {message}; check that it runs",
+            settings.addr.value
+        ),
+        Code::Unimplemented => format!(
+            "{what}: the server at {} does not support this: {message}",
+            settings.addr.value
+        ),
+        Code::DeadlineExceeded => format!("{what}: timed out: {message}"),
+        code => format!("{what}: {} ({code:?})", with_details(status)),
+    };
+    Failure::error(text)
+}
+
+/// The status message followed by its field violations and error reason.
+fn with_details(status: &Status) -> String {
+    let details = status.get_error_details();
+    let mut text = status.message().to_owned();
+    if let Some(info) = details.error_info() {
+        text.push_str(&format!(" [{}]", info.reason));
+        if info.reason == "GENERATION_MISMATCH" {
+            text.push_str(
+                "; see the tenant's generation with `reconctl status`, or drop \
+                 --expected-generation",
+            );
+        }
+    }
+    if let Some(bad_request) = details.bad_request() {
+        for violation in &bad_request.field_violations {
+            text.push_str(&format!(
+                "\n  {}: {}",
+                violation.field, violation.description
+            ));
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic_types::{ErrorDetails, FieldViolation};
+
+    use super::*;
+    use crate::cli::failure::Exit;
+    use crate::cli::settings::{Setting, Source};
+
+    fn settings() -> Settings {
+        Settings {
+            addr: Setting {
+                value: "http://127.0.0.1:1".into(),
+                source: Source::Flag("--addr"),
+            },
+            token: Some(Setting {
+                value: "x".into(),
+                source: Source::Env("RECONCILED_TOKEN"),
+            }),
+            tenant: None,
+            ca_cert: None,
+            client_cert: None,
+            client_key: None,
+            config_file: None,
+        }
+    }
+
+    #[test]
+    fn an_auth_failure_names_the_token_source() {
+        let failure = rpc_failure(
+            "status",
+            &Status::unauthenticated("invalid bearer token"),
+            &settings(),
+        );
+        assert_eq!(failure.exit, Exit::Error);
+        assert!(failure.message.contains("RECONCILED_TOKEN"), "{failure}");
+    }
+
+    #[test]
+    fn field_violations_are_listed_one_per_line() {
+        let status = Status::with_error_details(
+            Code::InvalidArgument,
+            "invalid intent",
+            ErrorDetails::with_bad_request(vec![FieldViolation::new(
+                "items[1].name",
+                "must not be empty",
+            )]),
+        );
+        let failure = rpc_failure("intent submit", &status, &settings());
+        assert!(
+            failure
+                .message
+                .contains("\n  items[1].name: must not be empty"),
+            "{failure}"
+        );
+    }
+}
