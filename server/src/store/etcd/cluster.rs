@@ -539,7 +539,7 @@ impl EtcdStore {
 
 /// The store-record changes of one watch reply.
 fn record_changes_of(
-    shared: &crate::store::etcd::runtime::Shared,
+    shared: &crate::store::etcd::connect::Shared,
     reply: &etcd_client::WatchResponse,
 ) -> Vec<RecordChange> {
     reply

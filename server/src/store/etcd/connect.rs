@@ -1,15 +1,18 @@
-//! Connecting to etcd: endpoints, TLS, authentication, and the errors etcd
-//! answers with.
+//! Connecting to etcd: endpoints, TLS, authentication, what every job on
+//! the etcd thread shares, and the errors etcd calls end with.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
-use tracing::warn;
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, KvClient, TlsOptions};
+use tracing::{error, warn};
 
-use crate::store::StoreError;
+use crate::store::batch::printable_key;
 use crate::store::etcd::EtcdOptions;
-use crate::store::etcd::runtime::{Shared, shared};
+use crate::store::etcd::latency::EtcdLatency;
+use crate::store::etcd::layout::Layout;
+use crate::store::{Fence, StoreError};
 
 /// Connects to the endpoints of `options` and checks that etcd answers.
 pub(crate) async fn connect(options: EtcdOptions) -> Result<Shared, StoreError> {
@@ -175,4 +178,72 @@ where
             }
         }
     }
+}
+
+/// Largest reply the store accepts from etcd (a page of scanned values).
+const MAX_REPLY_BYTES: usize = 64 * 1024 * 1024;
+
+/// What every job on the etcd thread shares.
+pub(crate) struct Shared {
+    /// The etcd client (leases, locks, watches).
+    pub(crate) client: Client,
+    /// Its KV client, allowed large replies.
+    pub(crate) kv: KvClient,
+    /// Where the store's keys live.
+    pub(crate) layout: Layout,
+    /// The store's settings.
+    pub(crate) options: EtcdOptions,
+    /// How long commits and reads take.
+    pub(crate) latency: Arc<EtcdLatency>,
+}
+
+/// The KV client of `client`, allowed replies of [`MAX_REPLY_BYTES`].
+pub(crate) fn kv_client(client: &Client) -> KvClient {
+    client
+        .kv_client()
+        .max_decoding_message_size(MAX_REPLY_BYTES)
+}
+
+/// Shared settings for tests that build a [`Shared`] by hand.
+pub(crate) fn shared(client: Client, options: EtcdOptions) -> Shared {
+    Shared {
+        kv: kv_client(&client),
+        layout: Layout::new(&options.prefix),
+        client,
+        options,
+        latency: Arc::default(),
+    }
+}
+
+/// The error of a commit whose `fence` no longer holds (`now`: the key's
+/// revision, 0 if it is gone).
+pub(crate) fn fenced(fence: &Fence, now: i64) -> StoreError {
+    StoreError::Fenced {
+        key: printable_key(&fence.key),
+        expected: fence.mod_revision,
+        actual: now,
+    }
+}
+
+/// The error of a fence whose key lies among the store's own records.
+pub(crate) fn invalid_fence(fence: &Fence) -> StoreError {
+    StoreError::Etcd {
+        operation: "check a fence",
+        message: format!(
+            "fence key {} lies under store/, the store's own records; fence on a cluster key",
+            printable_key(&fence.key)
+        ),
+    }
+}
+
+/// After a commit kept failing for `commit_timeout`, whether etcd applied
+/// it is unknown, and so is what this process's memory should hold: the
+/// only safe recovery is a restart that reloads from etcd (as when sled
+/// cannot fsync).
+pub(crate) fn stop_process(message: &str) -> ! {
+    error!(
+        error = message,
+        "etcd did not confirm a commit in time; stopping the process to reload from etcd on restart."
+    );
+    std::process::abort()
 }

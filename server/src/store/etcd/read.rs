@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{GetOptions, Txn, TxnOp, TxnOpResponse};
 
+use crate::store::etcd::connect::Shared;
 use crate::store::etcd::connect::retry;
 use crate::store::etcd::layout::prefix_end;
-use crate::store::etcd::runtime::Shared;
 use crate::store::etcd::staged::{marked_commits, roll_forward};
 use crate::store::{Record, StoreError};
 

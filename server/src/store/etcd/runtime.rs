@@ -20,33 +20,14 @@ use std::sync::Arc;
 use std::sync::mpsc::sync_channel;
 use std::thread::JoinHandle;
 
-use etcd_client::{Client, KvClient};
 use tokio::sync::{mpsc, oneshot};
 use tracing::error;
 
 use crate::store::StoreError;
 use crate::store::etcd::EtcdOptions;
-use crate::store::etcd::latency::EtcdLatency;
-use crate::store::etcd::layout::Layout;
+use crate::store::etcd::connect::Shared;
 use crate::store::etcd::staged;
 use crate::store::etcd::writer::{self, CommitRequest};
-
-/// Largest reply the store accepts from etcd (a page of scanned values).
-const MAX_REPLY_BYTES: usize = 64 * 1024 * 1024;
-
-/// What every job on the etcd thread shares.
-pub(crate) struct Shared {
-    /// The etcd client (leases, locks, watches).
-    pub(crate) client: Client,
-    /// Its KV client, allowed large replies.
-    pub(crate) kv: KvClient,
-    /// Where the store's keys live.
-    pub(crate) layout: Layout,
-    /// The store's settings.
-    pub(crate) options: EtcdOptions,
-    /// How long commits and reads take.
-    pub(crate) latency: Arc<EtcdLatency>,
-}
 
 /// A unit of work for the etcd thread.
 type Job = Box<dyn FnOnce(Arc<Shared>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
@@ -174,23 +155,5 @@ impl Drop for EtcdThread {
         {
             error!("The etcd store's thread panicked.");
         }
-    }
-}
-
-/// The KV client of `client`, allowed replies of [`MAX_REPLY_BYTES`].
-pub(crate) fn kv_client(client: &Client) -> KvClient {
-    client
-        .kv_client()
-        .max_decoding_message_size(MAX_REPLY_BYTES)
-}
-
-/// Shared settings for tests that build a [`Shared`] by hand.
-pub(crate) fn shared(client: Client, options: EtcdOptions) -> Shared {
-    Shared {
-        kv: kv_client(&client),
-        layout: Layout::new(&options.prefix),
-        client,
-        options,
-        latency: Arc::default(),
     }
 }

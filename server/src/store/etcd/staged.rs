@@ -30,9 +30,9 @@ use rand::Rng as _;
 use tracing::{info, warn};
 
 use crate::store::etcd::codec::{KeyWrite, decode_chunk, encode_chunks, write_bytes};
-use crate::store::etcd::connect::{Failure, etcd_error, retry};
-use crate::store::etcd::runtime::Shared;
-use crate::store::etcd::writer::{fenced, invalid_fence, stop_process};
+use crate::store::etcd::connect::{
+    Failure, Shared, etcd_error, fenced, invalid_fence, retry, stop_process,
+};
 use crate::store::etcd::{CrashPoint, layout::prefix_end};
 use crate::store::{Fence, StoreError};
 

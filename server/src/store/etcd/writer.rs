@@ -29,10 +29,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tracing::error;
 
-use crate::store::batch::printable_key;
 use crate::store::etcd::codec::{KeyWrite, coalesce, write_bytes};
-use crate::store::etcd::connect::{Failure, retry};
-use crate::store::etcd::runtime::Shared;
+use crate::store::etcd::connect::{Failure, Shared, fenced, invalid_fence, retry, stop_process};
 use crate::store::etcd::staged::{self, Staged};
 use crate::store::{Fence, StoreError, WriteBatch};
 
@@ -428,37 +426,4 @@ fn fail_all(group: Group, error: StoreError) {
     for member in group.members {
         member.reply.send(Err(error.clone()));
     }
-}
-
-/// The error of a commit whose `fence` no longer holds (`now`: the key's
-/// revision, 0 if it is gone).
-pub(crate) fn fenced(fence: &Fence, now: i64) -> StoreError {
-    StoreError::Fenced {
-        key: printable_key(&fence.key),
-        expected: fence.mod_revision,
-        actual: now,
-    }
-}
-
-/// The error of a fence whose key lies among the store's own records.
-pub(crate) fn invalid_fence(fence: &Fence) -> StoreError {
-    StoreError::Etcd {
-        operation: "check a fence",
-        message: format!(
-            "fence key {} lies under store/, the store's own records; fence on a cluster key",
-            printable_key(&fence.key)
-        ),
-    }
-}
-
-/// After a commit kept failing for `commit_timeout`, whether etcd applied
-/// it is unknown, and so is what this process's memory should hold: the
-/// only safe recovery is a restart that reloads from etcd (as when sled
-/// cannot fsync).
-pub(crate) fn stop_process(message: &str) -> ! {
-    error!(
-        error = message,
-        "etcd did not confirm a commit in time; stopping the process to reload from etcd on restart."
-    );
-    std::process::abort()
 }
