@@ -42,6 +42,9 @@ pub const MIN_ADMIN_TOKEN_CHARS: usize = 16;
 
 const MIB: u64 = 1024 * 1024;
 
+/// The default TTL of a replica's etcd lease (`cluster_lease_secs`).
+pub const DEFAULT_CLUSTER_LEASE: Duration = Duration::from_secs(5);
+
 /// Declares the settings once: the per-source [`Layer`] (clap flags, TOML
 /// keys), its environment reader, the merge, and the [`SETTINGS`] table.
 macro_rules! settings {
@@ -605,7 +608,7 @@ impl Default for Config {
             etcd: EtcdSettings::default(),
             advertise_addr: None,
             replica_id: None,
-            cluster_lease: crate::cluster::DEFAULT_LEASE_TTL,
+            cluster_lease: DEFAULT_CLUSTER_LEASE,
         }
     }
 }

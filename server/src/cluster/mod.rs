@@ -55,9 +55,6 @@ pub use metrics::ClusterMetrics;
 pub use ownership::{Ownership, Route};
 use tokens::{CatchUps, ClusterTokens};
 
-/// The default TTL of a replica's etcd lease.
-pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
-
 /// How this replica takes part in the cluster.
 #[derive(Clone, Debug)]
 pub struct ClusterSettings {
