@@ -299,7 +299,9 @@ pub fn plan_operations(
     seeds: &BTreeSet<ItemRef>,
     environment: &impl PlanEnvironment,
 ) -> Plan {
-    planner::Planner::new(intended, current, environment).run(seeds)
+    let mut planner = planner::Planner::new(intended, current, environment);
+    planner.run(seeds);
+    assemble::assemble(&mut planner)
 }
 
 /// Plans with every item of both graphs as a seed: a full pass, used at

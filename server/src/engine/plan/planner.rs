@@ -224,8 +224,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
     }
 
-    /// Plans from `seeds`.
-    pub(super) fn run(mut self, seeds: &'a BTreeSet<ItemRef>) -> super::Plan {
+    /// Decides, from `seeds`, what every item it reaches needs and when;
+    /// `assemble` turns the decisions into a plan.
+    pub(super) fn run(&mut self, seeds: &'a BTreeSet<ItemRef>) {
         self.nodes.reserve(seeds.len());
         self.marks.reserve(seeds.len());
         // Seeds become nodes 0..n in identity order (see `identity_order`).
@@ -289,7 +290,6 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 self.mark_deleting(id);
             }
         }
-        super::assemble::assemble(&mut self)
     }
 
     /// The examined nodes in identity order: the seeds are in order already
