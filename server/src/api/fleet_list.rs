@@ -18,7 +18,7 @@ use crate::status::reason;
 use crate::wire::{condition_to_proto, timestamp_from_ms};
 
 use super::context::ApiContext;
-use super::views::{limits_to_proto, quarantined_to_proto};
+use super::views::quarantined_to_proto;
 
 /// Owners asked at once for the tenants of one page.
 const PARALLEL_ASKS: usize = 64;
@@ -123,7 +123,7 @@ fn from_catalog(cluster: &Cluster, name: &str) -> v1::Tenant {
         created_at: entry
             .as_ref()
             .map(|entry| timestamp_from_ms(entry.created_at_ms)),
-        limits: entry.as_ref().map(|entry| limits_to_proto(&entry.limits)),
+        limits: entry.as_ref().map(|entry| entry.limits.to_proto()),
         status: Some(v1::TenantStatus {
             tenant: name.to_owned(),
             conditions: entry

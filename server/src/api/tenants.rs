@@ -7,10 +7,11 @@ use tracing::instrument;
 
 use crate::graph::validate::validate_name;
 use crate::status::ApiError;
+use crate::tenant::TenantLimits;
 
 use super::context::{ApiContext, invalid};
 use super::paging::{decode_text, encode_text};
-use super::views::{limits_from_proto, quarantined_to_proto};
+use super::views::quarantined_to_proto;
 
 /// Tenants per ListTenants page when the request names no size, and the most.
 const DEFAULT_PAGE_SIZE: usize = 100;
@@ -45,7 +46,7 @@ impl Tenants for TenantsService {
             .map_err(|problem| invalid("name", format!("the tenant name {problem}")))?;
         if let Some(cluster) = &self.context.cluster {
             let (tenant, token) = cluster
-                .create_tenant(&request.name, limits_from_proto(request.limits))
+                .create_tenant(&request.name, TenantLimits::from_proto(request.limits))
                 .await?;
             return Ok(Response::new(v1::CreateTenantResponse {
                 tenant: Some(tenant),
@@ -55,7 +56,7 @@ impl Tenants for TenantsService {
         let (handle, token) = self
             .context
             .directory
-            .create(&request.name, limits_from_proto(request.limits))
+            .create(&request.name, TenantLimits::from_proto(request.limits))
             .await
             .map_err(ApiError::from)?;
         Ok(Response::new(v1::CreateTenantResponse {

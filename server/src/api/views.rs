@@ -2,7 +2,7 @@
 
 use reconciled_proto::v1;
 
-use crate::tenant::{Quarantined, TenantLimits, TenantSnapshot};
+use crate::tenant::{Quarantined, TenantSnapshot};
 use crate::wire::{condition_to_proto, timestamp_from_ms};
 
 /// A tenant's status as of a snapshot.
@@ -32,29 +32,6 @@ pub fn tenant_status(snapshot: &TenantSnapshot) -> v1::TenantStatus {
     }
 }
 
-/// Tenant limits both ways.
-pub fn limits_to_proto(limits: &TenantLimits) -> v1::TenantLimits {
-    v1::TenantLimits {
-        max_items: limits.max_items,
-        max_request_items: limits.max_request_items,
-        max_agents: limits.max_agents,
-        max_watchers: limits.max_watchers,
-        max_operations_in_flight: limits.max_operations_in_flight,
-    }
-}
-
-/// Tenant limits from a request (absent = all server defaults).
-pub fn limits_from_proto(limits: Option<v1::TenantLimits>) -> TenantLimits {
-    let limits = limits.unwrap_or_default();
-    TenantLimits {
-        max_items: limits.max_items,
-        max_request_items: limits.max_request_items,
-        max_agents: limits.max_agents,
-        max_watchers: limits.max_watchers,
-        max_operations_in_flight: limits.max_operations_in_flight,
-    }
-}
-
 /// A quarantined tenant as ListTenants shows it: its name and why its
 /// records could not be read.
 pub fn quarantined_to_proto(name: String, quarantined: &Quarantined) -> v1::Tenant {
@@ -70,7 +47,7 @@ pub fn tenant_to_proto(snapshot: &TenantSnapshot) -> v1::Tenant {
     v1::Tenant {
         name: snapshot.record.name.clone(),
         created_at: Some(timestamp_from_ms(snapshot.record.created_at_ms)),
-        limits: Some(limits_to_proto(&snapshot.record.limits)),
+        limits: Some(snapshot.record.limits.to_proto()),
         status: Some(tenant_status(snapshot)),
         quarantine_error: String::new(),
     }

@@ -314,7 +314,7 @@ fn new_tenant(record: &TenantRecord, owner: String) -> v1::Tenant {
     v1::Tenant {
         name: record.name.clone(),
         created_at: Some(crate::wire::timestamp_from_ms(record.created_at_ms)),
-        limits: Some(crate::api::views::limits_to_proto(&record.limits)),
+        limits: Some(record.limits.to_proto()),
         status: Some(v1::TenantStatus {
             tenant: record.name.clone(),
             generation: record.generation,

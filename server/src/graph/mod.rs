@@ -19,7 +19,7 @@ pub use graphs::{
 pub use ids::ItemId;
 pub use item::{Dependency, Item, ItemRef};
 pub use predicate::{Predicate, PredicateError};
-pub use properties::Properties;
+pub use properties::{MAX_PROPERTY_DEPTH, Properties};
 pub use sharing::IdentitySharing;
 pub use state::{
     CurrentItem, InFlight, ItemState, OperationError, OperationKind, RareFields, RetryOf, code,

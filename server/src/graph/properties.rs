@@ -19,6 +19,10 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
+/// The deepest nesting of property values accepted from a client: the
+/// values of the properties object are at level 1.
+pub const MAX_PROPERTY_DEPTH: usize = 64;
+
 /// A JSON object with string keys, sorted by key, each key once.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Properties {

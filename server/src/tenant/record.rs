@@ -33,6 +33,31 @@ pub struct TenantLimits {
     pub max_operations_in_flight: u64,
 }
 
+impl TenantLimits {
+    /// The limits as the API shows them.
+    pub fn to_proto(&self) -> reconciled_proto::v1::TenantLimits {
+        reconciled_proto::v1::TenantLimits {
+            max_items: self.max_items,
+            max_request_items: self.max_request_items,
+            max_agents: self.max_agents,
+            max_watchers: self.max_watchers,
+            max_operations_in_flight: self.max_operations_in_flight,
+        }
+    }
+
+    /// The limits a request asks for (absent = all server defaults).
+    pub fn from_proto(limits: Option<reconciled_proto::v1::TenantLimits>) -> Self {
+        let limits = limits.unwrap_or_default();
+        Self {
+            max_items: limits.max_items,
+            max_request_items: limits.max_request_items,
+            max_agents: limits.max_agents,
+            max_watchers: limits.max_watchers,
+            max_operations_in_flight: limits.max_operations_in_flight,
+        }
+    }
+}
+
 /// The tenant record: identity, counters and the hashed token.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantRecord {

@@ -40,7 +40,7 @@ pub use items::{
     item_ref_to_proto, item_to_proto,
 };
 pub use plan::{PLAN_LIMIT, plan_to_proto, plan_to_proto_with_items};
-pub use properties::{MAX_PROPERTY_DEPTH, properties_from_struct, properties_to_struct};
+pub use properties::{properties_from_struct, properties_to_struct};
 pub use status::{
     condition_to_proto, in_flight_to_proto, item_state_to_proto, item_status,
     operation_error_from_status, operation_error_to_status, operation_kind_to_proto,

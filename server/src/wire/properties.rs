@@ -10,12 +10,9 @@ use reconciled_proto::json::MAX_EXACT_INTEGER;
 pub use reconciled_proto::json::properties_to_struct;
 use serde_json::{Number, Value as Json};
 
+use crate::graph::MAX_PROPERTY_DEPTH;
 use crate::graph::Properties;
 use crate::graph::validate::FieldViolation;
-
-/// The deepest nesting of property values accepted from a client: the
-/// values of the properties object are at level 1.
-pub const MAX_PROPERTY_DEPTH: usize = 64;
 
 /// Converts a `google.protobuf.Struct` received at field `path` (e.g.
 /// `items[3].properties`) to properties.

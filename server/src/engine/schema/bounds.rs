@@ -38,8 +38,8 @@ pub const MAX_PATTERNS: usize = 64;
 /// The most subschema evaluations one value of an instance may cause.
 pub const MAX_EVALUATIONS_PER_VALUE: u64 = 1_000;
 /// The deepest instance the cost bound looks at: properties are nested at
-/// most this deep (`wire::MAX_PROPERTY_DEPTH`).
-const MAX_INSTANCE_DEPTH: usize = crate::wire::MAX_PROPERTY_DEPTH;
+/// most this deep (`graph::MAX_PROPERTY_DEPTH`).
+const MAX_INSTANCE_DEPTH: usize = crate::graph::MAX_PROPERTY_DEPTH;
 /// Own keywords (everything but subschemas) of this many bytes count as one
 /// more evaluation: an `enum` of 500 names costs more than a `type`.
 const BYTES_PER_EVALUATION: usize = 256;
