@@ -771,3 +771,18 @@ fn seed_163039_a_value_journaled_before_a_crash_may_tie_its_item_to_an_external(
 fn seed_187463_a_lost_create_is_not_sent_again_on_a_dependency_gone_with_its_external() {
     passes(187463);
 }
+
+/// A lost Create whose value unties its item is resumed under its op id
+/// when the item's old external item vanishes (sweep of 70750–73749 at
+/// 1,000 steps). The server restarted with the Create of `t1/n1` in
+/// flight; its old value was `auto_deleted_by_external` on `t0/n0`, the
+/// Create's value was not. While the READ resolving the lost Create ran,
+/// `t0/n0` vanished, and `t1/n1` was marked gone with it whatever the
+/// READ found (a READ changes nothing), so when the READ timed out the
+/// lost Create was given up and a new one sent. The lost Create, had it
+/// run, made the item independent of `t0/n0`: the mark now follows the
+/// operation the READ resolves.
+#[test]
+fn seed_70955_a_lost_create_that_unties_its_item_is_resumed_with_its_op_id() {
+    passes_in(70955, 1_000);
+}

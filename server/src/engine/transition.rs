@@ -635,22 +635,27 @@ pub fn mark_gone_with_externals(
                     .iter()
                     .any(|d| d.auto_deleted_by_external() && d.requires == required)
             };
+            // The operation whose outcome decides the item: the one that
+            // runs, or, for the READ that resolves a lost operation, that
+            // lost operation (it may have applied; the READ changes nothing).
+            let deciding = entry
+                .in_flight
+                .as_deref()
+                .map(|operation| operation.resolves.as_deref().unwrap_or(operation));
             let applied_ties = entry.applied.as_deref().is_some_and(ties);
             let target_ties = || {
-                entry
-                    .in_flight
-                    .as_ref()
+                deciding
                     .and_then(|operation| operation.target.as_deref())
                     .is_some_and(ties)
             };
-            // Gone if the running operation succeeds, whenever it ran: a
+            // Gone if the deciding operation succeeds, whenever it ran: a
             // Create or Modify that makes the item tied to it (applied
             // before the external item came back, the item went with it);
             // a Delete, READ or question (which change nothing) of a tied
-            // item. (A Modify that unties the item leaves it to the planner
-            // once the outcome is known: the agent answers NOT_FOUND if the
-            // item went first.)
-            let gone_whatever = match entry.in_flight.as_ref() {
+            // item. (A Create or Modify that unties the item leaves it to
+            // the planner once the outcome is known: the agent answers
+            // NOT_FOUND if the item went first.)
+            let gone_whatever = match deciding {
                 Some(operation) if operation.question => applied_ties,
                 Some(operation) => match operation.kind {
                     OperationKind::Create | OperationKind::Modify => target_ties(),
@@ -849,6 +854,53 @@ mod tests {
         let entry = marked_gone_with_x(OperationKind::Modify, true);
         let after = completed(&CurrentGraph::default(), &entry, timed_out());
         assert_eq!(after, None);
+    }
+
+    /// `t/a`, UNKNOWN with an applied value tied to `e/x`, whose lost
+    /// Create of a value tied to `e/x` or not (`target_tied`) a READ is
+    /// resolving; then `e/x` vanishes.
+    fn marks_when_x_vanishes_under_a_resolving_read(target_tied: bool) -> CurrentUpdates {
+        let value = |tied: bool, version: i64| {
+            let mut item = Item::new("t", "a", Default::default());
+            item.properties.insert("v".into(), version.into());
+            if tied {
+                let mut dependency = crate::graph::Dependency::on(ItemRef::new("e", "x"));
+                dependency.set_auto_deleted_by_external(true);
+                item.dependencies.push(dependency);
+            }
+            Arc::new(item)
+        };
+        let lost = InFlight {
+            target: Some(value(target_tied, 2)),
+            ..InFlight::new(OperationKind::Create, "op-1".into(), 1, 8, 0, 10_000)
+        };
+        let read = InFlight {
+            resolves: Some(Box::new(lost)),
+            ..InFlight::new(OperationKind::Read, "op-2".into(), 1, 8, 0, 10_000)
+        };
+        let entry = CurrentItem {
+            state: ItemState::Unknown,
+            in_flight: Some(Box::new(read)),
+            existence_uncertain: true,
+            ..CurrentItem::created(value(true, 1), 7)
+        };
+        let mut current = CurrentGraph::default();
+        current.insert(ItemRef::new("t", "a"), entry);
+        mark_gone_with_externals(&current, [ItemRef::new("e", "x")])
+    }
+
+    #[test]
+    fn an_item_whose_lost_create_unties_it_is_not_gone_whatever_its_read_finds() {
+        // Simulator seed 70955: marked gone because the READ changes
+        // nothing, the lost Create it resolves was given up rather than sent
+        // again under its op id; but that Create, if it ran, made the item
+        // independent of `e/x`.
+        assert!(marks_when_x_vanishes_under_a_resolving_read(false).is_empty());
+        let updates = marks_when_x_vanishes_under_a_resolving_read(true);
+        assert!(
+            matches!(updates.as_slice(), [(_, Some(marked))] if marked.gone_with_external),
+            "a lost Create of a tied value leaves it gone whatever: {updates:?}"
+        );
     }
 
     #[test]
