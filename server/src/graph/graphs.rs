@@ -535,12 +535,15 @@ impl CurrentGraph {
 }
 
 /// The edges of a current item: its applied dependencies plus those of the
-/// value an in-flight operation applies (duplicates are harmless).
+/// value an in-flight operation applies, or, while a READ resolves a lost
+/// operation, the value that lost operation may have applied (duplicates
+/// are harmless).
 fn current_edges(entry: &CurrentItem) -> impl Iterator<Item = &ItemRef> {
     let applied = entry.applied.iter().flat_map(|item| item.required_items());
     let target = entry
         .in_flight
         .iter()
+        .map(|operation| operation.resolves.as_deref().unwrap_or(operation))
         .filter_map(|operation| operation.target.as_ref())
         .flat_map(|item| item.required_items());
     let maybe_applied = entry
@@ -628,6 +631,23 @@ mod tests {
         assert_eq!(dependents(&graph, "c"), ["x"]);
         graph.remove(&key);
         assert!(dependents(&graph, "b").is_empty() && dependents(&graph, "c").is_empty());
+    }
+
+    #[test]
+    fn a_read_resolving_a_lost_create_keeps_the_edges_of_what_it_may_have_applied() {
+        // Until the READ tells, the lost Create of x on a may have run: a's
+        // Delete must still find x among a's dependents.
+        let mut lost = InFlight::new(OperationKind::Create, "op".into(), 1, 1, 0, 1_000);
+        lost.target = Some(requiring(&["a"]));
+        let mut read = InFlight::new(OperationKind::Read, "read".into(), 1, 1, 0, 1_000);
+        read.resolves = Some(Box::new(lost));
+        let unknown = CurrentItem {
+            state: crate::graph::ItemState::Unknown,
+            ..CurrentItem::creating(read)
+        };
+        let mut graph = CurrentGraph::default();
+        graph.insert(ItemRef::new("t", "x"), unknown);
+        assert_eq!(dependents(&graph, "a"), ["x"]);
     }
 
     #[test]
