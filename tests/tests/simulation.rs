@@ -786,3 +786,15 @@ fn seed_187463_a_lost_create_is_not_sent_again_on_a_dependency_gone_with_its_ext
 fn seed_70955_a_lost_create_that_unties_its_item_is_resumed_with_its_op_id() {
     passes_in(70955, 1_000);
 }
+
+/// A READ's answer settles a mark of going with an external item (found
+/// by the 1,000-step sweep of 66650–71149 after the fix for 70955). With a
+/// lost Modify whose value ties `t3/n1` to the external item `t3/n0`, and
+/// a READ resolving it, `t3/n0` vanished: `t3/n1` was marked gone whatever
+/// the Modify did. The READ found the item with its old value, untied; the
+/// mark outlived that answer and the Delete planned next, and when that
+/// Delete was lost at a restart it was forgotten as if the item had gone.
+#[test]
+fn seed_68388_a_reads_answer_settles_the_mark_of_going_with_an_external() {
+    passes_in(68388, 1_000);
+}

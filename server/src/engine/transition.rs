@@ -256,6 +256,10 @@ pub fn completed(
 ///   asked again under its op id;
 /// - the READ's own outcome is lost: the item is UNKNOWN again, with
 ///   `lost` to resolve.
+///
+/// An answer is a live report: it settles a mark of going with an external
+/// item ([`CurrentItem::gone_with_external`]), and the planner applies rule
+/// 9 to what was read.
 fn resolved(
     current: &CurrentGraph,
     existing: &CurrentItem,
@@ -273,6 +277,14 @@ fn resolved(
             observed: Some(observed),
         } => observed,
         _ => return Some(unknown),
+    };
+    let existing = &CurrentItem {
+        gone_with_external: false,
+        ..existing.clone()
+    };
+    let unknown = CurrentItem {
+        gone_with_external: false,
+        ..unknown
     };
     let applies =
         matches!(lost.kind, OperationKind::Create | OperationKind::Modify) && !lost.question;
@@ -900,6 +912,32 @@ mod tests {
         assert!(
             matches!(updates.as_slice(), [(_, Some(marked))] if marked.gone_with_external),
             "a lost Create of a tied value leaves it gone whatever: {updates:?}"
+        );
+    }
+
+    #[test]
+    fn a_read_that_finds_the_item_settles_its_mark_of_going_with_an_external_item() {
+        // Simulator seed 68388: the mark outlived the READ's answer and the
+        // Delete planned next; lost at a restart, that Delete was forgotten
+        // as if the item had gone, while the READ had found it.
+        let updates = marks_when_x_vanishes_under_a_resolving_read(true);
+        let [(_, Some(marked))] = updates.as_slice() else {
+            panic!("marked: {updates:?}");
+        };
+        let applied = marked.applied.as_deref().expect("applied");
+        let after = completed(
+            &CurrentGraph::default(),
+            marked,
+            Completion::Resolved {
+                observed: Some(applied.properties.clone()),
+            },
+        )
+        .expect("it exists");
+        assert!(!after.gone_with_external && after.in_flight.is_none());
+        assert_eq!(
+            after.applied.as_deref(),
+            Some(applied),
+            "the lost Create did not apply"
         );
     }
 
