@@ -266,7 +266,7 @@ fn resolved(
     lost: &InFlight,
     completion: Completion,
 ) -> Option<CurrentItem> {
-    let unknown = CurrentItem {
+    let unknown = |existing: &CurrentItem| CurrentItem {
         state: ItemState::Unknown,
         in_flight: Some(Box::new(lost.clone())),
         ..existing.clone()
@@ -276,16 +276,13 @@ fn resolved(
         Completion::Resolved {
             observed: Some(observed),
         } => observed,
-        _ => return Some(unknown),
+        _ => return Some(unknown(existing)),
     };
     let existing = &CurrentItem {
         gone_with_external: false,
         ..existing.clone()
     };
-    let unknown = CurrentItem {
-        gone_with_external: false,
-        ..unknown
-    };
+    let unknown = unknown(existing);
     let applies =
         matches!(lost.kind, OperationKind::Create | OperationKind::Modify) && !lost.question;
     let target = lost.target.as_deref();
@@ -647,13 +644,7 @@ pub fn mark_gone_with_externals(
                     .iter()
                     .any(|d| d.auto_deleted_by_external() && d.requires == required)
             };
-            // The operation whose outcome decides the item: the one that
-            // runs, or, for the READ that resolves a lost operation, that
-            // lost operation (it may have applied; the READ changes nothing).
-            let deciding = entry
-                .in_flight
-                .as_deref()
-                .map(|operation| operation.resolves.as_deref().unwrap_or(operation));
+            let deciding = entry.in_flight.as_deref().map(InFlight::deciding);
             let applied_ties = entry.applied.as_deref().is_some_and(ties);
             let target_ties = || {
                 deciding

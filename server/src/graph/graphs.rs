@@ -543,8 +543,7 @@ fn current_edges(entry: &CurrentItem) -> impl Iterator<Item = &ItemRef> {
     let target = entry
         .in_flight
         .iter()
-        .map(|operation| operation.resolves.as_deref().unwrap_or(operation))
-        .filter_map(|operation| operation.target.as_ref())
+        .filter_map(|operation| operation.deciding().target.as_ref())
         .flat_map(|item| item.required_items());
     let maybe_applied = entry
         .rare

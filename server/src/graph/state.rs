@@ -155,6 +155,13 @@ pub struct InFlight {
 }
 
 impl InFlight {
+    /// The operation whose outcome decides the item: this one, or, for a
+    /// READ that resolves a lost operation, that lost operation (the READ
+    /// only observes; the lost one may have applied).
+    pub fn deciding(&self) -> &InFlight {
+        self.resolves.as_deref().unwrap_or(self)
+    }
+
     /// A fresh operation (first delivery, no progress, no cancel) started
     /// at `started_at_ms` with `timeout_ms` to report.
     pub fn new(

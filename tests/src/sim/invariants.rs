@@ -32,6 +32,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use reconciled::engine::conditions::ConditionKind;
+use reconciled::engine::exec::TypeSpec;
 use reconciled::engine::exec::port::{AgentOutcome, OperationOrder};
 use reconciled::engine::plan::{
     Plan, PlanEnvironment, TypeRules, WaitReason, plan_everything, runs_first,
@@ -1693,15 +1694,7 @@ fn connected_to_failures(
 /// The items a full plan of the snapshot's graphs gives an operation or
 /// shows waiting (retry times taken as passed, every configurator there).
 fn items_a_full_plan_gives_work(snapshot: &TenantSnapshot) -> BTreeSet<ItemRef> {
-    let environment = Everything {
-        rules: snapshot
-            .item_types
-            .specs()
-            .map(|spec| (spec.item_type.clone(), spec.rules()))
-            .collect(),
-        down_types: BTreeSet::new(),
-        now_ms: u64::MAX,
-    };
+    let environment = Everything::new(snapshot.item_types.specs(), BTreeSet::new(), u64::MAX);
     let plan = full_plan(snapshot, &environment);
     plan.operations
         .iter()
@@ -1729,6 +1722,25 @@ struct Everything {
     rules: HashMap<String, TypeRules>,
     down_types: BTreeSet<String>,
     now_ms: u64,
+}
+
+impl Everything {
+    /// The environment of `types` with the configurators of `down_types`
+    /// missing, at `now_ms`.
+    fn new<'a>(
+        types: impl IntoIterator<Item = &'a TypeSpec>,
+        down_types: BTreeSet<String>,
+        now_ms: u64,
+    ) -> Self {
+        Self {
+            rules: types
+                .into_iter()
+                .map(|spec| (spec.item_type.clone(), spec.rules()))
+                .collect(),
+            down_types,
+            now_ms,
+        }
+    }
 }
 
 impl PlanEnvironment for Everything {
@@ -2101,15 +2113,7 @@ pub fn check_converged(
         );
     }
     // The incremental passes missed nothing a full plan would do.
-    let environment = Everything {
-        rules: scenario
-            .types
-            .iter()
-            .map(|spec| (spec.item_type.clone(), spec.rules()))
-            .collect(),
-        down_types: down_types.clone(),
-        now_ms,
-    };
+    let environment = Everything::new(&scenario.types, down_types.clone(), now_ms);
     let plan = full_plan(snapshot, &environment);
     let ready: Vec<String> = plan
         .ready()
