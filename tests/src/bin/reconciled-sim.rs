@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release -p reconciled-tests --bin reconciled-sim -- --seeds 1000
 //! cargo run --release -p reconciled-tests --bin reconciled-sim -- --seed 42 --steps 300
+//! cargo run --release -p reconciled-tests --bin reconciled-sim -- --seeds 1000 --agent-restarts
 //! ```
 //!
 //! Explores `--seeds N` seeds from `--first F` (default: a random first
@@ -49,6 +50,11 @@ struct Args {
     /// Print the whole trace of a replayed seed even when it passes.
     #[arg(long)]
     trace: bool,
+    /// Agents' processes may also restart, losing the results they had not
+    /// reported and their de-duplication cache (draws other steps than a
+    /// run without it: a seed replays only with the same flag).
+    #[arg(long)]
+    agent_restarts: bool,
 }
 
 fn main() -> ExitCode {
@@ -73,7 +79,12 @@ fn main() -> ExitCode {
                 .down_for_good
                 .is_some(),
         );
-        match sim::run_seed_watched(seed, args.steps) {
+        let agent_faults = if args.agent_restarts {
+            sim::AgentFaults::ProcessesRestart
+        } else {
+            sim::AgentFaults::SessionsEnd
+        };
+        match sim::run_seed_watched_with(seed, args.steps, sim::WATCHDOG, agent_faults) {
             Ok(passed) => {
                 steps += passed.stats.steps;
                 if args.seed.is_some() {

@@ -1035,6 +1035,30 @@ impl Ledger {
         );
     }
 
+    /// An agent's process restarted and forgot its result of `op_id`'s
+    /// `attempt`, which the server still had in flight: the server lost its
+    /// outcome, as for a dropped operation, though it may have applied.
+    pub fn on_forgotten(&mut self, op_id: &str, attempt: u32) {
+        let Some(record) = self.ops.get(op_id) else {
+            return;
+        };
+        if record.kind == OperationKind::Read || record.attempt != attempt {
+            return;
+        }
+        let target = matches!(record.kind, OperationKind::Create | OperationKind::Modify)
+            .then(|| record.value.clone());
+        self.lost.insert(
+            record.item.clone(),
+            LostOperation {
+                op_id: op_id.to_owned(),
+                attempt,
+                kind: record.kind,
+                target,
+                may_be_replaced: self.vanished_ops.contains(op_id),
+            },
+        );
+    }
+
     /// Items vanished with external item `external` they were auto-deleted
     /// by: whatever their lost operation did, they are gone, and the server
     /// may drop them and plan them afresh (rule 9). So may a lost Create

@@ -63,6 +63,8 @@ pub struct Failure {
     pub violation: Violation,
     /// What happened.
     pub trace: Trace,
+    /// The faults the run's agents could suffer.
+    pub agent_faults: AgentFaults,
 }
 
 impl Failure {
@@ -71,9 +73,13 @@ impl Failure {
     pub fn report(&self, steps: usize, lines: usize) -> String {
         format!(
             "seed {seed} failed {at}: {violation}\n\
-             replay: cargo run --release -p reconciled-tests --bin reconciled-sim -- --seed {seed} --steps {steps}\n\
+             replay: cargo run --release -p reconciled-tests --bin reconciled-sim -- --seed {seed} --steps {steps}{restarts}\n\
              trace (last {lines} lines):\n{trace}",
             seed = self.seed,
+            restarts = match self.agent_faults {
+                AgentFaults::SessionsEnd => "",
+                AgentFaults::ProcessesRestart => " --agent-restarts",
+            },
             at = match self.failed_at {
                 Some(step) => format!("at step {step}"),
                 None => "in the final phase".into(),
@@ -95,18 +101,49 @@ pub struct Passed {
     pub trace: Trace,
 }
 
+/// What the simulated agents may suffer, besides slow and failed answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AgentFaults {
+    /// Their sessions end (they keep their results and de-duplication
+    /// cache, and report them after reconnecting). The seed tests and the
+    /// sweeps recorded in docs/testing.md run this way.
+    #[default]
+    SessionsEnd,
+    /// Also, an agent's process restarts: it loses the results it had not
+    /// reported and its de-duplication cache, as an agent of our SDK does
+    /// (it keeps them in memory), and runs a re-delivered operation again.
+    ProcessesRestart,
+}
+
 /// Which steps a run takes.
 #[derive(Clone, Debug)]
 enum Steps {
-    /// Drawn from the seed's generator, this many.
-    Generated(usize),
+    /// Drawn from the seed's generator, this many, with these agent faults.
+    Generated(usize, AgentFaults),
     /// Exactly these (a replay of a shrunk run).
     Given(Vec<Step>),
 }
 
+impl Steps {
+    /// The agent faults of these steps.
+    fn agent_faults(&self) -> AgentFaults {
+        match self {
+            Self::Generated(_, faults) => *faults,
+            Self::Given(steps) if steps.iter().any(Step::restarts_an_agent) => {
+                AgentFaults::ProcessesRestart
+            }
+            Self::Given(_) => AgentFaults::SessionsEnd,
+        }
+    }
+}
+
 /// Runs seed `seed` for `steps` steps, then the final phase.
 pub fn run_seed(seed: u64, steps: usize) -> Result<Passed, Box<Failure>> {
-    run(seed, Steps::Generated(steps), Trace::new())
+    run(
+        seed,
+        Steps::Generated(steps, AgentFaults::SessionsEnd),
+        Trace::new(),
+    )
 }
 
 /// Runs seed `seed`'s scenario with exactly `steps` (a replay of a shrunk
@@ -127,10 +164,21 @@ pub fn run_seed_watched_for(
     steps: usize,
     limit: Duration,
 ) -> Result<Passed, Box<Failure>> {
-    watched(seed, Steps::Generated(steps), limit)
+    run_seed_watched_with(seed, steps, limit, AgentFaults::SessionsEnd)
+}
+
+/// [`run_seed_watched_for`] with agents that may suffer `agent_faults`.
+pub fn run_seed_watched_with(
+    seed: u64,
+    steps: usize,
+    limit: Duration,
+    agent_faults: AgentFaults,
+) -> Result<Passed, Box<Failure>> {
+    watched(seed, Steps::Generated(steps, agent_faults), limit)
 }
 
 fn watched(seed: u64, steps: Steps, limit: Duration) -> Result<Passed, Box<Failure>> {
+    let agent_faults = steps.agent_faults();
     let trace = Trace::new();
     let shared = trace.clone();
     let (done, outcome) = mpsc::channel();
@@ -152,6 +200,7 @@ fn watched(seed: u64, steps: Steps, limit: Duration) -> Result<Passed, Box<Failu
                             failed_at: trace.current_step(),
                             violation: Violation::new("the engine does not panic", message),
                             trace,
+                            agent_faults,
                         }))
                     });
             let _ = done.send(result);
@@ -171,6 +220,7 @@ fn watched(seed: u64, steps: Steps, limit: Duration) -> Result<Passed, Box<Failu
                 ),
             ),
             trace,
+            agent_faults,
         })),
     }
 }
@@ -186,6 +236,7 @@ enum Faults {
 /// Runs a seed, then its fault-free run, and compares their operation
 /// counts.
 fn run(seed: u64, steps: Steps, trace: Trace) -> Result<Passed, Box<Failure>> {
+    let agent_faults = steps.agent_faults();
     let (passed, taken) = run_once(seed, steps, trace.clone(), Faults::On)?;
     let calm = counts::fault_free(&taken);
     // RECONCILED_SIM_TRACE_FAULT_FREE=1 traces the fault-free run too
@@ -210,6 +261,7 @@ fn run(seed: u64, steps: Steps, trace: Trace) -> Result<Passed, Box<Failure>> {
             failed_at: None,
             violation,
             trace,
+            agent_faults,
         }));
     }
     Ok(passed)
@@ -242,6 +294,7 @@ async fn simulate(
     let mut rng = StdRng::seed_from_u64(seed);
     let owner_seed = rng.random();
     let mut taken: Vec<Step> = Vec::new();
+    let agent_faults = steps.agent_faults();
     let failure = |taken: Vec<Step>, failed_at, violation, trace: &Trace| {
         Box::new(Failure {
             seed,
@@ -249,6 +302,7 @@ async fn simulate(
             failed_at,
             violation,
             trace: trace.clone(),
+            agent_faults,
         })
     };
     let mut sim = match Sim::start(scenario, owner_seed, trace.clone()).await {
@@ -259,12 +313,16 @@ async fn simulate(
         sim.answer_before_time_moves();
     }
     let count = match &steps {
-        Steps::Generated(count) => *count,
+        Steps::Generated(count, _) => *count,
         Steps::Given(given) => given.len(),
     };
     for index in 0..count {
         let step = match &steps {
-            Steps::Generated(_) => next_step(&mut rng, &sim.view()),
+            Steps::Generated(_, agent_faults) => {
+                let mut view = sim.view();
+                view.agent_restarts = *agent_faults == AgentFaults::ProcessesRestart;
+                next_step(&mut rng, &view)
+            }
             Steps::Given(given) => given[index].clone(),
         };
         taken.push(step.clone());
@@ -336,6 +394,7 @@ pub fn shrink(failure: &Failure, budget: Duration) -> Box<Failure> {
             failed_at: failure.failed_at,
             violation: failure.violation.clone(),
             trace: failure.trace.clone(),
+            agent_faults: failure.agent_faults,
         })
     })
 }

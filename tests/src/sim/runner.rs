@@ -242,6 +242,7 @@ impl Sim {
                 .map(|(key, w)| (key.clone(), w.value.properties.clone()))
                 .collect(),
             store_death_armed: self.armed.is_some(),
+            agent_restarts: false,
         }
     }
 
@@ -283,6 +284,7 @@ impl Sim {
                 self.send(sent).await;
             }
             Step::Disconnect { agent, luck } => self.end_sessions(*agent, false, *luck).await?,
+            Step::AgentRestart { agent, luck } => self.restart_agent(*agent, *luck).await?,
             Step::CloseSuperseded { agent, luck } => self.end_sessions(*agent, true, *luck).await?,
             Step::Connect { agent } => self.connect(*agent).await?,
             Step::Impostor { agent } => self.impostor(*agent).await?,
@@ -312,6 +314,7 @@ impl Sim {
                 }
             }
             Step::Disconnect { .. }
+            | Step::AgentRestart { .. }
             | Step::CloseSuperseded { .. }
             | Step::Connect { .. }
             | Step::Crash { .. } => self.count_fault_in_flight(),
@@ -809,6 +812,32 @@ impl Sim {
             self.handle
                 .session_closed(session, "the stream ended".into())
                 .await;
+        }
+        Ok(())
+    }
+
+    /// `agent`'s process restarts: its sessions end, and it forgets what it
+    /// had not reported. An operation the server still has in flight whose
+    /// result the agent forgot is lost to the server, like one dropped
+    /// (whatever it applied stays applied).
+    async fn restart_agent(&mut self, agent: usize, luck: u64) -> Result<(), Violation> {
+        self.end_sessions(agent, false, luck).await?;
+        let forgotten = self.agents.forget(agent);
+        let snapshot = self.handle.snapshots.latest();
+        for (op_id, attempt) in &forgotten {
+            let in_flight = snapshot.current.values().any(|current| {
+                current
+                    .in_flight
+                    .as_ref()
+                    .is_some_and(|o| o.op_id == *op_id && o.attempt == *attempt)
+            });
+            if in_flight {
+                self.ledger.on_forgotten(op_id, *attempt);
+            }
+            self.trace.note(format!(
+                "{} forgot its result of op {op_id} attempt {attempt}",
+                self.agents.agents[agent].plan.id
+            ));
         }
         Ok(())
     }

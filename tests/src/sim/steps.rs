@@ -59,6 +59,17 @@ pub enum Step {
         /// Seed of the finish-or-drop choices.
         luck: u64,
     },
+    /// An agent's process restarts: its sessions end as for
+    /// [`Step::Disconnect`], and it forgets the results it had not reported
+    /// (those finished as the sessions ended too) and its de-duplication
+    /// cache, as an agent of our SDK does. Drawn only in runs with
+    /// [`super::AgentFaults::ProcessesRestart`].
+    AgentRestart {
+        /// Which agent.
+        agent: usize,
+        /// Seed of the finish-or-drop choices.
+        luck: u64,
+    },
     /// An agent registers (again): with a live session, a takeover by the
     /// same agent id, which is immediate.
     Connect {
@@ -174,6 +185,13 @@ impl fmt::Display for Answer {
     }
 }
 
+impl Step {
+    /// Whether this step restarts an agent's process.
+    pub fn restarts_an_agent(&self) -> bool {
+        matches!(self, Self::AgentRestart { .. })
+    }
+}
+
 impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -201,6 +219,10 @@ impl fmt::Display for Step {
             Self::Resend { agent } => write!(f, "agent {agent} resends unacknowledged results"),
             Self::Replay { agent, pick } => write!(f, "agent {agent} replays past result #{pick}"),
             Self::Disconnect { agent, .. } => write!(f, "agent {agent} disconnects"),
+            Self::AgentRestart { agent, .. } => write!(
+                f,
+                "agent {agent} restarts, forgetting the results it had not reported"
+            ),
             Self::Connect { agent } => write!(f, "agent {agent} connects"),
             Self::CloseSuperseded { agent, .. } => {
                 write!(f, "agent {agent} closes its superseded sessions")
@@ -234,6 +256,8 @@ pub struct View<'a> {
     pub externals: Vec<(ItemRef, Properties)>,
     /// Whether a store death is armed.
     pub store_death_armed: bool,
+    /// Whether an agent's process may restart ([`Step::AgentRestart`]).
+    pub agent_restarts: bool,
 }
 
 /// What the generator knows of one agent.
@@ -281,9 +305,15 @@ pub fn next_step(rng: &mut StdRng, view: &View<'_>) -> Step {
             }
             590..=619 => {
                 let agent = rng.random_range(0..agents);
-                view.agents[agent].connected.then(|| Step::Disconnect {
-                    agent,
-                    luck: rng.random(),
+                view.agents[agent].connected.then(|| {
+                    let luck = rng.random();
+                    // (Runs without restarts draw exactly as before they
+                    // existed, so their seeds replay unchanged.)
+                    if view.agent_restarts && rng.random_bool(0.4) {
+                        Step::AgentRestart { agent, luck }
+                    } else {
+                        Step::Disconnect { agent, luck }
+                    }
                 })
             }
             620..=699 => {

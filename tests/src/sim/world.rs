@@ -700,6 +700,16 @@ impl Agents {
         (ended, notes, dropped)
     }
 
+    /// `agent`'s process restarted: it forgets its unacknowledged results,
+    /// its de-duplication cache and its past results. Returns the (op id,
+    /// attempt) of each result it forgot.
+    pub fn forget(&mut self, agent: usize) -> Vec<(String, u32)> {
+        let target = &mut self.agents[agent];
+        target.finished.clear();
+        target.history.clear();
+        std::mem::take(&mut target.unacked).into_keys().collect()
+    }
+
     /// The agents' sessions all end at once (the server died).
     pub fn server_died(&mut self, luck: u64, now_ms: u64, world: &mut World) -> Vec<String> {
         let mut notes = Vec::new();
