@@ -23,7 +23,7 @@ const WATCHDOG: Duration = Duration::from_secs(30);
 /// Seeds that still break an invariant (open defects, listed with their
 /// diagnosis in docs/testing.md, "Open"); the sweeps skip them. Replay one
 /// with `reconciled-sim --seed N`; once fixed, give it a test below.
-const KNOWN_BAD: &[u64] = &[222510];
+const KNOWN_BAD: &[u64] = &[];
 
 fn passes(seed: u64) {
     passes_in(seed, STEPS);
@@ -36,11 +36,25 @@ fn passes_in(seed: u64, steps: usize) {
     }
 }
 
+/// Like [`passes`], in a run whose agents' processes may restart.
+fn passes_with_agent_restarts(seed: u64) {
+    if let Err(failure) =
+        sim::run_seed_watched_with(seed, STEPS, WATCHDOG, sim::AgentFaults::ProcessesRestart)
+    {
+        panic!("{}", failure.report(STEPS, TRACE_LINES));
+    }
+}
+
 /// Runs every seed of `seeds` not known bad; reports all that fail.
 fn sweep(seeds: std::ops::Range<u64>) {
+    sweep_with(seeds, sim::AgentFaults::SessionsEnd);
+}
+
+/// [`sweep`] with agents that may suffer `agent_faults`.
+fn sweep_with(seeds: std::ops::Range<u64>, agent_faults: sim::AgentFaults) {
     let failures: Vec<String> = seeds
         .filter(|seed| !KNOWN_BAD.contains(seed))
-        .filter_map(|seed| sim::run_seed_watched_for(seed, STEPS, WATCHDOG).err())
+        .filter_map(|seed| sim::run_seed_watched_with(seed, STEPS, WATCHDOG, agent_faults).err())
         .map(|failure| failure.report(STEPS, TRACE_LINES))
         .collect();
     assert!(
@@ -77,6 +91,19 @@ fn random_runs_keep_every_invariant_seeds_45_to_59() {
 #[test]
 fn a_band_of_seeds_keeps_every_invariant_and_converges() {
     sweep(1000..1020);
+}
+
+// Agents whose processes restart, losing the results they had not
+// reported: 30 seeds in two tests.
+
+#[test]
+fn random_runs_with_agent_restarts_keep_every_invariant_seeds_0_to_14() {
+    sweep_with(0..15, sim::AgentFaults::ProcessesRestart);
+}
+
+#[test]
+fn random_runs_with_agent_restarts_keep_every_invariant_seeds_15_to_29() {
+    sweep_with(15..30, sim::AgentFaults::ProcessesRestart);
 }
 
 #[test]
@@ -797,4 +824,75 @@ fn seed_70955_a_lost_create_that_unties_its_item_is_resumed_with_its_op_id() {
 #[test]
 fn seed_68388_a_reads_answer_settles_the_mark_of_going_with_an_external() {
     passes_in(68388, 1_000);
+}
+
+/// An item whose untying Modify reports WAIT after its external item went
+/// and came back is gone (sweep of 222500–228499). `t2/n1`'s applied value
+/// was `auto_deleted_by_external` on `t2/n0`; a Modify to a value without
+/// that tie ran when `t2/n0` vanished and took `t2/n1` along. `t2/n0` came
+/// back before the Modify answered WAIT, so nothing told the server the
+/// item had gone: it kept `t2/n1` with its old value and created `t0/n3`
+/// on it. The item is now marked gone unless its Modify applies.
+#[test]
+fn seed_222510_an_untying_modify_that_did_not_apply_leaves_its_item_gone() {
+    passes(222510);
+}
+
+/// A lost Create sent again to an agent that forgot it may have applied
+/// already (found by the first sweep with agents that restart). The agent
+/// applied `t0/n7`'s Create, restarted before reporting it, and got the
+/// Create again under its op id; that attempt timed out, and the server,
+/// taking the Create as never applied, deleted `t3/n4` while `t0/n7`
+/// existed on it. Until an attempt of a Create sent again reports DONE,
+/// the item's existence is now uncertain.
+#[test]
+fn seed_62_with_agent_restarts_a_create_sent_again_may_have_applied_before() {
+    passes_with_agent_restarts(62);
+}
+
+/// A lost Modify that a READ cannot tell from the applied value may have
+/// applied (sweep of seeds 1–4000 with agents that restart). The Modify
+/// of `t2/n7` only added a dependency on `t1/n6`; its agent applied it and
+/// restarted. The READ showed the same properties, so the Modify was to be
+/// asked again, but its value was dropped from view and `t1/n6` deleted
+/// under `t2/n7`. The value now stays `maybe_applied` until it answers.
+#[test]
+fn seed_2049_with_agent_restarts_a_modify_a_read_cannot_tell_keeps_its_edges() {
+    passes_with_agent_restarts(2049);
+}
+
+/// An untying Modify sent again may have applied in its first delivery
+/// (same sweep). Its agent applied it before the external item vanished,
+/// then restarted; the attempt sent again timed out, and the item was
+/// forgotten as gone with its external item while it existed untied.
+#[test]
+fn seed_2242_with_agent_restarts_an_untying_modify_sent_again_may_have_applied() {
+    passes_with_agent_restarts(2242);
+}
+
+/// An item is gone with an external item only if the value it may hold
+/// instead is tied too (same sweep): otherwise its lost Delete resumes
+/// under its op id.
+#[test]
+fn seed_2911_with_agent_restarts_a_lost_delete_of_an_item_that_may_be_untied_resumes() {
+    passes_with_agent_restarts(2911);
+}
+
+/// A lost Create of a value tied to an external item that vanished leaves
+/// the value its item of uncertain existence had before (sweep of
+/// 222500–228499 after the first fix for agents that restart): the item
+/// was dropped with the external item and never deleted.
+#[test]
+fn seed_227835_a_lost_create_that_went_leaves_the_value_its_item_may_have_had() {
+    passes(227835);
+}
+
+/// A convergence check that excuses what an item failed for good may rely
+/// on, through every value the server may hold for it (sweep of seeds
+/// 1–6000 with agents that restart): a Delete failed terminally, and its
+/// item may hold a value (`maybe_applied`) relying on another item, whose
+/// Delete the server rightly holds back.
+#[test]
+fn seed_5401_with_agent_restarts_an_item_failed_for_good_holds_what_it_may_rely_on() {
+    passes_with_agent_restarts(5401);
 }

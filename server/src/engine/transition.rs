@@ -195,6 +195,39 @@ pub fn completed(
             ..settled
         });
     }
+    if existing.gone_unless_applied && !matches!(completion, Completion::Lost) {
+        // A live report settles it: a DONE says the untying operation
+        // applied before the item could go (an agent answers NOT_FOUND for
+        // an item that went first), so the item exists with its value;
+        // anything else left the item as it was, and it went with its
+        // external item, even if that item is back by now. A Create that
+        // is asked again is the same operation: it keeps its op id and
+        // attempts (DESIGN 4).
+        let applied = matches!(completion, Completion::Done { .. });
+        let unmarked = CurrentItem {
+            gone_unless_applied: false,
+            ..existing.clone()
+        };
+        // Sent again after its outcome was lost, an earlier delivery may
+        // have applied (see `lost::may_have_applied`): then only that
+        // tells, and the item may exist with the operation's value.
+        let may_have_applied_before =
+            existing.existence_uncertain || existing.rare.maybe_applied.is_some();
+        if !applied && may_have_applied_before {
+            return completed(current, &unmarked, Completion::Done { observed: None }).map(
+                |maybe| CurrentItem {
+                    existence_uncertain: true,
+                    ..maybe
+                },
+            );
+        }
+        let settled = completed(current, &unmarked, completion);
+        return match operation.kind {
+            _ if applied => settled,
+            OperationKind::Create => settled.as_ref().and_then(create_to_retry),
+            _ => None,
+        };
+    }
     match completion {
         Completion::Done { observed } => {
             completed_successfully(current, existing, &operation, observed)
@@ -253,13 +286,16 @@ pub fn completed(
 /// - it exists otherwise: `lost` did not apply (a Create applied some
 ///   other value): the item is created with what was read taken into its
 ///   applied value (drift), and a Modify or Delete that did not apply is
-///   asked again under its op id;
+///   asked again under its op id (one whose target what was read cannot
+///   tell from the applied value may have applied: its value is kept as
+///   `maybe_applied` until it answers);
 /// - the READ's own outcome is lost: the item is UNKNOWN again, with
 ///   `lost` to resolve.
 ///
 /// An answer is a live report: it settles a mark of going with an external
-/// item ([`CurrentItem::gone_with_external`]), and the planner applies rule
-/// 9 to what was read.
+/// item ([`CurrentItem::gone_with_external`],
+/// [`CurrentItem::gone_unless_applied`]), and the planner applies rule 9 to
+/// what was read.
 fn resolved(
     current: &CurrentGraph,
     existing: &CurrentItem,
@@ -280,6 +316,7 @@ fn resolved(
     };
     let existing = &CurrentItem {
         gone_with_external: false,
+        gone_unless_applied: false,
         ..existing.clone()
     };
     let unknown = unknown(existing);
@@ -324,7 +361,15 @@ fn resolved(
         unknown_was_created: false,
         ..existing.clone()
     }
-    .with_rare(|rare| rare.retry_of = (!lost.question).then(|| retry_of(lost)));
+    .with_rare(|rare| {
+        rare.retry_of = (!lost.question).then(|| retry_of(lost));
+        if applies && shows_target && !tells {
+            // It may have applied (an agent that restarts forgets what it
+            // had not reported): until it is asked again and answers, the
+            // dependencies of its value stay edges.
+            rare.maybe_applied = lost.target.clone();
+        }
+    });
     Some(read_back(&kept, observed))
 }
 
@@ -354,6 +399,7 @@ fn create_to_retry(existing: &CurrentItem) -> Option<CurrentItem> {
             last_operation: Some(OperationKind::Create),
             unknown_was_created: false,
             gone_with_external: false,
+            gone_unless_applied: false,
             existence_uncertain: false,
             ..existing.clone()
         }
@@ -626,14 +672,19 @@ fn mark_absent(marks: &mut BTreeMap<ItemRef, u64>, vanished: &[ItemRef]) -> bool
 /// [`CurrentItem::gone_with_external`] here: if that operation's outcome is
 /// lost, it is not sent again (an agent could answer it from its
 /// de-duplication cache for an item that went, even if the external item
-/// is back by then); the item is forgotten instead.
+/// is back by then); the item is forgotten instead. Busy ones whose
+/// running Create or Modify unties them are marked
+/// [`CurrentItem::gone_unless_applied`]: only that operation's outcome
+/// tells whether they went, and the external item may be back before it
+/// reports.
 pub fn mark_gone_with_externals(
     current: &CurrentGraph,
     vanished: impl IntoIterator<Item = ItemRef>,
 ) -> CurrentUpdates {
     let mut gone: Vec<ItemRef> = vanished.into_iter().collect();
     let mut seen: std::collections::BTreeSet<ItemRef> = gone.iter().cloned().collect();
-    let mut updates = Vec::new();
+    let mut updates: CurrentUpdates = Vec::new();
+    let mut staged_at: BTreeMap<ItemRef, usize> = BTreeMap::new();
     while let Some(required) = gone.pop() {
         for dependent in current.dependents_of(&required) {
             let Some(entry) = current.get(dependent) else {
@@ -645,7 +696,10 @@ pub fn mark_gone_with_externals(
                     .any(|d| d.auto_deleted_by_external() && d.requires == required)
             };
             let deciding = entry.in_flight.as_deref().map(InFlight::deciding);
-            let applied_ties = entry.applied.as_deref().is_some_and(ties);
+            // An item that may hold another value (`maybe_applied`) went
+            // only if that value went too.
+            let applied_ties = entry.applied.as_deref().is_some_and(ties)
+                && entry.rare.maybe_applied.as_deref().is_none_or(ties);
             let target_ties = || {
                 deciding
                     .and_then(|operation| operation.target.as_deref())
@@ -655,9 +709,7 @@ pub fn mark_gone_with_externals(
             // Create or Modify that makes the item tied to it (applied
             // before the external item came back, the item went with it);
             // a Delete, READ or question (which change nothing) of a tied
-            // item. (A Create or Modify that unties the item leaves it to
-            // the planner once the outcome is known: the agent answers
-            // NOT_FOUND if the item went first.)
+            // item.
             let gone_whatever = match deciding {
                 Some(operation) if operation.question => applied_ties,
                 Some(operation) => match operation.kind {
@@ -666,15 +718,55 @@ pub fn mark_gone_with_externals(
                 },
                 None => applied_ties,
             };
-            if !(applied_ties || target_ties()) || !seen.insert(dependent.clone()) {
+            if !(applied_ties || target_ties()) {
                 continue;
             }
-            if gone_whatever && entry.is_busy() && !entry.gone_with_external {
-                let marked = CurrentItem {
-                    gone_with_external: true,
-                    ..(**entry).clone()
+            // Its applied value went, but a Create or Modify that unties it
+            // may have applied first: gone unless that operation applied.
+            // Only its outcome tells, and the external item may be back
+            // before it reports.
+            let gone_unless_applied = !gone_whatever
+                && applied_ties
+                && deciding.is_some_and(|operation| {
+                    !operation.question
+                        && matches!(
+                            operation.kind,
+                            OperationKind::Create | OperationKind::Modify
+                        )
+                });
+            if entry.is_busy() {
+                let staged = staged_at.get(dependent).copied();
+                let marks = staged
+                    .and_then(|index| updates[index].1.as_ref())
+                    .unwrap_or(entry);
+                let marked = if gone_whatever && !marks.gone_with_external {
+                    Some(CurrentItem {
+                        gone_with_external: true,
+                        gone_unless_applied: false,
+                        ..marks.clone()
+                    })
+                } else if gone_unless_applied
+                    && !marks.gone_with_external
+                    && !marks.gone_unless_applied
+                {
+                    Some(CurrentItem {
+                        gone_unless_applied: true,
+                        ..marks.clone()
+                    })
+                } else {
+                    None
                 };
-                updates.push((dependent.clone(), Some(marked)));
+                match (marked, staged) {
+                    (Some(marked), Some(index)) => updates[index].1 = Some(marked),
+                    (Some(marked), None) => {
+                        staged_at.insert(dependent.clone(), updates.len());
+                        updates.push((dependent.clone(), Some(marked)));
+                    }
+                    (None, _) => {}
+                }
+            }
+            if !seen.insert(dependent.clone()) {
+                continue;
             }
             gone.push(dependent.clone());
         }
@@ -898,7 +990,12 @@ mod tests {
         // nothing, the lost Create it resolves was given up rather than sent
         // again under its op id; but that Create, if it ran, made the item
         // independent of `e/x`.
-        assert!(marks_when_x_vanishes_under_a_resolving_read(false).is_empty());
+        let untying = marks_when_x_vanishes_under_a_resolving_read(false);
+        assert!(
+            matches!(untying.as_slice(), [(_, Some(marked))]
+                if !marked.gone_with_external && marked.gone_unless_applied),
+            "a lost Create of an untied value leaves it gone unless it applied: {untying:?}"
+        );
         let updates = marks_when_x_vanishes_under_a_resolving_read(true);
         assert!(
             matches!(updates.as_slice(), [(_, Some(marked))] if marked.gone_with_external),
@@ -939,5 +1036,186 @@ mod tests {
         assert_eq!(after.state, ItemState::Failed);
         assert!(!after.gone_with_external && !after.existence_uncertain);
         assert_eq!(after.applied, entry.applied);
+    }
+
+    /// `t/a`, created tied to the external item `e/x`, running `kind` (a
+    /// Create or Modify) towards a value that does not rely on `e/x`, once
+    /// `e/x` vanished: the marks that leaves on it.
+    fn untying_when_x_vanishes(kind: OperationKind) -> CurrentItem {
+        let value = |tied: bool, version: i64| {
+            let mut item = Item::new("t", "a", Default::default());
+            item.properties.insert("v".into(), version.into());
+            if tied {
+                let mut dependency = crate::graph::Dependency::on(ItemRef::new("e", "x"));
+                dependency.set_auto_deleted_by_external(true);
+                item.dependencies.push(dependency);
+            }
+            Arc::new(item)
+        };
+        let entry = started(
+            Some(&CurrentItem::created(value(true, 1), 7)),
+            Some(value(false, 2)),
+            InFlight::new(kind, "op-2".into(), 1, 8, 0, 10_000),
+        );
+        let mut current = CurrentGraph::default();
+        current.insert(ItemRef::new("t", "a"), entry);
+        let updates = mark_gone_with_externals(&current, [ItemRef::new("e", "x")]);
+        let [(_, Some(marked))] = updates.as_slice() else {
+            panic!("one mark: {updates:?}");
+        };
+        assert!(marked.gone_unless_applied && !marked.gone_with_external);
+        marked.clone()
+    }
+
+    #[test]
+    fn an_untying_modify_that_waits_after_its_external_item_went_leaves_the_item_gone() {
+        // Simulator seed 222510: `e/x` came back before the Modify answered
+        // WAIT; the item was kept with its old value, as if it had not
+        // gone, and a dependent was created on nothing.
+        let marked = untying_when_x_vanishes(OperationKind::Modify);
+        let wait = Completion::Wait {
+            retry_at_ms: 20_000,
+        };
+        assert_eq!(completed(&CurrentGraph::default(), &marked, wait), None);
+        assert_eq!(
+            completed(&CurrentGraph::default(), &marked, timed_out()),
+            None
+        );
+        assert_eq!(
+            completed(&CurrentGraph::default(), &marked, Completion::Vanished),
+            None
+        );
+    }
+
+    #[test]
+    fn an_untying_modify_that_applied_before_its_external_item_went_keeps_the_item() {
+        let marked = untying_when_x_vanishes(OperationKind::Modify);
+        let target = marked
+            .in_flight
+            .as_ref()
+            .and_then(|operation| operation.target.clone());
+        let after = completed(
+            &CurrentGraph::default(),
+            &marked,
+            Completion::Done { observed: None },
+        )
+        .expect("it exists");
+        assert_eq!(after.state, ItemState::Created);
+        assert_eq!(after.applied, target);
+        assert!(!after.gone_unless_applied && !after.existence_uncertain);
+    }
+
+    #[test]
+    fn an_untying_create_that_fails_after_its_external_item_went_is_retried_under_its_op_id() {
+        let marked = untying_when_x_vanishes(OperationKind::Create);
+        let after = completed(&CurrentGraph::default(), &marked, timed_out()).expect("kept");
+        assert!(after.applied.is_none() && !after.may_exist());
+        assert!(!after.gone_unless_applied);
+        assert_eq!(
+            after
+                .rare
+                .retry_of
+                .as_ref()
+                .map(|retry| retry.op_id.clone()),
+            Some("op-2".into())
+        );
+    }
+
+    #[test]
+    fn a_lost_outcome_keeps_the_mark_of_an_untying_operation() {
+        let marked = untying_when_x_vanishes(OperationKind::Modify);
+        let after =
+            completed(&CurrentGraph::default(), &marked, Completion::Lost).expect("unknown");
+        assert_eq!(after.state, ItemState::Unknown);
+        assert!(after.gone_unless_applied);
+    }
+
+    #[test]
+    fn an_untying_modify_sent_again_that_fails_leaves_its_item_of_uncertain_existence() {
+        // Simulator seed 2242 with agents that restart: the first delivery
+        // applied before the external item vanished, and its agent forgot
+        // it; the attempt sent again timed out, and the item was forgotten
+        // as if it had gone, though it existed with the Modify's value.
+        let marked = untying_when_x_vanishes(OperationKind::Modify);
+        let target = marked
+            .in_flight
+            .as_ref()
+            .and_then(|operation| operation.target.clone());
+        let sent_again = marked.with_rare(|rare| rare.maybe_applied = target.clone());
+        let after = completed(&CurrentGraph::default(), &sent_again, timed_out()).expect("kept");
+        assert!(after.existence_uncertain && after.may_exist() && !after.is_created());
+        assert_eq!(after.applied, target);
+    }
+
+    #[test]
+    fn a_read_that_cannot_tell_whether_a_lost_modify_applied_keeps_its_value_as_maybe_applied() {
+        // Simulator seed 2049 with agents that restart: the lost Modify
+        // only added a dependency, so the READ showed the same properties;
+        // its item was taken as unmodified, and the new dependency was
+        // deleted under it.
+        let before = Arc::new(Item::new("t", "a", Default::default()));
+        let mut after_modify = Item::new("t", "a", Default::default());
+        after_modify
+            .dependencies
+            .push(crate::graph::Dependency::on(ItemRef::new("t", "b")));
+        let lost = InFlight {
+            target: Some(Arc::new(after_modify)),
+            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
+        };
+        let read = InFlight {
+            resolves: Some(Box::new(lost.clone())),
+            ..InFlight::new(OperationKind::Read, "op-2".into(), 1, 8, 0, 10_000)
+        };
+        let entry = CurrentItem {
+            state: ItemState::Unknown,
+            in_flight: Some(Box::new(read)),
+            ..CurrentItem::created(before.clone(), 7)
+        };
+        let after = completed(
+            &CurrentGraph::default(),
+            &entry,
+            Completion::Resolved {
+                observed: Some(Properties::new()),
+            },
+        )
+        .expect("it exists");
+        assert_eq!(after.applied, Some(before));
+        assert_eq!(after.rare.maybe_applied, lost.target);
+        assert_eq!(
+            after
+                .rare
+                .retry_of
+                .as_ref()
+                .map(|retry| retry.op_id.clone()),
+            Some("op-1".into()),
+            "asked again under its op id"
+        );
+    }
+
+    #[test]
+    fn an_item_that_may_hold_an_untied_value_does_not_go_with_the_external_item() {
+        // Simulator seed 2911 with agents that restart: the item's applied
+        // value was tied to `e/x`, the value it may hold instead was not;
+        // marked gone whatever its lost Delete did, the Delete was given up
+        // rather than resumed under its op id.
+        let tied = {
+            let mut dependency = crate::graph::Dependency::on(ItemRef::new("e", "x"));
+            dependency.set_auto_deleted_by_external(true);
+            let mut item = Item::new("t", "a", Default::default());
+            item.dependencies.push(dependency);
+            Arc::new(item)
+        };
+        let untied = Arc::new(Item::new("t", "a", Default::default()));
+        let delete = InFlight::new(OperationKind::Delete, "op-3".into(), 1, 8, 0, 10_000);
+        let entry = CurrentItem {
+            state: ItemState::Unknown,
+            in_flight: Some(Box::new(delete)),
+            ..CurrentItem::created(tied, 7)
+        }
+        .with_rare(|rare| rare.maybe_applied = Some(untied));
+        let mut current = CurrentGraph::default();
+        current.insert(ItemRef::new("t", "a"), entry);
+        let updates = mark_gone_with_externals(&current, [ItemRef::new("e", "x")]);
+        assert!(updates.is_empty(), "not marked: {updates:?}");
     }
 }

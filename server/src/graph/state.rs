@@ -231,6 +231,15 @@ pub struct CurrentItem {
     /// forgotten. A live report clears the mark.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub gone_with_external: bool,
+    /// An external item this item's applied value is
+    /// `auto_deleted_by_external` on vanished while a Create or Modify that
+    /// unties it ran or its outcome was unknown: the item went with it
+    /// unless that operation applied first (DESIGN 3, rule 9). A DONE
+    /// leaves the item with the operation's value; any other live report
+    /// (WAIT, a failure, NOT_FOUND) says the item went, even when the
+    /// external item is back by then. A live report clears the mark.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gone_unless_applied: bool,
     /// A lost Create may or may not have created the item (its dependency
     /// no longer held when the outcome was found lost). It may exist, so it
     /// is deleted if it must go; it is not created for its dependents, and
@@ -432,6 +441,7 @@ impl CurrentItem {
             unknown_was_created: false,
             gave_up: false,
             gone_with_external: false,
+            gone_unless_applied: false,
             existence_uncertain: false,
             rare: RareBox::default(),
         }
@@ -451,6 +461,7 @@ impl CurrentItem {
             unknown_was_created: false,
             gave_up: false,
             gone_with_external: false,
+            gone_unless_applied: false,
             existence_uncertain: false,
             rare: RareBox::default(),
         }

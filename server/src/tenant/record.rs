@@ -185,6 +185,7 @@ pub(crate) mod samples {
         current.unknown_was_created = true;
         current.gave_up = true;
         current.gone_with_external = true;
+        current.gone_unless_applied = true;
         current.existence_uncertain = true;
         current.with_rare(|rare| {
             rare.last_error = Some(OperationError {

@@ -1681,6 +1681,13 @@ fn connected_to_failures(
                 .iter()
                 .filter_map(|(_, c)| c.in_flight.as_ref().and_then(|o| o.target.clone())),
         )
+        // A value an item may hold instead of its applied one.
+        .chain(
+            snapshot
+                .current
+                .iter()
+                .filter_map(|(_, c)| c.rare.maybe_applied.clone()),
+        )
         .chain(world.items.values().map(|w| w.value.clone()));
     for value in values {
         let key = value.item_ref();
@@ -1982,11 +1989,13 @@ pub fn check_converged(
     loop {
         let mut more = Vec::new();
         for key in &held {
+            // The server's values of it (applied, and one it may hold
+            // instead), and the world's.
             let values = snapshot
                 .current
                 .get(key)
-                .and_then(|c| c.applied.clone())
                 .into_iter()
+                .flat_map(|c| c.applied.iter().chain(c.rare.maybe_applied.iter()).cloned())
                 .chain(world.items.get(key).map(|w| w.value.clone()));
             for value in values {
                 for dependency in &value.dependencies {

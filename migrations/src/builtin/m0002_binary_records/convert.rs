@@ -159,6 +159,9 @@ pub(super) fn current(current: json::CurrentItem) -> Result<pb::Current> {
         }),
         gave_up: current.gave_up,
         gone_with_external: current.gone_with_external,
+        // JSON records predate this mark: an item marked gone with its
+        // external item was always marked gone whatever its operation did.
+        gone_unless_applied: false,
         existence_uncertain: current.existence_uncertain,
         maybe_applied: current.maybe_applied.map(item).transpose()?,
     })

@@ -357,6 +357,7 @@ fn a_current_item_with_every_field_set_converts_field_by_field() {
         }),
         gave_up: true,
         gone_with_external: true,
+        gone_unless_applied: false,
         existence_uncertain: true,
         maybe_applied: Some(plain_item("vm", "web-1", br#"{"cpus":3}"#)),
     };

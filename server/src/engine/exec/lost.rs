@@ -15,6 +15,12 @@
 //!   with its external item while an operation of its own still runs, or
 //!   no longer satisfies its predicate): the planner sends what the intent
 //!   needs now instead, with what this one may have done left uncertain.
+//!
+//! Sent again to an agent that does not hold it, it may still have applied
+//! before its outcome was lost (an agent that restarts forgets the results
+//! it had not reported), so what it may have done stays possible until an
+//! attempt reports DONE: a failure or WAIT of the attempt sent again does
+//! not say the first one did nothing.
 
 use crate::engine::transition::{Completion, completed, started};
 use crate::graph::predicate::Predicate;
@@ -101,14 +107,23 @@ pub fn redelivery(
         // `previous_uncertain`).
         let unmarked = CurrentItem {
             gone_with_external: false,
+            gone_unless_applied: false,
             ..entry.clone()
         };
         // A Delete, READ or question of a tied item changes nothing: the
         // item went.
         let value = match operation.kind {
             _ if operation.question => None,
+            // If it did not apply, an item of uncertain existence may still
+            // have the value it had before: dropped only if that value
+            // goes too.
             OperationKind::Create => {
-                completed(current, &unmarked, Completion::Done { observed: None })
+                completed(current, &unmarked, Completion::Done { observed: None }).map(|created| {
+                    match entry.applied.clone() {
+                        Some(before) => created.with_rare(|rare| rare.maybe_applied = Some(before)),
+                        None => created,
+                    }
+                })
             }
             OperationKind::Modify => completed(
                 current,
@@ -148,8 +163,15 @@ pub fn redelivery(
             ),
         };
         let retry_at_ms = retry_at(entry.attempts.saturating_add(1));
+        // Any of its deliveries may have applied before its outcome was
+        // lost: the failure leaves that possible.
+        let value = completed(
+            current,
+            &may_have_applied(entry, operation),
+            Completion::Failed { error, retry_at_ms },
+        );
         return Redelivery::GiveUp {
-            value: completed(current, entry, Completion::Failed { error, retry_at_ms }),
+            value,
             why: GiveUpReason::Poison,
         };
     }
@@ -165,7 +187,47 @@ pub fn redelivery(
             why: GiveUpReason::BrokenDependency(first.requires.clone()),
         };
     }
-    resend(entry, operation)
+    resend(&may_have_applied(entry, operation), operation)
+}
+
+/// `entry` while its lost `operation` is sent again to an agent that does
+/// not hold it: the operation may still have applied before its outcome
+/// was lost (an agent that restarts forgets the results it had not
+/// reported), so until an attempt reports DONE, what it may have done
+/// stays possible. A Create's or Delete's item may exist or not
+/// ([`CurrentItem::existence_uncertain`]: deleted if it must go, created
+/// again before anything is built on it); a Modify's item, or a Create's
+/// that had a value before, may have either value
+/// ([`crate::graph::RareFields::maybe_applied`]: the new value's
+/// dependencies stay edges).
+fn may_have_applied(entry: &CurrentItem, operation: &InFlight) -> CurrentItem {
+    if operation.question {
+        return entry.clone();
+    }
+    match operation.kind {
+        // If it exists, it has the Create's value, or the value it may
+        // have had before (an item already of uncertain existence): both
+        // values' dependencies stay edges, and a Delete names one.
+        OperationKind::Create if entry.applied.is_none() => CurrentItem {
+            existence_uncertain: true,
+            applied: operation.target.clone(),
+            applied_generation: operation.target_generation,
+            ..entry.clone()
+        },
+        OperationKind::Create => CurrentItem {
+            existence_uncertain: true,
+            ..entry.clone()
+        }
+        .with_rare(|rare| rare.maybe_applied = operation.target.clone()),
+        OperationKind::Delete => CurrentItem {
+            existence_uncertain: true,
+            ..entry.clone()
+        },
+        OperationKind::Modify => entry
+            .clone()
+            .with_rare(|rare| rare.maybe_applied = operation.target.clone()),
+        OperationKind::Read => entry.clone(),
+    }
 }
 
 /// `operation` sent again, its re-delivery counted.
@@ -221,6 +283,17 @@ fn applied_or_not(
                 CurrentItem {
                     existence_uncertain: true,
                     ..created
+                }
+            })
+        }
+        (OperationKind::Modify, Some(_)) if entry.gone_unless_applied => {
+            // Its item went with an external item unless it applied: if it
+            // exists, it has this value, on a dependency that no longer
+            // holds. Existence uncertain, as for a Create above.
+            completed(current, entry, Completion::Done { observed: None }).map(|modified| {
+                CurrentItem {
+                    existence_uncertain: true,
+                    ..modified
                 }
             })
         }
@@ -591,6 +664,10 @@ mod tests {
             Some(code::UNAVAILABLE)
         );
         assert_eq!(value.rare.next_attempt_at_ms, Some(100));
+        assert!(
+            value.may_exist() && !value.is_created(),
+            "one of its deliveries may have created it"
+        );
     }
 
     #[test]
@@ -662,5 +739,89 @@ mod tests {
             read(Some(false), false),
             Redelivery::GiveUp { .. }
         ));
+    }
+
+    #[test]
+    fn a_lost_create_sent_again_to_an_agent_that_does_not_hold_it_may_have_created_its_item() {
+        // Simulator seed 62 with agents that restart: the agent applied the
+        // Create, restarted before reporting it, and timed out on the
+        // Create sent again; taken as never applied, the item's dependency
+        // was deleted under it.
+        let (operation, entry) =
+            lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let graph = graph_with(vec![("b", created("b"))]);
+        let Redelivery::Resend { value, .. } = decide(&graph, &entry, &operation, Some(false))
+        else {
+            panic!("sent again");
+        };
+        assert!(value.existence_uncertain);
+        assert_eq!(value.applied, operation.target, "a Delete would name it");
+        let timed_out = Completion::Failed {
+            error: OperationError {
+                code: code::DEADLINE_EXCEEDED,
+                message: "the operation did not finish within 10000 ms".into(),
+            },
+            retry_at_ms: Some(20),
+        };
+        let after = completed(&graph, &value, timed_out).expect("kept");
+        assert!(after.may_exist() && !after.is_created());
+        let done = completed(&graph, &value, Completion::Done { observed: None }).expect("created");
+        assert!(done.is_created() && !done.existence_uncertain);
+    }
+
+    #[test]
+    fn a_lost_modify_sent_again_to_an_agent_that_does_not_hold_it_may_have_applied_its_value() {
+        let target = Shared::new(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let modify = InFlight {
+            target: Some(target.clone()),
+            ..InFlight::new(OperationKind::Modify, "op".into(), 1, 2, 0, 10_000)
+        };
+        let entry = CurrentItem {
+            state: ItemState::Unknown,
+            in_flight: Some(Box::new(modify.clone())),
+            unknown_was_created: true,
+            ..created("a")
+        };
+        let graph = graph_with(vec![("b", created("b"))]);
+        let Redelivery::Resend { value, .. } = decide(&graph, &entry, &modify, Some(false)) else {
+            panic!("sent again");
+        };
+        assert_eq!(value.rare.maybe_applied, Some(target));
+        assert!(!value.existence_uncertain);
+    }
+
+    #[test]
+    fn a_lost_operation_the_agent_holds_is_sent_again_with_nothing_uncertain() {
+        let (operation, entry) = lost_create(Item::new("t", "a", Default::default()));
+        let Redelivery::Resend { value, .. } =
+            decide(&CurrentGraph::default(), &entry, &operation, Some(true))
+        else {
+            panic!("sent again");
+        };
+        assert!(!value.existence_uncertain && value.applied.is_none());
+    }
+
+    #[test]
+    fn a_lost_create_gone_with_its_external_item_keeps_the_value_its_item_may_have_had() {
+        // Simulator seed 227835: an item of uncertain existence, created
+        // again with a value tied to an external item that then vanished,
+        // was dropped with it, although, had the Create not applied, it
+        // still existed with its old, untied value.
+        let (operation, entry) = lost_create(Item::new("t", "a", Default::default()));
+        let before = Shared::new(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let entry = CurrentItem {
+            gone_with_external: true,
+            existence_uncertain: true,
+            applied: Some(before.clone()),
+            ..entry
+        };
+        let Redelivery::GiveUp { value, .. } =
+            decide(&CurrentGraph::default(), &entry, &operation, None)
+        else {
+            panic!("not sent again");
+        };
+        let value = value.expect("it may exist");
+        assert_eq!(value.applied, operation.target);
+        assert_eq!(value.rare.maybe_applied, Some(before));
     }
 }

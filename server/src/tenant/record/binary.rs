@@ -144,6 +144,7 @@ impl StoredRecord for CurrentItem {
             }),
             gave_up: self.gave_up,
             gone_with_external: self.gone_with_external,
+            gone_unless_applied: self.gone_unless_applied,
             existence_uncertain: self.existence_uncertain,
             maybe_applied: self
                 .rare
@@ -173,6 +174,7 @@ impl StoredRecord for CurrentItem {
             unknown_was_created: message.unknown_was_created,
             gave_up: message.gave_up,
             gone_with_external: message.gone_with_external,
+            gone_unless_applied: message.gone_unless_applied,
             existence_uncertain: message.existence_uncertain,
             rare: RareFields {
                 last_error: message.last_error.map(|error| OperationError {
