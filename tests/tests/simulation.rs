@@ -896,3 +896,11 @@ fn seed_227835_a_lost_create_that_went_leaves_the_value_its_item_may_have_had() 
 fn seed_5401_with_agent_restarts_an_item_failed_for_good_holds_what_it_may_rely_on() {
     passes_with_agent_restarts(5401);
 }
+
+/// The same check, for an intended item held back by a dependent failed
+/// for good through the value that dependent may hold (sweep of seeds
+/// 6001–12000 with agents that restart).
+#[test]
+fn seed_7084_with_agent_restarts_a_value_an_item_may_hold_connects_it_to_a_failure() {
+    passes_with_agent_restarts(7084);
+}
