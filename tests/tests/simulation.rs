@@ -904,3 +904,31 @@ fn seed_5401_with_agent_restarts_an_item_failed_for_good_holds_what_it_may_rely_
 fn seed_7084_with_agent_restarts_a_value_an_item_may_hold_connects_it_to_a_failure() {
     passes_with_agent_restarts(7084);
 }
+
+/// Rule 6 for a value an item may hold (sweep of seeds 12001–18000 with
+/// agents that restart; also 13391 and 14546): `t1/n2`'s lost Modify
+/// toward a value whose predicate on `t0/n0` needs a vlan may have
+/// applied, and a Modify of `t0/n0` that broke it ran while `t1/n2`
+/// stayed. The planner now checks the predicates of `maybe_applied` too.
+#[test]
+fn seed_10673_with_agent_restarts_a_modify_keeps_the_predicates_of_a_value_a_dependent_may_hold() {
+    passes_with_agent_restarts(10673);
+}
+
+/// The checker counts the re-deliveries a restarted server journaled as
+/// deliveries that may have gone out (same sweep): a poison operation's
+/// attempt grew after 4 deliveries seen by the agents and 5 counted by the
+/// server, the last committed before the store died.
+#[test]
+fn seed_11122_with_agent_restarts_journaled_redeliveries_count_toward_poison() {
+    passes_with_agent_restarts(11122);
+}
+
+/// A READ's answer resent after a restart resolves nothing (sweep of
+/// 66650–68649 at 1,000 steps): the restarted server journaled the lost
+/// Create again and resumed it under its op id, while the checker had
+/// taken the old READ's NOT_FOUND as its resolution.
+#[test]
+fn seed_67959_a_reads_answer_resent_after_a_restart_resolves_nothing() {
+    passes_in(67959, 1_000);
+}

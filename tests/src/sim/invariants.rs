@@ -496,6 +496,9 @@ pub struct LostOperation {
     /// more: the server may then send the operation the intent needs
     /// instead (DESIGN §4, UNKNOWN).
     pub may_be_replaced: bool,
+    /// For one journaled at a restart: the re-deliveries the server had
+    /// counted (some may not have gone out: it commits before it sends).
+    pub redeliveries: u32,
 }
 
 /// The op ids, attempts and epochs the agents have seen: checks DESIGN §4
@@ -1010,6 +1013,17 @@ impl Ledger {
                 *ending = Ending::Finished;
             }
             lost.may_be_replaced |= known || undelivered || self.vanished_ops.contains(&lost.op_id);
+            // Each re-delivery the server counted may have gone out (it
+            // commits an order before it sends it): the attempt counts as
+            // delivered as often, for the poison rule.
+            if let Some(record) = self.ops.get_mut(&lost.op_id)
+                && record.attempt == lost.attempt
+            {
+                record.deliveries = record.deliveries.max(lost.redeliveries + 1);
+            }
+            // The restarted server forgot the READs it had sent: a late
+            // answer of one (an agent resending it) resolves nothing.
+            self.resolving_read.remove(&lost.op_id);
             self.lost.insert(item, lost);
         }
     }
@@ -1031,6 +1045,7 @@ impl Ledger {
                 kind: order.kind,
                 target,
                 may_be_replaced: self.vanished_ops.contains(&order.op_id),
+                redeliveries: 0,
             },
         );
     }
@@ -1055,6 +1070,7 @@ impl Ledger {
                 kind: record.kind,
                 target,
                 may_be_replaced: self.vanished_ops.contains(op_id),
+                redeliveries: 0,
             },
         );
     }
@@ -1619,6 +1635,7 @@ pub fn check_restart(
                         kind: operation.kind,
                         target: operation.target.clone(),
                         may_be_replaced: false,
+                        redeliveries: operation.redeliveries,
                     },
                 )
             })

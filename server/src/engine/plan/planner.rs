@@ -1042,8 +1042,25 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         // While the item exists it holds its applied value, so the
         // predicates that must keep holding are the applied ones (rule 6):
         // a dependency modified into a value that fails one takes the item
-        // down first, even when the new intent's predicate would hold.
-        for (index, dependency) in applied.dependencies.iter().enumerate() {
+        // down first, even when the new intent's predicate would hold. An
+        // item that may hold another value (`maybe_applied`) keeps that
+        // value's predicates too.
+        let values = std::iter::once(&**applied).chain(current.rare.maybe_applied.as_deref());
+        for value in values {
+            if self.breaks_or_recreates(value, intended) {
+                // The dependency's Modify waits for this Delete (see
+                // `modify_waits_for_dependents`).
+                self.mark_deleting(id);
+                return;
+            }
+        }
+    }
+
+    /// Whether a dependency of `value` (a value the item holds) is about to
+    /// get a value that fails its predicate (rule 6), or to be modified
+    /// under a `recreate_when_modified` dependency the intent keeps.
+    fn breaks_or_recreates(&mut self, value: &'a Item, intended: &IntendedItem) -> bool {
+        for (index, dependency) in value.dependencies.iter().enumerate() {
             let required = self.id(&dependency.requires);
             if self.node(required).busy() {
                 continue;
@@ -1069,12 +1086,10 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             let recreate = required_is_modified
                 && still_intended.is_some_and(|intended| intended.recreate_when_modified());
             if predicate_fails || recreate {
-                // The dependency's Modify waits for this Delete (see
-                // `modify_waits_for_dependents`).
-                self.mark_deleting(id);
-                return;
+                return true;
             }
         }
+        false
     }
 
     /// The properties `id` will have once this plan ran: the intended ones

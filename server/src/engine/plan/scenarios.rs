@@ -1548,3 +1548,36 @@ fn a_delete_completion_in_a_deep_chain_plans_its_neighbourhood_not_the_chain_bel
         "the next item down is ready to be deleted"
     );
 }
+
+#[test]
+fn a_modify_that_breaks_the_predicate_of_a_value_a_dependent_may_hold_deletes_it_first() {
+    // Found by the simulator with agents that restart (seed 10673): b's
+    // lost Modify toward a value that requires `self.up` on a may have
+    // applied; a Modify of a into a value without it ran while b stayed.
+    let plain = || item("t/b", json!({})).depends_on(on("t/a"));
+    let mut world = World::new();
+    world.intend(vec![item("t/a", json!({"up": true})), plain()]);
+    world.run_to_quiescence(5);
+    let mut b = (**world.current.get(&parse_ref("t/b")).expect("b")).clone();
+    let guarded = item("t/b", json!({})).depends_on(on("t/a").with_must_satisfy("self.up"));
+    b.rare
+        .update(|rare| rare.maybe_applied = Some(std::sync::Arc::new(guarded)));
+    world.current.insert(parse_ref("t/b"), b);
+    world.intend(vec![item("t/a", json!({"up": false})), plain()]);
+    let plan = world.plan();
+    assert_eq!(
+        planned_labels(&plan),
+        ["delete t/b", "modify t/a", "create t/b"],
+        "{plan:?}"
+    );
+    let modify = plan
+        .operations
+        .iter()
+        .position(|o| o.item == parse_ref("t/a"))
+        .expect("a's Modify");
+    assert!(
+        plan.predecessors(modify)
+            .any(|p| plan.operations[p].item == parse_ref("t/b")),
+        "a's Modify waits for b's Delete"
+    );
+}
