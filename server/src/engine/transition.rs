@@ -951,22 +951,25 @@ mod tests {
         assert_eq!(after, None);
     }
 
+    /// A value of `t/a` with `v: version`, `auto_deleted_by_external` on
+    /// `e/x` or not (`tied`).
+    fn value_of_a(tied: bool, version: i64) -> Arc<Item> {
+        let mut item = Item::new("t", "a", Default::default());
+        item.properties.insert("v".into(), version.into());
+        if tied {
+            let mut dependency = crate::graph::Dependency::on(ItemRef::new("e", "x"));
+            dependency.set_auto_deleted_by_external(true);
+            item.dependencies.push(dependency);
+        }
+        Arc::new(item)
+    }
+
     /// `t/a`, UNKNOWN with an applied value tied to `e/x`, whose lost
     /// Create of a value tied to `e/x` or not (`target_tied`) a READ is
     /// resolving; then `e/x` vanishes.
     fn marks_when_x_vanishes_under_a_resolving_read(target_tied: bool) -> CurrentUpdates {
-        let value = |tied: bool, version: i64| {
-            let mut item = Item::new("t", "a", Default::default());
-            item.properties.insert("v".into(), version.into());
-            if tied {
-                let mut dependency = crate::graph::Dependency::on(ItemRef::new("e", "x"));
-                dependency.set_auto_deleted_by_external(true);
-                item.dependencies.push(dependency);
-            }
-            Arc::new(item)
-        };
         let lost = InFlight {
-            target: Some(value(target_tied, 2)),
+            target: Some(value_of_a(target_tied, 2)),
             ..InFlight::new(OperationKind::Create, "op-1".into(), 1, 8, 0, 10_000)
         };
         let read = InFlight {
@@ -977,7 +980,7 @@ mod tests {
             state: ItemState::Unknown,
             in_flight: Some(Box::new(read)),
             existence_uncertain: true,
-            ..CurrentItem::created(value(true, 1), 7)
+            ..CurrentItem::created(value_of_a(true, 1), 7)
         };
         let mut current = CurrentGraph::default();
         current.insert(ItemRef::new("t", "a"), entry);
@@ -1042,19 +1045,9 @@ mod tests {
     /// Create or Modify) towards a value that does not rely on `e/x`, once
     /// `e/x` vanished: the marks that leaves on it.
     fn untying_when_x_vanishes(kind: OperationKind) -> CurrentItem {
-        let value = |tied: bool, version: i64| {
-            let mut item = Item::new("t", "a", Default::default());
-            item.properties.insert("v".into(), version.into());
-            if tied {
-                let mut dependency = crate::graph::Dependency::on(ItemRef::new("e", "x"));
-                dependency.set_auto_deleted_by_external(true);
-                item.dependencies.push(dependency);
-            }
-            Arc::new(item)
-        };
         let entry = started(
-            Some(&CurrentItem::created(value(true, 1), 7)),
-            Some(value(false, 2)),
+            Some(&CurrentItem::created(value_of_a(true, 1), 7)),
+            Some(value_of_a(false, 2)),
             InFlight::new(kind, "op-2".into(), 1, 8, 0, 10_000),
         );
         let mut current = CurrentGraph::default();
@@ -1198,14 +1191,8 @@ mod tests {
         // value was tied to `e/x`, the value it may hold instead was not;
         // marked gone whatever its lost Delete did, the Delete was given up
         // rather than resumed under its op id.
-        let tied = {
-            let mut dependency = crate::graph::Dependency::on(ItemRef::new("e", "x"));
-            dependency.set_auto_deleted_by_external(true);
-            let mut item = Item::new("t", "a", Default::default());
-            item.dependencies.push(dependency);
-            Arc::new(item)
-        };
-        let untied = Arc::new(Item::new("t", "a", Default::default()));
+        let tied = value_of_a(true, 1);
+        let untied = value_of_a(false, 2);
         let delete = InFlight::new(OperationKind::Delete, "op-3".into(), 1, 8, 0, 10_000);
         let entry = CurrentItem {
             state: ItemState::Unknown,
