@@ -22,9 +22,9 @@ const WATCHDOG: Duration = Duration::from_secs(30);
 
 /// Seeds that still break an invariant (open defects, listed with their
 /// diagnosis in docs/testing.md, "Open"); the sweeps skip them. Replay one
-/// with `reconciled-sim --seed N` (18627: `--agent-restarts`); once fixed,
+/// with `reconciled-sim --seed N` (18627, 24248: `--agent-restarts`); once fixed,
 /// give it a test below.
-const KNOWN_BAD: &[u64] = &[18627, 233954];
+const KNOWN_BAD: &[u64] = &[18627, 24248, 233954];
 
 fn passes(seed: u64) {
     passes_in(seed, STEPS);
