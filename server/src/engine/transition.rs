@@ -214,12 +214,7 @@ pub fn completed(
         let may_have_applied_before =
             existing.existence_uncertain || existing.rare.maybe_applied.is_some();
         if !applied && may_have_applied_before {
-            return completed(current, &unmarked, Completion::Done { observed: None }).map(
-                |maybe| CurrentItem {
-                    existence_uncertain: true,
-                    ..maybe
-                },
-            );
+            return applied_uncertainly(current, &unmarked);
         }
         let settled = completed(current, &unmarked, completion);
         return match operation.kind {
@@ -274,6 +269,16 @@ pub fn completed(
             ..existing.clone()
         }),
     }
+}
+
+/// `existing` as if its in-flight operation had applied, its existence
+/// uncertain: if the item exists, it has that operation's value (DESIGN 4,
+/// `previous_uncertain`). `None` for a Delete.
+pub fn applied_uncertainly(current: &CurrentGraph, existing: &CurrentItem) -> Option<CurrentItem> {
+    completed(current, existing, Completion::Done { observed: None }).map(|applied| CurrentItem {
+        existence_uncertain: true,
+        ..applied
+    })
 }
 
 /// An UNKNOWN item after the READ that resolves its `lost` operation
@@ -739,23 +744,7 @@ pub fn mark_gone_with_externals(
                 let marks = staged
                     .and_then(|index| updates[index].1.as_ref())
                     .unwrap_or(entry);
-                let marked = if gone_whatever && !marks.gone_with_external {
-                    Some(CurrentItem {
-                        gone_with_external: true,
-                        gone_unless_applied: false,
-                        ..marks.clone()
-                    })
-                } else if gone_unless_applied
-                    && !marks.gone_with_external
-                    && !marks.gone_unless_applied
-                {
-                    Some(CurrentItem {
-                        gone_unless_applied: true,
-                        ..marks.clone()
-                    })
-                } else {
-                    None
-                };
+                let marked = with_gone_mark(marks, gone_whatever, gone_unless_applied);
                 match (marked, staged) {
                     (Some(marked), Some(index)) => updates[index].1 = Some(marked),
                     (Some(marked), None) => {
@@ -772,6 +761,30 @@ pub fn mark_gone_with_externals(
         }
     }
     updates
+}
+
+/// `item` with the stronger of its marks and the one just found (gone
+/// whatever its operation does over gone unless it applies), or `None`
+/// when it already has it.
+fn with_gone_mark(
+    item: &CurrentItem,
+    gone_whatever: bool,
+    gone_unless_applied: bool,
+) -> Option<CurrentItem> {
+    if item.gone_with_external {
+        return None;
+    }
+    if gone_whatever {
+        return Some(CurrentItem {
+            gone_with_external: true,
+            gone_unless_applied: false,
+            ..item.clone()
+        });
+    }
+    (gone_unless_applied && !item.gone_unless_applied).then(|| CurrentItem {
+        gone_unless_applied: true,
+        ..item.clone()
+    })
 }
 
 /// What a plan decides without any operation, as updates of current items:
@@ -1060,6 +1073,13 @@ mod tests {
         marked.clone()
     }
 
+    /// The value `item`'s in-flight operation applies.
+    fn target_in_flight(item: &CurrentItem) -> Option<Arc<Item>> {
+        item.in_flight
+            .as_ref()
+            .and_then(|operation| operation.target.clone())
+    }
+
     #[test]
     fn an_untying_modify_that_waits_after_its_external_item_went_leaves_the_item_gone() {
         // Simulator seed 222510: `e/x` came back before the Modify answered
@@ -1083,10 +1103,7 @@ mod tests {
     #[test]
     fn an_untying_modify_that_applied_before_its_external_item_went_keeps_the_item() {
         let marked = untying_when_x_vanishes(OperationKind::Modify);
-        let target = marked
-            .in_flight
-            .as_ref()
-            .and_then(|operation| operation.target.clone());
+        let target = target_in_flight(&marked);
         let after = completed(
             &CurrentGraph::default(),
             &marked,
@@ -1130,10 +1147,7 @@ mod tests {
         // it; the attempt sent again timed out, and the item was forgotten
         // as if it had gone, though it existed with the Modify's value.
         let marked = untying_when_x_vanishes(OperationKind::Modify);
-        let target = marked
-            .in_flight
-            .as_ref()
-            .and_then(|operation| operation.target.clone());
+        let target = target_in_flight(&marked);
         let sent_again = marked.with_rare(|rare| rare.maybe_applied = target.clone());
         let after = completed(&CurrentGraph::default(), &sent_again, timed_out()).expect("kept");
         assert!(after.existence_uncertain && after.may_exist() && !after.is_created());

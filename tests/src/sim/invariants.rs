@@ -1035,16 +1035,22 @@ impl Ledger {
             // Observation: any later operation may take its place.
             return;
         }
-        let target = matches!(order.kind, OperationKind::Create | OperationKind::Modify)
-            .then(|| order.item.clone());
+        self.lose(&order.op_id, order.attempt, order.kind, &order.item);
+    }
+
+    /// The server lost the outcome of `op_id`'s `attempt`, a `kind` of
+    /// operation on `value`'s item (its target, for a Create or Modify).
+    fn lose(&mut self, op_id: &str, attempt: u32, kind: OperationKind, value: &Arc<Item>) {
+        let target =
+            matches!(kind, OperationKind::Create | OperationKind::Modify).then(|| value.clone());
         self.lost.insert(
-            order.item.item_ref(),
+            value.item_ref(),
             LostOperation {
-                op_id: order.op_id.clone(),
-                attempt: order.attempt,
-                kind: order.kind,
+                op_id: op_id.to_owned(),
+                attempt,
+                kind,
                 target,
-                may_be_replaced: self.vanished_ops.contains(&order.op_id),
+                may_be_replaced: self.vanished_ops.contains(op_id),
                 redeliveries: 0,
             },
         );
@@ -1060,19 +1066,8 @@ impl Ledger {
         if record.kind == OperationKind::Read || record.attempt != attempt {
             return;
         }
-        let target = matches!(record.kind, OperationKind::Create | OperationKind::Modify)
-            .then(|| record.value.clone());
-        self.lost.insert(
-            record.item.clone(),
-            LostOperation {
-                op_id: op_id.to_owned(),
-                attempt,
-                kind: record.kind,
-                target,
-                may_be_replaced: self.vanished_ops.contains(op_id),
-                redeliveries: 0,
-            },
-        );
+        let (kind, value) = (record.kind, record.value.clone());
+        self.lose(op_id, attempt, kind, &value);
     }
 
     /// Items vanished with external item `external` they were auto-deleted

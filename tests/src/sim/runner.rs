@@ -824,14 +824,14 @@ impl Sim {
         self.end_sessions(agent, false, luck).await?;
         let forgotten = self.agents.forget(agent);
         let snapshot = self.handle.snapshots.latest();
+        let in_flight: BTreeSet<(&str, u32)> = snapshot
+            .current
+            .values()
+            .filter_map(|current| current.in_flight.as_ref())
+            .map(|operation| (operation.op_id.as_str(), operation.attempt))
+            .collect();
         for (op_id, attempt) in &forgotten {
-            let in_flight = snapshot.current.values().any(|current| {
-                current
-                    .in_flight
-                    .as_ref()
-                    .is_some_and(|o| o.op_id == *op_id && o.attempt == *attempt)
-            });
-            if in_flight {
+            if in_flight.contains(&(op_id.as_str(), *attempt)) {
                 self.ledger.on_forgotten(op_id, *attempt);
             }
             self.trace.note(format!(

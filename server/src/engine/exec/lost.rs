@@ -22,7 +22,7 @@
 //! attempt reports DONE: a failure or WAIT of the attempt sent again does
 //! not say the first one did nothing.
 
-use crate::engine::transition::{Completion, completed, started};
+use crate::engine::transition::{Completion, applied_uncertainly, completed, started};
 use crate::graph::predicate::Predicate;
 use crate::graph::{
     CurrentGraph, CurrentItem, Dependency, InFlight, ItemRef, ItemState, OperationError,
@@ -279,23 +279,13 @@ fn applied_or_not(
             // uncertain; the planner deletes it once nothing blocks that (an
             // UNKNOWN dependency does, DESIGN 4), or creates it again if it
             // stays intended and its dependency holds again.
-            completed(current, entry, Completion::Done { observed: None }).map(|created| {
-                CurrentItem {
-                    existence_uncertain: true,
-                    ..created
-                }
-            })
+            applied_uncertainly(current, entry)
         }
         (OperationKind::Modify, Some(_)) if entry.gone_unless_applied => {
             // Its item went with an external item unless it applied: if it
             // exists, it has this value, on a dependency that no longer
             // holds. Existence uncertain, as for a Create above.
-            completed(current, entry, Completion::Done { observed: None }).map(|modified| {
-                CurrentItem {
-                    existence_uncertain: true,
-                    ..modified
-                }
-            })
+            applied_uncertainly(current, entry)
         }
         _ => {
             // A Modify ends as if the agent had said WAIT: the item exists
