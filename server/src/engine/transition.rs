@@ -892,10 +892,7 @@ mod tests {
         let kept = forgotten_with_external(waiting_to_retry_create(None)).expect("kept");
         assert_eq!(kept.state, ItemState::Pending);
         assert!(kept.applied.is_none() && !kept.existence_uncertain && !kept.may_exist());
-        assert_eq!(
-            kept.rare.retry_of.as_ref().map(|retry| retry.op_id.clone()),
-            Some("op-1".into())
-        );
+        assert_eq!(retried_op_id(&kept), Some("op-1".into()));
         assert_eq!(kept.attempts, 2, "attempts go on counting");
 
         let failed = forgotten_with_external(waiting_to_retry_create(Some(OperationError {
@@ -1073,6 +1070,11 @@ mod tests {
         marked.clone()
     }
 
+    /// The op id a retry of `item` continues.
+    fn retried_op_id(item: &CurrentItem) -> Option<String> {
+        item.rare.retry_of.as_ref().map(|retry| retry.op_id.clone())
+    }
+
     /// The value `item`'s in-flight operation applies.
     fn target_in_flight(item: &CurrentItem) -> Option<Arc<Item>> {
         item.in_flight
@@ -1121,14 +1123,7 @@ mod tests {
         let after = completed(&CurrentGraph::default(), &marked, timed_out()).expect("kept");
         assert!(after.applied.is_none() && !after.may_exist());
         assert!(!after.gone_unless_applied);
-        assert_eq!(
-            after
-                .rare
-                .retry_of
-                .as_ref()
-                .map(|retry| retry.op_id.clone()),
-            Some("op-2".into())
-        );
+        assert_eq!(retried_op_id(&after), Some("op-2".into()));
     }
 
     #[test]
@@ -1189,11 +1184,7 @@ mod tests {
         assert_eq!(after.applied, Some(before));
         assert_eq!(after.rare.maybe_applied, lost.target);
         assert_eq!(
-            after
-                .rare
-                .retry_of
-                .as_ref()
-                .map(|retry| retry.op_id.clone()),
+            retried_op_id(&after),
             Some("op-1".into()),
             "asked again under its op id"
         );
