@@ -113,32 +113,50 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BootstrapError> {
         .map_err(|source| BootstrapError::Bind { addr, source })
 }
 
-/// Completes on the first SIGTERM or SIGINT (Ctrl-C), logging which. If a
-/// handler cannot be installed, that signal is ignored (with a warning)
-/// rather than treated as a shutdown request.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
+/// Installs the SIGTERM and SIGINT (Ctrl-C) handlers now, and returns a
+/// future that completes on the first of them, logging which.
+///
+/// Call it before announcing that the server listens: a signal that arrives
+/// between the announcement and the first poll of a lazily installed
+/// handler would otherwise end the process uncleanly (the default action),
+/// without the drain and the store flush. If a handler cannot be installed,
+/// that signal is ignored (with a warning) rather than treated as a
+/// shutdown request. Must be called within a tokio runtime.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::SignalKind;
 
-    let terminate = async {
-        match signal(SignalKind::terminate()) {
-            Ok(mut sigterm) => {
-                sigterm.recv().await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "Cannot install the SIGTERM handler; SIGTERM will not shut down gracefully.");
-                std::future::pending::<()>().await;
-            }
+    let terminate = installed(SignalKind::terminate(), "SIGTERM");
+    let interrupt = installed(SignalKind::interrupt(), "SIGINT");
+    async move {
+        tokio::select! {
+            () = received(terminate) => tracing::info!(signal = "SIGTERM", "Shutting down."),
+            () = received(interrupt) => tracing::info!(signal = "SIGINT", "Shutting down."),
         }
-    };
-    let interrupt = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            tracing::warn!(%error, "Cannot install the SIGINT handler; Ctrl-C will not shut down gracefully.");
-            std::future::pending::<()>().await;
+    }
+}
+
+/// The handler of `kind`, installed now; `None` (with a warning naming
+/// `name`) when it cannot be.
+fn installed(
+    kind: tokio::signal::unix::SignalKind,
+    name: &'static str,
+) -> Option<tokio::signal::unix::Signal> {
+    match tokio::signal::unix::signal(kind) {
+        Ok(handler) => Some(handler),
+        Err(error) => {
+            tracing::warn!(%error, signal = name, "Cannot install the signal handler; this signal will not shut down gracefully.");
+            None
         }
-    };
-    tokio::select! {
-        () = terminate => tracing::info!(signal = "SIGTERM", "Shutting down."),
-        () = interrupt => tracing::info!(signal = "SIGINT", "Shutting down."),
+    }
+}
+
+/// Completes when `handler` receives its signal; never without a handler.
+async fn received(handler: Option<tokio::signal::unix::Signal>) {
+    match handler {
+        Some(mut handler) => {
+            handler.recv().await;
+        }
+        None => std::future::pending::<()>().await,
     }
 }
 

@@ -347,6 +347,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         .add_service(tenants)
         .add_service(configurators);
 
+    // Installed before the announcement: whoever starts the server on the
+    // strength of it may stop it at once, and must get a clean shutdown.
+    let signal = shutdown_signal();
     info!(%addr, data_dir = %config.data_dir.display(), "Listening.");
     println!("reconciled listening on {addr}");
     if let Some(dashboard) = &dashboard {
@@ -358,7 +361,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let signalled_at = Arc::new(OnceLock::new());
     let signal_time = signalled_at.clone();
     let signalled = async move {
-        shutdown_signal().await;
+        signal.await;
         let _ = signal_time.set(Instant::now());
         // Open watch streams end at once (UNAVAILABLE: resume elsewhere or
         // after the restart), so that they do not hold up the drain.

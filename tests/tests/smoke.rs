@@ -94,3 +94,54 @@ async fn a_server_that_cannot_start_is_reported_with_its_log() {
         "the log tail names the bad setting: {message}"
     );
 }
+
+/// A supervisor may stop the server the moment it says it listens: the
+/// signal handlers are in place before that line, so even then SIGTERM is
+/// a clean shutdown (drain, flush, exit 0), never the default action.
+#[test]
+fn sigterm_the_moment_the_server_says_it_listens_is_a_clean_shutdown() {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::{Command, Stdio};
+
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
+    for round in 0..8 {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let mut child = Command::new(reconciled_tests::reconciled_binary())
+            .args(["--listen", "127.0.0.1:0", "--ui-listen", "off"])
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--admin-token", "rcda_test_sigterm_at_once"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the server starts");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let announced = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .any(|line| line.starts_with("reconciled listening on "));
+        assert!(announced, "round {round}: the server never said it listens");
+        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid fits"));
+        kill(pid, Signal::SIGTERM).expect("SIGTERM is sent");
+
+        let (exited, exit) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = exited.send(child.wait());
+        });
+        let status = exit
+            .recv_timeout(reconciled_tests::EXIT_DEADLINE)
+            .expect("the server exits within the deadline of SIGTERM")
+            .expect("the server is reaped");
+        assert!(
+            status.success(),
+            "round {round}: SIGTERM right after the listening line must be a clean shutdown, got {status}"
+        );
+        // Kept open until the server exited: a closed stdout would make its
+        // last lines fail.
+        drop(lines);
+    }
+}
