@@ -22,9 +22,9 @@ const WATCHDOG: Duration = Duration::from_secs(30);
 
 /// Seeds that still break an invariant (open defects, listed with their
 /// diagnosis in docs/testing.md, "Open"); the sweeps skip them. Replay one
-/// with `reconciled-sim --seed N` (18627, 24248: `--agent-restarts`); once fixed,
+/// with `reconciled-sim --seed N` (18627: `--agent-restarts`); once fixed,
 /// give it a test below.
-const KNOWN_BAD: &[u64] = &[18627, 24248, 233954];
+const KNOWN_BAD: &[u64] = &[18627, 233954];
 
 fn passes(seed: u64) {
     passes_in(seed, STEPS);
@@ -932,4 +932,13 @@ fn seed_11122_with_agent_restarts_journaled_redeliveries_count_toward_poison() {
 #[test]
 fn seed_67959_a_reads_answer_resent_after_a_restart_resolves_nothing() {
     passes_in(67959, 1_000);
+}
+
+/// A waiter that says a Delete runs first is planned again when a plan
+/// reaches that Delete without it and finds it waiting for a configurator
+/// (sweep of 24001–27000 with restarts): `t0/n1` went on saying that
+/// `t1/n4`'s Delete runs first after `t1`'s agent had left.
+#[test]
+fn seed_24248_with_agent_restarts_a_waiter_follows_a_delete_that_lost_its_configurator() {
+    passes_with_agent_restarts(24248);
 }

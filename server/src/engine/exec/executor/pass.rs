@@ -655,6 +655,7 @@ impl Executor {
             self.model.waiting.insert(waiting.clone());
         }
         self.next_retry_ms = next_retry;
+        self.follow_up_waiters_of_stalled(seeds, plan);
         let waits_for_configurator = !self.model.waiting.summary().without_configurator.is_empty();
         self.no_configurator_since_ms =
             match (waits_for_configurator, self.no_configurator_since_ms) {
@@ -662,6 +663,66 @@ impl Executor {
                 (true, Some(since)) => Some(since),
                 (true, None) => Some(now_ms),
             };
+    }
+
+    /// Items that wait for a revised item's operation "to run first" (the
+    /// plan reached it without being seeded with it) are planned again by a
+    /// follow-up pass when the plan now makes that operation wait for
+    /// something other than operations running first: a configurator, a
+    /// retry time, a failure. Their words would no longer hold, and what
+    /// they wait for would wake them only by chance (seed 24248: a Delete
+    /// whose configurator left while a dependency's Delete kept it behind).
+    /// Seeds' waiters were woken before the plan ([`Self::wake_waiters`]),
+    /// and revised waiters got a verdict from this plan.
+    fn follow_up_waiters_of_stalled(&mut self, seeds: &BTreeSet<ItemRef>, plan: &Plan) {
+        let stalled: Vec<(&ItemRef, OperationKind)> = plan
+            .revised
+            .iter()
+            .filter(|item| self.waiters.contains_key(*item))
+            .filter_map(|item| {
+                let entry = self.model.waiting.get(item)?;
+                let running = self
+                    .model
+                    .current
+                    .get(item)
+                    .and_then(|current| current.in_flight.as_ref())
+                    .is_some_and(|operation| operation.kind == entry.operation);
+                let waits_for_more = !entry.blocked_by.iter().all(BlockedBy::says_runs_first);
+                (waits_for_more && !running).then_some((item, entry.operation))
+            })
+            .collect();
+        if stalled.is_empty() {
+            return;
+        }
+        let revised: FxHashSet<&ItemRef> = plan.revised.iter().collect();
+        for (item, operation) in stalled {
+            let Some(waiters) = self.waiters.get_mut(item) else {
+                continue;
+            };
+            let said = runs_first(operation);
+            let model = &self.model;
+            let naming_it_first: Vec<ItemRef> = waiters
+                .iter()
+                .filter(|waiter| !seeds.contains(*waiter) && !revised.contains(waiter))
+                .filter(|waiter| {
+                    model.waiting.get(waiter).is_some_and(|entry| {
+                        entry
+                            .blocked_by
+                            .iter()
+                            .any(|blocker| blocker.item == *item && blocker.why == said)
+                    })
+                })
+                .cloned()
+                .collect();
+            // They register anew when the follow-up pass plans them.
+            for waiter in &naming_it_first {
+                waiters.remove(waiter);
+            }
+            if waiters.is_empty() {
+                self.waiters.remove(item);
+            }
+            self.follow_up.extend(naming_it_first);
+        }
     }
 
     /// Items an earlier plan put after an operation (of an item, of a

@@ -1547,3 +1547,111 @@ fn a_waiter_behind_a_queued_delete_that_waits_again_shows_what_it_waits_for() {
         "d's Delete runs at its retry time: {sent:?}"
     );
 }
+
+/// `p`, `e` and `g` are of type `t` (one operation at a time, recreated on
+/// any change), `d` and `s` of type `u`, `h` of type `v`; `d` and `h` rely
+/// on `p`, `e` on `d`. `p`, `d` and `h` leave the intent and `e` changes to
+/// rely on a new `s`, which relies on `d`, while `g`'s Delete holds `t`'s
+/// slot and `v` has no agent. `e`'s Delete (of its recreate) waits for
+/// room, `d`'s for `e`'s, `h`'s for a configurator. `p`'s Delete waits for
+/// both: "its delete runs first" of `d`. `u`'s agent leaves; then `g`'s Delete ends. The plan
+/// that takes `e`'s Delete from the queue reaches `d` through `e`'s new
+/// value and `s`, and `d`'s Delete now waits for a configurator: `p`,
+/// which that plan did not reach, is planned again and shows it, not that
+/// `d`'s Delete runs first (seed 24248).
+#[test]
+fn a_waiter_of_a_delete_that_loses_its_configurator_shows_what_it_waits_for() {
+    let mut spec = spec();
+    spec.max_in_flight = 1;
+    spec.recreate_on_change = vec!["*".into()];
+    let mut executor = executor();
+    register_listed(&mut executor, 1, "agent", spec, at(0));
+    register_listed(&mut executor, 2, "agent-u", spec_of("u"), at(0));
+    register_listed(&mut executor, 3, "agent-v", spec_of("v"), at(0));
+    let session_of = |order: &OperationOrder| match order.item.item_type().as_ref() {
+        "u" => 2,
+        "v" => 3,
+        _ => 1,
+    };
+    let intent = vec![
+        item("p", 1),
+        item_of("u", "d", 1).depends_on(on("t/p")),
+        item_of("v", "h", 1).depends_on(on("t/p")),
+        item("e", 1).depends_on(on("u/d")),
+        item("g", 1),
+    ];
+    let mut now = 10;
+    let mut batch = orders(&submit(&mut executor, intent.clone(), at(now)).sends);
+    while !batch.is_empty() {
+        now += 10;
+        let mut next = Vec::new();
+        for order in &batch {
+            let answered = answer_on(&mut executor, session_of(order), order, done(), at(now));
+            next.extend(orders(&answered.sends));
+        }
+        batch = next;
+    }
+    assert!(ready(&executor), "p, d and h on p, e on d, and g");
+
+    now += 10;
+    let without_g = intent[..4].to_vec();
+    let delete_g = orders(&submit(&mut executor, without_g, at(now)).sends).remove(0);
+    assert_eq!(delete_g.item.item_ref(), ItemRef::new("t", "g"));
+    now += 10;
+    executor.session_closed(3, "gone", at(now));
+    executor.committed(at(now));
+    let changed = vec![
+        item("e", 2).depends_on(on("u/s")),
+        item_of("u", "s", 1).depends_on(on("u/d")),
+    ];
+    let sent = orders(&submit(&mut executor, changed, at(now)).sends);
+    assert!(sent.is_empty(), "g's Delete holds t's slot: {sent:?}");
+    let p = ItemRef::new("t", "p");
+    let why_p = |executor: &Executor| -> Vec<String> {
+        executor
+            .model()
+            .waiting
+            .get(&p)
+            .map(|waiting| {
+                let mut why: Vec<String> = waiting
+                    .blocked_by
+                    .iter()
+                    .map(|blocker| format!("{}: {}", blocker.item, blocker.why))
+                    .collect();
+                why.sort();
+                why
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        why_p(&executor),
+        [
+            "u/d: its delete runs first",
+            "v/h: its delete waits (no configurator)"
+        ]
+    );
+
+    now += 10;
+    executor.session_closed(2, "gone", at(now));
+    executor.committed(at(now));
+    now += 10;
+    answer(&mut executor, &delete_g, done(), at(now));
+    while executor.follow_up(at(now)).is_some() {
+        executor.committed(at(now));
+    }
+    let d_waits = executor
+        .model()
+        .waiting
+        .get(&ItemRef::new("u", "d"))
+        .map(|waiting| waiting.reason);
+    assert_eq!(
+        d_waits,
+        Some(crate::engine::plan::WaitReason::NoConfigurator),
+        "the plan of e's Delete reached d"
+    );
+    assert!(
+        !why_p(&executor).contains(&"u/d: its delete runs first".to_owned()),
+        "p shows what d's Delete waits for, not that it runs first: {:?}",
+        why_p(&executor)
+    );
+}
