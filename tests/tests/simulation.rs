@@ -22,9 +22,8 @@ const WATCHDOG: Duration = Duration::from_secs(30);
 
 /// Seeds that still break an invariant (open defects, listed with their
 /// diagnosis in docs/testing.md, "Open"); the sweeps skip them. Replay one
-/// with `reconciled-sim --seed N` (18627: `--agent-restarts`); once fixed,
-/// give it a test below.
-const KNOWN_BAD: &[u64] = &[18627, 233954];
+/// with `reconciled-sim --seed N`; once fixed, give it a test below.
+const KNOWN_BAD: &[u64] = &[233954];
 
 fn passes(seed: u64) {
     passes_in(seed, STEPS);
@@ -941,4 +940,13 @@ fn seed_67959_a_reads_answer_resent_after_a_restart_resolves_nothing() {
 #[test]
 fn seed_24248_with_agent_restarts_a_waiter_follows_a_delete_that_lost_its_configurator() {
     passes_with_agent_restarts(24248);
+}
+
+/// Every value an item may hold besides its applied one is kept (sweep of
+/// 18001–24000 with restarts): a second lost Modify of `t1/n4`, sent again
+/// after a restart, replaced the first one's value, and `t0/n3`, on which
+/// only the first relied, was deleted under the agent's `t1/n4`.
+#[test]
+fn seed_18627_with_agent_restarts_a_second_lost_modify_keeps_the_first_ones_value() {
+    passes_with_agent_restarts(18627);
 }

@@ -212,7 +212,7 @@ pub fn completed(
         // have applied (see `lost::may_have_applied`): then only that
         // tells, and the item may exist with the operation's value.
         let may_have_applied_before =
-            existing.existence_uncertain || existing.rare.maybe_applied.is_some();
+            existing.existence_uncertain || !existing.rare.maybe_applied.is_empty();
         if !applied && may_have_applied_before {
             return applied_uncertainly(current, &unmarked);
         }
@@ -366,15 +366,15 @@ fn resolved(
         unknown_was_created: false,
         ..existing.clone()
     }
-    .with_rare(|rare| {
-        rare.retry_of = (!lost.question).then(|| retry_of(lost));
-        if applies && shows_target && !tells {
-            // It may have applied (an agent that restarts forgets what it
-            // had not reported): until it is asked again and answers, the
-            // dependencies of its value stay edges.
-            rare.maybe_applied = lost.target.clone();
-        }
-    });
+    .with_rare(|rare| rare.retry_of = (!lost.question).then(|| retry_of(lost)));
+    // It may have applied (an agent that restarts forgets what it had not
+    // reported): until it is asked again and answers, the dependencies of
+    // its value stay edges.
+    let kept = if applies && shows_target && !tells {
+        kept.may_also_hold(lost.target.clone())
+    } else {
+        kept
+    };
     Some(read_back(&kept, observed))
 }
 
@@ -412,7 +412,7 @@ fn create_to_retry(existing: &CurrentItem) -> Option<CurrentItem> {
             rare.dependency_marks.clear();
             rare.needs_recreate_answer = None;
             rare.retry_of = Some(retry_of);
-            rare.maybe_applied = None;
+            rare.maybe_applied.clear();
         }),
     )
 }
@@ -704,7 +704,7 @@ pub fn mark_gone_with_externals(
             // An item that may hold another value (`maybe_applied`) went
             // only if that value went too.
             let applied_ties = entry.applied.as_deref().is_some_and(ties)
-                && entry.rare.maybe_applied.as_deref().is_none_or(ties);
+                && entry.rare.maybe_applied.iter().all(|value| ties(value));
             let target_ties = || {
                 deciding
                     .and_then(|operation| operation.target.as_deref())
@@ -1143,7 +1143,7 @@ mod tests {
         // as if it had gone, though it existed with the Modify's value.
         let marked = untying_when_x_vanishes(OperationKind::Modify);
         let target = target_in_flight(&marked);
-        let sent_again = marked.with_rare(|rare| rare.maybe_applied = target.clone());
+        let sent_again = marked.may_also_hold(target.clone());
         let after = completed(&CurrentGraph::default(), &sent_again, timed_out()).expect("kept");
         assert!(after.existence_uncertain && after.may_exist() && !after.is_created());
         assert_eq!(after.applied, target);
@@ -1182,7 +1182,10 @@ mod tests {
         )
         .expect("it exists");
         assert_eq!(after.applied, Some(before));
-        assert_eq!(after.rare.maybe_applied, lost.target);
+        assert_eq!(
+            after.rare.maybe_applied,
+            Vec::from_iter(lost.target.clone())
+        );
         assert_eq!(
             retried_op_id(&after),
             Some("op-1".into()),
@@ -1204,7 +1207,7 @@ mod tests {
             in_flight: Some(Box::new(delete)),
             ..CurrentItem::created(tied, 7)
         }
-        .with_rare(|rare| rare.maybe_applied = Some(untied));
+        .with_rare(|rare| rare.maybe_applied = vec![untied]);
         let mut current = CurrentGraph::default();
         current.insert(ItemRef::new("t", "a"), entry);
         let updates = mark_gone_with_externals(&current, [ItemRef::new("e", "x")]);

@@ -278,12 +278,16 @@ pub struct RareFields {
     /// outcome, a timeout or a WAIT, the next try of the same operation
     /// (same kind, same target generation) keeps its op id (DESIGN §4).
     pub retry_of: Option<RetryOf>,
-    /// A lost Modify that was not sent again (its dependency no longer
-    /// held) may have applied this value: its dependencies count as edges
-    /// of the current graph (nothing it may rely on is deleted under it)
-    /// until an operation of the item succeeds.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub maybe_applied: Option<Arc<Item>>,
+    /// The values besides `applied` the item may hold: the targets of lost
+    /// operations that may have applied (an agent that restarts forgets
+    /// what it had not reported), and the value an item of uncertain
+    /// existence had before a Create of it. Each one's dependencies count
+    /// as edges of the current graph (nothing it may rely on is deleted
+    /// under it), and its predicates must keep holding, until an operation
+    /// of the item succeeds. Every one is kept: a second lost Modify does
+    /// not make the first one's value impossible (seed 18627).
+    #[serde(skip_serializing_if = "Vec::is_empty", with = "one_or_many")]
+    pub maybe_applied: Vec<Arc<Item>>,
 }
 
 /// No rare field set: what [`CurrentItem::rare`] shows without a box.
@@ -294,7 +298,7 @@ static NO_RARE_FIELDS: RareFields = RareFields {
     dependency_marks: BTreeMap::new(),
     needs_recreate_answer: None,
     retry_of: None,
-    maybe_applied: None,
+    maybe_applied: Vec::new(),
 };
 
 /// [`RareFields`] in a box exactly while one is set; equal by content.
@@ -426,6 +430,43 @@ mod marks_as_pairs {
     }
 }
 
+/// `maybe_applied` in JSON: one value as the item itself, as the JSON
+/// records of schema version 1 held it (the single value it was then);
+/// more as a list.
+mod one_or_many {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::graph::Item;
+
+    pub(super) fn serialize<S: Serializer>(
+        values: &[Arc<Item>],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match values {
+            [one] => one.serialize(serializer),
+            many => many.serialize(serializer),
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Stored {
+        One(Arc<Item>),
+        Many(Vec<Arc<Item>>),
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<Arc<Item>>, D::Error> {
+        Ok(match Stored::deserialize(deserializer)? {
+            Stored::One(one) => vec![one],
+            Stored::Many(many) => many,
+        })
+    }
+}
+
 impl CurrentItem {
     /// A created item holding `applied` at `generation`.
     pub fn created(applied: Arc<Item>, generation: u64) -> Self {
@@ -465,6 +506,28 @@ impl CurrentItem {
             existence_uncertain: false,
             rare: RareBox::default(),
         }
+    }
+
+    /// This item, which may also hold `value` (the target of an operation
+    /// that may have applied): it joins [`RareFields::maybe_applied`]
+    /// unless it is the applied value or there already.
+    #[must_use]
+    pub fn may_also_hold(self, value: Option<Arc<Item>>) -> Self {
+        let Some(value) = value else {
+            return self;
+        };
+        let held =
+            self.applied.as_ref() == Some(&value) || self.rare.maybe_applied.contains(&value);
+        if held {
+            return self;
+        }
+        self.with_rare(|rare| rare.maybe_applied.push(value))
+    }
+
+    /// Every value the item may hold: its applied value, then the others
+    /// it may hold ([`RareFields::maybe_applied`]).
+    pub fn values(&self) -> impl Iterator<Item = &Arc<Item>> {
+        self.applied.iter().chain(&self.rare.maybe_applied)
     }
 
     /// This item with its rarely set fields changed by `change` (builder

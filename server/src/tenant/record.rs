@@ -201,7 +201,7 @@ pub(crate) mod samples {
                 target_generation: 3,
                 op_id: "1-ab-9".into(),
             });
-            rare.maybe_applied = Some(applied);
+            rare.maybe_applied = vec![applied];
         })
     }
 
@@ -258,6 +258,31 @@ mod tests {
             observed.is_empty(),
             "an empty observed object stays present"
         );
+    }
+
+    /// Every value an item may hold besides its applied one is kept, in
+    /// the binary record and in JSON; one value is written to JSON as the
+    /// item itself, the shape of the schema-version-1 records.
+    #[test]
+    fn every_value_an_item_may_hold_round_trips() {
+        let one = samples::current_with_everything_set();
+        let json = serde_json::to_value(&one).expect("JSON encodes");
+        assert!(
+            json["maybe_applied"].is_object(),
+            "one value is an object: {}",
+            json["maybe_applied"]
+        );
+        let mut second = (*one.rare.maybe_applied[0]).clone();
+        second.properties.insert("v".into(), 2.into());
+        let two = one.may_also_hold(Some(std::sync::Arc::new(second)));
+        assert_eq!(two.rare.maybe_applied.len(), 2);
+        let decoded: CurrentItem =
+            decode(b"key", &encode(&two).expect("encodes")).expect("decodes");
+        assert_eq!(decoded, two);
+        let from_json: CurrentItem =
+            serde_json::from_slice(&serde_json::to_vec(&two).expect("JSON encodes"))
+                .expect("JSON decodes");
+        assert_eq!(from_json, two);
     }
 
     #[test]

@@ -1693,12 +1693,12 @@ fn connected_to_failures(
                 .iter()
                 .filter_map(|(_, c)| c.in_flight.as_ref().and_then(|o| o.target.clone())),
         )
-        // A value an item may hold instead of its applied one.
+        // The values an item may hold instead of its applied one.
         .chain(
             snapshot
                 .current
                 .iter()
-                .filter_map(|(_, c)| c.rare.maybe_applied.clone()),
+                .flat_map(|(_, c)| c.rare.maybe_applied.iter().cloned()),
         )
         .chain(world.items.values().map(|w| w.value.clone()));
     for value in values {
@@ -2007,7 +2007,7 @@ pub fn check_converged(
                 .current
                 .get(key)
                 .into_iter()
-                .flat_map(|c| c.applied.iter().chain(c.rare.maybe_applied.iter()).cloned())
+                .flat_map(|c| c.values().cloned())
                 .chain(world.items.get(key).map(|w| w.value.clone()));
             for value in values {
                 for dependency in &value.dependencies {

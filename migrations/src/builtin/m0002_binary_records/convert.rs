@@ -163,7 +163,12 @@ pub(super) fn current(current: json::CurrentItem) -> Result<pb::Current> {
         // external item was always marked gone whatever its operation did.
         gone_unless_applied: false,
         existence_uncertain: current.existence_uncertain,
-        maybe_applied: current.maybe_applied.map(item).transpose()?,
+        maybe_applied: current
+            .maybe_applied
+            .map(item)
+            .transpose()?
+            .into_iter()
+            .collect(),
     })
 }
 

@@ -359,7 +359,7 @@ fn a_current_item_with_every_field_set_converts_field_by_field() {
         gone_with_external: true,
         gone_unless_applied: false,
         existence_uncertain: true,
-        maybe_applied: Some(plain_item("vm", "web-1", br#"{"cpus":3}"#)),
+        maybe_applied: vec![plain_item("vm", "web-1", br#"{"cpus":3}"#)],
     };
     assert_eq!(decoded, expected);
     // Field by field, the parts a whole-message comparison could hide.
@@ -1051,8 +1051,12 @@ fn a_chunked_record_still_too_large_is_chunked_again() {
     );
     let decoded = pb::Current::decode(whole.as_slice()).expect("protobuf");
     assert_eq!(
-        decoded.maybe_applied.map(|item| item.properties.len()),
-        Some(padding.len() + r#"{"pad":""}"#.len())
+        decoded
+            .maybe_applied
+            .iter()
+            .map(|item| item.properties.len())
+            .collect::<Vec<_>>(),
+        [padding.len() + r#"{"pad":""}"#.len()]
     );
     assert_eq!(
         decoded.applied.map(|item| item.dependencies.len()),

@@ -119,10 +119,9 @@ pub fn redelivery(
             // goes too.
             OperationKind::Create => {
                 completed(current, &unmarked, Completion::Done { observed: None }).map(|created| {
-                    match entry.applied.clone() {
-                        Some(before) => created.with_rare(|rare| rare.maybe_applied = Some(before)),
-                        None => created,
-                    }
+                    entry.values().fold(created, |created, before| {
+                        created.may_also_hold(Some(before.clone()))
+                    })
                 })
             }
             OperationKind::Modify => completed(
@@ -218,14 +217,12 @@ fn may_have_applied(entry: &CurrentItem, operation: &InFlight) -> CurrentItem {
             existence_uncertain: true,
             ..entry.clone()
         }
-        .with_rare(|rare| rare.maybe_applied = operation.target.clone()),
+        .may_also_hold(operation.target.clone()),
         OperationKind::Delete => CurrentItem {
             existence_uncertain: true,
             ..entry.clone()
         },
-        OperationKind::Modify => entry
-            .clone()
-            .with_rare(|rare| rare.maybe_applied = operation.target.clone()),
+        OperationKind::Modify => entry.clone().may_also_hold(operation.target.clone()),
         OperationKind::Read => entry.clone(),
     }
 }
@@ -302,7 +299,7 @@ fn applied_or_not(
                     retry_at_ms: now_ms,
                 },
             )
-            .map(|value| value.with_rare(|rare| rare.maybe_applied = operation.target.clone()))
+            .map(|value| value.may_also_hold(operation.target.clone()))
         }
     }
 }
@@ -776,8 +773,45 @@ mod tests {
         let Redelivery::Resend { value, .. } = decide(&graph, &entry, &modify, Some(false)) else {
             panic!("sent again");
         };
-        assert_eq!(value.rare.maybe_applied, Some(target));
+        assert_eq!(value.rare.maybe_applied, [target]);
         assert!(!value.existence_uncertain);
+    }
+
+    #[test]
+    fn a_second_lost_modify_sent_again_keeps_the_value_the_first_may_have_applied() {
+        // Simulator seed 18627: the first lost Modify's value relied on
+        // `b`, the second's did not. The second replaced the first as the
+        // one value the item may hold, `b` stopped counting as a
+        // dependency, and was deleted under the agent's item.
+        let first = Shared::new(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let mut untied = Item::new("t", "a", Default::default());
+        untied.properties.insert("v".into(), 2.into());
+        let second = Shared::new(untied);
+        let modify_to = |target: &Shared<Item>, op_id: &str| InFlight {
+            target: Some(target.clone()),
+            ..InFlight::new(OperationKind::Modify, op_id.into(), 1, 2, 0, 10_000)
+        };
+        let entry = CurrentItem {
+            state: ItemState::Unknown,
+            in_flight: Some(Box::new(modify_to(&second, "op-2"))),
+            unknown_was_created: true,
+            ..created("a")
+        }
+        .may_also_hold(Some(first.clone()));
+        let graph = graph_with(vec![("b", created("b"))]);
+        let Redelivery::Resend { value, .. } =
+            decide(&graph, &entry, &modify_to(&second, "op-2"), Some(false))
+        else {
+            panic!("sent again");
+        };
+        assert_eq!(value.rare.maybe_applied, [first.clone(), second]);
+        let edges = graph_with(vec![("b", created("b")), ("a", value)]);
+        assert!(
+            edges
+                .dependents_of(&ItemRef::new("t", "b"))
+                .any(|dependent| dependent.name().as_ref() == "a"),
+            "b stays a dependency of a while a may hold the first value"
+        );
     }
 
     #[test]
@@ -812,6 +846,6 @@ mod tests {
         };
         let value = value.expect("it may exist");
         assert_eq!(value.applied, operation.target);
-        assert_eq!(value.rare.maybe_applied, Some(before));
+        assert_eq!(value.rare.maybe_applied, [before]);
     }
 }

@@ -407,12 +407,12 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         self.own.get(item).copied().unwrap_or(OwnNeed::Nothing)
     }
 
-    /// The dependencies of the item's applied value, and of the value a
-    /// lost Modify may have applied (`maybe_applied`).
+    /// The dependencies of the item's applied value, and of the values lost
+    /// operations may have applied (`maybe_applied`).
     fn applied_dependencies(&self, item: &ItemRef) -> Vec<Dependency> {
         self.current_of(item)
             .into_iter()
-            .flat_map(|c| c.applied.iter().chain(c.rare.maybe_applied.iter()))
+            .flat_map(|c| c.values())
             .flat_map(|value| value.dependencies.iter().cloned())
             .collect()
     }
@@ -581,7 +581,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                     continue;
                 }
                 // Dropped when its value goes with a gone item, and so does
-                // any value a lost Modify may have applied.
+                // every value a lost operation may have applied.
                 let ties = |value: &Item| {
                     value
                         .dependencies
@@ -589,7 +589,7 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                         .any(|d| d.auto_deleted_by_external() && self.gone(&d.requires))
                 };
                 let drop = entry.applied.as_deref().is_some_and(ties)
-                    && entry.rare.maybe_applied.as_deref().is_none_or(ties);
+                    && entry.rare.maybe_applied.iter().all(|value| ties(value));
                 if drop {
                     self.dropped.insert(key.clone());
                     changed = true;

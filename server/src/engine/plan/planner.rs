@@ -1010,21 +1010,23 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// predicate fails for the dependency's next value, or a
     /// `recreate_when_modified` dependency is about to be modified.
     fn check_existing(&mut self, id: Id, current: &'a CurrentItem) {
-        let Some(applied) = current.applied.as_ref() else {
+        if current.applied.is_none() {
             return;
-        };
+        }
         // Every gone dependency counts, in any order: one that takes the
         // item with it (`auto_deleted_by_external`) drops it without a
         // call, any other gone one deletes it. An item that may hold
-        // another value (`maybe_applied`) is dropped only if that value
+        // other values (`maybe_applied`) is dropped only if each of them
         // goes too; otherwise it may exist, and is deleted.
-        let (applied_plain, applied_auto) = self.gone_dependencies(applied);
-        let (maybe_plain, maybe_auto) = match current.rare.maybe_applied.as_deref() {
-            Some(maybe) => self.gone_dependencies(maybe),
-            None => (false, applied_auto),
-        };
-        let gone_auto = applied_auto && maybe_auto;
-        let gone_plain = !gone_auto && (applied_plain || maybe_plain || applied_auto || maybe_auto);
+        let (mut any_plain, mut any_auto, mut every_auto) = (false, false, true);
+        for value in current.values() {
+            let (plain, auto) = self.gone_dependencies(value);
+            any_plain |= plain;
+            any_auto |= auto;
+            every_auto &= auto;
+        }
+        let gone_auto = every_auto;
+        let gone_plain = !gone_auto && (any_plain || any_auto);
         if gone_auto {
             self.drop_item(id);
             return;
@@ -1043,10 +1045,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         // predicates that must keep holding are the applied ones (rule 6):
         // a dependency modified into a value that fails one takes the item
         // down first, even when the new intent's predicate would hold. An
-        // item that may hold another value (`maybe_applied`) keeps that
-        // value's predicates too.
-        let values = std::iter::once(&**applied).chain(current.rare.maybe_applied.as_deref());
-        for value in values {
+        // item that may hold other values (`maybe_applied`) keeps their
+        // predicates too.
+        for value in current.values() {
             if self.breaks_or_recreates(value, intended) {
                 // The dependency's Modify waits for this Delete (see
                 // `modify_waits_for_dependents`).

@@ -1379,7 +1379,7 @@ fn an_item_that_may_hold_an_untied_value_is_deleted_not_dropped_and_holds_its_de
     world.run_to_quiescence(5);
     let mut a = (**world.current.get(&parse_ref("t/a")).expect("a")).clone();
     a.rare
-        .update(|rare| rare.maybe_applied = Some(std::sync::Arc::new(untied)));
+        .update(|rare| rare.maybe_applied = vec![std::sync::Arc::new(untied)]);
     world.current.insert(parse_ref("t/a"), a);
     world.remove_external("e/x");
     world.intend(vec![]);
@@ -1561,7 +1561,7 @@ fn a_modify_that_breaks_the_predicate_of_a_value_a_dependent_may_hold_deletes_it
     let mut b = (**world.current.get(&parse_ref("t/b")).expect("b")).clone();
     let guarded = item("t/b", json!({})).depends_on(on("t/a").with_must_satisfy("self.up"));
     b.rare
-        .update(|rare| rare.maybe_applied = Some(std::sync::Arc::new(guarded)));
+        .update(|rare| rare.maybe_applied = vec![std::sync::Arc::new(guarded)]);
     world.current.insert(parse_ref("t/b"), b);
     world.intend(vec![item("t/a", json!({"up": false})), plain()]);
     let plan = world.plan();

@@ -149,9 +149,9 @@ impl StoredRecord for CurrentItem {
             maybe_applied: self
                 .rare
                 .maybe_applied
-                .as_deref()
-                .map(item_message)
-                .transpose()?,
+                .iter()
+                .map(|value| item_message(value))
+                .collect::<Result<_, _>>()?,
         })
     }
 
@@ -188,7 +188,11 @@ impl StoredRecord for CurrentItem {
                     .needs_recreate_answer
                     .map(|answer| (answer.generation, answer.needs_recreate)),
                 retry_of: message.retry_of.map(retry_of_from).transpose()?,
-                maybe_applied: optional_item(message.maybe_applied)?,
+                maybe_applied: message
+                    .maybe_applied
+                    .into_iter()
+                    .map(|value| item_from(value).map(Arc::new))
+                    .collect::<Result<_, _>>()?,
             }
             .into(),
         })
