@@ -587,7 +587,14 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             let settled =
                 need == Need::Nothing && current.is_some_and(|c| c.is_created() && !c.is_busy());
             let absent_and_unwanted = need == Need::Nothing && current.is_none();
-            if self.expand && (self.node(id).seed || !(settled || absent_and_unwanted)) {
+            // An item settled now that an earlier pass left unconverged (its
+            // Delete or recreate no longer needed, say) may have been why
+            // its dependents were to go: they learn it here (seed 233954: a
+            // dependent's Delete, failed for good, went on waiting).
+            let settled_anew = settled && self.revises_earlier_verdict(id);
+            if self.expand
+                && (self.node(id).seed || settled_anew || !(settled || absent_and_unwanted))
+            {
                 // Likewise an existing item whose planned Modify did not
                 // change this pass (it is not a seed): its dependents that
                 // only wait for that Modify, by a plain edge, with an own

@@ -1581,3 +1581,42 @@ fn a_modify_that_breaks_the_predicate_of_a_value_a_dependent_may_hold_deletes_it
         "a's Modify waits for b's Delete"
     );
 }
+
+#[test]
+fn a_dependent_whose_delete_failed_for_good_learns_that_its_cause_went() {
+    // c on b on a, b requiring `a.up`. a's new intent breaks that
+    // predicate: b must go first (rule 6), and c before b. c's Delete
+    // fails for good. Then a's intent is taken back. A pass seeded with a
+    // finds b settled again, and must walk on to c, which an earlier pass
+    // left waiting on its failure: its Delete is needed no more (seed
+    // 233954, where nothing planned it again and it showed the failure).
+    let b_on_a = || item("t/b", json!({})).depends_on(on("t/a").with_must_satisfy("self.up"));
+    let c_on_b = || item("t/c", json!({})).depends_on(on("t/b"));
+    let up = || item("t/a", json!({"up": true}));
+    let mut world = World::converged(vec![up(), b_on_a(), c_on_b()]);
+    world.intend(vec![item("t/a", json!({"up": false})), b_on_a(), c_on_b()]);
+    world.fail(Delete, "t/c", code::INVALID_ARGUMENT);
+    let first = world.pass();
+    assert_eq!(world.labels(), ["delete t/c"], "{:?}", first.operations);
+    let failed = world.plan();
+    world.absorb(&failed);
+    let c_waits = |plan: &super::Plan| {
+        plan.waiting
+            .iter()
+            .find(|waiting| waiting.item == parse_ref("t/c"))
+            .map(|waiting| waiting.reason)
+    };
+    assert_eq!(c_waits(&failed), Some(WaitReason::TerminalFailure));
+    let unconverged = failed.unconverged.clone();
+    assert!(unconverged.contains(&parse_ref("t/b")));
+
+    world.intend(vec![up(), b_on_a(), c_on_b()]);
+    let plan = world.plan_seeded(&["t/a"], &unconverged);
+    assert!(
+        plan.revised.contains(&parse_ref("t/c")),
+        "c's earlier verdict is revised: {:?}",
+        plan.revised
+    );
+    assert_eq!(c_waits(&plan), None, "{:?}", plan.waiting);
+    assert!(plan.operations.is_empty(), "{:?}", plan.operations);
+}

@@ -1655,3 +1655,88 @@ fn a_waiter_of_a_delete_that_loses_its_configurator_shows_what_it_waits_for() {
         why_p(&executor)
     );
 }
+
+/// A chain `f` → `e` → `d` (type `t`) → `c` (type `u`, recreated on any
+/// change). `c` changes: its recreate deletes `d`, `e` and `f` first, and
+/// `f`'s Delete fails for good. Then the intent takes `c`'s change back:
+/// nothing needs deleting any more, and `f` is planned again and no longer
+/// shows the failure of a Delete no plan would make, though the change
+/// named neither `f` nor what it relies on (the shape of seed 233954,
+/// whose planner rule `a_dependent_whose_delete_failed_for_good_learns_that_its_cause_went`
+/// pins).
+#[test]
+fn a_delete_failed_for_good_is_planned_again_when_its_cause_goes() {
+    let mut executor = connected();
+    let mut recreated = spec_of("u");
+    recreated.recreate_on_change = vec!["*".into()];
+    register_with(
+        &mut executor,
+        2,
+        "agent-u",
+        recreated,
+        Outstanding::Unsaid,
+        at(0),
+    );
+    let intent = |c_version| {
+        vec![
+            item_of("u", "c", c_version),
+            item("d", 1).depends_on(on("u/c")),
+            item("e", 1).depends_on(on("t/d")),
+            item("f", 1).depends_on(on("t/e")),
+        ]
+    };
+    let session_of = |order: &OperationOrder| {
+        if order.item.item_type().as_ref() == "u" {
+            2
+        } else {
+            1
+        }
+    };
+    let mut now = 10;
+    let mut batch = orders(&submit(&mut executor, intent(1), at(now)).sends);
+    while !batch.is_empty() {
+        now += 10;
+        let mut next = Vec::new();
+        for order in &batch {
+            let answered = answer_on(&mut executor, session_of(order), order, done(), at(now));
+            next.extend(orders(&answered.sends));
+        }
+        batch = next;
+    }
+    assert!(ready(&executor), "c, d on c, e on d, f on e");
+
+    now += 10;
+    let sent = orders(&submit(&mut executor, intent(2), at(now)).sends);
+    let [delete_f] = sent.as_slice() else {
+        panic!("c's recreate deletes f first: {sent:?}");
+    };
+    assert_eq!(
+        (delete_f.kind, delete_f.item.name().as_ref()),
+        (OperationKind::Delete, "f")
+    );
+    now += 10;
+    let refused = AgentOutcome::Failed(OperationError {
+        code: code::INVALID_ARGUMENT,
+        message: "f is in use".into(),
+    });
+    answer(&mut executor, delete_f, refused, at(now));
+    let f = ItemRef::new("t", "f");
+    let f_waits = |executor: &Executor| executor.model().waiting.get(&f).map(|w| w.reason);
+    assert_eq!(
+        f_waits(&executor),
+        Some(crate::engine::plan::WaitReason::TerminalFailure)
+    );
+
+    now += 10;
+    let sent = orders(&submit(&mut executor, intent(1), at(now)).sends);
+    while executor.follow_up(at(now)).is_some() {
+        executor.committed(at(now));
+    }
+    assert!(sent.is_empty(), "nothing to do: {sent:?}");
+    assert_eq!(
+        f_waits(&executor),
+        None,
+        "f's Delete is no longer needed: it waits for nothing"
+    );
+    assert!(ready(&executor), "every item holds its intent");
+}
