@@ -1012,6 +1012,45 @@ fn answer_until_quiet(
     now
 }
 
+/// [`answer_until_quiet`] with each order answered on the session
+/// `session_of` names, one order at a time.
+fn answer_until_quiet_on(
+    executor: &mut Executor,
+    mut batch: Vec<OperationOrder>,
+    mut now: u64,
+    session_of: impl Fn(&OperationOrder) -> u64,
+) -> u64 {
+    while !batch.is_empty() {
+        now += 10;
+        let mut next = Vec::new();
+        for order in &batch {
+            let answered = answer_on(executor, session_of(order), order, done(), at(now));
+            next.extend(orders(&answered.sends));
+        }
+        batch = next;
+    }
+    now
+}
+
+/// What `item` waits for, as "blocker: why" lines in order; empty when it
+/// does not wait.
+fn why_waits(executor: &Executor, item: &ItemRef) -> Vec<String> {
+    executor
+        .model()
+        .waiting
+        .get(item)
+        .map(|waiting| {
+            let mut why: Vec<String> = waiting
+                .blocked_by
+                .iter()
+                .map(|blocker| format!("{}: {}", blocker.item, blocker.why))
+                .collect();
+            why.sort();
+            why
+        })
+        .unwrap_or_default()
+}
+
 /// If `hub`'s Delete waits, it names exactly the dependents left.
 fn assert_names_the_dependents_left(executor: &Executor, hub: &ItemRef) {
     let Some(waiting) = executor.model().waiting.get(hub) else {
@@ -1478,22 +1517,7 @@ fn a_waiter_behind_a_queued_delete_that_waits_again_shows_what_it_waits_for() {
     executor.committed(at(d_retry_at));
     assert!(orders(&effects.sends).is_empty(), "no room for d's Delete");
     let p = ItemRef::new("t", "p");
-    let why_p = |executor: &Executor| -> Vec<String> {
-        executor
-            .model()
-            .waiting
-            .get(&p)
-            .map(|waiting| {
-                let mut why: Vec<String> = waiting
-                    .blocked_by
-                    .iter()
-                    .map(|blocker| format!("{}: {}", blocker.item, blocker.why))
-                    .collect();
-                why.sort();
-                why
-            })
-            .unwrap_or_default()
-    };
+    let why_p = |executor: &Executor| why_waits(executor, &p);
     assert_eq!(
         why_p(&executor),
         [
@@ -1580,17 +1604,8 @@ fn a_waiter_of_a_delete_that_loses_its_configurator_shows_what_it_waits_for() {
         item("e", 1).depends_on(on("u/d")),
         item("g", 1),
     ];
-    let mut now = 10;
-    let mut batch = orders(&submit(&mut executor, intent.clone(), at(now)).sends);
-    while !batch.is_empty() {
-        now += 10;
-        let mut next = Vec::new();
-        for order in &batch {
-            let answered = answer_on(&mut executor, session_of(order), order, done(), at(now));
-            next.extend(orders(&answered.sends));
-        }
-        batch = next;
-    }
+    let created = orders(&submit(&mut executor, intent.clone(), at(10)).sends);
+    let mut now = answer_until_quiet_on(&mut executor, created, 10, session_of);
     assert!(ready(&executor), "p, d and h on p, e on d, and g");
 
     now += 10;
@@ -1607,22 +1622,7 @@ fn a_waiter_of_a_delete_that_loses_its_configurator_shows_what_it_waits_for() {
     let sent = orders(&submit(&mut executor, changed, at(now)).sends);
     assert!(sent.is_empty(), "g's Delete holds t's slot: {sent:?}");
     let p = ItemRef::new("t", "p");
-    let why_p = |executor: &Executor| -> Vec<String> {
-        executor
-            .model()
-            .waiting
-            .get(&p)
-            .map(|waiting| {
-                let mut why: Vec<String> = waiting
-                    .blocked_by
-                    .iter()
-                    .map(|blocker| format!("{}: {}", blocker.item, blocker.why))
-                    .collect();
-                why.sort();
-                why
-            })
-            .unwrap_or_default()
-    };
+    let why_p = |executor: &Executor| why_waits(executor, &p);
     assert_eq!(
         why_p(&executor),
         [
@@ -1692,17 +1692,8 @@ fn a_delete_failed_for_good_is_planned_again_when_its_cause_goes() {
             1
         }
     };
-    let mut now = 10;
-    let mut batch = orders(&submit(&mut executor, intent(1), at(now)).sends);
-    while !batch.is_empty() {
-        now += 10;
-        let mut next = Vec::new();
-        for order in &batch {
-            let answered = answer_on(&mut executor, session_of(order), order, done(), at(now));
-            next.extend(orders(&answered.sends));
-        }
-        batch = next;
-    }
+    let created = orders(&submit(&mut executor, intent(1), at(10)).sends);
+    let mut now = answer_until_quiet_on(&mut executor, created, 10, session_of);
     assert!(ready(&executor), "c, d on c, e on d, f on e");
 
     now += 10;
