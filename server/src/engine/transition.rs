@@ -701,8 +701,8 @@ pub fn mark_gone_with_externals(
                     .any(|d| d.auto_deleted_by_external() && d.requires == required)
             };
             let deciding = entry.in_flight.as_deref().map(InFlight::deciding);
-            // An item that may hold another value (`maybe_applied`) went
-            // only if that value went too.
+            // An item that may hold other values (`maybe_applied`) went
+            // only if each of them went too.
             let applied_ties = entry.applied.as_deref().is_some_and(ties)
                 && entry.rare.maybe_applied.iter().all(|value| ties(value));
             let target_ties = || {
