@@ -39,10 +39,15 @@ fn passes_in(seed: u64, steps: usize) {
 
 /// Like [`passes`], in a run whose agents' processes may restart.
 fn passes_with_agent_restarts(seed: u64) {
+    passes_with_agent_restarts_in(seed, STEPS);
+}
+
+/// Like [`passes_with_agent_restarts`], for a seed found with a longer run.
+fn passes_with_agent_restarts_in(seed: u64, steps: usize) {
     if let Err(failure) =
-        sim::run_seed_watched_with(seed, STEPS, WATCHDOG, sim::AgentFaults::ProcessesRestart)
+        sim::run_seed_watched_with(seed, steps, WATCHDOG, sim::AgentFaults::ProcessesRestart)
     {
-        panic!("{}", failure.report(STEPS, TRACE_LINES));
+        panic!("{}", failure.report(steps, TRACE_LINES));
     }
 }
 
@@ -959,4 +964,13 @@ fn seed_18627_with_agent_restarts_a_second_lost_modify_keeps_the_first_ones_valu
 #[test]
 fn seed_233954_a_delete_failed_for_good_follows_its_cause_going() {
     passes(233954);
+}
+
+/// An UNKNOWN item blocks a dependent through every value the dependent
+/// may hold (sweep of 3001–5000 at 1,000 steps with restarts): `t2/n2`,
+/// of uncertain existence, may have held a lost Create's value relying on
+/// `t3/n0`, and was created again while `t3/n0` was UNKNOWN.
+#[test]
+fn seed_3400_with_agent_restarts_an_unknown_item_blocks_a_value_its_dependent_may_hold() {
+    passes_with_agent_restarts_in(3400, 1_000);
 }

@@ -1527,7 +1527,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     }
 
     /// An UNKNOWN item blocks operations on its dependents (DESIGN 4): on
-    /// `id`, while its applied value depends on one. For a Modify
+    /// `id`, while a value it may hold (its applied value, or one of
+    /// `maybe_applied`) depends on one. For a Modify
     /// (`only_dropped`), the dependencies its intent keeps are checked with
     /// the others, so only those it drops are looked at here: it depends on
     /// them until the Modify is done.
@@ -1537,27 +1538,39 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         only_dropped: bool,
         blocked_by: &mut Vec<BlockedBy>,
     ) {
-        let Some(applied) = self.current_of(id).and_then(|c| c.applied.as_ref()) else {
+        let Some(current) = self.current_of(id) else {
             return;
         };
         let intended = self.intended_of(id);
-        for (index, dependency) in applied.dependencies.iter().enumerate() {
-            let kept = intended.is_some_and(|i| {
-                i.item
-                    .dependency_on_near(&dependency.requires, index)
-                    .is_some()
-            });
-            if only_dropped && kept {
-                continue;
-            }
-            let required = self.id(&dependency.requires);
-            if let Some(current) = self.current_of(required)
-                && current.state == ItemState::Unknown
-            {
-                blocked_by.push(BlockedBy {
-                    item: self.node(required).item.clone(),
-                    why: busy_words(current),
+        let first = blocked_by.len();
+        // Every value the item may hold counts: the applied one and those
+        // lost operations may have applied (seed 3400: a Create sent while
+        // a value the item may hold relied on an UNKNOWN item).
+        for value in current.values() {
+            for (index, dependency) in value.dependencies.iter().enumerate() {
+                let kept = intended.is_some_and(|i| {
+                    i.item
+                        .dependency_on_near(&dependency.requires, index)
+                        .is_some()
                 });
+                if only_dropped && kept {
+                    continue;
+                }
+                let required = self.id(&dependency.requires);
+                let named = |blocked_by: &[BlockedBy]| {
+                    blocked_by[first..]
+                        .iter()
+                        .any(|blocker| blocker.item == dependency.requires)
+                };
+                if let Some(required_current) = self.current_of(required)
+                    && required_current.state == ItemState::Unknown
+                    && !named(blocked_by)
+                {
+                    blocked_by.push(BlockedBy {
+                        item: self.node(required).item.clone(),
+                        why: busy_words(required_current),
+                    });
+                }
             }
         }
     }

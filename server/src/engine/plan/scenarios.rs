@@ -1620,3 +1620,46 @@ fn a_dependent_whose_delete_failed_for_good_learns_that_its_cause_went() {
     assert_eq!(c_waits(&plan), None, "{:?}", plan.waiting);
     assert!(plan.operations.is_empty(), "{:?}", plan.operations);
 }
+
+#[test]
+fn an_unknown_item_blocks_a_dependent_through_a_value_it_may_hold() {
+    // Found by the simulator with agents that restart (seed 3400): b may
+    // hold a value relying on a (a lost Create's, `maybe_applied`) while a
+    // is UNKNOWN. b's new intent relies on nothing, and b was created
+    // again while a lost operation of a might still change it.
+    use crate::graph::{CurrentItem, ItemState};
+
+    let mut world = World::new();
+    world.intend(vec![item("t/a", json!({})), item("t/b", json!({"v": 1}))]);
+    world.run_to_quiescence(5);
+    let a = parse_ref("t/a");
+    let unknown_a = CurrentItem {
+        state: ItemState::Unknown,
+        ..(**world.current.get(&a).expect("a")).clone()
+    };
+    world.current.insert(a.clone(), unknown_a);
+    let relying = item("t/b", json!({"v": 2})).depends_on(on("t/a"));
+    let b = CurrentItem {
+        existence_uncertain: true,
+        ..(**world.current.get(&parse_ref("t/b")).expect("b")).clone()
+    }
+    .may_also_hold(Some(std::sync::Arc::new(relying)));
+    world.current.insert(parse_ref("t/b"), b);
+    world.intend(vec![item("t/a", json!({})), item("t/b", json!({"v": 3}))]);
+    let plan = world.plan();
+    assert!(
+        plan.ready()
+            .all(|index| plan.operations[index].item != parse_ref("t/b")),
+        "nothing of b runs while a is UNKNOWN: {:?}",
+        plan.operations
+    );
+    let b_waits = plan
+        .waiting
+        .iter()
+        .find(|waiting| waiting.item == parse_ref("t/b"))
+        .expect("b waits");
+    assert!(
+        b_waits.blocked_by.iter().any(|blocker| blocker.item == a),
+        "b names a: {b_waits:?}"
+    );
+}
