@@ -22,9 +22,8 @@ const WATCHDOG: Duration = Duration::from_secs(30);
 
 /// Seeds that still break an invariant (open defects, listed with their
 /// diagnosis in docs/testing.md, "Open"); the sweeps skip them. Replay one
-/// with `reconciled-sim --seed N`; once fixed, give it a test below. None
-/// is open.
-const KNOWN_BAD: &[u64] = &[];
+/// with `reconciled-sim --seed N`; once fixed, give it a test below.
+const KNOWN_BAD: &[u64] = &[253619];
 
 fn passes(seed: u64) {
     passes_in(seed, STEPS);
