@@ -1318,22 +1318,26 @@ fn an_item_whose_existence_is_uncertain_is_created_again_before_anything_is_buil
         ["create t/a", "create t/b"],
         "{plan:?}"
     );
-    let b = plan
-        .operations
-        .iter()
-        .position(|o| o.item == parse_ref("t/b"))
-        .expect("b");
-    assert!(
-        plan.predecessors(b)
-            .any(|p| plan.operations[p].item == parse_ref("t/a")),
-        "b waits for a's Create"
-    );
+    assert!(runs_after(&plan, "t/b", "t/a"), "b waits for a's Create");
     // Not intended any more: it may exist, so it is deleted.
     world.intend(vec![]);
     assert_eq!(planned_labels(&world.plan()), ["delete t/a"]);
 }
 
 /// The operations of a plan as "kind item" labels, in plan order.
+/// Whether the first planned operation of `item` runs after an operation
+/// of `earlier` (one of its predecessors in the plan).
+fn runs_after(plan: &super::Plan, item: &str, earlier: &str) -> bool {
+    let (item, earlier) = (parse_ref(item), parse_ref(earlier));
+    let index = plan
+        .operations
+        .iter()
+        .position(|operation| operation.item == item)
+        .unwrap_or_else(|| panic!("{item} has an operation: {plan:?}"));
+    plan.predecessors(index)
+        .any(|predecessor| plan.operations[predecessor].item == earlier)
+}
+
 fn planned_labels(plan: &super::Plan) -> Vec<String> {
     plan.operations
         .iter()
@@ -1386,16 +1390,7 @@ fn an_item_that_may_hold_an_untied_value_is_deleted_not_dropped_and_holds_its_de
     let plan = world.plan();
     assert!(plan.forget.is_empty(), "{plan:?}");
     assert_eq!(planned_labels(&plan), ["delete t/a", "delete t/b"]);
-    let b = plan
-        .operations
-        .iter()
-        .position(|o| o.item == parse_ref("t/b"))
-        .expect("b");
-    assert!(
-        plan.predecessors(b)
-            .any(|p| plan.operations[p].item == parse_ref("t/a")),
-        "b's Delete waits for a's"
-    );
+    assert!(runs_after(&plan, "t/b", "t/a"), "b's Delete waits for a's");
 }
 
 /// Item `index` of a chain, as a reference string.
@@ -1570,14 +1565,8 @@ fn a_modify_that_breaks_the_predicate_of_a_value_a_dependent_may_hold_deletes_it
         ["delete t/b", "modify t/a", "create t/b"],
         "{plan:?}"
     );
-    let modify = plan
-        .operations
-        .iter()
-        .position(|o| o.item == parse_ref("t/a"))
-        .expect("a's Modify");
     assert!(
-        plan.predecessors(modify)
-            .any(|p| plan.operations[p].item == parse_ref("t/b")),
+        runs_after(&plan, "t/a", "t/b"),
         "a's Modify waits for b's Delete"
     );
 }
