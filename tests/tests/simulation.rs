@@ -23,7 +23,7 @@ const WATCHDOG: Duration = Duration::from_secs(30);
 /// Seeds that still break an invariant (open defects, listed with their
 /// diagnosis in docs/testing.md, "Open"); the sweeps skip them. Replay one
 /// with `reconciled-sim --seed N`; once fixed, give it a test below.
-const KNOWN_BAD: &[u64] = &[253619];
+const KNOWN_BAD: &[u64] = &[];
 
 fn passes(seed: u64) {
     passes_in(seed, STEPS);
@@ -972,4 +972,13 @@ fn seed_233954_a_delete_failed_for_good_follows_its_cause_going() {
 #[test]
 fn seed_3400_with_agent_restarts_an_unknown_item_blocks_a_value_its_dependent_may_hold() {
     passes_with_agent_restarts_in(3400, 1_000);
+}
+
+/// Rule 8 for a lost Create sent again (sweep of 228500–258499): `t0/n5`'s
+/// Create was lost and the READ that was to settle it timed out; the
+/// Create went again, to an agent that had never run it, while `t0/n10`'s
+/// Delete (same type) ran.
+#[test]
+fn seed_253619_a_lost_create_sent_again_waits_for_a_delete_of_its_type() {
+    passes(253619);
 }

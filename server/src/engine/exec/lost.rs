@@ -73,9 +73,10 @@ pub enum GiveUpReason {
 /// Decides what becomes of `entry`'s lost `operation` (the item is
 /// UNKNOWN). `agent_holds` is whether the agent that holds the type now
 /// said it still runs the operation or holds its result (`None`: it does
-/// not say); `readable` whether the type declares READ. `retry_at` gives,
-/// for a number of failures, when the type's retry policy tries again
-/// (`None`: never), for a poison operation.
+/// not say); `readable` whether the type declares READ;
+/// `delete_of_its_type_runs` whether a Delete of another item of its type
+/// runs. `retry_at` gives, for a number of failures, when the type's retry
+/// policy tries again (`None`: never), for a poison operation.
 #[allow(clippy::too_many_arguments)]
 pub fn redelivery(
     current: &CurrentGraph,
@@ -84,6 +85,7 @@ pub fn redelivery(
     operation: &InFlight,
     agent_holds: Option<bool>,
     readable: bool,
+    delete_of_its_type_runs: bool,
     now_ms: u64,
     retry_at: impl FnOnce(u32) -> Option<u64>,
 ) -> Redelivery {
@@ -147,7 +149,10 @@ pub fn redelivery(
     // its agent gone). What the READ finds then waits for the dependency
     // like any operation would.
     let read_resolves = readable && agent_holds == Some(false);
-    if !read_resolves && waits_for_a_dependency(current, item, entry) {
+    if !read_resolves
+        && (waits_for_a_dependency(current, item, entry)
+            || waits_for_deletes_of_its_type(operation, delete_of_its_type_runs))
+    {
         return Redelivery::Defer;
     }
     if operation.redeliveries >= MAX_REDELIVERIES {
@@ -362,6 +367,17 @@ pub fn waits_for_a_dependency(current: &CurrentGraph, item: &ItemRef, entry: &Cu
     unknown || changing || dependent_runs
 }
 
+/// Whether a lost `operation` sent again to an agent that does not hold it
+/// must wait because a Delete of another item of its type runs
+/// (`delete_of_its_type_runs`): a Create, which starts afresh there, waits
+/// for those like any Create (DESIGN 3, rule 8: two items contending for
+/// one resource never race). The owner tries again after every command
+/// ([`super::Executor::redeliver_deferred`]), so the Delete's result sends
+/// it.
+pub fn waits_for_deletes_of_its_type(operation: &InFlight, delete_of_its_type_runs: bool) -> bool {
+    delete_of_its_type_runs && operation.kind == OperationKind::Create && !operation.question
+}
+
 /// The kind of the operation (not a question) running on `item`.
 fn running_kind(current: &CurrentGraph, item: &ItemRef) -> Option<OperationKind> {
     current
@@ -463,6 +479,7 @@ mod tests {
             operation,
             agent_holds,
             false,
+            false,
             5,
             never,
         )
@@ -512,6 +529,7 @@ mod tests {
             &operation,
             Some(false),
             true,
+            false,
             5,
             never,
         );
@@ -520,6 +538,61 @@ mod tests {
             Redelivery::Read,
             "a READ only observes: b's unknown outcome does not hold it"
         );
+    }
+
+    #[test]
+    fn a_lost_create_sent_again_afresh_waits_while_a_delete_of_its_type_runs() {
+        let (operation, entry) = lost_create(Item::new("t", "a", Default::default()));
+        let decide_with = |holds, delete_runs| {
+            redelivery(
+                &CurrentGraph::default(),
+                &ItemRef::new("t", "a"),
+                &entry,
+                &operation,
+                holds,
+                false,
+                delete_runs,
+                5,
+                never,
+            )
+        };
+        assert_eq!(decide_with(Some(false), true), Redelivery::Defer);
+        assert_eq!(decide_with(None, true), Redelivery::Defer);
+        assert!(
+            matches!(decide_with(Some(true), true), Redelivery::Resend { .. }),
+            "one the agent still runs attaches to what already runs"
+        );
+        assert!(matches!(
+            decide_with(Some(false), false),
+            Redelivery::Resend { .. }
+        ));
+    }
+
+    #[test]
+    fn a_lost_modify_does_not_wait_for_the_deletes_of_its_type() {
+        let before = Item::new("t", "a", Default::default());
+        let (operation, entry) = lost_create(before.clone());
+        let operation = InFlight {
+            kind: OperationKind::Modify,
+            ..operation
+        };
+        let entry = CurrentItem {
+            applied: Some(Shared::new(before)),
+            in_flight: Some(Box::new(operation.clone())),
+            ..entry
+        };
+        let decided = redelivery(
+            &CurrentGraph::default(),
+            &ItemRef::new("t", "a"),
+            &entry,
+            &operation,
+            Some(false),
+            false,
+            true,
+            5,
+            never,
+        );
+        assert!(matches!(decided, Redelivery::Resend { .. }), "{decided:?}");
     }
 
     #[test]
@@ -638,6 +711,7 @@ mod tests {
             &operation,
             None,
             false,
+            false,
             5,
             |failures| Some(100 * u64::from(failures)),
         ) else {
@@ -712,6 +786,7 @@ mod tests {
                 &operation,
                 holds,
                 readable,
+                false,
                 5,
                 never,
             )

@@ -10,7 +10,9 @@ use tracing::{debug, info};
 use super::pass::Dispatch;
 use super::{Executor, Holder, Now, Scope, lost_outcome, to_session};
 use crate::engine::exec::effects::{Effects, Finished, OperationOutcome, TenantEvent};
-use crate::engine::exec::lost::{GiveUpReason, Redelivery, redelivery, waits_for_a_dependency};
+use crate::engine::exec::lost::{
+    GiveUpReason, Redelivery, redelivery, waits_for_a_dependency, waits_for_deletes_of_its_type,
+};
 use crate::engine::exec::port::{AgentOutcome, ExternalChange, Grant, Registration, ToAgent};
 use crate::engine::transition::{
     Completion, CurrentUpdates, completed, drifted_paths, forget_marks_on, mark_gone_with_externals,
@@ -650,6 +652,7 @@ impl Executor {
             return None;
         }
         self.count_in_flight();
+        let deleting = self.types_with_running_deletes();
         let ready: BTreeSet<ItemRef> = self
             .deferred_redeliveries
             .iter()
@@ -660,7 +663,13 @@ impl Executor {
                         .has_room(item.item_type(), self.type_limits(item.item_type()))
                     && self.model.current.get(item).is_none_or(|current| {
                         current.state != ItemState::Unknown
-                            || !waits_for_a_dependency(&self.model.current, item, current)
+                            || !(waits_for_a_dependency(&self.model.current, item, current)
+                                || current.in_flight.as_deref().is_some_and(|operation| {
+                                    waits_for_deletes_of_its_type(
+                                        operation,
+                                        deleting.contains(&**item.item_type()),
+                                    )
+                                }))
                     })
             })
             .cloned()
@@ -703,6 +712,7 @@ impl Executor {
         // (it listed it): sending it again then attaches to the running
         // one, which already takes its room.
         let mut decided: Vec<(ItemRef, Redelivery, CurrentItem, bool)> = Vec::new();
+        let deleting = self.types_with_running_deletes();
         let candidates: Vec<ItemRef> = self
             .operations
             .values()
@@ -754,11 +764,13 @@ impl Executor {
                 &operation,
                 agent_holds,
                 readable,
+                deleting.contains(&**item.item_type()),
                 now.wall_ms,
                 retry_at,
             );
             decided.push((item, decision, entry, agent_holds == Some(true)));
         }
+        defer_creates_behind_deletes_sent_with_them(&mut decided);
         for item in resend {
             self.send_journaled(&item);
         }
@@ -874,6 +886,9 @@ impl Executor {
             in_flight: Some(Box::new(lost.clone())),
             ..entry.clone()
         };
+        let delete_of_its_type_runs = self
+            .types_with_running_deletes()
+            .contains(&**item.item_type());
         let spec = self.spec(item.item_type());
         let rng = &mut self.rng;
         let retry_at = |failures| {
@@ -888,6 +903,7 @@ impl Executor {
             &lost,
             Some(false),
             false,
+            delete_of_its_type_runs,
             now.wall_ms,
             retry_at,
         );
@@ -908,6 +924,53 @@ impl Executor {
                 self.deferred_redeliveries.insert(item.clone());
                 Some(unknown)
             }
+        }
+    }
+}
+
+impl Executor {
+    /// The item types on which a Delete runs (sent, its outcome not lost):
+    /// a lost Create sent again afresh waits for those (DESIGN 3, rule 8).
+    fn types_with_running_deletes(&self) -> HashSet<String> {
+        self.operations
+            .iter()
+            .filter(|(op_id, item)| {
+                self.model.current.get(item).is_some_and(|entry| {
+                    entry.state != ItemState::Unknown
+                        && entry.in_flight.as_deref().is_some_and(|operation| {
+                            &operation.op_id == *op_id
+                                && operation.kind == OperationKind::Delete
+                                && !operation.question
+                        })
+                })
+            })
+            .map(|(_, item)| item.item_type().to_string())
+            .collect()
+    }
+}
+
+/// Lost operations decided together (an agent registered): a Create sent
+/// afresh waits for a Delete of its type sent with it, as it would for one
+/// that already runs (DESIGN 3, rule 8). The Delete's result sends it
+/// ([`Executor::redeliver_deferred`]).
+fn defer_creates_behind_deletes_sent_with_them(
+    decided: &mut [(ItemRef, Redelivery, CurrentItem, bool)],
+) {
+    let sends_kind = |decision: &Redelivery, kind: OperationKind| {
+        matches!(decision, Redelivery::Resend { operation, .. }
+            if operation.kind == kind && !operation.question)
+    };
+    let deleting: HashSet<String> = decided
+        .iter()
+        .filter(|(_, decision, _, _)| sends_kind(decision, OperationKind::Delete))
+        .map(|(item, ..)| item.item_type().to_string())
+        .collect();
+    for (item, decision, _, still_runs) in decided.iter_mut() {
+        if !*still_runs
+            && sends_kind(decision, OperationKind::Create)
+            && deleting.contains(&**item.item_type())
+        {
+            *decision = Redelivery::Defer;
         }
     }
 }

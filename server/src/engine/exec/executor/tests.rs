@@ -622,6 +622,117 @@ fn a_read_that_cannot_tell_sends_the_lost_operation_again() {
     assert_eq!(again.op_id, lost.op_id);
 }
 
+/// DESIGN 3 rule 8 for a lost Create sent again afresh: `a`'s Create was
+/// lost, the READ that was to resolve it cannot tell, and meanwhile `b`
+/// (same type) is being deleted. Sent again now, the Create would race
+/// that Delete at an agent that does not run it: it waits for the
+/// Delete's result (then a READ asks again), and goes under its op id.
+#[test]
+fn a_lost_create_the_read_cannot_settle_waits_for_a_delete_of_its_type() {
+    let mut executor = connected_readable();
+    let b = orders(&submit(&mut executor, vec![item("b", 1)], at(5)).sends).remove(0);
+    answer_on(&mut executor, 1, &b, done(), at(6));
+    let lost = orders(&submit(&mut executor, vec![item("a", 1), item("b", 1)], at(10)).sends)
+        .into_iter()
+        .find(|order| order.item.item_ref() == ItemRef::new("t", "a"))
+        .expect("a is created");
+    executor.session_closed(1, "gone", at(20));
+    executor.committed(at(20));
+    let read =
+        orders(&register_listed(&mut executor, 2, "agent", readable(), at(30)).sends).remove(0);
+    assert_eq!(read.kind, OperationKind::Read);
+    let delete = orders(&submit(&mut executor, vec![item("a", 1)], at(35)).sends).remove(0);
+    assert_eq!(
+        (delete.kind, delete.item.item_ref()),
+        (OperationKind::Delete, ItemRef::new("t", "b"))
+    );
+
+    let effects = answer_on(
+        &mut executor,
+        2,
+        &read,
+        AgentOutcome::Failed(OperationError {
+            code: code::UNAVAILABLE,
+            message: "busy".into(),
+        }),
+        at(40),
+    );
+    assert!(
+        orders(&effects.sends).is_empty(),
+        "the lost Create is not sent while b's Delete runs: {:?}",
+        orders(&effects.sends)
+    );
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Unknown));
+
+    answer_on(&mut executor, 2, &delete, done(), at(50));
+    let effects = executor
+        .redeliver_deferred(at(50))
+        .expect("the Delete's result lets the lost Create be settled");
+    executor.committed(at(50));
+    let read_again = orders(&effects.sends).remove(0);
+    assert_eq!(
+        read_again.kind,
+        OperationKind::Read,
+        "the agent runs nothing: a READ asks again what exists"
+    );
+    let effects = answer_on(
+        &mut executor,
+        2,
+        &read_again,
+        AgentOutcome::Failed(OperationError {
+            code: code::UNAVAILABLE,
+            message: "busy".into(),
+        }),
+        at(60),
+    );
+    let again = orders(&effects.sends).remove(0);
+    assert_eq!(
+        (again.op_id.as_str(), again.kind),
+        (lost.op_id.as_str(), OperationKind::Create),
+        "no Delete of its type runs now: the lost Create goes under its op id"
+    );
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Creating));
+}
+
+/// Rule 8 among lost operations sent again together: `a`'s Create and
+/// `b`'s Delete (same type) were both lost with their session, and the
+/// agent back says it runs neither. The Delete goes first; the Create
+/// follows its result, under its op id.
+#[test]
+fn lost_operations_sent_again_together_send_a_create_after_a_delete_of_its_type() {
+    let mut executor = connected();
+    let b = orders(&submit(&mut executor, vec![item("b", 1)], at(5)).sends).remove(0);
+    answer_on(&mut executor, 1, &b, done(), at(6));
+    let create =
+        orders(&submit(&mut executor, vec![item("a", 1), item("b", 1)], at(10)).sends).remove(0);
+    assert_eq!(create.item.item_ref(), ItemRef::new("t", "a"));
+    let delete = orders(&submit(&mut executor, vec![item("a", 1)], at(15)).sends).remove(0);
+    assert_eq!(
+        (delete.kind, delete.item.item_ref()),
+        (OperationKind::Delete, ItemRef::new("t", "b"))
+    );
+    executor.session_closed(1, "gone", at(20));
+    executor.committed(at(20));
+
+    let effects = register_listed(&mut executor, 2, "agent", spec(), at(30));
+    let sent: Vec<(String, OperationKind)> = orders(&effects.sends)
+        .into_iter()
+        .map(|order| (order.op_id, order.kind))
+        .collect();
+    assert_eq!(sent, [(delete.op_id.clone(), OperationKind::Delete)]);
+
+    answer_on(&mut executor, 2, &delete, done(), at(40));
+    let effects = executor
+        .redeliver_deferred(at(40))
+        .expect("the Delete's result sends the lost Create");
+    executor.committed(at(40));
+    let again = orders(&effects.sends).remove(0);
+    assert_eq!(
+        (again.op_id.as_str(), again.kind),
+        (create.op_id.as_str(), OperationKind::Create)
+    );
+}
+
 /// The executor with a READ-capable agent for type `t` on session 1.
 fn connected_readable() -> Executor {
     let mut executor = executor();
