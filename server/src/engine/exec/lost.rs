@@ -472,14 +472,27 @@ mod tests {
         operation: &InFlight,
         agent_holds: Option<bool>,
     ) -> Redelivery {
+        decide_knowing(graph, entry, operation, agent_holds, false, false)
+    }
+
+    /// [`redelivery`] of `t/a`'s lost operation at 5 ms, for a type whose
+    /// retry policy never tries again.
+    fn decide_knowing(
+        graph: &CurrentGraph,
+        entry: &CurrentItem,
+        operation: &InFlight,
+        agent_holds: Option<bool>,
+        readable: bool,
+        delete_of_its_type_runs: bool,
+    ) -> Redelivery {
         redelivery(
             graph,
             &ItemRef::new("t", "a"),
             entry,
             operation,
             agent_holds,
-            false,
-            false,
+            readable,
+            delete_of_its_type_runs,
             5,
             never,
         )
@@ -522,17 +535,7 @@ mod tests {
     #[test]
     fn a_read_resolves_the_item_while_a_dependency_is_unknown() {
         let (operation, entry, graph) = lost_create_on_unknown_b();
-        let decision = redelivery(
-            &graph,
-            &ItemRef::new("t", "a"),
-            &entry,
-            &operation,
-            Some(false),
-            true,
-            false,
-            5,
-            never,
-        );
+        let decision = decide_knowing(&graph, &entry, &operation, Some(false), true, false);
         assert_eq!(
             decision,
             Redelivery::Read,
@@ -544,16 +547,13 @@ mod tests {
     fn a_lost_create_sent_again_afresh_waits_while_a_delete_of_its_type_runs() {
         let (operation, entry) = lost_create(Item::new("t", "a", Default::default()));
         let decide_with = |holds, delete_runs| {
-            redelivery(
+            decide_knowing(
                 &CurrentGraph::default(),
-                &ItemRef::new("t", "a"),
                 &entry,
                 &operation,
                 holds,
                 false,
                 delete_runs,
-                5,
-                never,
             )
         };
         assert_eq!(decide_with(Some(false), true), Redelivery::Defer);
@@ -581,16 +581,13 @@ mod tests {
             in_flight: Some(Box::new(operation.clone())),
             ..entry
         };
-        let decided = redelivery(
+        let decided = decide_knowing(
             &CurrentGraph::default(),
-            &ItemRef::new("t", "a"),
             &entry,
             &operation,
             Some(false),
             false,
             true,
-            5,
-            never,
         );
         assert!(matches!(decided, Redelivery::Resend { .. }), "{decided:?}");
     }
@@ -779,16 +776,13 @@ mod tests {
         let (operation, entry) =
             lost_create(Item::new("t", "a", Default::default()).depends_on(on("gone")));
         let read = |holds, readable| {
-            redelivery(
+            decide_knowing(
                 &CurrentGraph::default(),
-                &ItemRef::new("t", "a"),
                 &entry,
                 &operation,
                 holds,
                 readable,
                 false,
-                5,
-                never,
             )
         };
         assert_eq!(read(Some(false), true), Redelivery::Read);

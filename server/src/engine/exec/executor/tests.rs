@@ -179,6 +179,14 @@ fn done() -> AgentOutcome {
     }
 }
 
+/// A FAILED answer that says nothing of what exists (the agent is busy).
+fn busy() -> AgentOutcome {
+    AgentOutcome::Failed(OperationError {
+        code: code::UNAVAILABLE,
+        message: "busy".into(),
+    })
+}
+
 /// DONE, reporting `observed`.
 fn done_observing(observed: crate::graph::Properties) -> AgentOutcome {
     AgentOutcome::Done {
@@ -597,16 +605,7 @@ fn a_read_that_finds_nothing_lets_the_item_be_created_again() {
 #[test]
 fn a_read_that_cannot_tell_sends_the_lost_operation_again() {
     let (mut executor, lost, read) = lost_create_read_back();
-    let effects = answer_on(
-        &mut executor,
-        2,
-        &read,
-        AgentOutcome::Failed(OperationError {
-            code: code::UNAVAILABLE,
-            message: "busy".into(),
-        }),
-        at(40),
-    );
+    let effects = answer_on(&mut executor, 2, &read, busy(), at(40));
     let again = orders(&effects.sends).remove(0);
     assert_eq!(
         (again.op_id.as_str(), again.attempt, again.kind),
@@ -647,16 +646,7 @@ fn a_lost_create_the_read_cannot_settle_waits_for_a_delete_of_its_type() {
         (OperationKind::Delete, ItemRef::new("t", "b"))
     );
 
-    let effects = answer_on(
-        &mut executor,
-        2,
-        &read,
-        AgentOutcome::Failed(OperationError {
-            code: code::UNAVAILABLE,
-            message: "busy".into(),
-        }),
-        at(40),
-    );
+    let effects = answer_on(&mut executor, 2, &read, busy(), at(40));
     assert!(
         orders(&effects.sends).is_empty(),
         "the lost Create is not sent while b's Delete runs: {:?}",
@@ -675,16 +665,7 @@ fn a_lost_create_the_read_cannot_settle_waits_for_a_delete_of_its_type() {
         OperationKind::Read,
         "the agent runs nothing: a READ asks again what exists"
     );
-    let effects = answer_on(
-        &mut executor,
-        2,
-        &read_again,
-        AgentOutcome::Failed(OperationError {
-            code: code::UNAVAILABLE,
-            message: "busy".into(),
-        }),
-        at(60),
-    );
+    let effects = answer_on(&mut executor, 2, &read_again, busy(), at(60));
     let again = orders(&effects.sends).remove(0);
     assert_eq!(
         (again.op_id.as_str(), again.kind),
