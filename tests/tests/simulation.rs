@@ -982,3 +982,19 @@ fn seed_3400_with_agent_restarts_an_unknown_item_blocks_a_value_its_dependent_ma
 fn seed_253619_a_lost_create_sent_again_waits_for_a_delete_of_its_type() {
     passes(253619);
 }
+
+/// Every value an item may hold must be the intended one (sweep of
+/// 5001–7000 at 1,000 steps with restarts): `t1/n13`'s Modify applied, its
+/// agent restarted and forgot the result, the attempt sent again failed
+/// for good, and the intent went back to the applied value. The server
+/// took the item as converged while the agent's held the lost Modify's.
+#[test]
+fn seed_5668_with_agent_restarts_a_value_a_lost_modify_may_have_applied_is_modified_away() {
+    passes_with_agent_restarts_in(5668, 1_000);
+}
+
+/// The same defect as seed 5668, found by the same sweep (`t3/n14`).
+#[test]
+fn seed_5068_with_agent_restarts_a_value_a_lost_operation_may_have_applied_is_modified_away() {
+    passes_with_agent_restarts_in(5068, 1_000);
+}

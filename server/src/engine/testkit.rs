@@ -387,16 +387,16 @@ impl World {
     }
 
     /// Whether every intended, non-external item is created with its
-    /// intended value and nothing else exists.
+    /// intended value (and may hold no other) and nothing else exists.
     pub fn is_converged(&self) -> bool {
         let intended_ok = self.intended.iter().all(|(key, entry)| {
             entry.item.external
                 || self.current.get(key).is_some_and(|current| {
                     current.state == crate::graph::ItemState::Created
+                        && current.applied.is_some()
                         && current
-                            .applied
-                            .as_ref()
-                            .is_some_and(|applied| applied.same_content(&entry.item))
+                            .values()
+                            .all(|value| value.same_content(&entry.item))
                 })
         });
         let nothing_extra = self.current.iter().all(|(key, current)| {

@@ -56,18 +56,28 @@ pub(super) fn own_need(
             if !current.may_exist() || current.existence_uncertain {
                 return Need::Create;
             }
-            let Some(applied) = &current.applied else {
+            if current.applied.is_none() {
                 return Need::Modify { ask: false };
-            };
+            }
             // A `recreate_when_modified` dependency modified since the item
             // was created recreates it, whether or not its intent changed too.
             if dependency_was_modified(intended, current, current_graph) {
-                Need::Recreate
-            } else if applied.same_content(&intended.item) {
-                Need::Nothing
-            } else {
-                change_need(applied, intended, current, environment)
+                return Need::Recreate;
             }
+            // The item may hold a value a lost operation applied
+            // (`maybe_applied`): converged only if every value it may hold
+            // is the intended one. Otherwise the change from any of them
+            // decides (a recreate path changed from one recreates it).
+            let mut need = Need::Nothing;
+            for value in current.values() {
+                if !value.same_content(&intended.item) {
+                    need = change_need(value, intended, current, environment);
+                    if need == Need::Recreate {
+                        break;
+                    }
+                }
+            }
+            need
         }
     }
 }

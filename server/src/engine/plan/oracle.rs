@@ -478,14 +478,21 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                 // Rule 4: a recreate_when_modified dependency modified since
                 // this item recorded its counter needs a recreate, whatever
                 // else changed.
-                let equal = applied.same_content(&i.item);
                 if self.dependency_modified_since_created(applied, &i.item, c) {
                     return OwnNeed::Recreate;
                 }
-                if equal {
-                    return OwnNeed::Nothing;
+                // Every value the item may hold (a lost operation's,
+                // `maybe_applied`) must be the intended one; a recreate
+                // from any of them wins over a Modify.
+                let changes: Vec<OwnNeed> = c
+                    .values()
+                    .filter(|value| !value.same_content(&i.item))
+                    .map(|value| self.change_need(value, i, c))
+                    .collect();
+                if changes.contains(&OwnNeed::Recreate) {
+                    return OwnNeed::Recreate;
                 }
-                self.change_need(applied, i, c)
+                changes.into_iter().next().unwrap_or(OwnNeed::Nothing)
             }
         }
     }

@@ -1393,6 +1393,30 @@ fn an_item_that_may_hold_an_untied_value_is_deleted_not_dropped_and_holds_its_de
     assert!(runs_after(&plan, "t/b", "t/a"), "b's Delete waits for a's");
 }
 
+#[test]
+fn an_item_that_may_hold_another_value_than_its_intended_one_is_modified_to_it() {
+    // Found by the simulator (seed 5668, agents that restart): a's Modify
+    // to v 2 applied, then its agent restarted and forgot the result; sent
+    // again, the attempt failed for good, and the intent went back to v 1,
+    // the applied value. The item was taken as converged while it held
+    // v 2.
+    let intended = item("t/a", json!({"v": 1}));
+    let lost = item("t/a", json!({"v": 2}));
+    let mut world = World::new();
+    world.intend(vec![intended]);
+    world.run_to_quiescence(5);
+    let mut a = (**world.current.get(&parse_ref("t/a")).expect("a")).clone();
+    a.rare
+        .update(|rare| rare.maybe_applied = vec![std::sync::Arc::new(lost)]);
+    world.current.insert(parse_ref("t/a"), a);
+    // The failure that left it so is a change of its record: a seed.
+    world.dirty.insert(parse_ref("t/a"));
+    let plan = world.plan();
+    assert_eq!(planned_labels(&plan), ["modify t/a"]);
+    world.run_to_quiescence(5);
+    assert!(world.is_converged(), "its DONE settles what the item holds");
+}
+
 /// Item `index` of a chain, as a reference string.
 fn chain_name(index: usize) -> String {
     format!("t/n{index:04}")

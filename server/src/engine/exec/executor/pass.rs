@@ -893,7 +893,9 @@ pub(super) fn order_for(
         previous,
         timeout_ms: operation.timeout_ms,
         generation: operation.target_generation,
-        previous_uncertain: entry.existence_uncertain,
+        // The item may not exist, or may hold a value other than
+        // `previous` that a lost operation applied.
+        previous_uncertain: entry.existence_uncertain || !entry.rare.maybe_applied.is_empty(),
         question: operation.question,
     })
 }
