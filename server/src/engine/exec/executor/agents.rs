@@ -644,8 +644,9 @@ impl Executor {
     }
 
     /// Sends again the lost operations whose re-delivery waited for a
-    /// dependency (UNKNOWN, or being modified or deleted) or for room,
-    /// once none does and their type has a session with room.
+    /// dependency (UNKNOWN, or being modified or deleted), for a Delete of
+    /// their type (a lost Create), or for room, once none does and their
+    /// type has a session with room.
     /// `None` when there is nothing to send.
     pub fn redeliver_deferred(&mut self, now: Now) -> Option<Effects> {
         if self.deferred_redeliveries.is_empty() {
@@ -926,9 +927,7 @@ impl Executor {
             }
         }
     }
-}
 
-impl Executor {
     /// The item types on which a Delete runs (sent, its outcome not lost):
     /// a lost Create sent again afresh waits for those (DESIGN 3, rule 8).
     fn types_with_running_deletes(&self) -> HashSet<String> {
