@@ -393,10 +393,7 @@ impl World {
             entry.item.external
                 || self.current.get(key).is_some_and(|current| {
                     current.state == crate::graph::ItemState::Created
-                        && current.applied.is_some()
-                        && current
-                            .values()
-                            .all(|value| value.same_content(&entry.item))
+                        && current.holds_only(&entry.item)
                 })
         });
         let nothing_extra = self.current.iter().all(|(key, current)| {

@@ -211,9 +211,7 @@ pub fn completed(
         // Sent again after its outcome was lost, an earlier delivery may
         // have applied (see `lost::may_have_applied`): then only that
         // tells, and the item may exist with the operation's value.
-        let may_have_applied_before =
-            existing.existence_uncertain || !existing.rare.maybe_applied.is_empty();
-        if !applied && may_have_applied_before {
+        if !applied && existing.uncertain() {
             return applied_uncertainly(current, &unmarked);
         }
         let settled = completed(current, &unmarked, completion);

@@ -530,6 +530,19 @@ impl CurrentItem {
         self.applied.iter().chain(&self.rare.maybe_applied)
     }
 
+    /// Whether the item has an applied value and every value it may hold
+    /// has `value`'s content: it holds `value` whatever lost operations did.
+    pub fn holds_only(&self, value: &Item) -> bool {
+        self.applied.is_some() && self.values().all(|held| held.same_content(value))
+    }
+
+    /// Whether what the item is now is not known for sure: it may not
+    /// exist, or may hold a value a lost operation applied besides its
+    /// applied one (an order for it says `previous_uncertain`).
+    pub fn uncertain(&self) -> bool {
+        self.existence_uncertain || !self.rare.maybe_applied.is_empty()
+    }
+
     /// This item with its rarely set fields changed by `change` (builder
     /// style, boxed only if one is left set).
     pub fn with_rare(mut self, change: impl FnOnce(&mut RareFields)) -> Self {

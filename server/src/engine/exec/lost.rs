@@ -149,10 +149,7 @@ pub fn redelivery(
     // its agent gone). What the READ finds then waits for the dependency
     // like any operation would.
     let read_resolves = readable && agent_holds == Some(false);
-    if !read_resolves
-        && (waits_for_a_dependency(current, item, entry)
-            || waits_for_deletes_of_its_type(operation, delete_of_its_type_runs))
-    {
+    if !read_resolves && redelivery_waits(current, item, entry, delete_of_its_type_runs) {
         return Redelivery::Defer;
     }
     if operation.redeliveries >= MAX_REDELIVERIES {
@@ -316,7 +313,7 @@ fn applied_or_not(
 /// Create or Modify waits for those, DESIGN 3), or, for a lost Modify, an
 /// operation runs on a dependent (rule 8). The owner tries again after every
 /// command ([`super::Executor::redeliver_deferred`]).
-pub fn waits_for_a_dependency(current: &CurrentGraph, item: &ItemRef, entry: &CurrentItem) -> bool {
+fn waits_for_a_dependency(current: &CurrentGraph, item: &ItemRef, entry: &CurrentItem) -> bool {
     let operation = entry.in_flight.as_ref();
     let target = operation.and_then(|operation| operation.target.as_deref());
     let others = |value: &crate::graph::Item| -> Vec<ItemRef> {
@@ -367,15 +364,25 @@ pub fn waits_for_a_dependency(current: &CurrentGraph, item: &ItemRef, entry: &Cu
     unknown || changing || dependent_runs
 }
 
-/// Whether a lost `operation` sent again to an agent that does not hold it
-/// must wait because a Delete of another item of its type runs
-/// (`delete_of_its_type_runs`): a Create, which starts afresh there, waits
-/// for those like any Create (DESIGN 3, rule 8: two items contending for
-/// one resource never race). The owner tries again after every command
-/// ([`super::Executor::redeliver_deferred`]), so the Delete's result sends
-/// it.
-pub fn waits_for_deletes_of_its_type(operation: &InFlight, delete_of_its_type_runs: bool) -> bool {
-    delete_of_its_type_runs && operation.kind == OperationKind::Create && !operation.question
+/// Whether the re-delivery of `item`'s lost operation (in `entry`) to an
+/// agent that does not hold it must wait: for a dependency
+/// ([`waits_for_a_dependency`]), or, a Create, while a Delete of another
+/// item of its type runs (`delete_of_its_type_runs`). Started afresh
+/// there, a Create waits for those like any Create (DESIGN 3, rule 8: two
+/// items contending for one resource never race). The owner tries again
+/// after every command ([`super::Executor::redeliver_deferred`]), so the
+/// Delete's result sends it.
+pub fn redelivery_waits(
+    current: &CurrentGraph,
+    item: &ItemRef,
+    entry: &CurrentItem,
+    delete_of_its_type_runs: bool,
+) -> bool {
+    let creates = entry
+        .in_flight
+        .as_deref()
+        .is_some_and(|operation| operation.kind == OperationKind::Create && !operation.question);
+    (delete_of_its_type_runs && creates) || waits_for_a_dependency(current, item, entry)
 }
 
 /// The kind of the operation (not a question) running on `item`.

@@ -68,16 +68,12 @@ pub(super) fn own_need(
             // (`maybe_applied`): converged only if every value it may hold
             // is the intended one. Otherwise the change from any of them
             // decides (a recreate path changed from one recreates it).
-            let mut need = Need::Nothing;
-            for value in current.values() {
-                if !value.same_content(&intended.item) {
-                    need = change_need(value, intended, current, environment);
-                    if need == Need::Recreate {
-                        break;
-                    }
-                }
-            }
-            need
+            current
+                .values()
+                .filter(|value| !value.same_content(&intended.item))
+                .map(|value| change_need(value, intended, current, environment))
+                .max_by_key(|need| *need == Need::Recreate)
+                .unwrap_or(Need::Nothing)
         }
     }
 }

@@ -484,15 +484,11 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                 // Every value the item may hold (a lost operation's,
                 // `maybe_applied`) must be the intended one; a recreate
                 // from any of them wins over a Modify.
-                let changes: Vec<OwnNeed> = c
-                    .values()
+                c.values()
                     .filter(|value| !value.same_content(&i.item))
                     .map(|value| self.change_need(value, i, c))
-                    .collect();
-                if changes.contains(&OwnNeed::Recreate) {
-                    return OwnNeed::Recreate;
-                }
-                changes.into_iter().next().unwrap_or(OwnNeed::Nothing)
+                    .max_by_key(|need| *need == OwnNeed::Recreate)
+                    .unwrap_or(OwnNeed::Nothing)
             }
         }
     }

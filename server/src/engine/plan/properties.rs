@@ -146,10 +146,7 @@ fn converged_except_pending(world: &World) -> Result<(), String> {
             .current
             .get(key)
             .ok_or(format!("{key} was never created"))?;
-        let equal = current.applied.is_some()
-            && current
-                .values()
-                .all(|value| value.same_content(&entry.item));
+        let equal = current.holds_only(&entry.item);
         if current.state != crate::graph::ItemState::Created || !equal {
             return Err(format!("{key} is {:?}, equal={equal}", current.state));
         }

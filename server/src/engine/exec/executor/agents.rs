@@ -10,9 +10,7 @@ use tracing::{debug, info};
 use super::pass::Dispatch;
 use super::{Executor, Holder, Now, Scope, lost_outcome, to_session};
 use crate::engine::exec::effects::{Effects, Finished, OperationOutcome, TenantEvent};
-use crate::engine::exec::lost::{
-    GiveUpReason, Redelivery, redelivery, waits_for_a_dependency, waits_for_deletes_of_its_type,
-};
+use crate::engine::exec::lost::{GiveUpReason, Redelivery, redelivery, redelivery_waits};
 use crate::engine::exec::port::{AgentOutcome, ExternalChange, Grant, Registration, ToAgent};
 use crate::engine::transition::{
     Completion, CurrentUpdates, completed, drifted_paths, forget_marks_on, mark_gone_with_externals,
@@ -664,13 +662,12 @@ impl Executor {
                         .has_room(item.item_type(), self.type_limits(item.item_type()))
                     && self.model.current.get(item).is_none_or(|current| {
                         current.state != ItemState::Unknown
-                            || !(waits_for_a_dependency(&self.model.current, item, current)
-                                || current.in_flight.as_deref().is_some_and(|operation| {
-                                    waits_for_deletes_of_its_type(
-                                        operation,
-                                        deleting.contains(&**item.item_type()),
-                                    )
-                                }))
+                            || !redelivery_waits(
+                                &self.model.current,
+                                item,
+                                current,
+                                deleting.contains(&**item.item_type()),
+                            )
                     })
             })
             .cloned()

@@ -893,9 +893,7 @@ pub(super) fn order_for(
         previous,
         timeout_ms: operation.timeout_ms,
         generation: operation.target_generation,
-        // The item may not exist, or may hold a value other than
-        // `previous` that a lost operation applied.
-        previous_uncertain: entry.existence_uncertain || !entry.rare.maybe_applied.is_empty(),
+        previous_uncertain: entry.uncertain(),
         question: operation.question,
     })
 }
