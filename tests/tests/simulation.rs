@@ -998,3 +998,13 @@ fn seed_5668_with_agent_restarts_a_value_a_lost_modify_may_have_applied_is_modif
 fn seed_5068_with_agent_restarts_a_value_a_lost_operation_may_have_applied_is_modified_away() {
     passes_with_agent_restarts_in(5068, 1_000);
 }
+
+/// A lost Create that is not sent again keeps the values its item may have
+/// had (sweep of 270500–273499): `t3/n9`'s Deletes timed out, so it may
+/// still have held its old value, relying on `t0/n4`; its Create was lost,
+/// and the external item its new value relied on stopped satisfying it.
+/// The record kept only the Create's value, and `t0/n4` was deleted.
+#[test]
+fn seed_272739_a_lost_create_not_sent_again_keeps_the_old_value_possible() {
+    passes(272739);
+}

@@ -119,13 +119,7 @@ pub fn redelivery(
             // If it did not apply, an item of uncertain existence may still
             // have the value it had before: dropped only if that value
             // goes too.
-            OperationKind::Create => {
-                completed(current, &unmarked, Completion::Done { observed: None }).map(|created| {
-                    entry.values().fold(created, |created, before| {
-                        created.may_also_hold(Some(before.clone()))
-                    })
-                })
-            }
+            OperationKind::Create => created_or_as_before(current, &unmarked),
             OperationKind::Modify => completed(
                 current,
                 &unmarked,
@@ -278,7 +272,7 @@ fn applied_or_not(
             // uncertain; the planner deletes it once nothing blocks that (an
             // UNKNOWN dependency does, DESIGN 4), or creates it again if it
             // stays intended and its dependency holds again.
-            applied_uncertainly(current, entry)
+            created_or_as_before(current, entry)
         }
         (OperationKind::Modify, Some(_)) if entry.gone_unless_applied => {
             // Its item went with an external item unless it applied: if it
@@ -304,6 +298,19 @@ fn applied_or_not(
             .map(|value| value.may_also_hold(operation.target.clone()))
         }
     }
+}
+
+/// `entry` after its lost Create, which may have applied or not: the item
+/// may not exist, may hold the Create's target, or, had the Create not
+/// applied, any value it may have held before (an item already of
+/// uncertain existence, whose Delete failed, say). Every such value's
+/// dependencies stay edges: nothing it relies on is deleted under it.
+fn created_or_as_before(current: &CurrentGraph, entry: &CurrentItem) -> Option<CurrentItem> {
+    applied_uncertainly(current, entry).map(|created| {
+        entry.values().fold(created, |created, before| {
+            created.may_also_hold(Some(before.clone()))
+        })
+    })
 }
 
 /// Whether the re-delivery of `item`'s lost operation must wait for a
@@ -921,6 +928,38 @@ mod tests {
             panic!("not sent again");
         };
         let value = value.expect("it may exist");
+        assert_eq!(value.applied, operation.target);
+        assert_eq!(value.rare.maybe_applied, [before]);
+    }
+
+    #[test]
+    fn a_lost_create_on_a_broken_dependency_keeps_the_value_its_item_may_have_had() {
+        // Simulator seed 272739: an item whose Deletes timed out (existence
+        // uncertain, its old value relying on c) was created again with a
+        // value relying on b being "up"; that Create's outcome was lost, and
+        // b went down, so the Create was not sent again. The record kept
+        // only the Create's value, so c was deleted while the item, had the
+        // Create not applied, still relied on it.
+        let (operation, entry) = lost_create(
+            Item::new("t", "a", Default::default())
+                .depends_on(on("b").with_must_satisfy("self.state == \"up\"")),
+        );
+        let before = Shared::new(Item::new("t", "a", Default::default()).depends_on(on("c")));
+        let entry = CurrentItem {
+            existence_uncertain: true,
+            applied: Some(before.clone()),
+            ..entry
+        };
+        let mut down = crate::graph::Properties::new();
+        down.insert("state".into(), serde_json::json!("down"));
+        let b_down = CurrentItem::created(Shared::new(Item::new("t", "b", down)), 1);
+        let graph = graph_with(vec![("b", b_down), ("c", created("c"))]);
+        let Redelivery::GiveUp { value, why } = decide(&graph, &entry, &operation, None) else {
+            panic!("not sent again");
+        };
+        assert_eq!(why, GiveUpReason::BrokenDependency(ItemRef::new("t", "b")));
+        let value = value.expect("it may exist");
+        assert!(value.existence_uncertain && value.in_flight.is_none());
         assert_eq!(value.applied, operation.target);
         assert_eq!(value.rare.maybe_applied, [before]);
     }
