@@ -23,7 +23,6 @@
 //! the memory a converged graph holds per item (`memory/…`, counted by the
 //! bench's allocator).
 
-use std::alloc::System;
 use std::collections::BTreeSet;
 use std::hint::black_box;
 use std::sync::Arc;
@@ -38,15 +37,17 @@ use reconciled::graph::{
     OperationKind, Properties,
 };
 use serde_json::json;
-use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+use stats_alloc::{Region, StatsAlloc};
 
+/// The server's allocator (mimalloc, as in `main.rs`), counted: the
+/// timings are those of the allocator the server runs with.
 #[global_allocator]
-static ALLOCATOR: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+static ALLOCATOR: StatsAlloc<mimalloc::MiMalloc> = StatsAlloc::new(mimalloc::MiMalloc);
 
 /// Bytes and allocations live now, as counted by [`ALLOCATOR`] (which
 /// counts what a `realloc` adds or frees in the allocated and deallocated
 /// bytes already; its `bytes_reallocated` repeats it).
-fn live(region: &Region<'_, System>) -> (isize, isize) {
+fn live(region: &Region<'_, mimalloc::MiMalloc>) -> (isize, isize) {
     let stats = region.change();
     let bytes = stats.bytes_allocated as isize - stats.bytes_deallocated as isize;
     let allocations = stats.allocations as isize - stats.deallocations as isize;
@@ -56,15 +57,15 @@ fn live(region: &Region<'_, System>) -> (isize, isize) {
 /// Prints what a converged tenant of `size` items of `shape` holds in
 /// memory per item: its intended graph, then its current graph (whose
 /// applied values share the intended ones, as after loading or applying).
-/// Bytes are what was asked of the allocator; each allocation costs about
-/// 8–16 bytes more in glibc's malloc.
+/// Bytes are what was asked of the allocator (mimalloc rounds each
+/// allocation up to its size class).
 fn memory_per_item(shape: Shape, size: usize) {
     let label = format!("memory/{}/{size}", shape.label());
     if std::env::var("PLAN_BENCH_CASE").is_ok_and(|case| !label.contains(&case)) {
         return;
     }
     let mut rng = StdRng::seed_from_u64(42);
-    let region = Region::new(ALLOCATOR);
+    let region = Region::new(&ALLOCATOR);
     let start = live(&region);
     let mut intended = IntendedGraph::default();
     for index in 0..size {
