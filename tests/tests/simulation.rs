@@ -1008,3 +1008,13 @@ fn seed_5068_with_agent_restarts_a_value_a_lost_operation_may_have_applied_is_mo
 fn seed_272739_a_lost_create_not_sent_again_keeps_the_old_value_possible() {
     passes(272739);
 }
+
+/// A value a lost Modify may have applied keeps the marks it was sent with
+/// (sweep of 51001–54000 with restarts): `t1/n3`'s Modify added a
+/// recreate-when-modified dependency on `t1/n2` and applied, its agent
+/// restarted and forgot the result, `t1/n2` was modified, and the READ
+/// could not tell. `t1/n3` was then modified, not recreated.
+#[test]
+fn seed_52881_with_agent_restarts_a_value_a_lost_modify_may_have_applied_is_recreated() {
+    passes_with_agent_restarts(52881);
+}

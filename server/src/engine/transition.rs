@@ -118,6 +118,34 @@ pub fn begin_operation(
     current.insert(item.clone(), entry);
 }
 
+/// `entry`, which may hold the target of `operation` (a lost operation that
+/// may have applied when it was sent): the target joins the values it may
+/// hold ([`CurrentItem::may_also_hold`]), and the modification counters
+/// that the target's `recreate_when_modified` dependencies had at dispatch
+/// join the item's marks (the older one where both have one; an absent
+/// dependency's mark wins). A dependency modified since then recreates the
+/// item, whichever value it holds (simulator seed 52881).
+pub fn may_hold_target_of(entry: CurrentItem, operation: &InFlight) -> CurrentItem {
+    let entry = entry.may_also_hold(operation.target.clone());
+    if operation.dispatch_marks.is_empty() {
+        return entry;
+    }
+    entry.with_rare(|rare| {
+        for (required, &mark) in &operation.dispatch_marks {
+            rare.dependency_marks
+                .entry(required.clone())
+                .and_modify(|kept| {
+                    *kept = if *kept == ABSENT_DEPENDENCY_MARK || mark == ABSENT_DEPENDENCY_MARK {
+                        ABSENT_DEPENDENCY_MARK
+                    } else {
+                        (*kept).min(mark)
+                    }
+                })
+                .or_insert(mark);
+        }
+    })
+}
+
 /// Records, on `entry`'s operation, the modification counters of its
 /// target's `recreate_when_modified` dependencies as they are now (at
 /// dispatch). Kept when the operation is re-delivered.
@@ -369,7 +397,7 @@ fn resolved(
     // reported): until it is asked again and answers, the dependencies of
     // its value stay edges.
     let kept = if applies && shows_target && !tells {
-        kept.may_also_hold(lost.target.clone())
+        may_hold_target_of(kept, lost)
     } else {
         kept
     };
@@ -1189,6 +1217,66 @@ mod tests {
             Some("op-1".into()),
             "asked again under its op id"
         );
+    }
+
+    #[test]
+    fn a_lost_modify_the_read_cannot_tell_keeps_the_marks_it_was_sent_with() {
+        // Simulator seed 52881 with agents that restart: a lost Modify
+        // added a recreate-when-modified dependency on b while b had been
+        // modified once, and applied; b was modified again; the READ could
+        // not tell. The item was then modified, not recreated: no mark said
+        // under which counter of b the value it may hold was applied.
+        let before = Arc::new(Item::new("t", "a", Default::default()));
+        let after_modify = Item::new("t", "a", Default::default()).depends_on(
+            crate::graph::Dependency::on(ItemRef::new("t", "b")).with_recreate_when_modified(true),
+        );
+        let lost = InFlight {
+            target: Some(Arc::new(after_modify)),
+            dispatch_marks: [(ItemRef::new("t", "b"), 1)].into(),
+            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
+        };
+        let read = InFlight {
+            resolves: Some(Box::new(lost.clone())),
+            ..InFlight::new(OperationKind::Read, "op-2".into(), 1, 8, 0, 10_000)
+        };
+        let entry = CurrentItem {
+            state: ItemState::Unknown,
+            in_flight: Some(Box::new(read)),
+            ..CurrentItem::created(before, 7)
+        };
+        let after = completed(
+            &CurrentGraph::default(),
+            &entry,
+            Completion::Resolved {
+                observed: Some(Properties::new()),
+            },
+        )
+        .expect("it exists");
+        assert_eq!(after.rare.maybe_applied, Vec::from_iter(lost.target));
+        assert_eq!(after.rare.dependency_marks, lost.dispatch_marks);
+    }
+
+    #[test]
+    fn the_older_of_two_marks_is_kept_and_an_absent_mark_wins() {
+        let b = ItemRef::new("t", "b");
+        let c = ItemRef::new("t", "c");
+        let entry = CurrentItem::created(Arc::new(Item::new("t", "a", Default::default())), 7)
+            .with_rare(|rare| {
+                rare.dependency_marks.insert(b.clone(), 3);
+                rare.dependency_marks.insert(c.clone(), 3);
+            });
+        let lost = InFlight {
+            target: Some(Arc::new(Item::new(
+                "t",
+                "a",
+                [("v".to_owned(), 1.into())].into_iter().collect(),
+            ))),
+            dispatch_marks: [(b.clone(), 2), (c.clone(), ABSENT_DEPENDENCY_MARK)].into(),
+            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
+        };
+        let after = may_hold_target_of(entry, &lost);
+        assert_eq!(after.rare.dependency_marks[&b], 2);
+        assert_eq!(after.rare.dependency_marks[&c], ABSENT_DEPENDENCY_MARK);
     }
 
     #[test]

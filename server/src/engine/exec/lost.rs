@@ -22,7 +22,9 @@
 //! attempt reports DONE: a failure or WAIT of the attempt sent again does
 //! not say the first one did nothing.
 
-use crate::engine::transition::{Completion, applied_uncertainly, completed, started};
+use crate::engine::transition::{
+    Completion, applied_uncertainly, completed, may_hold_target_of, started,
+};
 use crate::graph::predicate::Predicate;
 use crate::graph::{
     CurrentGraph, CurrentItem, Dependency, InFlight, ItemRef, ItemState, OperationError,
@@ -209,16 +211,18 @@ fn may_have_applied(entry: &CurrentItem, operation: &InFlight) -> CurrentItem {
             applied_generation: operation.target_generation,
             ..entry.clone()
         },
-        OperationKind::Create => CurrentItem {
-            existence_uncertain: true,
-            ..entry.clone()
-        }
-        .may_also_hold(operation.target.clone()),
+        OperationKind::Create => may_hold_target_of(
+            CurrentItem {
+                existence_uncertain: true,
+                ..entry.clone()
+            },
+            operation,
+        ),
         OperationKind::Delete => CurrentItem {
             existence_uncertain: true,
             ..entry.clone()
         },
-        OperationKind::Modify => entry.clone().may_also_hold(operation.target.clone()),
+        OperationKind::Modify => may_hold_target_of(entry.clone(), operation),
         OperationKind::Read => entry.clone(),
     }
 }
@@ -295,7 +299,7 @@ fn applied_or_not(
                     retry_at_ms: now_ms,
                 },
             )
-            .map(|value| value.may_also_hold(operation.target.clone()))
+            .map(|value| may_hold_target_of(value, operation))
         }
     }
 }

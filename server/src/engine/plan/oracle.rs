@@ -472,13 +472,13 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                 if !c.may_exist() || c.existence_uncertain {
                     return OwnNeed::Create;
                 }
-                let Some(applied) = c.applied.as_ref() else {
+                if c.applied.is_none() {
                     return OwnNeed::Modify { ask: false };
-                };
+                }
                 // Rule 4: a recreate_when_modified dependency modified since
                 // this item recorded its counter needs a recreate, whatever
                 // else changed.
-                if self.dependency_modified_since_created(applied, &i.item, c) {
+                if self.dependency_modified_since_created(&i.item, c) {
                     return OwnNeed::Recreate;
                 }
                 // Every value the item may hold (a lost operation's,
@@ -493,31 +493,39 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         }
     }
 
-    /// A dependency that is `recreate_when_modified` in both the applied
-    /// value (so the dependent recorded its counter when it was created)
-    /// and the intent (so it still asks for it) points to an item whose
-    /// modification counter moved since.
-    fn dependency_modified_since_created(
-        &self,
-        applied: &Item,
-        intended: &Item,
-        current: &CurrentItem,
-    ) -> bool {
+    /// A dependency that is `recreate_when_modified` in both a value the
+    /// item may hold (so the dependent recorded its counter when that value
+    /// was sent) and the intent (so it still asks for it) points to an item
+    /// whose modification counter moved since.
+    fn dependency_modified_since_created(&self, intended: &Item, current: &CurrentItem) -> bool {
         intended
             .dependencies
             .iter()
             .filter(|d| d.recreate_when_modified())
             .filter(|d| {
-                applied
-                    .dependency_on(&d.requires)
-                    .is_some_and(|a| a.recreate_when_modified())
+                current.values().any(|value| {
+                    value
+                        .dependency_on(&d.requires)
+                        .is_some_and(|a| a.recreate_when_modified())
+                })
             })
             .any(|d| {
                 let Some(required) = self.current_of(&d.requires) else {
                     return false;
                 };
-                let recorded = current.rare.dependency_marks.get(&d.requires).copied();
-                recorded.unwrap_or(0) != required.modifications
+                match current.rare.dependency_marks.get(&d.requires) {
+                    Some(&recorded) => recorded != required.modifications,
+                    // Only the applied value's dependencies count from 0
+                    // unmarked; another value's count only with its mark.
+                    None => {
+                        required.modifications != 0
+                            && current.applied.as_ref().is_some_and(|applied| {
+                                applied
+                                    .dependency_on(&d.requires)
+                                    .is_some_and(|a| a.recreate_when_modified())
+                            })
+                    }
+                }
             })
     }
 
