@@ -1175,6 +1175,28 @@ mod tests {
         assert_eq!(after.applied, target);
     }
 
+    /// The item whose applied value is `before` once the READ that
+    /// resolves its `lost` operation found it, showing no property.
+    fn settled_by_an_empty_read(before: Arc<Item>, lost: &InFlight) -> CurrentItem {
+        let read = InFlight {
+            resolves: Some(Box::new(lost.clone())),
+            ..InFlight::new(OperationKind::Read, "op-2".into(), 1, 8, 0, 10_000)
+        };
+        let entry = CurrentItem {
+            state: ItemState::Unknown,
+            in_flight: Some(Box::new(read)),
+            ..CurrentItem::created(before, 7)
+        };
+        completed(
+            &CurrentGraph::default(),
+            &entry,
+            Completion::Resolved {
+                observed: Some(Properties::new()),
+            },
+        )
+        .expect("it exists")
+    }
+
     #[test]
     fn a_read_that_cannot_tell_whether_a_lost_modify_applied_keeps_its_value_as_maybe_applied() {
         // Simulator seed 2049 with agents that restart: the lost Modify
@@ -1190,23 +1212,7 @@ mod tests {
             target: Some(Arc::new(after_modify)),
             ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
         };
-        let read = InFlight {
-            resolves: Some(Box::new(lost.clone())),
-            ..InFlight::new(OperationKind::Read, "op-2".into(), 1, 8, 0, 10_000)
-        };
-        let entry = CurrentItem {
-            state: ItemState::Unknown,
-            in_flight: Some(Box::new(read)),
-            ..CurrentItem::created(before.clone(), 7)
-        };
-        let after = completed(
-            &CurrentGraph::default(),
-            &entry,
-            Completion::Resolved {
-                observed: Some(Properties::new()),
-            },
-        )
-        .expect("it exists");
+        let after = settled_by_an_empty_read(before.clone(), &lost);
         assert_eq!(after.applied, Some(before));
         assert_eq!(
             after.rare.maybe_applied,
@@ -1235,23 +1241,7 @@ mod tests {
             dispatch_marks: [(ItemRef::new("t", "b"), 1)].into(),
             ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
         };
-        let read = InFlight {
-            resolves: Some(Box::new(lost.clone())),
-            ..InFlight::new(OperationKind::Read, "op-2".into(), 1, 8, 0, 10_000)
-        };
-        let entry = CurrentItem {
-            state: ItemState::Unknown,
-            in_flight: Some(Box::new(read)),
-            ..CurrentItem::created(before, 7)
-        };
-        let after = completed(
-            &CurrentGraph::default(),
-            &entry,
-            Completion::Resolved {
-                observed: Some(Properties::new()),
-            },
-        )
-        .expect("it exists");
+        let after = settled_by_an_empty_read(before, &lost);
         assert_eq!(after.rare.maybe_applied, Vec::from_iter(lost.target));
         assert_eq!(after.rare.dependency_marks, lost.dispatch_marks);
     }
