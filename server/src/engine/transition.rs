@@ -134,16 +134,21 @@ pub fn may_hold_target_of(entry: CurrentItem, operation: &InFlight) -> CurrentIt
         for (required, &mark) in &operation.dispatch_marks {
             rare.dependency_marks
                 .entry(required.clone())
-                .and_modify(|kept| {
-                    *kept = if *kept == ABSENT_DEPENDENCY_MARK || mark == ABSENT_DEPENDENCY_MARK {
-                        ABSENT_DEPENDENCY_MARK
-                    } else {
-                        (*kept).min(mark)
-                    }
-                })
+                .and_modify(|kept| *kept = older_mark(*kept, mark))
                 .or_insert(mark);
         }
     })
+}
+
+/// Of two marks of one dependency, the one that recreates the item soonest:
+/// an absent dependency's, otherwise the smaller counter (counters only
+/// grow).
+fn older_mark(one: u64, other: u64) -> u64 {
+    if one == ABSENT_DEPENDENCY_MARK || other == ABSENT_DEPENDENCY_MARK {
+        ABSENT_DEPENDENCY_MARK
+    } else {
+        one.min(other)
+    }
 }
 
 /// Records, on `entry`'s operation, the modification counters of its
