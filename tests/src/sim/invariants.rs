@@ -32,8 +32,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use reconciled::engine::conditions::ConditionKind;
-use reconciled::engine::exec::TypeSpec;
 use reconciled::engine::exec::port::{AgentOutcome, OperationOrder};
+use reconciled::engine::exec::{RetryPolicy, TypeSpec};
 use reconciled::engine::plan::{
     Plan, PlanEnvironment, TypeRules, WaitReason, plan_everything, runs_first,
 };
@@ -327,6 +327,89 @@ pub fn check_create_waits_for_deletes_of_its_type(
     }
 }
 
+/// Rules 1, 2 and 8, as the agents see them: a dependency is satisfied
+/// only when it "is not planned for deletion, has no Modify planned, in
+/// flight or failed" (DESIGN 2), and "a failed or still-running Delete of a
+/// dependent blocks the operation on the item it depends on" (DESIGN 3).
+/// So, for an operation the server decides to send (not one it resumes):
+///
+/// - a Create or Modify of a value relying on an existing item that left
+///   the intent (a Delete is planned for it), or whose value in the world
+///   is not its intended one (a Modify is planned, or failed), waits;
+/// - a Modify waits while an existing item that left the intent still
+///   relies on it (its Delete is planned, running or failed).
+///
+/// External items are only reported, never planned, so they are left
+/// out. "Intended" is any intent the server may hold (the acknowledged one,
+/// or one whose answer was lost).
+pub fn check_dependencies_settled(
+    order: &OperationOrder,
+    world: &World,
+    model: &IntentModel,
+) -> Result<(), Violation> {
+    if order.question || !matches!(order.kind, OperationKind::Create | OperationKind::Modify) {
+        return Ok(());
+    }
+    let item = order.item.item_ref();
+    let intents = || std::iter::once(&model.items).chain(model.uncertain.iter().map(|(_, i)| i));
+    for dependency in &order.item.dependencies {
+        let required = &dependency.requires;
+        let Some(existing) = world.items.get(required) else {
+            continue;
+        };
+        if existing.value.external {
+            continue;
+        }
+        let intended: Vec<&Item> = intents().filter_map(|items| items.get(required)).collect();
+        if intended.iter().any(|value| value.external) {
+            continue;
+        }
+        if intended.is_empty() {
+            return fail(
+                "a create or modify waits for the delete of a dependency that left the intent",
+                format!(
+                    "{} {item} (op {}) was sent while its dependency {} exists and is not intended",
+                    order.kind.as_str(),
+                    order.op_id,
+                    super::intents::describe_item(&existing.value)
+                ),
+            );
+        }
+        if !intended
+            .iter()
+            .any(|value| value.same_content(&existing.value))
+        {
+            return fail(
+                "a create or modify waits for a planned or failed modify of its dependency",
+                format!(
+                    "{} {item} (op {}) was sent while its dependency {required} holds {} but is intended as {}",
+                    order.kind.as_str(),
+                    order.op_id,
+                    super::intents::describe_item(&existing.value),
+                    super::intents::describe_item(intended[0])
+                ),
+            );
+        }
+    }
+    if order.kind == OperationKind::Modify {
+        let leaving = world.dependents_of(&item).find(|dependent| {
+            let key = dependent.value.item_ref();
+            !dependent.value.external && !intents().any(|items| items.contains_key(&key))
+        });
+        if let Some(dependent) = leaving {
+            return fail(
+                "a modify waits for the deletes of its dependents",
+                format!(
+                    "modify {item} (op {}) was sent while {}, which left the intent, still relies on it",
+                    order.op_id,
+                    super::intents::describe_item(&dependent.value)
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Rule 4: a change to a property under one of the type's
 /// `recreate_on_change` paths (`*`: any change) recreates the item; it is
 /// never sent as a Modify.
@@ -466,6 +549,10 @@ struct OpRecord {
     failed: bool,
     delivered_at_ms: u64,
     timeout_ms: u64,
+    /// After a retryable failure of this attempt the server accepted: the
+    /// wall-clock time it did, the least wait before the next attempt,
+    /// and how many times the wall clock had stepped back then.
+    retry_wait: Option<(u64, u64, u32)>,
 }
 
 /// How the last operation of an item ended, as far as the agents said.
@@ -553,6 +640,35 @@ pub struct Ledger {
     /// Items and generations for which an agent answered a NEEDS_RECREATE
     /// question with no (on a session that held the type then).
     modify_in_place: BTreeSet<(ItemRef, u64)>,
+    /// How many times the wall clock stepped back: retry times are
+    /// wall-clock times, so a step back may shorten a wait the server
+    /// clamps after a restart.
+    wall_steps_back: u32,
+}
+
+/// The shortest wait DESIGN 4 allows before the next attempt after the
+/// `failures`-th consecutive failure: `static{wait}` waits `wait`,
+/// `random{min, max}` at least `min`, and `exponential{initial,
+/// multiplier, max}` `initial * multiplier^(failures - 1)` capped at `max`
+/// (the first retry waits `initial`; docs/configurators.md).
+pub fn least_retry_wait(policy: &RetryPolicy, failures: u32) -> u64 {
+    match policy {
+        RetryPolicy::Static { wait_ms } => *wait_ms,
+        RetryPolicy::Random { min_ms, max_ms } => (*min_ms).min(*max_ms),
+        RetryPolicy::Exponential {
+            initial_ms,
+            multiplier,
+            max_ms,
+        } => {
+            let exponent = i32::try_from(failures.saturating_sub(1)).unwrap_or(i32::MAX);
+            let grown = (*initial_ms as f64) * multiplier.max(1.0).powi(exponent);
+            if grown < *max_ms as f64 {
+                grown as u64
+            } else {
+                *max_ms
+            }
+        }
+    }
 }
 
 impl Ledger {
@@ -704,6 +820,7 @@ impl Ledger {
         session_epoch: Option<u64>,
         delivered_at_ms: u64,
         now_ms: u64,
+        wall_ms: u64,
     ) -> Result<(), Violation> {
         let item = order.item.item_ref();
         if session_epoch != Some(order.epoch) {
@@ -812,6 +929,9 @@ impl Ledger {
                     );
                 }
                 if order.attempt == record.attempt {
+                    // Sent again as it was: the server did not count a
+                    // failure of it (or it would send the next attempt).
+                    record.retry_wait = None;
                     record.deliveries += 1;
                     record.delivered_at_ms = delivered_at_ms;
                 } else {
@@ -835,6 +955,23 @@ impl Ledger {
                             ),
                         );
                     }
+                    if let Some((failed_at, least_wait, steps_back)) = record.retry_wait
+                        && steps_back == self.wall_steps_back
+                        && wall_ms < failed_at.saturating_add(least_wait)
+                    {
+                        return fail(
+                            "a retry waits as its type's retry policy says",
+                            format!(
+                                "op {} on {item} attempt {} went out {} ms after attempt {} failed; \
+                                 the type's retry policy waits at least {least_wait} ms",
+                                order.op_id,
+                                order.attempt,
+                                wall_ms.saturating_sub(failed_at),
+                                record.attempt,
+                            ),
+                        );
+                    }
+                    record.retry_wait = None;
                     record.attempt = order.attempt;
                     record.deliveries =
                         1 + self.reads_before_delivery.remove(&order.op_id).unwrap_or(0);
@@ -864,6 +1001,25 @@ impl Ledger {
                         ),
                     );
                 }
+                // An op id that is new to the agents starts at attempt 1
+                // (DESIGN 4: "attempt starts at 1"; a success resets the
+                // count), unless it was journaled before a restart and
+                // retried or given up as poison before it went out.
+                let journaled = self
+                    .lost
+                    .get(&item)
+                    .is_some_and(|lost| lost.op_id == order.op_id);
+                if order.attempt != 1 && !journaled {
+                    return fail(
+                        "an operation starts at attempt 1",
+                        format!(
+                            "{} {item} got new op {} at attempt {}",
+                            order.kind.as_str(),
+                            order.op_id,
+                            order.attempt
+                        ),
+                    );
+                }
                 self.ops.insert(
                     order.op_id.clone(),
                     OpRecord {
@@ -880,6 +1036,7 @@ impl Ledger {
                         failed: false,
                         delivered_at_ms,
                         timeout_ms: order.timeout_ms,
+                        retry_wait: None,
                     },
                 );
             }
@@ -899,14 +1056,14 @@ impl Ledger {
         attempt: u32,
         outcome: &AgentOutcome,
         session_epoch: impl Fn(&str) -> Option<u64>,
-    ) {
+    ) -> bool {
         self.awaiting_cancelled
             .retain(|_, (cancelled, _)| cancelled != op_id);
         let Some(record) = self.ops.get_mut(op_id) else {
-            return;
+            return false;
         };
         if attempt != record.attempt {
-            return;
+            return false;
         }
         // A result from a session whose epoch for the type is over changes
         // nothing (DESIGN 4): the server sends the operation again to the
@@ -914,7 +1071,7 @@ impl Ledger {
         // a lost operation has not resolved it.
         let item_type = record.item.item_type();
         if session_epoch(item_type) != self.epochs.get(&**item_type).copied() {
-            return;
+            return false;
         }
         if matches!(outcome, AgentOutcome::Failed(_)) {
             record.failed = true;
@@ -968,6 +1125,44 @@ impl Ledger {
                 AgentOutcome::Wait { .. } => Ending::Waiting,
                 AgentOutcome::InProgress => *ending,
             };
+        }
+        true
+    }
+
+    /// The server accepted a retryable failure of `op_id`'s `attempt`
+    /// (counted by [`Self::on_result`]) at simulated `now_ms`, wall-clock
+    /// `wall_ms`: its next attempt waits at least `least_wait_ms`. Not for
+    /// an attempt past its timeout, which the server may have counted as
+    /// failed earlier (and retried from then).
+    pub fn on_failure_accepted(
+        &mut self,
+        op_id: &str,
+        attempt: u32,
+        now_ms: u64,
+        wall_ms: u64,
+        least_wait_ms: u64,
+    ) {
+        let steps_back = self.wall_steps_back;
+        let Some(record) = self.ops.get_mut(op_id) else {
+            return;
+        };
+        let within_timeout = now_ms < record.delivered_at_ms.saturating_add(record.timeout_ms);
+        if record.attempt == attempt && within_timeout && record.retry_wait.is_none() {
+            record.retry_wait = Some((wall_ms, least_wait_ms, steps_back));
+        }
+    }
+
+    /// The item type of operation `op_id`, if an agent received it.
+    pub fn item_type_of(&self, op_id: &str) -> Option<String> {
+        self.ops
+            .get(op_id)
+            .map(|record| record.item.item_type().to_string())
+    }
+
+    /// The wall clock stepped by `ms` (negative: back).
+    pub fn on_wall_clock_step(&mut self, ms: i64) {
+        if ms < 0 {
+            self.wall_steps_back += 1;
         }
     }
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reconciled::engine::exec::TypeSpec;
-use reconciled::engine::exec::port::{FromAgent, Registration, ToAgent};
+use reconciled::engine::exec::port::{AgentOutcome, FromAgent, Registration, ToAgent};
 use reconciled::engine::intent::IntentError;
 use reconciled::graph::ItemRef;
 use reconciled::graph::validate::{ValidationLimits, validate_items};
@@ -35,8 +35,8 @@ use super::faults::FaultyStore;
 use super::intents::{Expected, IntentModel, Scenario, SubmitPlan, external_value};
 use super::invariants::{
     Ledger, Violation, check_converged, check_create_waits_for_deletes_of_its_type,
-    check_modify_spares_recreate_paths, check_order, check_restart, check_room, check_snapshot,
-    retry_pending, stays_lost, unknown_items,
+    check_dependencies_settled, check_modify_spares_recreate_paths, check_order, check_restart,
+    check_room, check_snapshot, least_retry_wait, retry_pending, stays_lost, unknown_items,
 };
 use super::steps::{AgentView, Answer, Report, Step, View};
 use super::trace::Trace;
@@ -289,7 +289,10 @@ impl Sim {
             Step::Connect { agent } => self.connect(*agent).await?,
             Step::Impostor { agent } => self.impostor(*agent).await?,
             Step::Advance { ms } => self.advance(*ms).await?,
-            Step::ClockStep { ms } => self.clock.step_wall_clock(*ms),
+            Step::ClockStep { ms } => {
+                self.ledger.on_wall_clock_step(*ms);
+                self.clock.step_wall_clock(*ms);
+            }
             Step::Crash { owner_seed, luck } => self.restart(*owner_seed, *luck).await?,
             Step::ArmStoreDeath {
                 after_apply,
@@ -482,8 +485,13 @@ impl Sim {
                 ));
                 self.ledger.observe(&self.world, &self.model);
                 let resumed = self.ledger.resumes(&order);
-                self.ledger
-                    .on_order(&order, epoch, self.sent_since_ms, now)?;
+                self.ledger.on_order(
+                    &order,
+                    epoch,
+                    self.sent_since_ms,
+                    now,
+                    self.clock.now_ms(),
+                )?;
                 if !known {
                     // UNKNOWN before this step and still now: an item
                     // resolved meanwhile (a resent result) no longer blocks.
@@ -503,6 +511,7 @@ impl Sim {
                     )?;
                     if !resumed {
                         check_create_waits_for_deletes_of_its_type(&order, &self.agents, now)?;
+                        check_dependencies_settled(&order, &self.world, &self.model)?;
                         check_room(&order, &self.agents, &self.ledger, &self.scenario, now)?;
                     }
                     check_modify_spares_recreate_paths(&order, &self.scenario)?;
@@ -540,6 +549,9 @@ impl Sim {
     /// Sends the agents' messages to the owner.
     async fn send(&mut self, sent: impl IntoIterator<Item = Outgoing>) {
         for outgoing in sent {
+            // A retryable failure the server counted: its next attempt
+            // waits for the type's retry policy.
+            let mut failure = None;
             if let FromAgent::Result {
                 op_id,
                 attempt,
@@ -547,10 +559,17 @@ impl Sim {
             } = &outgoing.message
             {
                 let agents = &self.agents;
-                self.ledger
+                let counted = self
+                    .ledger
                     .on_result(op_id, *attempt, outcome, |item_type| {
                         agents.session_epoch(outgoing.session, item_type)
                     });
+                if counted
+                    && let AgentOutcome::Failed(error) = outcome
+                    && !error.is_terminal()
+                {
+                    failure = Some((op_id.clone(), *attempt));
+                }
                 self.trace.note(format!(
                     "session {} -> result op {op_id} attempt {attempt}: {}",
                     outgoing.session,
@@ -559,10 +578,20 @@ impl Sim {
             }
             // A stopped owner (after a crash) refuses: the message is lost,
             // as it would be on a broken stream.
-            let _ = self
+            let accepted = self
                 .handle
                 .from_agent(outgoing.session, outgoing.message)
-                .await;
+                .await
+                .is_ok();
+            if accepted && let Some((op_id, attempt)) = failure {
+                let item_type = self.ledger.item_type_of(&op_id);
+                let least_wait = item_type
+                    .and_then(|item_type| self.scenario.spec(&item_type))
+                    .map_or(0, |spec| least_retry_wait(&spec.retry, attempt));
+                let (now, wall) = (self.now_ms(), self.clock.now_ms());
+                self.ledger
+                    .on_failure_accepted(&op_id, attempt, now, wall, least_wait);
+            }
         }
     }
 
