@@ -86,8 +86,9 @@ impl TypeSpec {
         self
     }
 
-    /// Retry failed operations after `initial * multiplier^attempt`, capped at
-    /// `max`.
+    /// Retry failed operations with growing waits: after the n-th
+    /// consecutive failure, `initial * multiplier^(n-1)`, capped at `max`
+    /// (the first retry waits `initial`).
     pub fn retry_exponential(mut self, initial: Duration, multiplier: f64, max: Duration) -> Self {
         self.retry_policy().policy = Some(v1::retry_policy::Policy::Exponential(
             v1::ExponentialRetry {
