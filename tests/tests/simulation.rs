@@ -1018,3 +1018,23 @@ fn seed_272739_a_lost_create_not_sent_again_keeps_the_old_value_possible() {
 fn seed_52881_with_agent_restarts_a_value_a_lost_modify_may_have_applied_is_recreated() {
     passes_with_agent_restarts(52881);
 }
+
+/// Seed 56203 (found by the check that a retry waits for its type's retry
+/// policy): `t1/n10`'s Delete failed, a pass found it no longer needed and
+/// settled the failure, and the next pass needed it again and sent its
+/// retry 2 ms after the failure, where the type waits 1.6 s.
+#[test]
+fn seed_56203_with_agent_restarts_a_settled_failure_needed_again_waits_for_its_backoff() {
+    passes_with_agent_restarts(56203);
+}
+
+/// Seed 56317 (found by the check that a Create waits for a planned Modify
+/// of its dependency): `t0/n11`'s Create was lost with its agent's
+/// session, the item then left the intent, and the agent's next
+/// registration sent the Create again, on a dependency whose Modify was
+/// planned. A lost Create or Modify whose target is no longer the intent
+/// is not started afresh.
+#[test]
+fn seed_56317_with_agent_restarts_a_lost_create_whose_item_left_the_intent_is_not_sent_again() {
+    passes_with_agent_restarts(56317);
+}

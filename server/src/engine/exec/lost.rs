@@ -11,6 +11,11 @@
 //!   went too;
 //! - it was lost too often (a poison operation): the loss counts as a
 //!   failure;
+//! - it is a Create or Modify whose target is no longer the intent (the
+//!   item left it, or its intended value changed): DESIGN 4 re-issues a
+//!   journaled operation only while its target is intended, so the planner
+//!   sends what the intent needs now instead, with what this one may have
+//!   done left uncertain;
 //! - what it applies can no longer be applied (a dependency vanished, went
 //!   with its external item while an operation of its own still runs, or
 //!   no longer satisfies its predicate): the planner sends what the intent
@@ -70,6 +75,8 @@ pub enum GiveUpReason {
     Poison,
     /// This dependency of what it applies no longer holds.
     BrokenDependency(ItemRef),
+    /// What it applies is no longer the intent.
+    Superseded,
 }
 
 /// Decides what becomes of `entry`'s lost `operation` (the item is
@@ -77,8 +84,10 @@ pub enum GiveUpReason {
 /// said it still runs the operation or holds its result (`None`: it does
 /// not say); `readable` whether the type declares READ;
 /// `delete_of_its_type_runs` whether a Delete of another item of its type
-/// runs. `retry_at` gives, for a number of failures, when the type's retry
-/// policy tries again (`None`: never), for a poison operation.
+/// runs; `superseded` whether it is a Create or Modify whose target is no
+/// longer the item's intended value. `retry_at` gives, for a number of
+/// failures, when the type's retry policy tries again (`None`: never), for
+/// a poison operation.
 #[allow(clippy::too_many_arguments)]
 pub fn redelivery(
     current: &CurrentGraph,
@@ -88,6 +97,7 @@ pub fn redelivery(
     agent_holds: Option<bool>,
     readable: bool,
     delete_of_its_type_runs: bool,
+    superseded: bool,
     now_ms: u64,
     retry_at: impl FnOnce(u32) -> Option<u64>,
 ) -> Redelivery {
@@ -145,6 +155,18 @@ pub fn redelivery(
     // its agent gone). What the READ finds then waits for the dependency
     // like any operation would.
     let read_resolves = readable && agent_holds == Some(false);
+    if superseded && !read_resolves {
+        // Started afresh where no agent runs it, it would apply a value
+        // the intent no longer has (seed 56317: a Create lost with its
+        // session went out at the next registration, after its item had
+        // left the intent). It may have applied before its outcome was
+        // lost: the planner sends what the intent needs now, with that
+        // left uncertain.
+        return Redelivery::GiveUp {
+            value: applied_or_not(current, entry, operation, &[], now_ms),
+            why: GiveUpReason::Superseded,
+        };
+    }
     if !read_resolves && redelivery_waits(current, item, entry, delete_of_its_type_runs) {
         return Redelivery::Defer;
     }
@@ -251,7 +273,8 @@ fn resend(entry: &CurrentItem, operation: &InFlight) -> Redelivery {
 }
 
 /// The record of an item whose lost Create or Modify is not sent again
-/// because the dependencies `broken` of what it applies no longer hold.
+/// because the dependencies `broken` of what it applies no longer hold
+/// (none: because it is no longer the intent).
 fn applied_or_not(
     current: &CurrentGraph,
     entry: &CurrentItem,
@@ -261,12 +284,13 @@ fn applied_or_not(
 ) -> Option<CurrentItem> {
     match (operation.kind, operation.target.as_ref()) {
         (OperationKind::Create, Some(_)) => {
-            let gone_with_external = broken.iter().all(|dependency| {
-                dependency.auto_deleted_by_external()
-                    && current
-                        .get(&dependency.requires)
-                        .is_none_or(|required| required.gone_with_external)
-            });
+            let gone_with_external = !broken.is_empty()
+                && broken.iter().all(|dependency| {
+                    dependency.auto_deleted_by_external()
+                        && current
+                            .get(&dependency.requires)
+                            .is_none_or(|required| required.gone_with_external)
+                });
             if gone_with_external {
                 // Created or not, it went with the external item it was
                 // auto-deleted by: nothing exists.
@@ -511,6 +535,7 @@ mod tests {
             agent_holds,
             readable,
             delete_of_its_type_runs,
+            false,
             5,
             never,
         )
@@ -727,6 +752,7 @@ mod tests {
             None,
             false,
             false,
+            false,
             5,
             |failures| Some(100 * u64::from(failures)),
         ) else {
@@ -812,6 +838,57 @@ mod tests {
         assert!(matches!(
             read(Some(false), false),
             Redelivery::GiveUp { .. }
+        ));
+    }
+
+    /// [`redelivery`] of `t/a`'s lost `operation` whose target is no
+    /// longer the intent.
+    fn decide_superseded(
+        graph: &CurrentGraph,
+        entry: &CurrentItem,
+        operation: &InFlight,
+        agent_holds: Option<bool>,
+    ) -> Redelivery {
+        redelivery(
+            graph,
+            &ItemRef::new("t", "a"),
+            entry,
+            operation,
+            agent_holds,
+            false,
+            false,
+            true,
+            5,
+            never,
+        )
+    }
+
+    #[test]
+    fn a_lost_create_whose_target_left_the_intent_is_not_started_afresh() {
+        // Simulator seed 56317: the Create was lost with its session, its
+        // item left the intent, and the next registration sent it again.
+        let (operation, entry) =
+            lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let graph = graph_with(vec![("b", created("b"))]);
+        for agent_holds in [Some(false), None] {
+            let Redelivery::GiveUp { value, why } =
+                decide_superseded(&graph, &entry, &operation, agent_holds)
+            else {
+                panic!("not sent again ({agent_holds:?})");
+            };
+            assert_eq!(why, GiveUpReason::Superseded);
+            let value = value.expect("it may exist");
+            assert!(value.existence_uncertain && value.in_flight.is_none());
+            assert_eq!(
+                value.applied, operation.target,
+                "what it may have created is deleted or replaced, not forgotten"
+            );
+        }
+        // An agent that still runs it: its outcome is coming (the planner
+        // cancels it as for any superseded operation).
+        assert!(matches!(
+            decide_superseded(&graph, &entry, &operation, Some(true)),
+            Redelivery::Resend { .. }
         ));
     }
 

@@ -823,13 +823,20 @@ async fn a_settled_operation_needed_again_is_a_retry_under_its_op_id() {
     // Delete is needed again, it is a retry of that operation (DESIGN 4: an
     // op id names one operation on one item toward one target). Settling
     // used to forget the op id, and the agent got a second Delete under a
-    // new one (simulator seeds 189, 2053, 2058, 2285, 1155).
+    // new one (simulator seeds 189, 2053, 2058, 2285, 1155). It also
+    // waits the backoff its failure set (seed 56203: it went out at once).
     let mut harness = start(11).await;
     let first = create_a_then_fail_its_delete(&mut harness).await;
     harness.handle.submit(submit(&["a"])).await.expect("stored");
     settle().await;
     assert_eq!(state_of(&harness.handle, "a"), Some(ItemState::Created));
     harness.handle.submit(submit(&[])).await.expect("stored");
+    settle().await;
+    assert!(
+        orders(&received(&mut harness.agent)).is_empty(),
+        "the retry waits for its backoff (at least 1 s)"
+    );
+    tokio::time::advance(Duration::from_secs(60)).await;
     settle().await;
     let again = received(&mut harness.agent);
     let again = orders(&again);

@@ -747,6 +747,7 @@ impl Executor {
                 .sessions
                 .get(&**item.item_type())
                 .and_then(|holder| holder.outstanding.holds(&operation.op_id));
+            let superseded = self.superseded(&item, &operation);
             let spec = self.spec(item.item_type());
             let readable = spec.supports_read;
             let rng = &mut self.rng;
@@ -763,6 +764,7 @@ impl Executor {
                 agent_holds,
                 readable,
                 deleting.contains(&**item.item_type()),
+                superseded,
                 now.wall_ms,
                 retry_at,
             );
@@ -826,6 +828,28 @@ impl Executor {
 }
 
 impl Executor {
+    /// Whether `operation`, a lost operation of `item`, is a Create or
+    /// Modify whose target is no longer `item`'s intended value (the item
+    /// left the intent, or its intended content is another): DESIGN 4
+    /// re-issues a journaled operation only while its target is intended.
+    /// (A target intended again after a change, with the same content, is
+    /// still intended.)
+    fn superseded(&self, item: &ItemRef, operation: &InFlight) -> bool {
+        let Some(target) = operation.target.as_deref() else {
+            return false;
+        };
+        !operation.question
+            && matches!(
+                operation.kind,
+                OperationKind::Create | OperationKind::Modify
+            )
+            && self
+                .model
+                .intended
+                .get(item)
+                .is_none_or(|intended| !intended.item.same_content(target))
+    }
+
     /// Stages a READ of UNKNOWN `item` whose lost operation (in `entry`)
     /// runs nowhere: its answer resolves the item. Returns the READ's op
     /// id. The lost operation's re-delivery is counted, so an agent that
@@ -887,6 +911,7 @@ impl Executor {
         let delete_of_its_type_runs = self
             .types_with_running_deletes()
             .contains(&**item.item_type());
+        let superseded = self.superseded(item, &lost);
         let spec = self.spec(item.item_type());
         let rng = &mut self.rng;
         let retry_at = |failures| {
@@ -902,6 +927,7 @@ impl Executor {
             Some(false),
             false,
             delete_of_its_type_runs,
+            superseded,
             now.wall_ms,
             retry_at,
         );

@@ -352,6 +352,44 @@ fn a_retry_keeps_its_op_id_and_counts_an_attempt_and_a_wait_keeps_both() {
     );
 }
 
+/// A failed operation that a later intent makes unneeded is settled (the
+/// item shows CREATED), and if the intent needs it again it is a retry of
+/// the same operation: it keeps its op id and counts an attempt, and it
+/// waits the backoff its failure set (seed 56203: the retry of a settled
+/// Delete went out at once).
+#[test]
+fn a_settled_failure_needed_again_still_waits_for_its_backoff() {
+    let mut executor = connected();
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    answer(&mut executor, &orders(&effects.sends)[0], done(), at(20));
+    let effects = submit(&mut executor, Vec::new(), at(30));
+    let delete = orders(&effects.sends).remove(0);
+    assert_eq!(delete.kind, OperationKind::Delete);
+    answer(&mut executor, &delete, busy(), at(40));
+
+    // Back in the intent as it is: the Delete is not needed, and the
+    // failure is settled.
+    let effects = submit(&mut executor, vec![item("a", 1)], at(50));
+    assert!(orders(&effects.sends).is_empty());
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Created));
+
+    // Out again before the backoff (1 s from the failure) is over.
+    let effects = submit(&mut executor, Vec::new(), at(60));
+    assert!(
+        orders(&effects.sends).is_empty(),
+        "the Delete needed again waits for the backoff its failure set"
+    );
+    assert_eq!(executor.next_wakeup(at(60)), Some(1_040));
+
+    let effects = executor.on_timer(at(1_040));
+    executor.committed(at(1_040));
+    let retry = orders(&effects.sends).remove(0);
+    assert_eq!(
+        (retry.kind, retry.op_id.as_str(), retry.attempt),
+        (OperationKind::Delete, delete.op_id.as_str(), 2)
+    );
+}
+
 #[test]
 fn an_intent_change_marks_the_running_operation_cancelled_and_sends_the_cancel_after_the_commit() {
     let mut executor = connected();
@@ -626,6 +664,47 @@ fn a_read_that_cannot_tell_sends_the_lost_operation_again() {
 /// (same type) is being deleted. Sent again now, the Create would race
 /// that Delete at an agent that does not run it: it waits for the
 /// Delete's result (then a READ asks again), and goes under its op id.
+/// DESIGN 4: a lost operation is re-issued only while its target is
+/// intended. One lost with its session whose item left the intent is not
+/// started afresh at the next registration (seed 56317); one whose item
+/// came back with the same content is (seed 282742), under its op id.
+#[test]
+fn a_lost_create_is_sent_again_only_while_its_target_is_intended() {
+    for (intent_at_registration, sent_again) in [
+        (Vec::new(), false),
+        (vec![item("a", 2)], false),
+        (vec![item("a", 1)], true),
+    ] {
+        let mut executor = connected();
+        let lost = orders(&submit(&mut executor, vec![item("a", 1)], at(10)).sends).remove(0);
+        executor.session_closed(1, "gone", at(20));
+        executor.committed(at(20));
+        submit(&mut executor, Vec::new(), at(25));
+        if !intent_at_registration.is_empty() {
+            submit(&mut executor, intent_at_registration.clone(), at(30));
+        }
+        let sent = orders(&register_listed(&mut executor, 2, "agent", spec(), at(40)).sends);
+        let resent = sent.iter().any(|order| order.op_id == lost.op_id);
+        assert_eq!(
+            resent, sent_again,
+            "intent {intent_at_registration:?}: sent {sent:?}"
+        );
+        if !sent_again {
+            // What the lost Create may have done is not forgotten: the
+            // item may exist, so the intent's operation goes under a new
+            // op id, a Delete if it left the intent.
+            let next = sent.first().expect("the operation the intent needs");
+            assert_ne!(next.op_id, lost.op_id);
+            let kind = if intent_at_registration.is_empty() {
+                OperationKind::Delete
+            } else {
+                OperationKind::Create
+            };
+            assert_eq!(next.kind, kind, "{sent:?}");
+        }
+    }
+}
+
 #[test]
 fn a_lost_create_the_read_cannot_settle_waits_for_a_delete_of_its_type() {
     let mut executor = connected_readable();
