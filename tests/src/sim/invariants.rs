@@ -341,7 +341,8 @@ pub fn check_create_waits_for_deletes_of_its_type(
 ///
 /// External items are only reported, never planned, so they are left
 /// out. "Intended" is any intent the server may hold (the acknowledged one,
-/// or one whose answer was lost).
+/// or one whose answer was lost), or held when it sent the operation (the
+/// one before a submit of the same step).
 pub fn check_dependencies_settled(
     order: &OperationOrder,
     world: &World,
@@ -351,7 +352,11 @@ pub fn check_dependencies_settled(
         return Ok(());
     }
     let item = order.item.item_ref();
-    let intents = || std::iter::once(&model.items).chain(model.uncertain.iter().map(|(_, i)| i));
+    let intents = || {
+        std::iter::once(&model.items)
+            .chain(model.uncertain.iter().map(|(_, items)| items))
+            .chain(model.before_this_step.iter())
+    };
     for dependency in &order.item.dependencies {
         let required = &dependency.requires;
         let Some(existing) = world.items.get(required) else {
@@ -553,6 +558,10 @@ struct OpRecord {
     /// wall-clock time it did, the least wait before the next attempt,
     /// and how many times the wall clock had stepped back then.
     retry_wait: Option<(u64, u64, u32)>,
+    /// After a WAIT of this attempt the server accepted: the wall-clock
+    /// time before which it is not asked again, and how many times the
+    /// wall clock had stepped back then.
+    wait_until: Option<(u64, u32)>,
 }
 
 /// How the last operation of an item ended, as far as the agents said.
@@ -929,6 +938,24 @@ impl Ledger {
                     );
                 }
                 if order.attempt == record.attempt {
+                    // DESIGN 4: after WAIT, "ask again later", as the agent
+                    // said (`retry_after`).
+                    if let Some((until, steps_back)) = record.wait_until
+                        && steps_back == self.wall_steps_back
+                        && wall_ms < until
+                    {
+                        return fail(
+                            "a WAIT is asked again only after its retry_after",
+                            format!(
+                                "op {} on {item} attempt {} was asked again {} ms before the \
+                                 time its WAIT gave",
+                                order.op_id,
+                                order.attempt,
+                                until - wall_ms
+                            ),
+                        );
+                    }
+                    record.wait_until = None;
                     // Sent again as it was: the server did not count a
                     // failure of it (or it would send the next attempt).
                     record.retry_wait = None;
@@ -972,6 +999,7 @@ impl Ledger {
                         );
                     }
                     record.retry_wait = None;
+                    record.wait_until = None;
                     record.attempt = order.attempt;
                     record.deliveries =
                         1 + self.reads_before_delivery.remove(&order.op_id).unwrap_or(0);
@@ -1037,6 +1065,7 @@ impl Ledger {
                         delivered_at_ms,
                         timeout_ms: order.timeout_ms,
                         retry_wait: None,
+                        wait_until: None,
                     },
                 );
             }
@@ -1152,6 +1181,30 @@ impl Ledger {
         }
     }
 
+    /// The server accepted a WAIT of `op_id`'s `attempt` (counted by
+    /// [`Self::on_result`]) at simulated `now_ms`, wall-clock `wall_ms`:
+    /// it is not asked again for `retry_after_ms`. Not for an attempt past
+    /// its timeout (the server may have timed it out and retried).
+    pub fn on_wait_accepted(
+        &mut self,
+        op_id: &str,
+        attempt: u32,
+        now_ms: u64,
+        wall_ms: u64,
+        retry_after_ms: u64,
+    ) {
+        let steps_back = self.wall_steps_back;
+        let Some(record) = self.ops.get_mut(op_id) else {
+            return;
+        };
+        let within_timeout = now_ms < record.delivered_at_ms.saturating_add(record.timeout_ms);
+        // The first WAIT since the operation was last sent: an agent that
+        // replays an old result does not move the time.
+        if record.attempt == attempt && within_timeout && record.wait_until.is_none() {
+            record.wait_until = Some((wall_ms.saturating_add(retry_after_ms), steps_back));
+        }
+    }
+
     /// The item type of operation `op_id`, if an agent received it.
     pub fn item_type_of(&self, op_id: &str) -> Option<String> {
         self.ops
@@ -1183,6 +1236,12 @@ impl Ledger {
     pub fn on_restart(&mut self, journaled: BTreeMap<ItemRef, LostOperation>) {
         // Every session ended with the server.
         self.awaiting_cancelled.clear();
+        // A WAIT whose commit died with the store left its operation
+        // journaled, to be sent again at once: only a WAIT seen by the
+        // restarted server holds back its re-ask.
+        for record in self.ops.values_mut() {
+            record.wait_until = None;
+        }
         // Operations lost earlier and not resolved stay lost: the restarted
         // server owes them as much as the one before.
         for (item, mut lost) in journaled {

@@ -263,6 +263,8 @@ impl Sim {
         self.trace.step(index, now, &step.to_string());
         self.stats.steps += 1;
         self.count_faults(step);
+        self.model.before_this_step =
+            matches!(step, Step::Submit(_)).then(|| self.model.items.clone());
         match step {
             Step::Submit(plan) => self.submit(plan).await?,
             Step::Report(reports) => self.report(reports).await?,
@@ -550,8 +552,10 @@ impl Sim {
     async fn send(&mut self, sent: impl IntoIterator<Item = Outgoing>) {
         for outgoing in sent {
             // A retryable failure the server counted: its next attempt
-            // waits for the type's retry policy.
+            // waits for the type's retry policy. A WAIT: it is asked again
+            // after its `retry_after`.
             let mut failure = None;
+            let mut wait = None;
             if let FromAgent::Result {
                 op_id,
                 attempt,
@@ -569,6 +573,9 @@ impl Sim {
                     && !error.is_terminal()
                 {
                     failure = Some((op_id.clone(), *attempt));
+                }
+                if counted && let AgentOutcome::Wait { retry_after_ms } = outcome {
+                    wait = Some((op_id.clone(), *attempt, *retry_after_ms));
                 }
                 self.trace.note(format!(
                     "session {} -> result op {op_id} attempt {attempt}: {}",
@@ -591,6 +598,11 @@ impl Sim {
                 let (now, wall) = (self.now_ms(), self.clock.now_ms());
                 self.ledger
                     .on_failure_accepted(&op_id, attempt, now, wall, least_wait);
+            }
+            if accepted && let Some((op_id, attempt, retry_after_ms)) = wait {
+                let (now, wall) = (self.now_ms(), self.clock.now_ms());
+                self.ledger
+                    .on_wait_accepted(&op_id, attempt, now, wall, retry_after_ms);
             }
         }
     }
