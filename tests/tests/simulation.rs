@@ -1038,3 +1038,13 @@ fn seed_56203_with_agent_restarts_a_settled_failure_needed_again_waits_for_its_b
 fn seed_56317_with_agent_restarts_a_lost_create_whose_item_left_the_intent_is_not_sent_again() {
     passes_with_agent_restarts(56317);
 }
+
+/// Seed 57266 (the checker): `t0/n6`'s retry fell due as a submit arrived
+/// that changed its dependency `t0/n1`; the owner ran the due pass first,
+/// and the retry went out on the intent before the submit, which the
+/// dependency check now counts.
+#[test]
+fn seed_57266_with_agent_restarts_a_retry_sent_just_before_a_submit_is_judged_by_the_intent_it_saw()
+{
+    passes_with_agent_restarts(57266);
+}

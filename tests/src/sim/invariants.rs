@@ -2460,3 +2460,28 @@ pub fn check_converged(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_least_retry_wait_follows_each_policy_from_design() {
+        let exponential = RetryPolicy::Exponential {
+            initial_ms: 100,
+            multiplier: 2.0,
+            max_ms: 1_000,
+        };
+        let waits: Vec<u64> = (1..=6)
+            .map(|failures| least_retry_wait(&exponential, failures))
+            .collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1_000, 1_000]);
+        let random = RetryPolicy::Random {
+            min_ms: 300,
+            max_ms: 50,
+        };
+        assert_eq!(least_retry_wait(&random, 3), 50, "the smaller bound");
+        let fixed = RetryPolicy::Static { wait_ms: 700 };
+        assert_eq!(least_retry_wait(&fixed, 9), 700);
+    }
+}
