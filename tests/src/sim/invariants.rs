@@ -1160,9 +1160,7 @@ impl Ledger {
 
     /// The server accepted a retryable failure of `op_id`'s `attempt`
     /// (counted by [`Self::on_result`]) at simulated `now_ms`, wall-clock
-    /// `wall_ms`: its next attempt waits at least `least_wait_ms`. Not for
-    /// an attempt past its timeout, which the server may have counted as
-    /// failed earlier (and retried from then).
+    /// `wall_ms`: its next attempt waits at least `least_wait_ms`.
     pub fn on_failure_accepted(
         &mut self,
         op_id: &str,
@@ -1172,19 +1170,18 @@ impl Ledger {
         least_wait_ms: u64,
     ) {
         let steps_back = self.wall_steps_back;
-        let Some(record) = self.ops.get_mut(op_id) else {
-            return;
-        };
-        let within_timeout = now_ms < record.delivered_at_ms.saturating_add(record.timeout_ms);
-        if record.attempt == attempt && within_timeout && record.retry_wait.is_none() {
+        if let Some(record) = self.answered_in_time(op_id, attempt, now_ms)
+            && record.retry_wait.is_none()
+        {
             record.retry_wait = Some((wall_ms, least_wait_ms, steps_back));
         }
     }
 
     /// The server accepted a WAIT of `op_id`'s `attempt` (counted by
     /// [`Self::on_result`]) at simulated `now_ms`, wall-clock `wall_ms`:
-    /// it is not asked again for `retry_after_ms`. Not for an attempt past
-    /// its timeout (the server may have timed it out and retried).
+    /// it is not asked again for `retry_after_ms`. Only the first WAIT
+    /// since the operation was last sent counts: an agent that replays an
+    /// old result does not move the time.
     pub fn on_wait_accepted(
         &mut self,
         op_id: &str,
@@ -1194,15 +1191,26 @@ impl Ledger {
         retry_after_ms: u64,
     ) {
         let steps_back = self.wall_steps_back;
-        let Some(record) = self.ops.get_mut(op_id) else {
-            return;
-        };
-        let within_timeout = now_ms < record.delivered_at_ms.saturating_add(record.timeout_ms);
-        // The first WAIT since the operation was last sent: an agent that
-        // replays an old result does not move the time.
-        if record.attempt == attempt && within_timeout && record.wait_until.is_none() {
+        if let Some(record) = self.answered_in_time(op_id, attempt, now_ms)
+            && record.wait_until.is_none()
+        {
             record.wait_until = Some((wall_ms.saturating_add(retry_after_ms), steps_back));
         }
+    }
+
+    /// The record of `op_id` if `attempt` is its current one and was
+    /// answered at simulated `now_ms` within its timeout: an attempt past
+    /// it the server may have timed out already (and retried from then).
+    fn answered_in_time(
+        &mut self,
+        op_id: &str,
+        attempt: u32,
+        now_ms: u64,
+    ) -> Option<&mut OpRecord> {
+        self.ops.get_mut(op_id).filter(|record| {
+            record.attempt == attempt
+                && now_ms < record.delivered_at_ms.saturating_add(record.timeout_ms)
+        })
     }
 
     /// The item type of operation `op_id`, if an agent received it.

@@ -518,7 +518,7 @@ mod tests {
     }
 
     /// [`redelivery`] of `t/a`'s lost operation at 5 ms, for a type whose
-    /// retry policy never tries again.
+    /// retry policy never tries again, its target still intended.
     fn decide_knowing(
         graph: &CurrentGraph,
         entry: &CurrentItem,
@@ -526,6 +526,32 @@ mod tests {
         agent_holds: Option<bool>,
         readable: bool,
         delete_of_its_type_runs: bool,
+    ) -> Redelivery {
+        let facts = [readable, delete_of_its_type_runs, false];
+        decide_given(graph, entry, operation, agent_holds, facts)
+    }
+
+    /// [`decide`], for a lost operation whose target is no longer the
+    /// intent.
+    fn decide_superseded(
+        graph: &CurrentGraph,
+        entry: &CurrentItem,
+        operation: &InFlight,
+        agent_holds: Option<bool>,
+    ) -> Redelivery {
+        decide_given(graph, entry, operation, agent_holds, [false, false, true])
+    }
+
+    /// [`redelivery`] of `t/a`'s lost operation at 5 ms, for a type whose
+    /// retry policy never tries again; `facts` are whether the type is
+    /// readable, whether a Delete of its type runs, and whether the
+    /// operation is superseded.
+    fn decide_given(
+        graph: &CurrentGraph,
+        entry: &CurrentItem,
+        operation: &InFlight,
+        agent_holds: Option<bool>,
+        [readable, delete_of_its_type_runs, superseded]: [bool; 3],
     ) -> Redelivery {
         redelivery(
             graph,
@@ -535,7 +561,7 @@ mod tests {
             agent_holds,
             readable,
             delete_of_its_type_runs,
-            false,
+            superseded,
             5,
             never,
         )
@@ -839,28 +865,6 @@ mod tests {
             read(Some(false), false),
             Redelivery::GiveUp { .. }
         ));
-    }
-
-    /// [`redelivery`] of `t/a`'s lost `operation` whose target is no
-    /// longer the intent.
-    fn decide_superseded(
-        graph: &CurrentGraph,
-        entry: &CurrentItem,
-        operation: &InFlight,
-        agent_holds: Option<bool>,
-    ) -> Redelivery {
-        redelivery(
-            graph,
-            &ItemRef::new("t", "a"),
-            entry,
-            operation,
-            agent_holds,
-            false,
-            false,
-            true,
-            5,
-            never,
-        )
     }
 
     #[test]
