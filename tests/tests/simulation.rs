@@ -1048,3 +1048,20 @@ fn seed_57266_with_agent_restarts_a_retry_sent_just_before_a_submit_is_judged_by
 {
     passes_with_agent_restarts(57266);
 }
+
+/// The store died after applying a commit; the restarted server found a
+/// Create journaled and made its item UNKNOWN, but told no watcher: a
+/// Watch kept showing the item CREATING while GetStatus showed UNKNOWN.
+/// The first commit after a restart now carries those status changes.
+#[test]
+fn seed_17_a_restart_tells_watchers_which_operations_it_lost() {
+    passes(17);
+}
+
+/// A READ resolving a lost operation ran while the tenant showed
+/// Reconciling false: it counted as a drift READ, which is observation;
+/// it is work (DESIGN 5).
+#[test]
+fn seed_0_a_tenant_is_reconciling_while_a_read_resolves_a_lost_operation() {
+    passes(0);
+}

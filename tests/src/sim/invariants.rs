@@ -21,7 +21,9 @@
 //!   equal a recount of the graphs; Ready holds exactly when every intended
 //!   item is created at its intended value, nothing is left to delete,
 //!   every existing item's dependencies hold, and nothing but a drift READ
-//!   is in flight; Reconciling never holds with Stalled or Ready.
+//!   is in flight; Reconciling never holds with Stalled or Ready, and holds
+//!   while the tenant is not quiescent. (What a Watch sees is checked in
+//!   [`super::watcher`].)
 //! - **Durability** (§6): after a crash, the acknowledged intent and
 //!   generation are there.
 //! - **Liveness** (§5): once faults stop and agents answer, the tenant goes
@@ -1499,6 +1501,32 @@ fn condition(snapshot: &TenantSnapshot, kind: ConditionKind) -> Option<bool> {
         .map(|c| c.status)
 }
 
+/// What makes the tenant not quiescent (DESIGN 5: "nothing is in flight,
+/// nothing can be dispatched, and no backoff is pending"), as far as a
+/// snapshot shows it: an operation running at an agent other than a drift
+/// READ (a READ resolving a lost operation is work), or a retry waiting
+/// for its backoff. `None` when none of these.
+fn work_in_progress(snapshot: &TenantSnapshot) -> Option<String> {
+    for (key, current) in snapshot.current.iter() {
+        let Some(operation) = current.in_flight.as_ref() else {
+            continue;
+        };
+        let observation = operation.kind == OperationKind::Read && operation.resolves.is_none();
+        if current.operation_runs() && !observation {
+            return Some(format!(
+                "{key} runs a {} ({})",
+                operation.kind.as_str(),
+                operation.op_id
+            ));
+        }
+    }
+    snapshot
+        .waiting
+        .iter()
+        .find(|(_, waiting)| waiting.reason == WaitReason::Backoff)
+        .map(|(key, _)| format!("{key} waits for its retry's backoff"))
+}
+
 /// Why the tenant is not converged, per DESIGN: an intended item not
 /// created at its intended value, an item left to delete, an existing
 /// item whose dependency does not hold, or an operation (other than a
@@ -1797,6 +1825,14 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
     }
     if reconciling == Some(true) && ready == Some(true) {
         return fail("Reconciling and Ready never hold together", "both are true");
+    }
+    if reconciling == Some(false)
+        && let Some(work) = work_in_progress(snapshot)
+    {
+        return fail(
+            "a tenant is Reconciling while it is not quiescent",
+            format!("Reconciling is false but {work}"),
+        );
     }
     if let Some(ready) = ready {
         let reason = unconverged_reason(snapshot);

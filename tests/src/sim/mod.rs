@@ -18,6 +18,8 @@
 //! - [`counts`]: operation counts against a fault-free run of the same
 //!   steps.
 //! - [`runner`]: the loop that drives the owner.
+//! - [`watcher`]: a Watch that follows the whole run, and what DESIGN 7
+//!   promises it.
 //! - [`trace`]: the record of a run, printed on failure.
 //!
 //! ```text
@@ -31,6 +33,7 @@ pub mod invariants;
 pub mod runner;
 pub mod steps;
 pub mod trace;
+pub mod watcher;
 pub mod world;
 
 use std::sync::mpsc;

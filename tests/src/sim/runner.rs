@@ -40,6 +40,7 @@ use super::invariants::{
 };
 use super::steps::{AgentView, Answer, Report, Step, View};
 use super::trace::Trace;
+use super::watcher::Watcher;
 use super::world::{Agents, Outgoing, Received, World, describe_outcome};
 
 /// The tenant's internal id.
@@ -117,6 +118,8 @@ pub struct Sim {
     ledger: Ledger,
     /// What happened.
     pub trace: Trace,
+    /// A Watch that follows the whole run.
+    watcher: Watcher,
     origin: Instant,
     next_session: u64,
     /// A store death armed: the new owner's seed and the agents' luck.
@@ -189,6 +192,7 @@ impl Sim {
             model: IntentModel::default(),
             ledger: Ledger::default(),
             trace,
+            watcher: Watcher::default(),
             origin: Instant::now(),
             next_session: 1,
             armed: None,
@@ -205,6 +209,7 @@ impl Sim {
             0,
             &format!("scenario {}", describe_scenario(&sim.scenario)),
         );
+        sim.watcher.catch_up(&sim.handle).await?;
         for agent in 0..sim.agents.agents.len() {
             sim.connect(agent).await?;
         }
@@ -373,7 +378,12 @@ impl Sim {
         let snapshot = self.handle.snapshots.latest();
         self.ledger.note_retries(&snapshot);
         self.unknown = unknown_items(&snapshot);
-        check_snapshot(&snapshot, &self.model)
+        check_snapshot(&snapshot, &self.model)?;
+        // Catching up lets the owner run what fell due meanwhile (a WAIT's
+        // retry): the view is compared with the snapshot after it.
+        self.watcher.catch_up(&self.handle).await?;
+        self.watcher
+            .check_view(&self.handle, &self.handle.snapshots.latest())
     }
 
     /// Lets the owner finish what it can do now and exchanges messages
@@ -887,6 +897,7 @@ impl Sim {
     /// agents lose their sessions and (mostly) reconnect at once.
     async fn restart(&mut self, owner_seed: u64, luck: u64) -> Result<(), Violation> {
         let now = self.now_ms();
+        self.watcher.before_crash(&self.handle).await?;
         for note in self.agents.server_died(luck, now, &mut self.world) {
             self.trace.note(note);
         }
@@ -913,6 +924,8 @@ impl Sim {
         self.handle = handle;
         self.stats.restarts += 1;
         let journal = check_restart(&loaded, &mut self.model)?;
+        self.watcher
+            .after_restart(&self.handle, loaded.record.revision)?;
         self.trace.note(format!(
             "restarted at revision {} generation {}; journaled: {journal:?}",
             loaded.record.revision, loaded.record.generation

@@ -188,6 +188,11 @@ pub struct Executor {
     txn: Option<Transaction>,
     /// Items the planner examined over every pass so far.
     items_examined: u64,
+    /// What loading did to operations journaled before the restart (each
+    /// running one lost: UNKNOWN), staged until a commit stores it: that
+    /// commit carries their status changes to watchers, so a Watch sees
+    /// an item go UNKNOWN as `GetStatus` does.
+    recovery: Vec<(ItemRef, Option<CurrentItem>)>,
 }
 
 impl Executor {
@@ -215,25 +220,6 @@ impl Executor {
             .filter(|(_, entry)| entry.in_flight.is_some())
             .map(|(key, entry)| (key.clone(), (**entry).clone()))
             .collect();
-        let mut operations = BTreeMap::new();
-        for (key, entry) in journaled {
-            let lost = if entry.operation_runs() {
-                completed(&current, &entry, lost_outcome(&entry))
-            } else {
-                Some(entry)
-            };
-            if let Some(operation) = lost.as_ref().and_then(|lost| lost.in_flight.as_ref()) {
-                operations.insert(operation.op_id.clone(), key.clone());
-            }
-            match lost {
-                Some(lost) => {
-                    current.insert(key, lost);
-                }
-                None => {
-                    current.remove(&key);
-                }
-            }
-        }
         let mut rng = StdRng::seed_from_u64(settings.seed);
         let boot = rng.random();
         let mut executor = Self {
@@ -241,7 +227,7 @@ impl Executor {
             settings,
             types,
             sessions: BTreeMap::new(),
-            operations,
+            operations: BTreeMap::new(),
             deadlines: Deadlines::default(),
             waiters: HashMap::new(),
             behind: HashMap::new(),
@@ -258,9 +244,33 @@ impl Executor {
             no_configurator_since_ms: None,
             txn: None,
             items_examined: 0,
+            recovery: Vec::new(),
         };
+        for (key, entry) in journaled {
+            let lost = if entry.operation_runs() {
+                let lost = completed(&executor.model.current, &entry, lost_outcome(&entry));
+                executor.recovery.push((key.clone(), lost.clone()));
+                lost
+            } else {
+                Some(entry)
+            };
+            if let Some(operation) = lost.as_ref().and_then(|lost| lost.in_flight.as_ref()) {
+                executor
+                    .operations
+                    .insert(operation.op_id.clone(), key.clone());
+            }
+        }
+        executor.stage_recovery();
         executor.schedule_resync(now);
         executor
+    }
+
+    /// Stages what loading did to journaled operations (see
+    /// [`Self::recovery`]) until a commit stores it.
+    fn stage_recovery(&mut self) {
+        for (key, value) in &self.recovery {
+            self.model.stage_current(key, value.clone());
+        }
     }
 
     /// The tenant's state.
@@ -453,6 +463,7 @@ impl Executor {
     /// operations it sent start their clocks.
     pub fn committed(&mut self, now: Now) {
         self.model.forget_staged();
+        self.recovery.clear();
         let Some(txn) = self.txn.take() else {
             return;
         };
@@ -475,6 +486,8 @@ impl Executor {
     /// refuses writes).
     pub fn commit_failed(&mut self, now: Now) {
         self.model.rollback_staged();
+        // What loading found is true whatever the commit: staged again.
+        self.stage_recovery();
         let Some(txn) = self.txn.take() else {
             return;
         };

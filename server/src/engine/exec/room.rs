@@ -20,7 +20,8 @@ use crate::graph::{ItemRef, OperationKind};
 #[derive(Clone, Debug, Default)]
 pub struct Room {
     /// Running operations of each type with a live session: all of them,
-    /// and the drift READs among them (observation, not work).
+    /// and the drift READs among them (observation, not work; a READ that
+    /// resolves a lost operation is work).
     running: HashMap<String, Running>,
     /// Ready operations that found no room, by type, with what they do.
     queued: BTreeMap<String, BTreeMap<ItemRef, OperationKind>>,
@@ -31,7 +32,7 @@ pub struct Room {
 pub struct Running {
     /// Every running operation.
     pub all: usize,
-    /// Of `all`: drift READs.
+    /// Of `all`: drift READs (not those resolving a lost operation).
     pub reads: usize,
 }
 
@@ -108,17 +109,18 @@ impl Room {
         true
     }
 
-    /// Takes room for an operation of `item_type` (`read`: a READ) if the
-    /// type and the tenant have some, and queues nothing: a lost operation
-    /// sent again, or the READ that resolves it, waits as UNKNOWN instead
-    /// (see [`Room::admit`] for planned ones).
-    pub fn take(&mut self, item_type: &str, read: bool, limits: Limits) -> bool {
+    /// Takes room for an operation of `item_type` (`drift_read`: a drift
+    /// READ, observation rather than work) if the type and the tenant have
+    /// some, and queues nothing: a lost operation sent again, or the READ
+    /// that resolves it, waits as UNKNOWN instead (see [`Room::admit`] for
+    /// planned ones).
+    pub fn take(&mut self, item_type: &str, drift_read: bool, limits: Limits) -> bool {
         if self.type_room(item_type, limits) == 0 {
             return false;
         }
         let running = self.running.entry(item_type.to_string()).or_default();
         running.all += 1;
-        running.reads += usize::from(read);
+        running.reads += usize::from(drift_read);
         true
     }
 

@@ -784,7 +784,9 @@ impl Executor {
             let sends = read || matches!(decision, Redelivery::Resend { .. });
             if sends && !still_runs {
                 let limits = self.type_limits(item.item_type());
-                if !self.room.take(item.item_type(), read, limits) {
+                // A READ resolving a lost operation is work, not a drift
+                // READ: the tenant stays Reconciling while it runs.
+                if !self.room.take(item.item_type(), false, limits) {
                     self.deferred_redeliveries.insert(item);
                     continue;
                 }

@@ -341,7 +341,9 @@ impl Executor {
             if &operation.op_id == op_id && entry.operation_runs() {
                 let count = counts.entry(item.item_type()).or_default();
                 count.0 += 1;
-                count.1 += usize::from(operation.kind == OperationKind::Read);
+                let drift_read =
+                    operation.kind == OperationKind::Read && operation.resolves.is_none();
+                count.1 += usize::from(drift_read);
             }
         }
         let running: Vec<(String, Running)> = self

@@ -43,18 +43,80 @@ fn executor() -> Executor {
         CurrentGraph::default(),
         TenantProgress::default(),
         Vec::new(),
-        ExecutorSettings {
-            tenant_id: 7,
-            max_items: 0,
-            default_max_items: 1_000,
-            max_operations_in_flight: 0,
-            configurator_grace_ms: 300_000,
-            resync_interval_ms: 3_600_000,
-            cancel_timeout_ms: 5_000,
-            seed: 1,
-        },
+        settings(),
         at(0),
     )
+}
+
+fn settings() -> ExecutorSettings {
+    ExecutorSettings {
+        tenant_id: 7,
+        max_items: 0,
+        default_max_items: 1_000,
+        max_operations_in_flight: 0,
+        configurator_grace_ms: 300_000,
+        resync_interval_ms: 3_600_000,
+        cancel_timeout_ms: 5_000,
+        seed: 1,
+    }
+}
+
+/// The executor a restarted server loads from `executor`'s state (its
+/// journaled operations as stored), with type `t` registered before.
+fn reloaded(executor: &Executor, now: Now) -> Executor {
+    let model = executor.model();
+    Executor::load(
+        model.intended.clone(),
+        model.current.clone(),
+        model.progress().clone(),
+        vec![(spec(), 1)],
+        settings(),
+        now,
+    )
+}
+
+/// The state changes a commit carries to watchers: item, state before,
+/// state after.
+fn status_changes(effects: &Effects) -> Vec<(String, Option<ItemState>, Option<ItemState>)> {
+    effects
+        .commit
+        .events
+        .iter()
+        .filter_map(|event| match event {
+            TenantEvent::ItemChanged(change) => Some((
+                change.item.to_string(),
+                change.before.as_ref().map(|before| before.state),
+                change.after.as_ref().map(|after| after.state),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_restart_tells_watchers_which_operations_it_lost() {
+    let mut executor = connected();
+    submit(&mut executor, vec![item("a", 1)], at(10));
+    let mut restarted = reloaded(&executor, at(20));
+    assert_eq!(state_of(&restarted, "a"), Some(ItemState::Unknown));
+    // The first pass's commit fails: what loading found still goes out
+    // with the next one.
+    restarted.reconcile(false, at(21));
+    restarted.commit_failed(at(21));
+    assert_eq!(state_of(&restarted, "a"), Some(ItemState::Unknown));
+    let (effects, _) = restarted.reconcile(false, at(22));
+    assert_eq!(
+        status_changes(&effects),
+        vec![(
+            "t/a".to_owned(),
+            Some(ItemState::Creating),
+            Some(ItemState::Unknown)
+        )],
+        "the item went UNKNOWN: the commit stores it and tells watchers"
+    );
+    restarted.committed(at(22));
+    let (effects, _) = restarted.reconcile(false, at(23));
+    assert!(status_changes(&effects).is_empty(), "told once");
 }
 
 /// The executor with an agent on session 1 for type `t`.
@@ -609,6 +671,18 @@ fn an_unknown_item_of_a_readable_type_is_read_when_its_lost_operation_runs_nowhe
 }
 
 #[test]
+fn a_tenant_is_reconciling_while_a_read_resolves_a_lost_operation() {
+    use crate::engine::conditions::ConditionKind;
+    let (executor, _, read) = lost_create_read_back();
+    assert_eq!(read.kind, OperationKind::Read);
+    assert!(
+        holds(&executor, ConditionKind::Reconciling),
+        "the READ settling an UNKNOWN item is work, not a drift READ"
+    );
+    assert!(!ready(&executor));
+}
+
+#[test]
 fn a_read_showing_the_lost_creates_value_resolves_it_as_applied() {
     let (mut executor, lost, read) = lost_create_read_back();
     let observed = lost.item.properties.clone();
@@ -801,14 +875,17 @@ fn connected_readable() -> Executor {
 }
 
 fn ready(executor: &Executor) -> bool {
+    holds(executor, crate::engine::conditions::ConditionKind::Ready)
+}
+
+/// Whether the tenant's condition `kind` is true.
+fn holds(executor: &Executor, kind: crate::engine::conditions::ConditionKind) -> bool {
     executor
         .model()
         .progress()
         .conditions
         .iter()
-        .any(|condition| {
-            condition.kind == crate::engine::conditions::ConditionKind::Ready && condition.status
-        })
+        .any(|condition| condition.kind == kind && condition.status)
 }
 
 /// Reports one external change at `now` and commits it.
