@@ -1065,3 +1065,20 @@ fn seed_17_a_restart_tells_watchers_which_operations_it_lost() {
 fn seed_0_a_tenant_is_reconciling_while_a_read_resolves_a_lost_operation() {
     passes(0);
 }
+
+/// A Delete failed past its type's `max_attempts`; a pass found it
+/// unneeded and settled it, and when it was needed again it went out at
+/// once, past `max_attempts`, over and over. A failure given up on now
+/// stays given up on until the intent changes.
+#[test]
+fn seed_65764_with_agent_restarts_a_delete_given_up_on_stays_given_up_after_a_settle() {
+    passes_with_agent_restarts(65764);
+}
+
+/// A lost Create whose READ could not settle it was sent again after the
+/// item it relies on left the intent (planned for deletion, so not a
+/// satisfied dependency).
+#[test]
+fn seed_291807_a_lost_create_is_not_sent_again_once_its_dependency_left_the_intent() {
+    passes(291807);
+}

@@ -844,10 +844,13 @@ pub fn bookkeeping_updates(current: &CurrentGraph, plan: &Plan) -> CurrentUpdate
             // on counting, and it waits the backoff its failure set (DESIGN
             // 4; seed 56203: a Delete settled and needed again in the same
             // step went out 2 ms after it failed, where the type waits
-            // 1.6 s).
+            // 1.6 s). A failure given up on stays given up on: needed
+            // again at the same generation, it waits for an intent change
+            // (seed 65764: a Delete past `max_attempts`, settled, went out
+            // again at once, over and over).
             let settled = CurrentItem {
                 state: ItemState::Created,
-                gave_up: false,
+                gave_up: existing.failed_terminally_at(existing.rare.failed_generation),
                 ..(**existing).clone()
             }
             .with_rare(|rare| rare.last_error = None);

@@ -604,6 +604,22 @@ impl CurrentItem {
                     .is_some_and(OperationError::is_terminal))
     }
 
+    /// A failure given up on at intent generation `intended_generation`
+    /// whose operation, of kind `kind`, a pass then found unneeded and
+    /// settled (the item shows what it holds, not FAILED): needed again
+    /// at the same generation, it is the same operation, and like a
+    /// terminal failure only an intent change retries it (DESIGN 4).
+    pub fn gave_up_settled_at(&self, kind: OperationKind, intended_generation: u64) -> bool {
+        self.gave_up
+            && self.state != ItemState::Failed
+            && self.rare.failed_generation == intended_generation
+            && self
+                .rare
+                .retry_of
+                .as_ref()
+                .is_some_and(|retry| retry.kind == kind)
+    }
+
     /// A failed Modify: blocks Creates and Modifies of dependents.
     pub fn has_failed_modify(&self) -> bool {
         self.state == ItemState::Failed && self.last_operation == Some(OperationKind::Modify)

@@ -18,7 +18,7 @@
 //!   the conditions and observed generation) is what the tenant's status
 //!   shows once the tenant is idle.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use futures::FutureExt as _;
 use reconciled::api::context::WatchSettings;
@@ -69,6 +69,13 @@ pub struct Watcher {
     /// last `ConditionsChanged` tells (none after a snapshot restart until
     /// the next one).
     conditions: Option<(BTreeMap<String, i32>, u64)>,
+    /// Item types a live agent holds, as the agent events tell.
+    connected: BTreeSet<String>,
+    /// Every operation announced started: item, op id, attempt.
+    started: BTreeSet<(ItemRef, String, u32)>,
+    /// The watcher restarted from a snapshot after its first: what was
+    /// announced before it (operations started, agents) is unknown.
+    partial_history: bool,
 }
 
 fn broken(invariant: &'static str, detail: String) -> Violation {
@@ -122,6 +129,7 @@ impl Watcher {
         self.partial = None;
         self.items.clear();
         self.conditions = None;
+        self.partial_history = true;
     }
 
     /// Reads everything the server has published, resuming the stream
@@ -267,6 +275,19 @@ impl Watcher {
                 }
             }
             Some(Body::IntentChanged(changed)) => self.generation = changed.generation,
+            Some(Body::OperationStarted(started)) => {
+                let item = item_of(started.item.as_ref());
+                self.started
+                    .insert((item, started.op_id.clone(), started.attempt));
+            }
+            Some(Body::AgentConnected(agent)) => {
+                self.connected.extend(agent.item_types.iter().cloned());
+            }
+            Some(Body::AgentDisconnected(agent)) => {
+                for item_type in &agent.item_types {
+                    self.connected.remove(item_type);
+                }
+            }
             Some(Body::ConditionsChanged(changed)) => {
                 let conditions = changed
                     .conditions
@@ -375,6 +396,36 @@ impl Watcher {
                         "{key}: the events say {:?}, the status shows {:?}",
                         self.items.get(&key),
                         shown.get(&key)
+                    ),
+                ));
+            }
+        }
+        if !self.partial_history {
+            for (key, current) in snapshot.current.iter() {
+                let Some(operation) = current.in_flight.as_ref() else {
+                    continue;
+                };
+                let announced = (key.clone(), operation.op_id.clone(), operation.attempt);
+                if !self.started.contains(&announced) {
+                    return Err(broken(
+                        "a watcher sees every operation start",
+                        format!(
+                            "{key} runs {} {} attempt {}, never announced",
+                            operation.kind.as_str(),
+                            operation.op_id,
+                            operation.attempt
+                        ),
+                    ));
+                }
+            }
+            let connected: BTreeSet<String> =
+                snapshot.connected_item_types.iter().cloned().collect();
+            if connected != self.connected {
+                return Err(broken(
+                    "a watcher sees which agents are connected",
+                    format!(
+                        "the events say types {:?} are held, the status shows {connected:?}",
+                        self.connected
                     ),
                 ));
             }

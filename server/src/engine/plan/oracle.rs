@@ -809,7 +809,10 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         // nor the item's own recreate after its Modify failed for good.
         let retries_a_refusal = current.last_operation == Some(OperationKind::Delete)
             || self.own(item) == OwnNeed::Recreate;
-        if retries_a_refusal && current.failed_terminally_at(generation) {
+        if retries_a_refusal
+            && (current.failed_terminally_at(generation)
+                || current.gave_up_settled_at(OperationKind::Delete, generation))
+        {
             return Some(Self::wait(WaitReason::TerminalFailure));
         }
         if self.in_backoff(current) {
@@ -902,7 +905,9 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                 return Self::busy_wait(current);
             }
             if !recreating {
-                if current.failed_terminally_at(entry.generation) {
+                if current.failed_terminally_at(entry.generation)
+                    || current.gave_up_settled_at(kind, entry.generation)
+                {
                     return Self::wait(WaitReason::TerminalFailure);
                 }
                 if self.in_backoff(current) {

@@ -1222,6 +1222,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let recreates_the_refused_value = node.need == Some(Need::Recreate);
         if (current.last_operation == Some(kind) || recreates_the_refused_value)
             && current.failed_terminally_at(target_generation)
+            || current.gave_up_settled_at(kind, target_generation)
         {
             return terminal(item, current, kind);
         }
@@ -1381,7 +1382,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 return waiting_on_itself(item, current, kind);
             }
             if !recreating {
-                if current.failed_terminally_at(entry.generation) {
+                if current.failed_terminally_at(entry.generation)
+                    || current.gave_up_settled_at(kind, entry.generation)
+                {
                     return terminal(item, current, kind);
                 }
                 if self.in_backoff(current) {
@@ -1788,15 +1791,20 @@ fn terminal(item: &ItemRef, current: &CurrentItem, kind: OperationKind) -> Sched
 
 /// What a waiting item shows of its own terminal failure.
 pub(super) fn terminal_failure(item: &ItemRef, current: &CurrentItem) -> BlockedBy {
-    let message = current
-        .rare
-        .last_error
-        .as_ref()
-        .map(|error| error.message.as_str())
-        .unwrap_or_default();
+    let why = match current.rare.last_error.as_ref() {
+        Some(error) => format!(
+            "{FAILED_TERMINALLY}: {}; change its intent to retry",
+            error.message
+        ),
+        // Settled since it failed (see `CurrentItem::gave_up_settled_at`).
+        None => format!(
+            "{FAILED_TERMINALLY} after {} attempts; change its intent to retry",
+            current.attempts
+        ),
+    };
     BlockedBy {
         item: item.clone(),
-        why: format!("{FAILED_TERMINALLY}: {message}; change its intent to retry").into(),
+        why: why.into(),
     }
 }
 

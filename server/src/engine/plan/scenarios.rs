@@ -770,6 +770,48 @@ fn a_retryable_failure_past_max_attempts_stops_retries_like_a_terminal_one() {
 }
 
 #[test]
+fn a_delete_given_up_on_then_settled_is_not_retried_until_the_intent_changes() {
+    // t/a left the intent; its Delete failed past max_attempts. A pass
+    // then found the Delete unneeded and settled it (the item shows what
+    // it holds). Needed again at the same generation, the Delete is the
+    // same operation, given up on: it waits for an intent change (seed
+    // 65764: it went out again at once, past max_attempts, over and over).
+    let mut world = World::converged(vec![a()]);
+    world.intend(vec![]);
+    let error = crate::graph::OperationError {
+        code: code::UNAVAILABLE,
+        message: "still busy".into(),
+    };
+    world.script(
+        Delete,
+        "t/a",
+        crate::engine::transition::Completion::Failed {
+            error,
+            retry_at_ms: None,
+        },
+    );
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["delete t/a"]);
+    let settle = Plan {
+        settle: vec![parse_ref("t/a")],
+        ..Plan::default()
+    };
+    crate::engine::transition::apply_bookkeeping(&mut world.current, &settle);
+    assert_eq!(state_of(&world, "t/a"), Some(ItemState::Created));
+    let plan = world.plan();
+    assert_eq!(plan.ready().count(), 0, "no retry: {plan:?}");
+    let waits = plan
+        .waiting
+        .iter()
+        .find(|w| w.item == parse_ref("t/a"))
+        .expect("t/a waits");
+    assert_eq!(
+        (waits.operation, waits.reason),
+        (Delete, WaitReason::TerminalFailure)
+    );
+}
+
+#[test]
 fn a_modify_waits_for_the_planned_delete_of_a_dependent_that_leaves_the_intent() {
     // b on a; b leaves, a changes: b is not being deleted while a changes.
     let mut world = World::converged(vec![a(), b_on_a()]);

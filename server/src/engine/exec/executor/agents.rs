@@ -835,21 +835,39 @@ impl Executor {
     /// left the intent, or its intended content is another): DESIGN 4
     /// re-issues a journaled operation only while its target is intended.
     /// (A target intended again after a change, with the same content, is
-    /// still intended.)
+    /// still intended.) So is one whose target relies on an item that left
+    /// the intent: that item is planned for deletion, which DESIGN 2 makes
+    /// an unsatisfied dependency (seed 291807: a lost Create was sent
+    /// again after the item it relies on left the intent); the planner
+    /// decides what the item needs instead.
     fn superseded(&self, item: &ItemRef, operation: &InFlight) -> bool {
         let Some(target) = operation.target.as_deref() else {
             return false;
         };
-        !operation.question
-            && matches!(
+        if operation.question
+            || !matches!(
                 operation.kind,
                 OperationKind::Create | OperationKind::Modify
             )
-            && self
-                .model
-                .intended
-                .get(item)
-                .is_none_or(|intended| !intended.item.same_content(target))
+        {
+            return false;
+        }
+        let intended = &self.model.intended;
+        let leaving = |required: &ItemRef| {
+            intended.get(required).is_none()
+                && self
+                    .model
+                    .current
+                    .get(required)
+                    .is_some_and(|c| c.applied.as_ref().is_none_or(|a| !a.external))
+        };
+        intended
+            .get(item)
+            .is_none_or(|entry| !entry.item.same_content(target))
+            || target
+                .dependencies
+                .iter()
+                .any(|dependency| leaving(&dependency.requires))
     }
 
     /// Stages a READ of UNKNOWN `item` whose lost operation (in `entry`)
