@@ -15,8 +15,9 @@
 //!   what the live one did, and no revision is reused for other events);
 //! - a watcher that keeps up misses nothing: what it built from the events
 //!   (each item's presence, state and last error; the intent generation;
-//!   the conditions and observed generation) is what the tenant's status
-//!   shows once the tenant is idle.
+//!   the conditions and observed generation; the item types agents hold;
+//!   every operation in flight announced started) is what the tenant's
+//!   status shows once the tenant is idle.
 
 use std::collections::{BTreeMap, BTreeSet};
 
