@@ -587,8 +587,9 @@ pub struct LostOperation {
     pub kind: OperationKind,
     /// What it applies (a Create or Modify), if known.
     pub target: Option<Arc<Item>>,
-    /// Since the loss, the target's dependencies broke in the world, the
-    /// target stopped being the intent, or (for a Delete) the item vanished
+    /// Since the loss, the target's dependencies broke in the world or
+    /// left the intent, the target stopped being the intent, or (for a
+    /// Delete) the item vanished
     /// with an external item it was auto-deleted by or, for the Delete of a
     /// recreate, the value it was to make way for is not intended any
     /// more: the server may then send the operation the intent needs
@@ -1443,7 +1444,17 @@ impl Ledger {
                             .get(&dependency.requires)
                             .is_some_and(|w| holds(dependency.must_satisfy(), &w.value.properties))
                     });
-                    broken || !intended
+                    // A dependency that left an intent the server may hold
+                    // is planned for deletion: not satisfied (DESIGN 2).
+                    let leaving = target.dependencies.iter().any(|dependency| {
+                        let required = &dependency.requires;
+                        let external = world.items.get(required).is_some_and(|w| w.value.external);
+                        !external
+                            && std::iter::once(&model.items)
+                                .chain(model.uncertain.iter().map(|(_, items)| items))
+                                .any(|items| !items.contains_key(required))
+                    });
+                    broken || leaving || !intended
                 }
                 None => {
                     // A Delete toward a generation is the first half of a

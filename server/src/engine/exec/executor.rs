@@ -269,7 +269,9 @@ impl Executor {
         }
         for (key, entry) in journaled {
             let lost = if entry.operation_runs() {
+                // Staged one by one: each sees those before it lost.
                 let lost = completed(&executor.model.current, &entry, lost_outcome(&entry));
+                executor.model.stage_current(&key, lost.clone());
                 executor.recovery.push((key.clone(), lost.clone()));
                 lost
             } else {
@@ -281,7 +283,6 @@ impl Executor {
                     .insert(operation.op_id.clone(), key.clone());
             }
         }
-        executor.stage_recovery();
         executor.schedule_resync(now);
         executor
     }
