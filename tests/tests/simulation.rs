@@ -1082,3 +1082,11 @@ fn seed_65764_with_agent_restarts_a_delete_given_up_on_stays_given_up_after_a_se
 fn seed_291807_a_lost_create_is_not_sent_again_once_its_dependency_left_the_intent() {
     passes(291807);
 }
+
+/// A Delete given up on, settled, then needed again waits for an intent
+/// change: the final phase counts it as failed for good, not as an item
+/// left over.
+#[test]
+fn seed_78336_a_delete_given_up_on_and_needed_again_counts_as_failed_for_good() {
+    passes_in(78336, 1000);
+}

@@ -1838,6 +1838,17 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
         return fail("Reconciling and Ready never hold together", "both are true");
     }
     if reconciling == Some(false)
+        && snapshot.record.observed_generation != snapshot.record.generation
+    {
+        return fail(
+            "a quiescent tenant has observed its generation",
+            format!(
+                "Reconciling is false, observed generation {} of generation {}",
+                snapshot.record.observed_generation, snapshot.record.generation
+            ),
+        );
+    }
+    if reconciling == Some(false)
         && let Some(work) = work_in_progress(snapshot)
     {
         return fail(
@@ -1962,14 +1973,24 @@ fn failed_for_good(snapshot: &TenantSnapshot, key: &ItemRef, current: &CurrentIt
         .intended
         .get(key)
         .map_or(0, |entry| entry.generation);
-    current.state == ItemState::Failed
+    let failed = current.state == ItemState::Failed
         && current.rare.failed_generation == generation
         && (current
             .rare
             .last_error
             .as_ref()
             .is_some_and(|error| error.is_terminal())
-            || current.rare.next_attempt_at_ms.is_none())
+            || current.rare.next_attempt_at_ms.is_none());
+    // Given up on, then settled while it was not needed (the item shows
+    // what it holds), and needed again at the same intent: the same
+    // operation, still given up on (seed 78336).
+    let needed_again = current.gave_up
+        && current.rare.failed_generation == generation
+        && snapshot
+            .waiting
+            .get(key)
+            .is_some_and(|waiting| waiting.reason == WaitReason::TerminalFailure);
+    failed || needed_again
 }
 
 /// Items connected to an item that failed for good, through dependency
