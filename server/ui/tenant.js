@@ -301,15 +301,6 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
   function recordAgent(event) {
     const connected = Boolean(event.agent_connected);
     const agent = event.agent_connected || event.agent_disconnected;
-    if (!connected && !agent.agent_id) {
-      // The server restarted: every session ended with it.
-      for (const known of agents.values()) {
-        if (known.connected) {
-          Object.assign(known, { connected: false, since: event.time, reason: agent.reason });
-        }
-      }
-      return;
-    }
     agents.set(agent.agent_id, {
       id: agent.agent_id, types: agent.item_types, connected, since: event.time,
       reason: connected ? '' : agent.reason,

@@ -261,13 +261,6 @@ pub(crate) fn event_line(event: &v1::Event) -> String {
             connected.item_types.join(", "),
             connected.epoch
         ),
-        Some(Body::AgentDisconnected(disconnected)) if disconnected.agent_id.is_empty() => {
-            format!(
-                "every agent: {} ({})",
-                disconnected.item_types.join(", "),
-                disconnected.reason
-            )
-        }
         Some(Body::AgentDisconnected(disconnected)) => format!(
             "agent {}: {} ({})",
             disconnected.agent_id,

@@ -193,13 +193,7 @@ pub struct Executor {
     /// commit carries their status changes to watchers, so a Watch sees
     /// an item go UNKNOWN as `GetStatus` does.
     recovery: Vec<(ItemRef, Option<CurrentItem>)>,
-    /// Events of the restart itself (every session ended with the
-    /// process), carried by the first commit after it.
-    restart_events: Vec<TenantEvent>,
 }
-
-/// Why the agents of a tenant whose server restarted are disconnected.
-pub const RESTART_REASON: &str = "the server restarted: every session ended with it";
 
 impl Executor {
     /// The executor of a tenant loaded from its store: `intended` and
@@ -217,12 +211,9 @@ impl Executor {
         now: Now,
     ) -> Self {
         let mut types = TypeRegistry::default();
-        let mut registered: Vec<String> = Vec::with_capacity(specs.len());
         for (spec, epoch) in specs {
-            registered.push(spec.item_type.clone());
             types.insert(spec, epoch);
         }
-        registered.sort();
         clamp_retry_times(&mut current, &types, now.wall_ms);
         let journaled: Vec<(ItemRef, CurrentItem)> = current
             .iter()
@@ -254,19 +245,7 @@ impl Executor {
             txn: None,
             items_examined: 0,
             recovery: Vec::new(),
-            restart_events: Vec::new(),
         };
-        if !registered.is_empty() {
-            // Sessions do not outlive the process: watchers learn that
-            // every agent of the tenant is gone.
-            executor
-                .restart_events
-                .push(TenantEvent::AgentDisconnected {
-                    agent_id: String::new(),
-                    item_types: registered,
-                    reason: RESTART_REASON.to_owned(),
-                });
-        }
         for (key, entry) in journaled {
             let lost = if entry.operation_runs() {
                 // Staged one by one: each sees those before it lost.
@@ -457,10 +436,8 @@ impl Executor {
             })
             .collect();
         let progress = self.model.progress().clone();
-        let restart_events = self.restart_events.clone();
         let txn = self.transaction();
-        let mut events = restart_events;
-        events.append(&mut txn.events);
+        let mut events = std::mem::take(&mut txn.events);
         events.extend(changes);
         if conditions_changed {
             events.push(TenantEvent::ConditionsChanged {
@@ -493,7 +470,6 @@ impl Executor {
         };
         self.model.forget_staged();
         self.recovery.clear();
-        self.restart_events.clear();
         for (op_id, timeout_ms) in txn.clocked {
             self.deadlines.start(&op_id, timeout_ms, now.mono_ms);
         }

@@ -1220,10 +1220,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         // created) after its Modify toward this intent failed for good: the
         // Create would send the refused value again, with the item deleted.
         let recreates_the_refused_value = node.need == Some(Need::Recreate);
-        if (current.last_operation == Some(kind) || recreates_the_refused_value)
-            && current.failed_terminally_at(target_generation)
-            || current.gave_up_settled_at(kind, target_generation)
-        {
+        let refused_again = (current.last_operation == Some(kind) || recreates_the_refused_value)
+            && current.failed_terminally_at(target_generation);
+        if refused_again || current.gave_up_settled_at(kind, target_generation) {
             return terminal(item, current, kind);
         }
         if self.in_backoff(current) {
@@ -1798,8 +1797,9 @@ pub(super) fn terminal_failure(item: &ItemRef, current: &CurrentItem) -> Blocked
         ),
         // Settled since it failed (see `CurrentItem::gave_up_settled_at`).
         None => format!(
-            "{FAILED_TERMINALLY} after {} attempts; change its intent to retry",
-            current.attempts
+            "{FAILED_TERMINALLY} after {} attempt{}; change its intent to retry",
+            current.attempts,
+            if current.attempts == 1 { "" } else { "s" }
         ),
     };
     BlockedBy {
