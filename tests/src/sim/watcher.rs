@@ -78,10 +78,6 @@ pub struct Watcher {
     partial_history: bool,
 }
 
-fn broken(invariant: &'static str, detail: String) -> Violation {
-    Violation::new(invariant, detail)
-}
-
 fn item_of(item: Option<&v1::ItemRef>) -> ItemRef {
     item.map_or_else(
         || ItemRef::new("", ""),
@@ -117,7 +113,7 @@ impl Watcher {
                 self.restart_from_snapshot();
                 self.open(handle)
             }
-            Err(error) => Err(broken(
+            Err(error) => Err(Violation::new(
                 "a watcher can always resume",
                 format!("Watch from revision {} failed: {error}", self.cursor),
             )),
@@ -164,7 +160,7 @@ impl Watcher {
                 return Ok(());
             }
         }
-        Err(broken(
+        Err(Violation::new(
             "a watcher that keeps up catches up",
             format!("still receiving after {MAX_ROUNDS} rounds"),
         ))
@@ -196,7 +192,7 @@ impl Watcher {
             }
             Some(Message::Bookmark(bookmark)) => {
                 if self.partial.is_some() || bookmark.revision < self.cursor {
-                    return Err(broken(
+                    return Err(Violation::new(
                         "events are never reordered",
                         format!(
                             "a bookmark at revision {} after revision {}{}",
@@ -220,7 +216,7 @@ impl Watcher {
     fn on_group(&mut self, group: v1::EventGroup) -> Result<(), Violation> {
         let revision = group.revision;
         if let Some(event) = group.events.iter().find(|e| e.revision != revision) {
-            return Err(broken(
+            return Err(Violation::new(
                 "every event carries its revision",
                 format!(
                     "an event of revision {} in the group of revision {revision}",
@@ -231,13 +227,13 @@ impl Watcher {
         let mut events = match self.partial.take() {
             Some((partial, events)) if partial == revision => events,
             Some((partial, _)) => {
-                return Err(broken(
+                return Err(Violation::new(
                     "a revision's events arrive whole",
                     format!("revision {partial} was continued, then came revision {revision}"),
                 ));
             }
             None if revision <= self.cursor => {
-                return Err(broken(
+                return Err(Violation::new(
                     "events are never duplicated or reordered",
                     format!("revision {revision} arrived after revision {}", self.cursor),
                 ));
@@ -307,7 +303,7 @@ impl Watcher {
         if let Some((&newest, _)) = self.seen.last_key_value()
             && newest > loaded
         {
-            return Err(broken(
+            return Err(Violation::new(
                 "events are published only once their commit is durable",
                 format!(
                     "the watcher saw revision {newest}; the restarted server loaded revision {loaded}"
@@ -318,14 +314,14 @@ impl Watcher {
         let stored = handle
             .events
             .read(floor, loaded, usize::MAX)
-            .map_err(|error| broken("the event history reads back", error.to_string()))?;
+            .map_err(|error| Violation::new("the event history reads back", error.to_string()))?;
         let stored: BTreeMap<u64, &Vec<v1::Event>> = stored
             .iter()
             .map(|group| (group.revision, &group.events))
             .collect();
         for (revision, events) in self.seen.range(floor + 1..) {
             if stored.get(revision).copied() != Some(events) {
-                return Err(broken(
+                return Err(Violation::new(
                     "a resumed watch carries exactly what the live one did",
                     format!(
                         "revision {revision}: the watcher saw {} event(s), the restarted server has {}",
@@ -354,9 +350,9 @@ impl Watcher {
         let unseen = handle
             .events
             .read(self.cursor, snapshot.record.revision, 1)
-            .map_err(|error| broken("the event history reads back", error.to_string()))?;
+            .map_err(|error| Violation::new("the event history reads back", error.to_string()))?;
         if !unseen.is_empty() {
-            return Err(broken(
+            return Err(Violation::new(
                 "a watcher that keeps up misses nothing",
                 format!(
                     "the watcher reached revision {}, the tenant is at {}",
@@ -382,7 +378,7 @@ impl Watcher {
                 .find(|key| shown.get(*key) != self.items.get(*key))
                 .cloned();
             if let Some(key) = differs {
-                return Err(broken(
+                return Err(Violation::new(
                     "a watcher's view of the items is the tenant's",
                     format!(
                         "{key}: the events say {:?}, the status shows {:?}",
@@ -399,7 +395,7 @@ impl Watcher {
                 };
                 let announced = (key.clone(), operation.op_id.clone(), operation.attempt);
                 if !self.started.contains(&announced) {
-                    return Err(broken(
+                    return Err(Violation::new(
                         "a watcher sees every operation start",
                         format!(
                             "{key} runs {} {} attempt {}, never announced",
@@ -412,7 +408,7 @@ impl Watcher {
             }
         }
         if self.generation != snapshot.record.generation {
-            return Err(broken(
+            return Err(Violation::new(
                 "a watcher sees every intent generation",
                 format!(
                     "the events say generation {}, the status shows {}",
@@ -431,7 +427,7 @@ impl Watcher {
                 })
                 .collect();
             if &shown != conditions || *observed != snapshot.record.observed_generation {
-                return Err(broken(
+                return Err(Violation::new(
                     "a watcher sees every change of the conditions",
                     format!(
                         "the events say {conditions:?} at observed generation {observed}, \

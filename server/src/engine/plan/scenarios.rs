@@ -733,23 +733,30 @@ fn an_item_failed_for_good_that_a_recreate_below_it_deletes_still_shows_its_fail
     );
 }
 
-#[test]
-fn a_retryable_failure_past_max_attempts_stops_retries_like_a_terminal_one() {
-    // The executor gives no retry time once max_attempts is used up.
-    let mut world = World::new();
-    world.intend(vec![item("t/a", json!({})), b_on_a()]);
+/// Scripts `kind` on `identity` to fail with a retryable code and no
+/// retry left (the executor gives no retry time once `max_attempts` is
+/// used up).
+fn fails_with_no_retry_left(world: &mut World, kind: OperationKind, identity: &str) {
     let error = crate::graph::OperationError {
         code: code::UNAVAILABLE,
         message: "still down".into(),
     };
     world.script(
-        Create,
-        "t/a",
+        kind,
+        identity,
         crate::engine::transition::Completion::Failed {
             error,
             retry_at_ms: None,
         },
     );
+}
+
+#[test]
+fn a_retryable_failure_past_max_attempts_stops_retries_like_a_terminal_one() {
+    // The executor gives no retry time once max_attempts is used up.
+    let mut world = World::new();
+    world.intend(vec![item("t/a", json!({})), b_on_a()]);
+    fails_with_no_retry_left(&mut world, Create, "t/a");
     world.run_to_quiescence(5);
     world.environment.now_ms += 3_600_000;
     world.run_to_quiescence(5);
@@ -778,18 +785,7 @@ fn a_delete_given_up_on_then_settled_is_not_retried_until_the_intent_changes() {
     // 65764: it went out again at once, past max_attempts, over and over).
     let mut world = World::converged(vec![a()]);
     world.intend(vec![]);
-    let error = crate::graph::OperationError {
-        code: code::UNAVAILABLE,
-        message: "still busy".into(),
-    };
-    world.script(
-        Delete,
-        "t/a",
-        crate::engine::transition::Completion::Failed {
-            error,
-            retry_at_ms: None,
-        },
-    );
+    fails_with_no_retry_left(&mut world, Delete, "t/a");
     world.run_to_quiescence(5);
     assert_eq!(world.labels(), ["delete t/a"]);
     let settle = Plan {
