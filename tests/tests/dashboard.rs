@@ -205,6 +205,55 @@ async fn a_tenant_token_sees_its_own_tenant_and_no_other() {
     browser.close().await.expect("closes");
 }
 
+/// The agent list's line for `agent_id` (null until it is listed).
+const AGENT_LINE: &str = "for (const li of document.querySelectorAll('#agent-list li')) { \
+       if (li.querySelector('b').innerText === arguments[0]) return li.innerText; } return null;";
+
+#[tokio::test]
+async fn after_a_server_crash_the_agents_it_had_show_disconnected() {
+    let mut acme = TestTenant::start("acme").await;
+    let mut agent = RunningAgent::start(
+        acme.agent("agent-1")
+            .item_type(TypeSpec::new("t"), Recorder::new()),
+    );
+    agent.connected().await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &acme.token, Some("acme")).await;
+    let shown = browser
+        .wait_until("agent-1 listed", AGENT_LINE, vec![json!("agent-1")])
+        .await
+        .expect("the connected agent is listed");
+    assert!(
+        shown.as_str().unwrap_or_default().contains("— connected"),
+        "{shown}"
+    );
+
+    // The server dies with the session open, and the agent with it: no
+    // session ended before the process did, so only the restart says so.
+    acme.server.kill9().expect("kills the server");
+    agent.kill().await;
+    acme.server.start_again().await.expect("starts again");
+    let disconnected = format!(
+        "const line = (function () {{ {AGENT_LINE} }}).apply(null, arguments); \
+         return line && line.includes('disconnected') ? line : null;"
+    );
+    let gone = browser
+        .wait_until(
+            "agent-1 shown disconnected",
+            &disconnected,
+            vec![json!("agent-1")],
+        )
+        .await
+        .expect("the agent shows disconnected after the restart");
+    assert!(
+        gone.as_str()
+            .unwrap_or_default()
+            .contains("server restarted"),
+        "{gone}"
+    );
+    browser.close().await.expect("closes");
+}
+
 /// An item name that is HTML if anything renders it as HTML.
 const XSS: &str = "<img src=x onerror=alert(1)>";
 

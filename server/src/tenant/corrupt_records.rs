@@ -22,9 +22,9 @@ use super::directory::TenantDirectory;
 use super::owner::OwnerSettings;
 use super::persist;
 use super::record::TenantLimits;
-use crate::engine::exec::TypeSpec;
 use crate::engine::exec::port::ExternalChange;
 use crate::engine::exec::{Commit, ItemWrite};
+use crate::engine::exec::{StoredSpec, TypeSpec};
 use crate::engine::intent::ValidatedSubmit;
 use crate::graph::predicate::Predicate;
 use crate::graph::{CurrentItem, Dependency, InFlight, Item, ItemRef, OperationKind};
@@ -114,7 +114,11 @@ fn corpus() -> Records {
             written("a", CurrentItem::created(Arc::new(a), 1)),
             written("b", CurrentItem::creating(running)),
         ],
-        specs: vec![(TypeSpec::new("t"), 2)],
+        specs: vec![StoredSpec {
+            spec: TypeSpec::new("t"),
+            epoch: 2,
+            held_by: None,
+        }],
         ..Commit::default()
     };
     let mut batch = WriteBatch::new();

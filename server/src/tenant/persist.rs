@@ -3,26 +3,14 @@
 //! record and the commit's events. This is the seam where a replicated
 //! store fences an owner's writes.
 
-use serde::{Deserialize, Serialize};
-
 use super::error::TenantError;
 use super::record::{StoredIntended, TenantRecord, encode};
-use crate::engine::exec::{Commit, TypeSpec};
+use crate::engine::exec::Commit;
 use crate::engine::intent::IntentChange;
 use crate::graph::{CurrentItem, ItemRef};
 use crate::store::WriteBatch;
 use crate::store::keys;
 use reconciled_proto::v1;
-
-/// A type spec as stored, with the epoch of the registration that declared
-/// it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct StoredSpec {
-    /// The spec.
-    pub spec: TypeSpec,
-    /// The epoch.
-    pub epoch: u64,
-}
 
 /// Adds the writes of an executor's commit (items, intent, type specs)
 /// for tenant `tenant` to `batch`.
@@ -37,14 +25,10 @@ pub fn write_commit(
     if let Some(change) = &commit.intent {
         write_intent(batch, tenant, change)?;
     }
-    for (spec, epoch) in &commit.specs {
-        let stored = StoredSpec {
-            spec: spec.clone(),
-            epoch: *epoch,
-        };
+    for stored in &commit.specs {
         batch.put(
             keys::type_spec_key(tenant, &stored.spec.item_type),
-            encode(&stored)?,
+            encode(stored)?,
         );
     }
     Ok(())

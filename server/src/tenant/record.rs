@@ -327,8 +327,12 @@ mod tests {
             spec.schema = (index == 0).then(|| {
                 crate::engine::schema::TypeSchema::stored(serde_json::json!({"type": "object"}))
             });
-            let stored = crate::tenant::persist::StoredSpec { spec, epoch: 2 };
-            let decoded: crate::tenant::persist::StoredSpec =
+            let stored = crate::engine::exec::StoredSpec {
+                spec,
+                epoch: 2,
+                held_by: (index == 1).then(|| "agent-1".to_owned()),
+            };
+            let decoded: crate::engine::exec::StoredSpec =
                 decode(b"s", &encode(&stored).expect("encodes")).expect("decodes");
             assert_eq!(decoded, stored);
         }

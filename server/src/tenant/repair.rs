@@ -21,12 +21,12 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::auth::{TokenHash, TokenKind, generate_token};
+use crate::engine::exec::StoredSpec;
 use crate::graph::{CurrentItem, IntendedItem};
 use crate::store::{Store, WriteBatch, keys};
 
 use super::error::TenantError;
 use super::owner::now_ms;
-use super::persist::StoredSpec;
 use super::record::{StoredIntended, TenantLimits, TenantRecord, decode, encode};
 use super::state::{TenantState, scan_all};
 

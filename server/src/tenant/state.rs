@@ -5,12 +5,11 @@ use std::sync::Arc;
 
 use tracing::warn;
 
-use crate::engine::exec::{TenantProgress, TypeSpec};
+use crate::engine::exec::{StoredSpec, TenantProgress};
 use crate::graph::{CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, ItemRef};
 use crate::store::{Record, Store, keys};
 
 use super::error::TenantError;
-use super::persist::StoredSpec;
 use super::record::{StoredIntended, TenantRecord, decode};
 
 pub use crate::engine::exec::model::{StateCounts, displayed_state, state_name};
@@ -27,8 +26,9 @@ pub struct TenantState {
     pub intended: IntendedGraph,
     /// What exists.
     pub current: CurrentGraph,
-    /// The type specs its configurators registered, with their epochs.
-    pub specs: Vec<(TypeSpec, u64)>,
+    /// The type specs its configurators registered, with their epochs
+    /// and the agents that held them.
+    pub specs: Vec<StoredSpec>,
 }
 
 impl TenantState {
@@ -84,7 +84,7 @@ impl TenantState {
         }
         for (key, value) in scan_all(store, &keys::type_specs_prefix(id))? {
             match decode::<StoredSpec>(&key, &value) {
-                Ok(stored) => state.specs.push((stored.spec, stored.epoch)),
+                Ok(stored) => state.specs.push(stored),
                 Err(error) => {
                     warn!(tenant = %state.record.name, %error, "A stored type spec is unreadable; it is skipped until its agent registers again.");
                 }

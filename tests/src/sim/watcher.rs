@@ -15,10 +15,9 @@
 //!   what the live one did, and no revision is reused for other events);
 //! - a watcher that keeps up misses nothing: what it built from the events
 //!   (each item's presence, state and last error; the intent generation;
-//!   the conditions and observed generation; every operation in flight
-//!   announced started) is what the tenant's status shows once the tenant
-//!   is idle. (Which agents are connected is not compared: a restart ends
-//!   every session without an event; see docs/watch.md.)
+//!   the conditions and observed generation; the item types agents hold;
+//!   every operation in flight announced started) is what the tenant's
+//!   status shows once the tenant is idle.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -71,10 +70,12 @@ pub struct Watcher {
     /// last `ConditionsChanged` tells (none after a snapshot restart until
     /// the next one).
     conditions: Option<(BTreeMap<String, i32>, u64)>,
+    /// Item types a live agent holds, as the agent events tell.
+    connected: BTreeSet<String>,
     /// Every operation announced started: item, op id, attempt.
     started: BTreeSet<(ItemRef, String, u32)>,
     /// The watcher restarted from a snapshot after its first: what was
-    /// announced before it (operations started) is unknown.
+    /// announced before it (operations started, agents) is unknown.
     partial_history: bool,
 }
 
@@ -276,6 +277,14 @@ impl Watcher {
                 self.started
                     .insert((item, started.op_id.clone(), started.attempt));
             }
+            Some(Body::AgentConnected(agent)) => {
+                self.connected.extend(agent.item_types.iter().cloned());
+            }
+            Some(Body::AgentDisconnected(agent)) => {
+                for item_type in &agent.item_types {
+                    self.connected.remove(item_type);
+                }
+            }
             Some(Body::ConditionsChanged(changed)) => {
                 let conditions = changed
                     .conditions
@@ -405,6 +414,17 @@ impl Watcher {
                         ),
                     ));
                 }
+            }
+            let connected: BTreeSet<String> =
+                snapshot.connected_item_types.iter().cloned().collect();
+            if connected != self.connected {
+                return Err(Violation::new(
+                    "a watcher sees which agents are connected",
+                    format!(
+                        "the events say types {:?} are held, the status shows {connected:?}",
+                        self.connected
+                    ),
+                ));
             }
         }
         if self.generation != snapshot.record.generation {

@@ -229,6 +229,8 @@ pub(super) fn spec(stored: json::StoredSpec) -> Result<pb::Spec> {
             schema: spec.schema.as_ref().map(serde_json::to_vec).transpose()?,
         }),
         epoch: stored.epoch,
+        // Schema version 1 did not record which agent held a type.
+        held_by: None,
     })
 }
 

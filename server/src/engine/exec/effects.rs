@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::engine::conditions::Condition;
 use crate::engine::exec::model::ItemWrite;
 use crate::engine::exec::port::ToAgent;
-use crate::engine::exec::spec::TypeSpec;
+use crate::engine::exec::registry::StoredSpec;
 use crate::engine::intent::IntentChange;
 use crate::engine::plan::WaitingItem;
 use crate::graph::{CurrentItem, IntendedItem, ItemRef, OperationError, OperationKind};
@@ -134,8 +134,8 @@ pub struct Commit {
     /// The intent change stored, if any.
     pub intent: Option<IntentChange>,
     /// Type specs stored, with the epoch of the registration that declared
-    /// them.
-    pub specs: Vec<(TypeSpec, u64)>,
+    /// them and the agent holding them.
+    pub specs: Vec<StoredSpec>,
     /// The events of the commit, in order.
     pub events: Vec<TenantEvent>,
     /// Whether the conditions changed in substance (the fleet is told).

@@ -36,7 +36,7 @@ use super::deadlines::Deadlines;
 use super::effects::{Commit, Effects, Finished, MAX_CHANGED_REFS, Message, Started, TenantEvent};
 use super::model::{TenantModel, TenantProgress};
 use super::port::{Outstanding, ToAgent};
-use super::registry::{RegisteredType, TypeRegistry};
+use super::registry::{RegisteredType, StoredSpec, TypeRegistry};
 use super::room::Room;
 use super::spec::TypeSpec;
 use crate::engine::conditions::Condition;
@@ -109,7 +109,7 @@ pub(crate) enum Scope {
 struct Transaction {
     events: Vec<TenantEvent>,
     intent: Option<IntentChange>,
-    specs: Vec<(TypeSpec, u64)>,
+    specs: Vec<StoredSpec>,
     immediate: Vec<Message>,
     sends: Vec<Message>,
     started: Vec<Started>,
@@ -188,31 +188,71 @@ pub struct Executor {
     txn: Option<Transaction>,
     /// Items the planner examined over every pass so far.
     items_examined: u64,
-    /// What loading did to operations journaled before the restart (each
-    /// running one lost: UNKNOWN), staged until a commit stores it: that
-    /// commit carries their status changes to watchers, so a Watch sees
-    /// an item go UNKNOWN as `GetStatus` does.
-    recovery: Vec<(ItemRef, Option<CurrentItem>)>,
+    /// What is true whatever becomes of the commit that first carries it,
+    /// kept until a commit stores it: see [`Owed`].
+    owed: Owed,
+}
+
+/// Why the agents holding a tenant's types when its server stopped are
+/// disconnected.
+pub const RESTART_REASON: &str = "the server restarted: no session outlives it";
+
+/// Changes that happened whether or not a commit stores them: what loading
+/// did to operations journaled before a restart (each running one lost:
+/// UNKNOWN), and sessions that ended (with the process, or on their own).
+/// Every commit carries them until one is durable, so that watchers learn
+/// them as `GetStatus` shows them (DESIGN 7) and a failed commit does not
+/// drop them.
+#[derive(Debug, Default)]
+struct Owed {
+    /// Current items, staged again after a failed commit.
+    items: Vec<(ItemRef, Option<CurrentItem>)>,
+    /// Events, ahead of the commit's own.
+    events: Vec<TenantEvent>,
+    /// Type specs whose holder changed, unless the commit stores the type
+    /// again.
+    specs: Vec<StoredSpec>,
 }
 
 impl Executor {
     /// The executor of a tenant loaded from its store: `intended` and
     /// `current` as stored, `progress` from its record, `specs` its stored
-    /// type specs with their epochs. Operations journaled before the
-    /// restart become lost (UNKNOWN), to be resolved when their type's
-    /// agent registers again; retry times wait at most the policy's
-    /// longest wait from now.
+    /// type specs. Operations journaled before the restart become lost
+    /// (UNKNOWN), to be resolved when their type's agent registers again;
+    /// the agents whose sessions held types are disconnected; retry times
+    /// wait at most the policy's longest wait from now. The first commit
+    /// stores the first two and tells watchers.
     pub fn load(
         intended: IntendedGraph,
         mut current: CurrentGraph,
         progress: TenantProgress,
-        specs: Vec<(TypeSpec, u64)>,
+        specs: Vec<StoredSpec>,
         settings: ExecutorSettings,
         now: Now,
     ) -> Self {
         let mut types = TypeRegistry::default();
-        for (spec, epoch) in specs {
-            types.insert(spec, epoch);
+        let mut owed = Owed::default();
+        let mut held: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for stored in specs {
+            if let Some(agent_id) = &stored.held_by {
+                // Its session ended with the process.
+                held.entry(agent_id.clone())
+                    .or_default()
+                    .push(stored.spec.item_type.clone());
+                owed.specs.push(StoredSpec {
+                    held_by: None,
+                    ..stored.clone()
+                });
+            }
+            types.insert(stored.spec, stored.epoch);
+        }
+        for (agent_id, mut item_types) in held {
+            item_types.sort();
+            owed.events.push(TenantEvent::AgentDisconnected {
+                agent_id,
+                item_types,
+                reason: RESTART_REASON.to_owned(),
+            });
         }
         clamp_retry_times(&mut current, &types, now.wall_ms);
         let journaled: Vec<(ItemRef, CurrentItem)> = current
@@ -244,14 +284,14 @@ impl Executor {
             no_configurator_since_ms: None,
             txn: None,
             items_examined: 0,
-            recovery: Vec::new(),
+            owed,
         };
         for (key, entry) in journaled {
             let lost = if entry.operation_runs() {
                 // Staged one by one: each sees those before it lost.
                 let lost = completed(&executor.model.current, &entry, lost_outcome(&entry));
                 executor.model.stage_current(&key, lost.clone());
-                executor.recovery.push((key.clone(), lost.clone()));
+                executor.owed.items.push((key.clone(), lost.clone()));
                 lost
             } else {
                 Some(entry)
@@ -266,10 +306,9 @@ impl Executor {
         executor
     }
 
-    /// Stages what loading did to journaled operations (see
-    /// [`Self::recovery`]) until a commit stores it.
-    fn stage_recovery(&mut self) {
-        for (key, value) in &self.recovery {
+    /// Stages the items [`Owed`] until a commit stores them.
+    fn stage_owed(&mut self) {
+        for (key, value) in &self.owed.items {
             self.model.stage_current(key, value.clone());
         }
     }
@@ -436,8 +475,17 @@ impl Executor {
             })
             .collect();
         let progress = self.model.progress().clone();
+        let mut events = self.owed.events.clone();
+        let mut specs: Vec<StoredSpec> = self.owed.specs.clone();
         let txn = self.transaction();
-        let mut events = std::mem::take(&mut txn.events);
+        // A type the input stores again is stored once, as the input has it.
+        specs.retain(|owed| {
+            !txn.specs
+                .iter()
+                .any(|stored| stored.spec.item_type == owed.spec.item_type)
+        });
+        specs.append(&mut txn.specs);
+        events.append(&mut txn.events);
         events.extend(changes);
         if conditions_changed {
             events.push(TenantEvent::ConditionsChanged {
@@ -450,7 +498,7 @@ impl Executor {
             commit: Commit {
                 items: writes,
                 intent: txn.intent.take(),
-                specs: std::mem::take(&mut txn.specs),
+                specs,
                 events,
                 conditions_changed,
             },
@@ -469,7 +517,7 @@ impl Executor {
             return;
         };
         self.model.forget_staged();
-        self.recovery.clear();
+        self.owed = Owed::default();
         for (op_id, timeout_ms) in txn.clocked {
             self.deadlines.start(&op_id, timeout_ms, now.mono_ms);
         }
@@ -489,8 +537,8 @@ impl Executor {
     /// refuses writes).
     pub fn commit_failed(&mut self, now: Now) {
         self.model.rollback_staged();
-        // What loading found is true whatever the commit: staged again.
-        self.stage_recovery();
+        // What is owed is true whatever the commit: staged again.
+        self.stage_owed();
         let Some(txn) = self.txn.take() else {
             return;
         };

@@ -23,6 +23,6 @@ pub mod spec;
 pub use effects::{Commit, Effects, OperationOutcome, TenantEvent};
 pub use executor::{AgentResult, Executor, ExecutorSettings, Now, Submitted, TypeHeld};
 pub use model::{ItemWrite, StateCounts, TenantModel, TenantProgress};
-pub use registry::{RegisteredType, TypeRegistry};
+pub use registry::{RegisteredType, StoredSpec, TypeRegistry};
 pub use room::{Limits, Room, Running};
 pub use spec::{DEFAULT_MAX_IN_FLIGHT, DEFAULT_OPERATION_TIMEOUT_MS, RetryPolicy, TypeSpec};

@@ -6,8 +6,26 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 use super::spec::TypeSpec;
 use crate::engine::plan::TypeRules;
+
+/// A type spec as stored: the spec, the epoch of the registration that
+/// declared it, and the agent whose live session held the type when it was
+/// stored. No session outlives the process, so the agents a restart finds
+/// holding types are announced disconnected (docs/watch.md).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StoredSpec {
+    /// The spec.
+    pub spec: TypeSpec,
+    /// The epoch.
+    pub epoch: u64,
+    /// The agent holding the type through a live session; `None` once
+    /// that session ended (and in records older than this field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
+}
 
 /// One registered item type.
 #[derive(Clone, Debug)]

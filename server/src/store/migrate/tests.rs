@@ -109,13 +109,12 @@ fn a_store_from_a_newer_reconciled_is_refused() {
 fn json_records_of_schema_version_1_decode_as_the_same_records_after_migrating() {
     use std::sync::Arc;
 
-    use crate::engine::exec::{RetryPolicy, TypeSpec};
+    use crate::engine::exec::{RetryPolicy, StoredSpec, TypeSpec};
     use crate::engine::schema::TypeSchema;
     use crate::graph::{CurrentItem, InFlight, Item, OperationKind};
     use crate::store::keys::{
         current_item_key, intended_item_key, tenant_record_key, type_spec_key,
     };
-    use crate::tenant::persist::StoredSpec;
     use crate::tenant::record::{StoredIntended, TenantRecord, decode, samples};
 
     let tenant = samples::tenant_with_everything_set();
@@ -147,7 +146,11 @@ fn json_records_of_schema_version_1_decode_as_the_same_records_after_migrating()
         max_ms: 8,
     };
     spec.schema = Some(TypeSchema::stored(serde_json::json!({"type": "object"})));
-    let spec = StoredSpec { spec, epoch: 4 };
+    let spec = StoredSpec {
+        spec,
+        epoch: 4,
+        held_by: None,
+    };
     let item_key = |item: &Item| (item.item_type().clone(), item.name().clone());
     let (applied_type, applied_name) = item_key(&applied);
 

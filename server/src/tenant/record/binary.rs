@@ -15,13 +15,12 @@ use reconciled_proto::store::v1 as pb;
 
 use super::{StoredIntended, TenantLimits, TenantRecord};
 use crate::engine::conditions::{Condition, ConditionKind};
-use crate::engine::exec::{RetryPolicy, TypeSpec};
+use crate::engine::exec::{RetryPolicy, StoredSpec, TypeSpec};
 use crate::engine::schema::TypeSchema;
 use crate::graph::{
     CurrentItem, Dependency, InFlight, Item, ItemRef, ItemState, OperationError, OperationKind,
     Properties, RareFields, RetryOf,
 };
-use crate::tenant::persist::StoredSpec;
 
 /// A record type the store holds, and its protobuf message.
 pub trait StoredRecord: Sized {
@@ -222,6 +221,7 @@ impl StoredRecord for StoredSpec {
                     .map_err(|error| error.to_string())?,
             }),
             epoch: self.epoch,
+            held_by: self.held_by.clone(),
         })
     }
 
@@ -245,6 +245,7 @@ impl StoredRecord for StoredSpec {
                 schema,
             },
             epoch: message.epoch,
+            held_by: message.held_by,
         })
     }
 }

@@ -12,6 +12,7 @@ use super::{Executor, Holder, Now, Scope, lost_outcome, to_session};
 use crate::engine::exec::effects::{Effects, Finished, OperationOutcome, TenantEvent};
 use crate::engine::exec::lost::{GiveUpReason, Redelivery, redelivery, redelivery_waits};
 use crate::engine::exec::port::{AgentOutcome, ExternalChange, Grant, Registration, ToAgent};
+use crate::engine::exec::registry::StoredSpec;
 use crate::engine::transition::{
     Completion, CurrentUpdates, completed, drifted_paths, forget_marks_on, mark_gone_with_externals,
 };
@@ -123,7 +124,11 @@ impl Executor {
             txn.undo_types.push((spec.item_type.clone(), previous_type));
             txn.undo_sessions
                 .push((spec.item_type.clone(), previous_holder));
-            txn.specs.push((spec, grant.epoch));
+            txn.specs.push(StoredSpec {
+                spec,
+                epoch: grant.epoch,
+                held_by: Some(registration.agent_id.clone()),
+            });
         }
         info!(
             tenant = self.settings.tenant_id,
@@ -156,9 +161,18 @@ impl Executor {
         self.begin();
         for item_type in &released {
             self.sessions.remove(item_type);
+            if let Some(registered) = self.types.get(item_type) {
+                self.owed.specs.push(StoredSpec {
+                    spec: registered.spec.clone(),
+                    epoch: registered.epoch,
+                    held_by: None,
+                });
+            }
         }
         info!(tenant = self.settings.tenant_id, types = ?released, reason, "Configurator disconnected.");
-        self.event(TenantEvent::AgentDisconnected {
+        // The session ended whatever becomes of this commit: owed until
+        // one stores it.
+        self.owed.events.push(TenantEvent::AgentDisconnected {
             agent_id,
             item_types: released.clone(),
             reason: reason.to_owned(),

@@ -7,7 +7,7 @@ use crate::engine::exec::port::{
     AgentOutcome, ExternalChange, OperationOrder, Outstanding, Registration, ToAgent,
 };
 use crate::engine::exec::{
-    AgentResult, Executor, ExecutorSettings, Now, RetryPolicy, TenantProgress, TypeSpec,
+    AgentResult, Executor, ExecutorSettings, Now, RetryPolicy, StoredSpec, TenantProgress, TypeSpec,
 };
 use crate::engine::intent::ValidatedSubmit;
 use crate::engine::testkit::on;
@@ -62,17 +62,54 @@ fn settings() -> ExecutorSettings {
 }
 
 /// The executor a restarted server loads from `executor`'s state (its
-/// journaled operations as stored), with type `t` registered before.
+/// journaled operations as stored), with type `t` registered before and
+/// held by `agent`'s session when the server stopped.
 fn reloaded(executor: &Executor, now: Now) -> Executor {
     let model = executor.model();
     Executor::load(
         model.intended.clone(),
         model.current.clone(),
         model.progress().clone(),
-        vec![(spec(), 1)],
+        vec![StoredSpec {
+            spec: spec(),
+            epoch: 1,
+            held_by: Some("agent".to_owned()),
+        }],
         settings(),
         now,
     )
+}
+
+/// The agent events a commit carries: connected or not, agent, types.
+fn agent_events(effects: &Effects) -> Vec<(bool, String, Vec<String>)> {
+    effects
+        .commit
+        .events
+        .iter()
+        .filter_map(|event| match event {
+            TenantEvent::AgentConnected {
+                agent_id,
+                item_types,
+                ..
+            } => Some((true, agent_id.clone(), item_types.clone())),
+            TenantEvent::AgentDisconnected {
+                agent_id,
+                item_types,
+                ..
+            } => Some((false, agent_id.clone(), item_types.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The type specs a commit stores: type and holder.
+fn holders(effects: &Effects) -> Vec<(String, Option<String>)> {
+    effects
+        .commit
+        .specs
+        .iter()
+        .map(|stored| (stored.spec.item_type.clone(), stored.held_by.clone()))
+        .collect()
 }
 
 /// The state changes a commit carries to watchers: item, state before,
@@ -114,9 +151,94 @@ fn a_restart_tells_watchers_which_operations_it_lost() {
         )],
         "the item went UNKNOWN: the commit stores it and tells watchers"
     );
+    assert_eq!(
+        agent_events(&effects),
+        vec![(false, "agent".to_owned(), vec!["t".to_owned()])],
+        "no session outlives the process: watchers learn the agent is gone"
+    );
+    assert_eq!(
+        holders(&effects),
+        vec![("t".to_owned(), None)],
+        "and the store no longer says it holds its type"
+    );
     restarted.committed(at(22));
     let (effects, _) = restarted.reconcile(false, at(23));
     assert!(status_changes(&effects).is_empty(), "told once");
+    assert!(agent_events(&effects).is_empty(), "told once");
+    assert!(effects.commit.is_empty(), "nothing left to store");
+}
+
+#[test]
+fn a_restart_with_no_session_open_and_nothing_in_flight_stores_nothing() {
+    let mut executor = executor();
+    submit(&mut executor, vec![item("a", 1)], at(10));
+    executor.committed(at(10));
+    let model = executor.model();
+    let mut restarted = Executor::load(
+        model.intended.clone(),
+        model.current.clone(),
+        model.progress().clone(),
+        vec![StoredSpec {
+            spec: spec(),
+            epoch: 1,
+            held_by: None,
+        }],
+        settings(),
+        at(20),
+    );
+    let (effects, _) = restarted.reconcile(false, at(21));
+    assert!(
+        effects.commit.is_empty(),
+        "a start moves no revision when nothing changed: {:?}",
+        effects.commit
+    );
+}
+
+#[test]
+fn the_store_knows_which_agent_holds_a_type_and_a_failed_commit_loses_no_disconnect() {
+    let mut executor = executor();
+    let effects = register(&mut executor, 1, "agent", at(0));
+    assert_eq!(
+        holders(&effects),
+        vec![("t".to_owned(), Some("agent".to_owned()))]
+    );
+    executor.committed(at(0));
+
+    let effects = executor.session_closed(1, "the stream ended", at(10));
+    assert_eq!(
+        agent_events(&effects),
+        vec![(false, "agent".to_owned(), vec!["t".to_owned()])]
+    );
+    assert_eq!(holders(&effects), vec![("t".to_owned(), None)]);
+    // The store refuses the commit: the session ended all the same, and
+    // the next commit says so.
+    executor.commit_failed(at(10));
+    let (effects, _) = executor.reconcile(false, at(11));
+    assert_eq!(
+        agent_events(&effects),
+        vec![(false, "agent".to_owned(), vec!["t".to_owned()])]
+    );
+    assert_eq!(holders(&effects), vec![("t".to_owned(), None)]);
+    executor.commit_failed(at(11));
+
+    // Another agent takes the type in the next commit: the disconnect
+    // comes first, and the type is stored once, held by the newcomer.
+    let effects = register(&mut executor, 2, "other", at(12));
+    assert_eq!(
+        agent_events(&effects),
+        vec![
+            (false, "agent".to_owned(), vec!["t".to_owned()]),
+            (true, "other".to_owned(), vec!["t".to_owned()]),
+        ]
+    );
+    assert_eq!(
+        holders(&effects),
+        vec![("t".to_owned(), Some("other".to_owned()))]
+    );
+    executor.committed(at(12));
+    let (effects, _) = executor.reconcile(false, at(13));
+    assert!(agent_events(&effects).is_empty(), "told once");
+    assert!(holders(&effects).is_empty(), "stored once");
 }
 
 /// The executor with an agent on session 1 for type `t`.
