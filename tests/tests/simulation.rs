@@ -1090,3 +1090,13 @@ fn seed_291807_a_lost_create_is_not_sent_again_once_its_dependency_left_the_inte
 fn seed_78336_a_delete_given_up_on_and_needed_again_counts_as_failed_for_good() {
     passes_in(78336, 1000);
 }
+
+/// The store died; the restarted server brought a retry time nearer (an
+/// agent's WAIT asked for longer than the type's policy allows) in memory
+/// only, so the status showed a retry time the store did not keep, and a
+/// second crash found the old one. The first commit after a restart now
+/// stores it.
+#[test]
+fn seed_12_with_agent_restarts_a_crash_keeps_what_the_status_showed() {
+    passes_with_agent_restarts(12);
+}

@@ -25,7 +25,10 @@
 //!   while the tenant is not quiescent. (What a Watch sees is checked in
 //!   [`super::watcher`].)
 //! - **Durability** (§6): after a crash, the acknowledged intent and
-//!   generation are there.
+//!   generation are there, and every current item, the observed
+//!   generation and the conditions are as the last snapshot showed them
+//!   (but for operations in flight, now lost, and retry times brought
+//!   nearer).
 //! - **Liveness** (§5): once faults stop and agents answer, the tenant goes
 //!   quiet converged (see [`check_converged`]), and a from-scratch plan
 //!   finds nothing the incremental passes missed.
@@ -1877,6 +1880,84 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
             }
             _ => {}
         }
+    }
+    Ok(())
+}
+
+/// DESIGN 6: commits are atomic and durable, and a snapshot shows
+/// committed state. After a crash at revision `before` was published and
+/// nothing newer was stored, the restarted server has every current item
+/// as `before` showed it, and the same observed generation and conditions
+/// (in substance: wording is not stored).
+/// Allowed: an item whose operation was in flight becomes lost (DESIGN 4),
+/// and a retry time may come nearer (it waits at most its policy's longest
+/// wait from the restart).
+pub fn check_crash_kept(before: &TenantSnapshot, loaded: &TenantSnapshot) -> Result<(), Violation> {
+    if loaded.record.revision != before.record.revision {
+        // A commit the store applied although it answered with an error,
+        // or one durable but not yet published: `before` is not the last
+        // committed state.
+        return Ok(());
+    }
+    let keys: BTreeSet<&ItemRef> = before.current.keys().chain(loaded.current.keys()).collect();
+    for key in keys {
+        let was = before.current.get(key);
+        if was.is_some_and(|was| was.in_flight.is_some()) {
+            continue;
+        }
+        let is = loaded.current.get(key).map(|is| {
+            let mut is = (**is).clone();
+            if let Some(was) = was
+                && let (Some(now), Some(then)) =
+                    (is.rare.next_attempt_at_ms, was.rare.next_attempt_at_ms)
+                && now <= then
+            {
+                is.rare.update(|rare| rare.next_attempt_at_ms = Some(then));
+            }
+            is
+        });
+        if is.as_ref() != was.map(|was| &**was) {
+            return fail(
+                "a crash keeps the committed state a snapshot showed",
+                format!(
+                    "{key} at revision {}: shown {was:?}, restarted with {is:?}",
+                    before.record.revision
+                ),
+            );
+        }
+    }
+    // A condition's wording alone changes without a commit (DESIGN 7:
+    // ConditionsChanged is sent for changes in substance).
+    let substance = |snapshot: &TenantSnapshot| {
+        snapshot
+            .record
+            .conditions
+            .iter()
+            .map(|condition| {
+                (
+                    condition.kind,
+                    condition.status,
+                    condition.reason.clone(),
+                    condition.observed_generation,
+                    condition.last_transition_ms,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    if loaded.record.observed_generation != before.record.observed_generation
+        || substance(loaded) != substance(before)
+    {
+        return fail(
+            "a crash keeps the committed state a snapshot showed",
+            format!(
+                "at revision {}: shown observed generation {} and {:?}, restarted with {} and {:?}",
+                before.record.revision,
+                before.record.observed_generation,
+                before.record.conditions,
+                loaded.record.observed_generation,
+                loaded.record.conditions
+            ),
+        );
     }
     Ok(())
 }

@@ -34,9 +34,10 @@ use super::counts::OpCounts;
 use super::faults::FaultyStore;
 use super::intents::{Expected, IntentModel, Scenario, SubmitPlan, external_value};
 use super::invariants::{
-    Ledger, Violation, check_converged, check_create_waits_for_deletes_of_its_type,
-    check_dependencies_settled, check_modify_spares_recreate_paths, check_order, check_restart,
-    check_room, check_snapshot, least_retry_wait, retry_pending, stays_lost, unknown_items,
+    Ledger, Violation, check_converged, check_crash_kept,
+    check_create_waits_for_deletes_of_its_type, check_dependencies_settled,
+    check_modify_spares_recreate_paths, check_order, check_restart, check_room, check_snapshot,
+    least_retry_wait, retry_pending, stays_lost, unknown_items,
 };
 use super::steps::{AgentView, Answer, Report, Step, View};
 use super::trace::Trace;
@@ -898,6 +899,7 @@ impl Sim {
     async fn restart(&mut self, owner_seed: u64, luck: u64) -> Result<(), Violation> {
         let now = self.now_ms();
         self.watcher.before_crash(&self.handle).await?;
+        let before = self.handle.snapshots.latest();
         for note in self.agents.server_died(luck, now, &mut self.world) {
             self.trace.note(note);
         }
@@ -923,6 +925,7 @@ impl Sim {
         self.store = store;
         self.handle = handle;
         self.stats.restarts += 1;
+        check_crash_kept(&before, &loaded)?;
         let journal = check_restart(&loaded, &mut self.model)?;
         self.watcher
             .after_restart(&self.handle, loaded.record.revision)?;

@@ -224,7 +224,7 @@ impl Executor {
     /// stores the first two and tells watchers.
     pub fn load(
         intended: IntendedGraph,
-        mut current: CurrentGraph,
+        current: CurrentGraph,
         progress: TenantProgress,
         specs: Vec<StoredSpec>,
         settings: ExecutorSettings,
@@ -254,12 +254,7 @@ impl Executor {
                 reason: RESTART_REASON.to_owned(),
             });
         }
-        clamp_retry_times(&mut current, &types, now.wall_ms);
-        let journaled: Vec<(ItemRef, CurrentItem)> = current
-            .iter()
-            .filter(|(_, entry)| entry.in_flight.is_some())
-            .map(|(key, entry)| (key.clone(), (**entry).clone()))
-            .collect();
+        let clamped = clamped_retry_times(&current, &types, now.wall_ms);
         let mut rng = StdRng::seed_from_u64(settings.seed);
         let boot = rng.random();
         let mut executor = Self {
@@ -286,6 +281,18 @@ impl Executor {
             items_examined: 0,
             owed,
         };
+        // Staged, so that a commit stores what the snapshots show.
+        for (key, value) in clamped {
+            executor.model.stage_current(&key, Some(value.clone()));
+            executor.owed.items.push((key, Some(value)));
+        }
+        let journaled: Vec<(ItemRef, CurrentItem)> = executor
+            .model
+            .current
+            .iter()
+            .filter(|(_, entry)| entry.in_flight.is_some())
+            .map(|(key, entry)| (key.clone(), (**entry).clone()))
+            .collect();
         for (key, entry) in journaled {
             let lost = if entry.operation_runs() {
                 // Staged one by one: each sees those before it lost.
@@ -675,9 +682,14 @@ impl Executor {
 }
 
 /// A retry time stored before a restart waits at most the policy's longest
-/// wait from now (clocks move; policies change).
-fn clamp_retry_times(current: &mut CurrentGraph, types: &TypeRegistry, now_ms: u64) {
-    let clamped: Vec<(ItemRef, CurrentItem)> = current
+/// wait from now (clocks move; policies change): the items whose retry
+/// time comes nearer, with it.
+fn clamped_retry_times(
+    current: &CurrentGraph,
+    types: &TypeRegistry,
+    now_ms: u64,
+) -> Vec<(ItemRef, CurrentItem)> {
+    current
         .iter()
         .filter_map(|(key, entry)| {
             let at = entry.rare.next_attempt_at_ms?;
@@ -694,10 +706,7 @@ fn clamp_retry_times(current: &mut CurrentGraph, types: &TypeRegistry, now_ms: u
                 (key.clone(), clamped)
             })
         })
-        .collect();
-    for (key, value) in clamped {
-        current.insert(key, value);
-    }
+        .collect()
 }
 
 /// How an operation whose outcome was lost (its session ended, the server

@@ -169,6 +169,50 @@ fn a_restart_tells_watchers_which_operations_it_lost() {
 }
 
 #[test]
+fn a_retry_time_a_restart_brings_nearer_is_stored_by_its_first_commit() {
+    let mut executor = connected();
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    // The agent asks for an hour; the type's policy waits at most 1 s.
+    let wait = AgentOutcome::Wait {
+        retry_after_ms: 3_600_000,
+    };
+    answer(&mut executor, &orders(&effects.sends)[0], wait, at(20));
+    let retry_at = |executor: &Executor| {
+        executor
+            .model()
+            .current
+            .get(&ItemRef::new("t", "a"))
+            .and_then(|entry| entry.rare.next_attempt_at_ms)
+    };
+    assert_eq!(retry_at(&executor), Some(WALL_START + 3_600_020));
+
+    let mut restarted = reloaded(&executor, at(100));
+    assert_eq!(
+        retry_at(&restarted),
+        Some(WALL_START + 1_100),
+        "at most the policy's longest wait from the restart"
+    );
+    let (effects, _) = restarted.reconcile(false, at(101));
+    let stored: Vec<Option<u64>> = effects
+        .commit
+        .items
+        .iter()
+        .filter(|write| write.item == ItemRef::new("t", "a"))
+        .map(|write| {
+            write
+                .after
+                .as_ref()
+                .and_then(|after| after.rare.next_attempt_at_ms)
+        })
+        .collect();
+    assert_eq!(
+        stored,
+        vec![Some(WALL_START + 1_100)],
+        "what the status shows is what the store keeps"
+    );
+}
+
+#[test]
 fn a_restart_with_no_session_open_and_nothing_in_flight_stores_nothing() {
     let mut executor = executor();
     submit(&mut executor, vec![item("a", 1)], at(10));
