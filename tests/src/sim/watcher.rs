@@ -37,9 +37,14 @@ use tokio_stream::StreamExt as _;
 
 use super::invariants::Violation;
 
-/// Rounds of "read what is ready, let the server run" before the watcher
-/// counts as caught up.
+/// Rounds of "read what is ready, let the server run" in a row that bring
+/// messages but no new revision before catching up counts as failed.
 const MAX_ROUNDS: usize = 64;
+/// Rounds in all: a server that keeps committing in a loop (a livelock)
+/// fails here rather than hanging the run. A long step of time can bring
+/// thousands of revisions (every operation timing out and retried over
+/// a quarter of an hour), read 64 events at a time.
+const MAX_ROUNDS_IN_ALL: usize = 50_000;
 /// Yields that let the stream's task run before the watcher reads.
 const YIELDS: usize = 16;
 
@@ -132,7 +137,9 @@ impl Watcher {
     /// Reads everything the server has published, resuming the stream
     /// whenever it ends, until nothing more arrives.
     pub async fn catch_up(&mut self, handle: &TenantHandle) -> Result<(), Violation> {
-        for _ in 0..MAX_ROUNDS {
+        let mut stale = 0;
+        for _ in 0..MAX_ROUNDS_IN_ALL {
+            let cursor = self.cursor;
             if self.stream.is_none() {
                 self.open(handle)?;
             }
@@ -160,10 +167,23 @@ impl Watcher {
             if !arrived && self.stream.is_some() {
                 return Ok(());
             }
+            stale = if self.cursor > cursor { 0 } else { stale + 1 };
+            if stale == MAX_ROUNDS {
+                return Err(Violation::new(
+                    "a watcher that keeps up catches up",
+                    format!(
+                        "still receiving after {MAX_ROUNDS} rounds with no new revision (at {})",
+                        self.cursor
+                    ),
+                ));
+            }
         }
         Err(Violation::new(
             "a watcher that keeps up catches up",
-            format!("still receiving after {MAX_ROUNDS} rounds"),
+            format!(
+                "still receiving new revisions after {MAX_ROUNDS_IN_ALL} rounds (at {}): the server commits in a loop",
+                self.cursor
+            ),
         ))
     }
 
