@@ -1840,6 +1840,21 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
     if reconciling == Some(true) && ready == Some(true) {
         return fail("Reconciling and Ready never hold together", "both are true");
     }
+    // DESIGN 5: Stalled needs a cause: an item that failed terminally (an
+    // item blocked by one names it), or one waiting for a configurator.
+    let waits_for_a_configurator = snapshot
+        .waiting
+        .values()
+        .any(|waiting| waiting.reason == WaitReason::NoConfigurator);
+    if stalled == Some(true) && !any_failed_for_good(snapshot) && !waits_for_a_configurator {
+        return fail(
+            "a tenant is Stalled only for a terminal failure or a missing configurator",
+            format!(
+                "Stalled is true ({}) but no item failed for good or waits for a configurator",
+                conditions_text(snapshot)
+            ),
+        );
+    }
     if reconciling == Some(false)
         && snapshot.record.observed_generation != snapshot.record.generation
     {
