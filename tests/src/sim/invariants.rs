@@ -1899,6 +1899,50 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
     Ok(())
 }
 
+/// DESIGN 4 and 2 on what an `OperationRequest` holds: a Modify carries
+/// the applied value as `previous`, and changes something (equal values
+/// need no operation) unless the server is unsure what is applied; the
+/// timeout is the type's.
+pub fn check_order_content(
+    order: &OperationOrder,
+    spec: Option<&TypeSpec>,
+) -> Result<(), Violation> {
+    let what = || {
+        format!(
+            "{} {} (op {} attempt {})",
+            order.kind.as_str(),
+            order.item.item_ref(),
+            order.op_id,
+            order.attempt
+        )
+    };
+    if order.kind == OperationKind::Modify {
+        let Some(previous) = &order.previous else {
+            return fail("a Modify carries the applied value", what());
+        };
+        if !order.previous_uncertain && previous.same_content(&order.item) {
+            return fail(
+                "a Modify changes something",
+                format!("{}: previous and new values are equal", what()),
+            );
+        }
+    }
+    if let Some(spec) = spec
+        && order.timeout_ms != spec.operation_timeout_ms
+    {
+        return fail(
+            "an operation carries its type's timeout",
+            format!(
+                "{} carries {} ms, the type's is {} ms",
+                what(),
+                order.timeout_ms,
+                spec.operation_timeout_ms
+            ),
+        );
+    }
+    Ok(())
+}
+
 /// DESIGN 6: commits are atomic and durable, and a snapshot shows
 /// committed state. After a crash at revision `before` was published and
 /// nothing newer was stored, the restarted server has every current item

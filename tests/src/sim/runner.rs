@@ -36,8 +36,8 @@ use super::intents::{Expected, IntentModel, Scenario, SubmitPlan, external_value
 use super::invariants::{
     Ledger, Violation, check_converged, check_crash_kept,
     check_create_waits_for_deletes_of_its_type, check_dependencies_settled,
-    check_modify_spares_recreate_paths, check_order, check_restart, check_room, check_snapshot,
-    least_retry_wait, retry_pending, stays_lost, unknown_items,
+    check_modify_spares_recreate_paths, check_order, check_order_content, check_restart,
+    check_room, check_snapshot, least_retry_wait, retry_pending, stays_lost, unknown_items,
 };
 use super::steps::{AgentView, Answer, Report, Step, View};
 use super::trace::Trace;
@@ -505,6 +505,7 @@ impl Sim {
                     now,
                     self.clock.now_ms(),
                 )?;
+                check_order_content(&order, self.scenario.spec(order.item.item_type()))?;
                 // DESIGN 4: after `max_attempts` failed attempts the server
                 // gives the operation up.
                 if let Some(spec) = self.scenario.spec(order.item.item_type())
