@@ -2204,6 +2204,50 @@ fn connected_to_failures(
     tainted
 }
 
+/// DESIGN 5: a tenant that is not `Reconciling` is quiescent: nothing can
+/// be dispatched. A plan of its graphs made afresh, with the
+/// configurators connected now and the wall clock now, has no operation
+/// ready (the incremental passes missed no wake-up).
+pub fn check_quiescent_has_no_work(
+    snapshot: &TenantSnapshot,
+    now_ms: u64,
+) -> Result<(), Violation> {
+    if condition(snapshot, ConditionKind::Reconciling) != Some(false) {
+        return Ok(());
+    }
+    let connected: BTreeSet<&str> = snapshot
+        .connected_item_types
+        .iter()
+        .map(String::as_str)
+        .collect();
+    let missing: BTreeSet<String> = snapshot
+        .item_types
+        .specs()
+        .map(|spec| spec.item_type.clone())
+        .filter(|item_type| !connected.contains(item_type.as_str()))
+        .collect();
+    let environment = Everything::new(snapshot.item_types.specs(), missing, now_ms);
+    let plan = full_plan(snapshot, &environment);
+    let ready: Vec<String> = plan
+        .ready()
+        .map(|index| {
+            let operation = &plan.operations[index];
+            format!("{} {}", operation.kind.as_str(), operation.item)
+        })
+        .collect();
+    if !ready.is_empty() {
+        return fail(
+            "a tenant that is not Reconciling has nothing to dispatch",
+            format!(
+                "Reconciling is false ({}), but a full plan has ready operations: {}",
+                conditions_text(snapshot),
+                ready.join(", ")
+            ),
+        );
+    }
+    Ok(())
+}
+
 /// The items a full plan of the snapshot's graphs gives an operation or
 /// shows waiting (retry times taken as passed, every configurator there).
 fn items_a_full_plan_gives_work(snapshot: &TenantSnapshot) -> BTreeSet<ItemRef> {
