@@ -2204,6 +2204,45 @@ fn connected_to_failures(
     tainted
 }
 
+/// DESIGN 4: the server gives an operation up only for a terminal code or
+/// after its type's `max_attempts`; every other failure is retried. An
+/// item shown given up on (`gave_up`, or `FAILED` with no retry time) has
+/// a terminal last error or has used its attempts.
+pub fn check_given_up_for_cause(snapshot: &TenantSnapshot) -> Result<(), Violation> {
+    for (key, current) in snapshot.current.iter() {
+        let shown_given_up = current.gave_up
+            || (current.state == ItemState::Failed
+                && current.in_flight.is_none()
+                && current.rare.next_attempt_at_ms.is_none());
+        if !shown_given_up {
+            continue;
+        }
+        let terminal = current
+            .rare
+            .last_error
+            .as_ref()
+            .is_some_and(|error| error.is_terminal());
+        let max_attempts = snapshot
+            .item_types
+            .spec(key.item_type())
+            .map_or(0, |spec| spec.max_attempts);
+        let used_up = max_attempts > 0 && current.attempts >= max_attempts;
+        if !terminal && !used_up {
+            return fail(
+                "an operation is given up only for a terminal code or after max_attempts",
+                format!(
+                    "{key} is {} (gave_up {}) after {} attempt(s) of {max_attempts} allowed, last error {:?}",
+                    state_name(current.state),
+                    current.gave_up,
+                    current.attempts,
+                    current.rare.last_error
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// DESIGN 5: a tenant that is not `Reconciling` is quiescent: nothing can
 /// be dispatched. A plan of its graphs made afresh, with the
 /// configurators connected now and the wall clock now, has no operation

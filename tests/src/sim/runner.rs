@@ -36,7 +36,7 @@ use super::intents::{Expected, IntentModel, Scenario, SubmitPlan, external_value
 use super::invariants::{
     Ledger, Violation, check_converged, check_crash_kept,
     check_create_waits_for_deletes_of_its_type, check_dependencies_settled,
-    check_modify_spares_recreate_paths, check_order, check_order_content,
+    check_given_up_for_cause, check_modify_spares_recreate_paths, check_order, check_order_content,
     check_quiescent_has_no_work, check_restart, check_room, check_snapshot, least_retry_wait,
     retry_pending, stays_lost, unknown_items,
 };
@@ -382,6 +382,7 @@ impl Sim {
         self.unknown = unknown_items(&snapshot);
         check_snapshot(&snapshot, &self.model)?;
         check_quiescent_has_no_work(&snapshot, self.clock.now_ms())?;
+        check_given_up_for_cause(&snapshot)?;
         // Catching up lets the owner run what fell due meanwhile (a WAIT's
         // retry): the view is compared with the snapshot after it.
         self.watcher.catch_up(&self.handle).await?;
