@@ -16,14 +16,19 @@
 //!   FAILED outcome or a timeout (or a poison redelivery); a retry or a
 //!   re-ask after WAIT keeps the op id; orders carry the epoch granted to
 //!   the session; after a restart, a journaled operation resumes with its
-//!   op id and attempt (§6).
+//!   op id and attempt (§6); no attempt goes past the type's
+//!   `max_attempts`, and an operation is given up only for a terminal
+//!   code or after them; a Modify carries the applied value and changes
+//!   something; an order carries its type's timeout.
 //! - **Status** (§2, §5), on every published snapshot: counts by state
 //!   equal a recount of the graphs; Ready holds exactly when every intended
 //!   item is created at its intended value, nothing is left to delete,
 //!   every existing item's dependencies hold, and nothing but a drift READ
 //!   is in flight; Reconciling never holds with Stalled or Ready, and holds
-//!   while the tenant is not quiescent. (What a Watch sees is checked in
-//!   [`super::watcher`].)
+//!   while the tenant is not quiescent; a tenant not Reconciling has
+//!   nothing to dispatch by a plan made afresh; Stalled needs an item
+//!   failed for good or waiting for a configurator. (What a Watch sees is
+//!   checked in [`super::watcher`].)
 //! - **Durability** (§6): after a crash, the acknowledged intent and
 //!   generation are there, and every current item, the observed
 //!   generation and the conditions are as the last snapshot showed them
