@@ -2211,14 +2211,14 @@ fn connected_to_failures(
 
 /// DESIGN 4: the server gives an operation up only for a terminal code or
 /// after its type's `max_attempts`; every other failure is retried. An
-/// item shown given up on (`gave_up`, or `FAILED` with no retry time) has
-/// a terminal last error or has used its attempts.
+/// item shown `FAILED` and given up on (`gave_up`, or no retry time) has a
+/// terminal last error or has used its attempts. (An item settled since
+/// keeps `gave_up` but no error: not checked.)
 pub fn check_given_up_for_cause(snapshot: &TenantSnapshot) -> Result<(), Violation> {
     for (key, current) in snapshot.current.iter() {
-        let shown_given_up = current.gave_up
-            || (current.state == ItemState::Failed
-                && current.in_flight.is_none()
-                && current.rare.next_attempt_at_ms.is_none());
+        let shown_given_up = current.state == ItemState::Failed
+            && current.in_flight.is_none()
+            && (current.gave_up || current.rare.next_attempt_at_ms.is_none());
         if !shown_given_up {
             continue;
         }
