@@ -27,8 +27,9 @@
 //!   is in flight; Reconciling never holds with Stalled or Ready, and holds
 //!   while the tenant is not quiescent; a tenant not Reconciling has
 //!   nothing to dispatch by a plan made afresh; Stalled needs an item
-//!   failed for good or waiting for a configurator. (What a Watch sees is
-//!   checked in [`super::watcher`].)
+//!   failed for good or waiting for a configurator; an intended item's
+//!   generation is the one that last changed its content. (What a Watch
+//!   sees is checked in [`super::watcher`].)
 //! - **Durability** (§6): after a crash, the acknowledged intent and
 //!   generation are there, and every current item, the observed
 //!   generation and the conditions are as the last snapshot showed them
@@ -2207,6 +2208,40 @@ fn connected_to_failures(
         }
     }
     tainted
+}
+
+/// DESIGN 2: an intended item's `generation` is the generation that last
+/// changed its equality-relevant content, by the acknowledged history of
+/// the intent.
+pub fn check_item_generations(
+    snapshot: &TenantSnapshot,
+    model: &IntentModel,
+) -> Result<(), Violation> {
+    if snapshot.record.generation != model.generation {
+        return Ok(());
+    }
+    for (key, entry) in snapshot.intended.iter() {
+        let Some(now) = model.items.get(key) else {
+            continue;
+        };
+        let mut changed_at = model.generation;
+        for (generation, items) in model.history.range(..model.generation).rev() {
+            match items.get(key) {
+                Some(then) if then.same_content(now) => changed_at = *generation,
+                _ => break,
+            }
+        }
+        if entry.generation != changed_at {
+            return fail(
+                "an intended item's generation is the one that last changed it",
+                format!(
+                    "{key} shows generation {}; its content last changed at {changed_at} (tenant generation {})",
+                    entry.generation, model.generation
+                ),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// DESIGN 4: the server gives an operation up only for a terminal code or

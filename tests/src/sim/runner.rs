@@ -36,9 +36,9 @@ use super::intents::{Expected, IntentModel, Scenario, SubmitPlan, external_value
 use super::invariants::{
     Ledger, Violation, check_converged, check_crash_kept,
     check_create_waits_for_deletes_of_its_type, check_dependencies_settled,
-    check_given_up_for_cause, check_modify_spares_recreate_paths, check_order, check_order_content,
-    check_quiescent_has_no_work, check_restart, check_room, check_snapshot, least_retry_wait,
-    retry_pending, stays_lost, unknown_items,
+    check_given_up_for_cause, check_item_generations, check_modify_spares_recreate_paths,
+    check_order, check_order_content, check_quiescent_has_no_work, check_restart, check_room,
+    check_snapshot, least_retry_wait, retry_pending, stays_lost, unknown_items,
 };
 use super::steps::{AgentView, Answer, Report, Step, View};
 use super::trace::Trace;
@@ -383,6 +383,7 @@ impl Sim {
         check_snapshot(&snapshot, &self.model)?;
         check_quiescent_has_no_work(&snapshot, self.clock.now_ms())?;
         check_given_up_for_cause(&snapshot)?;
+        check_item_generations(&snapshot, &self.model)?;
         // Catching up lets the owner run what fell due meanwhile (a WAIT's
         // retry): the view is compared with the snapshot after it.
         self.watcher.catch_up(&self.handle).await?;
