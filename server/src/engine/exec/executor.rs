@@ -209,9 +209,18 @@ struct Owed {
     items: Vec<(ItemRef, Option<CurrentItem>)>,
     /// Events, ahead of the commit's own.
     events: Vec<TenantEvent>,
-    /// Type specs whose holder changed, unless the commit stores the type
-    /// again.
+    /// Type specs whose holder changed (one per type), unless the commit
+    /// stores the type again.
     specs: Vec<StoredSpec>,
+}
+
+impl Owed {
+    /// Owes `stored`, in place of what was owed for its type.
+    fn store_spec(&mut self, stored: StoredSpec) {
+        self.specs
+            .retain(|owed| owed.spec.item_type != stored.spec.item_type);
+        self.specs.push(stored);
+    }
 }
 
 impl Executor {
@@ -221,7 +230,7 @@ impl Executor {
     /// (UNKNOWN), to be resolved when their type's agent registers again;
     /// the agents whose sessions held types are disconnected; retry times
     /// wait at most the policy's longest wait from now. The first commit
-    /// stores the first two and tells watchers.
+    /// stores all of it and tells watchers.
     pub fn load(
         intended: IntendedGraph,
         current: CurrentGraph,
@@ -239,7 +248,7 @@ impl Executor {
                 held.entry(agent_id.clone())
                     .or_default()
                     .push(stored.spec.item_type.clone());
-                owed.specs.push(StoredSpec {
+                owed.store_spec(StoredSpec {
                     held_by: None,
                     ..stored.clone()
                 });

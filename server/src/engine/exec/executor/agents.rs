@@ -162,7 +162,7 @@ impl Executor {
         for item_type in &released {
             self.sessions.remove(item_type);
             if let Some(registered) = self.types.get(item_type) {
-                self.owed.specs.push(StoredSpec {
+                self.owed.store_spec(StoredSpec {
                     spec: registered.spec.clone(),
                     epoch: registered.epoch,
                     held_by: None,
