@@ -2306,14 +2306,7 @@ pub fn check_quiescent_has_no_work(
         .filter(|item_type| !connected.contains(item_type.as_str()))
         .collect();
     let environment = Everything::new(snapshot.item_types.specs(), missing, now_ms);
-    let plan = full_plan(snapshot, &environment);
-    let ready: Vec<String> = plan
-        .ready()
-        .map(|index| {
-            let operation = &plan.operations[index];
-            format!("{} {}", operation.kind.as_str(), operation.item)
-        })
-        .collect();
+    let ready = ready_operations(&full_plan(snapshot, &environment));
     if !ready.is_empty() {
         return fail(
             "a tenant that is not Reconciling has nothing to dispatch",
@@ -2336,6 +2329,16 @@ fn items_a_full_plan_gives_work(snapshot: &TenantSnapshot) -> BTreeSet<ItemRef> 
         .iter()
         .map(|operation| operation.item.clone())
         .chain(plan.waiting.iter().map(|waiting| waiting.item.clone()))
+        .collect()
+}
+
+/// The operations `plan` has ready, as "kind item".
+fn ready_operations(plan: &Plan) -> Vec<String> {
+    plan.ready()
+        .map(|index| {
+            let operation = &plan.operations[index];
+            format!("{} {}", operation.kind.as_str(), operation.item)
+        })
         .collect()
 }
 
@@ -2753,13 +2756,7 @@ pub fn check_converged(
     // The incremental passes missed nothing a full plan would do.
     let environment = Everything::new(&scenario.types, down_types.clone(), now_ms);
     let plan = full_plan(snapshot, &environment);
-    let ready: Vec<String> = plan
-        .ready()
-        .map(|index| {
-            let operation = &plan.operations[index];
-            format!("{} {}", operation.kind.as_str(), operation.item)
-        })
-        .collect();
+    let ready = ready_operations(&plan);
     if !ready.is_empty() {
         return fail(
             "the incremental planner misses no work",

@@ -65,6 +65,11 @@ fn settings() -> ExecutorSettings {
 /// journaled operations as stored), with type `t` registered before and
 /// held by `agent`'s session when the server stopped.
 fn reloaded(executor: &Executor, now: Now) -> Executor {
+    reloaded_held_by(executor, Some("agent"), now)
+}
+
+/// [`reloaded`], with type `t` held by `holder` when the server stopped.
+fn reloaded_held_by(executor: &Executor, holder: Option<&str>, now: Now) -> Executor {
     let model = executor.model();
     Executor::load(
         model.intended.clone(),
@@ -73,7 +78,7 @@ fn reloaded(executor: &Executor, now: Now) -> Executor {
         vec![StoredSpec {
             spec: spec(),
             epoch: 1,
-            held_by: Some("agent".to_owned()),
+            held_by: holder.map(str::to_owned),
         }],
         settings(),
         now,
@@ -217,19 +222,7 @@ fn a_restart_with_no_session_open_and_nothing_in_flight_stores_nothing() {
     let mut executor = executor();
     submit(&mut executor, vec![item("a", 1)], at(10));
     executor.committed(at(10));
-    let model = executor.model();
-    let mut restarted = Executor::load(
-        model.intended.clone(),
-        model.current.clone(),
-        model.progress().clone(),
-        vec![StoredSpec {
-            spec: spec(),
-            epoch: 1,
-            held_by: None,
-        }],
-        settings(),
-        at(20),
-    );
+    let mut restarted = reloaded_held_by(&executor, None, at(20));
     let (effects, _) = restarted.reconcile(false, at(21));
     assert!(
         effects.commit.is_empty(),
