@@ -1908,7 +1908,8 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
 /// DESIGN 4 and 2 on what an `OperationRequest` holds: a Modify carries
 /// the applied value as `previous`, and changes something (equal values
 /// need no operation) unless the server is unsure what is applied; the
-/// timeout is the type's.
+/// timeout is the type's; the attempt is within the type's `max_attempts`
+/// (after them the server gives the operation up).
 pub fn check_order_content(
     order: &OperationOrder,
     spec: Option<&TypeSpec>,
@@ -1932,6 +1933,15 @@ pub fn check_order_content(
                 format!("{}: previous and new values are equal", what()),
             );
         }
+    }
+    if let Some(spec) = spec
+        && spec.max_attempts > 0
+        && order.attempt > spec.max_attempts
+    {
+        return fail(
+            "an operation is tried at most its type's max_attempts times",
+            format!("{} of a type allowing {}", what(), spec.max_attempts),
+        );
     }
     if let Some(spec) = spec
         && order.timeout_ms != spec.operation_timeout_ms

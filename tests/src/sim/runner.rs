@@ -510,24 +510,6 @@ impl Sim {
                     self.clock.now_ms(),
                 )?;
                 check_order_content(&order, self.scenario.spec(order.item.item_type()))?;
-                // DESIGN 4: after `max_attempts` failed attempts the server
-                // gives the operation up.
-                if let Some(spec) = self.scenario.spec(order.item.item_type())
-                    && spec.max_attempts > 0
-                    && order.attempt > spec.max_attempts
-                {
-                    return Err(Violation::new(
-                        "an operation is tried at most its type's max_attempts times",
-                        format!(
-                            "{} {} (op {}) attempt {} of a type allowing {}",
-                            order.kind.as_str(),
-                            order.item.item_ref(),
-                            order.op_id,
-                            order.attempt,
-                            spec.max_attempts
-                        ),
-                    ));
-                }
                 if !known {
                     // UNKNOWN before this step and still now: an item
                     // resolved meanwhile (a resent result) no longer blocks.
