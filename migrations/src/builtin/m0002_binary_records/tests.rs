@@ -724,6 +724,7 @@ fn type_specs_convert_each_retry_policy_with_and_without_a_schema() {
                     schema,
                 }),
                 epoch: 3,
+                held_by: None,
             },
             "{item_type}"
         );
