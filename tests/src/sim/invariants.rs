@@ -620,6 +620,10 @@ pub struct Ledger {
     /// Op ids that were running when their item vanished with an external
     /// item: lost later, they may be replaced too.
     vanished_ops: BTreeSet<String>,
+    /// Items that vanished with an external item they were auto-deleted by,
+    /// once the server acknowledged the report: DESIGN §3 rule 9 drops
+    /// them from current state without a Delete. Until created again.
+    dropped_items: BTreeMap<ItemRef, ItemRef>,
     /// The newest epoch granted per type.
     epochs: BTreeMap<String, u64>,
     /// Items the last snapshot showed waiting for a retry (a next attempt
@@ -843,6 +847,7 @@ impl Ledger {
         now_ms: u64,
         wall_ms: u64,
     ) -> Result<(), Violation> {
+        self.check_no_delete_of_the_dropped(order)?;
         let item = order.item.item_ref();
         if session_epoch != Some(order.epoch) {
             return fail(
@@ -1342,6 +1347,46 @@ impl Ledger {
         }
         let (kind, value) = (record.kind, record.value.clone());
         self.lose(op_id, attempt, kind, &value);
+    }
+
+    /// The server acknowledged the report that `external` is gone, with
+    /// `gone`, its dependents auto-deleted by it.
+    pub fn on_dropped_with_external(&mut self, external: &ItemRef, gone: &[ItemRef]) {
+        for item in gone {
+            self.dropped_items.insert(item.clone(), external.clone());
+        }
+    }
+
+    /// DESIGN §3 rule 9: an item auto-deleted by an external item that
+    /// disappeared is dropped without a Delete call. A new Delete (a new
+    /// op id) of such an item, of the value that relied on that external
+    /// item, breaks it; one running before the report may go on.
+    fn check_no_delete_of_the_dropped(&mut self, order: &OperationOrder) -> Result<(), Violation> {
+        let item = order.item.item_ref();
+        if order.kind == OperationKind::Create {
+            self.dropped_items.remove(&item);
+            return Ok(());
+        }
+        if order.kind != OperationKind::Delete || self.ops.contains_key(&order.op_id) {
+            return Ok(());
+        }
+        let Some(external) = self.dropped_items.get(&item) else {
+            return Ok(());
+        };
+        let relied = order
+            .item
+            .dependency_on(external)
+            .is_some_and(|d| d.auto_deleted_by_external());
+        if relied {
+            return fail(
+                "an item auto-deleted by a vanished external item gets no Delete",
+                format!(
+                    "Delete {item} (op {}) after {external} was reported gone",
+                    order.op_id
+                ),
+            );
+        }
+        Ok(())
     }
 
     /// Items vanished with external item `external` they were auto-deleted

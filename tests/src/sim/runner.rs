@@ -714,6 +714,7 @@ impl Sim {
         // judged against the world before the report changes it.
         self.run_what_is_due().await?;
         let mut changes = Vec::new();
+        let mut dropped = Vec::new();
         for report in reports {
             match report {
                 Report::Put {
@@ -731,6 +732,7 @@ impl Sim {
                 Report::Delete { item } => {
                     let gone = self.world.report_delete(item);
                     self.ledger.on_vanished(item, &gone);
+                    dropped.push((item.clone(), gone.clone()));
                     if !gone.is_empty() {
                         self.trace.note(format!("vanished with {item}: {gone:?}"));
                     }
@@ -739,7 +741,12 @@ impl Sim {
             }
         }
         match self.handle.report_external(changes.clone()).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                for (external, gone) in &dropped {
+                    self.ledger.on_dropped_with_external(external, gone);
+                }
+                Ok(())
+            }
             Err(TenantError::Store(_)) if self.store.dead() => {
                 self.unreported.extend(changes);
                 Ok(())
