@@ -1357,6 +1357,21 @@ impl Ledger {
         }
     }
 
+    /// The server acknowledged the report that `external` exists (again):
+    /// what rule 9 dropped with it may be planned afresh, a Delete of an
+    /// item whose outcome is uncertain included.
+    pub fn on_external_back(&mut self, external: &ItemRef) {
+        self.dropped_items
+            .retain(|_, gone_with| gone_with != external);
+    }
+
+    /// The server is unsure which value `item` holds (a lost operation may
+    /// have applied one that does not rely on the vanished item): it may
+    /// delete it to be sure (DESIGN 4), so rule 9 no longer speaks for it.
+    pub fn on_uncertain(&mut self, item: &ItemRef) {
+        self.dropped_items.remove(item);
+    }
+
     /// DESIGN §3 rule 9: an item auto-deleted by an external item that
     /// disappeared is dropped without a Delete call. A new Delete (a new
     /// op id) of such an item, of the value that relied on that external

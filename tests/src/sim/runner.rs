@@ -379,6 +379,11 @@ impl Sim {
         }
         let snapshot = self.handle.snapshots.latest();
         self.ledger.note_retries(&snapshot);
+        for (key, current) in snapshot.current.iter() {
+            if !current.rare.maybe_applied.is_empty() || current.existence_uncertain {
+                self.ledger.on_uncertain(key);
+            }
+        }
         self.unknown = unknown_items(&snapshot);
         check_snapshot(&snapshot, &self.model)?;
         check_quiescent_has_no_work(&snapshot, self.clock.now_ms())?;
@@ -715,6 +720,7 @@ impl Sim {
         self.run_what_is_due().await?;
         let mut changes = Vec::new();
         let mut dropped = Vec::new();
+        let mut back = Vec::new();
         for report in reports {
             match report {
                 Report::Put {
@@ -724,6 +730,7 @@ impl Sim {
                 } => {
                     let value = external_value(item, properties.clone());
                     self.world.report_put(value.clone(), *modified);
+                    back.push(item.clone());
                     changes.push(ExternalChange::Put {
                         item: value,
                         modified: *modified,
@@ -744,6 +751,9 @@ impl Sim {
             Ok(_) => {
                 for (external, gone) in &dropped {
                     self.ledger.on_dropped_with_external(external, gone);
+                }
+                for external in &back {
+                    self.ledger.on_external_back(external);
                 }
                 Ok(())
             }
