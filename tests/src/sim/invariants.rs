@@ -9,7 +9,8 @@
 //!   predicate holds on the new value and no operation of a dependent
 //!   runs (rules 6, 8); a Delete only when nothing existing depends on the
 //!   item and no running Create/Modify needs it (rules 2, 7, 8). External
-//!   items are never operated on (rule 9). A Create/Modify applies the
+//!   items are never operated on, and an item auto-deleted by one that
+//!   vanished gets no Delete (rule 9). A Create/Modify applies the
 //!   intended value of the generation it names (§4).
 //! - **Operations** (§4): an op id names one operation on one item toward
 //!   one target generation; its attempt grows by one, and only after a
