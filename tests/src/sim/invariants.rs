@@ -625,6 +625,10 @@ pub struct Ledger {
     /// once the server acknowledged the report: DESIGN §3 rule 9 drops
     /// them from current state without a Delete. Until created again.
     dropped_items: BTreeMap<ItemRef, ItemRef>,
+    /// Items the last snapshot showed the server unsure of (a lost
+    /// operation may have applied another value): it may delete one to be
+    /// sure (DESIGN 4), so rule 9 does not speak for them.
+    uncertain: BTreeSet<ItemRef>,
     /// The newest epoch granted per type.
     epochs: BTreeMap<String, u64>,
     /// Items the last snapshot showed waiting for a retry (a next attempt
@@ -1353,7 +1357,7 @@ impl Ledger {
     /// The server acknowledged the report that `external` is gone, with
     /// `gone`, its dependents auto-deleted by it.
     pub fn on_dropped_with_external(&mut self, external: &ItemRef, gone: &[ItemRef]) {
-        for item in gone {
+        for item in gone.iter().filter(|item| !self.uncertain.contains(*item)) {
             self.dropped_items.insert(item.clone(), external.clone());
         }
     }
@@ -1366,11 +1370,13 @@ impl Ledger {
             .retain(|_, gone_with| gone_with != external);
     }
 
-    /// The server is unsure which value `item` holds (a lost operation may
-    /// have applied one that does not rely on the vanished item): it may
-    /// delete it to be sure (DESIGN 4), so rule 9 no longer speaks for it.
-    pub fn on_uncertain(&mut self, item: &ItemRef) {
-        self.dropped_items.remove(item);
+    /// The items the last snapshot showed the server unsure of (see
+    /// [`Ledger::uncertain`]); rule 9 no longer speaks for them.
+    pub fn note_uncertain(&mut self, uncertain: BTreeSet<ItemRef>) {
+        for item in &uncertain {
+            self.dropped_items.remove(item);
+        }
+        self.uncertain = uncertain;
     }
 
     /// DESIGN §3 rule 9: an item auto-deleted by an external item that

@@ -379,11 +379,16 @@ impl Sim {
         }
         let snapshot = self.handle.snapshots.latest();
         self.ledger.note_retries(&snapshot);
-        for (key, current) in snapshot.current.iter() {
-            if !current.rare.maybe_applied.is_empty() || current.existence_uncertain {
-                self.ledger.on_uncertain(key);
-            }
-        }
+        self.ledger.note_uncertain(
+            snapshot
+                .current
+                .iter()
+                .filter(|(_, current)| {
+                    !current.rare.maybe_applied.is_empty() || current.existence_uncertain
+                })
+                .map(|(key, _)| key.clone())
+                .collect(),
+        );
         self.unknown = unknown_items(&snapshot);
         check_snapshot(&snapshot, &self.model)?;
         check_quiescent_has_no_work(&snapshot, self.clock.now_ms())?;
@@ -965,11 +970,16 @@ impl Sim {
                 unreported.len()
             ));
             self.handle
-                .report_external(unreported)
+                .report_external(unreported.clone())
                 .await
                 .map_err(|error| {
                     Violation::new("external reports are recorded", error.to_string())
                 })?;
+            for change in &unreported {
+                if let ExternalChange::Put { item, .. } = change {
+                    self.ledger.on_external_back(&item.item_ref());
+                }
+            }
         }
         let mut rng = StdRng::seed_from_u64(luck);
         for agent in 0..self.agents.agents.len() {
