@@ -44,7 +44,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use reconciled::engine::conditions::ConditionKind;
-use reconciled::engine::exec::port::{AgentOutcome, OperationOrder};
+use reconciled::engine::exec::port::{AgentOutcome, ExternalChange, OperationOrder};
 use reconciled::engine::exec::{RetryPolicy, TypeSpec};
 use reconciled::engine::plan::{
     Plan, PlanEnvironment, TypeRules, WaitReason, plan_everything, runs_first,
@@ -624,7 +624,7 @@ pub struct Ledger {
     /// Items that vanished with an external item they were auto-deleted by,
     /// once the server acknowledged the report: DESIGN §3 rule 9 drops
     /// them from current state without a Delete. Until created again.
-    dropped_items: BTreeMap<ItemRef, ItemRef>,
+    items_gone_with_external: BTreeMap<ItemRef, ItemRef>,
     /// Items the last snapshot showed the server unsure of (a lost
     /// operation may have applied another value): it may delete one to be
     /// sure (DESIGN 4), so rule 9 does not speak for them.
@@ -1358,25 +1358,36 @@ impl Ledger {
     /// `gone`, its dependents auto-deleted by it.
     pub fn on_dropped_with_external(&mut self, external: &ItemRef, gone: &[ItemRef]) {
         for item in gone.iter().filter(|item| !self.uncertain.contains(*item)) {
-            self.dropped_items.insert(item.clone(), external.clone());
+            self.items_gone_with_external
+                .insert(item.clone(), external.clone());
         }
     }
 
-    /// The server acknowledged the report that `external` exists (again):
-    /// what rule 9 dropped with it may be planned afresh, a Delete of an
-    /// item whose outcome is uncertain included.
-    pub fn on_external_back(&mut self, external: &ItemRef) {
-        self.dropped_items
-            .retain(|_, gone_with| gone_with != external);
+    /// The server acknowledged `changes`: an external item reported to
+    /// exist (again) lets what rule 9 dropped with it be planned afresh, a
+    /// Delete of an item whose outcome is uncertain included.
+    pub fn on_reports_acknowledged(&mut self, changes: &[ExternalChange]) {
+        for change in changes {
+            if let ExternalChange::Put { item, .. } = change {
+                let external = item.item_ref();
+                self.items_gone_with_external
+                    .retain(|_, gone_with| *gone_with != external);
+            }
+        }
     }
 
-    /// The items the last snapshot showed the server unsure of (see
-    /// [`Ledger::uncertain`]); rule 9 no longer speaks for them.
-    pub fn note_uncertain(&mut self, uncertain: BTreeSet<ItemRef>) {
-        for item in &uncertain {
-            self.dropped_items.remove(item);
+    /// After every step: the items `snapshot` shows the server unsure of
+    /// (its `uncertain` field); rule 9 no longer speaks for them.
+    pub fn note_uncertain(&mut self, snapshot: &TenantSnapshot) {
+        self.uncertain = snapshot
+            .current
+            .iter()
+            .filter(|(_, current)| current.uncertain())
+            .map(|(key, _)| key.clone())
+            .collect();
+        for item in &self.uncertain {
+            self.items_gone_with_external.remove(item);
         }
-        self.uncertain = uncertain;
     }
 
     /// DESIGN §3 rule 9: an item auto-deleted by an external item that
@@ -1386,13 +1397,13 @@ impl Ledger {
     fn check_no_delete_of_the_dropped(&mut self, order: &OperationOrder) -> Result<(), Violation> {
         let item = order.item.item_ref();
         if order.kind == OperationKind::Create {
-            self.dropped_items.remove(&item);
+            self.items_gone_with_external.remove(&item);
             return Ok(());
         }
         if order.kind != OperationKind::Delete || self.ops.contains_key(&order.op_id) {
             return Ok(());
         }
-        let Some(external) = self.dropped_items.get(&item) else {
+        let Some(external) = self.items_gone_with_external.get(&item) else {
             return Ok(());
         };
         let relied = order

@@ -379,16 +379,7 @@ impl Sim {
         }
         let snapshot = self.handle.snapshots.latest();
         self.ledger.note_retries(&snapshot);
-        self.ledger.note_uncertain(
-            snapshot
-                .current
-                .iter()
-                .filter(|(_, current)| {
-                    !current.rare.maybe_applied.is_empty() || current.existence_uncertain
-                })
-                .map(|(key, _)| key.clone())
-                .collect(),
-        );
+        self.ledger.note_uncertain(&snapshot);
         self.unknown = unknown_items(&snapshot);
         check_snapshot(&snapshot, &self.model)?;
         check_quiescent_has_no_work(&snapshot, self.clock.now_ms())?;
@@ -725,7 +716,6 @@ impl Sim {
         self.run_what_is_due().await?;
         let mut changes = Vec::new();
         let mut dropped = Vec::new();
-        let mut back = Vec::new();
         for report in reports {
             match report {
                 Report::Put {
@@ -735,7 +725,6 @@ impl Sim {
                 } => {
                     let value = external_value(item, properties.clone());
                     self.world.report_put(value.clone(), *modified);
-                    back.push(item.clone());
                     changes.push(ExternalChange::Put {
                         item: value,
                         modified: *modified,
@@ -757,9 +746,7 @@ impl Sim {
                 for (external, gone) in &dropped {
                     self.ledger.on_dropped_with_external(external, gone);
                 }
-                for external in &back {
-                    self.ledger.on_external_back(external);
-                }
+                self.ledger.on_reports_acknowledged(&changes);
                 Ok(())
             }
             Err(TenantError::Store(_)) if self.store.dead() => {
@@ -975,11 +962,7 @@ impl Sim {
                 .map_err(|error| {
                     Violation::new("external reports are recorded", error.to_string())
                 })?;
-            for change in &unreported {
-                if let ExternalChange::Put { item, .. } = change {
-                    self.ledger.on_external_back(&item.item_ref());
-                }
-            }
+            self.ledger.on_reports_acknowledged(&unreported);
         }
         let mut rng = StdRng::seed_from_u64(luck);
         for agent in 0..self.agents.agents.len() {
