@@ -111,6 +111,44 @@ fn random_runs_with_agent_restarts_keep_every_invariant_seeds_15_to_29() {
     sweep_with(15..30, sim::AgentFaults::ProcessesRestart);
 }
 
+// Items that drift behind the server's back (a property an agent applied
+// takes another value): 15 seeds, in which the server must find drift by
+// its periodic READ, announce it and correct it, and no check may count
+// on what it could not see.
+
+#[test]
+fn random_runs_with_drift_keep_every_invariant_and_find_the_drift() {
+    let mut failures = Vec::new();
+    let (mut drifts, mut found) = (0, 0);
+    for seed in 0..15 {
+        match sim::run_seed_watched_with_drift(
+            seed,
+            STEPS,
+            WATCHDOG,
+            sim::AgentFaults::SessionsEnd,
+            sim::Drift::On,
+        ) {
+            Ok(passed) => {
+                drifts += passed.stats.drifts;
+                found += passed.stats.drifts_found;
+            }
+            Err(failure) => failures.push(failure.report(STEPS, TRACE_LINES)),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} seed(s) broke an invariant:\n\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+    // An operation overwrites most drift before a resync reads it; some
+    // must be found, or the READ path went untested.
+    assert!(
+        found > 0 && drifts > found,
+        "{drifts} drift(s) injected, {found} found by the server"
+    );
+}
+
 #[test]
 fn a_seed_replays_exactly() {
     let first = sim::run_seed(21, 120).map(|passed| passed.trace.render(usize::MAX));

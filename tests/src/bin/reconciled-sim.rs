@@ -4,6 +4,7 @@
 //! cargo run --release -p reconciled-tests --bin reconciled-sim -- --seeds 1000
 //! cargo run --release -p reconciled-tests --bin reconciled-sim -- --seed 42 --steps 300
 //! cargo run --release -p reconciled-tests --bin reconciled-sim -- --seeds 1000 --agent-restarts
+//! cargo run --release -p reconciled-tests --bin reconciled-sim -- --seeds 1000 --drift
 //! ```
 //!
 //! Explores `--seeds N` seeds from `--first F` (default: a random first
@@ -55,6 +56,11 @@ struct Args {
     /// run without it: a seed replays only with the same flag).
     #[arg(long)]
     agent_restarts: bool,
+    /// Items may also drift behind the server's back, for the periodic READ
+    /// to find (draws other steps than a run without it: a seed replays
+    /// only with the same flags).
+    #[arg(long)]
+    drift: bool,
 }
 
 fn main() -> ExitCode {
@@ -72,6 +78,7 @@ fn main() -> ExitCode {
     let mut explored = 0u64;
     let mut failed: Vec<(u64, String)> = Vec::new();
     let mut with_an_agent_down = 0u64;
+    let (mut drifts, mut drifts_found) = (0usize, 0usize);
     for seed in seeds {
         explored += 1;
         with_an_agent_down += u64::from(
@@ -84,19 +91,29 @@ fn main() -> ExitCode {
         } else {
             sim::AgentFaults::SessionsEnd
         };
-        match sim::run_seed_watched_with(seed, args.steps, sim::WATCHDOG, agent_faults) {
+        let drift = if args.drift {
+            sim::Drift::On
+        } else {
+            sim::Drift::Off
+        };
+        match sim::run_seed_watched_with_drift(seed, args.steps, sim::WATCHDOG, agent_faults, drift)
+        {
             Ok(passed) => {
                 steps += passed.stats.steps;
+                drifts += passed.stats.drifts;
+                drifts_found += passed.stats.drifts_found;
                 if args.seed.is_some() {
                     println!(
                         "seed {seed} passed: {} steps, {} operations received, {} restarts, {} submits accepted, \
-                         {:.1} simulated minutes, final phase {} rounds",
+                         {:.1} simulated minutes, final phase {} rounds, {} drift(s), {} found",
                         passed.stats.steps,
                         passed.stats.operations,
                         passed.stats.restarts,
                         passed.stats.submits,
                         passed.stats.simulated_ms as f64 / 60_000.0,
-                        passed.stats.final_rounds
+                        passed.stats.final_rounds,
+                        passed.stats.drifts,
+                        passed.stats.drifts_found
                     );
                     if args.trace {
                         println!("{}", passed.trace.render(usize::MAX));
@@ -118,6 +135,11 @@ fn main() -> ExitCode {
     }
     print_rate(explored, steps, started.elapsed());
     println!("{with_an_agent_down} of them ended with an agent down for good");
+    if args.drift {
+        println!(
+            "{drifts} drift(s) in the runs that passed, {drifts_found} found by the server (the rest overwritten by an operation)"
+        );
+    }
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {

@@ -14,6 +14,8 @@
 //! - [`steps`]: what a step is, and how the next one is drawn.
 //! - [`world`]: what exists, and the simulated agents.
 //! - [`faults`]: a store that dies at a commit, crashes, clock steps.
+//! - [`drift`]: items changed behind the server's back, and what the
+//!   server has not seen of it.
 //! - [`invariants`]: the checks.
 //! - [`counts`]: operation counts against a fault-free run of the same
 //!   steps.
@@ -27,6 +29,7 @@
 //! ```
 
 pub mod counts;
+pub mod drift;
 pub mod faults;
 pub mod intents;
 pub mod invariants;
@@ -68,6 +71,8 @@ pub struct Failure {
     pub trace: Trace,
     /// The faults the run's agents could suffer.
     pub agent_faults: AgentFaults,
+    /// Whether items could drift.
+    pub drift: Drift,
 }
 
 impl Failure {
@@ -76,12 +81,16 @@ impl Failure {
     pub fn report(&self, steps: usize, lines: usize) -> String {
         format!(
             "seed {seed} failed {at}: {violation}\n\
-             replay: cargo run --release -p reconciled-tests --bin reconciled-sim -- --seed {seed} --steps {steps}{restarts}\n\
+             replay: cargo run --release -p reconciled-tests --bin reconciled-sim -- --seed {seed} --steps {steps}{restarts}{drift}\n\
              trace (last {lines} lines):\n{trace}",
             seed = self.seed,
             restarts = match self.agent_faults {
                 AgentFaults::SessionsEnd => "",
                 AgentFaults::ProcessesRestart => " --agent-restarts",
+            },
+            drift = match self.drift {
+                Drift::Off => "",
+                Drift::On => " --drift",
             },
             at = match self.failed_at {
                 Some(step) => format!("at step {step}"),
@@ -118,11 +127,26 @@ pub enum AgentFaults {
     ProcessesRestart,
 }
 
+/// Whether items change behind the server's back during a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Drift {
+    /// Never: what the agents applied stays as they applied it. The seed
+    /// tests and the sweeps recorded in docs/testing.md before drift run
+    /// this way.
+    #[default]
+    Off,
+    /// Now and then ([`Step::Drift`]): a property of an applied item takes
+    /// another value, for the periodic READ to find and the server to
+    /// correct (DESIGN 4).
+    On,
+}
+
 /// Which steps a run takes.
 #[derive(Clone, Debug)]
 enum Steps {
-    /// Drawn from the seed's generator, this many, with these agent faults.
-    Generated(usize, AgentFaults),
+    /// Drawn from the seed's generator, this many, with these agent faults
+    /// and drift.
+    Generated(usize, AgentFaults, Drift),
     /// Exactly these (a replay of a shrunk run).
     Given(Vec<Step>),
 }
@@ -131,11 +155,20 @@ impl Steps {
     /// The agent faults of these steps.
     fn agent_faults(&self) -> AgentFaults {
         match self {
-            Self::Generated(_, faults) => *faults,
+            Self::Generated(_, faults, _) => *faults,
             Self::Given(steps) if steps.iter().any(Step::restarts_an_agent) => {
                 AgentFaults::ProcessesRestart
             }
             Self::Given(_) => AgentFaults::SessionsEnd,
+        }
+    }
+
+    /// Whether items drift in these steps.
+    fn drift(&self) -> Drift {
+        match self {
+            Self::Generated(_, _, drift) => *drift,
+            Self::Given(steps) if steps.iter().any(Step::drifts) => Drift::On,
+            Self::Given(_) => Drift::Off,
         }
     }
 }
@@ -144,7 +177,7 @@ impl Steps {
 pub fn run_seed(seed: u64, steps: usize) -> Result<Passed, Box<Failure>> {
     run(
         seed,
-        Steps::Generated(steps, AgentFaults::SessionsEnd),
+        Steps::Generated(steps, AgentFaults::SessionsEnd, Drift::Off),
         Trace::new(),
     )
 }
@@ -177,11 +210,23 @@ pub fn run_seed_watched_with(
     limit: Duration,
     agent_faults: AgentFaults,
 ) -> Result<Passed, Box<Failure>> {
-    watched(seed, Steps::Generated(steps, agent_faults), limit)
+    run_seed_watched_with_drift(seed, steps, limit, agent_faults, Drift::Off)
+}
+
+/// [`run_seed_watched_with`] where items may also `drift`.
+pub fn run_seed_watched_with_drift(
+    seed: u64,
+    steps: usize,
+    limit: Duration,
+    agent_faults: AgentFaults,
+    drift: Drift,
+) -> Result<Passed, Box<Failure>> {
+    watched(seed, Steps::Generated(steps, agent_faults, drift), limit)
 }
 
 fn watched(seed: u64, steps: Steps, limit: Duration) -> Result<Passed, Box<Failure>> {
     let agent_faults = steps.agent_faults();
+    let drift = steps.drift();
     let trace = Trace::new();
     let shared = trace.clone();
     let (done, outcome) = mpsc::channel();
@@ -204,6 +249,7 @@ fn watched(seed: u64, steps: Steps, limit: Duration) -> Result<Passed, Box<Failu
                             violation: Violation::new("the engine does not panic", message),
                             trace,
                             agent_faults,
+                            drift,
                         }))
                     });
             let _ = done.send(result);
@@ -224,6 +270,7 @@ fn watched(seed: u64, steps: Steps, limit: Duration) -> Result<Passed, Box<Failu
             ),
             trace,
             agent_faults,
+            drift,
         })),
     }
 }
@@ -240,7 +287,8 @@ enum Faults {
 /// counts.
 fn run(seed: u64, steps: Steps, trace: Trace) -> Result<Passed, Box<Failure>> {
     let agent_faults = steps.agent_faults();
-    let (passed, taken) = run_once(seed, steps, trace.clone(), Faults::On)?;
+    let drift = steps.drift();
+    let (passed, taken) = run_once(seed, steps, trace.clone(), Faults::On, drift)?;
     let calm = counts::fault_free(&taken);
     // RECONCILED_SIM_TRACE_FAULT_FREE=1 traces the fault-free run too
     // (after the run's own trace), to see why its counts differ.
@@ -249,14 +297,21 @@ fn run(seed: u64, steps: Steps, trace: Trace) -> Result<Passed, Box<Failure>> {
     } else {
         Trace::new()
     };
-    let (baseline, _) = run_once(seed, Steps::Given(calm.clone()), calm_trace, Faults::Off)
-        .map_err(|mut failure| {
-            failure.violation.detail = format!(
-                "the fault-free run of these steps failed: {}",
-                failure.violation.detail
-            );
-            failure
-        })?;
+    // (Without the drift, but with the same resyncs.)
+    let (baseline, _) = run_once(
+        seed,
+        Steps::Given(calm.clone()),
+        calm_trace,
+        Faults::Off,
+        drift,
+    )
+    .map_err(|mut failure| {
+        failure.violation.detail = format!(
+            "the fault-free run of these steps failed: {}",
+            failure.violation.detail
+        );
+        failure
+    })?;
     if let Err(violation) = counts::compare(&passed.counts, &baseline.counts) {
         return Err(Box::new(Failure {
             seed,
@@ -265,6 +320,7 @@ fn run(seed: u64, steps: Steps, trace: Trace) -> Result<Passed, Box<Failure>> {
             violation,
             trace,
             agent_faults,
+            drift,
         }));
     }
     Ok(passed)
@@ -275,13 +331,14 @@ fn run_once(
     steps: Steps,
     trace: Trace,
     faults: Faults,
+    drift: Drift,
 ) -> Result<(Passed, Vec<Step>), Box<Failure>> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .expect("a current-thread runtime");
-    runtime.block_on(simulate(seed, steps, trace, faults))
+    runtime.block_on(simulate(seed, steps, trace, faults, drift))
 }
 
 async fn simulate(
@@ -289,10 +346,17 @@ async fn simulate(
     steps: Steps,
     trace: Trace,
     faults: Faults,
+    drift: Drift,
 ) -> Result<(Passed, Vec<Step>), Box<Failure>> {
     let mut scenario = Scenario::generate(seed);
     if faults == Faults::Off {
         scenario.down_for_good = None;
+    }
+    if drift == Drift::On {
+        // Resyncs ten times as often (every 60 s or 6 min), so that the
+        // periodic READ finds much of the drift before an operation
+        // overwrites it.
+        scenario.resync_interval_ms /= 10;
     }
     let mut rng = StdRng::seed_from_u64(seed);
     let owner_seed = rng.random();
@@ -306,6 +370,7 @@ async fn simulate(
             violation,
             trace: trace.clone(),
             agent_faults,
+            drift,
         })
     };
     let mut sim = match Sim::start(scenario, owner_seed, trace.clone()).await {
@@ -315,15 +380,19 @@ async fn simulate(
     if faults == Faults::Off {
         sim.answer_before_time_moves();
     }
+    if faults == Faults::On && drift == Drift::On {
+        sim.drift_when_quiet();
+    }
     let count = match &steps {
-        Steps::Generated(count, _) => *count,
+        Steps::Generated(count, ..) => *count,
         Steps::Given(given) => given.len(),
     };
     for index in 0..count {
         let step = match &steps {
-            Steps::Generated(_, agent_faults) => {
+            Steps::Generated(_, agent_faults, drift) => {
                 let mut view = sim.view();
                 view.agent_restarts = *agent_faults == AgentFaults::ProcessesRestart;
+                view.drift = *drift == Drift::On;
                 next_step(&mut rng, &view)
             }
             Steps::Given(given) => given[index].clone(),
@@ -398,6 +467,7 @@ pub fn shrink(failure: &Failure, budget: Duration) -> Box<Failure> {
             violation: failure.violation.clone(),
             trace: failure.trace.clone(),
             agent_faults: failure.agent_faults,
+            drift: failure.drift,
         })
     })
 }

@@ -18,8 +18,8 @@ use rand::{Rng, SeedableRng};
 use reconciled::engine::exec::TypeSpec;
 use reconciled::engine::exec::port::{AgentOutcome, FromAgent, Registration, ToAgent};
 use reconciled::engine::intent::IntentError;
-use reconciled::graph::ItemRef;
 use reconciled::graph::validate::{ValidationLimits, validate_items};
+use reconciled::graph::{ItemRef, ItemState, OperationKind};
 use reconciled::store::Store as _;
 use reconciled::store::keys;
 use reconciled::tenant::record::{decode, encode};
@@ -31,6 +31,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::counts::OpCounts;
+use super::drift::Drifts;
 use super::faults::FaultyStore;
 use super::intents::{Expected, IntentModel, Scenario, SubmitPlan, external_value};
 use super::invariants::{
@@ -54,6 +55,8 @@ const EPOCH_MS: u64 = 1_704_067_200_000;
 const MAX_EXCHANGES: usize = 200;
 /// Rounds of the final phase before a tenant that never goes quiet fails.
 const MAX_FINAL_ROUNDS: usize = 60;
+/// Resyncs the final phase waits for the server to find drift it can see.
+const MAX_DRIFT_RESYNCS: usize = 3;
 
 /// How the simulator lets the owner run before it looks for messages.
 #[derive(Clone, Copy)]
@@ -93,6 +96,9 @@ pub struct Stats {
     pub operations: usize,
     /// Messages the agents received.
     pub messages: usize,
+    /// Of `messages`: the periodic drift READs and their acks
+    /// (observation, not work: a quiet tenant still sends them).
+    pub observations: usize,
     /// Restarts of the server.
     pub restarts: usize,
     /// Simulated time at the end (ms).
@@ -101,6 +107,10 @@ pub struct Stats {
     pub submits: usize,
     /// Rounds the final phase took.
     pub final_rounds: usize,
+    /// Drifts injected.
+    pub drifts: usize,
+    /// Drifts the server announced having found.
+    pub drifts_found: usize,
 }
 
 /// One simulated tenant with its agents.
@@ -139,6 +149,12 @@ pub struct Sim {
     pub stats: Stats,
     /// Operations per item, and the faults that touched each.
     pub counts: OpCounts,
+    /// Drift the server has not seen.
+    drifts: Drifts,
+    /// Op ids of the periodic drift READs sent.
+    drift_reads: BTreeSet<String>,
+    /// Whether items drift once the final phase finds the tenant quiet.
+    drift_when_quiet: bool,
     /// The fault-free run: agents answer every operation before time
     /// moves, so none times out and no retry gives up.
     answers_before_time_moves: bool,
@@ -204,6 +220,9 @@ impl Sim {
             unreported: Vec::new(),
             stats: Stats::default(),
             counts: OpCounts::default(),
+            drifts: Drifts::default(),
+            drift_reads: BTreeSet::new(),
+            drift_when_quiet: false,
             answers_before_time_moves: false,
         };
         sim.trace.phase(
@@ -250,6 +269,7 @@ impl Sim {
                 .collect(),
             store_death_armed: self.armed.is_some(),
             agent_restarts: false,
+            drift: false,
         }
     }
 
@@ -260,6 +280,13 @@ impl Sim {
     /// what depends on it is never created).
     pub fn answer_before_time_moves(&mut self) {
         self.answers_before_time_moves = true;
+    }
+
+    /// Makes two items drift once the final phase finds the tenant quiet
+    /// (mostly items the server holds settled): it must find and correct
+    /// them before it is quiet again.
+    pub fn drift_when_quiet(&mut self) {
+        self.drift_when_quiet = true;
     }
 
     /// Runs step `index`, then lets everything settle and checks the
@@ -303,6 +330,7 @@ impl Sim {
                 self.clock.step_wall_clock(*ms);
             }
             Step::Crash { owner_seed, luck } => self.restart(*owner_seed, *luck).await?,
+            Step::Drift { pick, luck } => self.drift(*pick, *luck),
             Step::ArmStoreDeath {
                 after_apply,
                 owner_seed,
@@ -314,6 +342,50 @@ impl Sim {
         }
         self.settle().await?;
         self.check().await
+    }
+
+    /// Forgets the drift the server has learned of, or an operation has
+    /// overwritten, since the last call.
+    fn follow_drift(&mut self) {
+        let snapshot = self.handle.snapshots.latest();
+        self.stats.drifts_found += self
+            .drifts
+            .forget_overwritten_or_learned(&self.world, &snapshot);
+    }
+
+    /// An item drifts behind the server's back. It disturbs the item and
+    /// what relies on it (correcting it may recreate its dependents).
+    fn drift(&mut self, pick: u64, luck: u64) {
+        let snapshot = self.handle.snapshots.latest();
+        let Some((item, change)) =
+            self.drifts
+                .inject(&mut self.world, &snapshot, &self.scenario, pick, luck)
+        else {
+            self.trace.note("nothing can drift");
+            return;
+        };
+        self.trace.note(format!("{item} drifts: {change}"));
+        self.stats.drifts += 1;
+        let mut disturbed = BTreeSet::from([item]);
+        loop {
+            let more: Vec<ItemRef> = self
+                .world
+                .items
+                .iter()
+                .filter(|(key, existing)| {
+                    !disturbed.contains(*key)
+                        && disturbed
+                            .iter()
+                            .any(|required| existing.value.dependency_on(required).is_some())
+                })
+                .map(|(key, _)| key.clone())
+                .collect();
+            if more.is_empty() {
+                break;
+            }
+            disturbed.extend(more);
+        }
+        self.counts.on_fault(&disturbed);
     }
 
     /// Counts the faults `step` brings to the items it meets.
@@ -359,7 +431,9 @@ impl Sim {
         if self.armed.is_some() && !self.store.armed() {
             self.armed = None;
         }
-        self.ledger.observe(&self.world, &self.model);
+        self.follow_drift();
+        self.ledger
+            .observe(&self.drifts.believed(&self.world), &self.model);
         // RECONCILED_SIM_WATCH=type/name[,type/name…] traces those items'
         // current records and waiting entries after every step (for
         // diagnosing a failing seed).
@@ -388,6 +462,12 @@ impl Sim {
         // Catching up lets the owner run what fell due meanwhile (a WAIT's
         // retry): the view is compared with the snapshot after it.
         self.watcher.catch_up(&self.handle).await?;
+        for (item, paths) in self.watcher.take_drifts() {
+            self.trace
+                .note(format!("the server found {item} drifted: {paths:?}"));
+            self.stats.drifts_found += usize::from(self.drifts.on_announced(&item, &paths));
+        }
+        self.follow_drift();
         self.watcher
             .check_view(&self.handle, &self.handle.snapshots.latest())
     }
@@ -471,6 +551,9 @@ impl Sim {
     /// An agent receives a message: operations are checked on arrival.
     fn receive(&mut self, received: Received) -> Result<Option<Outgoing>, Violation> {
         self.stats.messages += 1;
+        if self.is_observation(&received.message) {
+            self.stats.observations += 1;
+        }
         let now = self.now_ms();
         let Received {
             agent,
@@ -501,7 +584,9 @@ impl Sim {
                     order.epoch,
                     if known { " (again)" } else { "" }
                 ));
-                self.ledger.observe(&self.world, &self.model);
+                self.follow_drift();
+                let believed = self.drifts.believed(&self.world);
+                self.ledger.observe(&believed, &self.model);
                 let resumed = self.ledger.resumes(&order);
                 self.ledger.on_order(
                     &order,
@@ -521,7 +606,7 @@ impl Sim {
                             .collect();
                     check_order(
                         &order,
-                        &self.world,
+                        &believed,
                         &self.agents,
                         &self.model,
                         &still_unknown,
@@ -530,7 +615,7 @@ impl Sim {
                     )?;
                     if !resumed {
                         check_create_waits_for_deletes_of_its_type(&order, &self.agents, now)?;
-                        check_dependencies_settled(&order, &self.world, &self.model)?;
+                        check_dependencies_settled(&order, &believed, &self.model)?;
                         check_room(&order, &self.agents, &self.ledger, &self.scenario, now)?;
                     }
                     check_modify_spares_recreate_paths(&order, &self.scenario)?;
@@ -562,6 +647,33 @@ impl Sim {
                 self.agents.receive_ack(agent, &op_id, attempt);
                 Ok(None)
             }
+        }
+    }
+
+    /// Whether `message` is a periodic drift READ (not one resolving a
+    /// lost operation) or the ack of its result.
+    fn is_observation(&mut self, message: &ToAgent) -> bool {
+        let (op_id, read) = match message {
+            ToAgent::Operation(order) => (
+                &order.op_id,
+                order.kind == OperationKind::Read && !order.question,
+            ),
+            ToAgent::Ack { op_id, .. } => (op_id, false),
+            ToAgent::Cancel { .. } => return false,
+        };
+        if read {
+            let snapshot = self.handle.snapshots.latest();
+            let drift_read = snapshot
+                .current
+                .iter()
+                .filter_map(|(_, current)| current.in_flight.as_ref())
+                .any(|operation| operation.op_id == *op_id && operation.resolves.is_none());
+            if drift_read {
+                self.drift_reads.insert(op_id.clone());
+            }
+            drift_read
+        } else {
+            self.drift_reads.contains(op_id)
         }
     }
 
@@ -1011,9 +1123,10 @@ impl Sim {
         self.settle().await?;
         let quiet_period = self.scenario.longest_wait_ms() + 1_000;
         let mut quiet_rounds = 0;
+        let mut drift_resyncs = 0;
         for round in 0..MAX_FINAL_ROUNDS {
             self.stats.final_rounds = round + 1;
-            let before = self.stats.messages;
+            let before = self.stats.messages - self.stats.observations;
             self.answer_everything().await?;
             self.check().await?;
             let snapshot = self.handle.snapshots.latest();
@@ -1033,14 +1146,49 @@ impl Sim {
             );
             self.advance_answering(quiet_period, true).await?;
             self.check().await?;
-            if !busy && self.stats.messages == before && self.agents.pending_count() == 0 {
+            let worked = self.stats.messages - self.stats.observations != before;
+            if !busy && !worked && self.agents.pending_count() == 0 {
                 quiet_rounds += 1;
                 if quiet_rounds >= 2 {
+                    if self.drift_when_quiet {
+                        // Drift once the tenant is quiet: the server must
+                        // find it and correct it before it is quiet again.
+                        self.drift_when_quiet = false;
+                        let mut rng = StdRng::seed_from_u64(self.scenario.seed ^ 0xd21f_7e57);
+                        for _ in 0..2 {
+                            self.drift(rng.random(), rng.random());
+                        }
+                        quiet_rounds = 0;
+                        self.check().await?;
+                        continue;
+                    }
+                    if let Some(item) = self.drift_to_find(&down_types) {
+                        // The next resync's READ finds it, and the pass
+                        // after corrects it (DESIGN 4).
+                        if drift_resyncs == MAX_DRIFT_RESYNCS {
+                            return Err(Violation::new(
+                                "the periodic READ finds drift",
+                                format!(
+                                    "{item} drifted, is CREATED, idle and converged, and {MAX_DRIFT_RESYNCS} \
+                                     resyncs later the server's applied value still does not have the drift"
+                                ),
+                            ));
+                        }
+                        drift_resyncs += 1;
+                        quiet_rounds = 0;
+                        let resync = self.scenario.resync_interval_ms;
+                        self.advance_answering(resync + resync / 10 + 1_000, true)
+                            .await?;
+                        self.check().await?;
+                        continue;
+                    }
                     let snapshot = self.handle.snapshots.latest();
                     let now_wall = self.clock.now_ms();
+                    // Drift the server cannot see (its agent is down for
+                    // good, or the item is not CREATED) is not checked.
                     return check_converged(
                         &snapshot,
-                        &self.world,
+                        &self.drifts.believed(&self.world),
                         &self.model,
                         &self.scenario,
                         now_wall,
@@ -1079,6 +1227,26 @@ impl Sim {
                 self.agents.pending_count()
             ),
         ))
+    }
+
+    /// An item with drift the server has not seen and can find: intended,
+    /// `CREATED`, idle and with no operation planned (what the periodic
+    /// READ reads: an item the server will operate on is not read, its
+    /// operation writes the intended value over the drift), of a type whose
+    /// agent is up.
+    fn drift_to_find(&self, down_types: &BTreeSet<String>) -> Option<ItemRef> {
+        let snapshot = self.handle.snapshots.latest();
+        self.drifts
+            .unseen()
+            .find(|item| {
+                !down_types.contains(&**item.item_type())
+                    && self.model.items.contains_key(*item)
+                    && !snapshot.waiting.contains_key(*item)
+                    && snapshot.current.get(*item).is_some_and(|current| {
+                        current.state == ItemState::Created && current.in_flight.is_none()
+                    })
+            })
+            .cloned()
     }
 
     /// Whether an agent that is not down for good holds a result the

@@ -106,6 +106,16 @@ pub enum Step {
         /// Seed of what the agents had finished when it died.
         luck: u64,
     },
+    /// An item changes behind the server's back (drift, DESIGN 4): one
+    /// property of an applied item of a type that supports `READ` takes
+    /// another value. Drawn only in runs with drift
+    /// ([`View::drift`]).
+    Drift {
+        /// Which item (modulo the items that can drift then).
+        pick: u64,
+        /// Seed of which property changes, and to what.
+        luck: u64,
+    },
     /// The store dies at the next commit (before or after applying it);
     /// the server then restarts from the store's bytes.
     ArmStoreDeath {
@@ -190,6 +200,11 @@ impl Step {
     pub fn restarts_an_agent(&self) -> bool {
         matches!(self, Self::AgentRestart { .. })
     }
+
+    /// Whether this step changes an item behind the server's back.
+    pub fn drifts(&self) -> bool {
+        matches!(self, Self::Drift { .. })
+    }
 }
 
 impl fmt::Display for Step {
@@ -231,6 +246,7 @@ impl fmt::Display for Step {
             Self::Advance { ms } => write!(f, "advance {ms}ms"),
             Self::ClockStep { ms } => write!(f, "wall clock steps {ms:+}ms"),
             Self::Crash { .. } => write!(f, "CRASH and restart"),
+            Self::Drift { pick, .. } => write!(f, "item #{pick} drifts behind the server's back"),
             Self::ArmStoreDeath { after_apply, .. } => write!(
                 f,
                 "the store dies at the next commit ({} applying it)",
@@ -258,6 +274,8 @@ pub struct View<'a> {
     pub store_death_armed: bool,
     /// Whether an agent's process may restart ([`Step::AgentRestart`]).
     pub agent_restarts: bool,
+    /// Whether items may drift ([`Step::Drift`]).
+    pub drift: bool,
 }
 
 /// What the generator knows of one agent.
@@ -339,6 +357,11 @@ pub fn next_step(rng: &mut StdRng, view: &View<'_>) -> Step {
             }
             720..=969 => Some(Step::Advance {
                 ms: advance_ms(rng),
+            }),
+            // (Runs without drift draw exactly as before it existed.)
+            _ if view.drift && rng.random_bool(0.5) => Some(Step::Drift {
+                pick: rng.random(),
+                luck: rng.random(),
             }),
             _ => faults::fault_step(rng, view.store_death_armed),
         };

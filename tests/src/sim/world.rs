@@ -100,6 +100,17 @@ impl World {
         }
     }
 
+    /// `item` changed behind the server's back: it now has `properties`
+    /// (its modification count stays: nobody modified it through the
+    /// server). Returns its new value, or `None` when it does not exist.
+    pub fn drift(&mut self, item: &ItemRef, properties: Properties) -> Option<Arc<Item>> {
+        let existing = self.items.get_mut(item)?;
+        let mut value = (*existing.value).clone();
+        value.properties = properties;
+        existing.value = Arc::new(value);
+        Some(existing.value.clone())
+    }
+
     /// A Modify applied; `false` when the item does not exist.
     pub fn modify(&mut self, value: Arc<Item>) -> bool {
         let key = value.item_ref();

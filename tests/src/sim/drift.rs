@@ -1,0 +1,197 @@
+//! Drift: items changed behind the server's back (DESIGN 4), and what the
+//! server has not seen of it yet.
+//!
+//! A drift changes one property an applied item sets to another value, on
+//! an item of a type that supports `READ` (the only way the server can see
+//! it). Until the server has seen it (announced it with a `DriftDetected`
+//! event, as DESIGN 4 says it records drift) or an operation has
+//! overwritten it, the server cannot know: the checks that compare
+//! operations with the world then look at the world as the server believes
+//! it ([`Drifts::believed`]). Once it has seen it, the plain world is what
+//! the server must act on: a dependent's Create waits for the Modify that
+//! corrects its dependency.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use reconciled::graph::{Item, ItemRef, ItemState, Properties};
+
+use reconciled::tenant::TenantSnapshot;
+
+use super::intents::{Scenario, random_properties};
+use super::world::World;
+
+/// A drift the server has not seen.
+#[derive(Clone, Debug)]
+struct Unseen {
+    /// The item's value before it drifted: what the server believes.
+    before: Arc<Item>,
+    /// The value it drifted to (the world's, until an operation replaces
+    /// it).
+    now: Arc<Item>,
+    /// The properties that drifted.
+    properties: BTreeSet<String>,
+    /// The properties of the server's applied value when it drifted.
+    applied_then: Option<Properties>,
+}
+
+/// The drifts of a run the server has not seen yet.
+#[derive(Clone, Debug, Default)]
+pub struct Drifts {
+    unseen: BTreeMap<ItemRef, Unseen>,
+}
+
+impl Drifts {
+    /// Changes one property of the `pick`th item that can drift (applied,
+    /// not external, of a type that supports `READ`) to another value
+    /// drawn from `luck`. Returns the item and what changed, or `None`
+    /// when no item can drift or the draw found no other value.
+    pub fn inject(
+        &mut self,
+        world: &mut World,
+        snapshot: &TenantSnapshot,
+        scenario: &Scenario,
+        pick: u64,
+        luck: u64,
+    ) -> Option<(ItemRef, String)> {
+        let mut rng = StdRng::seed_from_u64(luck);
+        let readable: Vec<&ItemRef> = world
+            .items
+            .iter()
+            .filter(|(key, existing)| {
+                !existing.value.external
+                    && scenario
+                        .spec(key.item_type())
+                        .is_some_and(|spec| spec.supports_read)
+            })
+            .map(|(key, _)| key)
+            .collect();
+        // Mostly an item the server holds settled (CREATED, idle, with
+        // nothing planned), which the next resync reads; drift on an item
+        // an operation is about to overwrite tests less.
+        let settled: Vec<&ItemRef> = readable
+            .iter()
+            .copied()
+            .filter(|key| {
+                !snapshot.waiting.contains_key(*key)
+                    && snapshot.current.get(*key).is_some_and(|current| {
+                        current.state == ItemState::Created && current.in_flight.is_none()
+                    })
+            })
+            .collect();
+        let candidates = if !settled.is_empty() && rng.random_bool(0.75) {
+            settled
+        } else {
+            readable
+        };
+        let index = usize::try_from(pick % u64::try_from(candidates.len()).ok()?.max(1)).ok()?;
+        let key = (*candidates.get(index)?).clone();
+        let before = world.items[&key].value.clone();
+        let keys: Vec<&str> = before.properties.iter().map(|(name, _)| name).collect();
+        let property = (*keys.get(rng.random_range(0..keys.len().max(1)))?).to_owned();
+        let old = before.properties.get(&property)?.clone();
+        let new = (0..16)
+            .filter_map(|_| random_properties(&mut rng).get(&property).cloned())
+            .find(|candidate| *candidate != old)?;
+        let mut properties: Properties = before.properties.clone();
+        properties.insert(property.clone(), new.clone());
+        let now = world.drift(&key, properties)?;
+        let applied_then = snapshot
+            .current
+            .get(&key)
+            .and_then(|current| current.applied.as_ref())
+            .map(|applied| applied.properties.clone());
+        let entry = self.unseen.entry(key.clone()).or_insert(Unseen {
+            before,
+            now: now.clone(),
+            properties: BTreeSet::new(),
+            applied_then,
+        });
+        entry.now = now;
+        entry.properties.insert(property.clone());
+        if entry.now.properties == entry.before.properties {
+            // Drifted back to what the server believes: nothing to see.
+            self.unseen.remove(&key);
+        }
+        Some((key, format!("/{property} {old} -> {new}")))
+    }
+
+    /// Forgets the drifts an operation overwrote (the item's world value
+    /// is another one now), and those the server learned otherwise than
+    /// by announcing drift: its applied value changed since the drift, to
+    /// one with every drifted property as the world has it (a READ that
+    /// settles a lost Modify takes what it observes as applied). Returns
+    /// how many the server learned.
+    pub fn forget_overwritten_or_learned(
+        &mut self,
+        world: &World,
+        snapshot: &TenantSnapshot,
+    ) -> usize {
+        let mut learned_count = 0;
+        self.unseen.retain(|key, unseen| {
+            let overwritten = world
+                .items
+                .get(key)
+                .is_none_or(|existing| !Arc::ptr_eq(&existing.value, &unseen.now));
+            let learned = snapshot
+                .current
+                .get(key)
+                .and_then(|current| current.applied.as_ref())
+                .is_some_and(|applied| {
+                    unseen.applied_then.as_ref() != Some(&applied.properties)
+                        && unseen.properties.iter().all(|property| {
+                            applied.properties.get(property).is_some()
+                                && applied.properties.get(property)
+                                    == unseen.now.properties.get(property)
+                        })
+                });
+            learned_count += usize::from(learned && !overwritten);
+            !overwritten && !learned
+        });
+        learned_count
+    }
+
+    /// The server announced drift of `item` on `paths` (JSON Pointers of
+    /// top-level properties): it has seen those properties' drift.
+    /// Returns whether that was the last of the item's unseen drift.
+    pub fn on_announced(&mut self, item: &ItemRef, paths: &[String]) -> bool {
+        let Some(unseen) = self.unseen.get_mut(item) else {
+            return false;
+        };
+        for path in paths {
+            unseen.properties.remove(path.trim_start_matches('/'));
+        }
+        let all_seen = unseen.properties.is_empty();
+        if all_seen {
+            self.unseen.remove(item);
+        }
+        all_seen
+    }
+
+    /// The world as the server believes it: drifted items it has not seen
+    /// with the values they had before.
+    pub fn believed<'a>(&self, world: &'a World) -> Cow<'a, World> {
+        if self.unseen.is_empty() {
+            return Cow::Borrowed(world);
+        }
+        let mut believed = world.clone();
+        for (key, unseen) in &self.unseen {
+            // (An operation that overwrote the drift since is the world's
+            // value, and the server's.)
+            if let Some(existing) = believed.items.get_mut(key)
+                && Arc::ptr_eq(&existing.value, &unseen.now)
+            {
+                existing.value = unseen.before.clone();
+            }
+        }
+        Cow::Owned(believed)
+    }
+
+    /// Items with a drift the server has not seen.
+    pub fn unseen(&self) -> impl Iterator<Item = &ItemRef> {
+        self.unseen.keys()
+    }
+}
