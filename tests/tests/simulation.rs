@@ -50,6 +50,16 @@ fn passes_with_agent_restarts_in(seed: u64, steps: usize) {
     }
 }
 
+/// Like [`passes`], in a run where items drift and agents may suffer
+/// `agent_faults`.
+fn passes_with_drift(seed: u64, agent_faults: sim::AgentFaults) {
+    if let Err(failure) =
+        sim::run_seed_watched_with_drift(seed, STEPS, WATCHDOG, agent_faults, sim::Drift::On)
+    {
+        panic!("{}", failure.report(STEPS, TRACE_LINES));
+    }
+}
+
 /// Runs every seed of `seeds` not known bad; reports all that fail.
 fn sweep(seeds: std::ops::Range<u64>) {
     sweep_with(seeds, sim::AgentFaults::SessionsEnd);
@@ -1146,4 +1156,31 @@ fn seed_12_with_agent_restarts_a_crash_keeps_what_the_status_showed() {
 #[test]
 fn seed_72795_with_agent_restarts_a_watcher_keeps_up_through_a_long_step_of_retries() {
     passes_with_agent_restarts(72795);
+}
+
+/// An item gone behind the server's back while its Delete was lost: the
+/// READ that settles it answers `NOT_FOUND`, the server creates it again
+/// (it is intended once more) and deletes what it depended on. (A checker
+/// fix: an item the server creates again is one it learned was gone.)
+#[test]
+fn seed_157_with_drift_an_item_gone_and_created_again() {
+    passes_with_drift(157, sim::AgentFaults::SessionsEnd);
+}
+
+/// An item gone behind the server's back whose Create result its agent
+/// forgot in a restart: the server never held its value, and learns it is
+/// gone from the READ that settles the lost Create. (A checker fix.)
+#[test]
+fn seed_37_with_drift_and_agent_restarts_an_item_gone_before_the_server_knew_it() {
+    passes_with_drift(37, sim::AgentFaults::ProcessesRestart);
+}
+
+/// An item gone behind the server's back after its agent applied its
+/// Create, before the result reached the server: the result sent again
+/// on reconnecting tells the server it exists, and a dependent's Create
+/// follows; only a READ can tell it the item went. (A checker fix: the
+/// server held no value when the item went, and learns of the item first.)
+#[test]
+fn seed_644_with_drift_an_item_gone_before_its_create_reported() {
+    passes_with_drift(644, sim::AgentFaults::SessionsEnd);
 }

@@ -1,15 +1,16 @@
 //! Drift: items changed behind the server's back (DESIGN 4), and what the
 //! server has not seen of it yet.
 //!
-//! A drift changes one property an applied item sets to another value, on
-//! an item of a type that supports `READ` (the only way the server can see
-//! it). Until the server has seen it (announced it with a `DriftDetected`
-//! event, as DESIGN 4 says it records drift) or an operation has
-//! overwritten it, the server cannot know: the checks that compare
-//! operations with the world then look at the world as the server believes
-//! it ([`Drifts::believed`]). Once it has seen it, the plain world is what
-//! the server must act on: a dependent's Create waits for the Modify that
-//! corrects its dependency.
+//! A drift changes one property an applied item sets to another value, or
+//! makes the item go, on an item of a type that supports `READ` (the only
+//! way the server can see it). Until the server has learned of it (its
+//! applied value took the drift, or the item left its current state) or an
+//! operation has overwritten it, the server cannot know: the checks that
+//! compare operations with the world then look at the world as the server
+//! believes it ([`Drifts::believed`]). Once it has learned, the plain world
+//! is what the server must act on: a dependent's Create waits for the
+//! Modify that corrects its dependency, or for the Create of a dependency
+//! that went.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -22,19 +23,29 @@ use reconciled::graph::{Item, ItemRef, ItemState, Properties};
 use reconciled::tenant::TenantSnapshot;
 
 use super::intents::{Scenario, random_properties};
-use super::world::World;
+use super::world::{World, WorldItem};
+
+/// What drifted.
+#[derive(Clone, Debug)]
+enum Change {
+    /// These properties took other values.
+    Properties(BTreeSet<String>),
+    /// The item is gone (a device reset, a resource deleted by hand).
+    Vanished,
+}
 
 /// A drift the server has not seen.
 #[derive(Clone, Debug)]
 struct Unseen {
-    /// The item's value before it drifted: what the server believes.
-    before: Arc<Item>,
-    /// The value it drifted to (the world's, until an operation replaces
-    /// it).
-    now: Arc<Item>,
-    /// The properties that drifted.
-    properties: BTreeSet<String>,
-    /// The properties of the server's applied value when it drifted.
+    /// The item as it was before it drifted: what the server believes.
+    before: WorldItem,
+    /// The world's value since (`None`: gone), until an operation
+    /// replaces it.
+    now: Option<Arc<Item>>,
+    /// What drifted.
+    change: Change,
+    /// The properties of the server's applied value when it drifted (for
+    /// an item gone: or when it first held one since).
     applied_then: Option<Properties>,
 }
 
@@ -45,10 +56,11 @@ pub struct Drifts {
 }
 
 impl Drifts {
-    /// Changes one property of the `pick`th item that can drift (applied,
-    /// not external, of a type that supports `READ`) to another value
-    /// drawn from `luck`. Returns the item and what changed, or `None`
-    /// when no item can drift or the draw found no other value.
+    /// Makes the `pick`th item that can drift (applied, not external, of
+    /// a type that supports `READ`) drift as `luck` draws: one property
+    /// takes another value, or (one time in four) the item is gone.
+    /// Returns the item and what changed, or `None` when no item can drift
+    /// or the draw found no other value.
     pub fn inject(
         &mut self,
         world: &mut World,
@@ -89,30 +101,49 @@ impl Drifts {
         };
         let index = usize::try_from(pick % u64::try_from(candidates.len()).ok()?.max(1)).ok()?;
         let key = (*candidates.get(index)?).clone();
-        let before = world.items[&key].value.clone();
-        let keys: Vec<&str> = before.properties.iter().map(|(name, _)| name).collect();
-        let property = (*keys.get(rng.random_range(0..keys.len().max(1)))?).to_owned();
-        let old = before.properties.get(&property)?.clone();
-        let new = (0..16)
-            .filter_map(|_| random_properties(&mut rng).get(&property).cloned())
-            .find(|candidate| *candidate != old)?;
-        let mut properties: Properties = before.properties.clone();
-        properties.insert(property.clone(), new.clone());
-        let now = world.drift(&key, properties)?;
+        let before = world.items[&key].clone();
         let applied_then = snapshot
             .current
             .get(&key)
             .and_then(|current| current.applied.as_ref())
             .map(|applied| applied.properties.clone());
+        if rng.random_bool(0.25) {
+            world.delete(&key);
+            let entry = self.unseen.entry(key.clone()).or_insert(Unseen {
+                before,
+                now: None,
+                change: Change::Vanished,
+                applied_then,
+            });
+            entry.now = None;
+            entry.change = Change::Vanished;
+            return Some((key, "gone".into()));
+        }
+        let keys: Vec<&str> = before
+            .value
+            .properties
+            .iter()
+            .map(|(name, _)| name)
+            .collect();
+        let property = (*keys.get(rng.random_range(0..keys.len().max(1)))?).to_owned();
+        let old = before.value.properties.get(&property)?.clone();
+        let new = (0..16)
+            .filter_map(|_| random_properties(&mut rng).get(&property).cloned())
+            .find(|candidate| *candidate != old)?;
+        let mut properties: Properties = before.value.properties.clone();
+        properties.insert(property.clone(), new.clone());
+        let now = world.drift(&key, properties)?;
         let entry = self.unseen.entry(key.clone()).or_insert(Unseen {
             before,
-            now: now.clone(),
-            properties: BTreeSet::new(),
+            now: None,
+            change: Change::Properties(BTreeSet::new()),
             applied_then,
         });
-        entry.now = now;
-        entry.properties.insert(property.clone());
-        if entry.now.properties == entry.before.properties {
+        entry.now = Some(now.clone());
+        if let Change::Properties(drifted) = &mut entry.change {
+            drifted.insert(property.clone());
+        }
+        if now.properties == entry.before.value.properties {
             // Drifted back to what the server believes: nothing to see.
             self.unseen.remove(&key);
         }
@@ -123,8 +154,10 @@ impl Drifts {
     /// is another one now), and those the server learned otherwise than
     /// by announcing drift: its applied value changed since the drift, to
     /// one with every drifted property as the world has it (a READ that
-    /// settles a lost Modify takes what it observes as applied). Returns
-    /// how many the server learned.
+    /// settles a lost Modify takes what it observes as applied), or, for
+    /// an item gone, it no longer holds the value it held (a READ or a
+    /// Modify answered `NOT_FOUND`), or held none and expects no result
+    /// that could bring one. Returns how many the server learned.
     pub fn forget_overwritten_or_learned(
         &mut self,
         world: &World,
@@ -132,24 +165,43 @@ impl Drifts {
     ) -> usize {
         let mut learned_count = 0;
         self.unseen.retain(|key, unseen| {
-            let overwritten = world
-                .items
-                .get(key)
-                .is_none_or(|existing| !Arc::ptr_eq(&existing.value, &unseen.now));
-            let learned = snapshot
-                .current
-                .get(key)
-                .and_then(|current| current.applied.as_ref())
-                .is_some_and(|applied| {
+            let overwritten = match (&unseen.now, world.items.get(key)) {
+                (Some(now), Some(existing)) => !Arc::ptr_eq(&existing.value, now),
+                (None, None) => false,
+                _ => true,
+            };
+            if overwritten {
+                return false;
+            }
+            let current = snapshot.current.get(key);
+            let applied = current.and_then(|current| current.applied.as_ref());
+            let learned = match (&unseen.change, applied, &unseen.now) {
+                (Change::Vanished, Some(applied), _) => {
+                    // (Held no value when the item went, and holds one now:
+                    // a result the item's agent sent before it went.)
+                    unseen
+                        .applied_then
+                        .get_or_insert_with(|| applied.properties.clone());
+                    false
+                }
+                // Gone for the server too: it held a value and holds none
+                // now (it may be creating it again), or it held none and
+                // expects no result that could bring one.
+                (Change::Vanished, None, _) => {
+                    unseen.applied_then.is_some()
+                        || current.is_none_or(|current| current.in_flight.is_none())
+                }
+                (Change::Properties(drifted), Some(applied), Some(now)) => {
                     unseen.applied_then.as_ref() != Some(&applied.properties)
-                        && unseen.properties.iter().all(|property| {
+                        && drifted.iter().all(|property| {
                             applied.properties.get(property).is_some()
-                                && applied.properties.get(property)
-                                    == unseen.now.properties.get(property)
+                                && applied.properties.get(property) == now.properties.get(property)
                         })
-                });
-            learned_count += usize::from(learned && !overwritten);
-            !overwritten && !learned
+                }
+                _ => false,
+            };
+            learned_count += usize::from(learned);
+            !learned
         });
         learned_count
     }
@@ -158,13 +210,17 @@ impl Drifts {
     /// top-level properties): it has seen those properties' drift.
     /// Returns whether that was the last of the item's unseen drift.
     pub fn on_announced(&mut self, item: &ItemRef, paths: &[String]) -> bool {
-        let Some(unseen) = self.unseen.get_mut(item) else {
+        let Some(Unseen {
+            change: Change::Properties(drifted),
+            ..
+        }) = self.unseen.get_mut(item)
+        else {
             return false;
         };
         for path in paths {
-            unseen.properties.remove(path.trim_start_matches('/'));
+            drifted.remove(path.trim_start_matches('/'));
         }
-        let all_seen = unseen.properties.is_empty();
+        let all_seen = drifted.is_empty();
         if all_seen {
             self.unseen.remove(item);
         }
@@ -181,10 +237,14 @@ impl Drifts {
         for (key, unseen) in &self.unseen {
             // (An operation that overwrote the drift since is the world's
             // value, and the server's.)
-            if let Some(existing) = believed.items.get_mut(key)
-                && Arc::ptr_eq(&existing.value, &unseen.now)
-            {
-                existing.value = unseen.before.clone();
+            match (&unseen.now, believed.items.get_mut(key)) {
+                (Some(now), Some(existing)) if Arc::ptr_eq(&existing.value, now) => {
+                    existing.value = unseen.before.value.clone();
+                }
+                (None, None) => {
+                    believed.items.insert(key.clone(), unseen.before.clone());
+                }
+                _ => {}
             }
         }
         Cow::Owned(believed)
