@@ -122,9 +122,9 @@ fn random_runs_with_agent_restarts_keep_every_invariant_seeds_15_to_29() {
 }
 
 // Items that drift behind the server's back (a property an agent applied
-// takes another value): 15 seeds, in which the server must find drift by
-// its periodic READ, announce it and correct it, and no check may count
-// on what it could not see.
+// takes another value, or the item is gone): 15 seeds, in which the server
+// must find drift by its periodic READ and correct it, and no check may
+// count on what it could not see.
 
 #[test]
 fn random_runs_with_drift_keep_every_invariant_and_find_the_drift() {

@@ -109,7 +109,8 @@ pub struct Stats {
     pub final_rounds: usize,
     /// Drifts injected.
     pub drifts: usize,
-    /// Drifts the server announced having found.
+    /// Drifts the server learned of (the others were overwritten by an
+    /// operation first).
     pub drifts_found: usize,
 }
 
@@ -1169,7 +1170,7 @@ impl Sim {
                             return Err(Violation::new(
                                 "the periodic READ finds drift",
                                 format!(
-                                    "{item} drifted, is CREATED, idle and converged, and {MAX_DRIFT_RESYNCS} \
+                                    "{item} drifted, is CREATED, idle, with nothing planned, and {MAX_DRIFT_RESYNCS} \
                                      resyncs later the server's applied value still does not have the drift"
                                 ),
                             ));
