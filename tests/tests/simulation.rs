@@ -53,10 +53,15 @@ fn passes_with_agent_restarts_in(seed: u64, steps: usize) {
 /// Like [`passes`], in a run where items drift and agents may suffer
 /// `agent_faults`.
 fn passes_with_drift(seed: u64, agent_faults: sim::AgentFaults) {
+    passes_with_drift_in(seed, STEPS, agent_faults);
+}
+
+/// Like [`passes_with_drift`], for a seed found with a longer run.
+fn passes_with_drift_in(seed: u64, steps: usize, agent_faults: sim::AgentFaults) {
     if let Err(failure) =
-        sim::run_seed_watched_with_drift(seed, STEPS, WATCHDOG, agent_faults, sim::Drift::On)
+        sim::run_seed_watched_with_drift(seed, steps, WATCHDOG, agent_faults, sim::Drift::On)
     {
-        panic!("{}", failure.report(STEPS, TRACE_LINES));
+        panic!("{}", failure.report(steps, TRACE_LINES));
     }
 }
 
@@ -1183,4 +1188,16 @@ fn seed_37_with_drift_and_agent_restarts_an_item_gone_before_the_server_knew_it(
 #[test]
 fn seed_644_with_drift_an_item_gone_before_its_create_reported() {
     passes_with_drift(644, sim::AgentFaults::SessionsEnd);
+}
+
+/// A lost Create (of a recreate) applied, then a property of the item
+/// drifted; the READ settling it showed neither the old value nor the
+/// target. The server took the item as holding the old value, with none
+/// of the target's dependencies, and deleted one of them in parallel with
+/// the item while the item still relied on it. It now keeps the target
+/// as a value the item may hold (`engine::transition`, unit test
+/// `a_read_showing_neither_value_keeps_the_lost_operations_dependencies`).
+#[test]
+fn seed_20481_with_drift_and_agent_restarts_a_read_showing_neither_value_keeps_the_edges() {
+    passes_with_drift_in(20481, 1_000, sim::AgentFaults::ProcessesRestart);
 }

@@ -400,8 +400,17 @@ fn resolved(
     .with_rare(|rare| rare.retry_of = (!lost.question).then(|| retry_of(lost)));
     // It may have applied (an agent that restarts forgets what it had not
     // reported): until it is asked again and answers, the dependencies of
-    // its value stay edges.
-    let kept = if applies && shows_target && !tells {
+    // its value stay edges. So too when what was read is neither the
+    // applied value nor the target: the operation may have applied and
+    // the item drifted since (simulator seed 20481 with drift), and a READ
+    // cannot see dependencies.
+    let shows_applied = existing.applied.as_deref().is_some_and(|applied| {
+        applied
+            .properties
+            .iter()
+            .all(|(key, value)| observed.get(key) == Some(value))
+    });
+    let kept = if applies && ((shows_target && !tells) || (!shows_target && !shows_applied)) {
         may_hold_target_of(kept, lost)
     } else {
         kept
@@ -1186,6 +1195,12 @@ mod tests {
     /// The item whose applied value is `before` once the READ that
     /// resolves its `lost` operation found it, showing no property.
     fn settled_by_an_empty_read(before: Arc<Item>, lost: &InFlight) -> CurrentItem {
+        settled_by_a_read(before, lost, Properties::new())
+    }
+
+    /// The item whose applied value is `before` once the READ that
+    /// resolves its `lost` operation found it with `observed`.
+    fn settled_by_a_read(before: Arc<Item>, lost: &InFlight, observed: Properties) -> CurrentItem {
         let read = InFlight {
             resolves: Some(Box::new(lost.clone())),
             ..InFlight::new(OperationKind::Read, "op-2".into(), 1, 8, 0, 10_000)
@@ -1199,10 +1214,55 @@ mod tests {
             &CurrentGraph::default(),
             &entry,
             Completion::Resolved {
-                observed: Some(Properties::new()),
+                observed: Some(observed),
             },
         )
         .expect("it exists")
+    }
+
+    #[test]
+    fn a_read_showing_neither_value_keeps_the_lost_operations_dependencies() {
+        // Simulator seed 20481 with drift and agents that restart: a lost
+        // Modify to a value depending on b applied, then a property of the
+        // item drifted. The READ showed neither the old value nor the
+        // target, the item was taken as unmodified (no dependency), and b
+        // was deleted in parallel with it while it still relied on b.
+        let properties = |state: &str| -> Properties {
+            [("state".to_owned(), state.into())].into_iter().collect()
+        };
+        let before = Arc::new(Item::new("t", "a", properties("up")));
+        let target = Item::new(
+            "t",
+            "a",
+            [
+                ("state".to_owned(), "up".into()),
+                ("v".to_owned(), 1.into()),
+            ]
+            .into_iter()
+            .collect(),
+        )
+        .depends_on(crate::graph::Dependency::on(ItemRef::new("t", "b")));
+        let lost = InFlight {
+            target: Some(Arc::new(target)),
+            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
+        };
+        let drifted: Properties = [
+            ("state".to_owned(), "down".into()),
+            ("v".to_owned(), 1.into()),
+        ]
+        .into_iter()
+        .collect();
+        let after = settled_by_a_read(before, &lost, drifted);
+        assert_eq!(
+            after.rare.maybe_applied,
+            Vec::from_iter(lost.target.clone()),
+            "the item may hold the target, drifted"
+        );
+        // A READ that shows the applied value as it was says the Modify
+        // did not apply.
+        let before = Arc::new(Item::new("t", "a", properties("up")));
+        let unchanged = settled_by_a_read(before, &lost, properties("up"));
+        assert!(unchanged.rare.maybe_applied.is_empty());
     }
 
     #[test]
