@@ -1223,10 +1223,12 @@ mod tests {
     #[test]
     fn a_read_showing_neither_value_keeps_the_lost_operations_dependencies() {
         // Simulator seed 20481 with drift and agents that restart: a lost
-        // Modify to a value depending on b applied, then a property of the
-        // item drifted. The READ showed neither the old value nor the
-        // target, the item was taken as unmodified (no dependency), and b
-        // was deleted in parallel with it while it still relied on b.
+        // operation (there the Create of a recreate; a Modify takes the
+        // same path) to a value depending on b applied, then a property of
+        // the item drifted. The READ showed neither the old value nor the
+        // target, the item was taken as holding its old value (no
+        // dependency), and b was deleted in parallel with it while it
+        // still relied on b.
         let properties = |state: &str| -> Properties {
             [("state".to_owned(), state.into())].into_iter().collect()
         };
