@@ -359,12 +359,7 @@ fn resolved(
     let applies =
         matches!(lost.kind, OperationKind::Create | OperationKind::Modify) && !lost.question;
     let target = lost.target.as_deref();
-    let shows_target = target.is_some_and(|target| {
-        target
-            .properties
-            .iter()
-            .all(|(key, value)| observed.get(key) == Some(value))
-    });
+    let shows_target = target.is_some_and(|target| shows(target, &observed));
     // A READ sees properties only, and only those the target sets tell
     // (an agent may report more than the intent sets): when the target
     // sets no property to a value the item did not have already (a Modify
@@ -404,18 +399,24 @@ fn resolved(
     // applied value nor the target: the operation may have applied and
     // the item drifted since (simulator seed 20481 with drift), and a READ
     // cannot see dependencies.
-    let shows_applied = existing.applied.as_deref().is_some_and(|applied| {
-        applied
-            .properties
-            .iter()
-            .all(|(key, value)| observed.get(key) == Some(value))
-    });
+    let shows_applied = existing
+        .applied
+        .as_deref()
+        .is_some_and(|applied| shows(applied, &observed));
     let kept = if applies && ((shows_target && !tells) || (!shows_target && !shows_applied)) {
         may_hold_target_of(kept, lost)
     } else {
         kept
     };
     Some(read_back(&kept, observed))
+}
+
+/// Whether `observed` has every property `value` sets, as it sets it.
+fn shows(value: &Item, observed: &Properties) -> bool {
+    value
+        .properties
+        .iter()
+        .all(|(key, set)| observed.get(key) == Some(set))
 }
 
 /// What is left of an item that went with its external item while its

@@ -151,10 +151,10 @@ impl Drifts {
     }
 
     /// Forgets the drifts an operation overwrote (the item's world value
-    /// is another one now), and those the server learned otherwise than
-    /// by announcing drift: its applied value changed since the drift, to
-    /// one with every drifted property as the world has it (a READ that
-    /// settles a lost Modify takes what it observes as applied), or, for
+    /// is another one now), and those the server learned: its applied
+    /// value changed since the drift (a drift READ, or a READ settling a
+    /// lost operation, which takes what it observes), to
+    /// one with every drifted property as the world has it, or, for
     /// an item gone, it no longer holds the value it held (a READ or a
     /// Modify answered `NOT_FOUND`), or held none and expects no result
     /// that could bring one. Returns how many the server learned.
@@ -194,8 +194,10 @@ impl Drifts {
                 (Change::Properties(drifted), Some(applied), Some(now)) => {
                     unseen.applied_then.as_ref() != Some(&applied.properties)
                         && drifted.iter().all(|property| {
-                            applied.properties.get(property).is_some()
-                                && applied.properties.get(property) == now.properties.get(property)
+                            applied
+                                .properties
+                                .get(property)
+                                .is_some_and(|value| now.properties.get(property) == Some(value))
                         })
                 }
                 _ => false,
@@ -204,27 +206,6 @@ impl Drifts {
             !learned
         });
         learned_count
-    }
-
-    /// The server announced drift of `item` on `paths` (JSON Pointers of
-    /// top-level properties): it has seen those properties' drift.
-    /// Returns whether that was the last of the item's unseen drift.
-    pub fn on_announced(&mut self, item: &ItemRef, paths: &[String]) -> bool {
-        let Some(Unseen {
-            change: Change::Properties(drifted),
-            ..
-        }) = self.unseen.get_mut(item)
-        else {
-            return false;
-        };
-        for path in paths {
-            drifted.remove(path.trim_start_matches('/'));
-        }
-        let all_seen = drifted.is_empty();
-        if all_seen {
-            self.unseen.remove(item);
-        }
-        all_seen
     }
 
     /// The world as the server believes it: drifted items it has not seen

@@ -367,24 +367,12 @@ impl Sim {
         };
         self.trace.note(format!("{item} drifts: {change}"));
         self.stats.drifts += 1;
-        let mut disturbed = BTreeSet::from([item]);
-        loop {
-            let more: Vec<ItemRef> = self
-                .world
-                .items
-                .iter()
-                .filter(|(key, existing)| {
-                    !disturbed.contains(*key)
-                        && disturbed
-                            .iter()
-                            .any(|required| existing.value.dependency_on(required).is_some())
-                })
-                .map(|(key, _)| key.clone())
-                .collect();
-            if more.is_empty() {
-                break;
+        let mut disturbed = BTreeSet::new();
+        let mut to_visit = vec![item];
+        while let Some(key) = to_visit.pop() {
+            if disturbed.insert(key.clone()) {
+                to_visit.extend(self.world.dependents_of(&key).map(|w| w.value.item_ref()));
             }
-            disturbed.extend(more);
         }
         self.counts.on_fault(&disturbed);
     }
@@ -463,11 +451,6 @@ impl Sim {
         // Catching up lets the owner run what fell due meanwhile (a WAIT's
         // retry): the view is compared with the snapshot after it.
         self.watcher.catch_up(&self.handle).await?;
-        for (item, paths) in self.watcher.take_drifts() {
-            self.trace
-                .note(format!("the server found {item} drifted: {paths:?}"));
-            self.stats.drifts_found += usize::from(self.drifts.on_announced(&item, &paths));
-        }
         self.follow_drift();
         self.watcher
             .check_view(&self.handle, &self.handle.snapshots.latest())

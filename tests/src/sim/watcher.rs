@@ -82,9 +82,6 @@ pub struct Watcher {
     /// The watcher restarted from a snapshot after its first: what was
     /// announced before it (operations started, agents) is unknown.
     partial_history: bool,
-    /// Drift announced and not yet taken ([`Watcher::take_drifts`]): the
-    /// item and its drifted paths.
-    drifts: Vec<(ItemRef, Vec<String>)>,
 }
 
 fn item_of(item: Option<&v1::ItemRef>) -> ItemRef {
@@ -308,10 +305,6 @@ impl Watcher {
                     self.connected.remove(item_type);
                 }
             }
-            Some(Body::DriftDetected(drift)) => {
-                let item = item_of(drift.item.as_ref());
-                self.drifts.push((item, drift.paths.clone()));
-            }
             Some(Body::ConditionsChanged(changed)) => {
                 let conditions = changed
                     .conditions
@@ -322,12 +315,6 @@ impl Watcher {
             }
             _ => {}
         }
-    }
-
-    /// The drift announced since the last call: each item with its
-    /// drifted paths (JSON Pointers).
-    pub fn take_drifts(&mut self) -> Vec<(ItemRef, Vec<String>)> {
-        std::mem::take(&mut self.drifts)
     }
 
     /// Before the server dies: takes in what it published.
