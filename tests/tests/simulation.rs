@@ -31,9 +31,7 @@ fn passes(seed: u64) {
 
 /// Like [`passes`], for a seed found with a longer run.
 fn passes_in(seed: u64, steps: usize) {
-    if let Err(failure) = sim::run_seed_watched_for(seed, steps, WATCHDOG) {
-        panic!("{}", failure.report(steps, TRACE_LINES));
-    }
+    passes_with(seed, steps, sim::AgentFaults::SessionsEnd, sim::Drift::Off);
 }
 
 /// Like [`passes`], in a run whose agents' processes may restart.
@@ -43,11 +41,12 @@ fn passes_with_agent_restarts(seed: u64) {
 
 /// Like [`passes_with_agent_restarts`], for a seed found with a longer run.
 fn passes_with_agent_restarts_in(seed: u64, steps: usize) {
-    if let Err(failure) =
-        sim::run_seed_watched_with(seed, steps, WATCHDOG, sim::AgentFaults::ProcessesRestart)
-    {
-        panic!("{}", failure.report(steps, TRACE_LINES));
-    }
+    passes_with(
+        seed,
+        steps,
+        sim::AgentFaults::ProcessesRestart,
+        sim::Drift::Off,
+    );
 }
 
 /// Like [`passes`], in a run where items drift and agents may suffer
@@ -58,8 +57,14 @@ fn passes_with_drift(seed: u64, agent_faults: sim::AgentFaults) {
 
 /// Like [`passes_with_drift`], for a seed found with a longer run.
 fn passes_with_drift_in(seed: u64, steps: usize, agent_faults: sim::AgentFaults) {
+    passes_with(seed, steps, agent_faults, sim::Drift::On);
+}
+
+/// Seed `seed` passes `steps` steps with these agent faults and drift,
+/// or the test fails with its report.
+fn passes_with(seed: u64, steps: usize, agent_faults: sim::AgentFaults, drift: sim::Drift) {
     if let Err(failure) =
-        sim::run_seed_watched_with_drift(seed, steps, WATCHDOG, agent_faults, sim::Drift::On)
+        sim::run_seed_watched_with_drift(seed, steps, WATCHDOG, agent_faults, drift)
     {
         panic!("{}", failure.report(steps, TRACE_LINES));
     }
