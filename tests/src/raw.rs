@@ -2,10 +2,13 @@
 //! well-behaved client would build in memory (dense, malformed or
 //! oversized messages).
 
+use prost::bytes::Bytes;
 use tonic::Status;
 use tonic::transport::Channel;
 
-/// A codec that sends and receives message bytes as they are.
+/// A codec that sends and receives message bytes as they are (sent as
+/// [`Bytes`], so a payload sent again and again is not copied for each
+/// call).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RawCodec;
 
@@ -14,7 +17,7 @@ pub struct RawCodec;
 pub struct RawBytes;
 
 impl tonic::codec::Codec for RawCodec {
-    type Encode = Vec<u8>;
+    type Encode = Bytes;
     type Decode = Vec<u8>;
     type Encoder = RawBytes;
     type Decoder = RawBytes;
@@ -29,14 +32,10 @@ impl tonic::codec::Codec for RawCodec {
 }
 
 impl tonic::codec::Encoder for RawBytes {
-    type Item = Vec<u8>;
+    type Item = Bytes;
     type Error = Status;
 
-    fn encode(
-        &mut self,
-        item: Vec<u8>,
-        dst: &mut tonic::codec::EncodeBuf<'_>,
-    ) -> Result<(), Status> {
+    fn encode(&mut self, item: Bytes, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), Status> {
         use prost::bytes::BufMut as _;
         dst.put_slice(&item);
         Ok(())
@@ -57,6 +56,12 @@ impl tonic::codec::Decoder for RawBytes {
 /// The SubmitIntent method's path.
 pub const SUBMIT_INTENT: &str = "/reconciled.v1.Reconciler/SubmitIntent";
 
+/// The ReportExternal method's path.
+pub const REPORT_EXTERNAL: &str = "/reconciled.v1.Reconciler/ReportExternal";
+
+/// The GetGraph method's path.
+pub const GET_GRAPH: &str = "/reconciled.v1.Reconciler/GetGraph";
+
 /// Sends `message` as it is to the unary method `path`, with `token` as
 /// bearer (none if empty); the reply's bytes, or the status. A channel
 /// that is not ready answers `UNAVAILABLE`.
@@ -64,7 +69,7 @@ pub async fn raw_unary(
     channel: &Channel,
     path: &'static str,
     token: &str,
-    message: Vec<u8>,
+    message: impl Into<Bytes>,
 ) -> Result<Vec<u8>, Status> {
     let mut grpc = tonic::client::Grpc::new(channel.clone())
         .max_encoding_message_size(64 * 1024 * 1024)
@@ -72,14 +77,14 @@ pub async fn raw_unary(
     grpc.ready()
         .await
         .map_err(|error| Status::unavailable(error.to_string()))?;
-    let mut request = tonic::Request::new(message);
+    let mut request = tonic::Request::new(message.into());
     if !token.is_empty() {
         let value = format!("Bearer {token}")
             .parse()
             .map_err(|_| Status::invalid_argument("the token is not ASCII"))?;
         request.metadata_mut().insert("authorization", value);
     }
-    grpc.unary::<Vec<u8>, Vec<u8>, RawCodec>(
+    grpc.unary::<Bytes, Vec<u8>, RawCodec>(
         request,
         tonic::codegen::http::uri::PathAndQuery::from_static(path),
         RawCodec,

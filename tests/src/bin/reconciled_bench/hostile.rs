@@ -32,6 +32,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
 use clap::{Args, ValueEnum};
+use prost::Message as _;
+use prost::bytes::Bytes;
 use reconciled_tests::api::{self, Bearer};
 use reconciled_tests::proto::v1;
 use reconciled_tests::proto::v1::configurators_client::ConfiguratorsClient;
@@ -422,54 +424,49 @@ async fn attack(
     stop: Arc<AtomicBool>,
     calls: Arc<AtomicU64>,
 ) {
-    let reconciler = api::reconciler(&channel, &token);
-    let expensive = expensive_intent(&name);
-    let dense = dense_request(&name, 2_000_000);
-    let huge_anonymous = dense_request(&name, 8_000_000);
-    // Built once: the attack is on the server, not on this process's CPU.
-    let floods = [0, 1].map(|round| flood_request(&name, bulk, round));
-    let reports = external_reports(&name);
+    // Every payload is encoded once and sent as bytes, and no reply is
+    // decoded: the attack is on the server, not on this process's CPU.
+    // (Attackers that burn CPU here hurt the server's threads even at the
+    // idle policy: a core running one does not pull the server's waiting
+    // threads over until the kernel's next periodic balance; see
+    // docs/performance.md, "Hostile tenants", item 16.)
+    let expensive = Bytes::from(
+        v1::SubmitIntentRequest {
+            subgraph: "expensive".into(),
+            ..expensive_intent(&name)
+        }
+        .encode_to_vec(),
+    );
+    let dense = Bytes::from(dense_request(&name, 2_000_000));
+    let huge_anonymous = Bytes::from(dense_request(&name, 8_000_000));
+    let floods = [0, 1].map(|round| Bytes::from(flood_request(&name, bulk, round).encode_to_vec()));
+    let reports = Bytes::from(external_reports(&name).encode_to_vec());
+    let page = Bytes::from(
+        v1::GetGraphRequest {
+            tenant: name.clone(),
+            view: v1::GraphView::Both.into(),
+            page_size: 5_000,
+            ..Default::default()
+        }
+        .encode_to_vec(),
+    );
     let mut round = 0_u64;
     while !stop.load(Ordering::Relaxed) {
         round += 1;
         for attack in &attacks {
-            match attack {
-                Attack::Predicates => {
-                    let _ = reconciler
-                        .clone()
-                        .submit_intent(v1::SubmitIntentRequest {
-                            subgraph: "expensive".into(),
-                            ..expensive.clone()
-                        })
-                        .await;
-                }
-                Attack::Flood => {
-                    let _ = reconciler
-                        .clone()
-                        .submit_intent(floods[usize::from(round % 2 == 1)].clone())
-                        .await;
-                }
-                Attack::Dense => {
-                    let _ = raw_submit(&channel, &token, dense.clone()).await;
-                }
-                Attack::Anonymous => {
-                    let _ = raw_submit(&channel, "", huge_anonymous.clone()).await;
-                }
-                Attack::Pages => {
-                    let _ = reconciler
-                        .clone()
-                        .get_graph(v1::GetGraphRequest {
-                            tenant: name.clone(),
-                            view: v1::GraphView::Both.into(),
-                            page_size: 5_000,
-                            ..Default::default()
-                        })
-                        .await;
-                }
-                Attack::Reports => {
-                    let _ = reconciler.clone().report_external(reports.clone()).await;
-                }
-            }
+            let (path, token, message) = match attack {
+                Attack::Predicates => (raw::SUBMIT_INTENT, token.as_str(), &expensive),
+                Attack::Flood => (
+                    raw::SUBMIT_INTENT,
+                    token.as_str(),
+                    &floods[usize::from(round % 2 == 1)],
+                ),
+                Attack::Dense => (raw::SUBMIT_INTENT, token.as_str(), &dense),
+                Attack::Anonymous => (raw::SUBMIT_INTENT, "", &huge_anonymous),
+                Attack::Pages => (raw::GET_GRAPH, token.as_str(), &page),
+                Attack::Reports => (raw::REPORT_EXTERNAL, token.as_str(), &reports),
+            };
+            let _ = raw::raw_unary(&channel, path, token, message.clone()).await;
         }
         calls.fetch_add(attacks.len() as u64, Ordering::Relaxed);
         if attacks.is_empty() {
@@ -548,11 +545,4 @@ fn expensive_intent(tenant: &str) -> v1::SubmitIntentRequest {
 /// A SubmitIntentRequest of `items` empty items, two bytes each.
 fn dense_request(tenant: &str, items: usize) -> Vec<u8> {
     raw::empty_items_request(tenant, items)
-}
-
-/// Sends `message` raw to SubmitIntent (with `token`, if any).
-async fn raw_submit(channel: &Channel, token: &str, message: Vec<u8>) -> Result<(), tonic::Status> {
-    raw::raw_unary(channel, raw::SUBMIT_INTENT, token, message)
-        .await
-        .map(|_| ())
 }
