@@ -59,6 +59,9 @@ pub const SUBMIT_INTENT: &str = "/reconciled.v1.Reconciler/SubmitIntent";
 /// The ReportExternal method's path.
 pub const REPORT_EXTERNAL: &str = "/reconciled.v1.Reconciler/ReportExternal";
 
+/// The GetStatus method's path.
+pub const GET_STATUS: &str = "/reconciled.v1.Reconciler/GetStatus";
+
 /// The GetGraph method's path.
 pub const GET_GRAPH: &str = "/reconciled.v1.Reconciler/GetGraph";
 

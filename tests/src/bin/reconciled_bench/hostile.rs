@@ -25,6 +25,12 @@
 //!
 //! Targets (issue 12): the bystander's p99 GetStatus latency within 2× the
 //! baseline, its SubmitIntent throughput at least 0.8× the baseline.
+//!
+//! `--only busy` runs a control instead: the same number of tenants that
+//! behave, each sending what the bystander sends as fast as it is
+//! answered. What they cost the bystander is what sharing the machine
+//! costs; what the hostile tenants cost beyond it is what isolation can
+//! still remove.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -61,8 +67,9 @@ pub struct HostileArgs {
     #[arg(long)]
     without_bulk: bool,
     /// Run only these attacks, comma separated (to find which one costs
-    /// the bystander): predicates, flood, dense, anonymous, pages, reports.
-    /// Default: all of them (less the bulk ones with `--without-bulk`).
+    /// the bystander): predicates, flood, dense, anonymous, pages, reports;
+    /// or `busy`, the control. Default: every attack (less the bulk ones
+    /// with `--without-bulk`), not the control.
     #[arg(long, value_delimiter = ',')]
     only: Vec<Attack>,
 }
@@ -82,6 +89,12 @@ pub enum Attack {
     Pages,
     /// 10,000-item external reports.
     Reports,
+    /// The control, not an attack: a busy tenant that behaves, sending what
+    /// the bystander sends (a 10-item SubmitIntent changing one property,
+    /// and a GetStatus) as fast as it is answered, and holding no unread
+    /// stream. What ten of these cost the bystander is what sharing the
+    /// machine costs, with nothing hostile in it.
+    Busy,
 }
 
 impl HostileArgs {
@@ -92,7 +105,13 @@ impl HostileArgs {
         let attacks = Attack::value_variants()
             .iter()
             .copied()
-            .filter(|attack| self.only.is_empty() || self.only.contains(attack))
+            .filter(|attack| {
+                if self.only.is_empty() {
+                    *attack != Attack::Busy
+                } else {
+                    self.only.contains(attack)
+                }
+            })
             .filter(|attack| {
                 !(self.without_bulk && matches!(attack, Attack::Pages | Attack::Reports))
             })
@@ -176,7 +195,11 @@ async fn run(args: &HostileArgs) -> anyhow::Result<()> {
         attackers.push(attackers_runtime.spawn(async move {
             let connect =
                 || async { anyhow::Ok(Channel::from_shared(endpoint.clone())?.connect().await?) };
-            let held = hold_resources(&connect().await?, &name, &token).await?;
+            let held = if attacks == [Attack::Busy] {
+                None
+            } else {
+                Some(hold_resources(&connect().await?, &name, &token).await?)
+            };
             attack(connect().await?, name, token, attacks, bulk, stop, calls).await;
             drop(held);
             anyhow::Ok(())
@@ -340,18 +363,9 @@ async fn measure(
             let mut round = 0_u64;
             while Instant::now() < until {
                 round += 1;
-                let items = (0..10)
-                    .map(|index| {
-                        api::item(
-                            "svc",
-                            &format!("s{index}"),
-                            json!({ "round": if index == 0 { round } else { 0 } }),
-                        )
-                    })
-                    .collect();
                 reconciler
                     .clone()
-                    .submit_intent(api::submit("bystander", items))
+                    .submit_intent(busy_request("bystander", round))
                     .await?;
                 submits += 1;
             }
@@ -413,8 +427,9 @@ async fn hold_resources(channel: &Channel, name: &str, token: &str) -> anyhow::R
     })
 }
 
-/// The hostile tenant's loop over the chosen worst cases until `stop`;
-/// each flood has `bulk` tiny items.
+/// The hostile tenant's loop over the chosen worst cases until `stop`,
+/// adding the calls it had answered to `calls_answered`; each flood has
+/// `bulk` tiny items.
 async fn attack(
     channel: Channel,
     name: String,
@@ -422,7 +437,7 @@ async fn attack(
     attacks: Vec<Attack>,
     bulk: usize,
     stop: Arc<AtomicBool>,
-    calls: Arc<AtomicU64>,
+    calls_answered: Arc<AtomicU64>,
 ) {
     // Every payload is encoded once and sent as bytes, and no reply is
     // decoded: the attack is on the server, not on this process's CPU.
@@ -450,25 +465,36 @@ async fn attack(
         }
         .encode_to_vec(),
     );
-    let mut round = 0_u64;
+    let busy = [0, 1].map(|round| Bytes::from(busy_request(&name, round).encode_to_vec()));
+    let status = Bytes::from(
+        v1::GetStatusRequest {
+            tenant: name.clone(),
+        }
+        .encode_to_vec(),
+    );
+    let (mut round, mut answered) = (0_u64, 0_u64);
     while !stop.load(Ordering::Relaxed) {
         round += 1;
+        let odd = usize::from(round % 2 == 1);
         for attack in &attacks {
-            let (path, token, message) = match attack {
-                Attack::Predicates => (raw::SUBMIT_INTENT, token.as_str(), &expensive),
-                Attack::Flood => (
-                    raw::SUBMIT_INTENT,
-                    token.as_str(),
-                    &floods[usize::from(round % 2 == 1)],
-                ),
-                Attack::Dense => (raw::SUBMIT_INTENT, token.as_str(), &dense),
-                Attack::Anonymous => (raw::SUBMIT_INTENT, "", &huge_anonymous),
-                Attack::Pages => (raw::GET_GRAPH, token.as_str(), &page),
-                Attack::Reports => (raw::REPORT_EXTERNAL, token.as_str(), &reports),
+            let calls: &[(&'static str, &str, &Bytes)] = match attack {
+                Attack::Predicates => &[(raw::SUBMIT_INTENT, &token, &expensive)],
+                Attack::Flood => &[(raw::SUBMIT_INTENT, &token, &floods[odd])],
+                Attack::Dense => &[(raw::SUBMIT_INTENT, &token, &dense)],
+                Attack::Anonymous => &[(raw::SUBMIT_INTENT, "", &huge_anonymous)],
+                Attack::Pages => &[(raw::GET_GRAPH, &token, &page)],
+                Attack::Reports => &[(raw::REPORT_EXTERNAL, &token, &reports)],
+                Attack::Busy => &[
+                    (raw::SUBMIT_INTENT, &token, &busy[odd]),
+                    (raw::GET_STATUS, &token, &status),
+                ],
             };
-            let _ = raw::raw_unary(&channel, path, token, message.clone()).await;
+            for (path, token, message) in calls {
+                let _ = raw::raw_unary(&channel, path, token, Bytes::clone(message)).await;
+            }
+            answered += calls.len() as u64;
         }
-        calls.fetch_add(attacks.len() as u64, Ordering::Relaxed);
+        calls_answered.fetch_add(std::mem::take(&mut answered), Ordering::Relaxed);
         if attacks.is_empty() {
             // Only the held resources (deaf agent, unread Watch) attack.
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -493,6 +519,21 @@ fn flood_request(tenant: &str, bulk: usize, round: u64) -> v1::SubmitIntentReque
         items,
         ..Default::default()
     }
+}
+
+/// The control's SubmitIntent: 10 items, the first one's property
+/// depending on `round`, as the bystander sends.
+fn busy_request(tenant: &str, round: u64) -> v1::SubmitIntentRequest {
+    let items = (0..10)
+        .map(|index| {
+            api::item(
+                "svc",
+                &format!("s{index}"),
+                json!({ "round": if index == 0 { round } else { 0 } }),
+            )
+        })
+        .collect();
+    api::submit(tenant, items)
 }
 
 /// A report of 10,000 external items.
