@@ -19,7 +19,9 @@
 //!   the session; after a restart, a journaled operation resumes with its
 //!   op id and attempt (§6); no attempt goes past the type's
 //!   `max_attempts`, and an operation is given up only for a terminal
-//!   code or after them; a Modify carries the applied value and changes
+//!   code or after them; a retry waits at least what its policy says and
+//!   is scheduled no later than the policy's longest wait (or the WAIT's
+//!   `retry_after`); a Modify carries the applied value and changes
 //!   something; an order carries its type's timeout.
 //! - **Status** (§2, §5), on every published snapshot: counts by state
 //!   equal a recount of the graphs; Ready holds exactly when every intended
@@ -61,6 +63,9 @@ use super::world::{Agents, World};
 
 /// Redeliveries that do not count as attempts (DESIGN §4, poison operations).
 const MAX_REDELIVERIES: u32 = 5;
+
+/// The longest `retry_after` a simulated agent sends with a WAIT.
+pub const MAX_WAIT_RETRY_AFTER_MS: u64 = 5_000;
 
 /// A broken invariant.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -635,6 +640,8 @@ pub struct Ledger {
     /// time and nothing in flight): their next operation, if it is the same
     /// one, continues the failed or WAITed op id.
     retry_pending: BTreeSet<ItemRef>,
+    /// The retry time of each item the last snapshot showed one for.
+    retry_times: BTreeMap<ItemRef, u64>,
     /// READs sent to resolve a lost operation, or a lost attempt of it,
     /// that no agent has received yet (journaled, and the store died or
     /// its session ended before it went out): they count as deliveries of
@@ -1503,14 +1510,52 @@ impl Ledger {
         }
     }
 
-    /// After every step: the items the snapshot shows waiting for a retry.
-    pub fn note_retries(&mut self, snapshot: &TenantSnapshot) {
+    /// After every step, at wall-clock `wall_ms`: the items the snapshot
+    /// shows waiting for a retry; and each retry time set since the last
+    /// step waits no longer than DESIGN 4 allows: the type's retry policy
+    /// (`exponential` capped at `max`, `random` up to `max`, `static` its
+    /// wait, clamped to that after a restart) or the `retry_after` of a
+    /// WAIT, at most [`MAX_WAIT_RETRY_AFTER_MS`] here.
+    pub fn note_retries(
+        &mut self,
+        snapshot: &TenantSnapshot,
+        wall_ms: u64,
+        types: &[TypeSpec],
+    ) -> Result<(), Violation> {
         self.retry_pending = snapshot
             .current
             .iter()
             .filter(|(_, c)| c.in_flight.is_none() && c.rare.next_attempt_at_ms.is_some())
             .map(|(key, _)| key.clone())
             .collect();
+        let retry_times: BTreeMap<ItemRef, u64> = snapshot
+            .current
+            .iter()
+            .filter_map(|(key, c)| Some((key.clone(), c.rare.next_attempt_at_ms?)))
+            .collect();
+        for (key, at) in &retry_times {
+            if self.retry_times.get(key) == Some(at) {
+                continue;
+            }
+            let policy_wait = types
+                .iter()
+                .find(|spec| spec.item_type.as_str() == &**key.item_type())
+                .map_or(0, |spec| spec.retry.max_delay_ms());
+            let longest = policy_wait.max(MAX_WAIT_RETRY_AFTER_MS);
+            if *at > wall_ms.saturating_add(longest) {
+                return fail(
+                    "a retry waits no longer than its policy or the agent's retry_after",
+                    format!(
+                        "{key} was given its next attempt at {at} ms, {} ms after now \
+                         ({wall_ms} ms): its type's policy waits at most {policy_wait} ms \
+                         and a WAIT at most {MAX_WAIT_RETRY_AFTER_MS} ms",
+                        at - wall_ms
+                    ),
+                );
+            }
+        }
+        self.retry_times = retry_times;
+        Ok(())
     }
 
     /// After every step: notes lost operations the server may now replace

@@ -441,7 +441,8 @@ impl Sim {
             }
         }
         let snapshot = self.handle.snapshots.latest();
-        self.ledger.note_retries(&snapshot);
+        self.ledger
+            .note_retries(&snapshot, self.clock.now_ms(), &self.scenario.types)?;
         self.ledger.note_uncertain(&snapshot);
         self.unknown = unknown_items(&snapshot);
         check_snapshot(&snapshot, &self.model)?;

@@ -18,6 +18,7 @@ use super::faults;
 use super::intents::{
     IntentModel, Scenario, SubmitPlan, generate_submit, mutate_properties, random_properties,
 };
+use super::invariants::MAX_WAIT_RETRY_AFTER_MS;
 
 /// One step of a run.
 #[derive(Clone, Debug)]
@@ -392,7 +393,7 @@ fn answer(rng: &mut StdRng) -> Answer {
         67..=78 => Answer::Failed { terminal: false },
         79..=81 => Answer::Failed { terminal: true },
         _ => Answer::Wait {
-            ms: rng.random_range(1..=5_000),
+            ms: rng.random_range(1..=MAX_WAIT_RETRY_AFTER_MS),
         },
     }
 }
