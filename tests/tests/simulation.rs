@@ -1206,3 +1206,25 @@ fn seed_644_with_drift_an_item_gone_before_its_create_reported() {
 fn seed_20481_with_drift_and_agent_restarts_a_read_showing_neither_value_keeps_the_edges() {
     passes_with_drift_in(20481, 1_000, sim::AgentFaults::ProcessesRestart);
 }
+
+/// A lost Modify that would have removed a property, then a drift gave
+/// the item the Modify's values on every property it sets: the READ that
+/// settles the Modify shows it applied (a READ tells only the properties
+/// a value sets; the property left over is not one the intent sets), and
+/// a dependent's Create follows. (A checker fix: the left-over property is
+/// hidden from the server, which acted on what it could know.)
+#[test]
+fn seed_4492_with_drift_a_property_a_read_cannot_show() {
+    passes_with_drift(4492, sim::AgentFaults::SessionsEnd);
+}
+
+/// An item gone behind the server's back, then its external dependency,
+/// which it is auto-deleted by, reported gone and back in one report:
+/// the server, which still held the item, dropped it with the external
+/// item and, after a crash, created it afresh instead of resuming its
+/// lost Modify. (A checker fix: the item went with the external item for
+/// the server, although the world had lost it before.)
+#[test]
+fn seed_21498_with_drift_and_agent_restarts_an_unseen_loss_goes_with_its_external() {
+    passes_with_drift_in(21498, 1_000, sim::AgentFaults::ProcessesRestart);
+}

@@ -828,7 +828,24 @@ impl Sim {
                     });
                 }
                 Report::Delete { item } => {
-                    let gone = self.world.report_delete(item);
+                    // An item gone by a drift the server has not seen still
+                    // exists for it, and goes with the external item too.
+                    let unseen_gone: Vec<ItemRef> = self
+                        .drifts
+                        .believed(&self.world)
+                        .items
+                        .iter()
+                        .filter(|(key, believed)| {
+                            !self.world.items.contains_key(*key)
+                                && believed
+                                    .value
+                                    .dependency_on(item)
+                                    .is_some_and(|d| d.auto_deleted_by_external())
+                        })
+                        .map(|(key, _)| key.clone())
+                        .collect();
+                    let mut gone = self.world.report_delete(item);
+                    gone.extend(unseen_gone);
                     self.ledger.on_vanished(item, &gone);
                     dropped.push((item.clone(), gone.clone()));
                     if !gone.is_empty() {
