@@ -1228,3 +1228,12 @@ fn seed_4492_with_drift_a_property_a_read_cannot_show() {
 fn seed_21498_with_drift_and_agent_restarts_an_unseen_loss_goes_with_its_external() {
     passes_with_drift_in(21498, 1_000, sim::AgentFaults::ProcessesRestart);
 }
+
+/// An operation's attempt timed out just before the wall clock stepped
+/// back 55 s: its retry time counts from the time before the step, 56 s
+/// after the clock's new reading, within the policy's wait of the latest
+/// time so far. (A checker fix to the upper bound on retry times.)
+#[test]
+fn seed_22170_with_drift_and_agent_restarts_a_retry_set_before_the_clock_stepped_back() {
+    passes_with_drift_in(22170, 1_000, sim::AgentFaults::ProcessesRestart);
+}

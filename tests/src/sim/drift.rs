@@ -7,10 +7,12 @@
 //! applied value took the drift, or the item left its current state) or an
 //! operation has overwritten it, the server cannot know: the checks that
 //! compare operations with the world then look at the world as the server
-//! believes it ([`Drifts::believed`]). Once it has learned, the plain world
-//! is what the server must act on: a dependent's Create waits for the
-//! Modify that corrects its dependency, or for the Create of a dependency
-//! that went.
+//! believes it ([`Drifts::believed`]), and so they do for properties a
+//! READ cannot show (an item's properties its applied value does not set,
+//! left by a lost Modify a drift made look applied). Once it has learned,
+//! the plain world is what the server must act on: a dependent's Create
+//! waits for the Modify that corrects its dependency, or for the Create of
+//! a dependency that went.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -246,7 +248,8 @@ impl Drifts {
     }
 
     /// The world as the server believes it: drifted items it has not seen
-    /// with the values they had before.
+    /// with the values they had before, and items holding properties a
+    /// READ cannot show it ([`Hidden`]) without them.
     pub fn believed<'a>(&self, world: &'a World) -> Cow<'a, World> {
         if self.unseen.is_empty() && self.hidden.is_empty() {
             return Cow::Borrowed(world);

@@ -642,6 +642,9 @@ pub struct Ledger {
     retry_pending: BTreeSet<ItemRef>,
     /// The retry time of each item the last snapshot showed one for.
     retry_times: BTreeMap<ItemRef, u64>,
+    /// The latest the wall clock has shown: the server's clock was never
+    /// ahead of it, though the clock may have stepped back since.
+    wall_high_ms: u64,
     /// READs sent to resolve a lost operation, or a lost attempt of it,
     /// that no agent has received yet (journaled, and the store died or
     /// its session ended before it went out): they count as deliveries of
@@ -1515,7 +1518,9 @@ impl Ledger {
     /// step waits no longer than DESIGN 4 allows: the type's retry policy
     /// (`exponential` capped at `max`, `random` up to `max`, `static` its
     /// wait, clamped to that after a restart) or the `retry_after` of a
-    /// WAIT, at most [`MAX_WAIT_RETRY_AFTER_MS`] here.
+    /// WAIT, at most [`MAX_WAIT_RETRY_AFTER_MS`] here, from the latest
+    /// wall-clock time so far (a retry set just before the clock stepped
+    /// back counts from the time before; seed 22170).
     pub fn note_retries(
         &mut self,
         snapshot: &TenantSnapshot,
@@ -1533,6 +1538,7 @@ impl Ledger {
             .iter()
             .filter_map(|(key, c)| Some((key.clone(), c.rare.next_attempt_at_ms?)))
             .collect();
+        self.wall_high_ms = self.wall_high_ms.max(wall_ms);
         for (key, at) in &retry_times {
             if self.retry_times.get(key) == Some(at) {
                 continue;
@@ -1542,14 +1548,16 @@ impl Ledger {
                 .find(|spec| spec.item_type.as_str() == &**key.item_type())
                 .map_or(0, |spec| spec.retry.max_delay_ms());
             let longest = policy_wait.max(MAX_WAIT_RETRY_AFTER_MS);
-            if *at > wall_ms.saturating_add(longest) {
+            let latest = self.wall_high_ms;
+            if *at > latest.saturating_add(longest) {
                 return fail(
                     "a retry waits no longer than its policy or the agent's retry_after",
                     format!(
-                        "{key} was given its next attempt at {at} ms, {} ms after now \
-                         ({wall_ms} ms): its type's policy waits at most {policy_wait} ms \
-                         and a WAIT at most {MAX_WAIT_RETRY_AFTER_MS} ms",
-                        at - wall_ms
+                        "{key} was given its next attempt at {at} ms, {} ms after the \
+                         latest time so far ({latest} ms; now {wall_ms} ms): its type's \
+                         policy waits at most {policy_wait} ms and a WAIT at most \
+                         {MAX_WAIT_RETRY_AFTER_MS} ms",
+                        at - latest
                     ),
                 );
             }
