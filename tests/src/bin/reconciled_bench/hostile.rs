@@ -472,10 +472,11 @@ async fn attack(
         }
         .encode_to_vec(),
     );
-    let (mut round, mut answered) = (0_u64, 0_u64);
+    let mut round = 0_u64;
     while !stop.load(Ordering::Relaxed) {
         round += 1;
         let odd = usize::from(round % 2 == 1);
+        let mut answered = 0_u64;
         for attack in &attacks {
             let calls: &[(&'static str, &str, &Bytes)] = match attack {
                 Attack::Predicates => &[(raw::SUBMIT_INTENT, &token, &expensive)],
@@ -494,7 +495,7 @@ async fn attack(
             }
             answered += calls.len() as u64;
         }
-        calls_answered.fetch_add(std::mem::take(&mut answered), Ordering::Relaxed);
+        calls_answered.fetch_add(answered, Ordering::Relaxed);
         if attacks.is_empty() {
             // Only the held resources (deaf agent, unread Watch) attack.
             tokio::time::sleep(Duration::from_millis(100)).await;
