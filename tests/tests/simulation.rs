@@ -1237,3 +1237,14 @@ fn seed_21498_with_drift_and_agent_restarts_an_unseen_loss_goes_with_its_externa
 fn seed_22170_with_drift_and_agent_restarts_a_retry_set_before_the_clock_stepped_back() {
     passes_with_drift_in(22170, 1_000, sim::AgentFaults::ProcessesRestart);
 }
+
+/// An external item modified, with an agent down for good: its dependent
+/// (relying on it with `recreate_when_modified`) owes a recreate that
+/// waits for the Delete of its own dependent on the agent that is down, so
+/// the quiet tenant is rightly not Ready although every item shows its
+/// intended value. (A checker fix: with an agent down for good, Ready
+/// also asks that no recreate is owed.)
+#[test]
+fn seed_11609_with_drift_a_recreate_owed_behind_an_agent_down_is_not_ready() {
+    passes_with_drift(11609, sim::AgentFaults::SessionsEnd);
+}

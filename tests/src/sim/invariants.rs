@@ -2820,18 +2820,28 @@ pub fn check_converged(
     // Conditions of a quiet tenant. With an agent down for good, its items
     // are exempt from the checks above, but Ready still says whether the
     // tenant as a whole converged: from the snapshot, every intended item
-    // CREATED at its intended value, nothing else left, nothing in flight.
+    // CREATED at its intended value and owing no recreate (rule 4: a
+    // `recreate_when_modified` dependency modified since it was created;
+    // seed 11609, where the recreate waits for a dependent's Delete on the
+    // agent that is down), nothing else left, nothing in flight.
     let all_converged = if down_types.is_empty() {
         expected.values().all(|must| *must) && held.is_empty()
     } else {
-        let intended_created = model.items.iter().all(|(key, intended)| {
-            intended.external
-                || snapshot.current.get(key).is_some_and(|c| {
-                    c.state == ItemState::Created
-                        && c.applied
-                            .as_ref()
-                            .is_some_and(|applied| applied.same_content(intended))
+        let owes_no_recreate = |key: &ItemRef| {
+            world.items.get(key).is_none_or(|existing| {
+                existing.marks.iter().all(|(required, mark)| {
+                    world.items.get(required).map_or(0, |w| w.modifications) == *mark
                 })
+            })
+        };
+        let intended_created = model.items.iter().all(|(key, intended)| {
+            let created = snapshot.current.get(key).is_some_and(|c| {
+                c.state == ItemState::Created
+                    && c.applied
+                        .as_ref()
+                        .is_some_and(|applied| applied.same_content(intended))
+            });
+            intended.external || (created && owes_no_recreate(key))
         });
         let nothing_else = snapshot.current.iter().all(|(key, c)| {
             c.in_flight.is_none()
