@@ -1248,3 +1248,15 @@ fn seed_22170_with_drift_and_agent_restarts_a_retry_set_before_the_clock_stepped
 fn seed_11609_with_drift_a_recreate_owed_behind_an_agent_down_is_not_ready() {
     passes_with_drift(11609, sim::AgentFaults::SessionsEnd);
 }
+
+/// A lost Modify that dropped the item's dependency on another item did
+/// not apply, but a drift gave the item the Modify's values: the READ
+/// showed every property the target sets, the item was taken as modified
+/// (with no dependency), and the other item was deleted while the item
+/// still relied on it. A READ cannot see dependencies: such a Modify is
+/// now asked again (`engine::transition`, unit test
+/// `a_read_showing_a_target_that_drops_a_dependency_asks_the_modify_again`).
+#[test]
+fn seed_6798_with_drift_and_agent_restarts_a_read_cannot_show_a_dropped_dependency() {
+    passes_with_drift(6798, sim::AgentFaults::ProcessesRestart);
+}

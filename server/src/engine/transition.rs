@@ -365,16 +365,25 @@ fn resolved(
     // sets no property to a value the item did not have already (a Modify
     // of its dependencies, say, or one that only removes a property), what
     // was read cannot tell whether it applied, and it is asked again under
-    // its op id (it is idempotent) rather than taken as applied.
+    // its op id (it is idempotent) rather than taken as applied. Nor can
+    // it when the target drops a dependency the applied value has: the
+    // item may have drifted to show the target's properties while the
+    // operation did not apply, and it would still rely on that dependency,
+    // which must not be deleted under it (simulator seed 6798 with drift).
     let tells = existing
         .applied
         .as_deref()
         .zip(target)
         .is_none_or(|(applied, target)| {
-            target
+            let sets_a_new_value = target
                 .properties
                 .iter()
-                .any(|(key, value)| applied.properties.get(key) != Some(value))
+                .any(|(key, value)| applied.properties.get(key) != Some(value));
+            let keeps_every_dependency = applied
+                .dependencies
+                .iter()
+                .all(|dependency| target.dependency_on(&dependency.requires).is_some());
+            sets_a_new_value && keeps_every_dependency
         });
     if applies && ((shows_target && tells) || existing.applied.is_none()) {
         // Applied; or a Create found something else in its place: created,
@@ -1266,6 +1275,47 @@ mod tests {
         let before = Arc::new(Item::new("t", "a", properties("up")));
         let unchanged = settled_by_a_read(before, &lost, properties("up"));
         assert!(unchanged.rare.maybe_applied.is_empty());
+    }
+
+    #[test]
+    fn a_read_showing_a_target_that_drops_a_dependency_asks_the_modify_again() {
+        // Simulator seed 6798 with drift and agents that restart: a lost
+        // Modify dropped the item's dependency on b and set v to 0; it did
+        // not apply, but v drifted to 0, so the READ showed every property
+        // the target sets. The item was taken as modified, with no
+        // dependency, and b was deleted while the item still relied on it.
+        let properties = |v: i64| -> Properties {
+            [
+                ("state".to_owned(), "up".into()),
+                ("v".to_owned(), v.into()),
+            ]
+            .into_iter()
+            .collect()
+        };
+        let before = Arc::new(
+            Item::new("t", "a", properties(3))
+                .depends_on(crate::graph::Dependency::on(ItemRef::new("t", "b"))),
+        );
+        let lost = InFlight {
+            target: Some(Arc::new(Item::new("t", "a", properties(0)))),
+            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
+        };
+        let after = settled_by_a_read(before, &lost, properties(0));
+        let applied = after.applied.as_deref().expect("it exists");
+        assert!(
+            applied.dependency_on(&ItemRef::new("t", "b")).is_some(),
+            "it may still rely on b: {applied:?}"
+        );
+        assert_eq!(
+            after.rare.maybe_applied,
+            Vec::from_iter(lost.target.clone()),
+            "it may hold the target"
+        );
+        assert_eq!(
+            retried_op_id(&after),
+            Some("op-1".into()),
+            "asked again under its op id"
+        );
     }
 
     #[test]
