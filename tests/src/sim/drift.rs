@@ -278,6 +278,24 @@ impl Drifts {
         Cow::Owned(believed)
     }
 
+    /// Items gone from `world` by a drift the server has not seen whose
+    /// value, as the server holds it, is auto-deleted by `external`: for
+    /// the server they go with it.
+    pub fn gone_unseen_relying_on(&self, external: &ItemRef, world: &World) -> Vec<ItemRef> {
+        self.unseen
+            .iter()
+            .filter(|(key, unseen)| unseen.now.is_none() && !world.items.contains_key(*key))
+            .filter(|(_, unseen)| {
+                unseen
+                    .before
+                    .value
+                    .dependency_on(external)
+                    .is_some_and(|d| d.auto_deleted_by_external())
+            })
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
     /// Items with a drift the server has not seen.
     pub fn unseen(&self) -> impl Iterator<Item = &ItemRef> {
         self.unseen.keys()

@@ -1525,7 +1525,7 @@ impl Ledger {
         &mut self,
         snapshot: &TenantSnapshot,
         wall_ms: u64,
-        types: &[TypeSpec],
+        scenario: &Scenario,
     ) -> Result<(), Violation> {
         self.retry_pending = snapshot
             .current
@@ -1543,9 +1543,8 @@ impl Ledger {
             if self.retry_times.get(key) == Some(at) {
                 continue;
             }
-            let policy_wait = types
-                .iter()
-                .find(|spec| spec.item_type.as_str() == &**key.item_type())
+            let policy_wait = scenario
+                .spec(key.item_type())
                 .map_or(0, |spec| spec.retry.max_delay_ms());
             let longest = policy_wait.max(MAX_WAIT_RETRY_AFTER_MS);
             let latest = self.wall_high_ms;
@@ -2603,6 +2602,21 @@ pub fn retry_pending(snapshot: &TenantSnapshot) -> bool {
         .any(|(_, waiting)| waiting.reason == WaitReason::Backoff)
 }
 
+/// A recreate `key` owes in the world (DESIGN 3 rule 4): a
+/// `recreate_when_modified` dependency modified since `key` was created,
+/// with the modification count it was created under and the count now.
+fn owed_recreate<'a>(world: &'a World, key: &ItemRef) -> Option<(&'a ItemRef, u64, u64)> {
+    world
+        .items
+        .get(key)?
+        .marks
+        .iter()
+        .find_map(|(required, mark)| {
+            let counter = world.items.get(required).map_or(0, |w| w.modifications);
+            (*mark != counter).then_some((required, *mark, counter))
+        })
+}
+
 /// Checks a tenant that went quiet after the final phase (faults stopped,
 /// agents connected and answering DONE): it converged, as far as terminal
 /// failures and unsatisfiable dependencies allow, its view is the world's,
@@ -2709,17 +2723,13 @@ pub fn check_converged(
                 ),
             );
         }
-        let existing = &world.items[key];
-        for (required, mark) in &existing.marks {
-            let counter = world.items.get(required).map_or(0, |w| w.modifications);
-            if *mark != counter {
-                return fail(
-                    "an item is recreated when a recreate_when_modified dependency is modified",
-                    format!(
-                        "{key} was created when {required} had {mark} modification(s); it has {counter} now"
-                    ),
-                );
-            }
+        if let Some((required, mark, counter)) = owed_recreate(world, key) {
+            return fail(
+                "an item is recreated when a recreate_when_modified dependency is modified",
+                format!(
+                    "{key} was created when {required} had {mark} modification(s); it has {counter} now"
+                ),
+            );
         }
     }
     // What may stay: items that failed for good, intended items that
@@ -2827,13 +2837,6 @@ pub fn check_converged(
     let all_converged = if down_types.is_empty() {
         expected.values().all(|must| *must) && held.is_empty()
     } else {
-        let owes_no_recreate = |key: &ItemRef| {
-            world.items.get(key).is_none_or(|existing| {
-                existing.marks.iter().all(|(required, mark)| {
-                    world.items.get(required).map_or(0, |w| w.modifications) == *mark
-                })
-            })
-        };
         let intended_created = model.items.iter().all(|(key, intended)| {
             let created = snapshot.current.get(key).is_some_and(|c| {
                 c.state == ItemState::Created
@@ -2841,7 +2844,7 @@ pub fn check_converged(
                         .as_ref()
                         .is_some_and(|applied| applied.same_content(intended))
             });
-            intended.external || (created && owes_no_recreate(key))
+            intended.external || (created && owed_recreate(world, key).is_none())
         });
         let nothing_else = snapshot.current.iter().all(|(key, c)| {
             c.in_flight.is_none()

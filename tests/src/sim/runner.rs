@@ -442,7 +442,7 @@ impl Sim {
         }
         let snapshot = self.handle.snapshots.latest();
         self.ledger
-            .note_retries(&snapshot, self.clock.now_ms(), &self.scenario.types)?;
+            .note_retries(&snapshot, self.clock.now_ms(), &self.scenario)?;
         self.ledger.note_uncertain(&snapshot);
         self.unknown = unknown_items(&snapshot);
         check_snapshot(&snapshot, &self.model)?;
@@ -830,20 +830,7 @@ impl Sim {
                 Report::Delete { item } => {
                     // An item gone by a drift the server has not seen still
                     // exists for it, and goes with the external item too.
-                    let unseen_gone: Vec<ItemRef> = self
-                        .drifts
-                        .believed(&self.world)
-                        .items
-                        .iter()
-                        .filter(|(key, believed)| {
-                            !self.world.items.contains_key(*key)
-                                && believed
-                                    .value
-                                    .dependency_on(item)
-                                    .is_some_and(|d| d.auto_deleted_by_external())
-                        })
-                        .map(|(key, _)| key.clone())
-                        .collect();
+                    let unseen_gone = self.drifts.gone_unseen_relying_on(item, &self.world);
                     let mut gone = self.world.report_delete(item);
                     gone.extend(unseen_gone);
                     self.ledger.on_vanished(item, &gone);
