@@ -1260,3 +1260,16 @@ fn seed_11609_with_drift_a_recreate_owed_behind_an_agent_down_is_not_ready() {
 fn seed_6798_with_drift_and_agent_restarts_a_read_cannot_show_a_dropped_dependency() {
     passes_with_drift(6798, sim::AgentFaults::ProcessesRestart);
 }
+
+/// A lost Modify that removed a property (`vlan`) and set another did not
+/// apply, but drift gave the item the Modify's value for the other: the
+/// READ showed every property the target sets and the `vlan` it removes.
+/// Taken as applied, `vlan` would have stayed on the item for good (drift
+/// is only looked for in the properties the applied value sets), and the
+/// item's dependents went ahead on a value it did not hold. Such a Modify
+/// is now asked again (`engine::transition`, unit test
+/// `a_read_still_showing_a_property_the_target_removes_asks_the_modify_again`).
+#[test]
+fn seed_15609_with_drift_a_read_still_showing_a_removed_property() {
+    passes_with_drift(15609, sim::AgentFaults::SessionsEnd);
+}

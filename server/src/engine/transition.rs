@@ -370,6 +370,13 @@ fn resolved(
     // item may have drifted to show the target's properties while the
     // operation did not apply, and it would still rely on that dependency,
     // which must not be deleted under it (simulator seed 6798 with drift).
+    // Nor when the READ still shows a property the applied value sets and
+    // the target removes: the operation would have removed it, but an
+    // agent may report more than the intent sets, so it may not have
+    // applied, with the item drifted to show the target's other properties
+    // (simulator seed 15609 with drift); taken as applied, the property
+    // would stay on the item for good, since drift is only looked for in
+    // the properties the applied value sets.
     let tells = existing
         .applied
         .as_deref()
@@ -383,7 +390,10 @@ fn resolved(
                 .dependencies
                 .iter()
                 .all(|dependency| target.dependency_on(&dependency.requires).is_some());
-            sets_a_new_value && keeps_every_dependency
+            let shows_no_removed_property = applied.properties.iter().all(|(key, _)| {
+                target.properties.get(key).is_some() || observed.get(key).is_none()
+            });
+            sets_a_new_value && keeps_every_dependency && shows_no_removed_property
         });
     if applies && ((shows_target && tells) || existing.applied.is_none()) {
         // Applied; or a Create found something else in its place: created,
@@ -1310,6 +1320,50 @@ mod tests {
             after.rare.maybe_applied,
             Vec::from_iter(lost.target.clone()),
             "it may hold the target"
+        );
+        assert_eq!(
+            retried_op_id(&after),
+            Some("op-1".into()),
+            "asked again under its op id"
+        );
+    }
+
+    #[test]
+    fn a_read_still_showing_a_property_the_target_removes_asks_the_modify_again() {
+        // Simulator seed 15609 with drift: a lost Modify removed `vlan` and
+        // set v to 3; it did not apply, but v drifted to 3 and vlan to
+        // another value, so the READ showed every property the target sets
+        // and the vlan it removes. Taken as applied, the item was settled
+        // with vlan left on it for good, and its dependents went ahead.
+        let properties = |entries: &[(&str, serde_json::Value)]| -> Properties {
+            entries
+                .iter()
+                .map(|(key, value)| ((*key).to_owned(), value.clone()))
+                .collect()
+        };
+        let before = Arc::new(Item::new(
+            "t",
+            "a",
+            properties(&[("v", 1.into()), ("vlan", 2.into())]),
+        ));
+        let lost = InFlight {
+            target: Some(Arc::new(Item::new(
+                "t",
+                "a",
+                properties(&[("v", 3.into())]),
+            ))),
+            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
+        };
+        let after = settled_by_a_read(
+            before,
+            &lost,
+            properties(&[("v", 3.into()), ("vlan", 4.into())]),
+        );
+        let applied = after.applied.as_deref().expect("it exists");
+        assert_eq!(
+            applied.properties.get("vlan"),
+            Some(&4.into()),
+            "not taken as applied; the drift is read: {applied:?}"
         );
         assert_eq!(
             retried_op_id(&after),
