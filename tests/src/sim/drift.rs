@@ -51,27 +51,10 @@ struct Unseen {
     applied_then: Option<Properties>,
 }
 
-/// Properties an item holds in the world that the server's applied value
-/// does not set, where the server learned the item's value from a READ:
-/// a READ tells only the properties a value sets (DESIGN 4: an agent may
-/// report more than the intent sets), so the server cannot see them. A
-/// drift can make a lost Modify look applied this way: the drift gives
-/// the item the target's values on the target's properties, while a
-/// property the Modify would have removed is still there.
-#[derive(Clone, Debug)]
-struct Hidden {
-    /// The world's value, until an operation replaces it.
-    now: Arc<Item>,
-    /// What the server can know of it: the world's value less the
-    /// properties its applied value does not set.
-    believed: Arc<Item>,
-}
-
 /// The drifts of a run the server has not seen yet.
 #[derive(Clone, Debug, Default)]
 pub struct Drifts {
     unseen: BTreeMap<ItemRef, Unseen>,
-    hidden: BTreeMap<ItemRef, Hidden>,
 }
 
 impl Drifts {
@@ -176,22 +159,17 @@ impl Drifts {
     /// one with every drifted property as the world has it, or, for
     /// an item gone, it no longer holds the value it held (a READ or a
     /// Modify answered `NOT_FOUND`), or held none and expects no result
-    /// that could bring one. Where the item it learned holds properties
-    /// its applied value does not set, they stay hidden from it until an
-    /// operation replaces the value. Returns how many the server learned.
+    /// that could bring one. Returns how many the server learned. (A READ
+    /// shows the server every property the world holds: one that its
+    /// applied value does not set stays visible to the checks, since the
+    /// server does not take a lost Modify as applied while the READ shows
+    /// a property the Modify removes.)
     pub fn forget_overwritten_or_learned(
         &mut self,
         world: &World,
         snapshot: &TenantSnapshot,
     ) -> usize {
-        self.hidden.retain(|key, hidden| {
-            world
-                .items
-                .get(key)
-                .is_some_and(|existing| Arc::ptr_eq(&existing.value, &hidden.now))
-        });
         let mut learned_count = 0;
-        let mut hidden = Vec::new();
         self.unseen.retain(|key, unseen| {
             let overwritten = match (&unseen.now, world.items.get(key)) {
                 (Some(now), Some(existing)) => !Arc::ptr_eq(&existing.value, now),
@@ -220,48 +198,29 @@ impl Drifts {
                         || current.is_none_or(|current| current.in_flight.is_none())
                 }
                 (Change::Properties(drifted), Some(applied), Some(now)) => {
-                    let learned = unseen.applied_then.as_ref() != Some(&applied.properties)
+                    unseen.applied_then.as_ref() != Some(&applied.properties)
                         && drifted.iter().all(|property| {
                             applied
                                 .properties
                                 .get(property)
                                 .is_some_and(|value| now.properties.get(property) == Some(value))
-                        });
-                    if learned && let Some(seen) = seen_of(now, &applied.properties) {
-                        hidden.push((
-                            key.clone(),
-                            Hidden {
-                                now: now.clone(),
-                                believed: seen,
-                            },
-                        ));
-                    }
-                    learned
+                        })
                 }
                 _ => false,
             };
             learned_count += usize::from(learned);
             !learned
         });
-        self.hidden.extend(hidden);
         learned_count
     }
 
     /// The world as the server believes it: drifted items it has not seen
-    /// with the values they had before, and items holding properties a
-    /// READ cannot show it ([`Hidden`]) without them.
+    /// with the values they had before.
     pub fn believed<'a>(&self, world: &'a World) -> Cow<'a, World> {
-        if self.unseen.is_empty() && self.hidden.is_empty() {
+        if self.unseen.is_empty() {
             return Cow::Borrowed(world);
         }
         let mut believed = world.clone();
-        for (key, hidden) in &self.hidden {
-            if let Some(existing) = believed.items.get_mut(key)
-                && Arc::ptr_eq(&existing.value, &hidden.now)
-            {
-                existing.value = hidden.believed.clone();
-            }
-        }
         for (key, unseen) in &self.unseen {
             // (An operation that overwrote the drift since is the world's
             // value, and the server's.)
@@ -300,25 +259,4 @@ impl Drifts {
     pub fn unseen(&self) -> impl Iterator<Item = &ItemRef> {
         self.unseen.keys()
     }
-}
-
-/// `now` less the properties `applied` does not set: what a READ of it
-/// can show the server; `None` when that is all of it.
-fn seen_of(now: &Arc<Item>, applied: &Properties) -> Option<Arc<Item>> {
-    if now
-        .properties
-        .iter()
-        .all(|(key, _)| applied.get(key).is_some())
-    {
-        return None;
-    }
-    let properties = now
-        .properties
-        .iter()
-        .filter(|(key, _)| applied.get(key).is_some())
-        .map(|(key, value)| (key, value.clone()))
-        .collect();
-    let mut seen = (**now).clone();
-    seen.properties = properties;
-    Some(Arc::new(seen))
 }
