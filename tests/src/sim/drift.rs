@@ -7,9 +7,9 @@
 //! applied value took the drift, or the item left its current state) or an
 //! operation has overwritten it, the server cannot know: the checks that
 //! compare operations with the world then look at the world as the server
-//! believes it ([`Drifts::believed`]), and so they do for properties a
-//! READ cannot show (an item's properties its applied value does not set,
-//! left by a lost Modify a drift made look applied). Once it has learned,
+//! believes it ([`Drifts::believed`]). A READ shows every property the
+//! world holds, so nothing is hidden from the checks once a READ has
+//! told it. Once it has learned,
 //! the plain world is what the server must act on: a dependent's Create
 //! waits for the Modify that corrects its dependency, or for the Create of
 //! a dependency that went.
