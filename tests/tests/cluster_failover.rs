@@ -559,6 +559,21 @@ async fn leader_index(etcd: &EtcdCluster) -> usize {
     panic!("no etcd member leads the cluster");
 }
 
+/// The log tails of every replica but `victim`, for a failover that took
+/// too long: what the survivors did (claims, loads, etcd retries) says why.
+fn survivors_logs(replicas: &Replicas, victim: usize) -> String {
+    (0..replicas.servers.len())
+        .filter(|&index| index != victim)
+        .map(|index| {
+            format!(
+                "--- replica {index} ---\n{}",
+                replicas.servers[index].log_tail()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[tokio::test]
 async fn kill_9_of_an_owner_under_load_loses_nothing_over_twenty_rounds() {
     let etcd = EtcdCluster::single().await.expect("etcd starts");
@@ -600,7 +615,8 @@ async fn kill_9_of_an_owner_under_load_loses_nothing_over_twenty_rounds() {
             }
             assert!(
                 killed.elapsed() < FAILOVER_BUDGET,
-                "round {round}: {name} not served again within {FAILOVER_BUDGET:?}"
+                "round {round}: {name} not served again within {FAILOVER_BUDGET:?}\n{}",
+                survivors_logs(&replicas, victim)
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -608,7 +624,8 @@ async fn kill_9_of_an_owner_under_load_loses_nothing_over_twenty_rounds() {
         failovers.push(took);
         assert!(
             took < FAILOVER_BUDGET,
-            "round {round}: failover took {took:?}"
+            "round {round}: failover took {took:?}\n{}",
+            survivors_logs(&replicas, victim)
         );
         replicas.servers[victim]
             .start_again()
