@@ -361,40 +361,20 @@ fn resolved(
     let target = lost.target.as_deref();
     let shows_target = target.is_some_and(|target| shows(target, &observed));
     // A READ sees properties only, and only those the target sets tell
-    // (an agent may report more than the intent sets): when the target
-    // sets no property to a value the item did not have already (a Modify
-    // of its dependencies, say, or one that only removes a property), what
-    // was read cannot tell whether it applied, and it is asked again under
-    // its op id (it is idempotent) rather than taken as applied. Nor can
-    // it when the target drops a dependency the applied value has: the
-    // item may have drifted to show the target's properties while the
-    // operation did not apply, and it would still rely on that dependency,
-    // which must not be deleted under it (simulator seed 6798 with drift).
-    // Nor when the READ still shows a property the applied value sets and
-    // the target removes: the operation would have removed it, but an
-    // agent may report more than the intent sets, so it may not have
-    // applied, with the item drifted to show the target's other properties
-    // (simulator seed 15609 with drift); taken as applied, the property
-    // would stay on the item for good, since drift is only looked for in
-    // the properties the applied value sets.
-    let tells = existing
-        .applied
-        .as_deref()
-        .zip(target)
-        .is_none_or(|(applied, target)| {
-            let sets_a_new_value = target
-                .properties
-                .iter()
-                .any(|(key, value)| applied.properties.get(key) != Some(value));
-            let keeps_every_dependency = applied
-                .dependencies
-                .iter()
-                .all(|dependency| target.dependency_on(&dependency.requires).is_some());
-            let shows_no_removed_property = applied.properties.iter().all(|(key, _)| {
-                target.properties.get(key).is_some() || observed.get(key).is_none()
-            });
-            sets_a_new_value && keeps_every_dependency && shows_no_removed_property
-        });
+    // (an agent may report more than the intent sets). It tells that the
+    // operation applied only if it tells the target apart from every value
+    // the item may hold had it not applied: its applied value, and the
+    // values earlier lost operations may have left (`maybe_applied`; one
+    // that is the target itself is no alternative: an item that may hold
+    // the target and shows it holds it). See [`tells_apart`]; otherwise
+    // the operation is asked again under its op id (it is idempotent)
+    // rather than taken as applied.
+    let tells = target.is_none_or(|target| {
+        existing
+            .values()
+            .filter(|held| !held.same_content(target))
+            .all(|held| tells_apart(held, target, &observed))
+    });
     if applies && ((shows_target && tells) || existing.applied.is_none()) {
         // Applied; or a Create found something else in its place: created,
         // with what was read as the applied value where they differ.
@@ -428,6 +408,37 @@ fn resolved(
         kept
     };
     Some(read_back(&kept, observed))
+}
+
+/// Whether a READ showing `observed`, which shows every property `target`
+/// sets, tells that `target` applied to an item that held `held` before.
+///
+/// Not when the target sets no property to a value `held` did not have
+/// already (a Modify of its dependencies, say, or one that only removes a
+/// property): the READ would show the same. Nor when the target drops a
+/// dependency `held` has: the item may have drifted to show the target's
+/// properties while the operation did not apply, and it would still rely
+/// on that dependency, which must not be deleted under it (simulator seed
+/// 6798 with drift). Nor when the READ still shows a property `held` sets
+/// and the target removes: the operation would have removed it, but an
+/// agent may report more than the intent sets, so it may not have applied
+/// (simulator seed 15609 with drift); taken as applied, the property
+/// would stay on the item for good, since drift is looked for only in the
+/// properties the applied value sets.
+fn tells_apart(held: &Item, target: &Item, observed: &Properties) -> bool {
+    let sets_a_new_value = target
+        .properties
+        .iter()
+        .any(|(key, value)| held.properties.get(key) != Some(value));
+    let keeps_every_dependency = held
+        .dependencies
+        .iter()
+        .all(|dependency| target.dependency_on(&dependency.requires).is_some());
+    let shows_no_removed_property = held
+        .properties
+        .iter()
+        .all(|(key, _)| target.properties.get(key).is_some() || observed.get(key).is_none());
+    sets_a_new_value && keeps_every_dependency && shows_no_removed_property
 }
 
 /// Whether `observed` has every property `value` sets, as it sets it.
@@ -1320,6 +1331,116 @@ mod tests {
             after.rare.maybe_applied,
             Vec::from_iter(lost.target.clone()),
             "it may hold the target"
+        );
+        assert_eq!(
+            retried_op_id(&after),
+            Some("op-1".into()),
+            "asked again under its op id"
+        );
+    }
+
+    /// A READ settling `lost`, a Modify of an item holding `before` that a
+    /// lost operation may have left at `maybe` instead, answered with
+    /// `observed`.
+    fn settled_by_a_read_maybe_holding(
+        before: Arc<Item>,
+        maybe: Arc<Item>,
+        lost: &InFlight,
+        observed: Properties,
+    ) -> CurrentItem {
+        let read = InFlight {
+            resolves: Some(Box::new(lost.clone())),
+            ..InFlight::new(OperationKind::Read, "op-2".into(), 1, 8, 0, 10_000)
+        };
+        let entry = CurrentItem {
+            state: ItemState::Unknown,
+            in_flight: Some(Box::new(read)),
+            ..CurrentItem::created(before, 7)
+        }
+        .with_rare(|rare| rare.maybe_applied = vec![maybe]);
+        completed(
+            &CurrentGraph::default(),
+            &entry,
+            Completion::Resolved {
+                observed: Some(observed),
+            },
+        )
+        .expect("it exists")
+    }
+
+    fn properties_of(entries: &[(&str, serde_json::Value)]) -> Properties {
+        entries
+            .iter()
+            .map(|(key, value)| ((*key).to_owned(), value.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn a_read_showing_a_property_only_a_value_the_item_may_hold_sets_asks_the_modify_again() {
+        // The item holds {v: 1} or, after an earlier lost Modify, {v: 2,
+        // vlan: 7}. A lost Modify to {v: 2} did not apply; the READ shows
+        // the earlier value. Taken as applied, vlan would stay for good.
+        let before = Arc::new(Item::new("t", "a", properties_of(&[("v", 1.into())])));
+        let maybe = Arc::new(Item::new(
+            "t",
+            "a",
+            properties_of(&[("v", 2.into()), ("vlan", 7.into())]),
+        ));
+        let lost = InFlight {
+            target: Some(Arc::new(Item::new(
+                "t",
+                "a",
+                properties_of(&[("v", 2.into())]),
+            ))),
+            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
+        };
+        let after = settled_by_a_read_maybe_holding(
+            before,
+            maybe.clone(),
+            &lost,
+            properties_of(&[("v", 2.into()), ("vlan", 7.into())]),
+        );
+        assert!(
+            after.rare.maybe_applied.contains(&maybe),
+            "it may still hold the earlier value: {after:?}"
+        );
+        assert_eq!(
+            retried_op_id(&after),
+            Some("op-1".into()),
+            "asked again under its op id"
+        );
+    }
+
+    #[test]
+    fn a_read_cannot_drop_a_dependency_of_a_value_the_item_may_hold() {
+        // The item holds {v: 1} or, after an earlier lost Modify, {v: 2}
+        // relying on b. A lost Modify to {v: 2} without b did not apply;
+        // the READ shows v = 2. Taken as applied, b could be deleted while
+        // the item relies on it.
+        let before = Arc::new(Item::new("t", "a", properties_of(&[("v", 1.into())])));
+        let maybe = Arc::new(
+            Item::new("t", "a", properties_of(&[("v", 2.into())]))
+                .depends_on(crate::graph::Dependency::on(ItemRef::new("t", "b"))),
+        );
+        let lost = InFlight {
+            target: Some(Arc::new(Item::new(
+                "t",
+                "a",
+                properties_of(&[("v", 2.into())]),
+            ))),
+            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
+        };
+        let after = settled_by_a_read_maybe_holding(
+            before,
+            maybe,
+            &lost,
+            properties_of(&[("v", 2.into())]),
+        );
+        assert!(
+            after
+                .values()
+                .any(|value| value.dependency_on(&ItemRef::new("t", "b")).is_some()),
+            "it may still rely on b: {after:?}"
         );
         assert_eq!(
             retried_op_id(&after),
