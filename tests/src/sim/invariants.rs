@@ -1697,12 +1697,12 @@ pub fn unconverged_reason(snapshot: &TenantSnapshot) -> Option<String> {
         if entry.item.external {
             continue;
         }
-        let converged = snapshot.current.get(key).is_some_and(|c| {
-            c.state == ItemState::Created
-                && c.applied
-                    .as_ref()
-                    .is_some_and(|applied| applied.same_content(&entry.item))
-        });
+        // Every value it may hold (a lost operation may have left another
+        // than its applied one) is the intended one.
+        let converged = snapshot
+            .current
+            .get(key)
+            .is_some_and(|c| c.state == ItemState::Created && c.holds_only(&entry.item));
         if let Some(current) = snapshot.current.get(key)
             && converged
             && current.existence_uncertain
