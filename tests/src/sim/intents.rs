@@ -332,10 +332,11 @@ pub struct IntentModel {
     /// A submit whose answer was lost when the store died: it may or may
     /// not have been stored, and a restart must show one or the other.
     pub uncertain: Option<(u64, BTreeMap<ItemRef, Item>)>,
-    /// During a step that submits: the intent before it. An operation the
+    /// During a step that submits: the generation and intent before it.
+    /// An operation toward that generation or an earlier one that the
     /// agents receive in that step may have been sent before the submit
     /// was applied (a retry that fell due as it arrived, say).
-    pub before_this_step: Option<BTreeMap<ItemRef, Item>>,
+    pub before_this_step: Option<(u64, BTreeMap<ItemRef, Item>)>,
 }
 
 /// What a submit must answer.

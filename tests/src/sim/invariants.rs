@@ -372,7 +372,13 @@ pub fn check_dependencies_settled(
     let intents = || {
         std::iter::once(&model.items)
             .chain(model.uncertain.iter().map(|(_, items)| items))
-            .chain(model.before_this_step.iter())
+            .chain(
+                model
+                    .before_this_step
+                    .iter()
+                    .filter(|(generation, _)| order.generation <= *generation)
+                    .map(|(_, items)| items),
+            )
     };
     for dependency in &order.item.dependencies {
         let required = &dependency.requires;

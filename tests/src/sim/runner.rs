@@ -298,8 +298,8 @@ impl Sim {
         self.trace.step(index, now, &step.to_string());
         self.stats.steps += 1;
         self.count_faults(step);
-        self.model.before_this_step =
-            matches!(step, Step::Submit(_)).then(|| self.model.items.clone());
+        self.model.before_this_step = matches!(step, Step::Submit(_))
+            .then(|| (self.model.generation, self.model.items.clone()));
         match step {
             Step::Submit(plan) => self.submit(plan).await?,
             Step::Report(reports) => self.report(reports).await?,
