@@ -1412,6 +1412,31 @@ mod tests {
     }
 
     #[test]
+    fn a_read_showing_the_target_an_item_may_already_hold_takes_it_as_applied() {
+        // An earlier delivery of the same Modify may have applied (its
+        // target is among the values the item may hold): a READ showing
+        // the target, told apart from the applied value, settles it.
+        let before = Arc::new(Item::new(
+            "t",
+            "a",
+            properties_of(&[("v", 1.into()), ("vlan", 2.into())]),
+        ));
+        let target = Arc::new(Item::new("t", "a", properties_of(&[("v", 2.into())])));
+        let lost = InFlight {
+            target: Some(target.clone()),
+            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
+        };
+        let after = settled_by_a_read_maybe_holding(
+            before,
+            target.clone(),
+            &lost,
+            properties_of(&[("v", 2.into())]),
+        );
+        assert!(after.holds_only(&target), "it holds the target: {after:?}");
+        assert_eq!(retried_op_id(&after), None, "nothing is asked again");
+    }
+
+    #[test]
     fn a_read_cannot_drop_a_dependency_of_a_value_the_item_may_hold() {
         // The item holds {v: 1} or, after an earlier lost Modify, {v: 2}
         // relying on b. A lost Modify to {v: 2} without b did not apply;
@@ -1456,12 +1481,7 @@ mod tests {
         // another value, so the READ showed every property the target sets
         // and the vlan it removes. Taken as applied, the item was settled
         // with vlan left on it for good, and its dependents went ahead.
-        let properties = |entries: &[(&str, serde_json::Value)]| -> Properties {
-            entries
-                .iter()
-                .map(|(key, value)| ((*key).to_owned(), value.clone()))
-                .collect()
-        };
+        let properties = properties_of;
         let before = Arc::new(Item::new(
             "t",
             "a",
