@@ -844,10 +844,10 @@ impl Ledger {
 
     /// Whether `order` resumes an operation already under way: the same op
     /// id and attempt was delivered before, or was journaled when its
-    /// outcome was lost. Resuming it is not a new decision to run it. A
-    /// re-ask after a WAIT the server accepted is one (the agent is not
-    /// running it: "ask again later", DESIGN 4), so it obeys the rules of
-    /// an operation the server decides to send.
+    /// outcome was lost. Resuming it is not a new decision to run it; a
+    /// re-ask after a WAIT the server accepted is such a decision (the
+    /// agent is not running it: "ask again later", DESIGN 4), so it obeys
+    /// the rules of an operation the server decides to send.
     pub fn resumes(&self, order: &OperationOrder) -> bool {
         let delivered = self
             .ops
