@@ -1275,3 +1275,15 @@ fn seed_6798_with_drift_and_agent_restarts_a_read_cannot_show_a_dropped_dependen
 fn seed_15609_with_drift_a_read_still_showing_a_removed_property() {
     passes_with_drift(15609, sim::AgentFaults::SessionsEnd);
 }
+
+/// An item moved off a dependency leaving the intent onto another, whose
+/// Modify then failed for good, while a periodic READ of its new
+/// dependency ran: the incremental passes spared it (its Modify must move
+/// it off first), but a full pass deleted it for the READ's sake, so the
+/// plan depended on whether a READ was under way. A READ running on a
+/// dependency no longer counts against moving onto it
+/// (`engine::plan::scenarios::a_periodic_read_of_the_new_dependency_does_not_make_a_retargeting_plan_delete_the_dependent`).
+#[test]
+fn seed_25651_with_drift_and_agent_restarts_a_read_does_not_doom_a_retargeted_dependent() {
+    passes_with_drift_in(25651, 1_000, sim::AgentFaults::ProcessesRestart);
+}

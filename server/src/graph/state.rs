@@ -580,6 +580,16 @@ impl CurrentItem {
         self.in_flight.is_some() || self.state == ItemState::Unknown
     }
 
+    /// Whether what runs is only a READ of an item that is not UNKNOWN (a
+    /// periodic drift READ): it changes nothing until it reports.
+    pub fn only_a_read_runs(&self) -> bool {
+        self.state != ItemState::Unknown
+            && self
+                .in_flight
+                .as_ref()
+                .is_some_and(|operation| operation.kind == OperationKind::Read)
+    }
+
     /// The operation in flight runs at an agent: any operation of an item
     /// that is not UNKNOWN, and the READ that resolves an UNKNOWN one (an
     /// UNKNOWN item's own operation is lost: it waits for a report, not a

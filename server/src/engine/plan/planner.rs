@@ -950,6 +950,11 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// Whether a dependency on `id` is satisfied as things stand, before
     /// any operation of this plan: created, not planned for deletion or
     /// dropped, nothing planned, running or failed on it, predicate true.
+    /// A periodic READ running on it does not count: it changes nothing
+    /// until it reports, and a dependent retargeted onto the item would
+    /// otherwise be deleted (and created again) for the READ's sake
+    /// (simulator seed 25651: the plan depended on whether a READ was
+    /// under way).
     fn satisfied_now(&mut self, id: Id, predicate: Option<&Predicate>) -> bool {
         if self.is_deleting(id) || self.is_dropped(id) {
             return false;
@@ -957,7 +962,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let Some(current) = self.current_of(id) else {
             return false;
         };
-        if !current.is_created() || current.is_busy() || current.has_failed_modify() {
+        let busy = current.is_busy() && !current.only_a_read_runs();
+        if !current.is_created() || busy || current.has_failed_modify() {
             return false;
         }
         if self.needs_change(id) {

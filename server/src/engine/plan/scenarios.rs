@@ -294,6 +294,49 @@ fn a_retargeting_plan_holds_the_modify_alone_and_the_old_dependency_waits_for_it
 }
 
 #[test]
+fn a_periodic_read_of_the_new_dependency_does_not_make_a_retargeting_plan_delete_the_dependent() {
+    // Found by the simulator (seed 25651): app moves from old to new
+    // while a periodic drift READ of new runs. The READ changes nothing
+    // until it reports, so app waits for it and is then modified, as
+    // without it; app was deleted (and would have been created again) for
+    // the READ's sake.
+    let app_on = |target: &str| item("t/app", json!({})).depends_on(on(target));
+    let mut world = World::converged(vec![
+        app_on("t/old"),
+        item("t/old", json!({})),
+        item("t/new", json!({})),
+    ]);
+    let new = parse_ref("t/new");
+    let mut reading = (**world.current.get(&new).expect("new")).clone();
+    reading.in_flight = Some(Box::new(crate::graph::InFlight::new(
+        OperationKind::Read,
+        "op-read".into(),
+        1,
+        1,
+        0,
+        10_000,
+    )));
+    world.current.insert(new, reading);
+    world.intend(vec![app_on("t/new"), item("t/new", json!({}))]);
+    let plan = world.plan();
+    let operations: Vec<String> = plan
+        .operations
+        .iter()
+        .map(|o| format!("{} {}", o.kind.as_str(), o.item))
+        .collect();
+    assert!(operations.is_empty(), "nothing runs yet: {operations:?}");
+    let app = plan
+        .waiting
+        .iter()
+        .find(|waiting| waiting.item == parse_ref("t/app"))
+        .expect("app waits");
+    assert_eq!(
+        app.operation, Modify,
+        "app waits to be modified, not deleted"
+    );
+}
+
+#[test]
 fn a_retargeted_dependent_whose_new_dependency_is_being_modified_is_deleted_instead() {
     // b moves from a to c while c is modified and a is recreated around
     // c's Modify: b's new dependency is not satisfied now, so b is not
