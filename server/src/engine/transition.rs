@@ -1232,23 +1232,7 @@ mod tests {
     /// The item whose applied value is `before` once the READ that
     /// resolves its `lost` operation found it with `observed`.
     fn settled_by_a_read(before: Arc<Item>, lost: &InFlight, observed: Properties) -> CurrentItem {
-        let read = InFlight {
-            resolves: Some(Box::new(lost.clone())),
-            ..InFlight::new(OperationKind::Read, "op-2".into(), 1, 8, 0, 10_000)
-        };
-        let entry = CurrentItem {
-            state: ItemState::Unknown,
-            in_flight: Some(Box::new(read)),
-            ..CurrentItem::created(before, 7)
-        };
-        completed(
-            &CurrentGraph::default(),
-            &entry,
-            Completion::Resolved {
-                observed: Some(observed),
-            },
-        )
-        .expect("it exists")
+        settled_by_a_read_maybe_holding(before, Vec::new(), lost, observed)
     }
 
     #[test]
@@ -1339,12 +1323,12 @@ mod tests {
         );
     }
 
-    /// A READ settling `lost`, a Modify of an item holding `before` that a
-    /// lost operation may have left at `maybe` instead, answered with
-    /// `observed`.
+    /// A READ settling `lost`, an operation of an item holding `before`
+    /// that lost operations may have left at one of `maybe` instead,
+    /// answered with `observed`.
     fn settled_by_a_read_maybe_holding(
         before: Arc<Item>,
-        maybe: Arc<Item>,
+        maybe: Vec<Arc<Item>>,
         lost: &InFlight,
         observed: Properties,
     ) -> CurrentItem {
@@ -1357,7 +1341,7 @@ mod tests {
             in_flight: Some(Box::new(read)),
             ..CurrentItem::created(before, 7)
         }
-        .with_rare(|rare| rare.maybe_applied = vec![maybe]);
+        .with_rare(|rare| rare.maybe_applied = maybe);
         completed(
             &CurrentGraph::default(),
             &entry,
@@ -1366,6 +1350,19 @@ mod tests {
             },
         )
         .expect("it exists")
+    }
+
+    /// Item t/a with these properties.
+    fn item_a(entries: &[(&str, serde_json::Value)]) -> Arc<Item> {
+        Arc::new(Item::new("t", "a", properties_of(entries)))
+    }
+
+    /// A lost Modify (op-1) of t/a toward `target`.
+    fn lost_modify_to(target: Arc<Item>) -> InFlight {
+        InFlight {
+            target: Some(target),
+            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
+        }
     }
 
     fn properties_of(entries: &[(&str, serde_json::Value)]) -> Properties {
@@ -1380,23 +1377,11 @@ mod tests {
         // The item holds {v: 1} or, after an earlier lost Modify, {v: 2,
         // vlan: 7}. A lost Modify to {v: 2} did not apply; the READ shows
         // the earlier value. Taken as applied, vlan would stay for good.
-        let before = Arc::new(Item::new("t", "a", properties_of(&[("v", 1.into())])));
-        let maybe = Arc::new(Item::new(
-            "t",
-            "a",
-            properties_of(&[("v", 2.into()), ("vlan", 7.into())]),
-        ));
-        let lost = InFlight {
-            target: Some(Arc::new(Item::new(
-                "t",
-                "a",
-                properties_of(&[("v", 2.into())]),
-            ))),
-            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
-        };
+        let maybe = item_a(&[("v", 2.into()), ("vlan", 7.into())]);
+        let lost = lost_modify_to(item_a(&[("v", 2.into())]));
         let after = settled_by_a_read_maybe_holding(
-            before,
-            maybe.clone(),
+            item_a(&[("v", 1.into())]),
+            vec![maybe.clone()],
             &lost,
             properties_of(&[("v", 2.into()), ("vlan", 7.into())]),
         );
@@ -1416,19 +1401,11 @@ mod tests {
         // An earlier delivery of the same Modify may have applied (its
         // target is among the values the item may hold): a READ showing
         // the target, told apart from the applied value, settles it.
-        let before = Arc::new(Item::new(
-            "t",
-            "a",
-            properties_of(&[("v", 1.into()), ("vlan", 2.into())]),
-        ));
-        let target = Arc::new(Item::new("t", "a", properties_of(&[("v", 2.into())])));
-        let lost = InFlight {
-            target: Some(target.clone()),
-            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
-        };
+        let target = item_a(&[("v", 2.into())]);
+        let lost = lost_modify_to(target.clone());
         let after = settled_by_a_read_maybe_holding(
-            before,
-            target.clone(),
+            item_a(&[("v", 1.into()), ("vlan", 2.into())]),
+            vec![target.clone()],
             &lost,
             properties_of(&[("v", 2.into())]),
         );
@@ -1442,22 +1419,14 @@ mod tests {
         // relying on b. A lost Modify to {v: 2} without b did not apply;
         // the READ shows v = 2. Taken as applied, b could be deleted while
         // the item relies on it.
-        let before = Arc::new(Item::new("t", "a", properties_of(&[("v", 1.into())])));
         let maybe = Arc::new(
             Item::new("t", "a", properties_of(&[("v", 2.into())]))
                 .depends_on(crate::graph::Dependency::on(ItemRef::new("t", "b"))),
         );
-        let lost = InFlight {
-            target: Some(Arc::new(Item::new(
-                "t",
-                "a",
-                properties_of(&[("v", 2.into())]),
-            ))),
-            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
-        };
+        let lost = lost_modify_to(item_a(&[("v", 2.into())]));
         let after = settled_by_a_read_maybe_holding(
-            before,
-            maybe,
+            item_a(&[("v", 1.into())]),
+            vec![maybe],
             &lost,
             properties_of(&[("v", 2.into())]),
         );
@@ -1481,24 +1450,11 @@ mod tests {
         // another value, so the READ showed every property the target sets
         // and the vlan it removes. Taken as applied, the item was settled
         // with vlan left on it for good, and its dependents went ahead.
-        let properties = properties_of;
-        let before = Arc::new(Item::new(
-            "t",
-            "a",
-            properties(&[("v", 1.into()), ("vlan", 2.into())]),
-        ));
-        let lost = InFlight {
-            target: Some(Arc::new(Item::new(
-                "t",
-                "a",
-                properties(&[("v", 3.into())]),
-            ))),
-            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
-        };
+        let lost = lost_modify_to(item_a(&[("v", 3.into())]));
         let after = settled_by_a_read(
-            before,
+            item_a(&[("v", 1.into()), ("vlan", 2.into())]),
             &lost,
-            properties(&[("v", 3.into()), ("vlan", 4.into())]),
+            properties_of(&[("v", 3.into()), ("vlan", 4.into())]),
         );
         let applied = after.applied.as_deref().expect("it exists");
         assert_eq!(

@@ -163,11 +163,7 @@ fn a_pass_seeded_with_the_top_of_a_chain_still_sees_the_removal_at_its_bottom() 
     world.dispatch(&c, Delete, 0);
     world.finish(&c, Delete);
     let plan = world.plan_seeded(&["t/c", "t/b"], &unconverged);
-    let operations: Vec<String> = plan
-        .operations
-        .iter()
-        .map(|o| format!("{} {}", o.kind.as_str(), o.item))
-        .collect();
+    let operations = operation_labels(&plan);
     assert_eq!(operations, ["delete t/b", "delete t/a"]);
     let ready: Vec<usize> = plan.ready().collect();
     assert_eq!(ready, [0], "b goes first, a after it");
@@ -275,11 +271,7 @@ fn a_retargeting_plan_holds_the_modify_alone_and_the_old_dependency_waits_for_it
         item("t/top", json!({})).depends_on(on("t/app")),
     ]);
     let plan = world.plan();
-    let operations: Vec<String> = plan
-        .operations
-        .iter()
-        .map(|o| format!("{} {}", o.kind.as_str(), o.item))
-        .collect();
+    let operations = operation_labels(&plan);
     assert_eq!(
         operations,
         ["modify t/app"],
@@ -306,24 +298,10 @@ fn a_periodic_read_of_the_new_dependency_does_not_make_a_retargeting_plan_delete
         item("t/old", json!({})),
         item("t/new", json!({})),
     ]);
-    let new = parse_ref("t/new");
-    let mut reading = (**world.current.get(&new).expect("new")).clone();
-    reading.in_flight = Some(Box::new(crate::graph::InFlight::new(
-        OperationKind::Read,
-        "op-read".into(),
-        1,
-        1,
-        0,
-        10_000,
-    )));
-    world.current.insert(new, reading);
+    world.dispatch(&parse_ref("t/new"), OperationKind::Read, 1);
     world.intend(vec![app_on("t/new"), item("t/new", json!({}))]);
     let plan = world.plan();
-    let operations: Vec<String> = plan
-        .operations
-        .iter()
-        .map(|o| format!("{} {}", o.kind.as_str(), o.item))
-        .collect();
+    let operations = operation_labels(&plan);
     assert!(operations.is_empty(), "nothing runs yet: {operations:?}");
     let app = plan
         .waiting
@@ -1756,4 +1734,12 @@ fn an_unknown_item_blocks_a_dependent_through_a_value_it_may_hold() {
         b_waits.blocked_by.iter().any(|blocker| blocker.item == a),
         "b names a: {b_waits:?}"
     );
+}
+
+/// "kind item" for each operation of `plan`, in plan order.
+fn operation_labels(plan: &Plan) -> Vec<String> {
+    plan.operations
+        .iter()
+        .map(|o| format!("{} {}", o.kind.as_str(), o.item))
+        .collect()
 }
