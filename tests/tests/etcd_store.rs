@@ -278,6 +278,70 @@ async fn a_commit_whose_fence_moved_on_is_refused_and_writes_nothing() {
     );
 }
 
+/// How many times etcd has written `key` of `store` since it was created
+/// (etcd's own version of the key; 0: absent).
+async fn etcd_writes_of(cluster: &EtcdCluster, store: &EtcdStore, key: &[u8]) -> i64 {
+    let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .expect("connect to etcd");
+    let mut etcd_key = format!("{}store/data/", store.options().prefix).into_bytes();
+    etcd_key.extend_from_slice(key);
+    let reply = client.get(etcd_key, None).await.expect("get");
+    reply.kvs().first().map_or(0, |kv| kv.version())
+}
+
+#[tokio::test]
+async fn a_commit_sent_again_lands_once_and_never_over_a_later_commit() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let mut options = options(&etcd);
+    // Every transaction is sent twice at once (the first answer lost) and
+    // once more after the next commit has landed, as a retry may at worst.
+    options.resend_commits = true;
+    let store = open(&options);
+    let claimed = store
+        .put_if_absent(b"owners/t1", b"replica-a".to_vec(), None)
+        .await
+        .expect("claim")
+        .expect("the key was free");
+    let fence = Fence {
+        key: b"owners/t1".to_vec(),
+        mod_revision: claimed,
+    };
+    let mut seed = WriteBatch::new();
+    seed.put(b"\x01gone".to_vec(), b"here".to_vec());
+    store.commit(seed).await.expect("commit");
+
+    for round in 1..=6u8 {
+        let mut batch = if round % 2 == 0 {
+            WriteBatch::fenced(fence.clone())
+        } else {
+            WriteBatch::new()
+        };
+        batch.put(b"\x01k".to_vec(), vec![round]);
+        match round {
+            3 => {
+                batch.delete(b"\x01gone".to_vec());
+            }
+            4 => {
+                batch.put(b"\x01gone".to_vec(), b"back".to_vec());
+            }
+            _ => {}
+        }
+        store.commit(batch).await.expect("commit");
+        // The previous commit's transaction has just been sent again: it
+        // must not have overwritten this one's value.
+        assert_eq!(
+            store.get(b"\x01k").expect("get"),
+            Some(vec![round]),
+            "after commit {round}"
+        );
+    }
+    // The delete of commit 3, sent again after commit 4, did not take the
+    // key commit 4 put back; and every commit wrote its keys once.
+    assert_eq!(store.get(b"\x01gone").expect("get"), Some(b"back".to_vec()));
+    assert_eq!(etcd_writes_of(&etcd, &store, b"\x01k").await, 6);
+}
+
 #[tokio::test]
 async fn leases_claims_and_watches_work_as_the_cluster_needs_them() {
     let etcd = EtcdCluster::single().await.expect("etcd starts");

@@ -186,6 +186,7 @@ impl EtcdStore {
                     .and_then(vec![TxnOp::put(key, value, options)]);
                 let mut kv = shared.kv.clone();
                 let response = kv.txn(txn).await.map_err(etcd_error("claim a key"))?;
+                shared.saw(response.header());
                 Ok(response
                     .succeeded()
                     .then(|| response.header().map_or(0, |h| h.revision())))

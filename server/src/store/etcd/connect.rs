@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, KvClient, TlsOptions};
@@ -39,10 +40,12 @@ pub(crate) async fn connect(options: EtcdOptions) -> Result<Shared, StoreError> 
     // A cheap read proves the endpoints, credentials and TLS work.
     let mut kv = shared.kv.clone();
     let probe = shared.layout.marker_prefix();
-    tokio::time::timeout(shared.options.connect_timeout, kv.get(probe, None))
+    let probed = tokio::time::timeout(shared.options.connect_timeout, kv.get(probe, None))
         .await
         .map_err(|_| timed_out(&shared.options))?
         .map_err(etcd_error("read from etcd"))?;
+    // Every record written before this store opened lies at or below it.
+    shared.saw(probed.header());
     Ok(shared)
 }
 
@@ -195,6 +198,20 @@ pub(crate) struct Shared {
     pub(crate) options: EtcdOptions,
     /// How long commits and reads take.
     pub(crate) latency: Arc<EtcdLatency>,
+    /// The highest etcd revision this store has seen in an answer: every
+    /// write this process knows of happened at or below it (what a commit
+    /// compares its keys against, see [`writer`](super::writer)).
+    pub(crate) seen_revision: AtomicI64,
+}
+
+impl Shared {
+    /// Takes note of the revision an answer from etcd carried.
+    pub(crate) fn saw(&self, header: Option<&etcd_client::ResponseHeader>) {
+        if let Some(header) = header {
+            self.seen_revision
+                .fetch_max(header.revision(), Ordering::AcqRel);
+        }
+    }
 }
 
 /// The KV client of `client`, allowed replies of [`MAX_REPLY_BYTES`].
@@ -212,6 +229,7 @@ pub(crate) fn shared(client: Client, options: EtcdOptions) -> Shared {
         client,
         options,
         latency: Arc::default(),
+        seen_revision: AtomicI64::new(0),
     }
 }
 

@@ -288,8 +288,10 @@ impl Store for EtcdStore {
         MAX_VALUE_BYTES
     }
 
-    /// A commit over `max_txn_ops` writes is staged (several round trips).
+    /// A commit whose writes and fence take more than `max_txn_ops`
+    /// compares (one per key, one per fence) is staged (several round
+    /// trips); one is kept for the fence.
     fn writes_per_step(&self) -> Option<usize> {
-        Some(self.options.max_txn_ops)
+        Some(self.options.max_txn_ops.saturating_sub(1).max(1))
     }
 }

@@ -92,6 +92,11 @@ pub struct EtcdOptions {
     pub connect_timeout: Duration,
     /// For tests: abandon staged commits at this stage, as a crash would.
     pub crash_point: Option<CrashPoint>,
+    /// For tests: send every commit transaction as a retry may at worst:
+    /// twice at once (the first answer lost), and once more after the next
+    /// commit has landed (a first attempt etcd held back). Commits must
+    /// come out as if each were applied once, in order.
+    pub resend_commits: bool,
 }
 
 impl Default for EtcdOptions {
@@ -108,6 +113,7 @@ impl Default for EtcdOptions {
             commit_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(10),
             crash_point: None,
+            resend_commits: false,
         }
     }
 }

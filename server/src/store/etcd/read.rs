@@ -54,6 +54,7 @@ async fn read(
         .await
         .map_err(|f| f.into_store_error("read"))?;
         shared.latency.reads.observe(asked.elapsed());
+        shared.saw(response.header());
         let revision = response.header().map_or(0, |h| h.revision());
         let mut replies = response.op_responses().into_iter();
         let (Some(TxnOpResponse::Get(reply)), Some(TxnOpResponse::Get(probe))) =

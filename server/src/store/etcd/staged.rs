@@ -320,7 +320,7 @@ async fn roll_in(
         ),
         TxnOp::delete(layout.marker(id), None),
     ]);
-    retry(
+    let finished = retry(
         "finish a staged commit",
         shared.options.commit_timeout,
         || {
@@ -330,6 +330,8 @@ async fn roll_in(
     )
     .await
     .map_err(|f| f.into_store_error("finish a staged commit"))?;
+    // Every key rolled in was written below this revision.
+    shared.saw(finished.header());
     Ok(true)
 }
 

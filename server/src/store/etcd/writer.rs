@@ -18,18 +18,31 @@
 //! Every distinct [`Fence`] of a group is a compare of its transaction.
 //! If one no longer holds, the commits under it fail with
 //! [`StoreError::Fenced`] and the others are applied without them.
+//!
+//! Every key a group writes is a compare too: "last written at or below
+//! the highest revision this store has seen" (`R`). A transaction whose
+//! answer is late is sent again, so two attempts of one group may be in
+//! flight. Whichever lands first makes the other's compares fail, and so
+//! does any later commit to one of its keys: an attempt that etcd held
+//! back can never land after, and overwrite, a later write. When an
+//! attempt is refused this way while every fence holds, the group reads
+//! its keys back in the same transaction: if they hold what it writes, an
+//! earlier attempt landed and the group is done; otherwise a writer
+//! outside this store changed a key, `R` moves past it, and the group is
+//! sent again (the later write wins, as it always did).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
 
-use etcd_client::{Compare, CompareOp, TxnOp, TxnOpResponse};
-use tokio::sync::{mpsc, oneshot};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio::task::JoinSet;
-use tracing::error;
+use tracing::{error, info, warn};
 
-use crate::store::etcd::codec::{KeyWrite, coalesce, write_bytes};
+use crate::store::etcd::codec::{KeyWrite, WRITE_OVERHEAD, coalesce, write_bytes};
 use crate::store::etcd::connect::{Failure, Shared, fenced, invalid_fence, retry, stop_process};
 use crate::store::etcd::staged::{self, Staged};
 use crate::store::{Fence, StoreError, WriteBatch};
@@ -110,7 +123,7 @@ impl Group {
                 }
                 None => {
                     new_keys += 1;
-                    bytes += write_bytes(write);
+                    bytes += write_bytes(write) + guard_bytes(&write.0);
                 }
             }
         }
@@ -126,11 +139,12 @@ impl Group {
             }
             if !self.fences.contains(fence) {
                 fences += 1;
-                bytes += fence.key.len() + crate::store::etcd::codec::WRITE_OVERHEAD;
+                bytes += fence.key.len() + WRITE_OVERHEAD;
             }
         }
-        let ops = self.merged.len() + new_keys;
-        if !self.members.is_empty() && (ops > max_ops || fences > max_ops || bytes > max_bytes) {
+        // Compares (and reads when refused): one per fence and per key.
+        let compares = self.merged.len() + new_keys + fences;
+        if !self.members.is_empty() && (compares > max_ops || bytes > max_bytes) {
             return Err(member);
         }
         for write in &member.writes {
@@ -155,8 +169,13 @@ impl Group {
     /// True if the group (holding one member) is too large for one
     /// transaction.
     fn too_large(&self, max_ops: usize, max_bytes: usize) -> bool {
-        self.merged.len() > max_ops || self.fences.len() > max_ops || self.bytes > max_bytes
+        self.merged.len() + self.fences.len() > max_ops || self.bytes > max_bytes
     }
+}
+
+/// The size a key's compare and its read-back add to a request.
+fn guard_bytes(key: &[u8]) -> usize {
+    2 * (key.len() + WRITE_OVERHEAD)
 }
 
 /// Groups applied at once, at most. Groups in flight never share a key.
@@ -242,12 +261,17 @@ impl InFlight {
 /// empty commit waits for every earlier one.
 pub(crate) async fn run(shared: Arc<Shared>, mut queue: mpsc::UnboundedReceiver<CommitRequest>) {
     let (max_ops, max_bytes) = (shared.options.max_txn_ops, shared.options.max_request_bytes);
-    // A test's crash point must stop the writer before anything later goes.
-    let parallel = if shared.options.crash_point.is_some() {
+    // A test's crash point must stop the writer before anything later goes;
+    // a test's late attempts need one group after the other.
+    let parallel = if shared.options.crash_point.is_some() || shared.options.resend_commits {
         1
     } else {
         PARALLEL_GROUPS
     };
+    let resends = shared
+        .options
+        .resend_commits
+        .then(|| Arc::new(LateAttempt::default()));
     let mut in_flight = InFlight::new(parallel);
     let mut carried: Option<Member> = None;
     loop {
@@ -309,17 +333,61 @@ pub(crate) async fn run(shared: Arc<Shared>, mut queue: mpsc::UnboundedReceiver<
         if !in_flight.wait_for_room(&keys).await {
             return;
         }
-        let shared = shared.clone();
+        let (shared, resends) = (shared.clone(), resends.clone());
         in_flight.spawn(keys, async move {
-            commit_group(&shared, group).await;
+            commit_group(&shared, group, resends.as_deref()).await;
             true
         });
     }
 }
 
+/// For tests ([`EtcdOptions::resend_commits`](super::EtcdOptions)): the
+/// previous group's transaction, sent again once the next group has
+/// landed, as a first attempt that etcd held back would land.
+#[derive(Default)]
+struct LateAttempt(Mutex<Option<Txn>>);
+
+/// The transaction of `group`: its fences and "each key last written
+/// below `written_below`" as compares; its writes; and when refused, the
+/// fences and the keys read back.
+fn group_txn(shared: &Shared, group: &Group, written_below: i64) -> Txn {
+    let layout = &shared.layout;
+    let mut compares = Vec::with_capacity(group.fences.len() + group.merged.len());
+    let mut reads = Vec::with_capacity(compares.capacity());
+    for fence in &group.fences {
+        let Some(key) = layout.cluster(&fence.key) else {
+            continue;
+        };
+        compares.push(Compare::mod_revision(
+            key.clone(),
+            CompareOp::Equal,
+            fence.mod_revision,
+        ));
+        reads.push(TxnOp::get(key, None));
+    }
+    let mut operations = Vec::with_capacity(group.merged.len());
+    for (key, value) in &group.merged {
+        let key = layout.data(key);
+        compares.push(Compare::mod_revision(
+            key.clone(),
+            CompareOp::Less,
+            written_below,
+        ));
+        reads.push(TxnOp::get(key.clone(), None));
+        operations.push(match value {
+            Some(value) => TxnOp::put(key, value.clone(), None),
+            None => TxnOp::delete(key, None),
+        });
+    }
+    Txn::new()
+        .when(compares)
+        .and_then(operations)
+        .or_else(reads)
+}
+
 /// Applies a group as one transaction, failing the commits whose fence
 /// does not hold and applying the others.
-async fn commit_group(shared: &Shared, mut group: Group) {
+async fn commit_group(shared: &Shared, mut group: Group, late: Option<&LateAttempt>) {
     loop {
         if group.merged.is_empty() && group.fences.is_empty() {
             for member in group.members {
@@ -327,45 +395,24 @@ async fn commit_group(shared: &Shared, mut group: Group) {
             }
             return;
         }
-        let layout = &shared.layout;
         if let Some(fence) = group
             .fences
             .iter()
-            .find(|fence| layout.cluster(&fence.key).is_none())
+            .find(|fence| shared.layout.cluster(&fence.key).is_none())
         {
             let error = invalid_fence(fence);
             fail_all(group, error);
             return;
         }
-        let mut compares = Vec::new();
-        let mut fence_reads = Vec::new();
-        for fence in &group.fences {
-            let Some(key) = layout.cluster(&fence.key) else {
-                continue;
-            };
-            compares.push(Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                fence.mod_revision,
-            ));
-            fence_reads.push(TxnOp::get(key, None));
+        let written_below = shared.seen_revision.load(Ordering::Acquire) + 1;
+        let txn = group_txn(shared, &group, written_below);
+        if late.is_some() {
+            // A first attempt whose answer is lost.
+            let _ = shared.kv.clone().txn(txn.clone()).await;
         }
-        let operations: Vec<TxnOp> = group
-            .merged
-            .iter()
-            .map(|(key, value)| match value {
-                Some(value) => TxnOp::put(layout.data(key), value.clone(), None),
-                None => TxnOp::delete(layout.data(key), None),
-            })
-            .collect();
-        let txn = etcd_client::Txn::new()
-            .when(compares)
-            .and_then(operations)
-            .or_else(fence_reads);
-        let kv = shared.kv.clone();
         let started = std::time::Instant::now();
         let outcome = retry("commit a batch", shared.options.commit_timeout, || {
-            let (mut kv, txn) = (kv.clone(), txn.clone());
+            let (mut kv, txn) = (shared.kv.clone(), txn.clone());
             async move { kv.txn(txn).await }
         })
         .await;
@@ -381,27 +428,53 @@ async fn commit_group(shared: &Shared, mut group: Group) {
             }
             Err(Failure::Unknown(error)) => stop_process(&error.to_string()),
         };
+        shared.saw(response.header());
         if response.succeeded() {
+            if let Some(late) = late {
+                let earlier = late.0.lock().await.replace(txn);
+                if let Some(earlier) = earlier {
+                    let _ = shared.kv.clone().txn(earlier).await;
+                }
+            }
             for member in group.members {
                 member.reply.send(Ok(()));
             }
             return;
         }
-        let actual: Vec<i64> = response
-            .op_responses()
-            .into_iter()
-            .map(|op| match op {
-                TxnOpResponse::Get(get) => get.kvs().first().map_or(0, |kv| kv.mod_revision()),
-                _ => 0,
-            })
-            .collect();
+        let mut reads = response.op_responses().into_iter().map(|op| match op {
+            TxnOpResponse::Get(get) => get
+                .kvs()
+                .first()
+                .map(|kv| (kv.mod_revision(), kv.value().to_vec())),
+            _ => None,
+        });
         let broken: Vec<(Fence, i64)> = group
             .fences
             .iter()
-            .zip(actual)
+            .zip(reads.by_ref())
+            .map(|(fence, now)| (fence, now.map_or(0, |(revision, _)| revision)))
             .filter(|(fence, now)| fence.mod_revision != *now)
             .map(|(fence, now)| (fence.clone(), now))
             .collect();
+        if broken.is_empty() {
+            let landed = group
+                .merged
+                .iter()
+                .zip(reads)
+                .all(|((_, value), now)| now.map(|(_, value)| value) == *value);
+            if landed {
+                info!("A commit sent again had already landed: it is not applied twice.");
+                for member in group.members {
+                    member.reply.send(Ok(()));
+                }
+                return;
+            }
+            warn!(
+                written_below,
+                "A key of a commit was written by another writer meanwhile; committing over it."
+            );
+            continue;
+        }
         let mut rest = Group::default();
         for member in group.members {
             let refused = member
