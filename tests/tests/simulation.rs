@@ -1287,3 +1287,29 @@ fn seed_15609_with_drift_a_read_still_showing_a_removed_property() {
 fn seed_25651_with_drift_and_agent_restarts_a_read_does_not_doom_a_retargeted_dependent() {
     passes_with_drift_in(25651, 1_000, sim::AgentFaults::ProcessesRestart);
 }
+
+/// An item's Create toward a value relying on `t1/n1` applied while its
+/// agent restarted and forgot the result; its retry failed, so the value
+/// stayed one the item may hold. After the intent dropped the item, its
+/// Delete was lost with its session, and sent again on the next one while
+/// `t1/n1` was UNKNOWN: an operation on a dependent of an UNKNOWN item
+/// (DESIGN 4). A lost operation's re-delivery looked at the applied value
+/// and the target only; it now waits while any value the item may hold
+/// relies on an UNKNOWN item, as planning does (`engine::exec::lost`, unit
+/// test `a_lost_delete_waits_while_a_value_the_item_may_hold_relies_on_an_unknown_item`).
+#[test]
+fn seed_10544_with_drift_and_agent_restarts_a_lost_delete_waits_for_an_unknown_dependency() {
+    passes_with_drift(10544, sim::AgentFaults::ProcessesRestart);
+}
+
+/// The checker's mistake, not the server's: a Modify answered WAIT just as
+/// the store died; the WAIT's commit died with it, so the restarted server
+/// held the Modify as running (journaled). Its item then went with its
+/// vanished external item, and the server cancelled the Modify, as it
+/// cancels what runs on an item so dropped. The checker had kept the
+/// WAIT's ending and saw a cancel of an operation nothing superseded.
+#[test]
+fn seed_10970_with_drift_and_agent_restarts_a_wait_lost_with_the_store_leaves_the_operation_running()
+ {
+    passes_with_drift(10970, sim::AgentFaults::ProcessesRestart);
+}

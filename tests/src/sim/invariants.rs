@@ -1310,10 +1310,19 @@ impl Ledger {
             // order went out): no agent ran it, so nothing of it can be
             // lost; the server may plan what the intent needs instead.
             let undelivered = !self.ops.contains_key(&lost.op_id);
-            if undelivered && let Some((_, ending)) = self.last_by_item.get_mut(&item) {
-                // The server had moved on from the last operation the
-                // agents saw for the item: that one is not retried.
-                *ending = Ending::Finished;
+            if let Some((last, ending)) = self.last_by_item.get_mut(&item) {
+                if undelivered {
+                    // The server had moved on from the last operation the
+                    // agents saw for the item: that one is not retried.
+                    *ending = Ending::Finished;
+                } else if *last == lost.op_id
+                    && matches!(*ending, Ending::Waiting | Ending::Retryable)
+                {
+                    // An answer whose commit died with the store (a WAIT,
+                    // a retryable failure; seed 10970) never reached the
+                    // server: it holds the operation as running again.
+                    *ending = Ending::Open;
+                }
             }
             lost.may_be_replaced |= known || undelivered || self.vanished_ops.contains(&lost.op_id);
             // Each re-delivery the server counted may have gone out (it

@@ -342,8 +342,8 @@ fn created_or_as_before(current: &CurrentGraph, entry: &CurrentItem) -> Option<C
 }
 
 /// Whether the re-delivery of `item`'s lost operation must wait for a
-/// dependency: one that `item` relies on (by its applied value or the lost
-/// operation's target) is UNKNOWN, or, for a lost Create or Modify, a
+/// dependency: one that `item` relies on (by any value it may hold, or the
+/// lost operation's target) is UNKNOWN, or, for a lost Create or Modify, a
 /// dependency of its target is being created, modified or deleted (a
 /// Create or Modify waits for those, DESIGN 3), or, for a lost Modify, an
 /// operation runs on a dependent (rule 8). The owner tries again after every
@@ -359,10 +359,12 @@ fn waits_for_a_dependency(current: &CurrentGraph, item: &ItemRef, entry: &Curren
             .filter(|required| required != item)
             .collect()
     };
+    // Every value the item may hold counts, as when planning (seed 10544:
+    // a lost Delete sent again while a value an earlier lost Create may
+    // have applied relied on an UNKNOWN item).
     let unknown = entry
-        .applied
-        .as_deref()
-        .into_iter()
+        .values()
+        .map(|value| &**value)
         .chain(target)
         .flat_map(others)
         .any(|required| {
@@ -599,6 +601,34 @@ mod tests {
     fn a_lost_operation_waits_while_a_dependency_is_unknown() {
         let (operation, entry, graph) = lost_create_on_unknown_b();
         assert_eq!(decide(&graph, &entry, &operation, None), Redelivery::Defer);
+    }
+
+    #[test]
+    fn a_lost_delete_waits_while_a_value_the_item_may_hold_relies_on_an_unknown_item() {
+        // Simulator seed 10544: `a`'s applied value relies on nothing, but
+        // an earlier lost Create may have applied one relying on `b`. Its
+        // lost Delete, sent again while `b` was UNKNOWN, was an operation
+        // on a dependent of an UNKNOWN item (DESIGN 4).
+        let tied = Shared::new(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let operation = InFlight::new(OperationKind::Delete, "op".into(), 1, 1, 0, 10_000);
+        let entry = CurrentItem {
+            state: ItemState::Unknown,
+            in_flight: Some(Box::new(operation.clone())),
+            ..created("a")
+        }
+        .may_also_hold(Some(tied));
+        let unknown = CurrentItem {
+            state: ItemState::Unknown,
+            ..created("b")
+        };
+        let graph = graph_with(vec![("b", unknown)]);
+        assert_eq!(decide(&graph, &entry, &operation, None), Redelivery::Defer);
+        assert!(redelivery_waits(
+            &graph,
+            &ItemRef::new("t", "a"),
+            &entry,
+            false
+        ));
     }
 
     #[test]
