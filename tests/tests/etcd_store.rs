@@ -343,6 +343,25 @@ async fn a_commit_sent_again_lands_once_and_never_over_a_later_commit() {
 }
 
 #[tokio::test]
+async fn a_commit_over_a_key_another_store_wrote_since_still_lands() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let options = options(&etcd);
+    let (ours, theirs) = (open(&options), open(&options));
+    let put = |value: &[u8]| {
+        let mut batch = WriteBatch::new();
+        batch.put(b"\x01k".to_vec(), value.to_vec());
+        batch
+    };
+    ours.commit(put(b"ours 1")).await.expect("commit");
+    // A write this store has not seen: its next commit's compare on the
+    // key fails, the key holds something else, so it is sent again.
+    theirs.commit(put(b"theirs")).await.expect("commit");
+    ours.commit(put(b"ours 2")).await.expect("commit");
+    assert_eq!(ours.get(b"\x01k").expect("get"), Some(b"ours 2".to_vec()));
+    assert_eq!(etcd_writes_of(&etcd, &ours, b"\x01k").await, 3);
+}
+
+#[tokio::test]
 async fn leases_claims_and_watches_work_as_the_cluster_needs_them() {
     let etcd = EtcdCluster::single().await.expect("etcd starts");
     let store = open(&options(&etcd));

@@ -27,9 +27,10 @@
 //! back can never land after, and overwrite, a later write. When an
 //! attempt is refused this way while every fence holds, the group reads
 //! its keys back in the same transaction: if they hold what it writes, an
-//! earlier attempt landed and the group is done; otherwise a writer
-//! outside this store changed a key, `R` moves past it, and the group is
-//! sent again (the later write wins, as it always did).
+//! earlier attempt landed and the group is done; otherwise a key was
+//! written meanwhile by someone else (a reader rolling a staged commit
+//! in, a writer outside this store), `R` moves past what was read, and the
+//! group is sent again (the later write wins, as it always did).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -457,11 +458,11 @@ async fn commit_group(shared: &Shared, mut group: Group, late: Option<&LateAttem
             .map(|(fence, now)| (fence.clone(), now))
             .collect();
         if broken.is_empty() {
-            let landed = group
-                .merged
-                .iter()
-                .zip(reads)
-                .all(|((_, value), now)| now.map(|(_, value)| value) == *value);
+            let keys: Vec<Option<(i64, Vec<u8>)>> = reads.collect();
+            let landed =
+                group.merged.iter().zip(&keys).all(|((_, value), now)| {
+                    now.as_ref().map(|(_, value)| value) == value.as_ref()
+                });
             if landed {
                 info!("A commit sent again had already landed: it is not applied twice.");
                 for member in group.members {
@@ -469,9 +470,15 @@ async fn commit_group(shared: &Shared, mut group: Group, late: Option<&LateAttem
                 }
                 return;
             }
+            // The next attempt overwrites what it read, and only that.
+            let latest = keys.iter().flatten().map(|(revision, _)| *revision).max();
+            shared
+                .seen_revision
+                .fetch_max(latest.unwrap_or(0), Ordering::AcqRel);
             warn!(
                 written_below,
-                "A key of a commit was written by another writer meanwhile; committing over it."
+                "A key of a commit was written after this store last read it (a staged commit \
+                 a reader rolled in, or a writer outside this store); committing over it."
             );
             continue;
         }
