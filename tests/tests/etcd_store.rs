@@ -213,20 +213,26 @@ async fn a_reader_rolls_forward_a_marked_commit_whose_writer_died() {
     assert!(internal_keys(&reader).is_empty());
 }
 
-#[tokio::test]
-async fn a_commit_whose_fence_moved_on_is_refused_and_writes_nothing() {
-    let etcd = EtcdCluster::single().await.expect("etcd starts");
-    let options = options(&etcd);
-    let store = open(&options);
+/// Claims `owners/t1` for "replica-a": the fence of its owner's commits.
+async fn claim_t1(store: &EtcdStore) -> Fence {
     let claimed = store
         .put_if_absent(b"owners/t1", b"replica-a".to_vec(), None)
         .await
         .expect("claim")
         .expect("the key was free");
-    let fence = Fence {
+    Fence {
         key: b"owners/t1".to_vec(),
         mod_revision: claimed,
-    };
+    }
+}
+
+#[tokio::test]
+async fn a_commit_whose_fence_moved_on_is_refused_and_writes_nothing() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let options = options(&etcd);
+    let store = open(&options);
+    let fence = claim_t1(&store).await;
+    let claimed = fence.mod_revision;
     let mut batch = WriteBatch::fenced(fence.clone());
     batch.put(b"\x01k".to_vec(), b"owned".to_vec());
     store.commit(batch).await.expect("the fence holds");
@@ -298,15 +304,7 @@ async fn a_commit_sent_again_lands_once_and_never_over_a_later_commit() {
     // once more after the next commit has landed, as a retry may at worst.
     options.resend_commits = true;
     let store = open(&options);
-    let claimed = store
-        .put_if_absent(b"owners/t1", b"replica-a".to_vec(), None)
-        .await
-        .expect("claim")
-        .expect("the key was free");
-    let fence = Fence {
-        key: b"owners/t1".to_vec(),
-        mod_revision: claimed,
-    };
+    let fence = claim_t1(&store).await;
     let mut seed = WriteBatch::new();
     seed.put(b"\x01gone".to_vec(), b"here".to_vec());
     store.commit(seed).await.expect("commit");
