@@ -748,8 +748,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     }
 
     /// Examines what `id`'s fate depends on upstream: the items it relies
-    /// on now (its applied dependencies) and will rely on (its intended
-    /// ones), where they are not converged. A deletion planned anywhere
+    /// on now (the dependencies of every value it may hold, and of the one
+    /// an operation applies) and will rely on (its intended ones), where
+    /// they are not converged. A deletion planned anywhere
     /// upstream then reaches `id` whatever the pass was seeded with (A on B
     /// on C, C removed: a pass seeded with A alone must still see that B
     /// goes with C). Converged items end the walk (see
@@ -768,6 +769,23 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                     continue;
                 }
                 self.visit_if_unconverged(required);
+            }
+        }
+        // The values lost operations may have applied, and the one an
+        // operation applies, rely on their dependencies too (they are
+        // edges of the current graph): a deletion upstream of one of them
+        // reaches `id` whatever the pass was seeded with, as in a full
+        // plan.
+        if let Some(current) = self.current_of(id) {
+            let applying = current
+                .in_flight
+                .iter()
+                .filter_map(|operation| operation.deciding().target.as_ref());
+            for value in current.rare.maybe_applied.iter().chain(applying) {
+                for dependency in &value.dependencies {
+                    let required = self.id(&dependency.requires);
+                    self.visit_if_unconverged(required);
+                }
             }
         }
         // An absent item loses nothing upstream, and to its Create a

@@ -1743,3 +1743,63 @@ fn operation_labels(plan: &Plan) -> Vec<String> {
         .map(|o| format!("{} {}", o.kind.as_str(), o.item))
         .collect()
 }
+
+#[test]
+fn a_pass_seeded_elsewhere_sees_the_removal_of_an_item_a_value_a_dependent_may_hold_relies_on() {
+    // b holds v 1 on c (its intent) and may hold v 2 on a and c, which a
+    // lost Modify may have applied (`maybe_applied`). a leaves the intent:
+    // b is retargeted off a (c is satisfied), so b is modified and a's
+    // Delete waits for it (rule 7). b's Modify waits for room. Then c's
+    // intent changes: c is no longer satisfied now, so b can no longer be
+    // retargeted and goes with a (a full plan deletes it). The pass on
+    // c's change, seeded with c alone, examines b (a current dependent of
+    // c) but never a: the upstream walk follows only b's applied and
+    // intended dependencies, not those of the values b may hold.
+    let b = || item("t/b", json!({"v": 1})).depends_on(on("t/c"));
+    let mut world = World::converged(vec![
+        item("t/a", json!({})),
+        item("t/c", json!({"v": 1})),
+        b(),
+    ]);
+    let maybe = item("t/b", json!({"v": 2}))
+        .depends_on(on("t/a"))
+        .depends_on(on("t/c"));
+    let mut entry = (**world.current.get(&parse_ref("t/b")).expect("b")).clone();
+    entry
+        .rare
+        .update(|rare| rare.maybe_applied = vec![std::sync::Arc::new(maybe)]);
+    world.current.insert(parse_ref("t/b"), entry);
+    world.dirty.insert(parse_ref("t/b"));
+    world.intend(vec![item("t/c", json!({"v": 1})), b()]);
+    let first = world.plan();
+    assert_eq!(operation_labels(&first), ["modify t/b"], "{first:?}");
+    world.absorb(&first);
+    let mut unconverged = first.unconverged.clone();
+    assert!(unconverged.contains(&parse_ref("t/a")), "{unconverged:?}");
+
+    world.intend(vec![item("t/c", json!({"v": 2})), b()]);
+    unconverged.insert(parse_ref("t/c"));
+    let full = world.plan_seeded(&["t/a", "t/b", "t/c"], &unconverged);
+    assert!(
+        operation_labels(&full).contains(&"delete t/b".to_owned()),
+        "a full plan deletes b with a: {:?}",
+        operation_labels(&full)
+    );
+    // Seeded with c (its intent change), or with b too (its Modify taken
+    // from the room queue): neither pass looks at a.
+    let differing: Vec<(&[&str], Vec<String>)> = [&["t/c"][..], &["t/b", "t/c"][..]]
+        .into_iter()
+        .map(|seeds| {
+            (
+                seeds,
+                operation_labels(&world.plan_seeded(seeds, &unconverged)),
+            )
+        })
+        .filter(|(_, labels)| *labels != operation_labels(&full))
+        .collect();
+    assert!(
+        differing.is_empty(),
+        "seeded passes plan otherwise than a full plan {:?}: {differing:?}",
+        operation_labels(&full)
+    );
+}
