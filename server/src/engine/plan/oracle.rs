@@ -326,13 +326,15 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         universe.extend(current.iter().map(|(k, _)| k.clone()));
         let mut current_dependents: BTreeMap<ItemRef, BTreeSet<ItemRef>> = BTreeMap::new();
         for (key, entry) in current.iter() {
-            let applied = entry.applied.iter().flat_map(|a| a.dependencies.iter());
+            // Every value the item may hold, and the one an operation (or
+            // the lost operation a READ resolves) applies.
+            let held = entry.values().flat_map(|a| a.dependencies.iter());
             let target = entry
                 .in_flight
                 .iter()
-                .filter_map(|op| op.target.as_ref())
+                .filter_map(|op| op.deciding().target.as_ref())
                 .flat_map(|t| t.dependencies.iter());
-            for dependency in applied.chain(target) {
+            for dependency in held.chain(target) {
                 current_dependents
                     .entry(dependency.requires.clone())
                     .or_default()
@@ -854,15 +856,15 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
     /// Whether `item`'s applied value depends on an item whose outcome is
     /// unknown (DESIGN 4: that blocks every operation on `item`).
     fn relies_on_an_unknown_item(&self, item: &ItemRef) -> bool {
-        self.current_of(item)
-            .and_then(|c| c.applied.as_ref())
-            .is_some_and(|applied| {
-                applied.required_items().any(|required| {
+        self.current_of(item).is_some_and(|current| {
+            current.values().any(|held| {
+                held.required_items().any(|required| {
                     self.current
                         .get(required)
                         .is_some_and(|c| c.state == crate::graph::ItemState::Unknown)
                 })
             })
+        })
     }
 
     /// The Create or Modify of `item`, if one is needed.
@@ -969,6 +971,17 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
             if self.relies_on_an_unknown_item(item) {
                 blocked = true;
             }
+        }
+        // DESIGN 4 again: an item created again while it may still exist
+        // (a lost Create given up) is a dependent of what the values it
+        // may hold rely on, unless it is being recreated (its Delete runs
+        // first).
+        if kind == OperationKind::Create
+            && !recreating
+            && self.current_of(item).is_some_and(|c| c.may_exist())
+            && self.relies_on_an_unknown_item(item)
+        {
+            blocked = true;
         }
         if kind == OperationKind::Create {
             // Rule 8: a Delete of the same type in flight holds Creates.
