@@ -419,7 +419,7 @@ impl CurrentGraph {
             // Most updates change an item's state, not its edges (an
             // operation completing turns its target into the applied
             // value): the index stays as it is.
-            Some(previous) if current_edges(previous).eq(current_edges(&entry)) => {}
+            Some(previous) if previous.edges().eq(entry.edges()) => {}
             Some(previous) => {
                 self.unlink(&key, previous);
                 self.link(&key, &entry);
@@ -461,7 +461,7 @@ impl CurrentGraph {
     /// edges is interned (most items of most tenants have none, and an
     /// interned identity costs about 150 B).
     fn link(&mut self, key: &ItemRef, entry: &CurrentItem) {
-        let mut required = current_edges(entry).peekable();
+        let mut required = entry.edges().peekable();
         if required.peek().is_none() {
             return;
         }
@@ -494,7 +494,7 @@ impl CurrentGraph {
 
     /// Forgets the edges [`Self::link`] recorded for `entry`, the item `key`.
     fn unlink(&mut self, key: &ItemRef, entry: &CurrentItem) {
-        let mut required = current_edges(entry).peekable();
+        let mut required = entry.edges().peekable();
         if required.peek().is_none() {
             return;
         }
@@ -532,25 +532,6 @@ impl CurrentGraph {
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
-}
-
-/// The edges of a current item: its applied dependencies plus those of the
-/// value an in-flight operation applies, or, while a READ resolves a lost
-/// operation, the value that lost operation may have applied (duplicates
-/// are harmless).
-fn current_edges(entry: &CurrentItem) -> impl Iterator<Item = &ItemRef> {
-    let applied = entry.applied.iter().flat_map(|item| item.required_items());
-    let target = entry
-        .in_flight
-        .iter()
-        .filter_map(|operation| operation.deciding().target.as_ref())
-        .flat_map(|item| item.required_items());
-    let maybe_applied = entry
-        .rare
-        .maybe_applied
-        .iter()
-        .flat_map(|item| item.required_items());
-    applied.chain(target).chain(maybe_applied)
 }
 
 /// Whether subgraph `path` (a `/`-separated path, `""` = root) contains the
@@ -713,7 +694,7 @@ mod tests {
                     listed.sort();
                     let mut expected: Vec<String> = graph
                         .iter()
-                        .filter(|(_, entry)| current_edges(entry).any(|target| *target == key))
+                        .filter(|(_, entry)| entry.edges().any(|target| *target == key))
                         .map(|(dependent, _)| dependent.name().to_string())
                         .collect();
                     expected.dedup();

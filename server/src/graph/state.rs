@@ -524,6 +524,34 @@ impl CurrentItem {
         self.with_rare(|rare| rare.maybe_applied.push(value))
     }
 
+    /// The item's edges in the current graph: what its applied value
+    /// relies on, then [`CurrentItem::edges_beyond_applied`] (duplicates
+    /// are harmless).
+    pub fn edges(&self) -> impl Iterator<Item = &ItemRef> {
+        self.applied
+            .iter()
+            .flat_map(|item| item.required_items())
+            .chain(self.edges_beyond_applied())
+    }
+
+    /// What the other values the item may become rely on: the value its
+    /// operation applies (or, while a READ resolves a lost operation, the
+    /// value that one applies) and the values lost operations may have
+    /// applied ([`RareFields::maybe_applied`]).
+    pub fn edges_beyond_applied(&self) -> impl Iterator<Item = &ItemRef> {
+        let target = self
+            .in_flight
+            .iter()
+            .filter_map(|operation| operation.deciding().target.as_ref())
+            .flat_map(|item| item.required_items());
+        let maybe_applied = self
+            .rare
+            .maybe_applied
+            .iter()
+            .flat_map(|item| item.required_items());
+        target.chain(maybe_applied)
+    }
+
     /// Every value the item may hold: its applied value, then the others
     /// it may hold ([`RareFields::maybe_applied`]).
     pub fn values(&self) -> impl Iterator<Item = &Arc<Item>> {

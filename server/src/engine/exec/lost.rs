@@ -363,13 +363,11 @@ fn waits_for_a_dependency(current: &CurrentGraph, item: &ItemRef, entry: &Curren
     // a lost Delete sent again while a value an earlier lost Create may
     // have applied relied on an UNKNOWN item).
     let unknown = entry
-        .values()
-        .map(|value| &**value)
-        .chain(target)
-        .flat_map(others)
+        .edges()
+        .filter(|required| *required != item)
         .any(|required| {
             current
-                .get(&required)
+                .get(required)
                 .is_some_and(|r| r.state == ItemState::Unknown)
         });
     let lost_kind = operation

@@ -328,15 +328,9 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         for (key, entry) in current.iter() {
             // Every value the item may hold, and the one an operation (or
             // the lost operation a READ resolves) applies.
-            let held = entry.values().flat_map(|a| a.dependencies.iter());
-            let target = entry
-                .in_flight
-                .iter()
-                .filter_map(|op| op.deciding().target.as_ref())
-                .flat_map(|t| t.dependencies.iter());
-            for dependency in held.chain(target) {
+            for required in entry.edges() {
                 current_dependents
-                    .entry(dependency.requires.clone())
+                    .entry(required.clone())
                     .or_default()
                     .insert(key.clone());
             }

@@ -777,15 +777,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         // reaches `id` whatever the pass was seeded with, as in a full
         // plan.
         if let Some(current) = self.current_of(id) {
-            let applying = current
-                .in_flight
-                .iter()
-                .filter_map(|operation| operation.deciding().target.as_ref());
-            for value in current.rare.maybe_applied.iter().chain(applying) {
-                for dependency in &value.dependencies {
-                    let required = self.id(&dependency.requires);
-                    self.visit_if_unconverged(required);
-                }
+            for required in current.edges_beyond_applied() {
+                let required = self.id(required);
+                self.visit_if_unconverged(required);
             }
         }
         // An absent item loses nothing upstream, and to its Create a

@@ -253,12 +253,16 @@ fn retargeting_a_dependency_modifies_the_dependent_before_deleting_the_old_one()
     assert_eq!(state_of(&world, "t/a"), None);
 }
 
+/// `t/app` relying on `target`.
+fn app_on(target: &str) -> Item {
+    item("t/app", json!({})).depends_on(on(target))
+}
+
 #[test]
 fn a_retargeting_plan_holds_the_modify_alone_and_the_old_dependency_waits_for_it() {
     // The dispatch rounds of `Case` re-plan before every operation, which
     // would hide a plan that also deletes the retargeted item: look at the
     // plan itself.
-    let app_on = |target: &str| item("t/app", json!({})).depends_on(on(target));
     let mut world = World::converged(vec![
         app_on("t/old"),
         item("t/old", json!({})),
@@ -292,7 +296,6 @@ fn a_periodic_read_of_the_new_dependency_does_not_make_a_retargeting_plan_delete
     // until it reports, so app waits for it and is then modified, as
     // without it; app was deleted (and would have been created again) for
     // the READ's sake.
-    let app_on = |target: &str| item("t/app", json!({})).depends_on(on(target));
     let mut world = World::converged(vec![
         app_on("t/old"),
         item("t/old", json!({})),

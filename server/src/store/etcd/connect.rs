@@ -208,9 +208,13 @@ impl Shared {
     /// Takes note of the revision an answer from etcd carried.
     pub(crate) fn saw(&self, header: Option<&etcd_client::ResponseHeader>) {
         if let Some(header) = header {
-            self.seen_revision
-                .fetch_max(header.revision(), Ordering::AcqRel);
+            self.saw_revision(header.revision());
         }
+    }
+
+    /// Takes note that etcd has reached `revision`.
+    pub(crate) fn saw_revision(&self, revision: i64) {
+        self.seen_revision.fetch_max(revision, Ordering::AcqRel);
     }
 }
 

@@ -391,9 +391,7 @@ fn group_txn(shared: &Shared, group: &Group, written_below: i64) -> Txn {
 async fn commit_group(shared: &Shared, mut group: Group, late: Option<&LateAttempt>) {
     loop {
         if group.merged.is_empty() && group.fences.is_empty() {
-            for member in group.members {
-                member.reply.send(Ok(()));
-            }
+            succeed_all(group);
             return;
         }
         if let Some(fence) = group
@@ -437,68 +435,102 @@ async fn commit_group(shared: &Shared, mut group: Group, late: Option<&LateAttem
                     let _ = shared.kv.clone().txn(earlier).await;
                 }
             }
-            for member in group.members {
-                member.reply.send(Ok(()));
-            }
+            succeed_all(group);
             return;
         }
-        let mut reads = response.op_responses().into_iter().map(|op| match op {
-            TxnOpResponse::Get(get) => get
-                .kvs()
-                .first()
-                .map(|kv| (kv.mod_revision(), kv.value().to_vec())),
-            _ => None,
-        });
-        let broken: Vec<(Fence, i64)> = group
-            .fences
-            .iter()
-            .zip(reads.by_ref())
-            .map(|(fence, now)| (fence, now.map_or(0, |(revision, _)| revision)))
-            .filter(|(fence, now)| fence.mod_revision != *now)
-            .map(|(fence, now)| (fence.clone(), now))
-            .collect();
-        if broken.is_empty() {
-            let keys: Vec<Option<(i64, Vec<u8>)>> = reads.collect();
-            let landed =
-                group.merged.iter().zip(&keys).all(|((_, value), now)| {
-                    now.as_ref().map(|(_, value)| value) == value.as_ref()
-                });
-            if landed {
+        match why_refused(&group, &response) {
+            Refused::Landed => {
                 info!("A commit sent again had already landed: it is not applied twice.");
-                for member in group.members {
-                    member.reply.send(Ok(()));
-                }
+                succeed_all(group);
                 return;
             }
-            // The next attempt overwrites what it read, and only that.
-            let latest = keys.iter().flatten().map(|(revision, _)| *revision).max();
-            shared
-                .seen_revision
-                .fetch_max(latest.unwrap_or(0), Ordering::AcqRel);
-            warn!(
-                written_below,
-                "A key of a commit was written after this store last read it (a staged commit \
-                 a reader rolled in, or a writer outside this store); committing over it."
-            );
-            continue;
+            Refused::Overtaken { latest } => {
+                // The next attempt overwrites what it read, and only that.
+                shared.saw_revision(latest);
+                warn!(
+                    written_below,
+                    "A key of a commit was written after this store last read it (a staged \
+                     commit a reader rolled in, or a writer outside this store); committing \
+                     over it."
+                );
+            }
+            Refused::Fences(broken) => group = without_fenced(group, &broken),
         }
-        let mut rest = Group::default();
-        for member in group.members {
-            let refused = member
-                .fence
-                .as_ref()
-                .and_then(|fence| broken.iter().find(|(f, _)| f == fence));
-            match refused {
-                Some((fence, now)) => member.reply.send(Err(fenced(fence, *now))),
-                None => {
-                    // The members fitted together before, so fewer fit too.
-                    if let Err(member) = rest.try_add(member, usize::MAX, usize::MAX) {
-                        member.reply.send(Err(StoreError::Closed));
-                    }
+    }
+}
+
+/// Why a group's transaction was refused, from what it read back.
+enum Refused {
+    /// These fences no longer hold (with each key's revision now).
+    Fences(Vec<(Fence, i64)>),
+    /// Every key holds what the group writes: an earlier attempt landed.
+    Landed,
+    /// A key was written since the store last read it; `latest` is the
+    /// highest revision read back.
+    Overtaken { latest: i64 },
+}
+
+/// Reads the refused branch of `group`'s transaction: its fences, then
+/// its keys, in [`group_txn`]'s order.
+fn why_refused(group: &Group, response: &etcd_client::TxnResponse) -> Refused {
+    let mut reads = response.op_responses().into_iter().map(|op| match op {
+        TxnOpResponse::Get(get) => get
+            .kvs()
+            .first()
+            .map(|kv| (kv.mod_revision(), kv.value().to_vec())),
+        _ => None,
+    });
+    let broken: Vec<(Fence, i64)> = group
+        .fences
+        .iter()
+        .zip(reads.by_ref())
+        .map(|(fence, now)| (fence, now.map_or(0, |(revision, _)| revision)))
+        .filter(|(fence, now)| fence.mod_revision != *now)
+        .map(|(fence, now)| (fence.clone(), now))
+        .collect();
+    if !broken.is_empty() {
+        return Refused::Fences(broken);
+    }
+    let keys: Vec<Option<(i64, Vec<u8>)>> = reads.collect();
+    let landed = group
+        .merged
+        .iter()
+        .zip(&keys)
+        .all(|((_, value), now)| now.as_ref().map(|(_, value)| value) == value.as_ref());
+    if landed {
+        return Refused::Landed;
+    }
+    let latest = keys.iter().flatten().map(|(revision, _)| *revision).max();
+    Refused::Overtaken {
+        latest: latest.unwrap_or(0),
+    }
+}
+
+/// `group` without the commits whose fence is `broken` (each fails with
+/// [`StoreError::Fenced`]).
+fn without_fenced(group: Group, broken: &[(Fence, i64)]) -> Group {
+    let mut rest = Group::default();
+    for member in group.members {
+        let refused = member
+            .fence
+            .as_ref()
+            .and_then(|fence| broken.iter().find(|(f, _)| f == fence));
+        match refused {
+            Some((fence, now)) => member.reply.send(Err(fenced(fence, *now))),
+            None => {
+                // The members fitted together before, so fewer fit too.
+                if let Err(member) = rest.try_add(member, usize::MAX, usize::MAX) {
+                    member.reply.send(Err(StoreError::Closed));
                 }
             }
         }
-        group = rest;
+    }
+    rest
+}
+
+fn succeed_all(group: Group) {
+    for member in group.members {
+        member.reply.send(Ok(()));
     }
 }
 
