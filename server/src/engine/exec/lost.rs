@@ -630,6 +630,54 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_modify_waits_for_a_dependent_s_delete_but_not_for_an_unknown_dependent() {
+        // Rule 8: a Modify waits for the operations running on its
+        // dependents (seed 12078: sent again beside a dependent's Delete).
+        // But an UNKNOWN dependent's lost operation waits for this item in
+        // turn (it relies on it): waiting for it too wedged both for good
+        // (seed 54).
+        let target = Item::new(
+            "t",
+            "a",
+            [("v".to_string(), 2.into())].into_iter().collect(),
+        );
+        let operation = InFlight {
+            target: Some(Shared::new(target)),
+            ..InFlight::new(OperationKind::Modify, "op".into(), 1, 2, 0, 10_000)
+        };
+        let entry = CurrentItem {
+            state: ItemState::Unknown,
+            in_flight: Some(Box::new(operation.clone())),
+            ..created("a")
+        };
+        let dependent = |state| {
+            let value = Item::new("t", "d", Default::default()).depends_on(on("a"));
+            let delete = InFlight::new(OperationKind::Delete, "op-d".into(), 1, 1, 0, 10_000);
+            CurrentItem {
+                state,
+                in_flight: Some(Box::new(delete)),
+                ..CurrentItem::created(Shared::new(value), 1)
+            }
+        };
+        let deleting = graph_with(vec![
+            ("a", entry.clone()),
+            ("d", dependent(ItemState::Deleting)),
+        ]);
+        assert_eq!(
+            decide(&deleting, &entry, &operation, Some(false)),
+            Redelivery::Defer
+        );
+        let unknown = graph_with(vec![
+            ("a", entry.clone()),
+            ("d", dependent(ItemState::Unknown)),
+        ]);
+        assert!(matches!(
+            decide(&unknown, &entry, &operation, Some(false)),
+            Redelivery::Resend { .. }
+        ));
+    }
+
+    #[test]
     fn a_read_resolves_the_item_while_a_dependency_is_unknown() {
         let (operation, entry, graph) = lost_create_on_unknown_b();
         let decision = decide_knowing(&graph, &entry, &operation, Some(false), true, false);
