@@ -584,6 +584,47 @@ mod tests {
         assert_eq!(value.state, ItemState::Creating);
     }
 
+    #[test]
+    fn a_lost_create_on_a_predicate_that_cannot_be_evaluated_is_not_sent_again() {
+        // A predicate that does not evaluate is not satisfied (DESIGN 3):
+        // the dependency no longer holds, as if it were false.
+        let target = Item::new("t", "a", Default::default())
+            .depends_on(on("b").with_must_satisfy("self.missing == 1"));
+        let (operation, entry) = lost_create(target);
+        let graph = graph_with(vec![("b", created("b"))]);
+        let decision = decide(&graph, &entry, &operation, Some(false));
+        assert!(
+            matches!(
+                &decision,
+                Redelivery::GiveUp {
+                    why: GiveUpReason::BrokenDependency(required),
+                    ..
+                } if *required == ItemRef::new("t", "b")
+            ),
+            "{decision:?}"
+        );
+    }
+
+    #[test]
+    fn a_lost_delete_sent_again_to_an_agent_that_does_not_hold_it_may_have_deleted_its_item() {
+        // The agent restarted and forgot: the Delete may have applied before
+        // its outcome was lost, so until an attempt reports, the item may
+        // already be gone (DESIGN 4).
+        let operation = InFlight::new(OperationKind::Delete, "op".into(), 1, 1, 0, 10_000);
+        let entry = CurrentItem {
+            state: ItemState::Unknown,
+            in_flight: Some(Box::new(operation.clone())),
+            ..created("a")
+        };
+        let Redelivery::Resend { value, .. } =
+            decide(&CurrentGraph::default(), &entry, &operation, Some(false))
+        else {
+            panic!("sent again");
+        };
+        assert!(value.existence_uncertain);
+        assert_eq!(value.state, ItemState::Deleting);
+    }
+
     /// `a`'s lost Create on `b`, and a graph where `b` is UNKNOWN.
     fn lost_create_on_unknown_b() -> (InFlight, CurrentItem, CurrentGraph) {
         let (operation, entry) =
