@@ -1313,3 +1313,14 @@ fn seed_10970_with_drift_and_agent_restarts_a_wait_lost_with_the_store_leaves_th
  {
     passes_with_drift(10970, sim::AgentFaults::ProcessesRestart);
 }
+
+/// The checker's mistake, not the server's: an external item vanished
+/// while the agent of its dependents' type was down for good. The
+/// dependents, still CREATED at their intended values, must be deleted
+/// (rule 9), and wait for that agent; the server rightly said Ready=false.
+/// The checker's convergence (with an agent down) did not ask that an
+/// intended item's dependencies hold.
+#[test]
+fn seed_84709_with_agent_restarts_dependents_of_a_vanished_external_item_are_not_converged() {
+    passes_with_agent_restarts(84709);
+}

@@ -2848,10 +2848,14 @@ pub fn check_converged(
     // Conditions of a quiet tenant. With an agent down for good, its items
     // are exempt from the checks above, but Ready still says whether the
     // tenant as a whole converged: from the snapshot, every intended item
-    // CREATED at its intended value and owing no recreate (rule 4: a
-    // `recreate_when_modified` dependency modified since it was created;
-    // seed 11609, where the recreate waits for a dependent's Delete on the
-    // agent that is down), nothing else left, nothing in flight.
+    // CREATED at its intended value, its dependencies holding (each one
+    // CREATED, or an external item reported, its predicate true: seed
+    // 84709, where an external item vanished and its dependents, of the
+    // type whose agent is down, wait for their Deletes), and owing no
+    // recreate (rule 4: a `recreate_when_modified` dependency modified
+    // since it was created; seed 11609, where the recreate waits for a
+    // dependent's Delete on the agent that is down), nothing else left,
+    // nothing in flight.
     let all_converged = if down_types.is_empty() {
         expected.values().all(|must| *must) && held.is_empty()
     } else {
@@ -2862,7 +2866,19 @@ pub fn check_converged(
                         .as_ref()
                         .is_some_and(|applied| applied.same_content(intended))
             });
-            intended.external || (created && owed_recreate(world, key).is_none())
+            let dependencies_hold = intended.dependencies.iter().all(|dependency| {
+                snapshot
+                    .current
+                    .get(&dependency.requires)
+                    .is_some_and(|required| {
+                        required.state == ItemState::Created
+                            && required.applied.as_ref().is_some_and(|applied| {
+                                holds(dependency.must_satisfy(), &applied.properties)
+                            })
+                    })
+            });
+            intended.external
+                || (created && dependencies_hold && owed_recreate(world, key).is_none())
         });
         let nothing_else = snapshot.current.iter().all(|(key, c)| {
             c.in_flight.is_none()
