@@ -894,6 +894,7 @@ const CALM_ROUNDS: usize = 60;
 /// not come.
 fn check_settles(world: &mut World, rng: &mut StdRng) -> Result<(), String> {
     world.environment.disconnected.clear();
+    let mut waiting = Vec::new();
     for _ in 0..CALM_ROUNDS {
         world.environment.now_ms += 3_600_000;
         let unknown: Vec<ItemRef> = items_where(world, |entry| entry.state == ItemState::Unknown);
@@ -928,9 +929,10 @@ fn check_settles(world: &mut World, rng: &mut StdRng) -> Result<(), String> {
             let operation = &plan.operations[index];
             world.dispatch(&operation.item, operation.kind, operation.target_generation);
         }
+        waiting = plan.waiting;
     }
     Err(format!(
-        "not settled after {CALM_ROUNDS} calm rounds; busy: {:?}\n{}",
+        "not settled after {CALM_ROUNDS} calm rounds; busy: {:?}\n{}waiting: {waiting:#?}",
         items_where(world, CurrentItem::is_busy),
         describe(world)
     ))
