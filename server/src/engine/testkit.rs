@@ -6,8 +6,8 @@ use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use super::plan::{Plan, PlanEnvironment, TypeRules, plan_everything, plan_operations};
 use super::transition::{Completion, apply_bookkeeping, begin_operation, complete_operation};
 use crate::graph::{
-    CurrentGraph, Dependency, InFlight, IntendedGraph, IntendedItem, Item, ItemRef, OperationError,
-    OperationKind, Properties,
+    CurrentGraph, CurrentItem, Dependency, InFlight, IntendedGraph, IntendedItem, Item, ItemRef,
+    OperationError, OperationKind, Properties,
 };
 
 /// Builds an item `type/name` from "type/name" with properties.
@@ -445,6 +445,17 @@ impl World {
     }
 
     /// Ordering invariants checked at every dispatch (property (b)).
+    /// A dependent of `item` that may exist or is busy: a Delete of `item`
+    /// waits for it (DESIGN 3).
+    pub fn dependent_in_the_way(&self, item: &ItemRef) -> Option<(&ItemRef, &CurrentItem)> {
+        self.current.dependents_of(item).find_map(|dependent| {
+            self.current
+                .get(dependent)
+                .filter(|d| d.may_exist() || d.is_busy())
+                .map(|d| (dependent, &**d))
+        })
+    }
+
     fn check_invariants_before(&self, item: &ItemRef, kind: OperationKind) {
         match kind {
             OperationKind::Create | OperationKind::Modify => {
@@ -475,10 +486,8 @@ impl World {
                 }
             }
             OperationKind::Delete => {
-                for dependent in self.current.dependents_of(item) {
-                    let state = self.current.get(dependent);
-                    assert!(
-                        !state.is_some_and(|d| d.may_exist() || d.is_busy()),
+                if let Some((dependent, state)) = self.dependent_in_the_way(item) {
+                    panic!(
                         "delete {item} dispatched while its dependent {dependent} exists: {state:?}"
                     );
                 }

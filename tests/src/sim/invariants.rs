@@ -2849,7 +2849,8 @@ pub fn check_converged(
     // are exempt from the checks above, but Ready still says whether the
     // tenant as a whole converged: from the snapshot, every intended item
     // CREATED at its intended value, its dependencies holding (each one
-    // CREATED, or an external item reported, its predicate true: seed
+    // CREATED, or an external item reported, its predicate true on what
+    // it shows, as `unconverged_reason` asks of every snapshot: seed
     // 84709, where an external item vanished and its dependents, of the
     // type whose agent is down, wait for their Deletes), and owing no
     // recreate (rule 4: a `recreate_when_modified` dependency modified
@@ -2872,9 +2873,7 @@ pub fn check_converged(
                     .get(&dependency.requires)
                     .is_some_and(|required| {
                         required.state == ItemState::Created
-                            && required.applied.as_ref().is_some_and(|applied| {
-                                holds(dependency.must_satisfy(), &applied.properties)
-                            })
+                            && holds(dependency.must_satisfy(), &required.effective_properties())
                     })
             });
             intended.external

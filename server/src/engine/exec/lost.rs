@@ -32,8 +32,8 @@ use crate::engine::transition::{
 };
 use crate::graph::predicate::Predicate;
 use crate::graph::{
-    CurrentGraph, CurrentItem, Dependency, InFlight, ItemRef, ItemState, OperationError,
-    OperationKind, code,
+    CurrentGraph, CurrentItem, Dependency, InFlight, IntendedGraph, ItemRef, ItemState,
+    OperationError, OperationKind, code,
 };
 
 /// Re-deliveries of a lost operation that do not count as failed attempts
@@ -339,6 +339,59 @@ fn created_or_as_before(current: &CurrentGraph, entry: &CurrentItem) -> Option<C
             created.may_also_hold(Some(before.clone()))
         })
     })
+}
+
+/// Whether `operation`, a lost operation of `item`, is a Create or Modify
+/// whose target is no longer `item`'s intended value (the item left the
+/// intent, or its intended content is another): DESIGN 4 re-issues a
+/// journaled operation only while its target is intended. (A target
+/// intended again after a change, with the same content, is still
+/// intended.) So is one whose target relies on an item that left the
+/// intent: that item is planned for deletion, which DESIGN 2 makes an
+/// unsatisfied dependency (seed 291807: a lost Create was sent again after
+/// the item it relies on left the intent); the planner decides what the
+/// item needs instead.
+pub fn superseded(
+    intended: &IntendedGraph,
+    current: &CurrentGraph,
+    item: &ItemRef,
+    operation: &InFlight,
+) -> bool {
+    let Some(target) = operation.target.as_deref() else {
+        return false;
+    };
+    if operation.question
+        || !matches!(
+            operation.kind,
+            OperationKind::Create | OperationKind::Modify
+        )
+    {
+        return false;
+    }
+    let leaving = |required: &ItemRef| {
+        intended.get(required).is_none()
+            && current
+                .get(required)
+                .is_some_and(|c| c.applied.as_ref().is_none_or(|a| !a.external))
+    };
+    intended
+        .get(item)
+        .is_none_or(|entry| !entry.item.same_content(target))
+        || target
+            .dependencies
+            .iter()
+            .any(|dependency| leaving(&dependency.requires))
+}
+
+/// Whether a Delete (not a question) runs on `entry`, sent and its outcome
+/// not lost: a lost Create of its type sent again afresh waits for it
+/// (DESIGN 3, rule 8).
+pub fn runs_a_delete(entry: &CurrentItem) -> bool {
+    entry.state != ItemState::Unknown
+        && entry
+            .in_flight
+            .as_deref()
+            .is_some_and(|operation| operation.kind == OperationKind::Delete && !operation.question)
 }
 
 /// Whether the re-delivery of `item`'s lost operation must wait for a

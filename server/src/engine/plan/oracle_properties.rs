@@ -72,7 +72,7 @@ use serde_json::json;
 
 use super::oracle::{Decision, Needs, OperationId, OraclePlan, OwnNeed, oracle_plan};
 use super::{BlockedBy, Plan, TypeRules, WaitReason, WaitingItem, plan_everything};
-use crate::engine::exec::lost::{Redelivery, redelivery};
+use crate::engine::exec::lost::{Redelivery, redelivery, runs_a_delete, superseded};
 use crate::engine::testkit::{World, external, item, on, parse_ref};
 use crate::engine::transition::Completion;
 use crate::graph::{
@@ -342,9 +342,9 @@ const EVERYDAY: Profile = Profile {
 /// operation and decide it, so values an item may hold and items whose
 /// existence is uncertain meet intent changes and UNKNOWN neighbours
 /// often (the shape of simulator seeds 3400 and 10544). Measured against
-/// planner and re-delivery mutants that undo those fixes (see
-/// docs/testing.md): everyday worlds catch none in 15,000 cases, these
-/// catch each within a few thousand.
+/// planner and re-delivery mutants that undo those fixes: these catch each
+/// within a few thousand cases, everyday worlds hardly ever
+/// (docs/testing.md, "Ninth round").
 const UNCERTAIN: Profile = Profile {
     intents: 8,
     steps_per_intent: 6,
@@ -609,27 +609,7 @@ fn decide_lost(world: &mut World, key: &ItemRef, agent_holds: Option<bool>) -> b
     let key = key.clone();
     let entry = world.current.get(&key).expect("an UNKNOWN item").clone();
     let operation = entry.in_flight.as_deref().expect("listed").clone();
-    // As the executor judges it: the target is no longer the intent, or
-    // relies on an item leaving it (seed 291807).
-    let leaving = |required: &ItemRef| {
-        world.intended.get(required).is_none()
-            && world
-                .current
-                .get(required)
-                .is_some_and(|c| c.applied.as_ref().is_none_or(|a| !a.external))
-    };
-    let superseded = matches!(operation.kind, Create | Modify)
-        && !operation.question
-        && operation.target.as_deref().is_some_and(|target| {
-            world
-                .intended
-                .get(&key)
-                .is_none_or(|intended| !intended.item.same_content(target))
-                || target
-                    .dependencies
-                    .iter()
-                    .any(|dependency| leaving(&dependency.requires))
-        });
+    let superseded = superseded(&world.intended, &world.current, &key, &operation);
     let delete_of_its_type_runs = delete_of_type_runs(world, &key);
     let now_ms = world.environment.now_ms;
     let decided = redelivery(
@@ -665,19 +645,13 @@ fn decide_lost(world: &mut World, key: &ItemRef, agent_holds: Option<bool>) -> b
     true
 }
 
-/// Whether a Delete (not a question) runs on another item of `key`'s
-/// type, as the executor counts them for a re-delivery: sent, its outcome
-/// not lost. (The planner holds a new Create behind a lost Delete of its
-/// type as well; see docs/testing.md, "Ninth round".)
+/// Whether a Delete runs on another item of `key`'s type, as the executor
+/// counts them for a re-delivery ([`runs_a_delete`]). (The planner holds a
+/// new Create behind a lost Delete of its type as well; see
+/// docs/testing.md, "Ninth round".)
 fn delete_of_type_runs(world: &World, key: &ItemRef) -> bool {
     world.current.iter().any(|(other, entry)| {
-        other != key
-            && other.item_type() == key.item_type()
-            && entry.state != ItemState::Unknown
-            && entry
-                .in_flight
-                .as_ref()
-                .is_some_and(|operation| operation.kind == Delete && !operation.question)
+        other != key && other.item_type() == key.item_type() && runs_a_delete(entry)
     })
 }
 
@@ -731,10 +705,8 @@ fn check_resend(world: &World, key: &ItemRef, entry: &CurrentItem, operation: &I
             }
         }
         Delete => {
-            for dependent in world.current.dependents_of(key).filter(|d| *d != key) {
-                let state = world.current.get(dependent);
-                assert!(
-                    !state.is_some_and(|d| d.may_exist() || d.is_busy()),
+            if let Some((dependent, state)) = world.dependent_in_the_way(key) {
+                panic!(
                     "lost delete {key} sent again while its dependent {dependent} may exist: \
                      {state:?}\n{}",
                     describe(world)

@@ -10,7 +10,9 @@ use tracing::{debug, info};
 use super::pass::Dispatch;
 use super::{Executor, Holder, Now, Scope, lost_outcome, to_session};
 use crate::engine::exec::effects::{Effects, Finished, OperationOutcome, TenantEvent};
-use crate::engine::exec::lost::{GiveUpReason, Redelivery, redelivery, redelivery_waits};
+use crate::engine::exec::lost::{
+    GiveUpReason, Redelivery, redelivery, redelivery_waits, runs_a_delete, superseded,
+};
 use crate::engine::exec::port::{AgentOutcome, ExternalChange, Grant, Registration, ToAgent};
 use crate::engine::exec::registry::StoredSpec;
 use crate::engine::transition::{
@@ -761,7 +763,8 @@ impl Executor {
                 .sessions
                 .get(&**item.item_type())
                 .and_then(|holder| holder.outstanding.holds(&operation.op_id));
-            let superseded = self.superseded(&item, &operation);
+            let superseded =
+                superseded(&self.model.intended, &self.model.current, &item, &operation);
             let spec = self.spec(item.item_type());
             let readable = spec.supports_read;
             let rng = &mut self.rng;
@@ -844,46 +847,6 @@ impl Executor {
 }
 
 impl Executor {
-    /// Whether `operation`, a lost operation of `item`, is a Create or
-    /// Modify whose target is no longer `item`'s intended value (the item
-    /// left the intent, or its intended content is another): DESIGN 4
-    /// re-issues a journaled operation only while its target is intended.
-    /// (A target intended again after a change, with the same content, is
-    /// still intended.) So is one whose target relies on an item that left
-    /// the intent: that item is planned for deletion, which DESIGN 2 makes
-    /// an unsatisfied dependency (seed 291807: a lost Create was sent
-    /// again after the item it relies on left the intent); the planner
-    /// decides what the item needs instead.
-    fn superseded(&self, item: &ItemRef, operation: &InFlight) -> bool {
-        let Some(target) = operation.target.as_deref() else {
-            return false;
-        };
-        if operation.question
-            || !matches!(
-                operation.kind,
-                OperationKind::Create | OperationKind::Modify
-            )
-        {
-            return false;
-        }
-        let intended = &self.model.intended;
-        let leaving = |required: &ItemRef| {
-            intended.get(required).is_none()
-                && self
-                    .model
-                    .current
-                    .get(required)
-                    .is_some_and(|c| c.applied.as_ref().is_none_or(|a| !a.external))
-        };
-        intended
-            .get(item)
-            .is_none_or(|entry| !entry.item.same_content(target))
-            || target
-                .dependencies
-                .iter()
-                .any(|dependency| leaving(&dependency.requires))
-    }
-
     /// Stages a READ of UNKNOWN `item` whose lost operation (in `entry`)
     /// runs nowhere: its answer resolves the item. Returns the READ's op
     /// id. The lost operation's re-delivery is counted, so an agent that
@@ -945,7 +908,7 @@ impl Executor {
         let delete_of_its_type_runs = self
             .types_with_running_deletes()
             .contains(&**item.item_type());
-        let superseded = self.superseded(item, &lost);
+        let superseded = superseded(&self.model.intended, &self.model.current, item, &lost);
         let spec = self.spec(item.item_type());
         let rng = &mut self.rng;
         let retry_at = |failures| {
@@ -992,12 +955,11 @@ impl Executor {
             .iter()
             .filter(|(op_id, item)| {
                 self.model.current.get(item).is_some_and(|entry| {
-                    entry.state != ItemState::Unknown
-                        && entry.in_flight.as_deref().is_some_and(|operation| {
-                            &operation.op_id == *op_id
-                                && operation.kind == OperationKind::Delete
-                                && !operation.question
-                        })
+                    runs_a_delete(entry)
+                        && entry
+                            .in_flight
+                            .as_deref()
+                            .is_some_and(|operation| &operation.op_id == *op_id)
                 })
             })
             .map(|(_, item)| item.item_type().to_string())
