@@ -1263,6 +1263,19 @@ fn seed_6798_with_drift_and_agent_restarts_a_read_cannot_show_a_dropped_dependen
     passes_with_drift(6798, sim::AgentFaults::ProcessesRestart);
 }
 
+/// The other direction of seed 6798: a lost Modify that set `mtu` and
+/// gave the item a dependency did not apply, but a drift gave the item the
+/// Modify's `mtu`. The READ showed every property the target sets, the item
+/// was taken as modified (relying on the new dependency, which its agent
+/// was never told of), and a dependent was created against a value the
+/// item did not hold. Such a Modify is now asked again
+/// (`engine::transition`, unit test
+/// `a_read_showing_a_target_that_adds_a_dependency_asks_the_modify_again`).
+#[test]
+fn seed_41499_with_drift_and_agent_restarts_a_read_cannot_show_an_added_dependency() {
+    passes_with_drift(41499, sim::AgentFaults::ProcessesRestart);
+}
+
 /// A lost Modify that removed a property (`vlan`) and set another did not
 /// apply, but drift gave the item the Modify's value for the other: the
 /// READ showed every property the target sets and the `vlan` it removes.

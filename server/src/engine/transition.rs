@@ -415,11 +415,14 @@ fn resolved(
 ///
 /// Not when the target sets no property to a value `held` did not have
 /// already (a Modify of its dependencies, say, or one that only removes a
-/// property): the READ would show the same. Nor when the target drops a
-/// dependency `held` has: the item may have drifted to show the target's
-/// properties while the operation did not apply, and it would still rely
-/// on that dependency, which must not be deleted under it (simulator seed
-/// 6798 with drift). Nor when the READ still shows a property `held` sets
+/// property): the READ would show the same. Nor when the target changes
+/// the dependencies `held` has, since a READ cannot see them: the item may
+/// have drifted to show the target's properties while the operation did
+/// not apply. Dropping one, it would still rely on that dependency, which
+/// must not be deleted under it (simulator seed 6798 with drift); adding
+/// or changing one, its agent would never be told of it, while the server
+/// took the item for converged and created its dependents against a value
+/// it does not hold (simulator seed 41499 with drift). Nor when the READ still shows a property `held` sets
 /// and the target removes: the operation would have removed it, but an
 /// agent may report more than the intent sets, so it may not have applied
 /// (simulator seed 15609 with drift); taken as applied, the property
@@ -430,15 +433,12 @@ fn tells_apart(held: &Item, target: &Item, observed: &Properties) -> bool {
         .properties
         .iter()
         .any(|(key, value)| held.properties.get(key) != Some(value));
-    let keeps_every_dependency = held
-        .dependencies
-        .iter()
-        .all(|dependency| target.dependency_on(&dependency.requires).is_some());
+    let keeps_the_dependencies = held.same_dependencies(target);
     let shows_no_removed_property = held
         .properties
         .iter()
         .all(|(key, _)| target.properties.get(key).is_some() || observed.get(key).is_none());
-    sets_a_new_value && keeps_every_dependency && shows_no_removed_property
+    sets_a_new_value && keeps_the_dependencies && shows_no_removed_property
 }
 
 /// Whether `observed` has every property `value` sets, as it sets it.
@@ -1310,6 +1310,49 @@ mod tests {
         assert!(
             applied.dependency_on(&ItemRef::new("t", "b")).is_some(),
             "it may still rely on b: {applied:?}"
+        );
+        assert_eq!(
+            after.rare.maybe_applied,
+            Vec::from_iter(lost.target.clone()),
+            "it may hold the target"
+        );
+        assert_eq!(
+            retried_op_id(&after),
+            Some("op-1".into()),
+            "asked again under its op id"
+        );
+    }
+
+    #[test]
+    fn a_read_showing_a_target_that_adds_a_dependency_asks_the_modify_again() {
+        // Simulator seed 41499 with drift and agents that restart: a lost
+        // Modify set mtu to 1400 and gave the item a dependency on b; it
+        // did not apply, but mtu drifted to 1400, so the READ showed every
+        // property the target sets. The item was taken as modified, its
+        // agent was never told of b, and its dependents were created
+        // against a value it did not hold.
+        let properties = |mtu: i64| -> Properties {
+            [
+                ("state".to_owned(), "down".into()),
+                ("mtu".to_owned(), mtu.into()),
+            ]
+            .into_iter()
+            .collect()
+        };
+        let before = Arc::new(Item::new("t", "a", properties(1500)));
+        let target = Item::new("t", "a", properties(1400)).depends_on(
+            crate::graph::Dependency::on(ItemRef::new("t", "b"))
+                .with_must_satisfy("self.mtu >= 1500"),
+        );
+        let lost = InFlight {
+            target: Some(Arc::new(target)),
+            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
+        };
+        let after = settled_by_a_read(before, &lost, properties(1400));
+        let applied = after.applied.as_deref().expect("it exists");
+        assert!(
+            applied.dependency_on(&ItemRef::new("t", "b")).is_none(),
+            "its agent may never have been told of b: {applied:?}"
         );
         assert_eq!(
             after.rare.maybe_applied,

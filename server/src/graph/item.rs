@@ -322,6 +322,13 @@ impl Item {
             && self.properties == other.properties
             && same_dependency_set(&self.dependencies, &other.dependencies)
     }
+
+    /// Whether both values have the same set of dependencies (as
+    /// [`Self::same_content`] compares them: targets, predicates and flags,
+    /// in any order).
+    pub fn same_dependencies(&self, other: &Item) -> bool {
+        std::ptr::eq(self, other) || same_dependency_set(&self.dependencies, &other.dependencies)
+    }
 }
 
 /// Order-insensitive comparison of two dependency lists. Validation forbids
