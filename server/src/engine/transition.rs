@@ -394,15 +394,13 @@ fn resolved(
     .with_rare(|rare| rare.retry_of = (!lost.question).then(|| retry_of(lost)));
     // It may have applied (an agent that restarts forgets what it had not
     // reported): until it is asked again and answers, the dependencies of
-    // its value stay edges. So too when what was read is neither the
-    // applied value nor the target: the operation may have applied and
-    // the item drifted since (simulator seed 20481 with drift), and a READ
-    // cannot see dependencies.
-    let shows_applied = existing
-        .applied
-        .as_deref()
-        .is_some_and(|applied| shows(applied, &observed));
-    let kept = if applies && ((shows_target && !tells) || (!shows_target && !shows_applied)) {
+    // its value stay edges. Whatever was read: a READ cannot see
+    // dependencies, and drift may have taken the item's properties since
+    // to another value (simulator seed 20481 with drift: neither the
+    // applied value nor the target) or back to the applied value's, so
+    // not even a READ showing the applied value proves that the operation
+    // did not apply.
+    let kept = if applies {
         may_hold_target_of(kept, lost)
     } else {
         kept
@@ -1275,11 +1273,8 @@ mod tests {
             Vec::from_iter(lost.target.clone()),
             "the item may hold the target, drifted"
         );
-        // A READ that shows the applied value as it was says the Modify
-        // did not apply.
-        let before = Arc::new(Item::new("t", "a", properties("up")));
-        let unchanged = settled_by_a_read(before, &lost, properties("up"));
-        assert!(unchanged.rare.maybe_applied.is_empty());
+        // Nor does a READ that shows the applied value as it was: see
+        // `a_read_showing_the_applied_value_keeps_the_target_of_a_lost_modify_as_maybe_applied`.
     }
 
     #[test]
@@ -1363,6 +1358,38 @@ mod tests {
             retried_op_id(&after),
             Some("op-1".into()),
             "asked again under its op id"
+        );
+    }
+
+    #[test]
+    fn a_read_showing_the_applied_value_keeps_the_target_of_a_lost_modify_as_maybe_applied() {
+        // A lost Modify set state to down and gave the item a dependency on
+        // b; it applied, then the item's state drifted back to up, so the
+        // READ showed the applied value. The item may rely on b: had its
+        // target been dropped, b could be deleted under it, and its agent
+        // never told to drop b.
+        let properties = |state: &str| -> Properties {
+            [("state".to_owned(), state.into())].into_iter().collect()
+        };
+        let before = Arc::new(Item::new("t", "a", properties("up")));
+        let target = Arc::new(
+            Item::new("t", "a", properties("down"))
+                .depends_on(crate::graph::Dependency::on(ItemRef::new("t", "b"))),
+        );
+        let lost = InFlight {
+            target: Some(target.clone()),
+            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
+        };
+        let after = settled_by_a_read(before.clone(), &lost, properties("up"));
+        assert_eq!(after.applied.as_ref(), Some(&before), "it shows its old value");
+        assert_eq!(
+            after.rare.maybe_applied,
+            vec![target],
+            "it may hold the target, and rely on b"
+        );
+        assert!(
+            after.edges().any(|edge| edge == &ItemRef::new("t", "b")),
+            "b stays an edge until the item answers"
         );
     }
 
