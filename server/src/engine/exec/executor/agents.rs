@@ -229,7 +229,8 @@ impl Executor {
         if accepted.is_empty() {
             return self.end();
         }
-        let items: BTreeSet<ItemRef> = accepted.iter().map(|result| result.item.clone()).collect();
+        let mut items: BTreeSet<ItemRef> =
+            accepted.iter().map(|result| result.item.clone()).collect();
         for result in &accepted {
             self.event(TenantEvent::OperationFinished {
                 item: result.item.clone(),
@@ -240,9 +241,22 @@ impl Executor {
                 error: result.error.clone(),
             });
         }
-        for result in &accepted {
-            self.stage(&result.item, result.value.clone());
-        }
+        let mut updates: CurrentUpdates = accepted
+            .iter()
+            .map(|result| (result.item.clone(), result.value.clone()))
+            .collect();
+        // An item that is gone (deleted, or found gone by its agent) is
+        // another item if it is created again, its modification counter
+        // starting over: its dependents forget the counters they recorded
+        // (DESIGN 3, rule 4), as when an external item vanishes.
+        let gone: Vec<ItemRef> = accepted
+            .iter()
+            .filter(|result| result.value.is_none())
+            .map(|result| result.item.clone())
+            .collect();
+        forget_marks_on(&self.model.current, &gone, &mut updates);
+        items.extend(updates.iter().map(|(item, _)| item.clone()));
+        self.stage_all(updates);
         self.send_relost();
         self.pass(Scope::Items(items), now);
         for result in accepted {

@@ -1218,6 +1218,57 @@ fn a_read_in_between_keeps_the_op_id_of_a_delete_answered_wait() {
     );
 }
 
+/// An item its agent finds gone (here a READ answered NOT_FOUND) is
+/// another item once it is created again, its modification counter
+/// starting over: a dependent to be recreated when it is modified
+/// (`recreate_when_modified`) forgets the counter it recorded, as when an
+/// external item vanishes (DESIGN 3, rule 4). Kept, the old counter could
+/// be reached again by the new item's Modifies while the dependent waits
+/// (its Delete failing or its agent away), and the dependent would never
+/// be recreated.
+#[test]
+fn a_dependent_forgets_its_mark_on_an_item_found_gone() {
+    let mut executor = connected_readable();
+    let x = item("x", 1);
+    let mut y = item("y", 1);
+    y.dependencies
+        .push(crate::graph::Dependency::on(x.item_ref()).with_recreate_when_modified(true));
+    let effects = submit(&mut executor, vec![x.clone(), y.clone()], at(10));
+    let create_x = orders(&effects.sends).remove(0);
+    let effects = answer(&mut executor, &create_x, done(), at(20));
+    let create_y = orders(&effects.sends).remove(0);
+    answer(&mut executor, &create_y, done(), at(30));
+    let mark_on_x = |executor: &Executor| {
+        executor
+            .model()
+            .current
+            .get(&y.item_ref())
+            .and_then(|entry| entry.rare.dependency_marks.get(&x.item_ref()).copied())
+    };
+    assert_eq!(mark_on_x(&executor), Some(0), "created on x's counter 0");
+
+    let (effects, _) = executor.reconcile(true, at(40));
+    executor.committed(at(40));
+    let read_x = orders(&effects.sends)
+        .into_iter()
+        .find(|order| order.item.item_ref() == x.item_ref())
+        .expect("x is read");
+    answer(
+        &mut executor,
+        &read_x,
+        AgentOutcome::Failed(OperationError {
+            code: code::NOT_FOUND,
+            message: "no such item".into(),
+        }),
+        at(50),
+    );
+    assert_eq!(
+        mark_on_x(&executor),
+        Some(crate::engine::transition::ABSENT_DEPENDENCY_MARK),
+        "whatever appears under x's name later counts as modified"
+    );
+}
+
 /// A READ resolving a lost Modify that only takes a property away cannot
 /// tell whether it applied (agents may report properties the intent does
 /// not set): the Modify is asked again under its op id, not taken as
