@@ -1218,6 +1218,62 @@ fn a_read_in_between_keeps_the_op_id_of_a_delete_answered_wait() {
     );
 }
 
+/// A lost Modify that gave `a` a dependency on `b` may have applied even
+/// when the READ resolving it shows `a`'s old properties (drift may have
+/// taken them back, and a READ cannot see dependencies). With the intent
+/// back at the old value and `b` gone from it, `b` is deleted only after a
+/// Modify of `a` (its previous value uncertain) settles what `a` holds.
+#[test]
+fn a_read_showing_the_old_value_does_not_free_the_lost_modifys_dependency() {
+    let mut executor = connected_readable();
+    let (a, b) = (item("a", 1), item("b", 1));
+    let effects = submit(&mut executor, vec![a.clone(), b.clone()], at(10));
+    for (index, create) in orders(&effects.sends).iter().enumerate() {
+        answer(&mut executor, create, done(), at(20 + index as u64));
+    }
+    let mut a_on_b = item("a", 2);
+    a_on_b
+        .dependencies
+        .push(crate::graph::Dependency::on(b.item_ref()));
+    let effects = submit(&mut executor, vec![a_on_b, b.clone()], at(30));
+    let modify = orders(&effects.sends).remove(0);
+    assert_eq!(modify.kind, OperationKind::Modify);
+    executor.session_closed(1, "gone", at(40));
+    executor.committed(at(40));
+    let effects = register_listed(&mut executor, 2, "agent", readable(), at(50));
+    let read = orders(&effects.sends).remove(0);
+    assert_eq!(read.kind, OperationKind::Read);
+    submit(&mut executor, vec![a.clone()], at(60));
+
+    let effects = answer_on(
+        &mut executor,
+        2,
+        &read,
+        done_observing(a.properties.clone()),
+        at(70),
+    );
+    let sent = orders(&effects.sends);
+    assert!(
+        !sent
+            .iter()
+            .any(|order| order.kind == OperationKind::Delete && order.item.item_ref() == b.item_ref()),
+        "b waits: a may rely on it ({sent:?})"
+    );
+    let settle = sent
+        .iter()
+        .find(|order| order.item.item_ref() == a.item_ref())
+        .expect("a is modified to its intent");
+    assert_eq!(settle.kind, OperationKind::Modify);
+    assert!(settle.previous_uncertain, "a may hold either value");
+
+    let effects = answer_on(&mut executor, 2, settle, done(), at(80));
+    let delete = orders(&effects.sends).remove(0);
+    assert_eq!(
+        (delete.kind, delete.item.item_ref()),
+        (OperationKind::Delete, b.item_ref())
+    );
+}
+
 /// An item its agent finds gone (here a READ answered NOT_FOUND) is
 /// another item once it is created again, its modification counter
 /// starting over: a dependent to be recreated when it is modified
