@@ -425,7 +425,9 @@ fn resolved(
 /// agent may report more than the intent sets, so it may not have applied
 /// (simulator seed 15609 with drift); taken as applied, the property
 /// would stay on the item for good, since drift is looked for only in the
-/// properties the applied value sets.
+/// properties the applied value sets. Nor when the target takes over an
+/// item reported as external (or gives it back): a READ cannot see that
+/// flag either, and the agent would never have been told of the takeover.
 fn tells_apart(held: &Item, target: &Item, observed: &Properties) -> bool {
     let sets_a_new_value = target
         .properties
@@ -436,7 +438,8 @@ fn tells_apart(held: &Item, target: &Item, observed: &Properties) -> bool {
         .properties
         .iter()
         .all(|(key, _)| target.properties.get(key).is_some() || observed.get(key).is_none());
-    sets_a_new_value && keeps_the_dependencies && shows_no_removed_property
+    let same_management = held.external == target.external;
+    sets_a_new_value && keeps_the_dependencies && shows_no_removed_property && same_management
 }
 
 /// Whether `observed` has every property `value` sets, as it sets it.
@@ -1381,7 +1384,11 @@ mod tests {
             ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
         };
         let after = settled_by_a_read(before.clone(), &lost, properties("up"));
-        assert_eq!(after.applied.as_ref(), Some(&before), "it shows its old value");
+        assert_eq!(
+            after.applied.as_ref(),
+            Some(&before),
+            "it shows its old value"
+        );
         assert_eq!(
             after.rare.maybe_applied,
             vec![target],
@@ -1390,6 +1397,34 @@ mod tests {
         assert!(
             after.edges().any(|edge| edge == &ItemRef::new("t", "b")),
             "b stays an edge until the item answers"
+        );
+    }
+
+    #[test]
+    fn a_read_showing_the_target_of_a_lost_takeover_asks_it_again() {
+        // A lost Modify took over an item reported as external, setting v
+        // to 2; drift may have set v to 2 without it, and a READ cannot
+        // see whether the item is managed now.
+        let properties =
+            |v: i64| -> Properties { [("v".to_owned(), v.into())].into_iter().collect() };
+        let mut reported = Item::new("t", "a", properties(1));
+        reported.external = true;
+        let lost = InFlight {
+            target: Some(Arc::new(Item::new("t", "a", properties(2)))),
+            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
+        };
+        let after = settled_by_a_read(Arc::new(reported), &lost, properties(2));
+        assert!(
+            after
+                .applied
+                .as_deref()
+                .is_some_and(|applied| applied.external),
+            "not taken as managed: {after:?}"
+        );
+        assert_eq!(
+            retried_op_id(&after),
+            Some("op-1".into()),
+            "asked again under its op id"
         );
     }
 

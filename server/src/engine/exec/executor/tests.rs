@@ -1256,7 +1256,8 @@ fn a_read_showing_the_old_value_does_not_free_the_lost_modifys_dependency() {
     assert!(
         !sent
             .iter()
-            .any(|order| order.kind == OperationKind::Delete && order.item.item_ref() == b.item_ref()),
+            .any(|order| order.kind == OperationKind::Delete
+                && order.item.item_ref() == b.item_ref()),
         "b waits: a may rely on it ({sent:?})"
     );
     let settle = sent
