@@ -316,15 +316,21 @@ pub fn applied_uncertainly(current: &CurrentGraph, existing: &CurrentItem) -> Op
 /// ended with `completion` (DESIGN 4: "READ resolves them"):
 ///
 /// - the item does not exist: it is gone, whatever `lost` was;
-/// - it exists, and `lost` was a Create or Modify whose target it shows on
-///   every property the target sets, and the target sets one of them to a
-///   value the applied value did not have: `lost` applied;
-/// - it exists otherwise: `lost` did not apply (a Create applied some
-///   other value): the item is created with what was read taken into its
-///   applied value (drift), and a Modify or Delete that did not apply is
-///   asked again under its op id (one whose target what was read cannot
-///   tell from the applied value may have applied: its value is kept as
-///   `maybe_applied` until it answers);
+/// - `lost` was a Create of an item that held nothing: it exists, so the
+///   Create applied (nothing else creates it), with what was read taken
+///   into its value where they differ;
+/// - `lost` was a Create or Modify whose target the item shows on every
+///   property the target sets, and what was read tells the target apart
+///   from every value the item may hold had it not applied
+///   ([`tells_apart`]: a new property value, the same dependencies and
+///   the same `external` flag, no property the target removes still
+///   shown): `lost` applied;
+/// - otherwise the item is kept with the value it had, what was read
+///   taken into it (drift), and `lost` is asked again under its op id. A
+///   Create or Modify may have applied all the same (a READ sees
+///   properties only, and drift may have changed them since, even back
+///   to the old ones): its target is kept as `maybe_applied` until the
+///   item's next Create or Modify answers DONE;
 /// - the READ's own outcome is lost: the item is UNKNOWN again, with
 ///   `lost` to resolve.
 ///
@@ -420,8 +426,9 @@ fn resolved(
 /// must not be deleted under it (simulator seed 6798 with drift); adding
 /// or changing one, its agent would never be told of it, while the server
 /// took the item for converged and created its dependents against a value
-/// it does not hold (simulator seed 41499 with drift). Nor when the READ still shows a property `held` sets
-/// and the target removes: the operation would have removed it, but an
+/// it does not hold (simulator seed 41499 with drift). Nor when the READ
+/// still shows a property `held` sets and the target removes: the
+/// operation would have removed it, but an
 /// agent may report more than the intent sets, so it may not have applied
 /// (simulator seed 15609 with drift); taken as applied, the property
 /// would stay on the item for good, since drift is looked for only in the
@@ -689,19 +696,46 @@ fn still_tied(existing: &CurrentItem, operation: &InFlight) -> bool {
     !target_ties.is_empty() && target_ties.is_subset(&ties(applied))
 }
 
-/// Dependents of the `vanished` items forget the modification counters
-/// they recorded for them (DESIGN 3, rule 4): whatever appears under a
-/// vanished name is another item whose counter starts again, so each mark,
-/// applied or taken at dispatch, becomes [`ABSENT_DEPENDENCY_MARK`] and the
-/// dependent is recreated once the name is back. Applied to `updates` (the
-/// values already staged win over `current`).
-pub fn forget_marks_on(current: &CurrentGraph, vanished: &[ItemRef], updates: &mut CurrentUpdates) {
+/// Dependents of the items `updates` removes (items that are current
+/// now) forget the modification counters they recorded for them (DESIGN
+/// 3, rule 4): whatever appears under a removed name later is another
+/// item whose counter starts again, so each mark, applied or taken at
+/// dispatch, becomes [`ABSENT_DEPENDENCY_MARK`] and the dependent is
+/// recreated once the name is back. Whatever removed the item (its
+/// external item vanished, its Delete completed, its agent found it gone).
+/// The dependents' new values join `updates` (values already staged there
+/// win over `current`).
+pub fn forget_marks_on_removed(current: &CurrentGraph, updates: &mut CurrentUpdates) {
+    let removed: Vec<ItemRef> = updates
+        .iter()
+        .filter(|(key, value)| value.is_none() && current.get(key).is_some())
+        .map(|(key, _)| key.clone())
+        .collect();
+    forget_marks_on(current, &removed, updates);
+}
+
+/// [`forget_marks_on_removed`] for the items `vanished`.
+fn forget_marks_on(current: &CurrentGraph, vanished: &[ItemRef], updates: &mut CurrentUpdates) {
+    if vanished.is_empty() {
+        return;
+    }
     let dependents: std::collections::BTreeSet<ItemRef> = vanished
         .iter()
         .flat_map(|required| current.dependents_of(required).cloned())
         .collect();
+    if dependents.is_empty() {
+        return;
+    }
+    let vanished: std::collections::HashSet<&ItemRef> = vanished.iter().collect();
+    // Where each item's last staged value is: one look-up per dependent,
+    // however many are staged (a hub found gone may have thousands).
+    let mut staged_at: std::collections::HashMap<ItemRef, usize> = updates
+        .iter()
+        .enumerate()
+        .map(|(index, (key, _))| (key.clone(), index))
+        .collect();
     for dependent in dependents {
-        let staged = updates.iter().rposition(|(key, _)| *key == dependent);
+        let staged = staged_at.get(&dependent).copied();
         let mut entry = match staged {
             Some(index) => match &updates[index].1 {
                 Some(entry) => entry.clone(),
@@ -715,27 +749,34 @@ pub fn forget_marks_on(current: &CurrentGraph, vanished: &[ItemRef], updates: &m
         let mut changed = false;
         entry
             .rare
-            .update(|rare| changed |= mark_absent(&mut rare.dependency_marks, vanished));
+            .update(|rare| changed |= mark_absent(&mut rare.dependency_marks, &vanished));
         if let Some(operation) = entry.in_flight.as_mut() {
-            changed |= mark_absent(&mut operation.dispatch_marks, vanished);
+            changed |= mark_absent(&mut operation.dispatch_marks, &vanished);
         }
         if changed {
             match staged {
                 Some(index) => updates[index].1 = Some(entry),
-                None => updates.push((dependent, Some(entry))),
+                None => {
+                    staged_at.insert(dependent.clone(), updates.len());
+                    updates.push((dependent, Some(entry)));
+                }
             }
         }
     }
 }
 
 /// Sets the marks `marks` holds on `vanished` items to the absent mark;
-/// whether one changed.
-fn mark_absent(marks: &mut BTreeMap<ItemRef, u64>, vanished: &[ItemRef]) -> bool {
+/// whether one changed. Walks the item's own marks (a few), not the
+/// vanished items (up to a whole batch).
+fn mark_absent(
+    marks: &mut BTreeMap<ItemRef, u64>,
+    vanished: &std::collections::HashSet<&ItemRef>,
+) -> bool {
     let mut changed = false;
-    for required in vanished {
-        if let Some(mark) = marks.get_mut(required) {
-            changed |= *mark != ABSENT_DEPENDENCY_MARK;
+    for (required, mark) in marks.iter_mut() {
+        if vanished.contains(required) && *mark != ABSENT_DEPENDENCY_MARK {
             *mark = ABSENT_DEPENDENCY_MARK;
+            changed = true;
         }
     }
     changed
@@ -898,6 +939,8 @@ pub fn bookkeeping_updates(current: &CurrentGraph, plan: &Plan) -> CurrentUpdate
             updates.push((item.clone(), Some(settled)));
         }
     }
+    // An item dropped with its external item is gone like one deleted.
+    forget_marks_on_removed(current, &mut updates);
     updates
 }
 
@@ -960,6 +1003,31 @@ mod tests {
             .next()
             .expect("one update")
             .1
+    }
+
+    #[test]
+    fn a_dependent_forgets_its_mark_on_an_item_dropped_with_its_external_item() {
+        let (a, b) = (ItemRef::new("t", "a"), ItemRef::new("t", "b"));
+        let mut current = CurrentGraph::default();
+        current.insert(
+            a.clone(),
+            CurrentItem::created(Arc::new(Item::new("t", "a", Default::default())), 1),
+        );
+        let dependent = Item::new("t", "b", Default::default())
+            .depends_on(crate::graph::Dependency::on(a.clone()).with_recreate_when_modified(true));
+        let marked = CurrentItem::created(Arc::new(dependent), 1)
+            .with_rare(|rare| rare.dependency_marks = [(a.clone(), 3)].into_iter().collect());
+        current.insert(b.clone(), marked);
+        let plan = Plan {
+            forget: vec![(a.clone(), ForgetReason::DeletedWithExternal)],
+            ..Plan::default()
+        };
+        let updates = bookkeeping_updates(&current, &plan);
+        let mark = updates
+            .iter()
+            .find(|(key, _)| *key == b)
+            .and_then(|(_, value)| value.as_ref()?.rare.dependency_marks.get(&a).copied());
+        assert_eq!(mark, Some(ABSENT_DEPENDENCY_MARK), "{updates:?}");
     }
 
     #[test]
@@ -1329,24 +1397,15 @@ mod tests {
         // property the target sets. The item was taken as modified, its
         // agent was never told of b, and its dependents were created
         // against a value it did not hold.
-        let properties = |mtu: i64| -> Properties {
-            [
-                ("state".to_owned(), "down".into()),
-                ("mtu".to_owned(), mtu.into()),
-            ]
-            .into_iter()
-            .collect()
-        };
-        let before = Arc::new(Item::new("t", "a", properties(1500)));
-        let target = Item::new("t", "a", properties(1400)).depends_on(
-            crate::graph::Dependency::on(ItemRef::new("t", "b"))
-                .with_must_satisfy("self.mtu >= 1500"),
+        let before = item_a(&[("mtu", 1500.into())]);
+        let target = Arc::new(
+            (*item_a(&[("mtu", 1400.into())])).clone().depends_on(
+                crate::graph::Dependency::on(ItemRef::new("t", "b"))
+                    .with_must_satisfy("self.mtu >= 1500"),
+            ),
         );
-        let lost = InFlight {
-            target: Some(Arc::new(target)),
-            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
-        };
-        let after = settled_by_a_read(before, &lost, properties(1400));
+        let lost = lost_modify_to(target.clone());
+        let after = settled_by_a_read(before, &lost, properties_of(&[("mtu", 1400.into())]));
         let applied = after.applied.as_deref().expect("it exists");
         assert!(
             applied.dependency_on(&ItemRef::new("t", "b")).is_none(),
@@ -1354,7 +1413,7 @@ mod tests {
         );
         assert_eq!(
             after.rare.maybe_applied,
-            Vec::from_iter(lost.target.clone()),
+            vec![target],
             "it may hold the target"
         );
         assert_eq!(
@@ -1371,19 +1430,18 @@ mod tests {
         // READ showed the applied value. The item may rely on b: had its
         // target been dropped, b could be deleted under it, and its agent
         // never told to drop b.
-        let properties = |state: &str| -> Properties {
-            [("state".to_owned(), state.into())].into_iter().collect()
-        };
-        let before = Arc::new(Item::new("t", "a", properties("up")));
+        let before = item_a(&[("state", "up".into())]);
         let target = Arc::new(
-            Item::new("t", "a", properties("down"))
+            (*item_a(&[("state", "down".into())]))
+                .clone()
                 .depends_on(crate::graph::Dependency::on(ItemRef::new("t", "b"))),
         );
-        let lost = InFlight {
-            target: Some(target.clone()),
-            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
-        };
-        let after = settled_by_a_read(before.clone(), &lost, properties("up"));
+        let lost = lost_modify_to(target.clone());
+        let after = settled_by_a_read(
+            before.clone(),
+            &lost,
+            properties_of(&[("state", "up".into())]),
+        );
         assert_eq!(
             after.applied.as_ref(),
             Some(&before),
@@ -1405,15 +1463,10 @@ mod tests {
         // A lost Modify took over an item reported as external, setting v
         // to 2; drift may have set v to 2 without it, and a READ cannot
         // see whether the item is managed now.
-        let properties =
-            |v: i64| -> Properties { [("v".to_owned(), v.into())].into_iter().collect() };
-        let mut reported = Item::new("t", "a", properties(1));
+        let mut reported = (*item_a(&[("v", 1.into())])).clone();
         reported.external = true;
-        let lost = InFlight {
-            target: Some(Arc::new(Item::new("t", "a", properties(2)))),
-            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
-        };
-        let after = settled_by_a_read(Arc::new(reported), &lost, properties(2));
+        let lost = lost_modify_to(item_a(&[("v", 2.into())]));
+        let after = settled_by_a_read(Arc::new(reported), &lost, properties_of(&[("v", 2.into())]));
         assert!(
             after
                 .applied

@@ -16,7 +16,8 @@ use crate::engine::exec::lost::{
 use crate::engine::exec::port::{AgentOutcome, ExternalChange, Grant, Registration, ToAgent};
 use crate::engine::exec::registry::StoredSpec;
 use crate::engine::transition::{
-    Completion, CurrentUpdates, completed, drifted_paths, forget_marks_on, mark_gone_with_externals,
+    Completion, CurrentUpdates, completed, drifted_paths, forget_marks_on_removed,
+    mark_gone_with_externals,
 };
 use crate::graph::{
     CurrentItem, InFlight, ItemRef, ItemState, OperationError, OperationKind, code,
@@ -246,15 +247,9 @@ impl Executor {
             .map(|result| (result.item.clone(), result.value.clone()))
             .collect();
         // An item that is gone (deleted, or found gone by its agent) is
-        // another item if it is created again, its modification counter
-        // starting over: its dependents forget the counters they recorded
-        // (DESIGN 3, rule 4), as when an external item vanishes.
-        let gone: Vec<ItemRef> = accepted
-            .iter()
-            .filter(|result| result.value.is_none())
-            .map(|result| result.item.clone())
-            .collect();
-        forget_marks_on(&self.model.current, &gone, &mut updates);
+        // another item if it is created again: its dependents forget the
+        // counters they recorded, as when an external item vanishes.
+        forget_marks_on_removed(&self.model.current, &mut updates);
         items.extend(updates.iter().map(|(item, _)| item.clone()));
         self.stage_all(updates);
         self.send_relost();
@@ -640,11 +635,8 @@ impl Executor {
             .map(|(key, _)| key.clone())
             .collect();
         let mut updates: CurrentUpdates = latest.into_iter().collect();
-        updates.extend(mark_gone_with_externals(
-            &self.model.current,
-            vanished.iter().cloned(),
-        ));
-        forget_marks_on(&self.model.current, &vanished, &mut updates);
+        updates.extend(mark_gone_with_externals(&self.model.current, vanished));
+        forget_marks_on_removed(&self.model.current, &mut updates);
         let mut touched: BTreeSet<ItemRef> = updates.iter().map(|(key, _)| key.clone()).collect();
         // What depends on a reported item is planned again too: an external
         // item's presence or value decides its dependents' fate (rule 9,

@@ -1326,6 +1326,61 @@ fn a_dependent_forgets_its_mark_on_an_item_found_gone() {
     );
 }
 
+/// [`a_dependent_forgets_its_mark_on_an_item_found_gone`] when the
+/// dependent's own result comes in the same batch: the value that result
+/// gives it forgets the mark too.
+#[test]
+fn a_dependent_answering_in_the_same_batch_forgets_its_mark_on_an_item_found_gone() {
+    let mut executor = connected_readable();
+    let x = item("x", 1);
+    let dependent = |version: i64| {
+        let mut y = item("y", version);
+        y.dependencies
+            .push(crate::graph::Dependency::on(x.item_ref()).with_recreate_when_modified(true));
+        y
+    };
+    let effects = submit(&mut executor, vec![x.clone(), dependent(1)], at(10));
+    let create_x = orders(&effects.sends).remove(0);
+    let effects = answer(&mut executor, &create_x, done(), at(20));
+    let create_y = orders(&effects.sends).remove(0);
+    answer(&mut executor, &create_y, done(), at(30));
+
+    let effects = submit(&mut executor, vec![x.clone(), dependent(2)], at(40));
+    let modify_y = orders(&effects.sends).remove(0);
+    assert_eq!(modify_y.kind, OperationKind::Modify);
+    let (effects, _) = executor.reconcile(true, at(50));
+    executor.committed(at(50));
+    let read_x = orders(&effects.sends)
+        .into_iter()
+        .find(|order| order.item.item_ref() == x.item_ref())
+        .expect("x is read");
+    let result = |order: &OperationOrder, outcome| AgentResult {
+        session_id: 1,
+        op_id: order.op_id.clone(),
+        attempt: order.attempt,
+        outcome,
+    };
+    let not_found = AgentOutcome::Failed(OperationError {
+        code: code::NOT_FOUND,
+        message: "no such item".into(),
+    });
+    executor.results(
+        vec![result(&modify_y, done()), result(&read_x, not_found)],
+        at(60),
+    );
+    executor.committed(at(60));
+    let mark = executor
+        .model()
+        .current
+        .get(&ItemRef::new("t", "y"))
+        .and_then(|entry| entry.rare.dependency_marks.get(&x.item_ref()).copied());
+    assert_eq!(
+        mark,
+        Some(crate::engine::transition::ABSENT_DEPENDENCY_MARK),
+        "y's new value forgets its mark on x"
+    );
+}
+
 /// A READ resolving a lost Modify that only takes a property away cannot
 /// tell whether it applied (agents may report properties the intent does
 /// not set): the Modify is asked again under its op id, not taken as
