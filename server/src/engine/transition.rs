@@ -1377,16 +1377,7 @@ mod tests {
             applied.dependency_on(&ItemRef::new("t", "b")).is_some(),
             "it may still rely on b: {applied:?}"
         );
-        assert_eq!(
-            after.rare.maybe_applied,
-            Vec::from_iter(lost.target.clone()),
-            "it may hold the target"
-        );
-        assert_eq!(
-            retried_op_id(&after),
-            Some("op-1".into()),
-            "asked again under its op id"
-        );
+        assert_asked_again(&after, &lost);
     }
 
     #[test]
@@ -1411,16 +1402,7 @@ mod tests {
             applied.dependency_on(&ItemRef::new("t", "b")).is_none(),
             "its agent may never have been told of b: {applied:?}"
         );
-        assert_eq!(
-            after.rare.maybe_applied,
-            vec![target],
-            "it may hold the target"
-        );
-        assert_eq!(
-            retried_op_id(&after),
-            Some("op-1".into()),
-            "asked again under its op id"
-        );
+        assert_asked_again(&after, &lost);
     }
 
     #[test]
@@ -1508,6 +1490,21 @@ mod tests {
             },
         )
         .expect("it exists")
+    }
+
+    /// `lost` was not taken as applied: its target is a value the item may
+    /// hold, and it is asked again under its op id.
+    fn assert_asked_again(after: &CurrentItem, lost: &InFlight) {
+        assert_eq!(
+            after.rare.maybe_applied,
+            Vec::from_iter(lost.target.clone()),
+            "it may hold the target"
+        );
+        assert_eq!(
+            retried_op_id(after),
+            Some(lost.op_id.clone()),
+            "asked again under its op id"
+        );
     }
 
     /// Item t/a with these properties.

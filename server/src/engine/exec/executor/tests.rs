@@ -1218,6 +1218,18 @@ fn a_read_in_between_keeps_the_op_id_of_a_delete_answered_wait() {
     );
 }
 
+/// Session 1 ends at 40 with its operations' outcomes lost; the agent
+/// comes back on session 2 at 50 holding nothing: the READ that resolves
+/// the lost operation.
+fn lose_and_read_back(executor: &mut Executor) -> OperationOrder {
+    executor.session_closed(1, "gone", at(40));
+    executor.committed(at(40));
+    let effects = register_listed(executor, 2, "agent", readable(), at(50));
+    let read = orders(&effects.sends).remove(0);
+    assert_eq!(read.kind, OperationKind::Read);
+    read
+}
+
 /// A lost Modify that gave `a` a dependency on `b` may have applied even
 /// when the READ resolving it shows `a`'s old properties (drift may have
 /// taken them back, and a READ cannot see dependencies). With the intent
@@ -1238,11 +1250,7 @@ fn a_read_showing_the_old_value_does_not_free_the_lost_modifys_dependency() {
     let effects = submit(&mut executor, vec![a_on_b, b.clone()], at(30));
     let modify = orders(&effects.sends).remove(0);
     assert_eq!(modify.kind, OperationKind::Modify);
-    executor.session_closed(1, "gone", at(40));
-    executor.committed(at(40));
-    let effects = register_listed(&mut executor, 2, "agent", readable(), at(50));
-    let read = orders(&effects.sends).remove(0);
-    assert_eq!(read.kind, OperationKind::Read);
+    let read = lose_and_read_back(&mut executor);
     submit(&mut executor, vec![a.clone()], at(60));
 
     let effects = answer_on(
@@ -1397,11 +1405,7 @@ fn a_read_cannot_confirm_a_lost_modify_that_only_removes_a_property() {
     let effects = submit(&mut executor, vec![item("a", 1)], at(30));
     let modify = orders(&effects.sends).remove(0);
     assert_eq!(modify.kind, OperationKind::Modify);
-    executor.session_closed(1, "gone", at(40));
-    executor.committed(at(40));
-    let effects = register_listed(&mut executor, 2, "agent", readable(), at(50));
-    let read = orders(&effects.sends).remove(0);
-    assert_eq!(read.kind, OperationKind::Read);
+    let read = lose_and_read_back(&mut executor);
 
     // The item still has the property the Modify takes away.
     let effects = answer_on(
