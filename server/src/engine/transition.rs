@@ -610,9 +610,16 @@ fn completed_successfully(
             } else {
                 existing.modifications.saturating_add(1)
             };
+            // A Create of an item that may exist already (its existence
+            // uncertain, with a value it may hold) may have found it there,
+            // created before a dependency's modification: the marks it
+            // had are kept where older, and a recreate it owed is still
+            // owed (simulator seed 57172).
+            let may_have_existed =
+                created_now && existing.existence_uncertain && existing.applied.is_some();
             entry.rare.update(|rare| {
                 let marks = &mut rare.dependency_marks;
-                if !created_now {
+                if !created_now || may_have_existed {
                     marks.clone_from(&existing.rare.dependency_marks);
                 }
                 for dependency in target
@@ -631,8 +638,12 @@ fn completed_successfully(
                             .copied()
                             .unwrap_or(required.modifications),
                     };
-                    if created_now || !marks.contains_key(&dependency.requires) {
-                        marks.insert(dependency.requires.clone(), counter);
+                    match marks.get_mut(&dependency.requires) {
+                        Some(kept) if may_have_existed => *kept = older_mark(*kept, counter),
+                        Some(_) if !created_now => {}
+                        _ => {
+                            marks.insert(dependency.requires.clone(), counter);
+                        }
                     }
                 }
                 marks.retain(|required, _| {
@@ -1003,6 +1014,44 @@ mod tests {
             .next()
             .expect("one update")
             .1
+    }
+
+    #[test]
+    fn a_create_of_an_item_that_may_exist_keeps_the_recreate_it_owed() {
+        // Simulator seed 57172: b was created when d had 0 modifications;
+        // d was modified, and the Delete of b's recreate was lost, sent
+        // again, and timed out, leaving b's existence uncertain. The
+        // Create sent then found b still there, and took fresh marks: the
+        // recreate b owed was forgotten, and b kept a value created
+        // before d's modification.
+        let d = ItemRef::new("t", "d");
+        let mut current = CurrentGraph::default();
+        let mut modified =
+            CurrentItem::created(Arc::new(Item::new("t", "d", Default::default())), 1);
+        modified.modifications = 1;
+        current.insert(d.clone(), modified);
+        let value =
+            Arc::new(Item::new("t", "b", Default::default()).depends_on(
+                crate::graph::Dependency::on(d.clone()).with_recreate_when_modified(true),
+            ));
+        let create = InFlight {
+            target: Some(value.clone()),
+            dispatch_marks: [(d.clone(), 1)].into_iter().collect(),
+            ..InFlight::new(OperationKind::Create, "op-2".into(), 1, 8, 0, 10_000)
+        };
+        let existing = CurrentItem {
+            existence_uncertain: true,
+            in_flight: Some(Box::new(create)),
+            ..CurrentItem::created(value, 8)
+        }
+        .with_rare(|rare| rare.dependency_marks = [(d.clone(), 0)].into_iter().collect());
+        let after =
+            completed(&current, &existing, Completion::Done { observed: None }).expect("created");
+        assert_eq!(
+            after.rare.dependency_marks.get(&d),
+            Some(&0),
+            "b may be the item created before d's modification"
+        );
     }
 
     #[test]
