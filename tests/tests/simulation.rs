@@ -1276,6 +1276,19 @@ fn seed_41499_with_drift_and_agent_restarts_a_read_cannot_show_an_added_dependen
     passes_with_drift(41499, sim::AgentFaults::ProcessesRestart);
 }
 
+/// An item owed a recreate (a `recreate_when_modified` dependency was
+/// modified) lost the Delete of that recreate in a crash; sent again, it
+/// timed out, leaving the item's existence uncertain, and the Create sent
+/// then found the item still there and took fresh marks: the recreate it
+/// owed was forgotten, and the item kept a value created before its
+/// dependency's modification. Such a Create now keeps the older marks
+/// (`engine::transition`, unit test
+/// `a_create_of_an_item_that_may_exist_keeps_the_recreate_it_owed`).
+#[test]
+fn seed_57172_with_drift_and_agent_restarts_a_create_that_finds_its_item_keeps_the_owed_recreate() {
+    passes_with_drift(57172, sim::AgentFaults::ProcessesRestart);
+}
+
 /// A lost Modify that removed a property (`vlan`) and set another did not
 /// apply, but drift gave the item the Modify's value for the other: the
 /// READ showed every property the target sets and the `vlan` it removes.
@@ -1331,6 +1344,16 @@ fn seed_10970_with_drift_and_agent_restarts_a_wait_lost_with_the_store_leaves_th
 /// while the agent of its dependents' type was down for good. The
 /// dependents, still CREATED at their intended values, must be deleted
 /// (rule 9), and wait for that agent; the server rightly said Ready=false.
+/// The checker's mistake: a Delete journaled at a crash before any agent
+/// received it was resolved by READs that were lost one after another,
+/// each counting as a delivery, until the poison rule counted a failure;
+/// its first delivery then came at attempt 2, as DESIGN 4 says. The
+/// checker forgot that the operation was journaled before it asked.
+#[test]
+fn seed_90564_with_agent_restarts_a_journaled_operation_first_delivered_after_a_poison_failure() {
+    passes_with_agent_restarts(90564);
+}
+
 /// The checker's convergence (with an agent down) did not ask that an
 /// intended item's dependencies hold.
 #[test]

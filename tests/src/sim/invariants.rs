@@ -873,6 +873,12 @@ impl Ledger {
     ) -> Result<(), Violation> {
         self.check_no_delete_of_the_dropped(order)?;
         let item = order.item.item_ref();
+        // Whether this is the item's journaled lost operation, asked before
+        // what follows settles (and forgets) the lost record.
+        let journaled = self
+            .lost
+            .get(&item)
+            .is_some_and(|lost| lost.op_id == order.op_id);
         if session_epoch != Some(order.epoch) {
             return fail(
                 "orders carry the epoch granted to their session",
@@ -1073,11 +1079,9 @@ impl Ledger {
                 // An op id that is new to the agents starts at attempt 1
                 // (DESIGN 4: "attempt starts at 1"; a success resets the
                 // count), unless it was journaled before a restart and
-                // retried or given up as poison before it went out.
-                let journaled = self
-                    .lost
-                    .get(&item)
-                    .is_some_and(|lost| lost.op_id == order.op_id);
+                // retried or given up as poison before it went out (seed
+                // 90564: READs resolving it, lost one after another, counted
+                // as its deliveries until the poison rule counted a failure).
                 if order.attempt != 1 && !journaled {
                     return fail(
                         "an operation starts at attempt 1",
