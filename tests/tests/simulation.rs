@@ -1344,6 +1344,17 @@ fn seed_10970_with_drift_and_agent_restarts_a_wait_lost_with_the_store_leaves_th
 /// while the agent of its dependents' type was down for good. The
 /// dependents, still CREATED at their intended values, must be deleted
 /// (rule 9), and wait for that agent; the server rightly said Ready=false.
+/// The checker's mistake: an item vanished by drift while a READ resolving
+/// its lost Create was in flight; the READ found nothing, and in the same
+/// pass the server created the item afresh (for an intent that no longer
+/// relied on `t0/n12`) and deleted `t0/n12`. The checker still believed the
+/// old item, relying on `t0/n12`, was there: it counted the new Create as
+/// a result that could bring the old value back.
+#[test]
+fn seed_58966_with_drift_and_agent_restarts_an_item_found_gone_and_created_afresh() {
+    passes_with_drift(58966, sim::AgentFaults::ProcessesRestart);
+}
+
 /// The checker's mistake: a Delete journaled at a crash before any agent
 /// received it was resolved by READs that were lost one after another,
 /// each counting as a delivery, until the poison rule counted a failure;

@@ -49,6 +49,9 @@ struct Unseen {
     /// The properties of the server's applied value when it drifted (for
     /// an item gone: or when it first held one since).
     applied_then: Option<Properties>,
+    /// For an item gone: the operations the server had running on it when
+    /// it went (the one in flight, and the lost one a READ resolves).
+    ops_then: BTreeSet<String>,
 }
 
 /// The drifts of a run the server has not seen yet.
@@ -111,14 +114,24 @@ impl Drifts {
             .map(|applied| applied.properties.clone());
         if rng.random_bool(0.25) {
             world.delete(&key);
+            let ops_then: BTreeSet<String> = snapshot
+                .current
+                .get(&key)
+                .and_then(|current| current.in_flight.as_deref())
+                .into_iter()
+                .flat_map(|running| std::iter::once(running).chain(running.resolves.as_deref()))
+                .map(|operation| operation.op_id.clone())
+                .collect();
             let entry = self.unseen.entry(key.clone()).or_insert(Unseen {
                 before,
                 now: None,
                 change: Change::Vanished,
                 applied_then,
+                ops_then: BTreeSet::new(),
             });
             entry.now = None;
             entry.change = Change::Vanished;
+            entry.ops_then = ops_then;
             return Some((key, "gone".into()));
         }
         let keys: Vec<&str> = before
@@ -140,6 +153,7 @@ impl Drifts {
             now: None,
             change: Change::Properties(BTreeSet::new()),
             applied_then,
+            ops_then: BTreeSet::new(),
         });
         entry.now = Some(now.clone());
         if let Change::Properties(drifted) = &mut entry.change {
@@ -192,10 +206,23 @@ impl Drifts {
                 }
                 // Gone for the server too: it held a value and holds none
                 // now (it may be creating it again), or it held none and
-                // expects no result that could bring one.
+                // expects no result that could bring one, but at most that
+                // of an operation it started since the item went, on an
+                // item it takes for gone (seed 58966: a READ resolving a
+                // lost Create found nothing, and the server created the
+                // item afresh for an intent that no longer relied on what
+                // the old value relied on).
                 (Change::Vanished, None, _) => {
                     unseen.applied_then.is_some()
-                        || current.is_none_or(|current| current.in_flight.is_none())
+                        || current.is_none_or(|current| match current.in_flight.as_deref() {
+                            None => true,
+                            Some(running) => {
+                                !unseen.ops_then.contains(&running.op_id)
+                                    && running.resolves.is_none()
+                                    && !current.existence_uncertain
+                                    && current.rare.maybe_applied.is_empty()
+                            }
+                        })
                 }
                 (Change::Properties(drifted), Some(applied), Some(now)) => {
                     unseen.applied_then.as_ref() != Some(&applied.properties)
