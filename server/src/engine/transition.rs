@@ -717,27 +717,18 @@ fn still_tied(existing: &CurrentItem, operation: &InFlight) -> bool {
 /// The dependents' new values join `updates` (values already staged there
 /// win over `current`).
 pub fn forget_marks_on_removed(current: &CurrentGraph, updates: &mut CurrentUpdates) {
-    let removed: Vec<ItemRef> = updates
+    let removed: std::collections::HashSet<ItemRef> = updates
         .iter()
         .filter(|(key, value)| value.is_none() && current.get(key).is_some())
         .map(|(key, _)| key.clone())
         .collect();
-    forget_marks_on(current, &removed, updates);
-}
-
-/// [`forget_marks_on_removed`] for the items `vanished`.
-fn forget_marks_on(current: &CurrentGraph, vanished: &[ItemRef], updates: &mut CurrentUpdates) {
-    if vanished.is_empty() {
-        return;
-    }
-    let dependents: std::collections::BTreeSet<ItemRef> = vanished
+    let dependents: std::collections::BTreeSet<ItemRef> = removed
         .iter()
         .flat_map(|required| current.dependents_of(required).cloned())
         .collect();
     if dependents.is_empty() {
         return;
     }
-    let vanished: std::collections::HashSet<&ItemRef> = vanished.iter().collect();
     // Where each item's last staged value is: one look-up per dependent,
     // however many are staged (a hub found gone may have thousands).
     let mut staged_at: std::collections::HashMap<ItemRef, usize> = updates
@@ -760,9 +751,9 @@ fn forget_marks_on(current: &CurrentGraph, vanished: &[ItemRef], updates: &mut C
         let mut changed = false;
         entry
             .rare
-            .update(|rare| changed |= mark_absent(&mut rare.dependency_marks, &vanished));
+            .update(|rare| changed |= mark_absent(&mut rare.dependency_marks, &removed));
         if let Some(operation) = entry.in_flight.as_mut() {
-            changed |= mark_absent(&mut operation.dispatch_marks, &vanished);
+            changed |= mark_absent(&mut operation.dispatch_marks, &removed);
         }
         if changed {
             match staged {
@@ -776,16 +767,16 @@ fn forget_marks_on(current: &CurrentGraph, vanished: &[ItemRef], updates: &mut C
     }
 }
 
-/// Sets the marks `marks` holds on `vanished` items to the absent mark;
+/// Sets the marks `marks` holds on `removed` items to the absent mark;
 /// whether one changed. Walks the item's own marks (a few), not the
-/// vanished items (up to a whole batch).
+/// removed items (up to a whole batch).
 fn mark_absent(
     marks: &mut BTreeMap<ItemRef, u64>,
-    vanished: &std::collections::HashSet<&ItemRef>,
+    removed: &std::collections::HashSet<ItemRef>,
 ) -> bool {
     let mut changed = false;
     for (required, mark) in marks.iter_mut() {
-        if vanished.contains(required) && *mark != ABSENT_DEPENDENCY_MARK {
+        if removed.contains(required) && *mark != ABSENT_DEPENDENCY_MARK {
             *mark = ABSENT_DEPENDENCY_MARK;
             changed = true;
         }

@@ -230,8 +230,6 @@ impl Executor {
         if accepted.is_empty() {
             return self.end();
         }
-        let mut items: BTreeSet<ItemRef> =
-            accepted.iter().map(|result| result.item.clone()).collect();
         for result in &accepted {
             self.event(TenantEvent::OperationFinished {
                 item: result.item.clone(),
@@ -250,7 +248,7 @@ impl Executor {
         // another item if it is created again: its dependents forget the
         // counters they recorded, as when an external item vanishes.
         forget_marks_on_removed(&self.model.current, &mut updates);
-        items.extend(updates.iter().map(|(item, _)| item.clone()));
+        let items: BTreeSet<ItemRef> = updates.iter().map(|(item, _)| item.clone()).collect();
         self.stage_all(updates);
         self.send_relost();
         self.pass(Scope::Items(items), now);

@@ -854,16 +854,7 @@ fn a_read_showing_the_lost_creates_value_resolves_it_as_applied() {
 #[test]
 fn a_read_that_finds_nothing_lets_the_item_be_created_again() {
     let (mut executor, lost, read) = lost_create_read_back();
-    let effects = answer_on(
-        &mut executor,
-        2,
-        &read,
-        AgentOutcome::Failed(OperationError {
-            code: code::NOT_FOUND,
-            message: "no such item".into(),
-        }),
-        at(40),
-    );
+    let effects = answer_on(&mut executor, 2, &read, not_found(), at(40));
     let create = orders(&effects.sends).remove(0);
     assert_eq!(create.kind, OperationKind::Create);
     assert_ne!(
@@ -1283,6 +1274,50 @@ fn a_read_showing_the_old_value_does_not_free_the_lost_modifys_dependency() {
     );
 }
 
+/// `y` at `version`, to be recreated whenever `x` is modified.
+fn recreated_with(x: &Item, version: i64) -> Item {
+    let mut y = item("y", version);
+    y.dependencies
+        .push(crate::graph::Dependency::on(x.item_ref()).with_recreate_when_modified(true));
+    y
+}
+
+/// Submits `x` and [`recreated_with`] it at `at(10)`; both are created.
+fn x_and_its_dependent_created(executor: &mut Executor, x: &Item) {
+    let effects = submit(executor, vec![x.clone(), recreated_with(x, 1)], at(10));
+    let create_x = orders(&effects.sends).remove(0);
+    let effects = answer(executor, &create_x, done(), at(20));
+    let create_y = orders(&effects.sends).remove(0);
+    answer(executor, &create_y, done(), at(30));
+}
+
+/// The READ of `item` a refreshing reconcile at `now` sends.
+fn read_of(executor: &mut Executor, item: &Item, now: Now) -> OperationOrder {
+    let (effects, _) = executor.reconcile(true, now);
+    executor.committed(now);
+    orders(&effects.sends)
+        .into_iter()
+        .find(|order| order.item.item_ref() == item.item_ref())
+        .expect("the item is read")
+}
+
+/// The mark `y` keeps on `x`'s modification counter.
+fn mark_of_y_on(executor: &Executor, x: &Item) -> Option<u64> {
+    executor
+        .model()
+        .current
+        .get(&ItemRef::new("t", "y"))
+        .and_then(|entry| entry.rare.dependency_marks.get(&x.item_ref()).copied())
+}
+
+/// The agent has no such item.
+fn not_found() -> AgentOutcome {
+    AgentOutcome::Failed(OperationError {
+        code: code::NOT_FOUND,
+        message: "no such item".into(),
+    })
+}
+
 /// An item its agent finds gone (here a READ answered NOT_FOUND) is
 /// another item once it is created again, its modification counter
 /// starting over: a dependent to be recreated when it is modified
@@ -1295,40 +1330,17 @@ fn a_read_showing_the_old_value_does_not_free_the_lost_modifys_dependency() {
 fn a_dependent_forgets_its_mark_on_an_item_found_gone() {
     let mut executor = connected_readable();
     let x = item("x", 1);
-    let mut y = item("y", 1);
-    y.dependencies
-        .push(crate::graph::Dependency::on(x.item_ref()).with_recreate_when_modified(true));
-    let effects = submit(&mut executor, vec![x.clone(), y.clone()], at(10));
-    let create_x = orders(&effects.sends).remove(0);
-    let effects = answer(&mut executor, &create_x, done(), at(20));
-    let create_y = orders(&effects.sends).remove(0);
-    answer(&mut executor, &create_y, done(), at(30));
-    let mark_on_x = |executor: &Executor| {
-        executor
-            .model()
-            .current
-            .get(&y.item_ref())
-            .and_then(|entry| entry.rare.dependency_marks.get(&x.item_ref()).copied())
-    };
-    assert_eq!(mark_on_x(&executor), Some(0), "created on x's counter 0");
-
-    let (effects, _) = executor.reconcile(true, at(40));
-    executor.committed(at(40));
-    let read_x = orders(&effects.sends)
-        .into_iter()
-        .find(|order| order.item.item_ref() == x.item_ref())
-        .expect("x is read");
-    answer(
-        &mut executor,
-        &read_x,
-        AgentOutcome::Failed(OperationError {
-            code: code::NOT_FOUND,
-            message: "no such item".into(),
-        }),
-        at(50),
-    );
+    x_and_its_dependent_created(&mut executor, &x);
     assert_eq!(
-        mark_on_x(&executor),
+        mark_of_y_on(&executor, &x),
+        Some(0),
+        "created on x's counter 0"
+    );
+
+    let read_x = read_of(&mut executor, &x, at(40));
+    answer(&mut executor, &read_x, not_found(), at(50));
+    assert_eq!(
+        mark_of_y_on(&executor, &x),
         Some(crate::engine::transition::ABSENT_DEPENDENCY_MARK),
         "whatever appears under x's name later counts as modified"
     );
@@ -1341,49 +1353,29 @@ fn a_dependent_forgets_its_mark_on_an_item_found_gone() {
 fn a_dependent_answering_in_the_same_batch_forgets_its_mark_on_an_item_found_gone() {
     let mut executor = connected_readable();
     let x = item("x", 1);
-    let dependent = |version: i64| {
-        let mut y = item("y", version);
-        y.dependencies
-            .push(crate::graph::Dependency::on(x.item_ref()).with_recreate_when_modified(true));
-        y
-    };
-    let effects = submit(&mut executor, vec![x.clone(), dependent(1)], at(10));
-    let create_x = orders(&effects.sends).remove(0);
-    let effects = answer(&mut executor, &create_x, done(), at(20));
-    let create_y = orders(&effects.sends).remove(0);
-    answer(&mut executor, &create_y, done(), at(30));
+    x_and_its_dependent_created(&mut executor, &x);
 
-    let effects = submit(&mut executor, vec![x.clone(), dependent(2)], at(40));
+    let effects = submit(
+        &mut executor,
+        vec![x.clone(), recreated_with(&x, 2)],
+        at(40),
+    );
     let modify_y = orders(&effects.sends).remove(0);
     assert_eq!(modify_y.kind, OperationKind::Modify);
-    let (effects, _) = executor.reconcile(true, at(50));
-    executor.committed(at(50));
-    let read_x = orders(&effects.sends)
-        .into_iter()
-        .find(|order| order.item.item_ref() == x.item_ref())
-        .expect("x is read");
+    let read_x = read_of(&mut executor, &x, at(50));
     let result = |order: &OperationOrder, outcome| AgentResult {
         session_id: 1,
         op_id: order.op_id.clone(),
         attempt: order.attempt,
         outcome,
     };
-    let not_found = AgentOutcome::Failed(OperationError {
-        code: code::NOT_FOUND,
-        message: "no such item".into(),
-    });
     executor.results(
-        vec![result(&modify_y, done()), result(&read_x, not_found)],
+        vec![result(&modify_y, done()), result(&read_x, not_found())],
         at(60),
     );
     executor.committed(at(60));
-    let mark = executor
-        .model()
-        .current
-        .get(&ItemRef::new("t", "y"))
-        .and_then(|entry| entry.rare.dependency_marks.get(&x.item_ref()).copied());
     assert_eq!(
-        mark,
+        mark_of_y_on(&executor, &x),
         Some(crate::engine::transition::ABSENT_DEPENDENCY_MARK),
         "y's new value forgets its mark on x"
     );
