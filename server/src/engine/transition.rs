@@ -337,7 +337,9 @@ pub fn applied_uncertainly(current: &CurrentGraph, existing: &CurrentItem) -> Op
 /// An answer is a live report: it settles a mark of going with an external
 /// item ([`CurrentItem::gone_with_external`],
 /// [`CurrentItem::gone_unless_applied`]), and the planner applies rule 9 to
-/// what was read.
+/// what was read; but an item found with only values tied to external
+/// items, while it was marked, is of uncertain existence (the agent may
+/// have looked before the external item went).
 fn resolved(
     current: &CurrentGraph,
     existing: &CurrentItem,
@@ -356,12 +358,48 @@ fn resolved(
         } => observed,
         _ => return Some(unknown(existing)),
     };
-    let existing = &CurrentItem {
+    let marked = existing.gone_with_external || existing.gone_unless_applied;
+    let unmarked = CurrentItem {
         gone_with_external: false,
         gone_unless_applied: false,
         ..existing.clone()
     };
-    let unknown = unknown(existing);
+    let found = read_found(current, &unmarked, lost, observed)?;
+    // Marked, an external item went while the READ was out or since the
+    // outcome was lost, and the agent may have looked before it went. A
+    // value tied to an external item (the mark does not say which) shown
+    // then does not say the item is still there: if every value it may
+    // hold is tied, it may have gone since, even if that external item is
+    // back by now. Created again if it stays intended (Creates are
+    // idempotent), dropped while its external item is gone (rule 9).
+    let tied_whatever = marked && found.values().all(|value| tied_to_an_external(value));
+    Some(CurrentItem {
+        existence_uncertain: found.existence_uncertain || tied_whatever,
+        ..found
+    })
+}
+
+/// Whether `item` goes with some external item (an
+/// `auto_deleted_by_external` dependency).
+fn tied_to_an_external(item: &Item) -> bool {
+    item.dependencies
+        .iter()
+        .any(|dependency| dependency.auto_deleted_by_external())
+}
+
+/// What a READ that found the item with `observed` says of the UNKNOWN,
+/// unmarked `existing` and its `lost` operation (see [`resolved`]).
+fn read_found(
+    current: &CurrentGraph,
+    existing: &CurrentItem,
+    lost: &InFlight,
+    observed: Properties,
+) -> Option<CurrentItem> {
+    let unknown = CurrentItem {
+        state: ItemState::Unknown,
+        in_flight: Some(Box::new(lost.clone())),
+        ..existing.clone()
+    };
     let applies =
         matches!(lost.kind, OperationKind::Create | OperationKind::Modify) && !lost.question;
     let target = lost.target.as_deref();
@@ -1222,6 +1260,74 @@ mod tests {
             after.applied.as_deref(),
             Some(applied),
             "the lost Create did not apply"
+        );
+    }
+
+    #[test]
+    fn a_read_that_ran_when_its_external_item_vanished_leaves_a_tied_item_of_uncertain_existence() {
+        // `t/a`, tied to `e/x` by every value it may hold, is UNKNOWN after
+        // a lost Modify (still tied); a READ resolving it is out when `e/x`
+        // is reported gone. The agent may have looked before `e/x` went
+        // (the item then went with it) or after (it could not have shown a
+        // tied item). So the READ's DONE proves nothing about the item now,
+        // even if `e/x` is back by the time it answers: the item is kept
+        // only as of uncertain existence (created again if intended, rule
+        // 9 applied while `e/x` is gone), not as created.
+        let lost = InFlight {
+            target: Some(value_of_a(true, 2)),
+            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
+        };
+        let read = InFlight {
+            resolves: Some(Box::new(lost)),
+            ..InFlight::new(OperationKind::Read, "op-2".into(), 1, 8, 0, 10_000)
+        };
+        let entry = CurrentItem {
+            state: ItemState::Unknown,
+            in_flight: Some(Box::new(read)),
+            ..CurrentItem::created(value_of_a(true, 1), 7)
+        };
+        let mut current = CurrentGraph::default();
+        current.insert(ItemRef::new("t", "a"), entry);
+        let updates = mark_gone_with_externals(&current, [ItemRef::new("e", "x")]);
+        let [(_, Some(marked))] = updates.as_slice() else {
+            panic!("marked: {updates:?}");
+        };
+        assert!(marked.gone_with_external);
+        for shown in [1, 2] {
+            let after = completed(
+                &CurrentGraph::default(),
+                marked,
+                Completion::Resolved {
+                    observed: Some(value_of_a(true, shown).properties.clone()),
+                },
+            )
+            .expect("it may exist");
+            assert!(!after.gone_with_external && after.in_flight.is_none());
+            assert!(
+                after.existence_uncertain,
+                "showing v{shown}, the tied item is taken as existing for sure: {after:?}"
+            );
+        }
+        // An untied value the READ settles on is not touched by `e/x`
+        // going, whenever the agent looked.
+        let untying = marks_when_x_vanishes_under_a_resolving_read(false);
+        let [(_, Some(marked))] = untying.as_slice() else {
+            panic!("marked: {untying:?}");
+        };
+        let settled = completed(
+            &CurrentGraph::default(),
+            &CurrentItem {
+                existence_uncertain: false,
+                ..marked.clone()
+            },
+            Completion::Resolved {
+                observed: Some(value_of_a(false, 2).properties.clone()),
+            },
+        )
+        .expect("it exists");
+        assert!(
+            !settled.existence_uncertain,
+            "the lost Create applied its untied value: {settled:?}"
         );
     }
 
