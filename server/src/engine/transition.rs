@@ -725,10 +725,12 @@ pub fn coalesce(updates: CurrentUpdates) -> CurrentUpdates {
         .collect()
 }
 
-/// Whether the value `existing` had before `operation` is tied (through an
-/// `auto_deleted_by_external` dependency) to every external item the
-/// operation's target is tied to: whichever of them went, the value went
-/// with it.
+/// Whether every value `existing` may have held before `operation` (its
+/// applied value, and any a lost operation may have left) is tied
+/// (through an `auto_deleted_by_external` dependency) to every external
+/// item the operation's target is tied to: whichever of them went, the
+/// item went with it whatever it held. One untied value it may hold keeps
+/// it, to be deleted (DESIGN 3, rule 9).
 fn still_tied(existing: &CurrentItem, operation: &InFlight) -> bool {
     let ties = |item: &Item| -> std::collections::BTreeSet<ItemRef> {
         item.dependencies
@@ -737,12 +739,14 @@ fn still_tied(existing: &CurrentItem, operation: &InFlight) -> bool {
             .map(|dependency| dependency.requires.clone())
             .collect()
     };
-    let (Some(applied), Some(target)) = (existing.applied.as_deref(), operation.target.as_deref())
-    else {
+    let (Some(_), Some(target)) = (existing.applied.as_deref(), operation.target.as_deref()) else {
         return false;
     };
     let target_ties = ties(target);
-    !target_ties.is_empty() && target_ties.is_subset(&ties(applied))
+    !target_ties.is_empty()
+        && existing
+            .values()
+            .all(|value| target_ties.is_subset(&ties(value)))
 }
 
 /// Dependents of the items `updates` removes (items that are current
@@ -1861,5 +1865,37 @@ mod tests {
         current.insert(ItemRef::new("t", "a"), entry);
         let updates = mark_gone_with_externals(&current, [ItemRef::new("e", "x")]);
         assert!(updates.is_empty(), "not marked: {updates:?}");
+    }
+
+    #[test]
+    fn a_failed_tying_modify_of_an_item_that_may_hold_an_untied_value_keeps_the_item() {
+        // `t/a` holds a value tied to `e/x` (auto_deleted_by_external), or
+        // perhaps an untied one a lost Modify left (`maybe_applied`). A
+        // Modify towards a tied value runs when `e/x` vanishes: marked gone
+        // whatever that Modify does. It times out: it did not say what `a`
+        // holds, and had `a` held the untied value, `a` still exists
+        // (planning.md: dropped with an external item only if every value
+        // it may hold goes with it; otherwise it is deleted).
+        let entry = started(
+            Some(
+                &CurrentItem::created(value_of_a(true, 1), 7)
+                    .with_rare(|rare| rare.maybe_applied = vec![value_of_a(false, 2)]),
+            ),
+            Some(value_of_a(true, 3)),
+            InFlight::new(OperationKind::Modify, "op-2".into(), 1, 8, 0, 10_000),
+        );
+        let mut current = CurrentGraph::default();
+        current.insert(ItemRef::new("t", "a"), entry);
+        let updates = mark_gone_with_externals(&current, [ItemRef::new("e", "x")]);
+        let [(_, Some(marked))] = updates.as_slice() else {
+            panic!("one mark: {updates:?}");
+        };
+        assert!(marked.gone_with_external);
+        let after = completed(&current, marked, timed_out());
+        let after = after.expect("a may still exist with the untied value");
+        assert!(
+            after.values().any(|value| value.dependencies.is_empty()),
+            "the untied value is still one a may hold: {after:?}"
+        );
     }
 }

@@ -42,7 +42,7 @@ use super::spec::TypeSpec;
 use crate::engine::conditions::Condition;
 use crate::engine::intent::{IntentChange, IntentError, ValidatedSubmit, prepare_submit};
 use crate::engine::plan::{Plan, plan_operations};
-use crate::engine::transition::{Completion, completed};
+use crate::engine::transition::{Completion, completed, forget_marks_on_removed};
 use crate::graph::{CurrentGraph, CurrentItem, IntendedGraph, ItemRef, OperationKind};
 
 pub use agents::{AgentResult, TypeHeld};
@@ -295,19 +295,32 @@ impl Executor {
             executor.model.stage_current(&key, Some(value.clone()));
             executor.owed.items.push((key, Some(value)));
         }
-        let journaled: Vec<(ItemRef, CurrentItem)> = executor
+        let journaled: Vec<ItemRef> = executor
             .model
             .current
             .iter()
             .filter(|(_, entry)| entry.in_flight.is_some())
-            .map(|(key, entry)| (key.clone(), (**entry).clone()))
+            .map(|(key, _)| key.clone())
             .collect();
-        for (key, entry) in journaled {
+        for key in journaled {
+            let Some(entry) = executor
+                .model
+                .current
+                .get(&key)
+                .map(|entry| (**entry).clone())
+            else {
+                continue;
+            };
             let lost = if entry.operation_runs() {
-                // Staged one by one: each sees those before it lost.
+                // Staged one by one: each sees those before it lost, and
+                // the marks forgotten on any of them that went.
                 let lost = completed(&executor.model.current, &entry, lost_outcome(&entry));
-                executor.model.stage_current(&key, lost.clone());
-                executor.owed.items.push((key.clone(), lost.clone()));
+                let mut updates = vec![(key.clone(), lost.clone())];
+                forget_marks_on_removed(&executor.model.current, &mut updates);
+                for (changed, value) in updates {
+                    executor.model.stage_current(&changed, value.clone());
+                    executor.owed.items.push((changed, value));
+                }
                 lost
             } else {
                 Some(entry)
@@ -601,7 +614,28 @@ impl Executor {
     /// Stages `item`'s new value (`None`: it leaves current state); an
     /// operation it has in flight is tracked by its op id (a lost
     /// operation that comes back when the READ resolving it is lost, say).
+    ///
+    /// An item that leaves current state, whatever took it out (a result,
+    /// a timeout, a lost session, a lost operation given up, a report), is
+    /// another item if it comes back: its dependents forget the counters
+    /// they recorded for it, here (DESIGN 3, rule 4). A batch whose
+    /// dependents' new values were computed before its removals are staged
+    /// forgets them over the whole batch first
+    /// ([`forget_marks_on_removed`]), so that those values, staged after,
+    /// keep the forgetting.
     fn stage(&mut self, item: &ItemRef, value: Option<CurrentItem>) {
+        if value.is_none() && self.model.current.get(item).is_some() {
+            let mut updates = vec![(item.clone(), None)];
+            forget_marks_on_removed(&self.model.current, &mut updates);
+            for (dependent, forgotten) in updates.into_iter().skip(1) {
+                self.stage_value(&dependent, forgotten);
+            }
+        }
+        self.stage_value(item, value);
+    }
+
+    /// [`Self::stage`] without the forgetting of marks.
+    fn stage_value(&mut self, item: &ItemRef, value: Option<CurrentItem>) {
         let op_id = value
             .as_ref()
             .and_then(|value| value.in_flight.as_ref())

@@ -313,6 +313,14 @@ impl Executor {
             self.transaction()
                 .immediate
                 .push(ack(session_id, op_id, attempt));
+            if entry.state == ItemState::Unknown {
+                // Its outcome is lost and it has not been sent again: the
+                // re-delivery this schedules is decided like any other
+                // ([`Self::redeliver_deferred`]), waiting for what it must
+                // (a Delete of its type, an UNKNOWN dependency, room).
+                self.deferred_redeliveries.insert(item);
+                return None;
+            }
             if let Some((holder, epoch)) = holder
                 && let Some(order) = self.order_for(&item, epoch)
             {

@@ -2323,3 +2323,177 @@ fn a_delete_failed_for_good_is_planned_again_when_its_cause_goes() {
     );
     assert!(ready(&executor), "every item holds its intent");
 }
+
+/// `x` goes with the external item `e` (`auto_deleted_by_external`), and
+/// `y` is recreated whenever `x` is modified. Both created; then a
+/// refreshing reconcile at 40 reads them, `y`'s READ answered at once.
+/// Returns the executor, `e`, `x`, `y` and `x`'s READ, still running.
+fn x_on_e_read_while_y_relies_on_it() -> (Executor, Item, Item, Item, OperationOrder) {
+    let mut executor = connected_readable();
+    let mut e = item("e", 1);
+    e.external = true;
+    let x = item("x", 1).depends_on(on("t/e").with_auto_deleted_by_external(true));
+    let y = recreated_with(&x, 1);
+    submit(&mut executor, vec![e.clone(), x.clone(), y.clone()], at(10));
+    let effects = external_put(&mut executor, &e, at(20));
+    let create_x = orders(&effects.sends).remove(0);
+    let effects = answer(&mut executor, &create_x, done(), at(25));
+    let create_y = orders(&effects.sends).remove(0);
+    answer(&mut executor, &create_y, done(), at(30));
+    assert!(ready(&executor), "x on e, y on x");
+    assert_eq!(mark_of_y_on(&executor, &x), Some(0));
+
+    let (effects, _) = executor.reconcile(true, at(40));
+    executor.committed(at(40));
+    let reads = orders(&effects.sends);
+    let read_x = reads
+        .iter()
+        .find(|order| order.item.item_ref() == x.item_ref())
+        .expect("x is read")
+        .clone();
+    if let Some(read_y) = reads
+        .iter()
+        .find(|order| order.item.item_ref() == y.item_ref())
+    {
+        answer(
+            &mut executor,
+            read_y,
+            done_observing(y.properties.clone()),
+            at(41),
+        );
+    }
+    (executor, e, x, y, read_x)
+}
+
+/// `e` vanishes while `x`'s drift READ runs: `x` went with it whatever the
+/// READ finds. The READ times out, and `x` leaves current state. Like any
+/// item that goes (DESIGN 3, rule 4; planning.md: "an item that goes ...
+/// is another item if it comes back, its counter starting over: every
+/// dependent's mark on it becomes absent"), `y` must forget its mark on
+/// `x`; kept, `y` (its Delete failed meanwhile) is settled once `e` and a
+/// new `x` are back, and never recreated on the new `x`.
+#[test]
+fn a_dependent_forgets_its_mark_on_an_item_removed_when_its_read_times_out() {
+    let (mut executor, e, x, y, _read_x) = x_on_e_read_while_y_relies_on_it();
+    let effects = external_delete(&mut executor, &e, at(50));
+    let delete_y = orders(&effects.sends)
+        .into_iter()
+        .find(|order| order.item.item_ref() == y.item_ref())
+        .expect("y goes: x no longer holds");
+    assert_eq!(delete_y.kind, OperationKind::Delete);
+
+    executor.on_timer(at(40 + TIMEOUT_MS));
+    executor.committed(at(40 + TIMEOUT_MS));
+    assert!(
+        executor.model().current.get(&x.item_ref()).is_none(),
+        "x went with e"
+    );
+    assert_eq!(
+        mark_of_y_on(&executor, &x),
+        Some(crate::engine::transition::ABSENT_DEPENDENCY_MARK),
+        "whatever appears under x's name later counts as modified"
+    );
+}
+
+/// [`a_dependent_forgets_its_mark_on_an_item_removed_when_its_read_times_out`]
+/// played to the end: `y`'s Delete fails, `e` comes back, `x` is created
+/// again; `y` was created against the `x` that went, and must be
+/// recreated, not taken as converged.
+#[test]
+fn a_dependent_of_an_item_gone_while_read_is_recreated_when_it_comes_back() {
+    let (mut executor, e, x, y, _read_x) = x_on_e_read_while_y_relies_on_it();
+    let effects = external_delete(&mut executor, &e, at(50));
+    let delete_y = orders(&effects.sends)
+        .into_iter()
+        .find(|order| order.item.item_ref() == y.item_ref())
+        .expect("y goes: x no longer holds");
+    executor.on_timer(at(40 + TIMEOUT_MS));
+    executor.committed(at(40 + TIMEOUT_MS));
+    answer(&mut executor, &delete_y, busy(), at(41 + TIMEOUT_MS));
+
+    let effects = external_put(&mut executor, &e, at(42 + TIMEOUT_MS));
+    let create_x = orders(&effects.sends)
+        .into_iter()
+        .find(|order| order.item.item_ref() == x.item_ref())
+        .expect("x is created again");
+    assert_eq!(create_x.kind, OperationKind::Create);
+    let mut y_orders = Vec::new();
+    let mut batch = orders(&answer(&mut executor, &create_x, done(), at(43 + TIMEOUT_MS)).sends);
+    let mut now = 44 + TIMEOUT_MS;
+    for _ in 0..10 {
+        now += 2_000;
+        batch.extend(orders(
+            &{
+                let effects = executor.on_timer(at(now));
+                executor.committed(at(now));
+                effects
+            }
+            .sends,
+        ));
+        y_orders.extend(
+            batch
+                .iter()
+                .filter(|order| order.item.item_ref() == y.item_ref())
+                .map(|order| order.kind),
+        );
+        if batch.is_empty() {
+            continue;
+        }
+        batch = orders(&answer_all(&mut executor, &batch, at(now + 1)).sends);
+    }
+    assert!(
+        y_orders.contains(&OperationKind::Create),
+        "y, created against the x that went, is recreated on the new x: {y_orders:?}"
+    );
+}
+
+/// [`a_dependent_forgets_its_mark_on_an_item_removed_when_its_read_times_out`]
+/// when the READ's session ends instead: `x` leaves current state then.
+#[test]
+fn a_dependent_forgets_its_mark_on_an_item_removed_when_its_reads_session_ends() {
+    let (mut executor, e, x, _y, _read_x) = x_on_e_read_while_y_relies_on_it();
+    external_delete(&mut executor, &e, at(50));
+    executor.session_closed(1, "gone", at(60));
+    executor.committed(at(60));
+    assert!(
+        executor.model().current.get(&x.item_ref()).is_none(),
+        "x went with e"
+    );
+    assert_eq!(
+        mark_of_y_on(&executor, &x),
+        Some(crate::engine::transition::ABSENT_DEPENDENCY_MARK),
+        "whatever appears under x's name later counts as modified"
+    );
+}
+
+/// [`lost_operations_sent_again_together_send_a_create_after_a_delete_of_its_type`]
+/// when a result of the lost Create comes late on the ended session 1
+/// (an older epoch): it changes no state and only schedules a
+/// re-delivery (DESIGN 4), which waits for `b`'s Delete like the one the
+/// registration put off (DESIGN 3, rule 8: two items contending for one
+/// resource never race).
+#[test]
+fn a_stale_result_of_a_lost_create_does_not_send_it_past_a_delete_of_its_type() {
+    let mut executor = connected();
+    let b = orders(&submit(&mut executor, vec![item("b", 1)], at(5)).sends).remove(0);
+    answer_on(&mut executor, 1, &b, done(), at(6));
+    let create =
+        orders(&submit(&mut executor, vec![item("a", 1), item("b", 1)], at(10)).sends).remove(0);
+    let delete = orders(&submit(&mut executor, vec![item("a", 1)], at(15)).sends).remove(0);
+    assert_eq!(delete.kind, OperationKind::Delete);
+    executor.session_closed(1, "gone", at(20));
+    executor.committed(at(20));
+    let effects = register_listed(&mut executor, 2, "agent", spec(), at(30));
+    assert_eq!(orders(&effects.sends).len(), 1, "the Delete alone");
+
+    let effects = answer_on(&mut executor, 1, &create, busy(), at(35));
+    let sent: Vec<(String, OperationKind)> = orders(&effects.immediate)
+        .into_iter()
+        .chain(orders(&effects.sends))
+        .map(|order| (order.op_id, order.kind))
+        .collect();
+    assert!(
+        sent.is_empty(),
+        "b's Delete still runs: a's Create waits for it ({sent:?})"
+    );
+}
