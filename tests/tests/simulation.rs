@@ -1340,10 +1340,6 @@ fn seed_10970_with_drift_and_agent_restarts_a_wait_lost_with_the_store_leaves_th
     passes_with_drift(10970, sim::AgentFaults::ProcessesRestart);
 }
 
-/// The checker's mistake, not the server's: an external item vanished
-/// while the agent of its dependents' type was down for good. The
-/// dependents, still CREATED at their intended values, must be deleted
-/// (rule 9), and wait for that agent; the server rightly said Ready=false.
 /// The checker's mistake: an item vanished by drift while a READ resolving
 /// its lost Create was in flight; the READ found nothing, and in the same
 /// pass the server created the item afresh (for an intent that no longer
@@ -1365,9 +1361,38 @@ fn seed_90564_with_agent_restarts_a_journaled_operation_first_delivered_after_a_
     passes_with_agent_restarts(90564);
 }
 
+/// The checker's mistake, not the server's: an external item vanished
+/// while the agent of its dependents' type was down for good. The
+/// dependents, still CREATED at their intended values, must be deleted
+/// (rule 9), and wait for that agent; the server rightly said Ready=false.
 /// The checker's convergence (with an agent down) did not ask that an
 /// intended item's dependencies hold.
 #[test]
 fn seed_84709_with_agent_restarts_dependents_of_a_vanished_external_item_are_not_converged() {
     passes_with_agent_restarts(84709);
+}
+
+/// The checker's mistake: an external report deleting `t1/n2` and putting
+/// it back was applied just before the store died, unacknowledged. The
+/// Create of `t1/n3` (auto-deleted by `t1/n2`) it let go out was journaled
+/// in that commit and lost. The reporter sent the report again to the
+/// restarted server, which then saw `t1/n2` vanish while that Create's
+/// outcome was lost, and rightly gave it up (rule 9: it may have applied
+/// and gone with `t1/n2`) for a new Create. The checker did not count a
+/// report sent again as a vanish.
+#[test]
+fn seed_66211_with_drift_and_agent_restarts_a_report_sent_again_after_a_crash_vanishes_an_item_again()
+ {
+    passes_with_drift(66211, sim::AgentFaults::ProcessesRestart);
+}
+
+/// The checker's half of an engine fix: `t0/n1` went with the external
+/// item `t2/n0` while a drift READ of it ran, and the restart that
+/// followed took that READ as lost, so `t0/n1` left current state then.
+/// Its dependent `t0/n4` now forgets its `recreate_when_modified` mark on
+/// it, as after any removal (DESIGN 3, rule 4); the checker took that for
+/// a change the crash made to committed state.
+#[test]
+fn seed_62044_with_drift_and_agent_restarts_a_restart_forgets_marks_on_an_item_it_takes_for_gone() {
+    passes_with_drift(62044, sim::AgentFaults::ProcessesRestart);
 }

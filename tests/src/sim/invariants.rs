@@ -51,6 +51,7 @@ use reconciled::engine::exec::{RetryPolicy, TypeSpec};
 use reconciled::engine::plan::{
     Plan, PlanEnvironment, TypeRules, WaitReason, plan_everything, runs_first,
 };
+use reconciled::engine::transition::ABSENT_DEPENDENCY_MARK;
 use reconciled::graph::{
     CurrentGraph, CurrentItem, IntendedGraph, Item, ItemRef, ItemState, OperationKind, Predicate,
     Properties,
@@ -2140,6 +2141,33 @@ pub fn check_crash_kept(before: &TenantSnapshot, loaded: &TenantSnapshot) -> Res
                 && now <= then
             {
                 is.rare.update(|rare| rare.next_attempt_at_ms = Some(then));
+            }
+            // An item whose running operation the restart took as lost,
+            // and which went with it, is another item if it comes back: a
+            // dependent forgets its mark on it (DESIGN 3, rule 4).
+            if let Some(was) = was {
+                let gone_at_restart = |required: &ItemRef| {
+                    loaded.current.get(required).is_none()
+                        && before
+                            .current
+                            .get(required)
+                            .is_some_and(|required| required.in_flight.is_some())
+                };
+                let forgotten: Vec<(ItemRef, u64)> = was
+                    .rare
+                    .dependency_marks
+                    .iter()
+                    .filter(|(required, mark)| {
+                        is.rare.dependency_marks.get(*required) == Some(&ABSENT_DEPENDENCY_MARK)
+                            && **mark != ABSENT_DEPENDENCY_MARK
+                            && gone_at_restart(required)
+                    })
+                    .map(|(required, mark)| (required.clone(), *mark))
+                    .collect();
+                if !forgotten.is_empty() {
+                    is.rare
+                        .update(|rare| rare.dependency_marks.extend(forgotten));
+                }
             }
             is
         });

@@ -9,7 +9,7 @@
 //! it arrives), sends back what the agents answer at once, and repeats
 //! until the exchange stops; then it checks the published snapshot.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -1057,6 +1057,26 @@ impl Sim {
                 "{} external report(s) sent again",
                 unreported.len()
             ));
+            // A Delete of an item the restarted server holds (its first
+            // sending was applied before the store died) is a vanish to it
+            // again, now while operations journaled at the restart are
+            // lost: it may give up those tied to the item (seed 66211).
+            let mut present: HashMap<ItemRef, bool> = HashMap::new();
+            for change in &unreported {
+                match change {
+                    ExternalChange::Put { item, .. } => {
+                        present.insert(item.item_ref(), true);
+                    }
+                    ExternalChange::Delete { item } => {
+                        let held = present
+                            .insert(item.clone(), false)
+                            .unwrap_or_else(|| loaded.current.get(item).is_some());
+                        if held {
+                            self.ledger.on_vanished(item, &[]);
+                        }
+                    }
+                }
+            }
             self.handle
                 .report_external(unreported.clone())
                 .await
