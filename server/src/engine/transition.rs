@@ -1199,13 +1199,17 @@ mod tests {
         Arc::new(item)
     }
 
-    /// `t/a`, UNKNOWN with an applied value tied to `e/x`, whose lost
-    /// Create of a value tied to `e/x` or not (`target_tied`) a READ is
-    /// resolving; then `e/x` vanishes.
-    fn marks_when_x_vanishes_under_a_resolving_read(target_tied: bool) -> CurrentUpdates {
+    /// `t/a`, UNKNOWN with an applied value tied to `e/x` (its existence
+    /// `uncertain` or not), whose lost `kind` of a value tied to `e/x` or
+    /// not (`target_tied`) a READ is resolving; then `e/x` vanishes.
+    fn marks_when_x_vanishes_under_a_read_resolving(
+        kind: OperationKind,
+        target_tied: bool,
+        uncertain: bool,
+    ) -> CurrentUpdates {
         let lost = InFlight {
             target: Some(value_of_a(target_tied, 2)),
-            ..InFlight::new(OperationKind::Create, "op-1".into(), 1, 8, 0, 10_000)
+            ..InFlight::new(kind, "op-1".into(), 1, 8, 0, 10_000)
         };
         let read = InFlight {
             resolves: Some(Box::new(lost)),
@@ -1214,12 +1218,18 @@ mod tests {
         let entry = CurrentItem {
             state: ItemState::Unknown,
             in_flight: Some(Box::new(read)),
-            existence_uncertain: true,
+            existence_uncertain: uncertain,
             ..CurrentItem::created(value_of_a(true, 1), 7)
         };
         let mut current = CurrentGraph::default();
         current.insert(ItemRef::new("t", "a"), entry);
         mark_gone_with_externals(&current, [ItemRef::new("e", "x")])
+    }
+
+    /// [`marks_when_x_vanishes_under_a_read_resolving`] a lost Create of
+    /// an item of uncertain existence.
+    fn marks_when_x_vanishes_under_a_resolving_read(target_tied: bool) -> CurrentUpdates {
+        marks_when_x_vanishes_under_a_read_resolving(OperationKind::Create, target_tied, true)
     }
 
     #[test]
@@ -1277,22 +1287,8 @@ mod tests {
         // even if `e/x` is back by the time it answers: the item is kept
         // only as of uncertain existence (created again if intended, rule
         // 9 applied while `e/x` is gone), not as created.
-        let lost = InFlight {
-            target: Some(value_of_a(true, 2)),
-            ..InFlight::new(OperationKind::Modify, "op-1".into(), 1, 8, 0, 10_000)
-        };
-        let read = InFlight {
-            resolves: Some(Box::new(lost)),
-            ..InFlight::new(OperationKind::Read, "op-2".into(), 1, 8, 0, 10_000)
-        };
-        let entry = CurrentItem {
-            state: ItemState::Unknown,
-            in_flight: Some(Box::new(read)),
-            ..CurrentItem::created(value_of_a(true, 1), 7)
-        };
-        let mut current = CurrentGraph::default();
-        current.insert(ItemRef::new("t", "a"), entry);
-        let updates = mark_gone_with_externals(&current, [ItemRef::new("e", "x")]);
+        let updates =
+            marks_when_x_vanishes_under_a_read_resolving(OperationKind::Modify, true, false);
         let [(_, Some(marked))] = updates.as_slice() else {
             panic!("marked: {updates:?}");
         };
@@ -1314,16 +1310,14 @@ mod tests {
         }
         // An untied value the READ settles on is not touched by `e/x`
         // going, whenever the agent looked.
-        let untying = marks_when_x_vanishes_under_a_resolving_read(false);
+        let untying =
+            marks_when_x_vanishes_under_a_read_resolving(OperationKind::Create, false, false);
         let [(_, Some(marked))] = untying.as_slice() else {
             panic!("marked: {untying:?}");
         };
         let settled = completed(
             &CurrentGraph::default(),
-            &CurrentItem {
-                existence_uncertain: false,
-                ..marked.clone()
-            },
+            marked,
             Completion::Resolved {
                 observed: Some(value_of_a(false, 2).properties.clone()),
             },

@@ -2326,9 +2326,9 @@ fn a_delete_failed_for_good_is_planned_again_when_its_cause_goes() {
 
 /// `x` goes with the external item `e` (`auto_deleted_by_external`), and
 /// `y` is recreated whenever `x` is modified. Both created; then a
-/// refreshing reconcile at 40 reads them, `y`'s READ answered at once.
-/// Returns the executor, `e`, `x`, `y` and `x`'s READ, still running.
-fn x_on_e_read_while_y_relies_on_it() -> (Executor, Item, Item, Item, OperationOrder) {
+/// refreshing reconcile at 40 reads them, `y`'s READ answered at once, and
+/// `x`'s still running. Returns the executor, `e`, `x` and `y`.
+fn x_on_e_read_while_y_relies_on_it() -> (Executor, Item, Item, Item) {
     let mut executor = connected_readable();
     let mut e = item("e", 1);
     e.external = true;
@@ -2346,11 +2346,12 @@ fn x_on_e_read_while_y_relies_on_it() -> (Executor, Item, Item, Item, OperationO
     let (effects, _) = executor.reconcile(true, at(40));
     executor.committed(at(40));
     let reads = orders(&effects.sends);
-    let read_x = reads
-        .iter()
-        .find(|order| order.item.item_ref() == x.item_ref())
-        .expect("x is read")
-        .clone();
+    assert!(
+        reads
+            .iter()
+            .any(|order| order.item.item_ref() == x.item_ref()),
+        "x is read"
+    );
     if let Some(read_y) = reads
         .iter()
         .find(|order| order.item.item_ref() == y.item_ref())
@@ -2362,37 +2363,48 @@ fn x_on_e_read_while_y_relies_on_it() -> (Executor, Item, Item, Item, OperationO
             at(41),
         );
     }
-    (executor, e, x, y, read_x)
+    (executor, e, x, y)
 }
 
-/// `e` vanishes while `x`'s drift READ runs: `x` went with it whatever the
-/// READ finds. The READ times out, and `x` leaves current state. Like any
-/// item that goes (DESIGN 3, rule 4; planning.md: "an item that goes ...
-/// is another item if it comes back, its counter starting over: every
-/// dependent's mark on it becomes absent"), `y` must forget its mark on
-/// `x`; kept, `y` (its Delete failed meanwhile) is settled once `e` and a
-/// new `x` are back, and never recreated on the new `x`.
-#[test]
-fn a_dependent_forgets_its_mark_on_an_item_removed_when_its_read_times_out() {
-    let (mut executor, e, x, y, _read_x) = x_on_e_read_while_y_relies_on_it();
+/// [`x_on_e_read_while_y_relies_on_it`], then `e` vanishes while `x`'s
+/// READ runs: `x` went with it whatever the READ finds, and `y`'s Delete
+/// goes out (returned).
+fn e_vanishes_while_x_is_read() -> (Executor, Item, Item, OperationOrder) {
+    let (mut executor, e, x, y) = x_on_e_read_while_y_relies_on_it();
     let effects = external_delete(&mut executor, &e, at(50));
     let delete_y = orders(&effects.sends)
         .into_iter()
         .find(|order| order.item.item_ref() == y.item_ref())
         .expect("y goes: x no longer holds");
     assert_eq!(delete_y.kind, OperationKind::Delete);
+    (executor, e, x, delete_y)
+}
 
-    executor.on_timer(at(40 + TIMEOUT_MS));
-    executor.committed(at(40 + TIMEOUT_MS));
+/// `x` left current state, and `y` forgot its mark on it (DESIGN 3, rule
+/// 4; planning.md: "an item that goes ... is another item if it comes
+/// back, its counter starting over").
+fn assert_forgotten_with_x(executor: &Executor, x: &Item) {
     assert!(
         executor.model().current.get(&x.item_ref()).is_none(),
         "x went with e"
     );
     assert_eq!(
-        mark_of_y_on(&executor, &x),
+        mark_of_y_on(executor, x),
         Some(crate::engine::transition::ABSENT_DEPENDENCY_MARK),
         "whatever appears under x's name later counts as modified"
     );
+}
+
+/// `x`'s READ times out after `e` vanished, and `x` leaves current state:
+/// `y` must forget its mark on `x`. Kept, `y` (its Delete failed
+/// meanwhile) is settled once `e` and a new `x` are back, and never
+/// recreated on the new `x`.
+#[test]
+fn a_dependent_forgets_its_mark_on_an_item_removed_when_its_read_times_out() {
+    let (mut executor, _e, x, _delete_y) = e_vanishes_while_x_is_read();
+    executor.on_timer(at(40 + TIMEOUT_MS));
+    executor.committed(at(40 + TIMEOUT_MS));
+    assert_forgotten_with_x(&executor, &x);
 }
 
 /// [`a_dependent_forgets_its_mark_on_an_item_removed_when_its_read_times_out`]
@@ -2401,12 +2413,8 @@ fn a_dependent_forgets_its_mark_on_an_item_removed_when_its_read_times_out() {
 /// recreated, not taken as converged.
 #[test]
 fn a_dependent_of_an_item_gone_while_read_is_recreated_when_it_comes_back() {
-    let (mut executor, e, x, y, _read_x) = x_on_e_read_while_y_relies_on_it();
-    let effects = external_delete(&mut executor, &e, at(50));
-    let delete_y = orders(&effects.sends)
-        .into_iter()
-        .find(|order| order.item.item_ref() == y.item_ref())
-        .expect("y goes: x no longer holds");
+    let (mut executor, e, x, delete_y) = e_vanishes_while_x_is_read();
+    let y = delete_y.item.item_ref();
     executor.on_timer(at(40 + TIMEOUT_MS));
     executor.committed(at(40 + TIMEOUT_MS));
     answer(&mut executor, &delete_y, busy(), at(41 + TIMEOUT_MS));
@@ -2433,7 +2441,7 @@ fn a_dependent_of_an_item_gone_while_read_is_recreated_when_it_comes_back() {
         y_orders.extend(
             batch
                 .iter()
-                .filter(|order| order.item.item_ref() == y.item_ref())
+                .filter(|order| order.item.item_ref() == y)
                 .map(|order| order.kind),
         );
         if batch.is_empty() {
@@ -2451,19 +2459,21 @@ fn a_dependent_of_an_item_gone_while_read_is_recreated_when_it_comes_back() {
 /// when the READ's session ends instead: `x` leaves current state then.
 #[test]
 fn a_dependent_forgets_its_mark_on_an_item_removed_when_its_reads_session_ends() {
-    let (mut executor, e, x, _y, _read_x) = x_on_e_read_while_y_relies_on_it();
-    external_delete(&mut executor, &e, at(50));
+    let (mut executor, _e, x, _delete_y) = e_vanishes_while_x_is_read();
     executor.session_closed(1, "gone", at(60));
     executor.committed(at(60));
-    assert!(
-        executor.model().current.get(&x.item_ref()).is_none(),
-        "x went with e"
-    );
-    assert_eq!(
-        mark_of_y_on(&executor, &x),
-        Some(crate::engine::transition::ABSENT_DEPENDENCY_MARK),
-        "whatever appears under x's name later counts as modified"
-    );
+    assert_forgotten_with_x(&executor, &x);
+}
+
+/// [`a_dependent_forgets_its_mark_on_an_item_removed_when_its_read_times_out`]
+/// when the server restarts instead: the READ's outcome is lost with it,
+/// and `x` leaves current state as the restarted server loads, `y`'s
+/// Delete lost beside it.
+#[test]
+fn a_dependent_forgets_its_mark_on_an_item_a_restart_takes_for_gone() {
+    let (executor, _e, x, _delete_y) = e_vanishes_while_x_is_read();
+    let restarted = reloaded(&executor, at(60));
+    assert_forgotten_with_x(&restarted, &x);
 }
 
 /// [`lost_operations_sent_again_together_send_a_create_after_a_delete_of_its_type`]
