@@ -92,6 +92,14 @@ impl Deadlines {
         }
     }
 
+    /// A progress report of `op_id` at `now`: it has its full timeout
+    /// again from `now` (a cancel's deadline, if one was asked, stays).
+    pub fn extend(&mut self, op_id: &str, timeout_ms: u64, now: u64) {
+        if let Some(deadline) = self.by_op.get_mut(op_id) {
+            deadline.timeout_at = deadline.timeout_at.max(now.saturating_add(timeout_ms));
+        }
+    }
+
     /// Forgets `op_id`'s deadlines.
     pub fn forget(&mut self, op_id: &str) {
         self.by_op.remove(op_id);

@@ -128,6 +128,12 @@ struct Transaction {
     undo_types: Vec<(String, Option<RegisteredType>)>,
     undo_sessions: Vec<(String, Option<Holder>)>,
     undo_operations: Vec<(String, Option<ItemRef>)>,
+    /// The put-off re-deliveries as they were when the transaction began
+    /// (a failed commit puts them back: what it sent did not go).
+    undo_deferred: Option<BTreeSet<ItemRef>>,
+    /// Drift READs taken from the queue (a failed commit queues them
+    /// again).
+    undo_reads: Vec<ItemRef>,
 }
 
 /// What a SubmitIntent did.
@@ -183,8 +189,8 @@ pub struct Executor {
     /// UNKNOWN items whose lost operation waits to be sent again until an
     /// UNKNOWN item it depends on is resolved (DESIGN 4).
     deferred_redeliveries: BTreeSet<ItemRef>,
-    /// Since when some item waits for a configurator (unix ms).
-    no_configurator_since_ms: Option<u64>,
+    /// Since when some item waits for a configurator (monotonic).
+    no_configurator_since_mono: Option<u64>,
     txn: Option<Transaction>,
     /// Items the planner examined over every pass so far.
     items_examined: u64,
@@ -285,7 +291,7 @@ impl Executor {
             pending_reads: BTreeSet::new(),
             follow_up: BTreeSet::new(),
             deferred_redeliveries: BTreeSet::new(),
-            no_configurator_since_ms: None,
+            no_configurator_since_mono: None,
             txn: None,
             items_examined: 0,
             owed,
@@ -460,7 +466,10 @@ impl Executor {
     /// Opens the transaction of an input.
     fn begin(&mut self) {
         debug_assert!(self.txn.is_none(), "a transaction is still open");
-        self.txn = Some(Transaction::default());
+        self.txn = Some(Transaction {
+            undo_deferred: Some(self.deferred_redeliveries.clone()),
+            ..Transaction::default()
+        });
     }
 
     /// The open transaction. Inputs open one before they stage anything.
@@ -594,6 +603,10 @@ impl Executor {
         for (item_type, previous) in txn.undo_types.into_iter().rev() {
             self.types.restore(&item_type, previous);
         }
+        if let Some(deferred) = txn.undo_deferred {
+            self.deferred_redeliveries = deferred;
+        }
+        self.pending_reads.extend(txn.undo_reads);
         self.model.unconverged.extend(txn.seeds);
         self.follow_up.clear();
         self.timer_retry = Some(now.mono_ms.saturating_add(RETRY_AFTER_FAILED_COMMIT_MS));

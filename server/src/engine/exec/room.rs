@@ -1,7 +1,8 @@
 //! Room for operations (DESIGN section 4: "each item type gets a fair
 //! share of the tenant's in-flight limit"): an item type runs at most its
-//! spec's `max_in_flight` operations at once, the tenant at most its
-//! `max_operations_in_flight`. A ready operation that finds no room waits
+//! spec's `max_in_flight` operations at once, and at most its share of the
+//! tenant's `max_operations_in_flight` (divided among the types with a
+//! live session); the tenant at most that limit. A ready operation that finds no room waits
 //! in its type's queue, and when room frees, queued items are planned
 //! again. Pure bookkeeping: the executor decides what to dispatch, this
 //! says whether there is room.
@@ -75,12 +76,29 @@ impl Room {
         }
     }
 
+    /// The most operations a type may run at once: its `max_in_flight`,
+    /// and its fair share of the tenant's limit (that limit divided among
+    /// the types with a live session, rounded up), so that however long a
+    /// slow type's operations run, the others keep room of their own
+    /// (DESIGN 4). A type busy alone does not borrow the others' shares:
+    /// what it took could not be handed back until its operations end.
+    fn type_cap(&self, limits: Limits) -> usize {
+        let per_type = limits.per_type.max(1);
+        match limits.per_tenant {
+            0 => per_type,
+            limit => {
+                let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+                per_type.min(limit.div_ceil(self.running.len().max(1)))
+            }
+        }
+    }
+
     /// Room left for `item_type` (0 without a live session).
     fn type_room(&self, item_type: &str, limits: Limits) -> usize {
         self.running
             .get(item_type)
             .map_or(0, |running| {
-                limits.per_type.max(1).saturating_sub(running.all)
+                self.type_cap(limits).saturating_sub(running.all)
             })
             .min(self.tenant_room(limits.per_tenant))
     }
@@ -122,6 +140,12 @@ impl Room {
         running.all += 1;
         running.reads += usize::from(drift_read);
         true
+    }
+
+    /// Counts an operation of `item_type` that runs whatever the room (a
+    /// lost operation the agent still runs: it holds its room).
+    pub fn occupy(&mut self, item_type: &str) {
+        self.running.entry(item_type.to_string()).or_default().all += 1;
     }
 
     /// Ready operations waiting for room, of every type.

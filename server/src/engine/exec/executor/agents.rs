@@ -555,6 +555,14 @@ impl Executor {
         if !matches {
             return false;
         }
+        if entry.operation_runs()
+            && let Some(operation) = entry.in_flight.as_ref()
+        {
+            // A progress report resets the operation's timeout
+            // (docs/agents.md, long-running operations).
+            self.deadlines
+                .extend(op_id, operation.timeout_ms, now.mono_ms);
+        }
         let mut updated = (**entry).clone();
         if let Some(operation) = updated.in_flight.as_mut() {
             operation.last_progress_ms = Some(now.wall_ms);
@@ -703,6 +711,7 @@ impl Executor {
         if ready.is_empty() {
             return None;
         }
+        self.begin();
         for item in &ready {
             self.deferred_redeliveries.remove(item);
         }
@@ -710,7 +719,6 @@ impl Executor {
             .iter()
             .map(|item| item.item_type().to_string())
             .collect();
-        self.begin();
         self.redeliver_lost(&types, Some(&ready), now);
         self.pass(Scope::Items(ready), now);
         Some(self.end())
@@ -800,6 +808,9 @@ impl Executor {
             decided.push((item, decision, entry, agent_holds == Some(true)));
         }
         defer_creates_behind_deletes_sent_with_them(&mut decided);
+        // Those the agent still runs hold their room before any other
+        // takes one.
+        decided.sort_by_key(|(_, _, _, still_runs)| !*still_runs);
         for item in resend {
             self.send_journaled(&item);
         }
@@ -811,6 +822,9 @@ impl Executor {
             self.deferred_redeliveries.remove(&item);
             let read = matches!(decision, Redelivery::Read);
             let sends = read || matches!(decision, Redelivery::Resend { .. });
+            if sends && still_runs {
+                self.room.occupy(item.item_type());
+            }
             if sends && !still_runs {
                 let limits = self.type_limits(item.item_type());
                 // A READ resolving a lost operation is work, not a drift

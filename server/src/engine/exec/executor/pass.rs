@@ -168,13 +168,13 @@ impl Executor {
             journal.extend(read_journal);
         }
         // Retry times and waiters are read from the state the plan saw.
-        self.absorb(&seeds, &plan, &from_queue, now.wall_ms);
+        self.absorb(&seeds, &plan, &from_queue, now.mono_ms);
         self.follow_up_kept_waiters(kept_waiting);
         self.stage_all(bookkeeping);
         self.stage_all(journal);
         // Every operation that waits for room is ready work, whichever
         // pass found it ready: the tenant is not quiescent while any does.
-        self.update_conditions(now.wall_ms, self.room.queued_len());
+        self.update_conditions(now, self.room.queued_len());
         self.stage_cancels(&plan, now.wall_ms);
         self.dispatch(starts, now.wall_ms);
         self.transaction().seeds.extend(seeds);
@@ -469,8 +469,15 @@ impl Executor {
         dispatched: &[(ItemRef, InFlight)],
     ) -> (Vec<(ItemRef, InFlight)>, CurrentUpdates) {
         let dispatched: HashSet<&ItemRef> = dispatched.iter().map(|(item, _)| item).collect();
-        self.pending_reads
-            .retain(|item| !dispatched.contains(item) && !plan.unconverged.contains(item));
+        let mut dropped = Vec::new();
+        self.pending_reads.retain(|item| {
+            let keep = !dispatched.contains(item) && !plan.unconverged.contains(item);
+            if !keep {
+                dropped.push(item.clone());
+            }
+            keep
+        });
+        self.transaction().undo_reads.extend(dropped);
         let mut starts = Vec::new();
         let mut updates: CurrentUpdates = Vec::new();
         let queued: Vec<ItemRef> = self.pending_reads.iter().cloned().collect();
@@ -483,6 +490,7 @@ impl Executor {
                 continue;
             }
             self.pending_reads.remove(&item);
+            self.transaction().undo_reads.push(item.clone());
             let Some(current) = self.model.current.get(&item).cloned() else {
                 continue;
             };
@@ -540,10 +548,28 @@ impl Executor {
         let Some(order) = self.order_for(item, epoch) else {
             return;
         };
+        let cancel_requested = self
+            .model
+            .current
+            .get(item)
+            .and_then(|current| current.in_flight.as_ref())
+            .is_some_and(|operation| operation.cancel_requested);
+        let op_id = order.op_id.clone();
         let txn = self.transaction();
         txn.clocked.push((order.op_id.clone(), order.timeout_ms));
         txn.sends
             .push(to_session(session_id, ToAgent::Operation(order)));
+        if cancel_requested {
+            // Superseded before it was sent again (its cancel may never
+            // have reached an agent): the cancel follows it (DESIGN 4).
+            txn.sends.push(to_session(
+                session_id,
+                ToAgent::Cancel {
+                    op_id: op_id.clone(),
+                },
+            ));
+            txn.cancelled.push(op_id);
+        }
     }
 
     /// The order that sends `item`'s journaled operation to an agent.
@@ -659,8 +685,8 @@ impl Executor {
         self.next_retry_ms = next_retry;
         self.follow_up_waiters_of_stalled(seeds, plan);
         let waits_for_configurator = !self.model.waiting.summary().without_configurator.is_empty();
-        self.no_configurator_since_ms =
-            match (waits_for_configurator, self.no_configurator_since_ms) {
+        self.no_configurator_since_mono =
+            match (waits_for_configurator, self.no_configurator_since_mono) {
                 (false, _) => None,
                 (true, Some(since)) => Some(since),
                 (true, None) => Some(now_ms),
@@ -801,7 +827,8 @@ impl Executor {
 
     /// Recomputes the conditions: staged when they changed in substance; a
     /// change of wording only is shown without a commit.
-    fn update_conditions(&mut self, now_ms: u64, ready_operations: usize) {
+    fn update_conditions(&mut self, now: Now, ready_operations: usize) {
+        let now_ms = now.wall_ms;
         let before = self.model.progress();
         let progress = Progress {
             generation: before.generation,
@@ -809,7 +836,11 @@ impl Executor {
             in_flight: self.room.running_work(),
             ready_operations,
             waiting: self.model.waiting.summary(),
-            no_configurator_since_ms: self.no_configurator_since_ms,
+            // Measured on the monotonic clock, shown as the wall-clock
+            // time that far back.
+            no_configurator_since_ms: self
+                .no_configurator_since_mono
+                .map(|since| now_ms.saturating_sub(now.mono_ms.saturating_sub(since))),
             configurator_grace_ms: self.settings.configurator_grace_ms,
             now_ms,
         };

@@ -2507,3 +2507,341 @@ fn a_stale_result_of_a_lost_create_does_not_send_it_past_a_delete_of_its_type() 
         "b's Delete still runs: a's Create waits for it ({sent:?})"
     );
 }
+
+// Time, cancels, room and failed commits.
+
+/// Whether `messages` hold a cancel of `op_id`.
+fn cancels(messages: &[crate::engine::exec::effects::Message], op_id: &str) -> bool {
+    messages
+        .iter()
+        .any(|message| matches!(&message.message, ToAgent::Cancel { op_id: id } if id == op_id))
+}
+
+/// docs/agents.md §7 (the contract the SDK is written to): progress
+/// reports reset the server's operation timeout, so a long-running
+/// operation (IN_PROGRESS, DESIGN 4) that reports more often than
+/// `operation_timeout` is not timed out and cancelled.
+#[test]
+fn a_progress_report_extends_the_operations_timeout() {
+    let mut executor = connected();
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    let running = orders(&effects.sends).remove(0);
+    answer(&mut executor, &running, AgentOutcome::InProgress, at(20));
+    // Progress every 6 s, within the 10 s timeout.
+    for ms in [6_000, 12_000, 18_000] {
+        assert!(executor.progress(&running.op_id, running.attempt, "working".into(), at(ms)));
+        let effects = executor.on_timer(at(ms + 1));
+        executor.committed(at(ms + 1));
+        assert!(
+            effects.finished.is_empty() && !cancels(&effects.immediate, &running.op_id),
+            "timed out at {} although it reported progress at {ms}: {:?}",
+            ms + 1,
+            effects.finished
+        );
+    }
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Creating));
+}
+
+/// DESIGN 4: "Each item type gets a fair share of the tenant's in-flight
+/// limit, so one slow type cannot starve the others." With a tenant limit
+/// of 2 and two types, a slow type (long-running operations) must not hold
+/// both slots while the other type's ready operation waits.
+#[test]
+fn a_slow_type_does_not_take_the_whole_tenant_limit() {
+    let mut limited = settings();
+    limited.max_operations_in_flight = 2;
+    let mut executor = Executor::load(
+        IntendedGraph::default(),
+        CurrentGraph::default(),
+        TenantProgress::default(),
+        Vec::new(),
+        limited,
+        at(0),
+    );
+    executor
+        .register(
+            Registration {
+                session_id: 1,
+                agent_id: "agent".into(),
+                types: vec![spec_of("a"), spec_of("b")],
+                outstanding: Outstanding::Unsaid,
+            },
+            at(0),
+        )
+        .expect("registered");
+    executor.committed(at(0));
+    let intent = vec![
+        item_of("a", "1", 1),
+        item_of("a", "2", 1),
+        item_of("a", "3", 1),
+        item_of("b", "1", 1),
+    ];
+    let effects = submit(&mut executor, intent, at(10));
+    let mut sent = orders(&effects.sends);
+    // Type a's operations are long-running.
+    for order in sent.clone() {
+        if &**order.item.item_type() == "a" {
+            answer(&mut executor, &order, AgentOutcome::InProgress, at(20));
+        }
+    }
+    let (effects, _) = executor.reconcile(false, at(30));
+    executor.committed(at(30));
+    sent.extend(orders(&effects.sends));
+    let types: Vec<String> = sent
+        .iter()
+        .map(|order| order.item.item_ref().to_string())
+        .collect();
+    assert!(
+        sent.iter().any(|order| &**order.item.item_type() == "b"),
+        "type b gets no share of the tenant's limit while type a's operations run: {types:?}"
+    );
+}
+
+/// DESIGN 4 (`max_in_flight`, fair share) and docs/configurators.md ("one
+/// the agent lists as still running goes at once: it attaches to what
+/// already runs, which takes its room already"): with one slot, a lost
+/// operation the agent still runs holds it, and another lost operation
+/// waits instead of going out beside it.
+#[test]
+fn a_lost_operation_the_agent_still_runs_holds_its_room() {
+    let mut spec = spec();
+    spec.max_in_flight = 2;
+    let mut executor = executor();
+    register_listed(&mut executor, 1, "agent", spec.clone(), at(0));
+    let effects = submit(&mut executor, vec![item("a", 1), item("b", 1)], at(10));
+    let lost = orders(&effects.sends);
+    assert_eq!(lost.len(), 2);
+    executor.session_closed(1, "gone", at(20));
+    executor.committed(at(20));
+
+    spec.max_in_flight = 1;
+    // The agent still runs b's Create (b sorts after a: a is decided first).
+    let still_running = lost
+        .iter()
+        .filter(|order| &**order.item.name() == "b")
+        .map(|order| order.op_id.clone())
+        .collect();
+    let effects = register_with(
+        &mut executor,
+        2,
+        "agent",
+        spec,
+        Outstanding::Listed(still_running),
+        at(30),
+    );
+    let sent: Vec<String> = orders(&effects.sends)
+        .iter()
+        .map(|order| order.item.name().to_string())
+        .collect();
+    assert_eq!(
+        sent,
+        vec!["b".to_owned()],
+        "one slot: only the operation the agent still runs goes out"
+    );
+    assert!(executor.running_operations() <= 1);
+}
+
+/// A failed commit undoes its transaction (executor.rs: "nothing of it
+/// happened"), so a lost operation whose re-delivery that commit carried
+/// is still to be sent again (DESIGN 4: "Without READ, the server
+/// re-issues the journaled operation if its target is still intended");
+/// it must not stay UNKNOWN until its agent's session ends.
+#[test]
+fn a_failed_commit_of_a_put_off_redelivery_sends_it_again_later() {
+    let mut spec = spec();
+    spec.max_in_flight = 2;
+    let mut executor = executor();
+    register_listed(&mut executor, 1, "agent", spec.clone(), at(0));
+    let effects = submit(&mut executor, vec![item("a", 1), item("b", 1)], at(10));
+    let lost = orders(&effects.sends);
+    executor.session_closed(1, "gone", at(20));
+    executor.committed(at(20));
+    spec.max_in_flight = 1;
+    let effects = register_listed(&mut executor, 2, "agent", spec, at(30));
+    let first = orders(&effects.sends).remove(0);
+    let other = other_than(first.item.name().as_ref()).to_owned();
+    answer_on(&mut executor, 2, &first, done(), at(40));
+
+    // The re-delivery put off for room goes now, but its commit fails.
+    let effects = executor.redeliver_deferred(at(41)).expect("room for it");
+    assert_eq!(orders(&effects.sends).len(), 1);
+    executor.commit_failed(at(41));
+    assert_eq!(state_of(&executor, &other), Some(ItemState::Unknown));
+
+    // A second later the timer runs a full pass; the owner then tries
+    // put-off re-deliveries, as after every input.
+    let mut sent = Vec::new();
+    for ms in [1_041, 2_041, 60_000] {
+        let effects = executor.on_timer(at(ms));
+        executor.committed(at(ms));
+        sent.extend(orders(&effects.sends));
+        if let Some(effects) = executor.redeliver_deferred(at(ms + 1)) {
+            executor.committed(at(ms + 1));
+            sent.extend(orders(&effects.sends));
+        }
+    }
+    let expected = lost
+        .iter()
+        .find(|order| **order.item.name() == *other)
+        .map(|order| order.op_id.clone());
+    assert!(
+        sent.iter()
+            .any(|order| Some(&order.op_id) == expected.as_ref()),
+        "the lost operation of {other} is never sent again: {sent:?}, state {:?}",
+        state_of(&executor, &other)
+    );
+}
+
+/// A failed commit undoes its transaction; the drift READs of a periodic
+/// resync (DESIGN 5: "with READ-capable types it refreshes current state
+/// to detect drift") must not be dropped with it until the next resync.
+#[test]
+fn a_failed_commit_of_a_resync_does_not_drop_its_reads() {
+    let mut executor = connected_readable();
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    answer(&mut executor, &orders(&effects.sends)[0], done(), at(20));
+    let resync = executor.next_wakeup(at(30)).expect("a resync");
+    let effects = executor.on_timer(at(resync));
+    let reads = orders(&effects.sends);
+    assert_eq!(reads.len(), 1);
+    assert_eq!(reads[0].kind, OperationKind::Read);
+    executor.commit_failed(at(resync));
+
+    let retry = executor.next_wakeup(at(resync)).expect("a retry");
+    assert_eq!(retry, resync + 1_000);
+    let effects = executor.on_timer(at(retry));
+    executor.committed(at(retry));
+    let again = orders(&effects.sends);
+    assert!(
+        again.iter().any(|order| order.kind == OperationKind::Read),
+        "the resync's READ is dropped with the failed commit: {again:?}; next wakeup {:?}",
+        executor.next_wakeup(at(retry))
+    );
+}
+
+/// DESIGN 5: "A quiescent tenant is `Stalled` if ... [an item] has waited
+/// for a configurator longer than `configurator_grace`". Nothing else
+/// happens meanwhile, so the executor must wake up when the grace ends;
+/// it sleeps until the next resync (here an hour; by default 10 min, twice
+/// the default grace).
+#[test]
+fn a_tenant_waiting_for_a_configurator_stalls_when_the_grace_ends() {
+    let mut executor = executor();
+    submit(&mut executor, vec![item("a", 1)], at(10));
+    assert!(!holds(
+        &executor,
+        crate::engine::conditions::ConditionKind::Stalled
+    ));
+    let grace_ends = 10 + settings().configurator_grace_ms;
+    let wakeup = executor.next_wakeup(at(10)).expect("a wakeup");
+    assert!(
+        wakeup <= grace_ends,
+        "woken at {wakeup} ms, not when the grace ends at {grace_ends} ms"
+    );
+}
+
+/// DESIGN 4: "deadlines run on the server's monotonic clock". The
+/// configurator grace is measured on the wall clock: a step of the wall
+/// clock (NTP, a VM resumed) stalls a tenant that waited 10 ms.
+#[test]
+fn a_wall_clock_step_does_not_end_the_configurator_grace() {
+    let mut executor = executor();
+    submit(&mut executor, vec![item("a", 1)], at(10));
+    let jumped = Now {
+        wall_ms: WALL_START + 86_400_000,
+        mono_ms: 20,
+    };
+    executor.reconcile(false, jumped);
+    executor.committed(jumped);
+    assert!(
+        !holds(&executor, crate::engine::conditions::ConditionKind::Stalled),
+        "stalled 10 ms of monotonic time after the item began to wait"
+    );
+}
+
+/// A timed-out Create is cancelled and counted as a failure, but a
+/// timeout proves nothing of what the agent did: here it had applied the
+/// Create, whose DONE comes after the cancel. Kept as a failed Create
+/// (which "does not exist"), the item was forgotten without a Delete when
+/// it left the intent (DESIGN 3, rule 2), and the agent kept an item
+/// nobody would delete. It may exist, so it is deleted (once its backoff
+/// is over).
+#[test]
+fn a_create_that_timed_out_is_deleted_when_its_item_leaves_the_intent() {
+    let mut executor = connected();
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    let create = orders(&effects.sends).remove(0);
+    let timed_out = 10 + TIMEOUT_MS;
+    let effects = executor.on_timer(at(timed_out));
+    executor.committed(at(timed_out));
+    assert!(cancels(&effects.immediate, &create.op_id));
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Failed));
+
+    // The agent had applied it: its DONE comes after the cancel.
+    answer(&mut executor, &create, done(), at(timed_out + 10));
+    // The item leaves the intent before its retry is due.
+    let effects = submit(&mut executor, Vec::new(), at(timed_out + 20));
+    let mut sent = orders(&effects.sends);
+    for second in 1..=120 {
+        let now = at(timed_out + 20 + second * 1_000);
+        let effects = executor.on_timer(now);
+        executor.committed(now);
+        sent.extend(orders(&effects.sends));
+    }
+    assert!(
+        sent.iter()
+            .any(|order| order.kind == OperationKind::Delete && &**order.item.name() == "a"),
+        "what the agent created is never deleted: sent {sent:?}, state {:?}",
+        state_of(&executor, "a")
+    );
+}
+
+/// DESIGN 4: "An operation is superseded only when its own item's intended
+/// value changes or the item leaves the intent; the server then sends
+/// `CancelOperation{op_id}`", and docs/configurators.md: a lost operation
+/// the agent lists is re-delivered, and "if it is no longer wanted the
+/// usual cancel follows". The intent changed while no agent held the type,
+/// so no cancel could go out then; the operation is marked cancelled all
+/// the same, and when the agent comes back still running it, it is sent
+/// again but never cancelled (and its item goes UNKNOWN after the cancel
+/// timeout of a cancel nobody sent).
+#[test]
+fn a_superseded_lost_operation_the_agent_still_runs_is_cancelled() {
+    let mut executor = executor();
+    register_listed(&mut executor, 1, "agent", spec(), at(0));
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    let create = orders(&effects.sends).remove(0);
+    executor.session_closed(1, "gone", at(20));
+    executor.committed(at(20));
+
+    submit(&mut executor, vec![item("a", 2)], at(30));
+    let effects = register_with(
+        &mut executor,
+        2,
+        "agent",
+        spec(),
+        Outstanding::Listed([create.op_id.clone()].into_iter().collect()),
+        at(40),
+    );
+    let resent = orders(&effects.sends);
+    assert_eq!(
+        resent
+            .iter()
+            .map(|order| order.op_id.as_str())
+            .collect::<Vec<_>>(),
+        vec![create.op_id.as_str()],
+        "it attaches to what the agent runs"
+    );
+    let mut all = effects.immediate.clone();
+    all.extend(effects.sends.clone());
+    for ms in [41, 42] {
+        let (effects, _) = executor.reconcile(false, at(ms));
+        executor.committed(at(ms));
+        all.extend(effects.immediate);
+        all.extend(effects.sends);
+    }
+    assert!(
+        cancels(&all, &create.op_id),
+        "the superseded operation is never cancelled at the agent that runs it"
+    );
+}
