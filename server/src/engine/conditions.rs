@@ -28,6 +28,10 @@ impl ConditionKind {
     }
 }
 
+/// The Stalled reason of a tenant whose items waited for a configurator
+/// longer than `configurator_grace`.
+pub const NO_CONFIGURATOR: &str = "NoConfigurator";
+
 /// One condition of a tenant.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Condition {
@@ -185,7 +189,7 @@ fn stall(progress: &Progress<'_>, quiescent: bool) -> (bool, String, String) {
             .collect();
         return (
             true,
-            "NoConfigurator".into(),
+            NO_CONFIGURATOR.into(),
             format!(
                 "no configurator connected for type(s) {}; start an agent that registers them",
                 types.join(", ")

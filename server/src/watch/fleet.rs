@@ -236,12 +236,27 @@ impl FleetLog {
     }
 
     /// Publishes revision `revision` once every earlier one is settled:
-    /// `event` if its commit succeeded, nothing if it failed.
+    /// `event` if its commit succeeded, nothing if it failed. The revision
+    /// of a failed commit is published only once a later revision's commit
+    /// is durable: the position stored with that one passes it, so a
+    /// restart never gives it to another event (a watcher whose cursor had
+    /// passed it would never see that event).
     pub fn settle(&self, revision: u64, event: Option<v1::FleetEvent>) {
         let mut settled = lock(&self.settled);
         settled.waiting.insert(revision, event);
         loop {
             let next = settled.published + 1;
+            let passed_durably = |settled: &Settled| {
+                settled
+                    .waiting
+                    .range(next + 1..)
+                    .any(|(_, event)| event.is_some())
+            };
+            match settled.waiting.get(&next) {
+                None => break,
+                Some(None) if !passed_durably(&settled) => break,
+                Some(_) => {}
+            }
             let Some(event) = settled.waiting.remove(&next) else {
                 break;
             };
@@ -451,6 +466,115 @@ mod tests {
                 .map(|t| t.tenant.as_str())
                 .collect::<Vec<_>>(),
             ["b"]
+        );
+    }
+
+    /// An in-memory store whose commits fail while `failing` is set.
+    #[derive(Debug, Default)]
+    struct Flaky {
+        inner: InMemoryStore,
+        failing: std::sync::atomic::AtomicBool,
+    }
+
+    impl Store for Flaky {
+        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+            self.inner.get(key)
+        }
+        fn scan(
+            &self,
+            prefix: &[u8],
+            start_after: Option<&[u8]>,
+            limit: usize,
+        ) -> Result<Vec<crate::store::Record>, StoreError> {
+            self.inner.scan(prefix, start_after, limit)
+        }
+        fn commit(&self, batch: WriteBatch) -> CommitHandle {
+            CommitHandle::ready(self.commit_blocking(batch))
+        }
+        fn commit_blocking(&self, batch: WriteBatch) -> Result<(), StoreError> {
+            if self.failing.load(Ordering::SeqCst) {
+                Err(StoreError::Closed)
+            } else {
+                self.inner.commit_blocking(batch)
+            }
+        }
+        fn backup_to(&self, path: &std::path::Path) -> Result<(), StoreError> {
+            self.inner.backup_to(path)
+        }
+        fn size_on_disk(&self) -> Result<u64, StoreError> {
+            self.inner.size_on_disk()
+        }
+    }
+
+    #[test]
+    fn a_revision_published_for_a_failed_commit_is_not_given_again_after_a_reload() {
+        // DESIGN 7: events are never silently dropped; the fleet stream
+        // has one sequence of revisions. A failed commit settles its
+        // revision with nothing. Published at once, a watcher's cursor (and
+        // the Bookmark it is sent) passed it while the position stored was
+        // the one before it, so after a restart the next event got that
+        // same revision, and a watcher resuming from its bookmark never saw
+        // that event. It is published only once a later commit is durable.
+        let flaky = Arc::new(Flaky::default());
+        let store: Arc<dyn Store> = flaky.clone();
+        let fleet = FleetLog::load(store.clone(), Retention::default(), 100).expect("loads");
+        assert_eq!(commit(&fleet, "a", 1_000), 1);
+        flaky.failing.store(true, Ordering::SeqCst);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let failed = runtime.block_on(fleet.commit_unsettled(
+            WriteBatch::new(),
+            Some(event("b", 2_000)),
+            2_000,
+        ));
+        assert!(failed.is_err());
+        let bookmark = fleet.hub.published();
+        assert_eq!(bookmark, 1, "the failed revision 2 is not told yet");
+
+        flaky.failing.store(false, Ordering::SeqCst);
+        let reloaded = FleetLog::load(store, Retention::default(), 100).expect("reloads");
+        let revision = commit(&reloaded, "c", 3_000);
+        let resumed = reloaded.read(bookmark, u64::MAX, 100).expect("reads");
+        assert_eq!(
+            resumed.iter().map(|r| r.revision).collect::<Vec<_>>(),
+            [revision],
+            "a watcher resuming from revision {bookmark} sees the event of tenant c \
+             (given revision {revision})"
+        );
+    }
+
+    #[test]
+    fn a_failed_revision_is_published_once_a_later_one_is_durable() {
+        let flaky = Arc::new(Flaky::default());
+        let store: Arc<dyn Store> = flaky.clone();
+        let fleet = FleetLog::load(store, Retention::default(), 100).expect("loads");
+        assert_eq!(commit(&fleet, "a", 1_000), 1);
+        flaky.failing.store(true, Ordering::SeqCst);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let failed = runtime.block_on(fleet.commit_unsettled(
+            WriteBatch::new(),
+            Some(event("b", 2_000)),
+            2_000,
+        ));
+        assert!(failed.is_err());
+        flaky.failing.store(false, Ordering::SeqCst);
+        assert_eq!(commit(&fleet, "c", 3_000), 3);
+        assert_eq!(
+            fleet.hub.published(),
+            3,
+            "the gap of revision 2 and tenant c's event are told together"
+        );
+        assert_eq!(
+            fleet
+                .snapshot()
+                .1
+                .iter()
+                .map(|e| e.tenant.as_str())
+                .collect::<Vec<_>>(),
+            ["a", "c"]
         );
     }
 }

@@ -189,8 +189,8 @@ pub struct Executor {
     /// UNKNOWN items whose lost operation waits to be sent again until an
     /// UNKNOWN item it depends on is resolved (DESIGN 4).
     deferred_redeliveries: BTreeSet<ItemRef>,
-    /// Since when some item waits for a configurator (monotonic).
-    no_configurator_since_mono: Option<u64>,
+    /// Since when some item waits for a configurator.
+    no_configurator: Option<ConfiguratorWait>,
     txn: Option<Transaction>,
     /// Items the planner examined over every pass so far.
     items_examined: u64,
@@ -229,6 +229,40 @@ impl Owed {
     }
 }
 
+/// How long items have waited for a configurator (DESIGN 5,
+/// `configurator_grace`), on the monotonic clock.
+#[derive(Clone, Copy, Debug)]
+struct ConfiguratorWait {
+    /// When this process saw the wait begin (monotonic ms).
+    since_mono: u64,
+    /// How long it had lasted before this process started.
+    before_ms: u64,
+}
+
+impl ConfiguratorWait {
+    /// How long it has lasted at monotonic `now_ms`.
+    fn waited_ms(&self, now_ms: u64) -> u64 {
+        now_ms
+            .saturating_sub(self.since_mono)
+            .saturating_add(self.before_ms)
+    }
+
+    /// When (monotonic ms) it has lasted `grace_ms`.
+    fn grace_ends(&self, grace_ms: u64) -> u64 {
+        self.since_mono
+            .saturating_add(grace_ms.saturating_sub(self.before_ms))
+    }
+}
+
+/// Whether `progress` holds the tenant Stalled for want of a configurator.
+fn stalled_for_a_configurator(progress: &TenantProgress) -> bool {
+    progress.conditions.iter().any(|condition| {
+        condition.kind == crate::engine::conditions::ConditionKind::Stalled
+            && condition.status
+            && condition.reason == crate::engine::conditions::NO_CONFIGURATOR
+    })
+}
+
 impl Executor {
     /// The executor of a tenant loaded from its store: `intended` and
     /// `current` as stored, `progress` from its record, `specs` its stored
@@ -245,6 +279,10 @@ impl Executor {
         settings: ExecutorSettings,
         now: Now,
     ) -> Self {
+        let carried_wait = stalled_for_a_configurator(&progress).then_some(ConfiguratorWait {
+            since_mono: now.mono_ms,
+            before_ms: settings.configurator_grace_ms,
+        });
         let mut types = TypeRegistry::default();
         let mut owed = Owed::default();
         let mut held: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -291,7 +329,10 @@ impl Executor {
             pending_reads: BTreeSet::new(),
             follow_up: BTreeSet::new(),
             deferred_redeliveries: BTreeSet::new(),
-            no_configurator_since_mono: None,
+            // A tenant stored Stalled for want of a configurator stays so:
+            // the restart does not give the grace again (the next pass
+            // ends the wait if nothing waits any more).
+            no_configurator: carried_wait,
             txn: None,
             items_examined: 0,
             owed,
@@ -409,6 +450,9 @@ impl Executor {
                 &self.environment(now.wall_ms),
             );
             self.model.rollback_staged();
+            // What loading or an ended session owes is true whatever
+            // becomes of any commit: staged again, as after a failed one.
+            self.stage_owed();
             let submitted = Submitted {
                 generation,
                 changed: !change.is_empty(),

@@ -1198,3 +1198,193 @@ async fn results_that_arrive_together_commit_in_steps_the_store_takes_at_once() 
         "the largest commit of results held {largest} writes"
     );
 }
+
+// ----- Review 5 ---------------------------------------------------------------
+
+/// Every `ResultAck` in `messages`, as (op id, attempt).
+fn acks(messages: &[ToAgent]) -> Vec<(String, u32)> {
+    messages
+        .iter()
+        .filter_map(|message| match message {
+            ToAgent::Ack { op_id, attempt } => Some((op_id.clone(), *attempt)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_result_sent_twice_is_not_acknowledged_before_its_commit_is_durable() {
+    // DESIGN 4: agents keep results until acknowledged; DESIGN 6: a result
+    // commits the new current state. An agent that sent its DONE twice
+    // (the two arrive in one batch) got the second acknowledged at once,
+    // before the commit: when that commit fails the agent has been told
+    // the result is taken and drops it, but nothing of it was stored.
+    use std::sync::atomic::Ordering;
+    let store = Arc::new(FailingStore::default());
+    let mut spec = TypeSpec::new("t");
+    spec.operation_timeout_ms = 600_000;
+    let mut harness = start_with(11, spec, OwnerSettings::default(), store.clone()).await;
+    harness.handle.submit(submit(&["a"])).await.expect("stored");
+    settle().await;
+    let create = received(&mut harness.agent);
+    let create = orders(&create)[0].clone();
+
+    store.failing.store(true, Ordering::SeqCst);
+    for _ in 0..2 {
+        harness
+            .handle
+            .from_agent(
+                1,
+                FromAgent::Result {
+                    op_id: create.op_id.clone(),
+                    attempt: create.attempt,
+                    outcome: done(),
+                },
+            )
+            .await
+            .expect("owner running");
+    }
+    settle().await;
+    assert_eq!(
+        state_of(&harness.handle, "a"),
+        Some(ItemState::Creating),
+        "the commit failed: nothing of the result is stored"
+    );
+    assert_eq!(
+        acks(&received(&mut harness.agent)),
+        Vec::<(String, u32)>::new(),
+        "a result whose commit failed must not be acknowledged"
+    );
+}
+
+/// The tenant as stored, loaded again and given a new owner (a restart of
+/// the server), under the same clock and settings.
+async fn restart(
+    handle: &TenantHandle,
+    store: &Arc<dyn Store>,
+    settings: OwnerSettings,
+) -> TenantHandle {
+    use crate::tenant::record::decode;
+    handle.stop_and_wait().await;
+    let key = crate::store::keys::tenant_record_key(handle.id);
+    let bytes = store.get(&key).expect("readable").expect("stored");
+    let record: TenantRecord = decode(&key, &bytes).expect("decodes");
+    let state = TenantState::load(&**store, record).expect("loads");
+    let handle = TenantHandle::spawn(state, store.clone(), settings);
+    settle().await;
+    handle
+}
+
+fn stalled(handle: &TenantHandle) -> bool {
+    handle
+        .snapshots
+        .latest()
+        .record
+        .conditions
+        .iter()
+        .any(|c| c.kind == crate::engine::conditions::ConditionKind::Stalled && c.status)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_does_not_unstall_a_tenant_that_waits_for_a_configurator() {
+    // DESIGN 5: a quiescent tenant is Stalled if an item "has waited for a
+    // configurator longer than configurator_grace"; DESIGN 7: a
+    // ConditionsChanged event is sent for a change in substance. An item
+    // that waited past the grace still waits after a restart, and longer;
+    // but the grace was measured from the owner's start, so a restart
+    // turned Stalled off (an event, and a fleet event) and, a grace later,
+    // on again, though nothing happened.
+    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    let clock = Arc::new(SimulatedClock::new(1_700_000_000_000));
+    let settings = OwnerSettings {
+        clock: clock.clone(),
+        rng_seed: Some(12),
+        configurator_grace: Duration::from_secs(5),
+        ..OwnerSettings::default()
+    };
+    let record = TenantRecord {
+        id: 7,
+        name: "grace".into(),
+        created_at_ms: 0,
+        generation: 0,
+        observed_generation: 0,
+        revision: 1,
+        limits: TenantLimits::default(),
+        token_hash: String::new(),
+        deleted: false,
+        conditions: Vec::new(),
+        compact_revision: Some(0),
+    };
+    let handle = TenantHandle::spawn(TenantState::new(record), store.clone(), settings.clone());
+    // No agent ever registers type t.
+    handle.submit(submit(&["a"])).await.expect("stored");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(stalled(&handle), "waited past the grace: Stalled");
+    let revision = handle.snapshots.latest().record.revision;
+
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let handle = restart(&handle, &store, settings).await;
+    assert!(
+        stalled(&handle),
+        "the item has waited for a configurator for over a minute: still Stalled after a restart"
+    );
+    assert_eq!(
+        handle.snapshots.latest().record.revision,
+        revision,
+        "nothing changed: no commit, no ConditionsChanged"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dry_run_while_commits_fail_after_a_restart_keeps_lost_operations_unknown() {
+    // DESIGN 6: "After a crash, journaled operations become UNKNOWN". What
+    // loading owes (each running operation lost) is staged until a commit
+    // stores it; a dry run undid every staged change, the owed ones too,
+    // when the first commit after the restart had failed: the item showed
+    // CREATING again, as if its operation still ran, and the commit that
+    // finally went through stored nothing of the loss.
+    use std::sync::atomic::Ordering;
+    let failing = Arc::new(FailingStore::default());
+    let store: Arc<dyn Store> = failing.clone();
+    let mut spec = TypeSpec::new("t");
+    spec.operation_timeout_ms = 600_000;
+    let mut harness = start_with(13, spec, OwnerSettings::default(), store.clone()).await;
+    harness.handle.submit(submit(&["a"])).await.expect("stored");
+    settle().await;
+    assert_eq!(orders(&received(&mut harness.agent)).len(), 1);
+    assert_eq!(state_of(&harness.handle, "a"), Some(ItemState::Creating));
+
+    // The server restarts while the store refuses writes.
+    failing.failing.store(true, Ordering::SeqCst);
+    let settings = OwnerSettings {
+        clock: harness.clock.clone(),
+        rng_seed: Some(14),
+        ..OwnerSettings::default()
+    };
+    let handle = restart(&harness.handle, &store, settings).await;
+    assert_eq!(state_of(&handle, "a"), Some(ItemState::Unknown), "lost");
+
+    let dry_run = ValidatedSubmit {
+        dry_run: true,
+        ..submit(&["a", "b"])
+    };
+    handle.submit(dry_run).await.expect("planned");
+    let after_dry_run = state_of(&handle, "a");
+
+    failing.failing.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let key = crate::store::keys::current_item_key(7, "t", "a");
+    let stored = store.get(&key).expect("readable").expect("stored");
+    let stored: crate::graph::CurrentItem =
+        crate::tenant::record::decode(&key, &stored).expect("decodes");
+    assert_eq!(
+        stored.state,
+        ItemState::Unknown,
+        "once the store takes writes, the loss is stored"
+    );
+    assert_eq!(
+        after_dry_run,
+        Some(ItemState::Unknown),
+        "a dry run changes nothing: the operation is still lost"
+    );
+}

@@ -219,9 +219,11 @@ impl Executor {
         for result in batch {
             if let Some(result) = self.accept_result(result, now) {
                 if accepted.iter().any(|other| other.item == result.item) {
-                    // The same operation reported twice in one batch.
+                    // The same operation reported twice in one batch: its
+                    // copy is acknowledged with it, once the commit that
+                    // records it is durable.
                     let message = ack(result.session_id, result.op_id, result.attempt);
-                    self.transaction().immediate.push(message);
+                    self.transaction().sends.push(message);
                     continue;
                 }
                 accepted.push(result);

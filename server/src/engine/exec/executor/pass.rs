@@ -584,7 +584,7 @@ impl Executor {
         seeds: &BTreeSet<ItemRef>,
         plan: &Plan,
         from_queue: &[(ItemRef, OperationKind)],
-        now_ms: u64,
+        now_mono_ms: u64,
     ) {
         // The plan's verdict on the items it examined replaces what earlier
         // passes said of them: seeds, and items it reached that were left
@@ -685,12 +685,14 @@ impl Executor {
         self.next_retry_ms = next_retry;
         self.follow_up_waiters_of_stalled(seeds, plan);
         let waits_for_configurator = !self.model.waiting.summary().without_configurator.is_empty();
-        self.no_configurator_since_mono =
-            match (waits_for_configurator, self.no_configurator_since_mono) {
-                (false, _) => None,
-                (true, Some(since)) => Some(since),
-                (true, None) => Some(now_ms),
-            };
+        self.no_configurator = match (waits_for_configurator, self.no_configurator) {
+            (false, _) => None,
+            (true, Some(wait)) => Some(wait),
+            (true, None) => Some(super::ConfiguratorWait {
+                since_mono: now_mono_ms,
+                before_ms: 0,
+            }),
+        };
     }
 
     /// Items that wait for a revised item's operation "to run first" (the
@@ -839,8 +841,8 @@ impl Executor {
             // Measured on the monotonic clock, shown as the wall-clock
             // time that far back.
             no_configurator_since_ms: self
-                .no_configurator_since_mono
-                .map(|since| now_ms.saturating_sub(now.mono_ms.saturating_sub(since))),
+                .no_configurator
+                .map(|wait| now_ms.saturating_sub(wait.waited_ms(now.mono_ms))),
             configurator_grace_ms: self.settings.configurator_grace_ms,
             now_ms,
         };

@@ -33,8 +33,8 @@ impl Executor {
         // A tenant waiting for a configurator stalls when the grace ends
         // (DESIGN 5): a pass then recomputes its conditions.
         let grace = self
-            .no_configurator_since_mono
-            .map(|since| since.saturating_add(self.settings.configurator_grace_ms))
+            .no_configurator
+            .map(|wait| wait.grace_ends(self.settings.configurator_grace_ms))
             .filter(|&at| at > now.mono_ms);
         deadline
             .into_iter()
