@@ -1396,3 +1396,15 @@ fn seed_66211_with_drift_and_agent_restarts_a_report_sent_again_after_a_crash_va
 fn seed_62044_with_drift_and_agent_restarts_a_restart_forgets_marks_on_an_item_it_takes_for_gone() {
     passes_with_drift(62044, sim::AgentFaults::ProcessesRestart);
 }
+
+/// A cancel sent again where it should not be (found in this engine's own
+/// change, before it was merged): `t0/n1`'s lost Create was asked to stop
+/// while no agent held its type, because the external item `t1/n0` its
+/// old value went with vanished. When the agent came back still running
+/// it, the cancel followed the Create sent again, although `t1/n0` was
+/// back and the intent had not changed. Only a cancel asked because the
+/// intent superseded the operation follows it again.
+#[test]
+fn seed_97155_with_agent_restarts_a_cancel_for_a_vanished_external_item_is_not_sent_again() {
+    passes_with_agent_restarts(97155);
+}

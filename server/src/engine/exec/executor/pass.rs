@@ -548,20 +548,18 @@ impl Executor {
         let Some(order) = self.order_for(item, epoch) else {
             return;
         };
-        let cancel_requested = self
-            .model
-            .current
-            .get(item)
-            .and_then(|current| current.in_flight.as_ref())
-            .is_some_and(|operation| operation.cancel_requested);
+        let superseded = self.superseded_by_the_intent(item);
         let op_id = order.op_id.clone();
         let txn = self.transaction();
         txn.clocked.push((order.op_id.clone(), order.timeout_ms));
         txn.sends
             .push(to_session(session_id, ToAgent::Operation(order)));
-        if cancel_requested {
-            // Superseded before it was sent again (its cancel may never
-            // have reached an agent): the cancel follows it (DESIGN 4).
+        if superseded {
+            // Superseded by the intent before it was sent again (its
+            // cancel may never have reached an agent): the cancel follows
+            // it (DESIGN 4). One asked because its item went with an
+            // external item is not sent again: that item may be back, and
+            // the item is settled by what the operation reports.
             txn.sends.push(to_session(
                 session_id,
                 ToAgent::Cancel {
@@ -570,6 +568,29 @@ impl Executor {
             ));
             txn.cancelled.push(op_id);
         }
+    }
+
+    /// Whether `item`'s operation was cancelled because its intent
+    /// changed (or left) and still is superseded: a Create or Modify toward
+    /// a generation that is not the item's intended one.
+    fn superseded_by_the_intent(&self, item: &ItemRef) -> bool {
+        let intended = self
+            .model
+            .intended
+            .get(item)
+            .map_or(0, |entry| entry.generation);
+        self.model
+            .current
+            .get(item)
+            .and_then(|current| current.in_flight.as_ref())
+            .is_some_and(|operation| {
+                operation.cancel_requested
+                    && matches!(
+                        operation.kind,
+                        OperationKind::Create | OperationKind::Modify
+                    )
+                    && operation.target_generation != intended
+            })
     }
 
     /// The order that sends `item`'s journaled operation to an agent.
