@@ -670,3 +670,167 @@ async fn shutdown_waits_for_running_operations_and_their_acknowledgements() {
     connection.send(ack("op-5", 1));
     running.finished().await.expect("a clean shutdown");
 }
+
+// ---------------------------------------------------------------------------
+// The agent's side of the protocol.
+// ---------------------------------------------------------------------------
+
+/// The first create of an item waits for its cancel and stops as asked;
+/// every later one succeeds at once.
+#[derive(Default)]
+struct StopsOnceAsked {
+    creates: AtomicUsize,
+}
+
+impl Configurator for StopsOnceAsked {
+    async fn create(&self, ctx: &OperationContext, _item: &Item) -> Outcome {
+        if self.creates.fetch_add(1, Ordering::SeqCst) == 0 {
+            ctx.cancelled().await;
+            return Outcome::cancelled();
+        }
+        Outcome::done()
+    }
+    async fn modify(&self, _ctx: &OperationContext, _previous: &Item, _item: &Item) -> Outcome {
+        Outcome::done()
+    }
+    async fn delete(&self, _ctx: &OperationContext, _item: &Item) -> Outcome {
+        Outcome::done()
+    }
+}
+
+/// "Cancelled as asked" does not settle an operation: the server counts no
+/// attempt and, when the intent still needs the same operation (its item's
+/// external item came back, say), asks for it again under the same op id
+/// and attempt, as after a WAIT. That request must run the configurator
+/// again; answering it with the cached CANCELLED makes the server re-ask at
+/// once, for ever (docs/agents.md §7: "it does not count as an attempt";
+/// "never return cancelled() unasked ... so it cannot loop without
+/// backoff").
+#[tokio::test]
+async fn a_re_ask_after_cancelled_as_asked_runs_the_operation_again() {
+    let mut harness = Harness::start().await;
+    let configurator = Arc::new(StopsOnceAsked::default());
+    let agent = builder(&harness.address)
+        .item_type(TypeSpec::new("file"), Arc::clone(&configurator))
+        .build()
+        .expect("a valid agent");
+    let mut running = Running::start(agent);
+    let mut connection = harness.next_connection().await;
+    connection.accept(HEARTBEAT, LEASE).await;
+
+    connection.send(request("op-c", 1, v1::OperationKind::Create, "a"));
+    running
+        .wait_for(|event| matches!(event, AgentEvent::OperationReceived { .. }).then_some(()))
+        .await;
+    connection.send(ToAgent::Cancel(v1::CancelOperation {
+        op_id: "op-c".into(),
+    }));
+    let cancelled = connection.next_result().await;
+    assert_eq!(cancelled.outcome(), v1::Outcome::Failed);
+    assert_eq!(
+        cancelled.status.map(|status| status.code),
+        Some(Code::Cancelled as i32)
+    );
+    assert!(matches!(connection.next().await, FromAgent::CancelAck(_)));
+    connection.send(ack("op-c", 1));
+    running
+        .wait_for(|event| matches!(event, AgentEvent::ResultAcked { .. }).then_some(()))
+        .await;
+
+    // The server asks again: same op id, same attempt (no attempt counted).
+    connection.send(request("op-c", 1, v1::OperationKind::Create, "a"));
+    let again = connection.next_result().await;
+    assert_eq!(
+        configurator.creates.load(Ordering::SeqCst),
+        2,
+        "the re-ask must run the configurator again, not replay the cached CANCELLED"
+    );
+    assert_eq!(again.outcome(), v1::Outcome::Done, "{again:?}");
+    connection.send(ack("op-c", 1));
+    running.stop().await.expect("a clean shutdown");
+}
+
+/// Runs for a while, ignoring its token, and records whether it was
+/// cancelled before it finished.
+struct SlowAndWatched {
+    started: Arc<Notify>,
+    cancelled_early: Arc<std::sync::atomic::AtomicBool>,
+    finished: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Configurator for SlowAndWatched {
+    async fn create(&self, ctx: &OperationContext, _item: &Item) -> Outcome {
+        self.started.notify_one();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        self.cancelled_early
+            .store(ctx.is_cancelled(), Ordering::SeqCst);
+        self.finished.store(true, Ordering::SeqCst);
+        Outcome::done()
+    }
+    async fn modify(&self, _ctx: &OperationContext, _previous: &Item, _item: &Item) -> Outcome {
+        Outcome::done()
+    }
+    async fn delete(&self, _ctx: &OperationContext, _item: &Item) -> Outcome {
+        Outcome::done()
+    }
+}
+
+/// docs/agents.md §8: on shutdown `run` "lets the running ones finish and
+/// waits for their results to be acknowledged for at most the drain
+/// timeout ... then cancels what still runs". A shutdown that comes while
+/// the agent is between sessions (the server restarting, say) cancels
+/// the running operation at once and returns while it still runs: its
+/// result, ready well within the drain timeout, is never sent.
+#[tokio::test]
+async fn a_shutdown_while_disconnected_still_drains_running_operations() {
+    let mut harness = Harness::start().await;
+    let started = Arc::new(Notify::new());
+    let cancelled_early = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let agent = builder(&harness.address)
+        .item_type(
+            TypeSpec::new("file"),
+            SlowAndWatched {
+                started: Arc::clone(&started),
+                cancelled_early: Arc::clone(&cancelled_early),
+                finished: Arc::clone(&finished),
+            },
+        )
+        .build()
+        .expect("a valid agent");
+    let mut running = Running::start(agent);
+    let mut first = harness.next_connection().await;
+    first.accept(HEARTBEAT, LEASE).await;
+    first.send(request("op-d", 1, v1::OperationKind::Create, "a"));
+    tokio::time::timeout(DEADLINE, started.notified())
+        .await
+        .expect("the operation started");
+
+    // The server goes away and refuses the next connections for a while.
+    for _ in 0..5 {
+        harness.refuse_next(Status::unavailable("restarting"));
+    }
+    drop(first);
+    running
+        .wait_for(|event| matches!(event, AgentEvent::Disconnected { .. }).then_some(()))
+        .await;
+
+    // Shutdown while disconnected (drain timeout: 2 s).
+    if let Some(stop) = running.stop.take() {
+        let _ = stop.send(());
+    }
+    let mut second = harness.next_connection().await;
+    second.accept(HEARTBEAT, LEASE).await;
+    let result = second.next_result().await;
+    assert_eq!(
+        (result.op_id.as_str(), result.outcome()),
+        ("op-d", v1::Outcome::Done)
+    );
+    second.send(ack("op-d", 1));
+    running.finished().await.expect("a clean shutdown");
+    assert!(finished.load(Ordering::SeqCst));
+    assert!(
+        !cancelled_early.load(Ordering::SeqCst),
+        "the operation was cancelled before the drain timeout"
+    );
+}

@@ -438,6 +438,21 @@ struct Runner {
     backoff: Backoff,
     operation_sender: mpsc::UnboundedSender<OperationEvent>,
     operation_receiver: mpsc::UnboundedReceiver<OperationEvent>,
+    /// Shutting down: running operations finish until the deadline,
+    /// across sessions (a server restarting meanwhile is reconnected to,
+    /// so that their results reach it).
+    drain: Option<Drain>,
+}
+
+/// A shutdown in progress.
+#[derive(Clone, Copy, Debug)]
+struct Drain {
+    /// When the current step ends: the drain timeout, then the hand-back
+    /// grace.
+    deadline: Instant,
+    /// Past the drain timeout: what still ran was cancelled to be handed
+    /// back.
+    handing_back: bool,
 }
 
 impl Runner {
@@ -451,6 +466,27 @@ impl Runner {
             backoff,
             operation_sender,
             operation_receiver,
+            drain: None,
+        }
+    }
+
+    /// The shutdown asked for: running operations may finish for the
+    /// drain timeout.
+    fn begin_drain(&mut self) {
+        tracing::info!("Shutting down: letting running operations finish.");
+        self.state.begin_drain();
+        self.drain = Some(Drain {
+            deadline: Instant::now() + self.agent.drain_timeout,
+            handing_back: false,
+        });
+    }
+
+    /// Waits until the current step of the shutdown ends (forever when
+    /// none is in progress).
+    async fn drain_step_ends(drain: Option<Drain>) {
+        match drain {
+            Some(drain) => tokio::time::sleep_until(drain.deadline).await,
+            None => std::future::pending().await,
         }
     }
 
@@ -552,7 +588,10 @@ impl Runner {
     }
 
     /// Waits for `future` while disconnected, still taking in operation
-    /// events and external updates.
+    /// events and external updates. A shutdown ends the wait at once if
+    /// nothing runs or waits for its acknowledgement; otherwise the drain
+    /// begins and the wait goes on (the agent keeps reconnecting, to hand
+    /// in the results) until the drain timeout.
     async fn until<F, S>(&mut self, future: F, mut shutdown: Pin<&mut S>) -> Wake<F::Output>
     where
         F: Future,
@@ -560,8 +599,24 @@ impl Runner {
     {
         let mut future = std::pin::pin!(future);
         loop {
+            if self.drain.is_some() && self.state.is_idle() {
+                return Wake::Shutdown;
+            }
+            let drain = self.drain;
             tokio::select! {
-                () = shutdown.as_mut() => return Wake::Shutdown,
+                () = shutdown.as_mut(), if drain.is_none() => {
+                    if self.state.is_idle() {
+                        return Wake::Shutdown;
+                    }
+                    self.begin_drain();
+                }
+                () = Self::drain_step_ends(drain) => {
+                    tracing::warn!(
+                        timeout = ?self.agent.drain_timeout,
+                        "Shutting down while disconnected: operations still running are cancelled."
+                    );
+                    return Wake::Shutdown;
+                }
                 output = &mut future => return Wake::Done(output),
                 Some(event) = self.operation_receiver.recv() => {
                     let actions = self.state.on_operation_event(event);
@@ -601,28 +656,19 @@ impl Runner {
         heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let silence = tokio::time::sleep(lease);
         let mut silence = std::pin::pin!(silence);
-        let mut drain_deadline: Option<Instant> = None;
-        let mut handing_back = false;
         loop {
-            if drain_deadline.is_some() && self.state.is_idle() {
+            if self.drain.is_some() && self.state.is_idle() {
                 self.shut_down_session("the agent shut down");
                 return SessionEnd::Shutdown;
             }
-            let drain_expired = async {
-                match drain_deadline {
-                    Some(deadline) => tokio::time::sleep_until(deadline).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let drain = self.drain;
             let failure = tokio::select! {
-                () = shutdown.as_mut(), if drain_deadline.is_none() => {
-                    tracing::info!("Shutting down: letting running operations finish.");
-                    self.state.begin_drain();
-                    drain_deadline = Some(Instant::now() + self.agent.drain_timeout);
+                () = shutdown.as_mut(), if drain.is_none() => {
+                    self.begin_drain();
                     None
                 }
-                () = drain_expired => {
-                    if handing_back {
+                () = Self::drain_step_ends(drain) => {
+                    if drain.is_some_and(|drain| drain.handing_back) {
                         self.shut_down_session("the agent shut down before its operations finished");
                         return SessionEnd::Shutdown;
                     }
@@ -636,8 +682,10 @@ impl Runner {
                         "Shutting down: operations still running after the drain timeout are cancelled and handed back."
                     );
                     self.state.hand_back();
-                    handing_back = true;
-                    drain_deadline = Some(Instant::now() + HAND_BACK_GRACE);
+                    self.drain = Some(Drain {
+                        deadline: Instant::now() + HAND_BACK_GRACE,
+                        handing_back: true,
+                    });
                     None
                 }
                 message = inbound.message() => match message {
@@ -670,14 +718,16 @@ impl Runner {
             };
             match failure {
                 None => {}
-                // Shutting down: no reconnect; what is unacknowledged is lost
+                // Handing back: no reconnect; what is unacknowledged is lost
                 // with the process, and the server re-delivers it.
-                Some(failure) if drain_deadline.is_some() => {
+                Some(failure) if self.drain.is_some_and(|drain| drain.handing_back) => {
                     let (reason, _) = failure.describe();
-                    tracing::warn!(%reason, "Session lost while shutting down.");
+                    tracing::warn!(%reason, "Session lost while handing back operations.");
                     self.shut_down_session(&format!("session lost while shutting down: {reason}"));
                     return SessionEnd::Shutdown;
                 }
+                // Draining, or serving: reconnect (a draining agent hands in
+                // the results of what still runs until its drain timeout).
                 Some(failure) => return SessionEnd::Failed(failure),
             }
         }

@@ -425,7 +425,7 @@ impl SessionState {
             self.unacked.remove(&key);
         }
         if let Some(result) = acknowledged
-            && settles(result.outcome())
+            && settles(&result)
         {
             self.remember_acked(key.clone(), result);
         }
@@ -477,7 +477,7 @@ impl SessionState {
                     .results
                     .iter()
                     .rev()
-                    .find(|result| settles(result.outcome()))
+                    .find(|result| settles(result))
                     .cloned()
             })
             .or_else(|| self.acked.get(key).cloned())
@@ -671,9 +671,20 @@ const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Whether a result settles its operation, so that a repeated request is
 /// answered with it: `IN_PROGRESS` promises a later result and `WAIT` asks
-/// to be asked again (DESIGN section 4), so neither does.
-fn settles(outcome: v1::Outcome) -> bool {
-    !matches!(outcome, v1::Outcome::InProgress | v1::Outcome::Wait)
+/// to be asked again (DESIGN section 4), so neither does; nor does
+/// "cancelled as asked" (`FAILED` with `CANCELLED`), which the server
+/// takes as no attempt and may follow with the same op_id and attempt.
+fn settles(result: &v1::OperationResult) -> bool {
+    let cancelled_as_asked = result.outcome() == v1::Outcome::Failed
+        && result
+            .status
+            .as_ref()
+            .is_some_and(|status| status.code == Code::Cancelled as i32);
+    !cancelled_as_asked
+        && !matches!(
+            result.outcome(),
+            v1::Outcome::InProgress | v1::Outcome::Wait
+        )
 }
 
 /// How long the server waits before asking again for an operation a
