@@ -487,4 +487,145 @@ mod tests {
         .expect_err("quota");
         assert!(matches!(error, IntentError::Quota { .. }));
     }
+
+    // Scopes, moves, generations and limits of a submission.
+
+    #[test]
+    fn moving_an_item_within_the_scope_keeps_its_generation_and_its_new_listing() {
+        let mut graph = IntendedGraph::default();
+        let mut generation = 0;
+        submit(
+            &mut graph,
+            &mut generation,
+            request("team", vec![item("x", "team/a")]),
+        )
+        .expect("accepted");
+        let moved = submit(
+            &mut graph,
+            &mut generation,
+            request("team", vec![item("x", "team/b")]),
+        )
+        .expect("accepted");
+        assert!(moved.content_changed.is_empty());
+        assert_eq!(moved.generation, 1);
+        assert_eq!(moved.upserts.len(), 1);
+        assert_eq!(moved.upserts[0].generation, 1);
+        // team/a no longer lists it: submitting team/a empty removes nothing.
+        let change =
+            submit(&mut graph, &mut generation, request("team/a", vec![])).expect("accepted");
+        assert!(change.removals.is_empty(), "{:?}", change.removals);
+        // team/b does.
+        let change =
+            prepare_submit(&graph, generation, 1_000, request("team/b", vec![])).expect("accepted");
+        assert_eq!(change.removals.len(), 1);
+    }
+
+    #[test]
+    fn a_scoped_submit_leaves_sibling_paths_sharing_its_prefix_alone() {
+        let mut graph = IntendedGraph::default();
+        let mut generation = 0;
+        submit(
+            &mut graph,
+            &mut generation,
+            request(
+                "",
+                vec![
+                    item("a", "team/a"),
+                    item("b", "team/a b"),
+                    item("c", "team/a-b"),
+                    item("d", "team/ab/x"),
+                    item("e", "team/a/x"),
+                ],
+            ),
+        )
+        .expect("accepted");
+        let change =
+            prepare_submit(&graph, generation, 1_000, request("team/a", vec![])).expect("accepted");
+        let removed: Vec<String> = change
+            .removals
+            .iter()
+            .map(|r| r.name().to_string())
+            .collect();
+        assert_eq!(removed, ["a", "e"]);
+    }
+
+    #[test]
+    fn reordered_dependencies_and_new_descriptions_keep_the_generation() {
+        let mut graph = IntendedGraph::default();
+        let mut generation = 0;
+        let first = item("x", "")
+            .depends_on(Dependency::on(ItemRef::new("t", "a")))
+            .depends_on(Dependency::on(ItemRef::new("t", "b")));
+        submit(&mut graph, &mut generation, request("", vec![first])).expect("accepted");
+        let again = item("x", "")
+            .depends_on(Dependency::on(ItemRef::new("t", "b")).with_description("why"))
+            .depends_on(Dependency::on(ItemRef::new("t", "a")));
+        let change =
+            submit(&mut graph, &mut generation, request("", vec![again])).expect("accepted");
+        assert!(change.content_changed.is_empty());
+        assert_eq!(change.generation, 1);
+        assert!(change.upserts.iter().all(|e| e.generation == 1));
+    }
+
+    #[test]
+    fn a_cycle_through_the_existing_intent_of_three_subgraphs_is_rejected() {
+        let mut graph = IntendedGraph::default();
+        let mut generation = 0;
+        let a = item("a", "one").depends_on(Dependency::on(ItemRef::new("t", "b")));
+        submit(&mut graph, &mut generation, request("one", vec![a])).expect("accepted");
+        let b = item("b", "two").depends_on(Dependency::on(ItemRef::new("t", "c")));
+        submit(&mut graph, &mut generation, request("two", vec![b])).expect("accepted");
+        let c = item("c", "three").depends_on(Dependency::on(ItemRef::new("t", "a")));
+        let error = prepare_submit(&graph, generation, 1_000, request("three", vec![c]))
+            .expect_err("cycle");
+        assert!(
+            matches!(error, IntentError::DependencyCycle { .. }),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn a_mismatch_is_refused_even_when_the_request_changes_nothing() {
+        let mut graph = IntendedGraph::default();
+        let mut generation = 0;
+        submit(
+            &mut graph,
+            &mut generation,
+            request("", vec![item("a", "")]),
+        )
+        .expect("accepted");
+        let mut req = request("", vec![item("a", "")]);
+        req.expected_generation = Some(0);
+        let error = prepare_submit(&graph, generation, 1_000, req).expect_err("mismatch");
+        assert!(matches!(
+            error,
+            IntentError::GenerationMismatch {
+                expected: 0,
+                actual: 1
+            }
+        ));
+    }
+
+    #[test]
+    fn the_item_limit_counts_what_the_submit_leaves() {
+        let mut graph = IntendedGraph::default();
+        let mut generation = 0;
+        let change = prepare_submit(
+            &graph,
+            generation,
+            2,
+            request("", vec![item("a", ""), item("b", "")]),
+        )
+        .expect("two fit");
+        apply_change(&mut graph, &change);
+        generation = change.generation;
+        // Replace b with c: still two.
+        prepare_submit(
+            &graph,
+            generation,
+            2,
+            request("", vec![item("a", ""), item("c", "")]),
+        )
+        .expect("still two");
+    }
 }

@@ -2845,3 +2845,117 @@ fn a_superseded_lost_operation_the_agent_still_runs_is_cancelled() {
         "the superseded operation is never cancelled at the agent that runs it"
     );
 }
+
+// What a submission changes, and what a refused one does not.
+
+fn submit_request(
+    executor: &mut Executor,
+    subgraph: &str,
+    items: Vec<Item>,
+    expected_generation: Option<u64>,
+    now: Now,
+) -> Result<(Effects, crate::engine::exec::Submitted), crate::engine::intent::IntentError> {
+    let mut request = crate::engine::testkit::validated_submit(subgraph, items);
+    request.expected_generation = expected_generation;
+    executor.submit(request, now)
+}
+
+/// DESIGN section 2: moving an item between subgraphs "runs no
+/// operation (it bumps the revision, not the generation)".
+#[test]
+fn moving_a_running_item_between_subgraphs_cancels_nothing() {
+    let mut executor = connected();
+    let mut a = item("a", 1);
+    a.subgraph = "team/x".into();
+    let effects = submit_subgraph(&mut executor, "team", vec![a.clone()], at(10));
+    let running = orders(&effects.sends).remove(0);
+    a.subgraph = "team/y".into();
+    let (effects, submitted) =
+        submit_request(&mut executor, "team", vec![a], None, at(20)).expect("accepted");
+    executor.committed(at(20));
+    assert!(submitted.changed);
+    assert_eq!(submitted.generation, 1);
+    assert!(
+        !effects
+            .sends
+            .iter()
+            .any(|m| matches!(&m.message, ToAgent::Cancel { op_id } if *op_id == running.op_id)),
+        "a move cancels the running Create"
+    );
+    assert!(effects.commit.items.iter().all(|w| {
+        w.after
+            .as_ref()
+            .and_then(|a| a.in_flight.as_ref())
+            .is_none_or(|f| !f.cancel_requested)
+    }));
+    assert_eq!(
+        executor
+            .model()
+            .intended
+            .get(&ItemRef::new("t", "a"))
+            .map(|e| e.generation),
+        Some(1)
+    );
+}
+
+#[test]
+fn an_identical_resubmission_is_unchanged_and_keeps_the_generation() {
+    let mut executor = connected();
+    let effects = submit(&mut executor, vec![item("a", 1), item("b", 1)], at(10));
+    let sent = orders(&effects.sends);
+    let (effects, submitted) = submit_request(
+        &mut executor,
+        "",
+        vec![item("a", 1), item("b", 1)],
+        Some(1),
+        at(20),
+    )
+    .expect("accepted");
+    executor.committed(at(20));
+    assert!(!submitted.changed);
+    assert_eq!(submitted.generation, 1);
+    assert!(effects.commit.intent.is_none());
+    assert!(
+        !effects
+            .sends
+            .iter()
+            .any(|m| matches!(&m.message, ToAgent::Cancel { .. }))
+    );
+    assert_eq!(sent.len(), 2);
+}
+
+#[test]
+fn a_generation_mismatch_changes_nothing() {
+    let mut executor = connected();
+    submit(&mut executor, vec![item("a", 1)], at(10));
+    let before_intended = executor.model().intended.len();
+    let before = executor.model().progress().clone();
+    let error = submit_request(&mut executor, "", vec![item("b", 1)], Some(0), at(20))
+        .expect_err("mismatch");
+    assert!(matches!(
+        error,
+        crate::engine::intent::IntentError::GenerationMismatch { .. }
+    ));
+    assert_eq!(executor.model().intended.len(), before_intended);
+    assert_eq!(executor.model().progress().generation, before.generation);
+    assert!(!executor.model().has_staged());
+}
+
+#[test]
+fn an_item_depending_on_an_unreported_external_item_of_another_subgraph_waits() {
+    let mut executor = connected();
+    let mut x = crate::engine::testkit::external("t/x");
+    x.subgraph = "ext".into();
+    submit_subgraph(&mut executor, "ext", vec![x], at(10));
+    let mut a = item("a", 1).depends_on(on("t/x"));
+    a.subgraph = "app".into();
+    let effects = submit_subgraph(&mut executor, "app", vec![a], at(20));
+    assert!(
+        orders(&effects.sends).is_empty(),
+        "nothing to create before x is reported"
+    );
+    assert!(matches!(
+        state_of(&executor, "a"),
+        None | Some(ItemState::Pending)
+    ));
+}
