@@ -15,6 +15,8 @@ pub mod conformance;
 mod copy;
 mod error;
 pub mod etcd;
+#[cfg(test)]
+pub mod failing;
 pub mod keys;
 mod memory;
 mod migrate;

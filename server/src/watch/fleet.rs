@@ -378,6 +378,7 @@ impl Wire<v1::FleetEvent> for FleetWire {
 mod tests {
     use super::*;
     use crate::store::InMemoryStore;
+    use crate::store::failing::FailingStore;
 
     fn event(tenant: &str, time_ms: u64) -> v1::FleetEvent {
         v1::FleetEvent {
@@ -469,53 +470,11 @@ mod tests {
         );
     }
 
-    /// An in-memory store whose commits fail while `failing` is set.
-    #[derive(Debug, Default)]
-    struct Flaky {
-        inner: InMemoryStore,
-        failing: std::sync::atomic::AtomicBool,
-    }
-
-    impl Store for Flaky {
-        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-            self.inner.get(key)
-        }
-        fn scan(
-            &self,
-            prefix: &[u8],
-            start_after: Option<&[u8]>,
-            limit: usize,
-        ) -> Result<Vec<crate::store::Record>, StoreError> {
-            self.inner.scan(prefix, start_after, limit)
-        }
-        fn commit(&self, batch: WriteBatch) -> CommitHandle {
-            CommitHandle::ready(self.commit_blocking(batch))
-        }
-        fn commit_blocking(&self, batch: WriteBatch) -> Result<(), StoreError> {
-            if self.failing.load(Ordering::SeqCst) {
-                Err(StoreError::Closed)
-            } else {
-                self.inner.commit_blocking(batch)
-            }
-        }
-        fn backup_to(&self, path: &std::path::Path) -> Result<(), StoreError> {
-            self.inner.backup_to(path)
-        }
-        fn size_on_disk(&self) -> Result<u64, StoreError> {
-            self.inner.size_on_disk()
-        }
-    }
-
-    #[test]
-    fn a_revision_published_for_a_failed_commit_is_not_given_again_after_a_reload() {
-        // DESIGN 7: events are never silently dropped; the fleet stream
-        // has one sequence of revisions. A failed commit settles its
-        // revision with nothing. Published at once, a watcher's cursor (and
-        // the Bookmark it is sent) passed it while the position stored was
-        // the one before it, so after a restart the next event got that
-        // same revision, and a watcher resuming from its bookmark never saw
-        // that event. It is published only once a later commit is durable.
-        let flaky = Arc::new(Flaky::default());
+    /// A fleet log over a store that can fail: tenant a's event committed
+    /// at revision 1, then tenant b's commit (revision 2) failed; the store
+    /// still fails.
+    fn a_committed_then_b_failed() -> (Arc<FailingStore>, Arc<dyn Store>, Arc<FleetLog>) {
+        let flaky = Arc::new(FailingStore::default());
         let store: Arc<dyn Store> = flaky.clone();
         let fleet = FleetLog::load(store.clone(), Retention::default(), 100).expect("loads");
         assert_eq!(commit(&fleet, "a", 1_000), 1);
@@ -529,6 +488,19 @@ mod tests {
             2_000,
         ));
         assert!(failed.is_err());
+        (flaky, store, fleet)
+    }
+
+    #[test]
+    fn a_revision_published_for_a_failed_commit_is_not_given_again_after_a_reload() {
+        // DESIGN 7: events are never silently dropped; the fleet stream
+        // has one sequence of revisions. A failed commit settles its
+        // revision with nothing. Published at once, a watcher's cursor (and
+        // the Bookmark it is sent) passed it while the position stored was
+        // the one before it, so after a restart the next event got that
+        // same revision, and a watcher resuming from its bookmark never saw
+        // that event. It is published only once a later commit is durable.
+        let (flaky, store, fleet) = a_committed_then_b_failed();
         let bookmark = fleet.hub.published();
         assert_eq!(bookmark, 1, "the failed revision 2 is not told yet");
 
@@ -546,20 +518,7 @@ mod tests {
 
     #[test]
     fn a_failed_revision_is_published_once_a_later_one_is_durable() {
-        let flaky = Arc::new(Flaky::default());
-        let store: Arc<dyn Store> = flaky.clone();
-        let fleet = FleetLog::load(store, Retention::default(), 100).expect("loads");
-        assert_eq!(commit(&fleet, "a", 1_000), 1);
-        flaky.failing.store(true, Ordering::SeqCst);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("runtime");
-        let failed = runtime.block_on(fleet.commit_unsettled(
-            WriteBatch::new(),
-            Some(event("b", 2_000)),
-            2_000,
-        ));
-        assert!(failed.is_err());
+        let (flaky, _store, fleet) = a_committed_then_b_failed();
         flaky.failing.store(false, Ordering::SeqCst);
         assert_eq!(commit(&fleet, "c", 3_000), 3);
         assert_eq!(

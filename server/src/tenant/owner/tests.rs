@@ -1,6 +1,7 @@
 //! Tests of the owner: deadlines on the monotonic clock, one seed giving
 //! one run, and regressions the simulator found in the executor.
 
+use crate::store::failing::FailingStore;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -523,58 +524,6 @@ async fn a_lost_create_gone_with_its_external_item_is_forgotten() {
     let (mut harness, _) = lose_a_create_then_lose_its_external(true).await;
     assert!(orders(&received(&mut harness.agent)).is_empty());
     assert_eq!(state_of(&harness.handle, "a"), None, "PENDING again");
-}
-
-/// A store whose commits can be made to fail, counting attempts and
-/// noting the largest commit; `writes_per_step` is what it reports of
-/// itself (as etcd reports its operations per transaction).
-#[derive(Debug, Default)]
-struct FailingStore {
-    inner: InMemoryStore,
-    failing: std::sync::atomic::AtomicBool,
-    attempts: std::sync::atomic::AtomicUsize,
-    largest: std::sync::atomic::AtomicUsize,
-    writes_per_step: Option<usize>,
-}
-
-impl Store for FailingStore {
-    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, crate::store::StoreError> {
-        self.inner.get(key)
-    }
-    fn scan(
-        &self,
-        prefix: &[u8],
-        start_after: Option<&[u8]>,
-        limit: usize,
-    ) -> Result<Vec<crate::store::Record>, crate::store::StoreError> {
-        self.inner.scan(prefix, start_after, limit)
-    }
-    fn commit(&self, batch: crate::store::WriteBatch) -> crate::store::CommitHandle {
-        crate::store::CommitHandle::ready(self.commit_blocking(batch))
-    }
-    fn commit_blocking(
-        &self,
-        batch: crate::store::WriteBatch,
-    ) -> Result<(), crate::store::StoreError> {
-        use std::sync::atomic::Ordering;
-        self.attempts.fetch_add(1, Ordering::SeqCst);
-        self.largest
-            .fetch_max(batch.writes().len(), Ordering::SeqCst);
-        if self.failing.load(Ordering::SeqCst) {
-            Err(crate::store::StoreError::Closed)
-        } else {
-            self.inner.commit_blocking(batch)
-        }
-    }
-    fn backup_to(&self, path: &std::path::Path) -> Result<(), crate::store::StoreError> {
-        self.inner.backup_to(path)
-    }
-    fn size_on_disk(&self) -> Result<u64, crate::store::StoreError> {
-        self.inner.size_on_disk()
-    }
-    fn writes_per_step(&self) -> Option<usize> {
-        self.writes_per_step
-    }
 }
 
 #[tokio::test(start_paused = true)]
