@@ -219,7 +219,7 @@ pub fn redelivery(
 /// that had a value before, may have either value
 /// ([`crate::graph::RareFields::maybe_applied`]: the new value's
 /// dependencies stay edges).
-pub fn may_have_applied(entry: &CurrentItem, operation: &InFlight) -> CurrentItem {
+fn may_have_applied(entry: &CurrentItem, operation: &InFlight) -> CurrentItem {
     if operation.question {
         return entry.clone();
     }
