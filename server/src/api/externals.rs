@@ -79,7 +79,19 @@ pub fn validate_external_reports(
         }
     }
     if !violations.is_empty() {
-        violations.truncate(crate::graph::validate::MAX_VIOLATIONS);
+        let max = crate::graph::validate::MAX_VIOLATIONS;
+        if violations.len() > max {
+            let total = violations.len();
+            violations.truncate(max - 1);
+            let left_out = total - violations.len();
+            violations.push(FieldViolation::new(
+                field,
+                format!(
+                    "{left_out} more violations are not shown; fix the ones above \
+                     and send the reports again to see the rest"
+                ),
+            ));
+        }
         return Err(ApiError::invalid_argument(violations));
     }
     check_max_items(&snapshot, &changes, default_max_items)?;
@@ -171,21 +183,31 @@ fn check_max_items(
         0 => default_max_items,
         limit => usize::try_from(limit).unwrap_or(usize::MAX),
     };
+    // The current graph after the changes, applied in order: items the
+    // reports add, and current items they delete (a Put after the Delete
+    // brings one back).
     let mut added: BTreeSet<ItemRef> = BTreeSet::new();
+    let mut removed: BTreeSet<ItemRef> = BTreeSet::new();
     for change in changes {
         match change {
             ExternalChange::Put { item, .. } => {
                 let key = item.item_ref();
                 if snapshot.current.get(&key).is_none() {
                     added.insert(key);
+                } else {
+                    removed.remove(&key);
                 }
             }
             ExternalChange::Delete { item } => {
-                added.remove(item);
+                if snapshot.current.get(item).is_none() {
+                    added.remove(item);
+                } else {
+                    removed.insert(item.clone());
+                }
             }
         }
     }
-    let total = snapshot.current.len() + added.len();
+    let total = (snapshot.current.len() - removed.len()) + added.len();
     if added.is_empty() || total <= limit {
         return Ok(());
     }
@@ -197,4 +219,103 @@ fn check_max_items(
             added.len()
         ),
     })
+}
+
+#[cfg(test)]
+mod handler_tests {
+    use super::*;
+    use crate::api::reconciler::handler_tests::{admin, item, service};
+    use crate::tenant::TenantLimits;
+    use reconciled_proto::v1::reconciler_server::Reconciler as _;
+    use tonic::Code;
+
+    fn put(name: &str) -> v1::ExternalReport {
+        v1::ExternalReport {
+            change: Some(v1::external_report::Change::Put(item("ext", name))),
+            modified: false,
+        }
+    }
+
+    fn delete(name: &str) -> v1::ExternalReport {
+        v1::ExternalReport {
+            change: Some(v1::external_report::Change::Delete(v1::ItemRef {
+                r#type: "ext".into(),
+                name: name.into(),
+            })),
+            modified: false,
+        }
+    }
+
+    /// docs/security.md: "violations reported | 100 per rejection | the
+    /// last violation says how many were left out".
+    #[tokio::test]
+    async fn external_report_violations_past_the_cap_say_how_many_were_left_out() {
+        let (_service, context) = service();
+        let (handle, _) = context
+            .directory
+            .create("alpha", TenantLimits::default())
+            .await
+            .expect("created");
+        let reports: Vec<_> = (0..150).map(|_| put("")).collect();
+        let error = validate_external_reports(
+            reports,
+            "reports",
+            &handle,
+            &context.limits,
+            context.default_max_items,
+        )
+        .expect_err("150 empty names are invalid");
+        let ApiError::InvalidArgument { violations, .. } = error else {
+            panic!("not INVALID_ARGUMENT: {error:?}");
+        };
+        assert!(violations.len() <= crate::graph::validate::MAX_VIOLATIONS);
+        let last = violations.last().expect("a violation");
+        assert!(
+            last.description.contains("51") && last.description.contains("not shown"),
+            "150 violations were cut to {} and the last one does not say how many were left \
+             out: {last:?}",
+            violations.len()
+        );
+    }
+
+    /// A report that deletes one external item and adds another leaves the
+    /// current graph at its size: it is within `max_items` afterwards
+    /// (module doc: "a current graph of at most the tenant's `max_items`
+    /// items afterwards").
+    #[tokio::test]
+    async fn external_report_replacing_an_item_at_max_items_is_accepted() {
+        let (service, context) = service();
+        context
+            .directory
+            .create(
+                "alpha",
+                TenantLimits {
+                    max_items: 1,
+                    ..TenantLimits::default()
+                },
+            )
+            .await
+            .expect("created");
+        service
+            .report_external(admin(v1::ReportExternalRequest {
+                tenant: "alpha".into(),
+                reports: vec![put("x")],
+            }))
+            .await
+            .expect("one external item fits max_items = 1");
+        let answer = service
+            .report_external(admin(v1::ReportExternalRequest {
+                tenant: "alpha".into(),
+                reports: vec![delete("x"), put("y")],
+            }))
+            .await;
+        if let Err(status) = answer {
+            assert_ne!(
+                status.code(),
+                Code::ResourceExhausted,
+                "deleting x and adding y leaves 1 item, within max_items = 1: {status:?}"
+            );
+            panic!("refused: {status:?}");
+        }
+    }
 }

@@ -26,7 +26,7 @@ use crate::wire::{
 
 use super::context::{ApiContext, LARGE_REQUEST_ITEMS, invalid};
 use super::externals::validate_external_reports;
-use super::paging::PageToken;
+use super::paging::{PageToken, listing_fingerprint};
 
 /// How long `Reconcile{wait}` waits when the request names no timeout,
 /// and the longest it waits.
@@ -195,22 +195,44 @@ impl Reconciler for ReconcilerService {
         let handle = self.context.tenant(caller, &request.tenant)?;
         let subgraph = normalize_subgraph(&request.subgraph)
             .map_err(|problem| invalid("subgraph", problem))?;
+        let view = match v1::GraphView::try_from(request.view) {
+            Ok(v1::GraphView::Unspecified) => v1::GraphView::Both,
+            Ok(view) => view,
+            Err(_) => {
+                return Err(invalid(
+                    "view",
+                    format!(
+                        "{} is not a graph view; use GRAPH_VIEW_INTENDED, GRAPH_VIEW_CURRENT or \
+                         GRAPH_VIEW_BOTH (or leave it unset)",
+                        request.view
+                    ),
+                )
+                .into());
+            }
+        };
+        let listing = listing_fingerprint(&[
+            &handle.id.to_be_bytes(),
+            &(view as i32).to_be_bytes(),
+            subgraph.as_bytes(),
+        ]);
         let (snapshot, after) = if request.page_token.is_empty() {
             (handle.snapshots.latest(), None)
         } else {
-            let token = PageToken::decode(&request.page_token).ok_or_else(|| {
-                invalid(
-                    "page_token",
-                    "not a page token from GetGraph; omit it to start over",
-                )
-            })?;
+            let token = PageToken::decode(&request.page_token)
+                .filter(|token| token.listing == listing)
+                .ok_or_else(|| {
+                    invalid(
+                        "page_token",
+                        "not a page token of this GetGraph listing (tenant, view and subgraph \
+                         must stay those of the first page); omit it to start over",
+                    )
+                })?;
             let snapshot = handle
                 .snapshots
                 .at_revision(token.revision)
                 .ok_or(ApiError::PageTokenExpired)?;
             (snapshot, Some(token.after))
         };
-        let view = v1::GraphView::try_from(request.view).unwrap_or(v1::GraphView::Both);
         let page_size = match request.page_size {
             0 => DEFAULT_PAGE_SIZE,
             size => (size as usize).min(MAX_PAGE_SIZE),
@@ -221,7 +243,7 @@ impl Reconciler for ReconcilerService {
         };
         let large = page_size > LARGE_REQUEST_ITEMS;
         let page = fairly(&self.context.workers, handle.id, large, || {
-            graph_page(&snapshot, view, &subgraph, after, budget)
+            graph_page(&snapshot, view, &subgraph, after, budget, listing)
         })
         .await;
         Ok(Response::new(page))
@@ -575,6 +597,19 @@ fn in_scope(snapshot: &TenantSnapshot, item: &ItemRef, scope: &str) -> bool {
     }
 }
 
+/// Whether `item` is listed in subgraph `scope` for GetGraph: where its
+/// intended value is listed, or, for an item that is only current, where
+/// its applied value is listed (reconciler.proto, GetGraphRequest.subgraph).
+fn listed_in(snapshot: &TenantSnapshot, item: &ItemRef, scope: &str) -> bool {
+    if let Some(entry) = snapshot.intended.get(item) {
+        return subgraph_contains(scope, &entry.item.subgraph);
+    }
+    match snapshot.current.get(item).and_then(|c| c.applied.as_ref()) {
+        Some(applied) => subgraph_contains(scope, &applied.subgraph),
+        None => scope.is_empty(),
+    }
+}
+
 /// How much one GetGraph page may hold.
 #[derive(Clone, Copy, Debug)]
 struct PageBudget {
@@ -594,6 +629,7 @@ fn graph_page(
     subgraph: &str,
     after: Option<ItemRef>,
     budget: PageBudget,
+    listing: u64,
 ) -> v1::GetGraphResponse {
     use prost::Message as _;
     let lower = match &after {
@@ -649,7 +685,7 @@ fn graph_page(
                 }
             }
         };
-        if !in_scope(snapshot, key, subgraph) {
+        if !listed_in(snapshot, key, subgraph) {
             continue;
         }
         if listed == budget.items {
@@ -687,10 +723,280 @@ fn graph_page(
     }
     if more && let Some(after) = last {
         response.next_page_token = PageToken {
+            listing,
             revision: snapshot.record.revision,
             after,
         }
         .encode();
     }
     response
+}
+
+#[cfg(test)]
+pub(crate) mod handler_tests {
+    use super::super::context::WatchSettings;
+    use super::*;
+    use crate::auth::{AdminToken, AdminTokenSource, TokenDirectory};
+    use crate::store::{InMemoryStore, Store};
+    use crate::tenant::{OwnerSettings, TenantDirectory, TenantLimits};
+    use crate::watch::FollowSettings;
+    use crate::watch::fleet::FleetLog;
+    use tonic::Code;
+    use tonic::metadata::MetadataValue;
+
+    /// A service over an in-memory store, as `server::serve` builds it.
+    pub(crate) fn service() -> (ReconcilerService, ApiContext) {
+        let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+        let workers = crate::tenant::FairWorkers::new(1);
+        let settings = OwnerSettings {
+            workers: workers.clone(),
+            ..OwnerSettings::default()
+        };
+        let directory = TenantDirectory::load(store.clone(), settings).expect("loads");
+        let fleet = FleetLog::load(store, Default::default(), 1_000).expect("fleet log");
+        let tokens: Arc<dyn TokenDirectory + Send + Sync> = directory.clone();
+        let context = ApiContext {
+            directory,
+            tokens,
+            cluster: None,
+            admin: Arc::new(AdminToken::from_secret("admin", AdminTokenSource::Config)),
+            limits: ValidationLimits::default(),
+            default_max_items: 1_000_000,
+            heartbeat_interval: Duration::from_secs(5),
+            lease: Duration::from_secs(15),
+            shutdown: tokio_util::sync::CancellationToken::new(),
+            agents: crate::limits::AgentCounts::new(1_000),
+            fleet,
+            watch: WatchSettings {
+                follow: FollowSettings {
+                    bookmark_interval: Duration::from_secs(5),
+                    message_bytes: 64 * 1024,
+                    retry_after: Duration::from_secs(1),
+                },
+                max_watchers_per_tenant: 100,
+            },
+            reply_bytes: 16 * 1024 * 1024,
+            workers,
+        };
+        (ReconcilerService::new(context.clone()), context)
+    }
+
+    pub(crate) fn admin<T>(message: T) -> Request<T> {
+        let mut request = Request::new(message);
+        request.metadata_mut().insert(
+            "authorization",
+            MetadataValue::try_from("Bearer admin").expect("ascii"),
+        );
+        request
+    }
+
+    pub(crate) fn item(item_type: &str, name: &str) -> v1::Item {
+        v1::Item {
+            r#type: item_type.into(),
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+
+    async fn tenant_with(
+        context: &ApiContext,
+        service: &ReconcilerService,
+        name: &str,
+        items: &[&str],
+    ) {
+        context
+            .directory
+            .create(name, TenantLimits::default())
+            .await
+            .expect("created");
+        service
+            .submit_intent(admin(v1::SubmitIntentRequest {
+                tenant: name.into(),
+                items: items.iter().map(|n| item("t", n)).collect(),
+                ..Default::default()
+            }))
+            .await
+            .expect("submitted");
+    }
+
+    /// A page token names a listing of one tenant; used on another tenant
+    /// it resumes that tenant's listing after a key it never returned, so
+    /// the listing silently skips items.
+    #[tokio::test]
+    async fn get_graph_refuses_a_page_token_of_another_tenant() {
+        let (service, context) = service();
+        tenant_with(&context, &service, "alpha", &["x1", "x2", "x3"]).await;
+        tenant_with(&context, &service, "beta", &["a1", "b1", "c1"]).await;
+        let first = service
+            .get_graph(admin(v1::GetGraphRequest {
+                tenant: "alpha".into(),
+                view: v1::GraphView::Intended.into(),
+                page_size: 1,
+                ..Default::default()
+            }))
+            .await
+            .expect("first page")
+            .into_inner();
+        assert!(!first.next_page_token.is_empty());
+        let answer = service
+            .get_graph(admin(v1::GetGraphRequest {
+                tenant: "beta".into(),
+                view: v1::GraphView::Intended.into(),
+                page_size: 1,
+                page_token: first.next_page_token,
+                ..Default::default()
+            }))
+            .await;
+        match answer {
+            Err(status) => assert_eq!(status.code(), Code::InvalidArgument, "{status:?}"),
+            Ok(page) => panic!(
+                "alpha's token was accepted on beta, listing {:?} (beta holds a1, b1, c1)",
+                page.into_inner()
+                    .intended
+                    .iter()
+                    .map(|i| i.item.as_ref().map(|i| i.name.clone()))
+                    .collect::<Vec<_>>()
+            ),
+        }
+    }
+
+    /// A page token of one query (subgraph) resumed with another query
+    /// skips the other query's items silently.
+    #[tokio::test]
+    async fn get_graph_refuses_a_page_token_of_another_query() {
+        let (service, context) = service();
+        context
+            .directory
+            .create("alpha", TenantLimits::default())
+            .await
+            .expect("created");
+        let mut items = Vec::new();
+        for (name, subgraph) in [("c1", "s"), ("d1", "s"), ("b1", "r"), ("z1", "r")] {
+            let mut item = item("t", name);
+            item.subgraph = subgraph.into();
+            items.push(item);
+        }
+        service
+            .submit_intent(admin(v1::SubmitIntentRequest {
+                tenant: "alpha".into(),
+                items,
+                ..Default::default()
+            }))
+            .await
+            .expect("submitted");
+        // Subgraph "s": t/c1 then t/d1; the token resumes after t/c1.
+        let first = service
+            .get_graph(admin(v1::GetGraphRequest {
+                tenant: "alpha".into(),
+                view: v1::GraphView::Intended.into(),
+                subgraph: "s".into(),
+                page_size: 1,
+                ..Default::default()
+            }))
+            .await
+            .expect("first page")
+            .into_inner();
+        assert!(!first.next_page_token.is_empty());
+        // Subgraph "r" holds t/b1 and t/z1: resumed after t/c1 it skips t/b1.
+        let answer = service
+            .get_graph(admin(v1::GetGraphRequest {
+                tenant: "alpha".into(),
+                view: v1::GraphView::Intended.into(),
+                subgraph: "r".into(),
+                page_size: 10,
+                page_token: first.next_page_token,
+            }))
+            .await;
+        match answer {
+            Err(status) => assert_eq!(status.code(), Code::InvalidArgument, "{status:?}"),
+            Ok(page) => {
+                let names: Vec<_> = page
+                    .into_inner()
+                    .intended
+                    .iter()
+                    .filter_map(|i| i.item.as_ref().map(|i| i.name.clone()))
+                    .collect();
+                panic!(
+                    "a token of subgraph \"s\" was accepted for subgraph \"r\": listed {names:?}"
+                );
+            }
+        }
+    }
+
+    /// An unknown `view` is an invalid request, as Watch refuses unknown
+    /// event kinds; it is not silently read as GRAPH_VIEW_BOTH.
+    #[tokio::test]
+    async fn get_graph_refuses_an_unknown_view() {
+        let (service, context) = service();
+        tenant_with(&context, &service, "alpha", &["x1"]).await;
+        let answer = service
+            .get_graph(admin(v1::GetGraphRequest {
+                tenant: "alpha".into(),
+                view: 42,
+                ..Default::default()
+            }))
+            .await;
+        let status = answer.expect_err("view 42 is not a GraphView");
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    }
+
+    /// reconciler.proto, GetGraphRequest.subgraph: "Only items listed in
+    /// this subgraph and the paths under it (for current items: where their
+    /// intended or applied value is listed)". A reported external item
+    /// listed in subgraph "s" and not in the intent is a current item whose
+    /// applied value is listed in "s".
+    #[tokio::test]
+    async fn get_graph_scopes_current_items_by_their_applied_subgraph() {
+        let (service, context) = service();
+        context
+            .directory
+            .create("alpha", crate::tenant::TenantLimits::default())
+            .await
+            .expect("created");
+        let mut reported = item("ext", "uplink");
+        reported.subgraph = "s".into();
+        service
+            .report_external(admin(v1::ReportExternalRequest {
+                tenant: "alpha".into(),
+                reports: vec![v1::ExternalReport {
+                    change: Some(v1::external_report::Change::Put(reported)),
+                    modified: false,
+                }],
+            }))
+            .await
+            .expect("reported");
+        let whole = service
+            .get_graph(admin(v1::GetGraphRequest {
+                tenant: "alpha".into(),
+                view: v1::GraphView::Current.into(),
+                ..Default::default()
+            }))
+            .await
+            .expect("whole graph")
+            .into_inner();
+        assert_eq!(whole.current.len(), 1, "the reported item is current");
+        assert_eq!(
+            whole.current[0]
+                .applied
+                .as_ref()
+                .map(|a| a.subgraph.as_str()),
+            Some("s"),
+            "its applied value is listed in \"s\""
+        );
+        let scoped = service
+            .get_graph(admin(v1::GetGraphRequest {
+                tenant: "alpha".into(),
+                view: v1::GraphView::Current.into(),
+                subgraph: "s".into(),
+                ..Default::default()
+            }))
+            .await
+            .expect("subgraph s")
+            .into_inner();
+        assert_eq!(
+            scoped.current.len(),
+            1,
+            "ext/uplink's applied value is listed in \"s\", yet GetGraph{{subgraph: \"s\"}} omits it"
+        );
+    }
 }
