@@ -749,6 +749,19 @@ fn still_tied(existing: &CurrentItem, operation: &InFlight) -> bool {
             .all(|value| target_ties.is_subset(&ties(value)))
 }
 
+/// `item`'s new `value` as updates to stage: with, when it removes the
+/// item, its dependents' values with their marks on it forgotten
+/// ([`forget_marks_on_removed`]).
+pub fn with_marks_forgotten(
+    current: &CurrentGraph,
+    item: &ItemRef,
+    value: Option<CurrentItem>,
+) -> CurrentUpdates {
+    let mut updates = vec![(item.clone(), value)];
+    forget_marks_on_removed(current, &mut updates);
+    updates
+}
+
 /// Dependents of the items `updates` removes (items that are current
 /// now) forget the modification counters they recorded for them (DESIGN
 /// 3, rule 4): whatever appears under a removed name later is another

@@ -155,6 +155,14 @@ pub struct InFlight {
 }
 
 impl InFlight {
+    /// Whether the intent superseded this operation: a Create or Modify
+    /// toward a generation that is not the item's intended one
+    /// (`intended_generation`, 0 when the item left the intent).
+    pub fn superseded_at(&self, intended_generation: u64) -> bool {
+        matches!(self.kind, OperationKind::Create | OperationKind::Modify)
+            && self.target_generation != intended_generation
+    }
+
     /// The operation whose outcome decides the item: this one, or, for a
     /// READ that resolves a lost operation, that lost operation (the READ
     /// only observes; the lost one may have applied).

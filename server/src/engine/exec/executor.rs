@@ -42,7 +42,7 @@ use super::spec::TypeSpec;
 use crate::engine::conditions::Condition;
 use crate::engine::intent::{IntentChange, IntentError, ValidatedSubmit, prepare_submit};
 use crate::engine::plan::{Plan, plan_operations};
-use crate::engine::transition::{Completion, completed, forget_marks_on_removed};
+use crate::engine::transition::{Completion, completed, with_marks_forgotten};
 use crate::graph::{CurrentGraph, CurrentItem, IntendedGraph, ItemRef, OperationKind};
 
 pub use agents::{AgentResult, TypeHeld};
@@ -129,7 +129,8 @@ struct Transaction {
     undo_sessions: Vec<(String, Option<Holder>)>,
     undo_operations: Vec<(String, Option<ItemRef>)>,
     /// The put-off re-deliveries as they were when the transaction began
-    /// (a failed commit puts them back: what it sent did not go).
+    /// (a failed commit puts them back: what it sent did not go); `None`
+    /// for one opened without [`Executor::begin`], which restores nothing.
     undo_deferred: Option<BTreeSet<ItemRef>>,
     /// Drift READs taken from the queue (a failed commit queues them
     /// again).
@@ -362,8 +363,7 @@ impl Executor {
                 // Staged one by one: each sees those before it lost, and
                 // the marks forgotten on any of them that went.
                 let lost = completed(&executor.model.current, &entry, lost_outcome(&entry));
-                let mut updates = vec![(key.clone(), lost.clone())];
-                forget_marks_on_removed(&executor.model.current, &mut updates);
+                let updates = with_marks_forgotten(&executor.model.current, &key, lost.clone());
                 for (changed, value) in updates {
                     executor.model.stage_current(&changed, value.clone());
                     executor.owed.items.push((changed, value));
@@ -678,17 +678,13 @@ impl Executor {
     /// they recorded for it, here (DESIGN 3, rule 4). A batch whose
     /// dependents' new values were computed before its removals are staged
     /// forgets them over the whole batch first
-    /// ([`forget_marks_on_removed`]), so that those values, staged after,
+    /// ([`crate::engine::transition::forget_marks_on_removed`]), so that
+    /// those values, staged after,
     /// keep the forgetting.
     fn stage(&mut self, item: &ItemRef, value: Option<CurrentItem>) {
-        if value.is_none() && self.model.current.get(item).is_some() {
-            let mut updates = vec![(item.clone(), None)];
-            forget_marks_on_removed(&self.model.current, &mut updates);
-            for (dependent, forgotten) in updates.into_iter().skip(1) {
-                self.stage_value(&dependent, forgotten);
-            }
+        for (changed, value) in with_marks_forgotten(&self.model.current, item, value) {
+            self.stage_value(&changed, value);
         }
-        self.stage_value(item, value);
     }
 
     /// [`Self::stage`] without the forgetting of marks.

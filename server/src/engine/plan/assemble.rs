@@ -261,11 +261,7 @@ fn classify_bookkeeping<E: PlanEnvironment>(
         return true;
     }
     if let Some(operation) = &current.in_flight {
-        let superseded = matches!(
-            operation.kind,
-            OperationKind::Create | OperationKind::Modify
-        ) && operation.target_generation
-            != intended.map_or(0, |entry| entry.generation);
+        let superseded = operation.superseded_at(intended.map_or(0, |entry| entry.generation));
         if superseded && !operation.cancel_requested {
             plan.cancel.push(item.clone());
         }

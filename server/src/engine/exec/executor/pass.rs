@@ -571,8 +571,8 @@ impl Executor {
     }
 
     /// Whether `item`'s operation was cancelled because its intent
-    /// changed (or left) and still is superseded: a Create or Modify toward
-    /// a generation that is not the item's intended one.
+    /// changed (or left) and still is superseded
+    /// ([`InFlight::superseded_at`], the planner's test).
     fn superseded_by_the_intent(&self, item: &ItemRef) -> bool {
         let intended = self
             .model
@@ -584,12 +584,7 @@ impl Executor {
             .get(item)
             .and_then(|current| current.in_flight.as_ref())
             .is_some_and(|operation| {
-                operation.cancel_requested
-                    && matches!(
-                        operation.kind,
-                        OperationKind::Create | OperationKind::Modify
-                    )
-                    && operation.target_generation != intended
+                operation.cancel_requested && operation.superseded_at(intended)
             })
     }
 
