@@ -1408,3 +1408,17 @@ fn seed_62044_with_drift_and_agent_restarts_a_restart_forgets_marks_on_an_item_i
 fn seed_97155_with_agent_restarts_a_cancel_for_a_vanished_external_item_is_not_sent_again() {
     passes_with_agent_restarts(97155);
 }
+
+/// The checker's half of the timed-out-operation fix: `t1/n1` took a
+/// lost Modify's value on the agent's side, drifted back to the value
+/// the server had applied before, and the server took the lost Modify
+/// as applied (its result sent again), then the drift READ's value: the
+/// one it held when the item drifted. The checker saw no change of the
+/// applied value since the drift and kept believing the Modify's value,
+/// so a dependent's Create looked like it went past a planned Modify.
+/// A drift is learned once the applied value has changed since, at any
+/// look, and holds what the world holds.
+#[test]
+fn seed_49262_with_drift_a_drift_learned_after_the_applied_value_came_back() {
+    passes_with_drift(49262, sim::AgentFaults::SessionsEnd);
+}

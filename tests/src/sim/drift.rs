@@ -46,9 +46,16 @@ struct Unseen {
     now: Option<Arc<Item>>,
     /// What drifted.
     change: Change,
-    /// The properties of the server's applied value when it drifted (for
-    /// an item gone: or when it first held one since).
+    /// The properties of the server's applied value when it drifted, or
+    /// last seen since (for an item gone: or when it first held one
+    /// since).
     applied_then: Option<Properties>,
+    /// For drifted properties: the server's applied value changed since
+    /// the drift, at some step the checks looked (seed 49262: it took a
+    /// lost Modify's value, then a READ's, the one it held when the item
+    /// drifted). A value taken and left again between two looks goes
+    /// unseen: the checks then keep the value from before the drift.
+    applied_changed: bool,
     /// For an item gone: the operations the server had running on it when
     /// it went (the one in flight, and the lost one a READ resolves).
     ops_then: BTreeSet<String>,
@@ -127,6 +134,7 @@ impl Drifts {
                 now: None,
                 change: Change::Vanished,
                 applied_then,
+                applied_changed: false,
                 ops_then: BTreeSet::new(),
             });
             entry.now = None;
@@ -153,6 +161,7 @@ impl Drifts {
             now: None,
             change: Change::Properties(BTreeSet::new()),
             applied_then,
+            applied_changed: false,
             ops_then: BTreeSet::new(),
         });
         entry.now = Some(now.clone());
@@ -168,16 +177,16 @@ impl Drifts {
 
     /// Forgets the drifts an operation overwrote (the item's world value
     /// is another one now), and those the server learned: its applied
-    /// value changed since the drift (a drift READ, or a READ settling a
-    /// lost operation, which takes what it observes), to
-    /// one with every drifted property as the world has it, or, for
-    /// an item gone, it no longer holds the value it held (a READ or a
-    /// Modify answered `NOT_FOUND`), or held none and expects no result
-    /// that could bring one. Returns how many the server learned. (A READ
-    /// shows the server every property the world holds: one that its
-    /// applied value does not set stays visible to the checks, since the
-    /// server does not take a lost Modify as applied while the READ shows
-    /// a property the Modify removes.)
+    /// value changed since the drift (seen at this look or an earlier one:
+    /// a drift READ, or a READ settling a lost operation, which takes what
+    /// it observes), and now has every drifted property as the world has
+    /// it; or, for an item gone, it no longer holds the value it held (a
+    /// READ or a Modify answered `NOT_FOUND`), or held none and expects no
+    /// result that could bring one. Returns how many the server learned.
+    /// (A READ shows the server every property the world holds: one that
+    /// its applied value does not set stays visible to the checks, since
+    /// the server does not take a lost Modify as applied while the READ
+    /// shows a property the Modify removes.)
     pub fn forget_overwritten_or_learned(
         &mut self,
         world: &World,
@@ -225,7 +234,11 @@ impl Drifts {
                         })
                 }
                 (Change::Properties(drifted), Some(applied), Some(now)) => {
-                    unseen.applied_then.as_ref() != Some(&applied.properties)
+                    if unseen.applied_then.as_ref() != Some(&applied.properties) {
+                        unseen.applied_changed = true;
+                        unseen.applied_then = Some(applied.properties.clone());
+                    }
+                    unseen.applied_changed
                         && drifted.iter().all(|property| {
                             applied
                                 .properties

@@ -209,17 +209,17 @@ pub fn redelivery(
     resend(&may_have_applied(entry, operation), operation)
 }
 
-/// `entry` while its lost `operation` is sent again to an agent that does
-/// not hold it: the operation may still have applied before its outcome
-/// was lost (an agent that restarts forgets the results it had not
-/// reported), so until an attempt reports DONE, what it may have done
-/// stays possible. A Create's or Delete's item may exist or not
+/// `entry` while the outcome of its `operation` is unknown: lost and sent
+/// again to an agent that does not hold it (an agent that restarts
+/// forgets the results it had not reported), or timed out (its DONE may
+/// come after the cancel). The operation may have applied, so until an
+/// attempt reports DONE, what it may have done stays possible. A Create's or Delete's item may exist or not
 /// ([`CurrentItem::existence_uncertain`]: deleted if it must go, created
 /// again before anything is built on it); a Modify's item, or a Create's
 /// that had a value before, may have either value
 /// ([`crate::graph::RareFields::maybe_applied`]: the new value's
 /// dependencies stay edges).
-fn may_have_applied(entry: &CurrentItem, operation: &InFlight) -> CurrentItem {
+pub fn may_have_applied(entry: &CurrentItem, operation: &InFlight) -> CurrentItem {
     if operation.question {
         return entry.clone();
     }

@@ -2759,6 +2759,43 @@ fn a_wall_clock_step_does_not_end_the_configurator_grace() {
     );
 }
 
+/// A timed-out Create is cancelled and counted as a failure, but a
+/// timeout proves nothing of what the agent did: here it had applied the
+/// Create, whose DONE comes after the cancel. Kept as a failed Create
+/// (which "does not exist"), the item was forgotten without a Delete when
+/// it left the intent (DESIGN 3, rule 2), and the agent kept an item
+/// nobody would delete. It may exist, so it is deleted (once its backoff
+/// is over).
+#[test]
+fn a_create_that_timed_out_is_deleted_when_its_item_leaves_the_intent() {
+    let mut executor = connected();
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    let create = orders(&effects.sends).remove(0);
+    let timed_out = 10 + TIMEOUT_MS;
+    let effects = executor.on_timer(at(timed_out));
+    executor.committed(at(timed_out));
+    assert!(cancels(&effects.immediate, &create.op_id));
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Failed));
+
+    // The agent had applied it: its DONE comes after the cancel.
+    answer(&mut executor, &create, done(), at(timed_out + 10));
+    // The item leaves the intent before its retry is due.
+    let effects = submit(&mut executor, Vec::new(), at(timed_out + 20));
+    let mut sent = orders(&effects.sends);
+    for second in 1..=120 {
+        let now = at(timed_out + 20 + second * 1_000);
+        let effects = executor.on_timer(now);
+        executor.committed(now);
+        sent.extend(orders(&effects.sends));
+    }
+    assert!(
+        sent.iter()
+            .any(|order| order.kind == OperationKind::Delete && &**order.item.name() == "a"),
+        "what the agent created is never deleted: sent {sent:?}, state {:?}",
+        state_of(&executor, "a")
+    );
+}
+
 /// DESIGN 4: "An operation is superseded only when its own item's intended
 /// value changes or the item leaves the intent; the server then sends
 /// `CancelOperation{op_id}`", and docs/configurators.md: a lost operation

@@ -7,6 +7,7 @@ use tracing::debug;
 
 use super::{Executor, Now, Scope, lost_outcome, to_session};
 use crate::engine::exec::effects::{Effects, Finished, OperationOutcome};
+use crate::engine::exec::lost::may_have_applied;
 use crate::engine::exec::port::ToAgent;
 use crate::engine::plan::WaitReason;
 use crate::engine::transition::{Completion, completed};
@@ -134,19 +135,30 @@ impl Executor {
                 operation.timeout_ms
             ),
         };
-        let completion = if operation.kind == OperationKind::Read {
-            Completion::Read {
+        let value = if operation.kind == OperationKind::Read {
+            let completion = Completion::Read {
                 observed: entry.observed.as_deref().cloned().unwrap_or_default(),
-            }
+            };
+            completed(&self.model.current, &entry, completion)
         } else {
             let failures = entry.attempts.saturating_add(1);
             let retry_at_ms = self.retry_at(item.item_type(), now.wall_ms, failures, false);
-            Completion::Failed {
+            let completion = Completion::Failed {
                 error: error.clone(),
                 retry_at_ms,
-            }
+            };
+            // A timeout proves nothing of what the agent did: the
+            // operation may have applied before it was cancelled (its DONE
+            // may even come after the cancel, for an attempt the server no
+            // longer waits for). What it may have done stays possible, as
+            // for a lost operation, until an attempt answers DONE: an item
+            // it may have created is deleted if it leaves the intent.
+            completed(
+                &self.model.current,
+                &may_have_applied(&entry, &operation),
+                completion,
+            )
         };
-        let value = completed(&self.model.current, &entry, completion);
         self.stage(item, value);
         let finished = Finished {
             item: item.clone(),
