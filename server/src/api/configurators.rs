@@ -26,13 +26,13 @@ use crate::engine::schema::TypeSchema;
 use crate::graph::validate::{FieldViolation, ValidationLimits, validate_name};
 use crate::graph::{OperationError, code};
 use crate::status::ApiError;
-use crate::tenant::{RegistrationError, TenantHandle};
+use crate::tenant::{FairWorkers, RegistrationError, TenantHandle, fairly};
 use crate::wire::{
     duration_from_ms, duration_to_ms, item_to_proto, operation_error_from_status,
     operation_kind_to_proto, properties_from_struct,
 };
 
-use super::context::{ApiContext, credentials_revoked, invalid};
+use super::context::{ApiContext, LARGE_REQUEST_ITEMS, credentials_revoked, invalid};
 use super::externals::validate_external_reports;
 
 /// How long an agent has to send Register after opening the stream.
@@ -94,7 +94,15 @@ impl Configurators for ConfiguratorsService {
         }
         self.await_owner(caller, &register.tenant).await?;
         let handle = self.context.tenant(caller, &register.tenant)?;
-        let (types, outstanding) = self.validated(&register)?;
+        // Compiling schemas is heavy work of the tenant's, like validating
+        // an intent: on a seat, off the async workers (or charged to it).
+        let large = register.item_types.len() > LARGE_REQUEST_ITEMS
+            || register.item_types.iter().any(|spec| spec.schema.is_some());
+        let (types, outstanding) = fairly(&self.context.workers, handle.id, large, || {
+            self.validated(&register)
+        })
+        .await?;
+        check_item_types(&handle.snapshots.latest(), &types)?;
         let max_agents = handle.snapshots.latest().record.limits.max_agents;
         let agent_slot = self
             .context
@@ -165,6 +173,7 @@ impl Configurators for ConfiguratorsService {
             revoked,
             limits: self.context.limits.clone(),
             default_max_items: self.context.default_max_items,
+            workers: self.context.workers.clone(),
             _agent_slot: agent_slot,
             backlog: VecDeque::new(),
             blocked_since: None,
@@ -273,6 +282,16 @@ impl ConfiguratorsService {
                 "register at least one item type",
             ));
         }
+        if register.item_types.len() > MAX_ITEM_TYPES_PER_TENANT {
+            // Refused before any schema of them is compiled.
+            return Err(invalid(
+                "register.item_types",
+                format!(
+                    "{} item types listed; a tenant may have at most {MAX_ITEM_TYPES_PER_TENANT}",
+                    register.item_types.len()
+                ),
+            ));
+        }
         let mut specs = Vec::new();
         for (index, spec) in register.item_types.iter().enumerate() {
             let field = format!("register.item_types[{index}]");
@@ -298,6 +317,37 @@ impl ConfiguratorsService {
             Err(ApiError::invalid_argument(violations))
         }
     }
+}
+
+/// Most item types a tenant may have registered: every type registered
+/// is kept (DESIGN 4: its last spec is used while no agent holds it), so
+/// without a bound a tenant's agents would grow its registry and stored
+/// specs without end, outside `max_items`.
+pub const MAX_ITEM_TYPES_PER_TENANT: usize = 1_000;
+
+/// Refuses a registration that would take the tenant's registered item
+/// types past [`MAX_ITEM_TYPES_PER_TENANT`]. Checked against the latest
+/// snapshot: two registrations at once may pass it by one registration's
+/// new types at most.
+fn check_item_types(
+    snapshot: &crate::tenant::TenantSnapshot,
+    types: &[TypeSpec],
+) -> Result<(), ApiError> {
+    let registered = snapshot.item_types.specs().count();
+    let new = types
+        .iter()
+        .filter(|spec| snapshot.item_types.get(&spec.item_type).is_none())
+        .count();
+    if registered + new > MAX_ITEM_TYPES_PER_TENANT {
+        return Err(ApiError::QuotaExceeded {
+            subject: "max_item_types".into(),
+            description: format!(
+                "the tenant has {registered} item types registered and this registration adds {new}; \
+                 at most {MAX_ITEM_TYPES_PER_TENANT} may be: register types it has already"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Most op ids a registration may list as outstanding.
@@ -473,6 +523,8 @@ struct Session {
     limits: ValidationLimits,
     /// `max_items` of tenants whose own limit is 0.
     default_max_items: usize,
+    /// The seats external updates are validated on, as ReportExternal's.
+    workers: std::sync::Arc<FairWorkers>,
     /// Counts this agent against the tenant's `max_agents` while it lives.
     _agent_slot: crate::limits::AgentSlot,
     /// Messages for the agent that did not fit its stream yet, at most
@@ -513,10 +565,17 @@ impl Session {
                     self.close_with(credentials_revoked()).await;
                     break "the session's token was revoked".to_string();
                 }
-                message = self.inbound.message() => match message {
+                // While a backlog's worth waits for the agent (in the
+                // backlog or in the owner's channel to this session) the
+                // agent is not read: each of its messages may queue one
+                // more answer (an acknowledgement) in that channel, which
+                // has no bound of its own. Its messages wait in its own
+                // transport; the session ends after the lease unless it
+                // reads.
+                message = self.inbound.message(), if self.backlog.len() + self.outbox.len() < OUTBOUND_BUFFER => match message {
                     Ok(Some(message)) => {
                         last_heard = Instant::now();
-                        match self.forwardable(message) {
+                        match self.forwardable(message).await {
                             Ok(Some(forward)) => {
                                 if self.handle.from_agent(self.id, forward).await.is_err() {
                                     self.close_with_revocation_if_any().await;
@@ -532,8 +591,8 @@ impl Session {
                             Ok(None) => {}
                             Err(refused) => {
                                 // The agent has no other way to learn that its
-                                // report was refused; nothing of it was stored.
-                                let reason = format!("an external update was refused: {refused}");
+                                // message was refused; nothing of it was stored.
+                                let reason = format!("an agent message was refused: {refused}");
                                 self.close_with(refused).await;
                                 break reason;
                             }
@@ -682,12 +741,34 @@ fn to_agent(message: ToAgent) -> v1::ServerMessage {
 impl Session {
     /// An agent message for the owner (`Ok(None)`: nothing to forward), or
     /// why the session must end: an `ExternalUpdate` that
-    /// `ReportExternal` would refuse is refused here too, as a whole.
-    fn forwardable(&self, message: v1::AgentMessage) -> Result<Option<FromAgent>, ApiError> {
+    /// `ReportExternal` would refuse is refused here too, as a whole, and
+    /// so is a result, progress or cancel acknowledgement naming an op id
+    /// no operation can have (empty, or over [`MAX_OP_ID_BYTES`]).
+    async fn forwardable(&self, message: v1::AgentMessage) -> Result<Option<FromAgent>, ApiError> {
         use v1::agent_message::Message;
         let Some(message) = message.message else {
             return Ok(None);
         };
+        // Every op id names an operation the server issued (short ids);
+        // a longer one names none, and would only be echoed back in an
+        // acknowledgement, costing the server its size again.
+        let op_id = match &message {
+            Message::Result(result) => Some(("result.op_id", &result.op_id)),
+            Message::Progress(progress) => Some(("progress.op_id", &progress.op_id)),
+            Message::CancelAck(ack) => Some(("cancel_ack.op_id", &ack.op_id)),
+            _ => None,
+        };
+        if let Some((field, op_id)) = op_id
+            && (op_id.is_empty() || op_id.len() > MAX_OP_ID_BYTES)
+        {
+            return Err(invalid(
+                field,
+                format!(
+                    "an op id is 1 to {MAX_OP_ID_BYTES} bytes (this one is {}); answer with the op_id of an OperationRequest",
+                    op_id.len()
+                ),
+            ));
+        }
         Ok(match message {
             Message::Result(result) => Some(FromAgent::Result {
                 op_id: result.op_id.clone(),
@@ -701,13 +782,18 @@ impl Session {
             }),
             Message::CancelAck(ack) => Some(FromAgent::CancelAck { op_id: ack.op_id }),
             Message::ExternalUpdate(update) => {
-                let changes = validate_external_reports(
-                    update.reports,
-                    "external_update.reports",
-                    &self.handle,
-                    &self.limits,
-                    self.default_max_items,
-                )?;
+                // Fairly, as ReportExternal validates the same reports.
+                let large = update.reports.len() > LARGE_REQUEST_ITEMS;
+                let changes = fairly(&self.workers, self.handle.id, large, || {
+                    validate_external_reports(
+                        update.reports,
+                        "external_update.reports",
+                        &self.handle,
+                        &self.limits,
+                        self.default_max_items,
+                    )
+                })
+                .await?;
                 Some(FromAgent::External(changes))
             }
             Message::Heartbeat(_) => None,
@@ -791,6 +877,388 @@ mod tests {
             observed: Some(prost_types::Struct { fields }),
             ..Default::default()
         }
+    }
+
+    /// The Configurators service of a fresh in-memory server, served on a
+    /// loopback port, with tenant "alpha"; a channel to it with small
+    /// HTTP/2 receive windows (an agent that stops reading backs the
+    /// server's sends up soon).
+    async fn served_over_loopback() -> (tonic::transport::Channel, ApiContext) {
+        let (_, context) = crate::api::reconciler::handler_tests::service();
+        context
+            .directory
+            .create("alpha", crate::tenant::TenantLimits::default())
+            .await
+            .expect("created");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let addr = listener.local_addr().expect("bound");
+        let service = v1::configurators_server::ConfiguratorsServer::new(
+            ConfiguratorsService::new(context.clone()),
+        )
+        .max_decoding_message_size(16 * 1024 * 1024);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint")
+            .initial_stream_window_size(65_535)
+            .initial_connection_window_size(65_535)
+            .connect()
+            .await
+            .expect("connects");
+        (channel, context)
+    }
+
+    /// Opens Connect as the admin for tenant "alpha", registering
+    /// `item_types` as `agent_id`; the messages the agent sends later go
+    /// through the returned sender (counted as the transport takes them).
+    async fn connect_registering(
+        channel: &tonic::transport::Channel,
+        agent_id: &str,
+        item_types: Vec<String>,
+    ) -> (
+        mpsc::Sender<v1::AgentMessage>,
+        Result<Streaming<v1::ServerMessage>, Status>,
+        std::sync::Arc<AtomicU64>,
+    ) {
+        connect_registering_in(channel, "alpha", agent_id, item_types).await
+    }
+
+    /// [`connect_registering`] for tenant `tenant`.
+    async fn connect_registering_in(
+        channel: &tonic::transport::Channel,
+        tenant: &str,
+        agent_id: &str,
+        item_types: Vec<String>,
+    ) -> (
+        mpsc::Sender<v1::AgentMessage>,
+        Result<Streaming<v1::ServerMessage>, Status>,
+        std::sync::Arc<AtomicU64>,
+    ) {
+        let specs = item_types
+            .into_iter()
+            .map(|item_type| v1::ItemTypeSpec {
+                item_type,
+                ..Default::default()
+            })
+            .collect();
+        connect_with_specs(channel, tenant, agent_id, specs).await
+    }
+
+    /// [`connect_registering_in`] with whole specs.
+    async fn connect_with_specs(
+        channel: &tonic::transport::Channel,
+        tenant: &str,
+        agent_id: &str,
+        item_types: Vec<v1::ItemTypeSpec>,
+    ) -> (
+        mpsc::Sender<v1::AgentMessage>,
+        Result<Streaming<v1::ServerMessage>, Status>,
+        std::sync::Arc<AtomicU64>,
+    ) {
+        use tokio_stream::StreamExt as _;
+        let (outgoing, receiver) = mpsc::channel(64);
+        outgoing
+            .send(v1::AgentMessage {
+                message: Some(v1::agent_message::Message::Register(v1::Register {
+                    tenant: tenant.into(),
+                    agent_id: agent_id.into(),
+                    protocol_version: PROTOCOL_VERSION,
+                    item_types,
+                    ..Default::default()
+                })),
+            })
+            .await
+            .expect("queue open");
+        let taken = std::sync::Arc::new(AtomicU64::new(0));
+        let counter = taken.clone();
+        let counted = ReceiverStream::new(receiver).map(move |message| {
+            counter.fetch_add(1, Ordering::Relaxed);
+            message
+        });
+        let mut request = Request::new(counted);
+        request.metadata_mut().insert(
+            "authorization",
+            tonic::metadata::MetadataValue::try_from("Bearer admin").expect("ascii"),
+        );
+        let mut client = v1::configurators_client::ConfiguratorsClient::new(channel.clone())
+            .max_decoding_message_size(64 * 1024 * 1024);
+        let answer = match client.connect(request).await {
+            Ok(response) => {
+                let mut incoming = response.into_inner();
+                match tokio::time::timeout(Duration::from_secs(10), incoming.message()).await {
+                    Ok(Ok(Some(v1::ServerMessage {
+                        message: Some(v1::server_message::Message::Registered(_)),
+                    }))) => Ok(incoming),
+                    Ok(Ok(other)) => panic!("not Registered: {other:?}"),
+                    Ok(Err(status)) => Err(status),
+                    Err(_) => panic!("no answer to Register within 10 s"),
+                }
+            }
+            Err(status) => Err(status),
+        };
+        (outgoing, answer, taken)
+    }
+
+    fn done_result(op_id: String) -> v1::AgentMessage {
+        v1::AgentMessage {
+            message: Some(v1::agent_message::Message::Result(v1::OperationResult {
+                op_id,
+                attempt: 1,
+                outcome: v1::Outcome::Done.into(),
+                ..Default::default()
+            })),
+        }
+    }
+
+    /// docs/security.md: every byte an agent sends is bounded. An op id is
+    /// at most MAX_OP_ID_BYTES (the server's own are short; Register
+    /// refuses longer ones), yet a result naming a 1 MiB op id is
+    /// acknowledged with a copy of it: every such message an agent sends
+    /// (and does not read back) costs the server its size again in queued
+    /// acknowledgements.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_result_with_an_op_id_no_operation_can_have_is_not_echoed_back() {
+        let (channel, _context) = served_over_loopback().await;
+        let (outgoing, incoming, _) =
+            connect_registering(&channel, "agent", vec!["t".to_owned()]).await;
+        let mut incoming = incoming.expect("registered");
+        outgoing
+            .send(done_result("x".repeat(1024 * 1024)))
+            .await
+            .expect("queue open");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        loop {
+            match tokio::time::timeout_at(deadline, incoming.message()).await {
+                // Nothing came back: the result was dropped.
+                Err(_) => break,
+                Ok(Err(status)) => {
+                    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+                    break;
+                }
+                Ok(Ok(None)) => break,
+                Ok(Ok(Some(v1::ServerMessage {
+                    message: Some(v1::server_message::Message::ResultAck(ack)),
+                }))) => panic!(
+                    "the server acknowledged an op id of {} bytes with a copy of it (op ids are at most {MAX_OP_ID_BYTES} bytes)",
+                    ack.op_id.len()
+                ),
+                Ok(Ok(Some(_))) => continue,
+            }
+        }
+    }
+
+    /// docs/security.md, "messages queued toward an agent": 1,024 in the
+    /// stream and 1,024 more in the session's backlog (protects the
+    /// server's memory from agents that send but never read). An agent
+    /// that stops reading and keeps sending results gets one
+    /// acknowledgement queued per result without bound: the session stops
+    /// taking the owner's messages once its backlog is full, but the
+    /// owner's channel to it is unbounded and the agent's messages are
+    /// still read and answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_agent_that_does_not_read_cannot_queue_acknowledgements_without_bound() {
+        let (channel, _context) = served_over_loopback().await;
+        let (outgoing, incoming, taken) =
+            connect_registering(&channel, "deaf", vec!["t".to_owned()]).await;
+        // Registered was read; nothing is read from now on.
+        let _deaf = incoming.expect("registered");
+        const SENT: u64 = 100_000;
+        let op_id = "o".repeat(MAX_OP_ID_BYTES);
+        let sending = tokio::spawn(async move {
+            for _ in 0..SENT {
+                if outgoing.send(done_result(op_id.clone())).await.is_err() {
+                    break;
+                }
+            }
+            outgoing
+        });
+        // Were the agent read on, all its results would be taken soon; with
+        // the bound, its sends stall for good once the server stops reading.
+        let finished = tokio::time::timeout(Duration::from_secs(20), sending).await;
+        let last = taken.load(Ordering::Relaxed);
+        assert!(
+            finished.is_err(),
+            "every one of {SENT} results was taken from an agent that reads nothing"
+        );
+        // What backs up toward the agent: its HTTP/2 window (64 KiB), the
+        // stream (1,024) and the backlog (1,024); toward the server: its
+        // receive window. Far fewer than 100,000 acknowledgements.
+        assert!(
+            last < 30_000,
+            "the server took {last} of {SENT} results from an agent that reads nothing, queueing an acknowledgement for each"
+        );
+    }
+
+    /// DESIGN 9: limits per tenant protect the server; every count an
+    /// agent controls is bounded. A tenant's agents may register item
+    /// types without end: each Register may list any number of types
+    /// (only the message size bounds it), and every type is stored for
+    /// good (DESIGN 4: the last spec per type is kept), so the tenant's
+    /// registry and its stored specs grow with each registration of new
+    /// names, outside `max_items` and every other limit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tenants_agents_cannot_register_item_types_without_bound() {
+        let (channel, context) = served_over_loopback().await;
+        let mut registered = 0usize;
+        let mut refused = None;
+        for batch in 0..15 {
+            let types = (0..1_000)
+                .map(|index| format!("type-{batch}-{index}"))
+                .collect();
+            let (_outgoing, answer, _) =
+                connect_registering(&channel, &format!("agent-{batch}"), types).await;
+            match answer {
+                Ok(_) => registered += 1_000,
+                Err(status) => {
+                    refused = Some(status);
+                    break;
+                }
+            }
+        }
+        let stored = context
+            .directory
+            .get("alpha")
+            .expect("alpha")
+            .snapshots
+            .latest()
+            .item_types
+            .specs()
+            .count();
+        assert!(
+            refused.is_some() && stored <= 10_000,
+            "{registered} item types registered and {stored} kept by one tenant, none refused"
+        );
+    }
+
+    /// docs/security.md: a tenant's CPU is bounded. GetItemTypes filtered
+    /// the registered types with a linear search of the request's
+    /// `item_types` for each type, with no bound on the list: 1,000 types
+    /// against 1,000,000 names was a billion string comparisons on an
+    /// async worker. The list is now at most `max_request_items` names
+    /// (INVALID_ARGUMENT on `item_types` beyond), looked up in a set.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn get_item_types_refuses_a_list_longer_than_any_request_and_filters_by_it() {
+        use v1::reconciler_server::Reconciler as _;
+        let (channel, context) = served_over_loopback().await;
+        let types = (0..1_000).map(|index| format!("t-{index:04}")).collect();
+        let (_outgoing, answer, _) = connect_registering(&channel, "agent", types).await;
+        let _session = answer.expect("registered");
+        let limit = context.limits.max_request_items;
+        let reconciler = crate::api::reconciler::ReconcilerService::new(context);
+        let ask = |item_types: Vec<String>| {
+            reconciler.get_item_types(crate::api::reconciler::handler_tests::admin(
+                v1::GetItemTypesRequest {
+                    tenant: "alpha".into(),
+                    item_types,
+                },
+            ))
+        };
+
+        let too_many: Vec<String> = (0..=limit).map(|index| format!("w{index:06}")).collect();
+        let status = ask(too_many).await.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains("item_types"), "{status:?}");
+
+        let mut wanted: Vec<String> = (0..limit - 2).map(|index| format!("w{index:06}")).collect();
+        wanted.extend(["t-0007".to_owned(), "t-0999".to_owned()]);
+        let listed: Vec<String> = ask(wanted)
+            .await
+            .expect("answered")
+            .into_inner()
+            .item_types
+            .into_iter()
+            .filter_map(|registered| registered.spec.map(|spec| spec.item_type))
+            .collect();
+        assert_eq!(listed, ["t-0007", "t-0999"]);
+    }
+
+    /// docs/security.md, "agents connected per tenant": `max_agents`
+    /// protects the server's memory; "Agents are counted by distinct agent
+    /// id: a reconnecting agent is always admitted, since it takes its old
+    /// session over". The old session is never ended, though: a tenant
+    /// limited to 2 agents opens any number of live sessions (each a task,
+    /// a stream, heartbeats, a full pass at registration) under one agent
+    /// id.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sessions_of_one_agent_id_do_not_escape_max_agents() {
+        let (channel, context) = served_over_loopback().await;
+        context
+            .directory
+            .create(
+                "beta",
+                crate::tenant::TenantLimits {
+                    max_agents: 2,
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("created");
+        let mut sessions = Vec::new();
+        for _ in 0..20 {
+            let (outgoing, answer, _) =
+                connect_registering_in(&channel, "beta", "same-agent", vec!["t".to_owned()]).await;
+            sessions.push((outgoing, answer.expect("a reconnect is admitted")));
+        }
+        // Every session but the last was taken over: each ends (the last
+        // one reads on).
+        sessions.pop();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut live = 0;
+        for (_outgoing, incoming) in &mut sessions {
+            let ended = tokio::time::timeout_at(deadline, async {
+                while let Ok(Some(_)) = incoming.message().await {}
+            })
+            .await;
+            if ended.is_err() {
+                live += 1;
+            }
+        }
+        assert_eq!(
+            live, 0,
+            "{live} sessions taken over are still live in tenant beta (max_agents 2), all as agent \"same-agent\""
+        );
+    }
+
+    /// docs/security.md, "heavy work per tenant": a tenant's large
+    /// requests wait for a seat, off the async workers (SubmitIntent,
+    /// ReportExternal and GetGraph go through `fairly`). A Register's
+    /// schemas were compiled on the async worker that ran the Connect
+    /// call, with no seat: 60 schemas of the costliest kind the bounds
+    /// allow held a worker for over a second, and every call waiting for
+    /// it with it. A Register with a schema now waits for a seat: with
+    /// the only one taken, it is answered once the seat is free.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_register_with_schemas_compiles_them_on_a_seat() {
+        let (channel, context) = served_over_loopback().await;
+        let schema = serde_json::json!({"additionalProperties": {"minLength": 1}});
+        let serde_json::Value::Object(schema) = schema else {
+            unreachable!("an object");
+        };
+        let specs = vec![v1::ItemTypeSpec {
+            item_type: "typed".into(),
+            schema: Some(reconciled_proto::json::properties_to_struct(&schema)),
+            ..Default::default()
+        }];
+        // The service's pool has one seat: another tenant's work holds it.
+        let seat = context.workers.seat(u64::MAX).await;
+        let registering =
+            tokio::spawn(
+                async move { connect_with_specs(&channel, "alpha", "typed", specs).await },
+            );
+        let mut registering = registering;
+        let early = tokio::time::timeout(Duration::from_secs(1), &mut registering).await;
+        assert!(
+            early.is_err(),
+            "a Register with a schema was answered while no seat was free"
+        );
+        drop(seat);
+        let (_outgoing, answer, _) = registering.await.expect("ran");
+        answer.expect("registered once the seat was free");
     }
 
     #[test]

@@ -271,10 +271,24 @@ impl Reconciler for ReconcilerService {
         let handle = self.context.tenant(caller, &request.get_ref().tenant)?;
         let snapshot = handle.snapshots.latest();
         let wanted = &request.get_ref().item_types;
+        // A set, so the filter costs the request's length plus the
+        // types, not their product; and no longer than any request's list.
+        if wanted.len() > self.context.limits.max_request_items {
+            return Err(invalid(
+                "item_types",
+                format!(
+                    "{} item types asked for, over the limit of {}; ask for fewer, or none for all",
+                    wanted.len(),
+                    self.context.limits.max_request_items
+                ),
+            )
+            .into());
+        }
+        let wanted: std::collections::HashSet<&str> = wanted.iter().map(String::as_str).collect();
         let mut specs: Vec<_> = snapshot
             .item_types
             .specs()
-            .filter(|spec| wanted.is_empty() || wanted.contains(&spec.item_type))
+            .filter(|spec| wanted.is_empty() || wanted.contains(spec.item_type.as_str()))
             .collect();
         specs.sort_by(|a, b| a.item_type.cmp(&b.item_type));
         let item_types = specs

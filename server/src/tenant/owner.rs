@@ -605,7 +605,19 @@ impl Owner {
                     Ok((effects, grants)) => {
                         self.links.insert(session_id, sender);
                         match self.carry_out(effects).await {
-                            Ok(()) => Ok(grants),
+                            Ok(()) => {
+                                // Sessions whose every type this one took
+                                // over (a reconnect of their agent id)
+                                // serve nothing: they end ("the server
+                                // replaced this session") instead of living
+                                // on uncounted by `max_agents`, which counts
+                                // agent ids.
+                                let executor = &self.executor;
+                                self.links.retain(|id, _| {
+                                    *id == session_id || executor.holds_a_type(*id)
+                                });
+                                Ok(grants)
+                            }
                             Err(error) => {
                                 self.links.remove(&session_id);
                                 Err(error.into())

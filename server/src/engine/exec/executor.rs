@@ -411,6 +411,13 @@ impl Executor {
         self.types.clone()
     }
 
+    /// Whether session `session_id` holds an item type.
+    pub fn holds_a_type(&self, session_id: u64) -> bool {
+        self.sessions
+            .values()
+            .any(|holder| holder.session_id == session_id)
+    }
+
     /// The item types a live session holds, sorted.
     pub fn connected_item_types(&self) -> Vec<String> {
         self.sessions.keys().cloned().collect()
