@@ -55,6 +55,45 @@ pub fn validated_submit(subgraph: &str, items: Vec<Item>) -> super::intent::Vali
     }
 }
 
+/// A plan names each item at most once per operation kind, never gives an
+/// item both a Modify and a Create or Delete, never lists an operation it
+/// plans as waiting too, and orders every operation after earlier ones only.
+pub fn check_plan_shape(plan: &Plan) {
+    let mut seen = std::collections::BTreeMap::<&ItemRef, Vec<OperationKind>>::new();
+    for (index, operation) in plan.operations.iter().enumerate() {
+        let kinds = seen.entry(&operation.item).or_default();
+        assert!(
+            !kinds.contains(&operation.kind),
+            "{} {} planned twice: {:?}",
+            operation.kind.as_str(),
+            operation.item,
+            plan.operations
+        );
+        kinds.push(operation.kind);
+        assert!(
+            operation.after.iter().all(|&before| before < index),
+            "operation {index} ordered after a later one: {:?}",
+            plan.operations
+        );
+    }
+    for (item, kinds) in &seen {
+        assert!(
+            !(kinds.contains(&OperationKind::Modify) && kinds.len() > 1),
+            "{item} has a Modify and another operation: {kinds:?}"
+        );
+    }
+    for waiting in &plan.waiting {
+        assert!(
+            !seen
+                .get(&waiting.item)
+                .is_some_and(|kinds| kinds.contains(&waiting.operation)),
+            "{} {} both planned and waiting",
+            waiting.operation.as_str(),
+            waiting.item
+        );
+    }
+}
+
 /// The world outside the graphs, as the planner sees it.
 #[derive(Default)]
 pub struct TestEnvironment {
@@ -104,6 +143,9 @@ pub struct World {
     pub generation: u64,
     pub log: Vec<Executed>,
     pub dirty: BTreeSet<ItemRef>,
+    /// Check [`World::check_design_order`] at every dispatch (off for
+    /// tests that dispatch by hand, out of the planner's order).
+    pub strict_order: bool,
     scripted: HashMap<(OperationKind, ItemRef), VecDeque<Completion>>,
     next_op: u64,
 }
@@ -118,6 +160,7 @@ impl World {
             generation: 0,
             log: Vec::new(),
             dirty: BTreeSet::new(),
+            strict_order: true,
             scripted: HashMap::new(),
             next_op: 0,
         }
@@ -287,7 +330,9 @@ impl World {
             unconverged,
             pending_deletes,
         };
-        plan_operations(&self.intended, &self.current, seeds, &environment)
+        let plan = plan_operations(&self.intended, &self.current, seeds, &environment);
+        check_plan_shape(&plan);
+        plan
     }
 
     /// One dispatch round: plan, apply bookkeeping, then run every ready
@@ -456,6 +501,133 @@ impl World {
         })
     }
 
+    /// Ordering rules of DESIGN 3 beyond "dependencies exist, dependents
+    /// gone", checked at every dispatch:
+    /// - a Create or Modify waits for any planned, in-flight or failed
+    ///   Modify (or recreate) of an intended item it depends on (DESIGN 2,
+    ///   "satisfied"; rule 8);
+    /// - a Modify waits for operations in flight on its dependents (rule 8);
+    /// - a Modify runs only once every dependent that may exist and whose
+    ///   held value has a predicate on the item holds it for the new value
+    ///   (rule 6), or has a `recreate_when_modified` edge on it (rule 4,
+    ///   deleted before the Modify: docs/planning.md).
+    pub fn check_design_order(&self, item: &ItemRef, kind: OperationKind) {
+        if !matches!(kind, OperationKind::Create | OperationKind::Modify) {
+            return;
+        }
+        let Some(entry) = self.intended.get(item) else {
+            return;
+        };
+        for dependency in &entry.item.dependencies {
+            let Some(required) = self.intended.get(&dependency.requires) else {
+                continue;
+            };
+            if required.item.external {
+                continue;
+            }
+            let current = self.current.get(&dependency.requires);
+            assert!(
+                current.is_some_and(|c| c.holds_only(&required.item)),
+                "{} {item} dispatched while its dependency {} still needs an operation: {:?}",
+                kind.as_str(),
+                dependency.requires,
+                current
+            );
+            assert!(
+                !current.is_some_and(|c| c.has_failed_modify()),
+                "{} {item} dispatched while its dependency {} has a failed Modify",
+                kind.as_str(),
+                dependency.requires,
+            );
+        }
+        if kind != OperationKind::Modify {
+            return;
+        }
+        // What the agent observed beyond the applied value stays (a state
+        // it reports); the Modify sets the rest.
+        let new_properties = self.current.get(item).map_or_else(
+            || entry.item.properties.clone(),
+            |current| current.properties_after_modify(&entry.item.properties),
+        );
+        for dependent in self.current.dependents_of(item) {
+            let Some(state) = self.current.get(dependent) else {
+                continue;
+            };
+            // A dependent's Create or Modify that drops the edge may run
+            // beside the item's Modify: both are ready in one plan, and
+            // rule 1 orders Modifies by the intended edges only.
+            let drops_edge = state.state != crate::graph::ItemState::Unknown
+                && state.in_flight.as_ref().is_some_and(|operation| {
+                    operation.kind != OperationKind::Delete
+                        && operation
+                            .target
+                            .as_ref()
+                            .is_some_and(|target| target.dependency_on(item).is_none())
+                });
+            assert!(
+                !state.operation_runs() || state.only_a_read_runs() || drops_edge,
+                "modify {item} dispatched while an operation runs on its dependent {dependent}: \
+                 {state:?}"
+            );
+            if !state.may_exist() {
+                continue;
+            }
+            for value in state.values() {
+                let Some(edge) = value.dependency_on(item) else {
+                    continue;
+                };
+                // Where the intent drops the flag, DESIGN does not say
+                // which value's flag counts: only both together are checked.
+                let still_asks = self.intended.get(dependent).is_some_and(|intended| {
+                    intended
+                        .item
+                        .dependency_on(item)
+                        .is_some_and(|edge| edge.recreate_when_modified())
+                });
+                assert!(
+                    !(edge.recreate_when_modified() && still_asks),
+                    "modify {item} dispatched while its recreate_when_modified dependent \
+                     {dependent} exists"
+                );
+                if edge.must_satisfy().is_empty() {
+                    continue;
+                }
+                let predicate = crate::graph::Predicate::compile(edge.must_satisfy())
+                    .expect("test predicates compile");
+                assert_eq!(
+                    predicate.evaluate(&new_properties),
+                    Ok(true),
+                    "modify {item} dispatched while its dependent {dependent} holds a predicate \
+                     ({}) the new value breaks",
+                    edge.must_satisfy()
+                );
+            }
+        }
+    }
+
+    /// The ordering checks of [`World::dispatch`] for an operation another
+    /// driver (the executor) has just started on `item`: everything but
+    /// "nothing else runs on the item itself".
+    pub fn check_started(
+        intended: &IntendedGraph,
+        current: &CurrentGraph,
+        item: &ItemRef,
+        kind: OperationKind,
+    ) {
+        let mut world = Self::new();
+        world.intended = intended.clone();
+        world.current = current.clone();
+        let mut idle = (**current.get(item).expect("the started item")).clone();
+        idle.in_flight = None;
+        idle.state = if idle.applied.is_some() {
+            crate::graph::ItemState::Created
+        } else {
+            crate::graph::ItemState::Pending
+        };
+        world.current.insert(item.clone(), idle);
+        world.check_invariants_before(item, kind);
+    }
+
     fn check_invariants_before(&self, item: &ItemRef, kind: OperationKind) {
         match kind {
             OperationKind::Create | OperationKind::Modify => {
@@ -493,6 +665,9 @@ impl World {
                 }
             }
             OperationKind::Read => {}
+        }
+        if self.strict_order {
+            self.check_design_order(item, kind);
         }
         assert!(
             !self.current.get(item).is_some_and(|c| c.is_busy()),

@@ -671,6 +671,28 @@ impl CurrentItem {
         self.state == ItemState::Failed && self.last_operation == Some(OperationKind::Modify)
     }
 
+    /// The properties a predicate will see once a Modify to `intended`
+    /// applied, as far as can be told before its result: the intended
+    /// ones, laid over what the agent observed beyond the applied value
+    /// (a state it reports, such as `state: up`, which the Modify does not
+    /// set). What it observed on a property the applied value sets is an
+    /// echo of that value, and the Modify replaces or removes it.
+    pub fn properties_after_modify(&self, intended: &Properties) -> Properties {
+        let mut properties = Properties::new();
+        if let Some(observed) = &self.observed {
+            let applied = self.applied.as_ref().map(|item| &item.properties);
+            for (key, value) in observed.iter() {
+                if applied.is_none_or(|applied| applied.get(key).is_none()) {
+                    properties.insert(key.to_owned(), value.clone());
+                }
+            }
+        }
+        for (key, value) in intended.iter() {
+            properties.insert(key.to_owned(), value.clone());
+        }
+        properties
+    }
+
     /// The properties a predicate sees: observed values laid over applied ones.
     pub fn effective_properties(&self) -> Properties {
         let mut properties = self

@@ -555,9 +555,13 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
     /// if it gets a Create or Modify, else what exists (observed over applied).
     fn next_value(&self, item: &ItemRef) -> Properties {
         match (self.own(item), self.intended_of(item)) {
-            (OwnNeed::Create | OwnNeed::Modify { .. } | OwnNeed::Recreate, Some(entry)) => {
-                entry.item.properties.clone()
-            }
+            // A Modify keeps what the agent observed beyond the applied
+            // value (a reported state the intent does not set).
+            (OwnNeed::Modify { .. }, Some(entry)) => self.current_of(item).map_or_else(
+                || entry.item.properties.clone(),
+                |current| current.properties_after_modify(&entry.item.properties),
+            ),
+            (OwnNeed::Create | OwnNeed::Recreate, Some(entry)) => entry.item.properties.clone(),
             _ => self
                 .current_of(item)
                 .map(|c| c.effective_properties())
@@ -1028,11 +1032,15 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         }
         if let Some((kind, schedule)) = self.change_schedule(required) {
             return match schedule {
-                Schedule::Planned(_) => self.check(
-                    dependency,
-                    &intended.item.properties,
-                    Some((required.clone(), kind)),
-                ),
+                Schedule::Planned(_) => {
+                    let after = match current {
+                        Some(current) if kind == OperationKind::Modify => {
+                            current.properties_after_modify(&intended.item.properties)
+                        }
+                        _ => intended.item.properties.clone(),
+                    };
+                    self.check(dependency, &after, Some((required.clone(), kind)))
+                }
                 // Not created and not going to be in this plan.
                 Schedule::Waiting { .. } if kind == OperationKind::Create => hopeless,
                 // Exists, with a Modify that must happen first.

@@ -243,6 +243,7 @@ fn describe(world: &World) -> String {
 /// bug 7 are not compared.
 fn check_against_oracle(world: &World) -> Result<(), String> {
     let plan = plan_everything(&world.intended, &world.current, &world.environment);
+    crate::engine::testkit::check_plan_shape(&plan);
     let oracle = oracle_plan(&world.intended, &world.current, &world.environment);
     let real = normal_of_plan(&plan);
     let expected = normal_of_oracle(&oracle);
@@ -329,6 +330,10 @@ struct Profile {
     /// Share of steps that lose an operation in flight (or take an UNKNOWN
     /// item's) and decide it.
     lose: f64,
+    /// Possible items of a case.
+    size: usize,
+    /// Share of items that depend on the item just below them (chains).
+    chain: f64,
 }
 
 /// Everyday worlds: three intents, a fifth of the steps lose an operation.
@@ -336,6 +341,8 @@ const EVERYDAY: Profile = Profile {
     intents: 3,
     steps_per_intent: 16,
     lose: 0.2,
+    size: SIZE,
+    chain: 0.5,
 };
 
 /// Uncertain worlds: eight short intents, and four steps in five lose an
@@ -349,6 +356,19 @@ const UNCERTAIN: Profile = Profile {
     intents: 8,
     steps_per_intent: 6,
     lose: 0.8,
+    size: SIZE,
+    chain: 0.5,
+};
+
+/// Deep worlds: more items, most of them on the one below (chains of
+/// several levels, with diamonds where a second dependency joins), long
+/// enough under each intent for changes to travel through every level.
+const DEEP: Profile = Profile {
+    intents: 3,
+    steps_per_intent: 40,
+    lose: 0.1,
+    size: 14,
+    chain: 0.85,
 };
 
 /// Predicates over the required item: some flip with `v` or `id`, one
@@ -415,12 +435,12 @@ fn dependency_strategy(index: usize) -> impl Strategy<Value = DependencySpec> {
         )
 }
 
-fn item_strategy(index: usize) -> BoxedStrategy<Option<ItemSpec>> {
+fn item_strategy(index: usize, chain_weight: f64) -> BoxedStrategy<Option<ItemSpec>> {
     let dependencies = if index == 0 {
         Just(Vec::new()).boxed()
     } else {
         (
-            proptest::bool::weighted(0.5),
+            proptest::bool::weighted(chain_weight),
             proptest::collection::vec(dependency_strategy(index), 0..3),
             dependency_strategy(index),
         )
@@ -446,14 +466,19 @@ fn item_strategy(index: usize) -> BoxedStrategy<Option<ItemSpec>> {
         .boxed()
 }
 
-fn intent_strategy() -> impl Strategy<Value = Vec<Option<ItemSpec>>> {
-    (0..SIZE).map(item_strategy).collect::<Vec<_>>()
+fn intent_strategy(size: usize, chain: f64) -> impl Strategy<Value = Vec<Option<ItemSpec>>> {
+    (0..size)
+        .map(|index| item_strategy(index, chain))
+        .collect::<Vec<_>>()
 }
 
 fn case_strategy(profile: Profile) -> impl Strategy<Value = CaseSpec> {
     (
-        proptest::collection::vec(proptest::bool::weighted(0.2), SIZE),
-        proptest::collection::vec(intent_strategy(), profile.intents),
+        proptest::collection::vec(proptest::bool::weighted(0.2), profile.size),
+        proptest::collection::vec(
+            intent_strategy(profile.size, profile.chain),
+            profile.intents,
+        ),
     )
         .prop_map(|(external, intents)| CaseSpec { external, intents })
 }
@@ -770,7 +795,9 @@ fn random_action(world: &mut World, spec: &CaseSpec, rng: &mut StdRng, plan: &Pl
             }
         }
         92..97 => {
-            let externals: Vec<usize> = (0..SIZE).filter(|&i| spec.external[i]).collect();
+            let externals: Vec<usize> = (0..spec.external.len())
+                .filter(|&i| spec.external[i])
+                .collect();
             if externals.is_empty() {
                 return;
             }
@@ -831,7 +858,7 @@ fn drive(
 ) -> Result<World, String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut world = new_world();
-    for index in (0..SIZE).filter(|&i| spec.external[i]) {
+    for index in (0..spec.external.len()).filter(|&i| spec.external[i]) {
         if rng.random_bool(0.7) {
             world.report_external(&identity(spec, index), random_properties(&mut rng));
         }
@@ -1036,6 +1063,25 @@ proptest! {
     #[test]
     fn seeded_plans_agree_with_the_full_plan(spec in case_strategy(EVERYDAY), seed in any::<u64>()) {
         drive(&spec, EVERYDAY, seed, check_incremental).map(drop)
+        .map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn the_planner_agrees_with_the_oracle_in_deep_worlds(spec in case_strategy(DEEP), seed in any::<u64>()) {
+        drive(&spec, DEEP, seed, |world, _, _| check_against_oracle(world)).map(drop)
+        .map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn deep_worlds_settle_once_the_weather_clears(spec in case_strategy(DEEP), seed in any::<u64>()) {
+        let mut world = drive(&spec, DEEP, seed, |_, _, _| Ok(()))
+            .map_err(TestCaseError::fail)?;
+        check_settles(&mut world, &mut StdRng::seed_from_u64(!seed)).map_err(TestCaseError::fail)?;
+    }
+
+    #[test]
+    fn seeded_plans_agree_with_the_full_plan_in_deep_worlds(spec in case_strategy(DEEP), seed in any::<u64>()) {
+        drive(&spec, DEEP, seed, check_incremental).map(drop)
         .map_err(TestCaseError::fail)?;
     }
 

@@ -1123,9 +1123,13 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     fn value_after_plan(&mut self, id: Id) -> Cow<'a, Properties> {
         let need = self.need(id);
         match (need, self.intended_of(id)) {
-            (Need::Create | Need::Modify { .. } | Need::Recreate, Some(entry)) => {
-                Cow::Borrowed(&entry.item.properties)
-            }
+            (Need::Modify { .. }, Some(entry)) => match self.current_of(id) {
+                Some(current) if current.observed.is_some() => {
+                    Cow::Owned(current.properties_after_modify(&entry.item.properties))
+                }
+                _ => Cow::Borrowed(&entry.item.properties),
+            },
+            (Need::Create | Need::Recreate, Some(entry)) => Cow::Borrowed(&entry.item.properties),
             _ => Cow::Owned(
                 self.current_of(id)
                     .map(|current| current.effective_properties())
@@ -1656,6 +1660,17 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             return match &self.node(required).change_schedule {
                 Some(Schedule::Ready { kind, .. }) => match predicate {
                     None => DependencyStatus::After((required, *kind)),
+                    // A Modify keeps what the agent observed beyond the
+                    // applied value (rule 6's "new value").
+                    Some(_) if *kind == OperationKind::Modify && current.is_some() => {
+                        let kind = *kind;
+                        let after = current
+                            .map(|current| {
+                                current.properties_after_modify(&intended.item.properties)
+                            })
+                            .unwrap_or_default();
+                        check_predicate(predicate, &after, Some((required, kind)))
+                    }
                     Some(_) => check_predicate(
                         predicate,
                         &intended.item.properties,

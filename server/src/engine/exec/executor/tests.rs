@@ -2959,3 +2959,348 @@ fn an_item_depending_on_an_unreported_external_item_of_another_subgraph_waits() 
         None | Some(ItemState::Pending)
     ));
 }
+
+// Deep graphs through the executor --------------------------------------------------
+
+/// One random deep intent over `size` possible items: most items on the
+/// one below them (chains), some on a second lower item (diamonds), with
+/// `recreate_when_modified` and predicate dependencies; type `u` recreates
+/// when `/id` changes.
+fn deep_intent(
+    rng: &mut rand::rngs::StdRng,
+    size: usize,
+) -> Vec<(Item, Vec<Option<crate::graph::Predicate>>)> {
+    use rand::Rng;
+    const PREDICATES: [&str; 2] = ["self.v >= 1", "self.v != 2"];
+    let type_of = |index: usize| if index % 3 == 1 { "u" } else { "t" };
+    let present: Vec<bool> = (0..size).map(|_| rng.random_bool(0.9)).collect();
+    let mut items = Vec::new();
+    for index in (0..size).filter(|&i| present[i]) {
+        let mut built = item_of(
+            type_of(index),
+            &format!("i{index:02}"),
+            rng.random_range(0..3),
+        );
+        built
+            .properties
+            .insert("id".into(), rng.random_range(0..2i64).into());
+        let mut targets = Vec::new();
+        if index > 0 && rng.random_bool(0.85) {
+            targets.push(index - 1);
+        }
+        if index > 1 && rng.random_bool(0.35) {
+            targets.push(rng.random_range(0..index - 1));
+        }
+        let mut predicates = Vec::new();
+        for target in targets {
+            let predicate = rng
+                .random_bool(0.25)
+                .then(|| PREDICATES[rng.random_range(0..PREDICATES.len())]);
+            let dependency = on(&format!("{}/i{target:02}", type_of(target)))
+                .with_recreate_when_modified(rng.random_bool(0.25))
+                .with_must_satisfy(predicate.unwrap_or(""));
+            predicates
+                .push(predicate.map(|p| crate::graph::Predicate::compile(p).expect("compiles")));
+            built = built.depends_on(dependency);
+        }
+        items.push((built, predicates));
+    }
+    items
+}
+
+/// Sends out of `effects`, checked against the ordering rules at dispatch.
+fn checked_orders(executor: &Executor, effects: &Effects) -> Vec<OperationOrder> {
+    let sent = orders(&effects.sends);
+    let model = executor.model();
+    for order in &sent {
+        if order.kind == OperationKind::Read {
+            continue;
+        }
+        crate::engine::testkit::World::check_started(
+            &model.intended,
+            &model.current,
+            &order.item.item_ref(),
+            order.kind,
+        );
+    }
+    sent
+}
+
+/// Answers every operation DONE, in a random order, with follow-up passes
+/// in between, until nothing runs and nothing is planned; then checks that
+/// a plan made afresh has nothing ready either (no wedge).
+fn drive_deep(
+    executor: &mut Executor,
+    mut outstanding: Vec<OperationOrder>,
+    rng: &mut rand::rngs::StdRng,
+    now: &mut u64,
+    log: &mut Vec<String>,
+) {
+    use rand::Rng;
+    for _ in 0..2_000 {
+        *now += 1;
+        if let Some(effects) = executor.follow_up(at(*now)) {
+            executor.committed(at(*now));
+            outstanding.extend(checked_orders(executor, &effects));
+        }
+        if outstanding.is_empty() {
+            break;
+        }
+        let order = outstanding.swap_remove(rng.random_range(0..outstanding.len()));
+        log.push(format!("{} {}", order.kind.as_str(), order.item.item_ref()));
+        let effects = answer(executor, &order, done(), at(*now));
+        outstanding.extend(checked_orders(executor, &effects));
+    }
+    assert!(outstanding.is_empty(), "no quiescence: {outstanding:?}");
+    let model = executor.model();
+    let environment = crate::engine::testkit::TestEnvironment {
+        rules: [(
+            "u".to_string(),
+            crate::engine::plan::TypeRules {
+                recreate_on_change: vec!["/id".into()],
+                ask_needs_recreate: false,
+            },
+        )]
+        .into(),
+        ..Default::default()
+    };
+    let fresh = crate::engine::plan::plan_everything(&model.intended, &model.current, &environment);
+    assert!(
+        fresh.operations.is_empty(),
+        "wedged: a fresh plan has {:?}\nwaiting {:#?}\nlog {log:?}",
+        fresh.operations,
+        fresh.waiting
+    );
+}
+
+#[test]
+fn deep_random_intents_converge_through_the_executor_in_design_order() {
+    use rand::SeedableRng;
+    for seed in 0..300u64 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut executor = executor();
+        let mut u = spec_of("u");
+        u.recreate_on_change = vec!["/id".into()];
+        let (_, _) = executor
+            .register(
+                Registration {
+                    session_id: 1,
+                    agent_id: "agent".into(),
+                    types: vec![spec(), u],
+                    outstanding: Outstanding::Unsaid,
+                },
+                at(0),
+            )
+            .expect("registered");
+        executor.committed(at(0));
+        let mut now = 10;
+        let mut log = Vec::new();
+        for _ in 0..4 {
+            let request = ValidatedSubmit {
+                subgraph: String::new(),
+                items: deep_intent(&mut rng, 12),
+                expected_generation: None,
+                dry_run: false,
+            };
+            now += 1;
+            let (effects, _) = executor.submit(request, at(now)).expect("accepted");
+            executor.committed(at(now));
+            let sent = checked_orders(&executor, &effects);
+            log.push(format!("-- seed {seed} submit"));
+            drive_deep(&mut executor, sent, &mut rng, &mut now, &mut log);
+        }
+    }
+}
+
+#[test]
+fn deep_random_intents_changed_mid_flight_keep_design_order_and_settle() {
+    use rand::{Rng, SeedableRng};
+    for seed in 0..300u64 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut executor = executor();
+        let mut u = spec_of("u");
+        u.recreate_on_change = vec!["/id".into()];
+        executor
+            .register(
+                Registration {
+                    session_id: 1,
+                    agent_id: "agent".into(),
+                    types: vec![spec(), u],
+                    outstanding: Outstanding::Unsaid,
+                },
+                at(0),
+            )
+            .expect("registered");
+        executor.committed(at(0));
+        let mut now = 10;
+        let mut log = vec![format!("seed {seed}")];
+        let mut outstanding: Vec<OperationOrder> = Vec::new();
+        let mut submits_left = 5;
+        for _ in 0..3_000 {
+            now += 1;
+            if let Some(effects) = executor.follow_up(at(now)) {
+                executor.committed(at(now));
+                outstanding.extend(checked_orders(&executor, &effects));
+            }
+            let submit_now = submits_left > 0 && (outstanding.is_empty() || rng.random_bool(0.08));
+            if submit_now {
+                submits_left -= 1;
+                let request = ValidatedSubmit {
+                    subgraph: String::new(),
+                    items: deep_intent(&mut rng, 10),
+                    expected_generation: None,
+                    dry_run: false,
+                };
+                log.push("submit".into());
+                let (effects, _) = executor.submit(request, at(now)).expect("accepted");
+                executor.committed(at(now));
+                outstanding.extend(checked_orders(&executor, &effects));
+                continue;
+            }
+            if outstanding.is_empty() {
+                match executor.next_wakeup(at(now)) {
+                    Some(wakeup) => {
+                        now = now.max(wakeup);
+                        let effects = executor.on_timer(at(now));
+                        executor.committed(at(now));
+                        outstanding.extend(checked_orders(&executor, &effects));
+                        if outstanding.is_empty() && executor.running_operations() == 0 {
+                            // Only a resync or nothing is left.
+                            if executor
+                                .next_wakeup(at(now))
+                                .is_none_or(|w| w > now + 60_000)
+                            {
+                                break;
+                            }
+                        }
+                        continue;
+                    }
+                    None => break,
+                }
+            }
+            let order = outstanding.swap_remove(rng.random_range(0..outstanding.len()));
+            let outcome = if rng.random_bool(0.15) {
+                busy()
+            } else {
+                done()
+            };
+            log.push(format!(
+                "{} {} {}",
+                order.kind.as_str(),
+                order.item.item_ref(),
+                if matches!(outcome, AgentOutcome::Done { .. }) {
+                    "done"
+                } else {
+                    "failed"
+                }
+            ));
+            let effects = answer(&mut executor, &order, outcome, at(now));
+            outstanding.extend(checked_orders(&executor, &effects));
+        }
+        assert!(
+            outstanding.is_empty(),
+            "no quiescence: {outstanding:?}\n{log:?}"
+        );
+        assert_eq!(executor.running_operations(), 0, "{log:?}");
+        let model = executor.model();
+        let environment = crate::engine::testkit::TestEnvironment {
+            rules: [(
+                "u".to_string(),
+                crate::engine::plan::TypeRules {
+                    recreate_on_change: vec!["/id".into()],
+                    ask_needs_recreate: false,
+                },
+            )]
+            .into(),
+            now_ms: WALL_START + now + 10_000_000,
+            ..Default::default()
+        };
+        let fresh =
+            crate::engine::plan::plan_everything(&model.intended, &model.current, &environment);
+        assert!(
+            fresh.operations.is_empty(),
+            "wedged: a fresh plan has {:?}\nwaiting {:#?}\nlog {log:?}",
+            fresh.operations,
+            fresh.waiting
+        );
+    }
+}
+
+/// Properties from JSON.
+fn properties_of(value: serde_json::Value) -> crate::graph::Properties {
+    crate::graph::Properties::try_from(value).expect("an object")
+}
+
+/// x, and d on x while x's observed state is up (DESIGN 2's predicate).
+fn link_intent(mtu: i64) -> ValidatedSubmit {
+    let source = "self.mtu >= 1500 && self.state == \"up\"";
+    let mut x = item("x", 1);
+    x.properties.insert("mtu".into(), mtu.into());
+    let d = item("d", 1).depends_on(on("t/x").with_must_satisfy(source));
+    ValidatedSubmit {
+        subgraph: String::new(),
+        items: vec![
+            (x, vec![]),
+            (
+                d,
+                vec![Some(
+                    crate::graph::Predicate::compile(source).expect("compiles"),
+                )],
+            ),
+        ],
+        expected_generation: None,
+        dry_run: false,
+    }
+}
+
+#[test]
+fn a_modify_that_keeps_a_dependents_predicate_leaves_it_and_one_whose_result_breaks_it_deletes_it_after()
+ {
+    let mut executor = connected();
+    let (effects, _) = executor
+        .submit(link_intent(1500), at(10))
+        .expect("accepted");
+    executor.committed(at(10));
+    let create_x = orders(&effects.sends).remove(0);
+    let effects = answer(
+        &mut executor,
+        &create_x,
+        done_observing(properties_of(serde_json::json!({"state": "up"}))),
+        at(20),
+    );
+    let create_d = orders(&effects.sends).remove(0);
+    assert_eq!(&**create_d.item.name(), "d");
+    answer(&mut executor, &create_d, done(), at(30));
+
+    // The mtu goes up: d's predicate holds for x's new value; x alone runs.
+    let (effects, _) = executor
+        .submit(link_intent(9000), at(40))
+        .expect("accepted");
+    executor.committed(at(40));
+    let sent = orders(&effects.sends);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        (sent[0].kind, &**sent[0].item.name()),
+        (OperationKind::Modify, "x")
+    );
+    // The agent reports x down after the Modify: d no longer holds, and
+    // is deleted (it waits to be created again).
+    let effects = answer(
+        &mut executor,
+        &sent[0],
+        done_observing(properties_of(serde_json::json!({"state": "down"}))),
+        at(50),
+    );
+    let mut sent = orders(&effects.sends);
+    if sent.is_empty()
+        && let Some(follow_up) = executor.follow_up(at(51))
+    {
+        executor.committed(at(51));
+        sent = orders(&follow_up.sends);
+    }
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        (sent[0].kind, &**sent[0].item.name()),
+        (OperationKind::Delete, "d")
+    );
+}
