@@ -669,7 +669,10 @@ impl Owner {
                 attempt,
                 message,
             } => {
-                if self.executor.progress(&op_id, attempt, message, now) {
+                if self
+                    .executor
+                    .progress(session_id, &op_id, attempt, message, now)
+                {
                     self.publish();
                 }
                 Ok(())

@@ -539,14 +539,32 @@ impl Executor {
         }
     }
 
-    /// Notes a progress heartbeat of a running operation (shown as its last
-    /// progress time; kept in memory, not worth a durable commit). Returns
-    /// whether anything changed.
-    pub fn progress(&mut self, op_id: &str, attempt: u32, message: String, now: Now) -> bool {
+    /// Notes a progress heartbeat of a running operation from session
+    /// `session_id` (shown as its last progress time; kept in memory, not
+    /// worth a durable commit). Only the session that holds the item's
+    /// type speaks for the operation, as for results: progress from an
+    /// older session changes nothing (it would keep an operation alive
+    /// that the current session does not run). Returns whether anything
+    /// changed.
+    pub fn progress(
+        &mut self,
+        session_id: u64,
+        op_id: &str,
+        attempt: u32,
+        message: String,
+        now: Now,
+    ) -> bool {
         debug!(tenant = self.settings.tenant_id, %op_id, attempt, "Operation progress.");
         let Some(item) = self.operations.get(op_id).cloned() else {
             return false;
         };
+        let held_by_sender = self
+            .sessions
+            .get(&**item.item_type())
+            .is_some_and(|holder| holder.session_id == session_id);
+        if !held_by_sender {
+            return false;
+        }
         let Some(entry) = self.model.current.get(&item) else {
             return false;
         };

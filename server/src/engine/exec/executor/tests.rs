@@ -2529,7 +2529,7 @@ fn a_progress_report_extends_the_operations_timeout() {
     answer(&mut executor, &running, AgentOutcome::InProgress, at(20));
     // Progress every 6 s, within the 10 s timeout.
     for ms in [6_000, 12_000, 18_000] {
-        assert!(executor.progress(&running.op_id, running.attempt, "working".into(), at(ms)));
+        assert!(executor.progress(1, &running.op_id, running.attempt, "working".into(), at(ms)));
         let effects = executor.on_timer(at(ms + 1));
         executor.committed(at(ms + 1));
         assert!(
@@ -2540,6 +2540,25 @@ fn a_progress_report_extends_the_operations_timeout() {
         );
     }
     assert_eq!(state_of(&executor, "a"), Some(ItemState::Creating));
+}
+
+/// Progress speaks for an operation only from the session that holds its
+/// type, as results do: an older session of the agent, taken over, still
+/// sending progress for the operation would keep it from timing out while
+/// the session that holds the type now does not run it.
+#[test]
+fn progress_from_a_session_taken_over_changes_nothing() {
+    let mut executor = connected();
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    let running = orders(&effects.sends).remove(0);
+    answer(&mut executor, &running, AgentOutcome::InProgress, at(20));
+    register(&mut executor, 2, "agent", at(30));
+    executor.committed(at(30));
+    assert!(
+        !executor.progress(1, &running.op_id, running.attempt, "old".into(), at(40)),
+        "progress from the session taken over was taken"
+    );
+    assert!(executor.progress(2, &running.op_id, running.attempt, "new".into(), at(50)));
 }
 
 /// DESIGN 4: "Each item type gets a fair share of the tenant's in-flight
