@@ -327,7 +327,7 @@ async fn get_item_types_lists_specs_with_schemas_and_the_last_registration_wins(
         .reconciler()
         .get_item_types(v1::GetItemTypesRequest {
             tenant: tenant.name.clone(),
-            item_types: Vec::new(),
+            ..Default::default()
         })
         .await
         .expect("GetItemTypes")
@@ -359,6 +359,7 @@ async fn get_item_types_lists_specs_with_schemas_and_the_last_registration_wins(
         .get_item_types(v1::GetItemTypesRequest {
             tenant: tenant.name.clone(),
             item_types: vec!["listener".into(), "plain".into(), "unknown".into()],
+            ..Default::default()
         })
         .await
         .expect("GetItemTypes")

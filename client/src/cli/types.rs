@@ -47,15 +47,26 @@ async fn fetch(
     item_types: Vec<String>,
 ) -> Result<Vec<v1::RegisteredItemType>, Failure> {
     let tenant = session.tenant()?;
-    let reply = session
-        .client
-        .get_item_types(v1::GetItemTypesRequest {
-            tenant: tenant.clone(),
-            item_types,
-        })
-        .await
-        .map_err(|status| session.failed(&format!("item types of tenant {tenant:?}"), &status))?;
-    Ok(reply.item_types)
+    let mut listed = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let reply = session
+            .client
+            .get_item_types(v1::GetItemTypesRequest {
+                tenant: tenant.clone(),
+                item_types: item_types.clone(),
+                page_token,
+            })
+            .await
+            .map_err(|status| {
+                session.failed(&format!("item types of tenant {tenant:?}"), &status)
+            })?;
+        listed.extend(reply.item_types);
+        if reply.next_page_token.is_empty() {
+            return Ok(listed);
+        }
+        page_token = reply.next_page_token;
+    }
 }
 
 fn type_name(registered: &v1::RegisteredItemType) -> &str {

@@ -1155,6 +1155,7 @@ mod tests {
                 v1::GetItemTypesRequest {
                     tenant: "alpha".into(),
                     item_types,
+                    ..Default::default()
                 },
             ))
         };
@@ -1175,6 +1176,56 @@ mod tests {
             .filter_map(|registered| registered.spec.map(|spec| spec.item_type))
             .collect();
         assert_eq!(listed, ["t-0007", "t-0999"]);
+    }
+
+    /// Issue 12's rule for replies: a reply is sized by bytes, never a
+    /// failure for being large. GetItemTypes answered every type in one
+    /// reply (1,000 types with 32 KiB schemas would pass any message
+    /// limit); it now fills a page to the reply budget and continues with
+    /// `next_page_token`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn get_item_types_pages_by_bytes_and_continues_with_its_token() {
+        use v1::reconciler_server::Reconciler as _;
+        let (channel, mut context) = served_over_loopback().await;
+        let types: Vec<String> = (0..30).map(|index| format!("t-{index:02}")).collect();
+        let (_outgoing, answer, _) = connect_registering(&channel, "agent", types.clone()).await;
+        let _session = answer.expect("registered");
+        // Room for a few types a page beside the token's.
+        context.reply_bytes = 2_048 + 600;
+        let reconciler = crate::api::reconciler::ReconcilerService::new(context);
+        let ask = |page_token: String| {
+            reconciler.get_item_types(crate::api::reconciler::handler_tests::admin(
+                v1::GetItemTypesRequest {
+                    tenant: "alpha".into(),
+                    page_token,
+                    ..Default::default()
+                },
+            ))
+        };
+        let mut listed = Vec::new();
+        let mut pages = 0;
+        let mut token = String::new();
+        loop {
+            let reply = ask(token).await.expect("a page").into_inner();
+            pages += 1;
+            assert!(!reply.item_types.is_empty(), "an empty page");
+            listed.extend(
+                reply
+                    .item_types
+                    .into_iter()
+                    .filter_map(|registered| registered.spec.map(|spec| spec.item_type)),
+            );
+            if reply.next_page_token.is_empty() {
+                break;
+            }
+            token = reply.next_page_token;
+        }
+        assert_eq!(listed, types, "every type once, in order");
+        assert!(pages > 1, "one page of {} types", listed.len());
+
+        let status = ask("not-a-token".into()).await.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains("page_token"), "{status:?}");
     }
 
     /// docs/security.md, "agents connected per tenant": `max_agents`

@@ -26,7 +26,7 @@ use crate::wire::{
 
 use super::context::{ApiContext, LARGE_REQUEST_ITEMS, invalid};
 use super::externals::validate_external_reports;
-use super::paging::{PageToken, listing_fingerprint};
+use super::paging::{PageToken, decode_text, encode_text, listing_fingerprint};
 
 /// How long `Reconcile{wait}` waits when the request names no timeout,
 /// and the longest it waits.
@@ -284,28 +284,56 @@ impl Reconciler for ReconcilerService {
             )
             .into());
         }
+        let after = match request.get_ref().page_token.as_str() {
+            "" => None,
+            token => Some(decode_text(token).ok_or_else(|| {
+                invalid(
+                    "page_token",
+                    "not a page token of GetItemTypes: pass the next_page_token of the previous reply, or none",
+                )
+            })?),
+        };
         let wanted: std::collections::HashSet<&str> = wanted.iter().map(String::as_str).collect();
         let mut specs: Vec<_> = snapshot
             .item_types
             .specs()
             .filter(|spec| wanted.is_empty() || wanted.contains(spec.item_type.as_str()))
+            .filter(|spec| {
+                after
+                    .as_deref()
+                    .is_none_or(|after| spec.item_type.as_str() > after)
+            })
             .collect();
         specs.sort_by(|a, b| a.item_type.cmp(&b.item_type));
-        let item_types = specs
-            .into_iter()
-            .map(|spec| v1::RegisteredItemType {
+        use prost::Message as _;
+        let mut response = v1::GetItemTypesResponse {
+            revision: snapshot.record.revision,
+            ..Default::default()
+        };
+        // Filled to the reply's byte budget, keeping room for the token.
+        let mut size = response.encoded_len() + PAGE_TOKEN_ROOM;
+        for spec in &specs {
+            let registered = v1::RegisteredItemType {
                 spec: Some(type_spec_to_proto(spec)),
                 epoch: snapshot.item_types.epoch(&spec.item_type),
                 connected: snapshot
                     .connected_item_types
                     .binary_search(&spec.item_type)
                     .is_ok(),
-            })
-            .collect();
-        Ok(Response::new(v1::GetItemTypesResponse {
-            item_types,
-            revision: snapshot.record.revision,
-        }))
+            };
+            let grown = size + field_len(1, registered.encoded_len());
+            if grown > self.context.reply_bytes && !response.item_types.is_empty() {
+                break;
+            }
+            size = grown;
+            response.item_types.push(registered);
+        }
+        if response.item_types.len() < specs.len()
+            && let Some(last) = specs.get(response.item_types.len().saturating_sub(1))
+        {
+            response.next_page_token = encode_text(&last.item_type);
+        }
+        Ok(Response::new(response))
     }
 
     #[instrument(skip_all, fields(tenant = %request.get_ref().tenant))]

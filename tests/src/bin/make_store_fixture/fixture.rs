@@ -397,7 +397,7 @@ pub async fn read_tenant(channel: &Channel, name: &str, token: &str) -> anyhow::
     let types = client
         .get_item_types(v1::GetItemTypesRequest {
             tenant: name.to_owned(),
-            item_types: Vec::new(),
+            ..Default::default()
         })
         .await
         .with_context(|| format!("GetItemTypes of {name}"))?
