@@ -161,7 +161,14 @@ impl ClusterFleet {
         let events = stamped(events, revision);
         state.tenants = fresh;
         state.kept.clear();
-        state.floor = state.revision;
+        // A replica that had followed nothing yet (it started after etcd
+        // compacted) knows nothing before `revision`: a resume from
+        // before it cannot be answered.
+        state.floor = if state.revision == 0 {
+            revision
+        } else {
+            state.revision
+        };
         self.keep(&mut state, revision, events.clone(), now_ms());
         self.hub.publish(revision, events);
     }
@@ -409,5 +416,37 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["a"]
         );
+    }
+
+    /// A replica that starts after etcd compacted its history (hourly
+    /// auto-compaction, as docs/scale-out.md advises) knows the fleet only
+    /// as of the compaction. A watcher that saw tenant "b" before it and
+    /// resumes here after a failover must get `REVISION_COMPACTED` (or
+    /// b's deletion): "every replica serves the same sequence".
+    #[test]
+    fn a_resume_from_before_a_compaction_on_a_fresh_replica_is_refused_or_complete() {
+        let fleet = ClusterFleet {
+            retention: Retention {
+                max_revisions: 100,
+                max_age_ms: u64::MAX,
+            },
+            state: Mutex::new(State::default()),
+            hub: Arc::new(Hub::new(0, 100)),
+        };
+        // History up to 20 compacted: "b" (created at 10) was deleted at
+        // 13; only "a" is left.
+        fleet.restart(20, &[(keys::tenant_entry_key("a"), entry(true))]);
+        match fleet.read(10, 20, 10) {
+            Err(WatchError::RevisionCompacted { .. }) => {}
+            Ok(groups) => assert!(
+                groups
+                    .iter()
+                    .flat_map(|group| group.events.iter())
+                    .any(|event| event.tenant == "b" && event.deleted),
+                "a watcher resumed at 10 on a replica that started after the compaction \
+                 at 20 is never told that b is gone: {groups:?}"
+            ),
+            Err(other) => panic!("unexpected {other:?}"),
+        }
     }
 }

@@ -100,6 +100,14 @@ pub(crate) fn etcd_error(operation: &'static str) -> impl Fn(etcd_client::Error)
 pub(crate) fn is_refusal(error: &etcd_client::Error) -> bool {
     use tonic::Code;
     match error {
+        // "too many requests": etcd's apply lags its commits (load); the
+        // request was not proposed and a moment later it is taken.
+        etcd_client::Error::GRpcStatus(status)
+            if status.code() == Code::ResourceExhausted
+                && status.message().contains("too many requests") =>
+        {
+            false
+        }
         etcd_client::Error::GRpcStatus(status) => matches!(
             status.code(),
             Code::InvalidArgument
@@ -159,6 +167,9 @@ where
 {
     let deadline = Instant::now() + timeout;
     let mut pause = Duration::from_millis(20);
+    // An earlier attempt failed without a definite answer: it may still
+    // land, so a later refusal no longer means nothing was applied.
+    let mut uncertain = false;
     loop {
         let answered = tokio::time::timeout(ATTEMPT_TIMEOUT, attempt())
             .await
@@ -170,8 +181,10 @@ where
             });
         match answered {
             Ok(value) => return Ok(value),
+            Err(error) if is_refusal(&error) && uncertain => return Err(Failure::Unknown(error)),
             Err(error) if is_refusal(&error) => return Err(Failure::Refused(error)),
             Err(error) => {
+                uncertain = true;
                 if Instant::now() + pause > deadline {
                     return Err(Failure::Unknown(error));
                 }
@@ -268,4 +281,58 @@ pub(crate) fn stop_process(message: &str) -> ! {
         "etcd did not confirm a commit in time; stopping the process to reload from etcd on restart."
     );
     std::process::abort()
+}
+
+#[cfg(test)]
+mod retry_tests {
+    use super::*;
+
+    fn status(status: tonic::Status) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(status)
+    }
+
+    /// An attempt that went unanswered may still land; a refusal of a later
+    /// attempt says nothing of it, so the outcome is unknown, not "nothing
+    /// was applied" (docs/storage.md: "A refused request ... fails the
+    /// commit with nothing written"; an unknown one stops the process).
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_after_an_unanswered_attempt_leaves_the_outcome_unknown() {
+        let mut attempts = 0;
+        let outcome = retry("commit a batch", Duration::from_secs(60), || {
+            attempts += 1;
+            let first = attempts == 1;
+            async move {
+                if first {
+                    // Held back by etcd: never answered here.
+                    std::future::pending::<Result<(), etcd_client::Error>>().await
+                } else {
+                    Err(status(tonic::Status::permission_denied(
+                        "etcdserver: permission denied",
+                    )))
+                }
+            }
+        })
+        .await;
+        assert_eq!(attempts, 2);
+        assert!(
+            matches!(outcome, Err(Failure::Unknown(_))),
+            "a refusal after an unanswered attempt was taken as a definite failure"
+        );
+    }
+
+    /// etcd answers "too many requests" (RESOURCE_EXHAUSTED) before it
+    /// proposes anything when its apply lags its commits (load): the
+    /// request is not applied and a moment later it would be. It is a
+    /// failure without a definite answer about the commit's fate under
+    /// load, to be retried, not a refusal that fails the commit.
+    #[test]
+    fn too_many_requests_is_retried_not_a_refusal() {
+        assert!(!is_refusal(&status(tonic::Status::resource_exhausted(
+            "etcdserver: too many requests"
+        ))));
+        // Out of space stays a refusal.
+        assert!(is_refusal(&status(tonic::Status::resource_exhausted(
+            "etcdserver: mvcc: database space exceeded"
+        ))));
+    }
 }
