@@ -1422,3 +1422,17 @@ fn seed_97155_with_agent_restarts_a_cancel_for_a_vanished_external_item_is_not_s
 fn seed_49262_with_drift_a_drift_learned_after_the_applied_value_came_back() {
     passes_with_drift(49262, sim::AgentFaults::SessionsEnd);
 }
+
+/// The agent's half of a rule the server relies on: `t1/n5`'s Create
+/// (attempt 5) was dropped when its session ended, while the agent still
+/// held an unacknowledged result of attempt 3 of the same operation. Its
+/// registration listed the op id as still held, so the server sent the
+/// Create again at once, as to an agent that runs it, although the
+/// external item `t2/n4` it depends on had been reported gone meanwhile
+/// (DESIGN 3, rule 1). An agent no longer lists an operation for the
+/// result of an attempt older than one it was sent since (the SDK and the
+/// simulated agents alike).
+#[test]
+fn seed_320212_an_older_attempts_result_does_not_keep_an_operation_listed() {
+    passes(320212);
+}

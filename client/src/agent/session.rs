@@ -363,6 +363,14 @@ impl SessionState {
             );
             return;
         }
+        // A newer attempt: the server has settled the older ones and no
+        // longer waits for their results (it acknowledges them without
+        // effect). Kept, such a result would have a registration list the
+        // operation as still held here after this attempt is gone, and the
+        // server would send it again at once, past what it checks before
+        // starting an operation (its dependencies).
+        self.unacked
+            .retain(|held, _| held.op_id != key.op_id || held.attempt >= key.attempt);
         let start = match self.prepare(request) {
             Ok(start) => start,
             Err(result) => {
@@ -880,6 +888,31 @@ mod tests {
         assert!(
             sent_results(&actions).is_empty(),
             "no cached WAIT is replayed"
+        );
+    }
+
+    #[test]
+    fn a_newer_attempt_drops_an_older_attempts_unacknowledged_result() {
+        let mut state = state();
+        let _ = state.on_server_message(create("op-1", 3));
+        let _ = state.on_operation_event(finished(
+            "op-1",
+            3,
+            Outcome::failed(Code::Unavailable, "busy"),
+        ));
+        assert_eq!(
+            state.outstanding_op_ids(),
+            ["op-1"],
+            "the result is unacknowledged"
+        );
+        // The server retried (attempt 5); the session ends before the
+        // attempt-3 result is acknowledged, and before attempt 5 starts.
+        let _ = state.on_server_message(create("op-1", 5));
+        let _ = state.on_operation_event(finished("op-1", 5, Outcome::Done { observed: None }));
+        let _ = state.on_server_message(ack("op-1", 5));
+        assert!(
+            state.outstanding_op_ids().is_empty(),
+            "a registration would still list op-1 for its stale attempt-3 result"
         );
     }
 

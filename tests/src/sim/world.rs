@@ -455,10 +455,15 @@ impl Agents {
             held.order = order;
             return None;
         }
-        // A newer attempt replaces an older one still held.
+        // A newer attempt replaces an older one still held, and the
+        // unacknowledged results of older ones, as the SDK does: the server
+        // no longer waits for those.
         agent
             .pending
             .retain(|p| p.order.op_id != order.op_id || p.order.attempt > order.attempt);
+        agent
+            .unacked
+            .retain(|(op_id, attempt), _| *op_id != order.op_id || *attempt >= order.attempt);
         agent.pending.push(PendingOp {
             order,
             session,
