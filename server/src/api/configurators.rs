@@ -913,6 +913,15 @@ mod tests {
         (channel, context)
     }
 
+    /// An agent's side of a `Connect` call: what it sends through, the
+    /// server's stream (or why registration failed), and how many of its
+    /// messages the transport has taken.
+    type ConnectedAgent = (
+        mpsc::Sender<v1::AgentMessage>,
+        Result<Streaming<v1::ServerMessage>, Status>,
+        std::sync::Arc<AtomicU64>,
+    );
+
     /// Opens Connect as the admin for tenant "alpha", registering
     /// `item_types` as `agent_id`; the messages the agent sends later go
     /// through the returned sender (counted as the transport takes them).
@@ -920,11 +929,7 @@ mod tests {
         channel: &tonic::transport::Channel,
         agent_id: &str,
         item_types: Vec<String>,
-    ) -> (
-        mpsc::Sender<v1::AgentMessage>,
-        Result<Streaming<v1::ServerMessage>, Status>,
-        std::sync::Arc<AtomicU64>,
-    ) {
+    ) -> ConnectedAgent {
         connect_registering_in(channel, "alpha", agent_id, item_types).await
     }
 
@@ -934,11 +939,7 @@ mod tests {
         tenant: &str,
         agent_id: &str,
         item_types: Vec<String>,
-    ) -> (
-        mpsc::Sender<v1::AgentMessage>,
-        Result<Streaming<v1::ServerMessage>, Status>,
-        std::sync::Arc<AtomicU64>,
-    ) {
+    ) -> ConnectedAgent {
         let specs = item_types
             .into_iter()
             .map(|item_type| v1::ItemTypeSpec {
@@ -955,11 +956,7 @@ mod tests {
         tenant: &str,
         agent_id: &str,
         item_types: Vec<v1::ItemTypeSpec>,
-    ) -> (
-        mpsc::Sender<v1::AgentMessage>,
-        Result<Streaming<v1::ServerMessage>, Status>,
-        std::sync::Arc<AtomicU64>,
-    ) {
+    ) -> ConnectedAgent {
         use tokio_stream::StreamExt as _;
         let (outgoing, receiver) = mpsc::channel(64);
         outgoing

@@ -1827,6 +1827,16 @@ fn ran_before(world: &World, from: usize, earlier: &str, later: &str) {
     );
 }
 
+/// Each pair ran in that order, `operations` ran in all, and the world
+/// converged.
+fn ran_in_order_and_converged(world: &World, pairs: &[(&str, &str)], operations: usize) {
+    for (earlier, later) in pairs {
+        ran_before(world, 0, earlier, later);
+    }
+    assert_eq!(world.labels().len(), operations, "{:?}", world.labels());
+    assert!(world.is_converged());
+}
+
 fn recreate_on(world: &mut World, item_type: &str, path: &str) {
     with_rules(
         world,
@@ -1922,17 +1932,17 @@ fn a_recreate_when_modified_dependent_above_a_modified_middle_is_recreated_once(
     let mut world = World::converged(chain(1));
     world.intend(chain(2));
     world.run_to_quiescence(20);
-    for (earlier, later) in [
-        ("delete t/d", "delete t/c"),
-        ("delete t/c", "modify t/b"),
-        ("modify t/a", "modify t/b"),
-        ("modify t/b", "create t/c"),
-        ("create t/c", "create t/d"),
-    ] {
-        ran_before(&world, 0, earlier, later);
-    }
-    assert_eq!(world.labels().len(), 6, "{:?}", world.labels());
-    assert!(world.is_converged());
+    ran_in_order_and_converged(
+        &world,
+        &[
+            ("delete t/d", "delete t/c"),
+            ("delete t/c", "modify t/b"),
+            ("modify t/a", "modify t/b"),
+            ("modify t/b", "create t/c"),
+            ("create t/c", "create t/d"),
+        ],
+        6,
+    );
 }
 
 #[test]
@@ -2202,18 +2212,18 @@ fn a_recreate_in_the_middle_of_a_chain_whose_bottom_is_modified_runs_in_order() 
     recreate_on(&mut world, "v", "/id");
     world.intend(chain(2, 2));
     world.run_to_quiescence(20);
-    for (earlier, later) in [
-        ("delete t/d", "delete t/c"),
-        ("delete t/c", "delete v/b"),
-        ("delete v/b", "modify t/a"),
-        ("modify t/a", "create v/b"),
-        ("create v/b", "create t/c"),
-        ("create t/c", "create t/d"),
-    ] {
-        ran_before(&world, 0, earlier, later);
-    }
-    assert_eq!(world.labels().len(), 7, "{:?}", world.labels());
-    assert!(world.is_converged());
+    ran_in_order_and_converged(
+        &world,
+        &[
+            ("delete t/d", "delete t/c"),
+            ("delete t/c", "delete v/b"),
+            ("delete v/b", "modify t/a"),
+            ("modify t/a", "create v/b"),
+            ("create v/b", "create t/c"),
+            ("create t/c", "create t/d"),
+        ],
+        7,
+    );
 }
 
 #[test]

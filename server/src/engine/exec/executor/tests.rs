@@ -3092,26 +3092,33 @@ fn drive_deep(
     );
 }
 
+/// An executor with one agent holding types `t` and `u` (`u` recreates
+/// when `/id` changes), as the deep random intents use them.
+fn deep_executor() -> Executor {
+    let mut executor = executor();
+    let mut u = spec_of("u");
+    u.recreate_on_change = vec!["/id".into()];
+    executor
+        .register(
+            Registration {
+                session_id: 1,
+                agent_id: "agent".into(),
+                types: vec![spec(), u],
+                outstanding: Outstanding::Unsaid,
+            },
+            at(0),
+        )
+        .expect("registered");
+    executor.committed(at(0));
+    executor
+}
+
 #[test]
 fn deep_random_intents_converge_through_the_executor_in_design_order() {
     use rand::SeedableRng;
     for seed in 0..300u64 {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut executor = executor();
-        let mut u = spec_of("u");
-        u.recreate_on_change = vec!["/id".into()];
-        let (_, _) = executor
-            .register(
-                Registration {
-                    session_id: 1,
-                    agent_id: "agent".into(),
-                    types: vec![spec(), u],
-                    outstanding: Outstanding::Unsaid,
-                },
-                at(0),
-            )
-            .expect("registered");
-        executor.committed(at(0));
+        let mut executor = deep_executor();
         let mut now = 10;
         let mut log = Vec::new();
         for _ in 0..4 {
@@ -3136,21 +3143,7 @@ fn deep_random_intents_changed_mid_flight_keep_design_order_and_settle() {
     use rand::{Rng, SeedableRng};
     for seed in 0..300u64 {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let mut executor = executor();
-        let mut u = spec_of("u");
-        u.recreate_on_change = vec!["/id".into()];
-        executor
-            .register(
-                Registration {
-                    session_id: 1,
-                    agent_id: "agent".into(),
-                    types: vec![spec(), u],
-                    outstanding: Outstanding::Unsaid,
-                },
-                at(0),
-            )
-            .expect("registered");
-        executor.committed(at(0));
+        let mut executor = deep_executor();
         let mut now = 10;
         let mut log = vec![format!("seed {seed}")];
         let mut outstanding: Vec<OperationOrder> = Vec::new();
