@@ -173,9 +173,10 @@ impl OperationContext {
         &self.cancel
     }
 
-    /// Sends `OperationProgress` with `message` (shown in the item's status;
-    /// it also extends a long-running operation's timeout). Dropped while the
-    /// agent is disconnected.
+    /// Sends `OperationProgress` with `message` (shown in the item's status).
+    /// Each report gives the operation its whole `operation_timeout` again,
+    /// whether or not it is long-running ([`finish_later`](Self::finish_later)).
+    /// Dropped while the agent is disconnected.
     pub fn progress(&self, message: impl Into<String>) {
         // The run loop may already have stopped: nothing to report to then.
         let _ = self.events.send(OperationEvent::Progress {

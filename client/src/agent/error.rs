@@ -27,6 +27,14 @@ pub enum AgentError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// The endpoint has no `http://` or `https://` scheme (e.g.
+    /// `127.0.0.1:50051`): it parses as a URI, but no connection to it can
+    /// ever be made, so it is refused at `build()` rather than retried.
+    #[error("{endpoint:?} has no scheme; use http://{endpoint} (or https://{endpoint} with TLS)")]
+    EndpointWithoutScheme {
+        /// The address as given.
+        endpoint: String,
+    },
     /// The TLS settings cannot be used (e.g. a malformed certificate).
     #[error(
         "invalid TLS settings for {endpoint:?}: {source}; check the CA and client certificate PEM files"
@@ -93,8 +101,8 @@ pub enum AgentError {
     },
     /// The tenant does not exist, or the token does not grant access to it.
     #[error(
-        "tenant {tenant:?} was not found or the token does not grant access to it: {message}; \
-         check the tenant name and token"
+        "the server refused tenant {tenant:?} (no such tenant, or the token is another \
+         tenant's): {message}"
     )]
     TenantNotFound {
         /// The tenant the agent registered for.

@@ -85,8 +85,9 @@ impl std::fmt::Debug for AgentBuilder {
 impl AgentBuilder {
     /// The agent's stable id. A reconnect with the same id takes its types
     /// over at once; another id waits until the old session's lease expires.
-    /// Defaults to the host name: set it when one host runs several agents
-    /// for the same types.
+    /// Defaults to `<program>@<host>`: set it when one host runs several
+    /// instances of one agent program for the same types, or when an
+    /// agent's id must survive a rename of its executable.
     pub fn agent_id(mut self, agent_id: impl Into<String>) -> Self {
         self.agent_id = Some(agent_id.into());
         self
@@ -154,6 +155,11 @@ impl AgentBuilder {
                     source,
                 })?
                 .connect_timeout(CONNECT_TIMEOUT);
+            if endpoint.uri().scheme().is_none() {
+                return Err(AgentError::EndpointWithoutScheme {
+                    endpoint: address.clone(),
+                });
+            }
             if let Some(tls) = &self.tls {
                 endpoint = tls.apply(endpoint).map_err(|source| AgentError::Tls {
                     endpoint: address.clone(),
@@ -222,14 +228,27 @@ impl AgentBuilder {
     }
 }
 
-/// The host name (`$HOSTNAME`, else `/etc/hostname`), else `reconciled-agent`.
+/// `<program>@<host>`: the executable's name (else `agent`) at the host
+/// name (`$HOSTNAME`, else `/etc/hostname`, else `localhost`). Two agent
+/// programs on one host get two ids, so one cannot take the other's types
+/// over by registering them; the same program restarted gets its id back
+/// and takes its types over at once.
 fn default_agent_id() -> String {
-    std::env::var("HOSTNAME")
+    let program = std::env::current_exe()
+        .ok()
+        .and_then(|path| {
+            path.file_stem()
+                .map(|stem| stem.to_string_lossy().into_owned())
+        })
+        .filter(|program| !program.is_empty())
+        .unwrap_or_else(|| "agent".to_owned());
+    let host = std::env::var("HOSTNAME")
         .ok()
         .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
         .map(|host| host.trim().to_owned())
         .filter(|host| !host.is_empty())
-        .unwrap_or_else(|| "reconciled-agent".to_owned())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{program}@{host}")
 }
 
 /// One item type's configurator and in-flight limit.
@@ -409,10 +428,17 @@ impl SessionFailure {
 /// Connection refused (os error 111)`.
 fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
+    let mut last = text.clone();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        // Transport errors wrap one another with the same text ("tcp
+        // connect error: tcp connect error: ..."): say each once.
+        let piece = cause.to_string();
+        if piece != last {
+            text.push_str(": ");
+            text.push_str(&piece);
+            last = piece;
+        }
         source = cause.source();
     }
     text
@@ -925,8 +951,8 @@ async fn finish_long_running(context: &OperationContext) -> Outcome {
         Ok(outcome) => outcome,
         Err(_) => Outcome::failed(
             Code::Aborted,
-            "the long-running operation's Completion was dropped without finish(); it will be \
-             retried",
+            "the long-running operation's Completion was dropped without finish() (did its task \
+             panic or return early?); ABORTED is retried under the type's retry policy",
         ),
     }
 }
@@ -960,4 +986,96 @@ fn panic_message(error: tokio::task::JoinError) -> String {
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a non-string payload".to_owned());
     format!("the configurator panicked: {text}; see the agent's log")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::{Item, OperationContext, Outcome};
+
+    struct Noop;
+
+    impl Configurator for Noop {
+        async fn create(&self, _ctx: &OperationContext, _item: &Item) -> Outcome {
+            Outcome::done()
+        }
+        async fn modify(&self, _ctx: &OperationContext, _previous: &Item, _item: &Item) -> Outcome {
+            Outcome::done()
+        }
+        async fn delete(&self, _ctx: &OperationContext, _item: &Item) -> Outcome {
+            Outcome::done()
+        }
+    }
+
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            formatter.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|layer| layer as _)
+        }
+    }
+
+    /// A disconnect reason said "tcp connect error: tcp connect error:
+    /// Connection refused": tonic and hyper wrap an error in one of the same
+    /// text.
+    #[test]
+    fn an_error_chain_says_a_repeated_cause_once() {
+        let error = Layer(
+            "transport error",
+            Some(Box::new(Layer(
+                "tcp connect error",
+                Some(Box::new(Layer(
+                    "tcp connect error",
+                    Some(Box::new(Layer("Connection refused", None))),
+                ))),
+            ))),
+        );
+        assert_eq!(
+            error_chain(&error),
+            "transport error: tcp connect error: Connection refused"
+        );
+    }
+
+    /// `127.0.0.1:50051` parses as a URI but can never be dialled: before,
+    /// `build()` accepted it and `run` retried "invalid URL, scheme is
+    /// missing" for ever.
+    #[test]
+    fn an_endpoint_without_a_scheme_is_refused_at_build() {
+        for address in ["127.0.0.1:50051", "localhost:50051"] {
+            let error = Agent::builder(address, "acme", "rcd_token")
+                .item_type(TypeSpec::new("kv"), Noop)
+                .build()
+                .expect_err(address);
+            assert!(
+                matches!(error, AgentError::EndpointWithoutScheme { .. }),
+                "{address}: {error:?}"
+            );
+            assert!(
+                error.to_string().contains(&format!("http://{address}")),
+                "{error}"
+            );
+        }
+        let more = Agent::builder("http://127.0.0.1:50051", "acme", "rcd_token")
+            .endpoints(["127.0.0.1:50052"])
+            .item_type(TypeSpec::new("kv"), Noop)
+            .build()
+            .expect_err("a second endpoint without a scheme");
+        assert!(
+            matches!(more, AgentError::EndpointWithoutScheme { .. }),
+            "{more:?}"
+        );
+        assert!(
+            Agent::builder("http://127.0.0.1:50051", "acme", "rcd_token")
+                .item_type(TypeSpec::new("kv"), Noop)
+                .build()
+                .is_ok()
+        );
+    }
 }

@@ -351,6 +351,9 @@ impl Executor {
         // A failure the agent reported that is not a failed attempt
         // (cancelled as asked, NOT_FOUND): shown as FAILED with its error.
         let mut reported_failure: Option<OperationError> = None;
+        // A READ that asks to be asked again: it changes nothing, and is
+        // reported as the WAIT it was.
+        let mut reported_wait = false;
         let completion = match outcome {
             AgentOutcome::InProgress => {
                 self.transaction()
@@ -377,13 +380,19 @@ impl Executor {
                     reported_failure = Some(error);
                     Completion::Vanished
                 } else {
-                    // A failed READ changes nothing; the next resync tries again.
+                    // A failed READ changes nothing; the next resync tries
+                    // again. It is reported as the failure it was (the
+                    // operation log, Watch and metrics), not as DONE.
+                    reported_failure = Some(error);
                     unchanged_read(&entry)
                 }
             }
             // Observation, not work: no backoff for a READ either; the
             // next resync reads again.
-            AgentOutcome::Wait { .. } if is_read => unchanged_read(&entry),
+            AgentOutcome::Wait { .. } if is_read => {
+                reported_wait = true;
+                unchanged_read(&entry)
+            }
             AgentOutcome::Done { needs_recreate, .. } if operation.question => {
                 Completion::Answered { needs_recreate }
             }
@@ -430,6 +439,7 @@ impl Executor {
                 OperationOutcome::Cancelled
             }
             _ if reported_failure.is_some() => OperationOutcome::Failed,
+            _ if reported_wait => OperationOutcome::Wait,
             Completion::Failed { .. } => OperationOutcome::Failed,
             Completion::Wait { .. } => OperationOutcome::Wait,
             _ => OperationOutcome::Done,

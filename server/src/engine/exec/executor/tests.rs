@@ -2738,6 +2738,53 @@ fn a_failed_commit_of_a_resync_does_not_drop_its_reads() {
     );
 }
 
+/// A drift READ the agent cannot answer (a type declaring READ without
+/// implementing it answers UNIMPLEMENTED) changes nothing, but is reported
+/// as the failure it was: it finished as DONE, with no error, in the
+/// operation log, Watch and metrics, although the agent failed it.
+#[test]
+fn a_failed_drift_read_is_reported_failed_and_changes_nothing() {
+    let mut executor = connected_readable();
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    answer(&mut executor, &orders(&effects.sends)[0], done(), at(20));
+    let resync = executor.next_wakeup(at(30)).expect("a resync");
+    let effects = executor.on_timer(at(resync));
+    executor.committed(at(resync));
+    let read = orders(&effects.sends).remove(0);
+    assert_eq!(read.kind, OperationKind::Read);
+    let before = executor
+        .model()
+        .current
+        .get(&ItemRef::new("t", "a"))
+        .cloned();
+
+    let unimplemented = AgentOutcome::Failed(OperationError {
+        code: code::UNIMPLEMENTED,
+        message: "READ is not implemented".into(),
+    });
+    let effects = answer(&mut executor, &read, unimplemented, at(resync + 10));
+    let finished = effects.finished.first().expect("the READ finished");
+    assert_eq!(finished.outcome, OperationOutcome::Failed);
+    assert_eq!(
+        finished.error.as_ref().map(|error| error.code),
+        Some(code::UNIMPLEMENTED)
+    );
+    let after = executor
+        .model()
+        .current
+        .get(&ItemRef::new("t", "a"))
+        .cloned();
+    assert_eq!(
+        after
+            .as_ref()
+            .map(|item| (item.state, item.applied.clone())),
+        before
+            .as_ref()
+            .map(|item| (item.state, item.applied.clone())),
+        "a failed READ changed the item"
+    );
+}
+
 /// DESIGN 5: "A quiescent tenant is `Stalled` if ... [an item] has waited
 /// for a configurator longer than `configurator_grace`". Nothing else
 /// happens meanwhile, so the executor must wake up when the grace ends;
