@@ -1436,3 +1436,12 @@ fn seed_49262_with_drift_a_drift_learned_after_the_applied_value_came_back() {
 fn seed_320212_an_older_attempts_result_does_not_keep_an_operation_listed() {
     passes(320212);
 }
+
+/// The checker's: a resync's READ of `t0/n4` went out at the very end of
+/// a quiet round of the final phase, and the convergence check found it
+/// in flight. A READ is an observation, not work: the next round answers
+/// it before the tenant is judged.
+#[test]
+fn seed_54952_with_drift_a_read_sent_as_a_quiet_round_ends_is_answered_first() {
+    passes_with_drift(54952, sim::AgentFaults::SessionsEnd);
+}

@@ -2684,8 +2684,14 @@ pub fn check_converged(
             return fail(
                 "a quiet tenant has nothing in flight",
                 format!(
-                    "{key} is {} with an operation in flight",
-                    state_name(current.state)
+                    "{key} is {} with an operation in flight: {:?}",
+                    state_name(current.state),
+                    current.in_flight.as_deref().map(|running| (
+                        running.kind,
+                        &running.op_id,
+                        running.attempt,
+                        running.question
+                    ))
                 ),
             );
         }
