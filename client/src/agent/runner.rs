@@ -1022,6 +1022,24 @@ mod tests {
         }
     }
 
+    /// The default agent id names the program as well as the host: with
+    /// the host name alone, a second agent program on the host took the
+    /// first one's types over at once (a reconnect of "the same agent").
+    #[test]
+    fn the_default_agent_id_names_the_program_and_the_host() {
+        let id = default_agent_id();
+        let program = std::env::current_exe()
+            .ok()
+            .and_then(|path| {
+                path.file_stem()
+                    .map(|stem| stem.to_string_lossy().into_owned())
+            })
+            .expect("a test executable");
+        let (named, host) = id.split_once('@').expect("<program>@<host>");
+        assert_eq!(named, program);
+        assert!(!host.is_empty(), "{id}");
+    }
+
     /// A disconnect reason said "tcp connect error: tcp connect error:
     /// Connection refused": tonic and hyper wrap an error in one of the same
     /// text.
