@@ -139,6 +139,9 @@ pub struct Sim {
     armed: Option<(u64, u64)>,
     /// In the final phase: the agent that stays down for good.
     stays_down: Option<usize>,
+    /// In the final phase: every agent but the one that stays down is
+    /// connected, also after a restart there.
+    finishing: bool,
     /// The earliest time messages being delivered can have been sent.
     sent_since_ms: u64,
     /// Items UNKNOWN in the snapshot after the last step.
@@ -216,6 +219,7 @@ impl Sim {
             next_session: 1,
             armed: None,
             stays_down: None,
+            finishing: false,
             sent_since_ms: 0,
             unknown: BTreeSet::new(),
             unreported: Vec::new(),
@@ -1087,7 +1091,10 @@ impl Sim {
         }
         let mut rng = StdRng::seed_from_u64(luck);
         for agent in 0..self.agents.agents.len() {
-            if rng.random_bool(0.7) {
+            // (Drawn for every agent, so that a seed replays the same.)
+            let reconnects = rng.random_bool(0.7);
+            let finishing = self.finishing && Some(agent) != self.stays_down;
+            if reconnects || finishing {
                 self.connect(agent).await?;
             }
         }
@@ -1104,6 +1111,7 @@ impl Sim {
         let now = self.now_ms();
         let down = self.scenario.down_for_good;
         self.stays_down = down;
+        self.finishing = true;
         let down_types = self.scenario.down_types();
         let what = match down {
             Some(agent) => format!(
