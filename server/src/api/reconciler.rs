@@ -869,37 +869,42 @@ pub(crate) mod handler_tests {
         let (service, context) = service();
         tenant_with(&context, &service, "alpha", &["x1", "x2", "x3"]).await;
         tenant_with(&context, &service, "beta", &["a1", "b1", "c1"]).await;
-        let first = service
-            .get_graph(admin(v1::GetGraphRequest {
-                tenant: "alpha".into(),
-                view: v1::GraphView::Intended.into(),
-                page_size: 1,
-                ..Default::default()
-            }))
+        let first = intended_page(&service, "alpha", "", 1, String::new())
             .await
-            .expect("first page")
-            .into_inner();
+            .expect("first page");
         assert!(!first.next_page_token.is_empty());
-        let answer = service
-            .get_graph(admin(v1::GetGraphRequest {
-                tenant: "beta".into(),
-                view: v1::GraphView::Intended.into(),
-                page_size: 1,
-                page_token: first.next_page_token,
-                ..Default::default()
-            }))
-            .await;
+        let answer = intended_page(&service, "beta", "", 1, first.next_page_token).await;
         match answer {
             Err(status) => assert_eq!(status.code(), Code::InvalidArgument, "{status:?}"),
             Ok(page) => panic!(
                 "alpha's token was accepted on beta, listing {:?} (beta holds a1, b1, c1)",
-                page.into_inner()
-                    .intended
+                page.intended
                     .iter()
                     .map(|i| i.item.as_ref().map(|i| i.name.clone()))
                     .collect::<Vec<_>>()
             ),
         }
+    }
+
+    /// A page of tenant `tenant`'s intended graph in `subgraph`, of at most
+    /// `page_size` items, continuing `page_token`.
+    async fn intended_page(
+        service: &ReconcilerService,
+        tenant: &str,
+        subgraph: &str,
+        page_size: u32,
+        page_token: String,
+    ) -> Result<v1::GetGraphResponse, Status> {
+        service
+            .get_graph(admin(v1::GetGraphRequest {
+                tenant: tenant.into(),
+                view: v1::GraphView::Intended.into(),
+                subgraph: subgraph.into(),
+                page_size,
+                page_token,
+            }))
+            .await
+            .map(Response::into_inner)
     }
 
     /// A page token of one query (subgraph) resumed with another query
@@ -927,33 +932,16 @@ pub(crate) mod handler_tests {
             .await
             .expect("submitted");
         // Subgraph "s": t/c1 then t/d1; the token resumes after t/c1.
-        let first = service
-            .get_graph(admin(v1::GetGraphRequest {
-                tenant: "alpha".into(),
-                view: v1::GraphView::Intended.into(),
-                subgraph: "s".into(),
-                page_size: 1,
-                ..Default::default()
-            }))
+        let first = intended_page(&service, "alpha", "s", 1, String::new())
             .await
-            .expect("first page")
-            .into_inner();
+            .expect("first page");
         assert!(!first.next_page_token.is_empty());
         // Subgraph "r" holds t/b1 and t/z1: resumed after t/c1 it skips t/b1.
-        let answer = service
-            .get_graph(admin(v1::GetGraphRequest {
-                tenant: "alpha".into(),
-                view: v1::GraphView::Intended.into(),
-                subgraph: "r".into(),
-                page_size: 10,
-                page_token: first.next_page_token,
-            }))
-            .await;
+        let answer = intended_page(&service, "alpha", "r", 10, first.next_page_token).await;
         match answer {
             Err(status) => assert_eq!(status.code(), Code::InvalidArgument, "{status:?}"),
             Ok(page) => {
                 let names: Vec<_> = page
-                    .into_inner()
                     .intended
                     .iter()
                     .filter_map(|i| i.item.as_ref().map(|i| i.name.clone()))

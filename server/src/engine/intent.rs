@@ -310,52 +310,55 @@ mod tests {
         item
     }
 
-    fn submit(
-        graph: &mut IntendedGraph,
-        generation: &mut u64,
-        req: ValidatedSubmit,
-    ) -> Result<IntentChange, IntentError> {
-        let change = prepare_submit(graph, *generation, 1_000, req)?;
-        apply_change(graph, &change);
-        *generation = change.generation;
-        Ok(change)
+    /// A tenant's intent as the submissions so far left it.
+    #[derive(Default)]
+    struct Intent {
+        graph: IntendedGraph,
+        generation: u64,
+    }
+
+    impl Intent {
+        /// Prepares `req` against the intent (at most 1,000 items) and
+        /// applies it.
+        fn submit(&mut self, req: ValidatedSubmit) -> Result<IntentChange, IntentError> {
+            let change = self.prepare(req)?;
+            apply_change(&mut self.graph, &change);
+            self.generation = change.generation;
+            Ok(change)
+        }
+
+        /// Prepares `req` against the intent (at most 1,000 items), leaving
+        /// it as it is.
+        fn prepare(&self, req: ValidatedSubmit) -> Result<IntentChange, IntentError> {
+            prepare_submit(&self.graph, self.generation, 1_000, req)
+        }
     }
 
     #[test]
     fn identical_resubmission_changes_nothing() {
-        let mut graph = IntendedGraph::default();
-        let mut generation = 0;
-        let first = submit(
-            &mut graph,
-            &mut generation,
-            request("", vec![item("a", "")]),
-        )
-        .expect("accepted");
+        let mut intent = Intent::default();
+        let first = intent
+            .submit(request("", vec![item("a", "")]))
+            .expect("accepted");
         assert_eq!(first.generation, 1);
-        let again = submit(
-            &mut graph,
-            &mut generation,
-            request("", vec![item("a", "")]),
-        )
-        .expect("accepted");
+        let again = intent
+            .submit(request("", vec![item("a", "")]))
+            .expect("accepted");
         assert!(again.is_empty());
         assert_eq!(again.generation, 1);
     }
 
     #[test]
     fn relabelling_stores_the_item_without_a_new_generation() {
-        let mut graph = IntendedGraph::default();
-        let mut generation = 0;
-        submit(
-            &mut graph,
-            &mut generation,
-            request("", vec![item("a", "")]),
-        )
-        .expect("accepted");
+        let mut intent = Intent::default();
+        intent
+            .submit(request("", vec![item("a", "")]))
+            .expect("accepted");
         let mut relabelled = item("a", "");
         relabelled.set_label("new");
-        let change =
-            submit(&mut graph, &mut generation, request("", vec![relabelled])).expect("accepted");
+        let change = intent
+            .submit(request("", vec![relabelled]))
+            .expect("accepted");
         assert_eq!(change.upserts.len(), 1);
         assert!(change.content_changed.is_empty());
         assert_eq!(change.generation, 1);
@@ -363,27 +366,20 @@ mod tests {
 
     #[test]
     fn a_subgraph_submit_replaces_only_its_own_items() {
-        let mut graph = IntendedGraph::default();
-        let mut generation = 0;
-        submit(
-            &mut graph,
-            &mut generation,
-            request(
+        let mut intent = Intent::default();
+        intent
+            .submit(request(
                 "",
                 vec![
                     item("root", ""),
                     item("x", "team/a"),
                     item("y", "team/a/deep"),
                 ],
-            ),
-        )
-        .expect("accepted");
-        let change = submit(
-            &mut graph,
-            &mut generation,
-            request("team/a", vec![item("z", "")]),
-        )
-        .expect("accepted");
+            ))
+            .expect("accepted");
+        let change = intent
+            .submit(request("team/a", vec![item("z", "")]))
+            .expect("accepted");
         let removed: Vec<String> = change
             .removals
             .iter()
@@ -391,12 +387,13 @@ mod tests {
             .collect();
         assert_eq!(removed, ["x", "y"]);
         assert_eq!(
-            graph
+            intent
+                .graph
                 .get(&ItemRef::new("t", "z"))
                 .map(|e| e.item.subgraph.clone()),
             Some("team/a".into())
         );
-        assert!(graph.get(&ItemRef::new("t", "root")).is_some());
+        assert!(intent.graph.get(&ItemRef::new("t", "root")).is_some());
     }
 
     #[test]
@@ -419,21 +416,13 @@ mod tests {
 
     #[test]
     fn items_listed_in_another_subgraph_are_rejected() {
-        let mut graph = IntendedGraph::default();
-        let mut generation = 0;
-        submit(
-            &mut graph,
-            &mut generation,
-            request("", vec![item("x", "team/b")]),
-        )
-        .expect("accepted");
-        let error = prepare_submit(
-            &graph,
-            generation,
-            1_000,
-            request("team/a", vec![item("x", "")]),
-        )
-        .expect_err("rejected");
+        let mut intent = Intent::default();
+        intent
+            .submit(request("", vec![item("x", "team/b")]))
+            .expect("accepted");
+        let error = intent
+            .prepare(request("team/a", vec![item("x", "")]))
+            .expect_err("rejected");
         assert!(
             matches!(error, IntentError::ItemInOtherSubgraph { ref subgraph, .. } if subgraph == "team/b"),
             "{error:?}"
@@ -442,14 +431,13 @@ mod tests {
 
     #[test]
     fn a_cycle_across_subgraphs_is_rejected_and_spelled_out() {
-        let mut graph = IntendedGraph::default();
-        let mut generation = 0;
+        let mut intent = Intent::default();
         let a = item("a", "one").depends_on(Dependency::on(ItemRef::new("t", "b")));
-        submit(&mut graph, &mut generation, request("one", vec![a]))
+        intent
+            .submit(request("one", vec![a]))
             .expect("dangling dependency accepted");
         let b = item("b", "two").depends_on(Dependency::on(ItemRef::new("t", "a")));
-        let error =
-            prepare_submit(&graph, generation, 1_000, request("two", vec![b])).expect_err("cycle");
+        let error = intent.prepare(request("two", vec![b])).expect_err("cycle");
         match error {
             IntentError::DependencyCycle { cycle, field } => {
                 let names: Vec<String> = cycle.iter().map(|r| r.name().to_string()).collect();
@@ -492,42 +480,30 @@ mod tests {
 
     #[test]
     fn moving_an_item_within_the_scope_keeps_its_generation_and_its_new_listing() {
-        let mut graph = IntendedGraph::default();
-        let mut generation = 0;
-        submit(
-            &mut graph,
-            &mut generation,
-            request("team", vec![item("x", "team/a")]),
-        )
-        .expect("accepted");
-        let moved = submit(
-            &mut graph,
-            &mut generation,
-            request("team", vec![item("x", "team/b")]),
-        )
-        .expect("accepted");
+        let mut intent = Intent::default();
+        intent
+            .submit(request("team", vec![item("x", "team/a")]))
+            .expect("accepted");
+        let moved = intent
+            .submit(request("team", vec![item("x", "team/b")]))
+            .expect("accepted");
         assert!(moved.content_changed.is_empty());
         assert_eq!(moved.generation, 1);
         assert_eq!(moved.upserts.len(), 1);
         assert_eq!(moved.upserts[0].generation, 1);
         // team/a no longer lists it: submitting team/a empty removes nothing.
-        let change =
-            submit(&mut graph, &mut generation, request("team/a", vec![])).expect("accepted");
+        let change = intent.submit(request("team/a", vec![])).expect("accepted");
         assert!(change.removals.is_empty(), "{:?}", change.removals);
         // team/b does.
-        let change =
-            prepare_submit(&graph, generation, 1_000, request("team/b", vec![])).expect("accepted");
+        let change = intent.prepare(request("team/b", vec![])).expect("accepted");
         assert_eq!(change.removals.len(), 1);
     }
 
     #[test]
     fn a_scoped_submit_leaves_sibling_paths_sharing_its_prefix_alone() {
-        let mut graph = IntendedGraph::default();
-        let mut generation = 0;
-        submit(
-            &mut graph,
-            &mut generation,
-            request(
+        let mut intent = Intent::default();
+        intent
+            .submit(request(
                 "",
                 vec![
                     item("a", "team/a"),
@@ -536,11 +512,9 @@ mod tests {
                     item("d", "team/ab/x"),
                     item("e", "team/a/x"),
                 ],
-            ),
-        )
-        .expect("accepted");
-        let change =
-            prepare_submit(&graph, generation, 1_000, request("team/a", vec![])).expect("accepted");
+            ))
+            .expect("accepted");
+        let change = intent.prepare(request("team/a", vec![])).expect("accepted");
         let removed: Vec<String> = change
             .removals
             .iter()
@@ -551,17 +525,15 @@ mod tests {
 
     #[test]
     fn reordered_dependencies_and_new_descriptions_keep_the_generation() {
-        let mut graph = IntendedGraph::default();
-        let mut generation = 0;
+        let mut intent = Intent::default();
         let first = item("x", "")
             .depends_on(Dependency::on(ItemRef::new("t", "a")))
             .depends_on(Dependency::on(ItemRef::new("t", "b")));
-        submit(&mut graph, &mut generation, request("", vec![first])).expect("accepted");
+        intent.submit(request("", vec![first])).expect("accepted");
         let again = item("x", "")
             .depends_on(Dependency::on(ItemRef::new("t", "b")).with_description("why"))
             .depends_on(Dependency::on(ItemRef::new("t", "a")));
-        let change =
-            submit(&mut graph, &mut generation, request("", vec![again])).expect("accepted");
+        let change = intent.submit(request("", vec![again])).expect("accepted");
         assert!(change.content_changed.is_empty());
         assert_eq!(change.generation, 1);
         assert!(change.upserts.iter().all(|e| e.generation == 1));
@@ -569,14 +541,14 @@ mod tests {
 
     #[test]
     fn a_cycle_through_the_existing_intent_of_three_subgraphs_is_rejected() {
-        let mut graph = IntendedGraph::default();
-        let mut generation = 0;
+        let mut intent = Intent::default();
         let a = item("a", "one").depends_on(Dependency::on(ItemRef::new("t", "b")));
-        submit(&mut graph, &mut generation, request("one", vec![a])).expect("accepted");
+        intent.submit(request("one", vec![a])).expect("accepted");
         let b = item("b", "two").depends_on(Dependency::on(ItemRef::new("t", "c")));
-        submit(&mut graph, &mut generation, request("two", vec![b])).expect("accepted");
+        intent.submit(request("two", vec![b])).expect("accepted");
         let c = item("c", "three").depends_on(Dependency::on(ItemRef::new("t", "a")));
-        let error = prepare_submit(&graph, generation, 1_000, request("three", vec![c]))
+        let error = intent
+            .prepare(request("three", vec![c]))
             .expect_err("cycle");
         assert!(
             matches!(error, IntentError::DependencyCycle { .. }),
@@ -586,17 +558,13 @@ mod tests {
 
     #[test]
     fn a_mismatch_is_refused_even_when_the_request_changes_nothing() {
-        let mut graph = IntendedGraph::default();
-        let mut generation = 0;
-        submit(
-            &mut graph,
-            &mut generation,
-            request("", vec![item("a", "")]),
-        )
-        .expect("accepted");
+        let mut intent = Intent::default();
+        intent
+            .submit(request("", vec![item("a", "")]))
+            .expect("accepted");
         let mut req = request("", vec![item("a", "")]);
         req.expected_generation = Some(0);
-        let error = prepare_submit(&graph, generation, 1_000, req).expect_err("mismatch");
+        let error = intent.prepare(req).expect_err("mismatch");
         assert!(matches!(
             error,
             IntentError::GenerationMismatch {
@@ -609,20 +577,18 @@ mod tests {
     #[test]
     fn the_item_limit_counts_what_the_submit_leaves() {
         let mut graph = IntendedGraph::default();
-        let mut generation = 0;
         let change = prepare_submit(
             &graph,
-            generation,
+            0,
             2,
             request("", vec![item("a", ""), item("b", "")]),
         )
         .expect("two fit");
         apply_change(&mut graph, &change);
-        generation = change.generation;
         // Replace b with c: still two.
         prepare_submit(
             &graph,
-            generation,
+            change.generation,
             2,
             request("", vec![item("a", ""), item("c", "")]),
         )

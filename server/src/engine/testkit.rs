@@ -545,10 +545,9 @@ impl World {
         }
         // What the agent observed beyond the applied value stays (a state
         // it reports); the Modify sets the rest.
-        let new_properties = self.current.get(item).map_or_else(
-            || entry.item.properties.clone(),
-            |current| current.properties_after_modify(&entry.item.properties),
-        );
+        let new_properties =
+            crate::graph::properties_after_modify(self.current.get(item), &entry.item.properties)
+                .into_owned();
         for dependent in self.current.dependents_of(item) {
             let Some(state) = self.current.get(dependent) else {
                 continue;

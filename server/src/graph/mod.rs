@@ -23,4 +23,5 @@ pub use properties::{MAX_PROPERTY_DEPTH, Properties};
 pub use sharing::IdentitySharing;
 pub use state::{
     CurrentItem, InFlight, ItemState, OperationError, OperationKind, RareFields, RetryOf, code,
+    properties_after_modify,
 };

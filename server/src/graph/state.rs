@@ -671,28 +671,6 @@ impl CurrentItem {
         self.state == ItemState::Failed && self.last_operation == Some(OperationKind::Modify)
     }
 
-    /// The properties a predicate will see once a Modify to `intended`
-    /// applied, as far as can be told before its result: the intended
-    /// ones, laid over what the agent observed beyond the applied value
-    /// (a state it reports, such as `state: up`, which the Modify does not
-    /// set). What it observed on a property the applied value sets is an
-    /// echo of that value, and the Modify replaces or removes it.
-    pub fn properties_after_modify(&self, intended: &Properties) -> Properties {
-        let mut properties = Properties::new();
-        if let Some(observed) = &self.observed {
-            let applied = self.applied.as_ref().map(|item| &item.properties);
-            for (key, value) in observed.iter() {
-                if applied.is_none_or(|applied| applied.get(key).is_none()) {
-                    properties.insert(key.to_owned(), value.clone());
-                }
-            }
-        }
-        for (key, value) in intended.iter() {
-            properties.insert(key.to_owned(), value.clone());
-        }
-        properties
-    }
-
     /// The properties a predicate sees: observed values laid over applied ones.
     pub fn effective_properties(&self) -> Properties {
         let mut properties = self
@@ -707,6 +685,39 @@ impl CurrentItem {
         }
         properties
     }
+}
+
+/// The properties a predicate will see once a Modify of `current` to
+/// `intended` applied, as far as can be told before its result: the
+/// intended ones, laid over what the agent observed beyond the applied
+/// value (a state it reports, such as `state: up`, which the Modify does
+/// not set). What it observed on a property the applied value sets is an
+/// echo of that value, and the Modify replaces or removes it. Borrows
+/// `intended` when nothing observed lies beyond the applied value.
+pub fn properties_after_modify<'p>(
+    current: Option<&impl std::ops::Deref<Target = CurrentItem>>,
+    intended: &'p Properties,
+) -> std::borrow::Cow<'p, Properties> {
+    let current = current.map(|current| &**current);
+    let applied = current
+        .and_then(|current| current.applied.as_ref())
+        .map(|item| &item.properties);
+    let beyond: Vec<(&str, &serde_json::Value)> = current
+        .and_then(|current| current.observed.as_deref())
+        .into_iter()
+        .flat_map(|observed| observed.iter())
+        .filter(|(key, _)| {
+            applied.is_none_or(|applied| applied.get(key).is_none()) && intended.get(key).is_none()
+        })
+        .collect();
+    if beyond.is_empty() {
+        return std::borrow::Cow::Borrowed(intended);
+    }
+    let mut properties = intended.clone();
+    for (key, value) in beyond {
+        properties.insert(key.to_owned(), value.clone());
+    }
+    std::borrow::Cow::Owned(properties)
 }
 
 #[cfg(test)]

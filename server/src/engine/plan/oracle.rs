@@ -76,7 +76,7 @@ use std::sync::Arc;
 use super::{PlanEnvironment, WaitReason};
 use crate::graph::{
     CurrentGraph, CurrentItem, Dependency, IntendedGraph, IntendedItem, Item, ItemRef, ItemState,
-    OperationKind, Predicate, Properties,
+    OperationKind, Predicate, Properties, properties_after_modify,
 };
 
 /// An operation, named by its item and kind.
@@ -557,10 +557,9 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         match (self.own(item), self.intended_of(item)) {
             // A Modify keeps what the agent observed beyond the applied
             // value (a reported state the intent does not set).
-            (OwnNeed::Modify { .. }, Some(entry)) => self.current_of(item).map_or_else(
-                || entry.item.properties.clone(),
-                |current| current.properties_after_modify(&entry.item.properties),
-            ),
+            (OwnNeed::Modify { .. }, Some(entry)) => {
+                properties_after_modify(self.current_of(item), &entry.item.properties).into_owned()
+            }
             (OwnNeed::Create | OwnNeed::Recreate, Some(entry)) => entry.item.properties.clone(),
             _ => self
                 .current_of(item)
@@ -1033,11 +1032,10 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
         if let Some((kind, schedule)) = self.change_schedule(required) {
             return match schedule {
                 Schedule::Planned(_) => {
-                    let after = match current {
-                        Some(current) if kind == OperationKind::Modify => {
-                            current.properties_after_modify(&intended.item.properties)
-                        }
-                        _ => intended.item.properties.clone(),
+                    let after = if kind == OperationKind::Modify {
+                        properties_after_modify(current, &intended.item.properties)
+                    } else {
+                        std::borrow::Cow::Borrowed(&intended.item.properties)
                     };
                     self.check(dependency, &after, Some((required.clone(), kind)))
                 }

@@ -38,7 +38,7 @@ use super::need::{Need, own_need};
 use super::{BlockedBy, FAILED_TERMINALLY, PlanEnvironment, WaitReason};
 use crate::graph::{
     CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, Item, ItemId, ItemRef, ItemState,
-    ItemSummary, OperationKind, Predicate, Properties,
+    ItemSummary, OperationKind, Predicate, Properties, properties_after_modify,
 };
 
 /// Index of an item in the planner's arena.
@@ -1123,12 +1123,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     fn value_after_plan(&mut self, id: Id) -> Cow<'a, Properties> {
         let need = self.need(id);
         match (need, self.intended_of(id)) {
-            (Need::Modify { .. }, Some(entry)) => match self.current_of(id) {
-                Some(current) if current.observed.is_some() => {
-                    Cow::Owned(current.properties_after_modify(&entry.item.properties))
-                }
-                _ => Cow::Borrowed(&entry.item.properties),
-            },
+            (Need::Modify { .. }, Some(entry)) => {
+                properties_after_modify(self.current_of(id), &entry.item.properties)
+            }
             (Need::Create | Need::Recreate, Some(entry)) => Cow::Borrowed(&entry.item.properties),
             _ => Cow::Owned(
                 self.current_of(id)
@@ -1660,22 +1657,16 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             return match &self.node(required).change_schedule {
                 Some(Schedule::Ready { kind, .. }) => match predicate {
                     None => DependencyStatus::After((required, *kind)),
-                    // A Modify keeps what the agent observed beyond the
-                    // applied value (rule 6's "new value").
-                    Some(_) if *kind == OperationKind::Modify && current.is_some() => {
-                        let kind = *kind;
-                        let after = current
-                            .map(|current| {
-                                current.properties_after_modify(&intended.item.properties)
-                            })
-                            .unwrap_or_default();
-                        check_predicate(predicate, &after, Some((required, kind)))
+                    Some(_) => {
+                        // A Modify keeps what the agent observed beyond the
+                        // applied value (rule 6's "new value").
+                        let after = if *kind == OperationKind::Modify {
+                            properties_after_modify(current, &intended.item.properties)
+                        } else {
+                            Cow::Borrowed(&intended.item.properties)
+                        };
+                        check_predicate(predicate, &after, Some((required, *kind)))
                     }
-                    Some(_) => check_predicate(
-                        predicate,
-                        &intended.item.properties,
-                        Some((required, *kind)),
-                    ),
                 },
                 Some(Schedule::Waiting { kind, reason, .. }) => {
                     if *kind == OperationKind::Create {
