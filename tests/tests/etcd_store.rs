@@ -340,6 +340,49 @@ async fn a_commit_sent_again_lands_once_and_never_over_a_later_commit() {
     assert_eq!(etcd_writes_of(&etcd, &store, b"\x01k").await, 6);
 }
 
+/// etcd keeps no revision for a deleted key, so "last written below the
+/// revision this store had seen" alone let a held-back attempt put back a
+/// key that a later commit deleted (docs/scale-out.md, Fencing).
+#[tokio::test]
+async fn a_commit_held_back_past_a_later_delete_does_not_put_its_key_back() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let mut options = options(&etcd);
+    options.resend_commits = true;
+    let store = open(&options);
+    let fence = claim_t1(&store).await;
+
+    let mut put = WriteBatch::fenced(fence.clone());
+    put.put(b"\x01journal/1".to_vec(), b"entry".to_vec());
+    store.commit(put).await.expect("commit");
+    let mut delete = WriteBatch::fenced(fence.clone());
+    delete.delete(b"\x01journal/1".to_vec());
+    store.commit(delete).await.expect("commit");
+    // The put's first attempt has just been sent again.
+    assert_eq!(store.get(b"\x01journal/1").expect("get"), None);
+}
+
+/// The same for a staged commit's roll-in transaction, held back past a
+/// later commit that deleted one of the keys it rolled in.
+#[tokio::test]
+async fn a_roll_in_held_back_past_a_later_delete_does_not_put_its_key_back() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let mut options = options(&etcd);
+    options.resend_commits = true;
+    let store = open(&options);
+    let fence = claim_t1(&store).await;
+    let large = big_batch(b"\x01big/", 500, 4096, 3);
+    store.commit(large).await.expect("staged commit");
+    let first_key = b"\x01big/\x00\x00\x00\x00".to_vec();
+    let mut delete = WriteBatch::fenced(fence);
+    delete.delete(first_key.clone());
+    store.commit(delete).await.expect("commit");
+    assert!(
+        store.get(&first_key).expect("get").is_none(),
+        "the roll-in sent again put back a key a later commit deleted"
+    );
+    assert_eq!(scan_all(&store, b"\x01big/").len(), 499);
+}
+
 #[tokio::test]
 async fn a_commit_over_a_key_another_store_wrote_since_still_lands() {
     let etcd = EtcdCluster::single().await.expect("etcd starts");

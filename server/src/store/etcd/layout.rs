@@ -8,6 +8,7 @@
 //! | `P store/staging/<id>` | a staged commit in progress (attached to its writer's lease) |
 //! | `P store/staged/<id>/<n>` | chunk `n` (u32 BE) of staged commit `<id>`: encoded writes |
 //! | `P store/commits/<id>` | the marker that made staged commit `<id>` real: its chunk count |
+//! | `P store/attempts/<id>` | a commit transaction that was sent more than once: every later attempt creates it, and its first attempt can no longer land (empty) |
 //! | `P <anything else>` | the cluster's keys (membership, ownership, locks), never under `store/` |
 //!
 //! Store keys map to data keys by plain concatenation, so etcd's byte order
@@ -92,6 +93,12 @@ impl Layout {
     pub(crate) fn marker_id<'a>(&self, marker: &'a [u8]) -> Option<&'a str> {
         let rest = marker.strip_prefix(self.marker_prefix().as_slice())?;
         std::str::from_utf8(rest).ok()
+    }
+
+    /// The key the retries of commit transaction `id` create (see
+    /// [`writer`](super::writer)).
+    pub(crate) fn attempt(&self, id: &str) -> Vec<u8> {
+        self.join(&[STORE, b"attempts/", id.as_bytes()])
     }
 
     /// The etcd key of a cluster key `key` (relative to the prefix), or

@@ -289,9 +289,10 @@ impl Store for EtcdStore {
     }
 
     /// A commit whose writes and fence take more than `max_txn_ops`
-    /// compares (one per key, one per fence) is staged (several round
-    /// trips); one is kept for the fence.
+    /// compares (one per key, one per fence, one for the attempt key) is
+    /// staged (several round trips); two are kept for the fence and the
+    /// attempt key.
     fn writes_per_step(&self) -> Option<usize> {
-        Some(self.options.max_txn_ops.saturating_sub(1).max(1))
+        Some(self.options.max_txn_ops.saturating_sub(2).max(1))
     }
 }

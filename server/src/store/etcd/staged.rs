@@ -13,6 +13,9 @@
 //!    `max_txn_ops` writes, each write guarded by "the key's revision is
 //!    below `M`": a key written after the marker keeps its later value,
 //!    and rolling in twice (a crash, or a reader helping) changes nothing.
+//!    Each transaction also requires the marker: one that etcd held back
+//!    past step 5 cannot land after a later commit deleted one of its
+//!    keys (a deleted key has no revision to compare).
 //! 5. One transaction deletes the chunks and the marker.
 //!
 //! Readers never see half a commit: every read checks, in the same etcd
@@ -33,6 +36,7 @@ use crate::store::etcd::codec::{KeyWrite, decode_chunk, encode_chunks, write_byt
 use crate::store::etcd::connect::{
     Failure, Shared, etcd_error, fenced, invalid_fence, retry, stop_process,
 };
+use crate::store::etcd::writer::LateAttempt;
 use crate::store::etcd::{CrashPoint, layout::prefix_end};
 use crate::store::{Fence, StoreError};
 
@@ -47,14 +51,22 @@ pub(crate) enum Staged {
     Crashed,
 }
 
-/// A fresh staged commit id: 128 random bits in hex.
-fn new_id() -> String {
+/// A fresh id (of a staged commit, of a commit's attempts): 128 random
+/// bits in hex.
+pub(crate) fn new_id() -> String {
     let bits: u128 = rand::rng().random();
     format!("{bits:032x}")
 }
 
-/// Stages `writes`, marks them committed under `fence`, and rolls them in.
-pub(crate) async fn commit(shared: &Shared, writes: Vec<KeyWrite>, fence: Option<Fence>) -> Staged {
+/// Stages `writes`, marks them committed under `fence`, and rolls them in
+/// (`late`: a test's transactions sent again late, see
+/// [`LateAttempt`]).
+pub(crate) async fn commit(
+    shared: &Shared,
+    writes: Vec<KeyWrite>,
+    fence: Option<Fence>,
+    late: Option<&LateAttempt>,
+) -> Staged {
     let id = new_id();
     let marked = match stage_and_mark(shared, &id, &writes, fence.as_ref()).await {
         Ok(Some(revision)) => revision,
@@ -68,7 +80,7 @@ pub(crate) async fn commit(shared: &Shared, writes: Vec<KeyWrite>, fence: Option
         return Staged::Crashed;
     }
     let crash_midway = shared.options.crash_point == Some(CrashPoint::DuringRollIn);
-    match roll_in(shared, &id, marked, &writes, crash_midway).await {
+    match roll_in(shared, &id, marked, &writes, crash_midway, late).await {
         Ok(true) => Staged::Done(Ok(())),
         Ok(false) => Staged::Crashed,
         // The commit is durable (marked): a roll-in that cannot finish is
@@ -267,6 +279,7 @@ async fn roll_in(
     marked: i64,
     writes: &[KeyWrite],
     crash_midway: bool,
+    late: Option<&LateAttempt>,
 ) -> Result<bool, StoreError> {
     let layout = &shared.layout;
     // etcd counts a nested transaction's operations against what the outer
@@ -301,9 +314,18 @@ async fn roll_in(
                 )
             })
             .collect();
-        transactions.push(Txn::new().and_then(guarded));
+        transactions.push(
+            Txn::new()
+                .when(vec![Compare::version(
+                    layout.marker(id),
+                    CompareOp::Greater,
+                    0,
+                )])
+                .and_then(guarded),
+        );
         start = end;
     }
+    let first = transactions.first().cloned();
     if crash_midway {
         if let Some(first) = transactions.into_iter().next() {
             send(shared, "roll a staged commit in", first).await?;
@@ -332,6 +354,9 @@ async fn roll_in(
     .map_err(|f| f.into_store_error("finish a staged commit"))?;
     // Every key rolled in was written below this revision.
     shared.saw(finished.header());
+    if let (Some(late), Some(first)) = (late, first) {
+        late.hold(shared, first).await;
+    }
     Ok(true)
 }
 
@@ -453,7 +478,7 @@ pub(crate) async fn roll_forward(shared: &Shared, id: &str) -> Result<(), StoreE
         writes = writes.len(),
         "Rolling a committed batch forward."
     );
-    roll_in(shared, id, marked, &writes, false)
+    roll_in(shared, id, marked, &writes, false, None)
         .await
         .map(|_| ())
 }

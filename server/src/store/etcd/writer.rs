@@ -23,14 +23,21 @@
 //! the highest revision this store has seen" (`R`). A transaction whose
 //! answer is late is sent again, so two attempts of one group may be in
 //! flight. Whichever lands first makes the other's compares fail, and so
-//! does any later commit to one of its keys: an attempt that etcd held
-//! back can never land after, and overwrite, a later write. When an
-//! attempt is refused this way while every fence holds, the group reads
-//! its keys back in the same transaction: if they hold what it writes, an
-//! earlier attempt landed and the group is done; otherwise a key was
-//! written meanwhile by someone else (a reader rolling a staged commit
-//! in, a writer outside this store), `R` moves past what was read, and the
-//! group is sent again (the later write wins, as it always did).
+//! does any later commit that puts one of its keys. A later commit that
+//! *deletes* one of its keys would not: etcd keeps no revision for a
+//! deleted key. So every transaction also compares its attempt key
+//! (`store/attempts/<id>`, one id per transaction) as absent, and every
+//! attempt after the first creates it, whether it lands or is refused:
+//! once a retry has been answered, the first attempt, which etcd may
+//! still hold back, can no longer land at all (a later retry held back
+//! likewise fails, as the key exists). A transaction answered at its
+//! first attempt, the usual case, creates nothing. When an attempt is
+//! refused while every fence holds, the group reads its keys back in the
+//! same transaction: if they hold what it writes, an earlier attempt
+//! landed and the group is done; otherwise a key was written meanwhile by
+//! someone else (a reader rolling a staged commit in, a writer outside
+//! this store), `R` moves past what was read, and the group is sent again
+//! as a new transaction (the later write wins, as it always did).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -143,9 +150,10 @@ impl Group {
                 bytes += fence.key.len() + WRITE_OVERHEAD;
             }
         }
-        // Compares (and reads when refused): one per fence and per key.
-        let compares = self.merged.len() + new_keys + fences;
-        if !self.members.is_empty() && (compares > max_ops || bytes > max_bytes) {
+        // Compares (and reads when refused): one per fence, per key, and
+        // the attempt key's.
+        let compares = self.merged.len() + new_keys + fences + 1;
+        if !self.members.is_empty() && (compares > max_ops || bytes + ATTEMPT_BYTES > max_bytes) {
             return Err(member);
         }
         for write in &member.writes {
@@ -170,7 +178,8 @@ impl Group {
     /// True if the group (holding one member) is too large for one
     /// transaction.
     fn too_large(&self, max_ops: usize, max_bytes: usize) -> bool {
-        self.merged.len() + self.fences.len() > max_ops || self.bytes > max_bytes
+        self.merged.len() + self.fences.len() + 1 > max_ops
+            || self.bytes + ATTEMPT_BYTES > max_bytes
     }
 }
 
@@ -178,6 +187,10 @@ impl Group {
 fn guard_bytes(key: &[u8]) -> usize {
     2 * (key.len() + WRITE_OVERHEAD)
 }
+
+/// What the attempt key adds to a transaction, at most: its compare, its
+/// put in either branch (the prefix is bounded by the options' check).
+const ATTEMPT_BYTES: usize = 3 * (256 + WRITE_OVERHEAD);
 
 /// Groups applied at once, at most. Groups in flight never share a key.
 const PARALLEL_GROUPS: usize = 8;
@@ -307,9 +320,10 @@ pub(crate) async fn run(shared: Arc<Shared>, mut queue: mpsc::UnboundedReceiver<
             if !in_flight.wait_for_room(&keys).await {
                 return;
             }
-            let shared = shared.clone();
+            let (shared, resends) = (shared.clone(), resends.clone());
             in_flight.spawn(keys, async move {
-                match staged::commit(&shared, member.writes, member.fence).await {
+                match staged::commit(&shared, member.writes, member.fence, resends.as_deref()).await
+                {
                     Staged::Done(result) => {
                         member.reply.send(result);
                         true
@@ -342,18 +356,55 @@ pub(crate) async fn run(shared: Arc<Shared>, mut queue: mpsc::UnboundedReceiver<
     }
 }
 
-/// For tests ([`EtcdOptions::resend_commits`](super::EtcdOptions)): the
-/// previous group's transaction, sent again once the next group has
+/// For tests ([`EtcdOptions::resend_commits`](super::EtcdOptions)): a
+/// transaction that already went out, sent again once the next group has
 /// landed, as a first attempt that etcd held back would land.
 #[derive(Default)]
-struct LateAttempt(Mutex<Option<Txn>>);
+pub(crate) struct LateAttempt(Mutex<Option<Txn>>);
 
-/// The transaction of `group`: its fences and "each key last written
-/// below `written_below`" as compares; its writes; and when refused, the
-/// fences and the keys read back.
-fn group_txn(shared: &Shared, group: &Group, written_below: i64) -> Txn {
+impl LateAttempt {
+    /// Keeps `txn` to send once the next group has landed, and sends the
+    /// one kept before (the previous group has just landed).
+    pub(crate) async fn hold(&self, shared: &Shared, txn: Txn) {
+        let earlier = self.0.lock().await.replace(txn);
+        if let Some(earlier) = earlier {
+            let _ = shared.kv.clone().txn(earlier).await;
+        }
+    }
+}
+
+/// The attempts of one group transaction: the same writes under the same
+/// compares, the later ones also creating the attempt key.
+struct Attempts {
+    first: Txn,
+    again: Txn,
+}
+
+impl Attempts {
+    /// `group`'s transaction under "each key last written below
+    /// `written_below`", with a fresh attempt key.
+    fn of(shared: &Shared, group: &Group, written_below: i64) -> Self {
+        let attempt = shared.layout.attempt(&staged::new_id());
+        Self {
+            first: group_txn(shared, group, written_below, &attempt, false),
+            again: group_txn(shared, group, written_below, &attempt, true),
+        }
+    }
+}
+
+/// The transaction of `group`: its fences, "each key last written below
+/// `written_below`" and "`attempt` absent" as compares; its writes; and
+/// when refused, the fences and the keys read back. A `retry` also
+/// creates `attempt`, in either branch.
+fn group_txn(
+    shared: &Shared,
+    group: &Group,
+    written_below: i64,
+    attempt: &[u8],
+    retry: bool,
+) -> Txn {
     let layout = &shared.layout;
-    let mut compares = Vec::with_capacity(group.fences.len() + group.merged.len());
+    let mut compares = Vec::with_capacity(group.fences.len() + group.merged.len() + 1);
     let mut reads = Vec::with_capacity(compares.capacity());
     for fence in &group.fences {
         let Some(key) = layout.cluster(&fence.key) else {
@@ -366,7 +417,7 @@ fn group_txn(shared: &Shared, group: &Group, written_below: i64) -> Txn {
         ));
         reads.push(TxnOp::get(key, None));
     }
-    let mut operations = Vec::with_capacity(group.merged.len());
+    let mut operations = Vec::with_capacity(group.merged.len() + 1);
     for (key, value) in &group.merged {
         let key = layout.data(key);
         compares.push(Compare::mod_revision(
@@ -379,6 +430,11 @@ fn group_txn(shared: &Shared, group: &Group, written_below: i64) -> Txn {
             Some(value) => TxnOp::put(key, value.clone(), None),
             None => TxnOp::delete(key, None),
         });
+    }
+    compares.push(Compare::version(attempt.to_vec(), CompareOp::Equal, 0));
+    if retry {
+        operations.push(TxnOp::put(attempt.to_vec(), Vec::new(), None));
+        reads.push(TxnOp::put(attempt.to_vec(), Vec::new(), None));
     }
     Txn::new()
         .when(compares)
@@ -404,13 +460,21 @@ async fn commit_group(shared: &Shared, mut group: Group, late: Option<&LateAttem
             return;
         }
         let written_below = shared.seen_revision.load(Ordering::Acquire) + 1;
-        let txn = group_txn(shared, &group, written_below);
+        let attempts = Attempts::of(shared, &group, written_below);
+        let mut sent = 0;
         if late.is_some() {
             // A first attempt whose answer is lost.
-            let _ = shared.kv.clone().txn(txn.clone()).await;
+            let _ = shared.kv.clone().txn(attempts.first.clone()).await;
+            sent += 1;
         }
         let started = std::time::Instant::now();
         let outcome = retry("commit a batch", shared.options.commit_timeout, || {
+            let txn = if sent == 0 {
+                &attempts.first
+            } else {
+                &attempts.again
+            };
+            sent += 1;
             let (mut kv, txn) = (shared.kv.clone(), txn.clone());
             async move { kv.txn(txn).await }
         })
@@ -428,33 +492,34 @@ async fn commit_group(shared: &Shared, mut group: Group, late: Option<&LateAttem
             Err(Failure::Unknown(error)) => stop_process(&error.to_string()),
         };
         shared.saw(response.header());
-        if response.succeeded() {
-            if let Some(late) = late {
-                let earlier = late.0.lock().await.replace(txn);
-                if let Some(earlier) = earlier {
-                    let _ = shared.kv.clone().txn(earlier).await;
+        let landed = response.succeeded()
+            || match why_refused(&group, &response) {
+                Refused::Landed => {
+                    info!("A commit sent again had already landed: it is not applied twice.");
+                    true
                 }
+                Refused::Overtaken { latest } => {
+                    // The next attempt overwrites what it read, and only that.
+                    shared.saw_revision(latest);
+                    warn!(
+                        written_below,
+                        "A key of a commit was written after this store last read it (a staged \
+                         commit a reader rolled in, or a writer outside this store); committing \
+                         over it."
+                    );
+                    false
+                }
+                Refused::Fences(broken) => {
+                    group = without_fenced(group, &broken);
+                    false
+                }
+            };
+        if landed {
+            if let Some(late) = late {
+                late.hold(shared, attempts.first).await;
             }
             succeed_all(group);
             return;
-        }
-        match why_refused(&group, &response) {
-            Refused::Landed => {
-                info!("A commit sent again had already landed: it is not applied twice.");
-                succeed_all(group);
-                return;
-            }
-            Refused::Overtaken { latest } => {
-                // The next attempt overwrites what it read, and only that.
-                shared.saw_revision(latest);
-                warn!(
-                    written_below,
-                    "A key of a commit was written after this store last read it (a staged \
-                     commit a reader rolled in, or a writer outside this store); committing \
-                     over it."
-                );
-            }
-            Refused::Fences(broken) => group = without_fenced(group, &broken),
         }
     }
 }
@@ -491,7 +556,8 @@ fn why_refused(group: &Group, response: &etcd_client::TxnResponse) -> Refused {
     if !broken.is_empty() {
         return Refused::Fences(broken);
     }
-    let keys: Vec<Option<(i64, Vec<u8>)>> = reads.collect();
+    // The reads of the keys (a retry's put of its attempt key follows).
+    let keys: Vec<Option<(i64, Vec<u8>)>> = reads.take(group.merged.len()).collect();
     let landed = group
         .merged
         .iter()
