@@ -17,7 +17,7 @@ pub struct InvalidToken;
 
 /// An interceptor that adds `authorization: Bearer <token>` to every request.
 /// Its `Debug` output never shows the token.
-#[derive(Clone)]
+#[derive(Clone, PartialEq)]
 pub(crate) struct BearerToken(MetadataValue<Ascii>);
 
 impl BearerToken {

@@ -83,7 +83,7 @@
 pub use crate::agent::{
     Agent, AgentBuilder, AgentError, AgentEvent, AgentHandle, Completion, Configurator, Dependency,
     ExternalReport, Grant, Item, ItemRef, OperationContext, OperationKind, Outcome,
-    PropertiesError, ReadOutcome, ResultKind, TypeSpec, is_terminal_code, shutdown_signal,
+    PropertiesError, ReadOutcome, ResultKind, Token, TypeSpec, is_terminal_code, shutdown_signal,
 };
 pub use crate::{Client, ClientTls};
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reconciled_client::agent::{
-    Agent, AgentError, AgentEvent, Configurator, Item, OperationContext, Outcome, TypeSpec,
+    Agent, AgentError, AgentEvent, Configurator, Item, OperationContext, Outcome, Token, TypeSpec,
 };
 use reconciled_client::convert::properties_to_struct;
 use reconciled_client::proto as v1;
@@ -474,6 +474,84 @@ async fn an_unauthenticated_agent_stops_with_an_error() {
         Err(AgentError::Unauthenticated { message }) => assert_eq!(message, "unknown token"),
         other => panic!("expected Unauthenticated, got {other:?}"),
     }
+}
+
+/// A token read from a file is read again before every connection. After
+/// the server rejects it (as `RotateToken` ends the agent's stream with
+/// `UNAUTHENTICATED`), the agent keeps retrying instead of stopping, and
+/// connects with the new token once the file holds it.
+#[tokio::test]
+async fn a_token_file_is_read_again_after_the_server_rejects_its_token() {
+    let mut harness = Harness::start().await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("token");
+    std::fs::write(&path, "rcd_old\n").expect("write the token file");
+    let agent = Agent::builder(&harness.address, "acme", Token::file(&path))
+        .agent_id("agent-under-test")
+        .reconnect_backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .item_type(TypeSpec::new("file"), Counting::default())
+        .build()
+        .expect("a valid agent");
+    let mut running = Running::start(agent);
+
+    let mut first = harness.next_connection().await;
+    assert_eq!(first.authorization.as_deref(), Some("Bearer rcd_old"));
+    first.accept(HEARTBEAT, LEASE).await;
+    running
+        .wait_for(|event| matches!(event, AgentEvent::Connected { .. }).then_some(()))
+        .await;
+    let rotated =
+        || Status::unauthenticated("the token was rotated; reconnect with the current token");
+    first
+        .outbound
+        .send(Err(rotated()))
+        .expect("the stream is open");
+
+    // The file still holds the old token: rejected again, and again.
+    for _ in 0..2 {
+        let again = harness.next_connection().await;
+        assert_eq!(again.authorization.as_deref(), Some("Bearer rcd_old"));
+        again
+            .outbound
+            .send(Err(rotated()))
+            .expect("the stream is open");
+    }
+    assert!(
+        !running.task.is_finished(),
+        "the agent stopped on a token it reads from a file"
+    );
+
+    std::fs::write(&path, "rcd_new\n").expect("write the new token");
+    loop {
+        let mut next = harness.next_connection().await;
+        match next.authorization.as_deref() {
+            Some("Bearer rcd_new") => {
+                next.accept(HEARTBEAT, LEASE).await;
+                break;
+            }
+            // Sent before the file changed.
+            Some("Bearer rcd_old") => next.outbound.send(Err(rotated())).expect("open"),
+            other => panic!("unexpected authorization {other:?}"),
+        }
+    }
+    running
+        .wait_for(|event| matches!(event, AgentEvent::Connected { .. }).then_some(()))
+        .await;
+    running.stop().await.expect("a clean shutdown");
+}
+
+/// A token file that cannot be read is refused when the agent is built,
+/// naming the file.
+#[test]
+fn a_missing_token_file_is_refused_at_build() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("absent");
+    let error = Agent::builder("http://127.0.0.1:1", "acme", Token::file(&path))
+        .item_type(TypeSpec::new("file"), Counting::default())
+        .build()
+        .expect_err("no token file");
+    assert!(matches!(error, AgentError::TokenFile { .. }), "{error}");
+    assert!(error.to_string().contains("absent"), "{error}");
 }
 
 #[tokio::test]

@@ -626,3 +626,53 @@ async fn a_long_running_create_holds_back_its_dependents_until_it_finishes() {
         "{status:#?}"
     );
 }
+
+/// An agent reading its token from a file goes on after `RotateToken`
+/// ends its stream: once the new token is in the file it registers again
+/// and applies what was submitted meanwhile (docs/agents.md, Tokens).
+#[tokio::test]
+async fn an_agent_with_a_token_file_survives_a_rotation_once_the_file_holds_the_new_token() {
+    use reconciled_client::agent::Token;
+    let mut tenant = TestTenant::start("acme").await;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("token");
+    std::fs::write(&path, format!("{}\n", tenant.token)).expect("write the token file");
+    let recorder = Recorder::new();
+    let mut agent = RunningAgent::start(
+        reconciled_client::agent::Agent::builder(
+            tenant.server.endpoint(),
+            "acme",
+            Token::file(&path),
+        )
+        .agent_id("agent-1")
+        .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(250))
+        .item_type(TypeSpec::new("t"), recorder.clone()),
+    );
+    agent.connected().await;
+
+    let admin = tenant.server.admin_token();
+    tenant.token = reconciled_tests::api::tenants(&tenant.channel, &admin)
+        .rotate_token(v1::RotateTokenRequest {
+            name: "acme".into(),
+        })
+        .await
+        .expect("rotates")
+        .into_inner()
+        .token;
+    agent
+        .wait_for_event("the rotation ending the stream", |event| match event {
+            AgentEvent::Disconnected { code, .. } => {
+                (*code == Some(Code::Unauthenticated)).then_some(())
+            }
+            _ => None,
+        })
+        .await;
+    tenant.submit(vec![item("t", "a", json!({}))]).await;
+
+    std::fs::write(&path, format!("{}\n", tenant.token)).expect("write the new token");
+    agent.connected().await;
+    let received = recorder.wait_for_operations(1).await;
+    assert_eq!(labels(&received), ["create t/a"]);
+    tenant.wait_until_ready().await;
+    agent.stop().await.expect("a clean shutdown");
+}

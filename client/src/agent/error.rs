@@ -49,6 +49,19 @@ pub enum AgentError {
     /// The token cannot be sent in a header.
     #[error(transparent)]
     InvalidToken(#[from] InvalidToken),
+    /// The token file of [`Token::file`](super::Token::file) cannot be
+    /// read, or holds no valid token.
+    #[error(
+        "cannot read the tenant token from {}: {problem}; the file must hold the token \
+         CreateTenant or RotateToken returned",
+        path.display()
+    )]
+    TokenFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What went wrong.
+        problem: String,
+    },
     /// The agent handles no item type.
     #[error("the agent handles no item type; add one with AgentBuilder::item_type")]
     NoItemTypes,

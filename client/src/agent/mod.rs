@@ -81,6 +81,7 @@ mod session;
 mod shutdown;
 mod spec;
 mod targets;
+mod token;
 
 pub use configurator::Configurator;
 pub use context::{Completion, OperationContext};
@@ -92,6 +93,7 @@ pub use runner::{Agent, AgentBuilder, AgentHandle, AgentStopped, EVENT_CAPACITY}
 pub use shutdown::shutdown_signal;
 pub use spec::TypeSpec;
 pub use targets::REASON_NOT_OWNER;
+pub use token::Token;
 /// The token behind [`OperationContext::cancelled`] (re-exported from
 /// `tokio-util`, so agents need no version-matched dependency on it).
 pub use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};

@@ -28,6 +28,7 @@ use super::outcome::{Answer, Outcome, result_message};
 use super::session::{Action, SessionState, StartOperation, Work, heartbeat_interval, lease};
 use super::spec::TypeSpec;
 use super::targets::{Next, Targets};
+use super::token::Token;
 use crate::auth::BearerToken;
 use crate::client::MAX_MESSAGE_BYTES;
 use crate::tls::ClientTls;
@@ -53,7 +54,7 @@ pub struct AgentBuilder {
     endpoint: String,
     more_endpoints: Vec<String>,
     tenant: String,
-    token: String,
+    token: Token,
     agent_id: Option<String>,
     types: Vec<(TypeSpec, Arc<dyn DynConfigurator>)>,
     reconnect_initial: Duration,
@@ -170,7 +171,7 @@ impl AgentBuilder {
         }
         let endpoint = endpoints[0].clone();
         let targets = Targets::new(endpoints, self.tls.clone(), CONNECT_TIMEOUT);
-        let bearer = BearerToken::new(&self.token)?;
+        let bearer = self.token.read()?;
         if self.types.is_empty() {
             return Err(AgentError::NoItemTypes);
         }
@@ -214,6 +215,7 @@ impl AgentBuilder {
             targets,
             tenant: self.tenant,
             agent_id,
+            token: self.token,
             bearer,
             register,
             types,
@@ -265,6 +267,8 @@ pub struct Agent {
     targets: Targets,
     tenant: String,
     agent_id: String,
+    token: Token,
+    /// The token last read (see [`Token::file`]).
     bearer: BearerToken,
     register: v1::AgentMessage,
     types: HashMap<String, TypeRuntime>,
@@ -291,11 +295,13 @@ impl std::fmt::Debug for Agent {
 
 impl Agent {
     /// Starts building an agent for `tenant` that dials `endpoint` (e.g.
-    /// `http://127.0.0.1:50051`) with the tenant's `token`.
+    /// `http://127.0.0.1:50051`) with the tenant's `token`: the token
+    /// itself, or [`Token::file`] to read it from a file before every
+    /// connection (a rotated token then reaches the running agent).
     pub fn builder(
         endpoint: impl Into<String>,
         tenant: impl Into<String>,
-        token: impl Into<String>,
+        token: impl Into<Token>,
     ) -> AgentBuilder {
         AgentBuilder {
             endpoint: endpoint.into(),
@@ -521,6 +527,7 @@ impl Runner {
         S: Future<Output = ()>,
     {
         loop {
+            self.read_token();
             let target = self
                 .agent
                 .targets
@@ -573,6 +580,24 @@ impl Runner {
         Ok(())
     }
 
+    /// Reads the token again if it comes from a file; an unreadable file
+    /// leaves the token last read in use.
+    fn read_token(&mut self) {
+        let Some(path) = self.agent.token.path() else {
+            return;
+        };
+        match self.agent.token.read() {
+            Ok(bearer) if bearer != self.agent.bearer => {
+                tracing::info!(path = %path.display(), "Read a new tenant token from its file.");
+                self.agent.bearer = bearer;
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, "Connecting with the token last read.");
+            }
+        }
+    }
+
     /// The registration, listing the operations still outstanding here.
     fn register_message(&self) -> v1::AgentMessage {
         let mut message = self.agent.register.clone();
@@ -597,6 +622,18 @@ impl Runner {
         };
         let actions = self.state.disconnected(reason.clone(), code);
         self.execute(actions, None);
+        if let (Disposition::Permanent(AgentError::Unauthenticated { message }), Some(path)) =
+            (&disposition, self.agent.token.path())
+        {
+            tracing::warn!(
+                tenant = %self.agent.tenant,
+                path = %path.display(),
+                %message,
+                "The server rejected the token from the file; retrying, reading the file again \
+                 each time (after RotateToken, write the new token there)."
+            );
+            return None;
+        }
         match disposition {
             Disposition::Permanent(error) => {
                 tracing::error!(tenant = %self.agent.tenant, %reason, "The server refused the agent; stopping.");
