@@ -188,9 +188,11 @@ fn guard_bytes(key: &[u8]) -> usize {
     2 * (key.len() + WRITE_OVERHEAD)
 }
 
-/// What the attempt key adds to a transaction, at most: its compare, its
-/// put in either branch (the prefix is bounded by the options' check).
-const ATTEMPT_BYTES: usize = 3 * (256 + WRITE_OVERHEAD);
+/// What the attempt key adds to a transaction: its compare and its put in
+/// either branch, `store/attempts/` and a 32-digit id. (The store's prefix
+/// is left out here as it is for every key: it falls in the headroom
+/// `max_request_bytes` leaves below etcd's own limit.)
+const ATTEMPT_BYTES: usize = 3 * (48 + WRITE_OVERHEAD);
 
 /// Groups applied at once, at most. Groups in flight never share a key.
 const PARALLEL_GROUPS: usize = 8;
