@@ -66,6 +66,19 @@ pub async fn create_tenant(channel: &Channel, admin_token: &str, name: &str) -> 
         .token
 }
 
+/// Rotates tenant `name`'s token with the admin token; returns the new one.
+///
+/// # Panics
+/// If the server refuses it.
+pub async fn rotate_token(channel: &Channel, admin_token: &str, name: &str) -> String {
+    tenants(channel, admin_token)
+        .rotate_token(v1::RotateTokenRequest { name: name.into() })
+        .await
+        .unwrap_or_else(|status| panic!("RotateToken {name} failed: {status:?}"))
+        .into_inner()
+        .token
+}
+
 /// An item `item_type/name` with properties given as JSON.
 pub fn item(item_type: &str, name: &str, properties: serde_json::Value) -> v1::Item {
     v1::Item {

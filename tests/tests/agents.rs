@@ -651,14 +651,7 @@ async fn an_agent_with_a_token_file_survives_a_rotation_once_the_file_holds_the_
     agent.connected().await;
 
     let admin = tenant.server.admin_token();
-    tenant.token = reconciled_tests::api::tenants(&tenant.channel, &admin)
-        .rotate_token(v1::RotateTokenRequest {
-            name: "acme".into(),
-        })
-        .await
-        .expect("rotates")
-        .into_inner()
-        .token;
+    tenant.token = reconciled_tests::api::rotate_token(&tenant.channel, &admin, "acme").await;
     agent
         .wait_for_event("the rotation ending the stream", |event| match event {
             AgentEvent::Disconnected { code, .. } => {

@@ -701,14 +701,7 @@ async fn rotating_a_token_or_deleting_the_tenant_ends_every_stream_opened_with_t
     let session = RawSession::open(&tenant.channel, &tenant.token, "acme", "t").await;
     let admin_watch = open_watch(&tenant.channel, &admin, "acme").await;
 
-    let new_token = api::tenants(&tenant.channel, &admin)
-        .rotate_token(v1::RotateTokenRequest {
-            name: "acme".into(),
-        })
-        .await
-        .expect("rotates")
-        .into_inner()
-        .token;
+    let new_token = api::rotate_token(&tenant.channel, &admin, "acme").await;
     let ended = watch_ended(watch).await;
     assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
     assert!(ended.message().contains("rotated"), "{ended:?}");

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use reconciled::store::{SledOptions, SledStore, Store, keys};
-use reconciled_tests::api::{create_tenant, item, reconciler, submit, tenants};
+use reconciled_tests::api::{create_tenant, item, reconciler, rotate_token, submit, tenants};
 use reconciled_tests::proto::v1;
 use reconciled_tests::{ServerOptions, ServerProcess};
 use serde_json::json;
@@ -159,14 +159,7 @@ async fn rotating_a_token_retires_the_old_one_across_restarts() {
     let (mut server, channel) = start().await;
     let admin = server.admin_token();
     let old = create_tenant(&channel, &admin, "acme").await;
-    let new = tenants(&channel, &admin)
-        .rotate_token(v1::RotateTokenRequest {
-            name: "acme".into(),
-        })
-        .await
-        .expect("rotated")
-        .into_inner()
-        .token;
+    let new = rotate_token(&channel, &admin, "acme").await;
     assert_ne!(old, new);
     let refused = reconciler(&channel, &old)
         .get_status(status_request("acme"))
