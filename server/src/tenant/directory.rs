@@ -525,13 +525,75 @@ impl TenantDirectory {
 }
 
 /// The next free internal tenant id in `store` (ids are never reused).
+///
+/// The stored counter says which it is, but it is one small record: a torn
+/// write or a bad restore can leave it unreadable or behind the ids in use,
+/// and handing out an id that has keys (or a purge still under way) would
+/// give the new tenant another tenant's records, token and future purge.
+/// So the id is also past every id that still has a key or a purge marker.
 pub fn next_tenant_id(store: &dyn Store) -> Result<u64, TenantError> {
     let stored = store.get(keys::next_tenant_id_key())?;
-    Ok(stored
+    let counter = stored
         .as_deref()
-        .and_then(|bytes| bytes.get(..8))
+        .filter(|bytes| bytes.len() == 8)
         .and_then(|bytes| bytes.try_into().ok())
-        .map_or(1, u64::from_be_bytes))
+        .map(u64::from_be_bytes);
+    if stored.is_some() && counter.is_none() {
+        warn!(
+            "The stored tenant id counter is unreadable; the next id is taken past every id in use."
+        );
+    }
+    let mut next = counter.unwrap_or(1).max(1);
+    // A purge marker, then any key, of an id at or past `next` moves it on
+    // (each check is one bounded scan; only a stale counter loops).
+    loop {
+        let purging = store
+            .scan(keys::purges_prefix(), Some(&keys::purge_key(next - 1)), 1)?
+            .first()
+            .and_then(|(key, _)| keys::parse_purge_key(key))
+            .filter(|&id| id >= next);
+        if let Some(id) = purging {
+            next = next_after(id)?;
+            continue;
+        }
+        if !has_keys_from(store, next)? {
+            return Ok(next);
+        }
+        next = next_after(highest_id_with_keys(store, next)?)?;
+    }
+}
+
+/// The id after `id`, unless every id is used up.
+fn next_after(id: u64) -> Result<u64, TenantError> {
+    id.checked_add(1).ok_or_else(|| TenantError::Corrupt {
+        key: String::from("(tenant ids)"),
+        message: String::from("every internal tenant id is in use"),
+    })
+}
+
+/// Whether any tenant key of an id at least `id` (> 0) exists. Every key
+/// of a tenant is its 9-byte prefix and a record kind byte below 0xff.
+fn has_keys_from(store: &dyn Store, id: u64) -> Result<bool, TenantError> {
+    let mut after = keys::tenant_prefix(id - 1);
+    after.push(0xff);
+    Ok(!store
+        .scan(&[keys::TENANT_SPACE], Some(&after), 1)?
+        .is_empty())
+}
+
+/// The highest tenant id with a key, knowing one at least `low` exists.
+fn highest_id_with_keys(store: &dyn Store, low: u64) -> Result<u64, TenantError> {
+    // Invariant: some id >= low has keys; none >= high + 1 has.
+    let (mut low, mut high) = (low, u64::MAX);
+    while low < high {
+        let middle = low + (high - low).div_ceil(2);
+        if has_keys_from(store, middle)? {
+            low = middle;
+        } else {
+            high = middle - 1;
+        }
+    }
+    Ok(low)
 }
 
 /// What creating tenant `name` with id `id` writes: its record, its token
@@ -697,6 +759,54 @@ mod tests {
                 "a stopped owner takes no command: {answer:?}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_damaged_tenant_id_counter_never_hands_out_an_id_in_use() {
+        let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+        let directory =
+            TenantDirectory::load(store.clone(), OwnerSettings::default()).expect("loads");
+        let (first, first_token) = directory
+            .create("first", TenantLimits::default())
+            .await
+            .expect("created");
+        let (purged, _) = directory
+            .create("purged", TenantLimits::default())
+            .await
+            .expect("created");
+        // A tombstoned tenant whose purge is still to run keeps its id.
+        let mut batch = WriteBatch::new();
+        batch.put(keys::purge_key(purged.id + 5), Vec::new());
+        store.commit(batch).await.expect("written");
+        // A torn write leaves the counter unreadable (or a restore, behind).
+        for counter in [vec![0, 1, 2], 1u64.to_be_bytes().to_vec()] {
+            let mut batch = WriteBatch::new();
+            batch.put(keys::next_tenant_id_key().to_vec(), counter);
+            store.commit(batch).await.expect("written");
+            let name = format!("new{}", directory.len());
+            let (created, _) = directory
+                .create(&name, TenantLimits::default())
+                .await
+                .expect("created");
+            assert!(
+                created.id > purged.id + 5,
+                "{name} got id {}, which is in use",
+                created.id
+            );
+        }
+        let record: TenantRecord = decode(
+            &keys::tenant_record_key(first.id),
+            &store
+                .get(&keys::tenant_record_key(first.id))
+                .expect("reads")
+                .expect("present"),
+        )
+        .expect("readable");
+        assert_eq!(record.name, "first", "the first tenant's record is its own");
+        assert_eq!(
+            directory.tenant_by_token_hash(TokenHash::of(&first_token).as_bytes()),
+            Some(first.id)
+        );
     }
 
     #[tokio::test]
