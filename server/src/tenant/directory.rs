@@ -113,19 +113,23 @@ impl TenantDirectory {
                 continue;
             };
             let record_key = keys::tenant_record_key(id);
+            let indexed_name =
+                || keys::parse_tenant_name_key(&key).unwrap_or_else(|| format!("(tenant {id})"));
+            // A name whose record is gone (a bad restore) cannot be read
+            // either: quarantined, so that it is seen and can be deleted
+            // or repaired, rather than hidden with its name taken.
             let Some(bytes) = store.get(&record_key)? else {
-                warn!(
-                    tenant_id = id,
-                    "Tenant named in the index has no record; skipped."
-                );
+                let error = TenantError::Corrupt {
+                    key: String::from_utf8_lossy(&record_key).into_owned(),
+                    message: String::from("the tenant record is missing"),
+                };
+                directory.quarantine(indexed_name(), id, &error);
                 continue;
             };
             let record: TenantRecord = match decode(&record_key, &bytes) {
                 Ok(record) => record,
                 Err(error) => {
-                    let name = keys::parse_tenant_name_key(&key)
-                        .unwrap_or_else(|| format!("(tenant {id})"));
-                    directory.quarantine(name, id, &error);
+                    directory.quarantine(indexed_name(), id, &error);
                     continue;
                 }
             };
@@ -807,6 +811,45 @@ mod tests {
             directory.tenant_by_token_hash(TokenHash::of(&first_token).as_bytes()),
             Some(first.id)
         );
+    }
+
+    #[tokio::test]
+    async fn a_tenant_whose_record_is_missing_is_quarantined_not_hidden() {
+        let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+        let directory =
+            TenantDirectory::load(store.clone(), OwnerSettings::default()).expect("loads");
+        let (lost, _) = directory
+            .create("lost", TenantLimits::default())
+            .await
+            .expect("created");
+        directory
+            .create("kept", TenantLimits::default())
+            .await
+            .expect("created");
+        directory.shutdown().await;
+        // A bad restore: the name index survives, the record does not.
+        let mut batch = WriteBatch::new();
+        batch.delete(keys::tenant_record_key(lost.id));
+        store.commit(batch).await.expect("written");
+
+        let directory =
+            TenantDirectory::load(store.clone(), OwnerSettings::default()).expect("loads");
+        assert!(
+            directory.get("kept").is_some(),
+            "the other tenant is served"
+        );
+        let quarantined = directory
+            .quarantined("lost")
+            .expect("a tenant whose record is missing is quarantined, not hidden");
+        assert_eq!(quarantined.id, lost.id);
+        assert!(quarantined.error.contains("missing"), "{quarantined:?}");
+        assert_eq!(directory.list_quarantined(None, 10).len(), 1);
+        // An admin can remove it, and the name is free again.
+        directory.delete("lost").await.expect("deleted");
+        directory
+            .create("lost", TenantLimits::default())
+            .await
+            .expect("the name is free again");
     }
 
     #[tokio::test]
