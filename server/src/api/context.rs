@@ -234,6 +234,9 @@ impl From<DirectoryError> for ApiError {
             DirectoryError::NotFound(name) => ApiError::NotFound {
                 what: format!("tenant {name:?}"),
             },
+            DirectoryError::Quarantined { name, error } => {
+                ApiError::TenantQuarantined { name, error }
+            }
             DirectoryError::Token(message) => ApiError::internal(message),
             DirectoryError::Tenant(error) => error.into(),
         }

@@ -31,6 +31,15 @@ pub enum DirectoryError {
     /// No tenant with this name.
     #[error("tenant {0:?} not found")]
     NotFound(String),
+    /// The tenant is quarantined: its records could not be read at
+    /// start-up, so nothing of it may change but its deletion.
+    #[error("tenant {name:?} is quarantined (its records cannot be read: {error})")]
+    Quarantined {
+        /// The tenant.
+        name: String,
+        /// Why its records could not be read.
+        error: String,
+    },
     /// A token could not be generated.
     #[error("cannot generate a token: {0}")]
     Token(String),
@@ -358,9 +367,13 @@ impl TenantDirectory {
     /// stream opened with the old token ends.
     pub async fn rotate_token(&self, name: &str) -> Result<String, DirectoryError> {
         let _admin = self.admin.lock().await;
-        let handle = self
-            .get(name)
-            .ok_or_else(|| DirectoryError::NotFound(name.to_string()))?;
+        let handle = self.get(name).ok_or_else(|| match self.quarantined(name) {
+            Some(quarantined) => DirectoryError::Quarantined {
+                name: name.to_string(),
+                error: quarantined.error,
+            },
+            None => DirectoryError::NotFound(name.to_string()),
+        })?;
         let token = generate_token(TokenKind::Tenant)
             .map_err(|error| DirectoryError::Token(error.to_string()))?;
         let hash = *TokenHash::of(&token).as_bytes();
@@ -850,6 +863,31 @@ mod tests {
             .create("lost", TenantLimits::default())
             .await
             .expect("the name is free again");
+    }
+
+    #[tokio::test]
+    async fn rotating_the_token_of_a_quarantined_tenant_says_it_is_quarantined() {
+        let directory = directory();
+        directory.quarantine(
+            String::from("bad"),
+            7,
+            &TenantError::Corrupt {
+                key: String::from("k"),
+                message: String::from("unreadable"),
+            },
+        );
+        let refused = directory
+            .rotate_token("bad")
+            .await
+            .expect_err("a quarantined tenant gets no token");
+        let status = tonic::Status::from(crate::status::ApiError::from(refused));
+        assert_eq!(
+            status.code(),
+            tonic::Code::FailedPrecondition,
+            "as every admin call on a quarantined tenant (docs/security.md): {status:?}"
+        );
+        assert!(status.message().contains("quarantined"), "{status:?}");
+        assert!(directory.quarantined("bad").is_some(), "still quarantined");
     }
 
     #[tokio::test]
