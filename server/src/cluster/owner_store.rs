@@ -138,6 +138,15 @@ impl Store for OwnerStore {
         self.inner.scan(prefix, start_after, limit)
     }
 
+    fn scan_keys(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        self.inner.scan_keys(prefix, start_after, limit)
+    }
+
     fn commit(&self, mut batch: WriteBatch) -> CommitHandle {
         let outcome = self.keep_entry(&mut batch);
         batch.set_fence(Some(self.fence.clone()));

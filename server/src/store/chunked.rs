@@ -192,6 +192,32 @@ impl<S: Store> Store for ChunkedValues<S> {
         Ok(found)
     }
 
+    fn scan_keys(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        // No value is joined, so a record whose chunks are damaged is
+        // still listed (and can be deleted or reported).
+        let mut found = Vec::new();
+        let mut after = start_after.map(<[u8]>::to_vec);
+        while found.len() < limit {
+            let want = limit - found.len();
+            let page = self.inner.scan_keys(prefix, after.as_deref(), want)?;
+            let full = page.len() == want;
+            after = page.last().cloned();
+            found.extend(
+                page.into_iter()
+                    .filter(|key| key.first() != Some(&CHUNK_SPACE)),
+            );
+            if !full {
+                break;
+            }
+        }
+        Ok(found)
+    }
+
     fn commit(&self, batch: WriteBatch) -> CommitHandle {
         match self.split(batch) {
             Ok(batch) => self.inner.commit(batch),

@@ -60,6 +60,23 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<Record>, StoreError>;
 
+    /// The keys of [`scan`](Store::scan), without their values: a scan
+    /// that cannot fail on a value it cannot read back (a chunked value
+    /// with a chunk missing), for whoever must reach every key whatever
+    /// it holds (purging a tenant, diagnosing damaged records).
+    fn scan_keys(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        Ok(self
+            .scan(prefix, start_after, limit)?
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect())
+    }
+
     /// Queues a batch for the group-commit writer. The batch is applied
     /// atomically; the handle resolves once it is durable or has failed.
     /// Dropping the handle does not cancel the commit.
@@ -106,6 +123,15 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
         (**self).scan(prefix, start_after, limit)
+    }
+
+    fn scan_keys(
+        &self,
+        prefix: &[u8],
+        start_after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        (**self).scan_keys(prefix, start_after, limit)
     }
 
     fn commit(&self, batch: WriteBatch) -> CommitHandle {

@@ -702,12 +702,13 @@ pub async fn purge(
         if stop.is_cancelled() {
             return Ok(None);
         }
-        let page = store.scan(&prefix, None, PURGE_BATCH)?;
+        // Keys only: a record that cannot be read back must go too.
+        let page = store.scan_keys(&prefix, None, PURGE_BATCH)?;
         if page.is_empty() {
             break;
         }
         let mut batch = WriteBatch::new();
-        for (key, _) in &page {
+        for key in &page {
             batch.delete(key.clone());
         }
         removed += page.len();
@@ -888,6 +889,32 @@ mod tests {
         );
         assert!(status.message().contains("quarantined"), "{status:?}");
         assert!(directory.quarantined("bad").is_some(), "still quarantined");
+    }
+
+    #[tokio::test]
+    async fn a_tenant_with_an_unreadable_chunked_record_is_purged_whole() {
+        let (store, raw, bad) = crate::tenant::repair::tests::a_tenant_with_a_lost_chunk();
+        let directory = TenantDirectory::load(store.clone(), OwnerSettings::default())
+            .expect("start-up survives a damaged tenant");
+        assert!(directory.quarantined("bad").is_some());
+        assert!(directory.get("good").is_some());
+        directory.shutdown().await;
+        let removed = purge(&*store, bad, &CancellationToken::new())
+            .await
+            .expect("a damaged record does not stop the purge");
+        assert!(removed.is_some_and(|removed| removed >= 2), "{removed:?}");
+        assert!(
+            raw.scan(&keys::tenant_prefix(bad), None, 10)
+                .expect("scans")
+                .is_empty(),
+            "every key of the tenant is gone"
+        );
+        assert!(
+            raw.scan(&[reconciled_migrations::layout::CHUNK_SPACE], None, 10)
+                .expect("scans")
+                .is_empty(),
+            "its chunks too"
+        );
     }
 
     #[tokio::test]

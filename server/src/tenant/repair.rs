@@ -159,36 +159,42 @@ fn diagnose(
 ) -> Result<Option<TenantDiagnosis>, TenantError> {
     let mut problems = Vec::new();
     let record_key = keys::tenant_record_key(id);
-    match store.get(&record_key)? {
-        Some(bytes) => match decode::<TenantRecord>(&record_key, &bytes) {
+    match store.get(&record_key) {
+        Err(error) => {
+            let error = TenantError::from(error);
+            problems.push(problem(record_key, Damaged::TenantRecord, &error));
+        }
+        Ok(Some(bytes)) => match decode::<TenantRecord>(&record_key, &bytes) {
             Ok(record) if record.deleted => return Ok(None),
             Ok(_) => {}
             Err(error) => problems.push(problem(record_key, Damaged::TenantRecord, &error)),
         },
-        None => problems.push(Problem {
+        Ok(None) => problems.push(Problem {
             key: record_key,
             damaged: Damaged::TenantRecord,
             error: String::from("missing"),
         }),
     }
-    for (key, value) in scan_all(store, &keys::intended_items_prefix(id))? {
+    for (key, value) in records_under(store, &keys::intended_items_prefix(id))? {
         let item = item_name(&key);
-        let readable = decode::<StoredIntended>(&key, &value).and_then(|stored| {
-            IntendedItem::compile(stored.item, stored.generation).map_err(|error| {
-                TenantError::Corrupt {
-                    key: String::from_utf8_lossy(&key).into_owned(),
-                    message: error.to_string(),
-                }
-            })
-        });
+        let readable = value
+            .and_then(|value| decode::<StoredIntended>(&key, &value))
+            .and_then(|stored| {
+                IntendedItem::compile(stored.item, stored.generation).map_err(|error| {
+                    TenantError::Corrupt {
+                        key: String::from_utf8_lossy(&key).into_owned(),
+                        message: error.to_string(),
+                    }
+                })
+            });
         if let Err(error) = readable {
             problems.push(problem(key, Damaged::Intended(item), &error));
         }
     }
-    for (key, value) in scan_all(store, &keys::current_items_prefix(id))? {
+    for (key, value) in records_under(store, &keys::current_items_prefix(id))? {
         let item = item_name(&key);
         let readable = match keys::parse_item_key(&key) {
-            Some(_) => decode::<CurrentItem>(&key, &value).map(|_| ()),
+            Some(_) => value.and_then(|value| decode::<CurrentItem>(&key, &value).map(|_| ())),
             None => Err(TenantError::Corrupt {
                 key: String::from_utf8_lossy(&key).into_owned(),
                 message: String::from("not an item key"),
@@ -198,8 +204,8 @@ fn diagnose(
             problems.push(problem(key, Damaged::Current(item), &error));
         }
     }
-    for (key, value) in scan_all(store, &keys::type_specs_prefix(id))? {
-        if let Err(error) = decode::<StoredSpec>(&key, &value) {
+    for (key, value) in records_under(store, &keys::type_specs_prefix(id))? {
+        if let Err(error) = value.and_then(|value| decode::<StoredSpec>(&key, &value)) {
             let item_type = keys::parse_type_spec_key(&key)
                 .map_or_else(|| printable(&key), |(_, item_type)| item_type);
             problems.push(problem(key, Damaged::TypeSpec(item_type), &error));
@@ -223,6 +229,36 @@ fn diagnose(
         id,
         problems,
     }))
+}
+
+/// A record's key and its value, or why the value cannot be read back.
+type RecordRead = (Vec<u8>, Result<Vec<u8>, TenantError>);
+
+/// Keys read per page by [`records_under`].
+const KEYS_PAGE: usize = 1_000;
+
+/// Every record under `prefix`, each value read on its own: one that
+/// cannot be read back (a chunked value with a chunk missing) is a problem
+/// of that record, not the end of the diagnosis.
+fn records_under(store: &dyn Store, prefix: &[u8]) -> Result<Vec<RecordRead>, TenantError> {
+    let mut all = Vec::new();
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let page = store.scan_keys(prefix, after.as_deref(), KEYS_PAGE)?;
+        let full = page.len() == KEYS_PAGE;
+        after = page.last().cloned();
+        for key in page {
+            let value = match store.get(&key) {
+                Ok(Some(value)) => Ok(value),
+                Ok(None) => continue,
+                Err(error) => Err(TenantError::from(error)),
+            };
+            all.push((key, value));
+        }
+        if !full {
+            return Ok(all);
+        }
+    }
 }
 
 fn problem(key: Vec<u8>, damaged: Damaged, error: &TenantError) -> Problem {
@@ -263,15 +299,16 @@ pub fn repair(
 
     // The readable intended items, for the rebuilt record's generation.
     let mut intended_generation = 0;
-    for (key, value) in scan_all(store, &keys::intended_items_prefix(id))? {
-        if let Ok(stored) = decode::<StoredIntended>(&key, &value) {
+    for (key, value) in records_under(store, &keys::intended_items_prefix(id))? {
+        if let Ok(stored) = value.and_then(|value| decode::<StoredIntended>(&key, &value)) {
             intended_generation = intended_generation.max(stored.generation);
         }
     }
     let record_key = keys::tenant_record_key(id);
-    let mut record = match store.get(&record_key).map_err(TenantError::from)? {
-        Some(bytes) => decode::<TenantRecord>(&record_key, &bytes).ok(),
-        None => None,
+    // Unreadable, however: rebuilt.
+    let mut record = match store.get(&record_key) {
+        Ok(Some(bytes)) => decode::<TenantRecord>(&record_key, &bytes).ok(),
+        Ok(None) | Err(_) => None,
     };
     let events = scan_all(store, &keys::events_prefix(id))?;
     if record.is_none() {
@@ -432,7 +469,7 @@ pub fn describe(diagnoses: &[TenantDiagnosis]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
 
     use super::*;
@@ -561,6 +598,68 @@ mod tests {
                 .expect("diagnosed")
                 .problems
                 .is_empty()
+        );
+    }
+
+    /// A chunked store (as the server's) with tenants `bad` and `good`;
+    /// `bad` has a current record over one stored value whose middle
+    /// chunk is lost, as a bad restore of the data directory leaves it.
+    /// Returns the store, the raw store under it and `bad`'s id.
+    pub(crate) fn a_tenant_with_a_lost_chunk() -> (Arc<dyn Store>, Arc<InMemoryStore>, u64) {
+        use crate::store::ChunkedValues;
+        use crate::tenant::directory::creation;
+        let raw = Arc::new(InMemoryStore::new());
+        let store: Arc<dyn Store> =
+            Arc::new(ChunkedValues::new(raw.clone()).expect("an empty store wraps"));
+        for (id, name) in [(1, "bad"), (2, "good")] {
+            let (_, _, batch) = creation(id, name, TenantLimits::default()).expect("created");
+            store.commit_blocking(batch).expect("written");
+        }
+        let mut properties = crate::graph::Properties::default();
+        properties.insert("blob".into(), "x".repeat(150 * 1024).into());
+        let big = CurrentItem::created(Arc::new(Item::new("t", "big", properties)), 1);
+        let key = keys::current_item_key(1, "t", "big");
+        let mut batch = WriteBatch::new();
+        batch.put(key.clone(), encode(&big).expect("encodes"));
+        store.commit_blocking(batch).expect("written");
+        let mut batch = WriteBatch::new();
+        batch.delete(reconciled_migrations::layout::chunk_key(&key, 1));
+        raw.commit_blocking(batch).expect("a chunk lost");
+        (store, raw, 1)
+    }
+
+    #[test]
+    fn a_record_with_a_lost_chunk_is_diagnosed_and_repaired() {
+        let (store, _, bad) = a_tenant_with_a_lost_chunk();
+        let all = diagnose_all(&*store).expect("every tenant is diagnosed");
+        assert!(
+            all.iter()
+                .any(|d| d.name == "good" && d.problems.is_empty()),
+            "{all:?}"
+        );
+        let diagnosis = all.iter().find(|d| d.name == "bad").expect("listed");
+        assert_eq!(
+            diagnosis
+                .problems
+                .iter()
+                .map(|p| p.damaged.clone())
+                .collect::<Vec<_>>(),
+            [Damaged::Current(String::from("t/big"))],
+            "{diagnosis:?}"
+        );
+        assert!(diagnosis.quarantines());
+        repair(&*store, diagnosis).expect("repaired");
+        assert!(
+            diagnose_tenant(&*store, "bad")
+                .expect("diagnosed")
+                .problems
+                .is_empty()
+        );
+        assert!(
+            store
+                .get(&keys::current_item_key(bad, "t", "big"))
+                .expect("reads")
+                .is_none()
         );
     }
 
