@@ -490,6 +490,9 @@ pub fn migrate(config: &Config, mode: MigrateMode) -> anyhow::Result<String> {
     let dry_run = !matches!(mode, MigrateMode::Apply);
     let report = match config.store {
         StoreKind::Sled => {
+            if dry_run {
+                require_data_dir(config)?;
+            }
             std::fs::create_dir_all(&config.data_dir)?;
             open_and_migrate(&config.data_dir, sled_options(config), dry_run)?.1
         }
@@ -522,6 +525,20 @@ pub fn migrate(config: &Config, mode: MigrateMode) -> anyhow::Result<String> {
         text.push_str(&format!("backup: {}\n", backup.display()));
     }
     Ok(text)
+}
+
+/// Refuses a data directory that does not exist: a command that only
+/// looks at the store (`migrate --status`, `--dry-run`, `repair`) must not
+/// create an empty one for a mistyped `--data-dir` and report on it.
+fn require_data_dir(config: &Config) -> anyhow::Result<()> {
+    if config.data_dir.is_dir() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "there is no data directory {}; check --data-dir (or RECONCILED_DATA_DIR, data_dir in \
+         the config file). The server creates it when it first starts.",
+        config.data_dir.display()
+    )
 }
 
 /// `reconciled store copy --from STORE --to STORE`: copies every record
@@ -568,6 +585,7 @@ fn describe(location: &StoreLocation) -> String {
 /// what a repair does); returns a report for humans.
 pub fn repair(config: &Config, mode: &RepairMode) -> anyhow::Result<String> {
     use crate::tenant::repair;
+    require_data_dir(config)?;
     let (store, report) = open_and_migrate(&config.data_dir, sled_options(config), true)?;
     if !report.before.is_up_to_date() {
         anyhow::bail!(

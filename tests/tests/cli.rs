@@ -22,6 +22,23 @@ fn migrate_status_and_dry_run_show_pending_migrations_and_change_nothing() {
     let data = dir.path().join("data");
     let data = data.to_str().expect("utf-8 path");
 
+    // A data directory that does not exist (a typo) is not created to be
+    // reported on.
+    for args in [
+        &["migrate", "--status", "--data-dir", data][..],
+        &["migrate", "--dry-run", "--data-dir", data],
+        &["repair", "--data-dir", data],
+    ] {
+        let (ok, refused) = run(args);
+        assert!(!ok, "{args:?}: {refused}");
+        assert!(
+            refused.contains("there is no data directory"),
+            "{args:?}: {refused}"
+        );
+        assert!(!dir.path().join("data").exists(), "{args:?} created it");
+    }
+
+    std::fs::create_dir(dir.path().join("data")).expect("create the data directory");
     let (ok, status) = run(&["migrate", "--status", "--data-dir", data]);
     assert!(ok, "{status}");
     assert!(status.contains("schema version: 0"), "{status}");
