@@ -278,7 +278,11 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
       const before = blockers(current.get(key));
       if (change.status) current.set(key, change.status); else current.delete(key);
       const state = stateOfKey(key);
-      if (!graph || !graph.setState(key, state)) {
+      if (!intended.has(key) && !current.has(key)) {
+        // Deleted and no longer intended: its node goes (recolouring it
+        // would show an item that no longer exists as UNKNOWN).
+        if (graph && graph.has(key)) needsLayout = true;
+      } else if (!graph || !graph.setState(key, state)) {
         if (!graph || itemRefs().size <= GRAPH_LIMIT) needsLayout = true;
       }
       // Red edges follow what blocks what: redraw when that changed.

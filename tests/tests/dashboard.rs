@@ -1108,3 +1108,64 @@ async fn a_quarantined_tenant_is_listed_with_why() {
         .expect("the other tenant is listed");
     browser.close().await.expect("closes");
 }
+
+/// Whether the graph draws a node for `type/name` (false once it is gone).
+const NODE_DRAWN: &str = "const key = arguments[0] + '\\u0000' + arguments[1]; \
+     return [...document.querySelectorAll('#graph-svg .node')].some((n) => n.dataset.key === key);";
+
+#[tokio::test]
+async fn an_item_its_agent_deleted_leaves_the_graph_instead_of_turning_unknown() {
+    let held = Gate::new();
+    let recorder = Recorder::new();
+    recorder.script(
+        OperationKind::Delete,
+        ItemRef::new("t", "b"),
+        [Step::Hold(held.clone())],
+    );
+    let acme = TestTenant::start("acme").await;
+    let mut agent = RunningAgent::start(
+        acme.agent("agent-1")
+            .item_type(TypeSpec::new("t"), recorder.clone()),
+    );
+    agent.connected().await;
+    acme.submit(vec![item("t", "a", json!({})), item("t", "b", json!({}))])
+        .await;
+    acme.wait_until_ready().await;
+
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &acme.token, Some("acme")).await;
+    wait_for_node_state(&browser, "t", "b", "CREATED").await;
+
+    // t/b leaves the intent; its Delete is held: drawn dotted, DELETING.
+    acme.submit(vec![item("t", "a", json!({}))]).await;
+    browser
+        .wait_until(
+            "t/b drawn as no longer intended while its Delete runs",
+            "const key = 't\\u0000b'; \
+             const node = [...document.querySelectorAll('#graph-svg .node')].find((n) => n.dataset.key === key); \
+             return node && node.classList.contains('orphan') && node.dataset.state === 'DELETING';",
+            vec![],
+        )
+        .await
+        .expect("the Delete in flight is shown");
+
+    // The agent finishes the Delete: t/b exists nowhere any more.
+    held.open();
+    acme.wait_until_ready().await;
+    assert!(acme.item("t", "b").await.is_none(), "t/b was deleted");
+    let gone = browser
+        .wait_until(
+            "t/b to leave the graph",
+            &format!("return !(function () {{ {NODE_DRAWN} }}).apply(null, arguments);"),
+            vec![json!("t"), json!("b")],
+        )
+        .await;
+    if let Err(error) = gone {
+        panic!(
+            "a deleted item is still drawn, as {}: {error}",
+            node_state(&browser, "t", "b").await
+        );
+    }
+    wait_for_node_state(&browser, "t", "a", "CREATED").await;
+    browser.close().await.expect("closes");
+}
