@@ -19,7 +19,11 @@ function valuesTable(intent, status) {
   const rows = [...paths].sort().map((path) => {
     const values = flat.map((map) => (map ? map.get(path) : undefined));
     const [want, applied, observed] = values;
-    const differs = (want !== undefined && flat[1] && want !== applied)
+    // Intended and applied differ wherever either has a path the other
+    // lacks or a different value (a property removed from the intent and
+    // still applied is a change too); observed only where it reports a
+    // path the applied value has.
+    const differs = (flat[0] && flat[1] && want !== applied)
       || (observed !== undefined && applied !== undefined && observed !== applied);
     return h('tr', { class: differs ? 'diff' : '' }, h('td', { class: 'path' }, path),
       values.map((value, i) => h('td', { class: flat[i] ? '' : 'muted' },

@@ -1169,3 +1169,82 @@ async fn an_item_its_agent_deleted_leaves_the_graph_instead_of_turning_unknown()
     wait_for_node_state(&browser, "t", "a", "CREATED").await;
     browser.close().await.expect("closes");
 }
+
+/// The rows of the item panel's values table as `[class, text]` pairs,
+/// once a row starting with `path` is shown.
+async fn value_rows(browser: &Browser, path: &str) -> Vec<(String, String)> {
+    let rows = browser
+        .wait_until(
+            &format!("the values table with a row {path}"),
+            "const rows = [...document.querySelectorAll('#item-panel table.values tbody tr')]; \
+             return rows.some((r) => r.innerText.startsWith(arguments[0])) \
+               ? rows.map((r) => [r.className, r.innerText]) : null;",
+            vec![json!(path)],
+        )
+        .await
+        .expect("the values table shows");
+    rows.as_array()
+        .into_iter()
+        .flatten()
+        .map(|row| {
+            (
+                row[0].as_str().unwrap_or_default().to_owned(),
+                row[1].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_property_removed_from_the_intent_but_still_applied_is_marked_as_a_difference()
+{
+    let held = Gate::new();
+    let recorder = Recorder::new();
+    recorder.script(
+        OperationKind::Modify,
+        ItemRef::new("t", "a"),
+        [Step::Hold(held.clone())],
+    );
+    let acme = TestTenant::start("acme").await;
+    let mut agent = RunningAgent::start(
+        acme.agent("agent-1")
+            .item_type(TypeSpec::new("t"), recorder.clone()),
+    );
+    agent.connected().await;
+    acme.submit(vec![item("t", "a", json!({"port": 1, "debug": true}))])
+        .await;
+    acme.wait_until_ready().await;
+    // The intent drops /debug; the Modify that would remove it is held, so
+    // the applied value still has it.
+    acme.submit(vec![item("t", "a", json!({"port": 1}))]).await;
+    acme.wait_for_state("t", "a", v1::ItemState::Modifying)
+        .await;
+
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &acme.token, Some("acme")).await;
+    browser
+        .goto(&format!(
+            "{}#/tenant/acme?item=t/a",
+            acme.server.dashboard_url()
+        ))
+        .await
+        .expect("selects t/a");
+    wait_for_node_state(&browser, "t", "a", "MODIFYING").await;
+    let rows = value_rows(&browser, "/debug").await;
+    let (class, text) = rows
+        .iter()
+        .find(|(_, text)| text.starts_with("/debug"))
+        .expect("a row for /debug");
+    assert!(text.contains("true"), "applied true: {text}");
+    assert_eq!(
+        class, "diff",
+        "intended has no /debug, applied has it: a difference ({rows:?})"
+    );
+    let (class, _) = rows
+        .iter()
+        .find(|(_, text)| text.starts_with("/port"))
+        .expect("a row for /port");
+    assert_eq!(class, "", "/port is the same everywhere ({rows:?})");
+    held.open();
+    browser.close().await.expect("closes");
+}
