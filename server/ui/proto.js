@@ -195,8 +195,16 @@ export function decode(typeName, bytes) {
       const value = fieldType === 'google.protobuf.Value' ? decodeValue(body) : decode(fieldType, body);
       if (repeated) {
         const entry = schema.messages[fieldType];
-        if (entry.map) out[name][String(value[entry.fields['1'][0]])] = value[entry.fields['2'][0]];
-        else out[name].push(value);
+        // An own property even for keys such as "__proto__" (a Struct's
+        // keys are user data): plain assignment would set the prototype
+        // and hide the entry.
+        if (entry.map) {
+          Object.defineProperty(out[name], String(value[entry.fields['1'][0]]), {
+            value: value[entry.fields['2'][0]], enumerable: true, writable: true, configurable: true,
+          });
+        } else {
+          out[name].push(value);
+        }
       } else {
         out[name] = value;
       }

@@ -1248,3 +1248,32 @@ async fn a_property_removed_from_the_intent_but_still_applied_is_marked_as_a_dif
     held.open();
     browser.close().await.expect("closes");
 }
+
+#[tokio::test]
+async fn a_property_named_proto_is_shown_like_any_other() {
+    let acme = TestTenant::start("acme").await;
+    // No agent: the item stays PENDING with its intended value.
+    acme.submit(vec![item(
+        "t",
+        "p",
+        json!({"__proto__": "hidden", "port": 1}),
+    )])
+    .await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &acme.token, Some("acme")).await;
+    browser
+        .goto(&format!(
+            "{}#/tenant/acme?item=t/p",
+            acme.server.dashboard_url()
+        ))
+        .await
+        .expect("selects t/p");
+    wait_for_node_state(&browser, "t", "p", "PENDING").await;
+    let rows = value_rows(&browser, "/port").await;
+    assert!(
+        rows.iter()
+            .any(|(_, text)| text.starts_with("/__proto__") && text.contains("hidden")),
+        "every property the tenant sent is shown: {rows:?}"
+    );
+    browser.close().await.expect("closes");
+}
