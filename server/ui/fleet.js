@@ -237,11 +237,16 @@ export function mountFleet(root, { report, clear }) {
     let listed = false;
     let backoff = 500;
     while (!abort.signal.aborted) {
+      // From revision 0 the stream starts with a snapshot of every tenant;
+      // one listed before but not in it was deleted while the stream was
+      // away (its `deleted` event compacted out of the history).
+      let snapshot = revision === 0 ? new Set() : null;
       try {
         for await (const message of api.watchFleet(revision, abort.signal)) {
           backoff = 500;
           if (message.events) {
             for (const event of message.events.events) {
+              if (snapshot && !event.deleted) snapshot.add(event.tenant);
               if (event.deleted) { tenants.delete(event.tenant); refreshQueue.delete(event.tenant); rowCache.delete(event.tenant); continue; }
               const entry = tenant(event.tenant);
               entry.conditions = event.conditions;
@@ -253,6 +258,13 @@ export function mountFleet(root, { report, clear }) {
             changed();
           } else if (message.synced) {
             revision = message.synced.revision;
+            if (snapshot) {
+              for (const name of [...tenants.keys()]) {
+                if (!snapshot.has(name)) { tenants.delete(name); refreshQueue.delete(name); rowCache.delete(name); }
+              }
+              snapshot = null;
+              changed();
+            }
             setLive(true, 'live');
             clear();
             if (!listed) { listed = true; listAll(); }

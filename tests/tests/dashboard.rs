@@ -1277,3 +1277,104 @@ async fn a_property_named_proto_is_shown_like_any_other() {
     );
     browser.close().await.expect("closes");
 }
+
+#[tokio::test]
+async fn a_tenant_deleted_while_the_fleet_stream_was_away_leaves_the_list() {
+    use std::process::{Command, Stdio};
+
+    // Two revisions of fleet history: a stream that was away for more
+    // resumes from a new snapshot.
+    let mut acme = TestTenant::start_with(
+        reconciled_tests::ServerOptions::default().arg("--watch-history-revisions=2"),
+        "acme",
+    )
+    .await;
+    let admin = acme.server.admin_token();
+    api::create_tenant(&acme.channel, &admin, "doomed").await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &admin, None).await;
+    browser
+        .wait_for_text(&fleet_row("doomed"), "doomed")
+        .await
+        .expect("doomed is listed");
+
+    // While the dashboard's server is down, another run of the server on
+    // the same data (on ports the page does not know) deletes doomed and
+    // creates tenants until the page's fleet revision is compacted away.
+    acme.server.terminate().await.expect("stops");
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|probe| probe.local_addr())
+        .expect("a free port");
+    let mut interim = Command::new(reconciled_tests::reconciled_binary())
+        .args(["--listen", &addr.to_string(), "--ui-listen", "off"])
+        .arg("--data-dir")
+        .arg(acme.server.data_dir())
+        .args(["--admin-token", &admin, "--watch-history-revisions=2"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the interim server starts");
+    let started = Instant::now();
+    let channel = loop {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("endpoint");
+        match endpoint.connect().await {
+            Ok(channel) => break channel,
+            Err(error) => {
+                assert!(
+                    started.elapsed() < reconciled_tests::READY_DEADLINE,
+                    "the interim server never listened: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let mut tenants = api::tenants(&channel, &admin);
+    let started = Instant::now();
+    loop {
+        match tenants
+            .delete_tenant(v1::DeleteTenantRequest {
+                name: "doomed".into(),
+            })
+            .await
+        {
+            Ok(_) => break,
+            Err(status) => {
+                assert!(
+                    started.elapsed() < reconciled_tests::READY_DEADLINE,
+                    "cannot delete doomed: {status:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    for name in ["later-1", "later-2", "later-3", "later-4"] {
+        api::create_tenant(&channel, &admin, name).await;
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(interim.id()).expect("pid")),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("stops the interim server");
+    interim.wait().expect("the interim server exits");
+    acme.server.start_again().await.expect("starts again");
+
+    // The page comes back: the stream's revision is gone, it starts over
+    // from a snapshot, which no longer holds doomed.
+    browser
+        .wait_for_text(&fleet_row("later-4"), "later-4")
+        .await
+        .expect("the tenants created meanwhile are listed");
+    let gone = browser
+        .wait_until(
+            "doomed to leave the fleet",
+            "return document.querySelector(arguments[0]) === null;",
+            vec![json!(fleet_row("doomed"))],
+        )
+        .await;
+    if let Err(error) = gone {
+        panic!("a deleted tenant is still listed: {error}");
+    }
+    browser.close().await.expect("closes");
+}
