@@ -963,3 +963,76 @@ async fn fleet_watch_streams_tenant_changes_as_json_lines() {
         })
         .await;
 }
+
+/// An agent's error message is the tenant's text. Human output shows it
+/// with its control characters escaped, so it cannot drive the operator's
+/// terminal (write the clipboard with OSC 52, clear the screen, move the
+/// cursor over earlier output).
+#[tokio::test]
+async fn an_agents_error_message_cannot_drive_the_operators_terminal() {
+    let hostile = "disk full\u{1b}]52;c;ZXZpbA==\u{7}\u{1b}[2J\u{1b}[1;1Hall good\u{9b}0m\rdone";
+    let recorder = Recorder::new();
+    recorder.script(
+        OperationKind::Create,
+        ItemRef::new("file", "broken"),
+        [Step::FailWith(Code::InvalidArgument, hostile.into())],
+    );
+    let (tenant, _agent) = tenant_with_agent(&recorder).await;
+    let cli = tenant_cli(&tenant);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let intent = write(
+        dir.path(),
+        "intent.yaml",
+        "items:\n  - {type: file, name: broken, properties: {path: etc/broken}}\n",
+    );
+    cli.run(&["intent", "submit", "-f", &intent]).await.ok();
+    tenant
+        .wait_for_state("file", "broken", v1::ItemState::Failed)
+        .await;
+    let terminal_control = |text: &str| -> Vec<char> {
+        text.chars()
+            .filter(|c| c.is_control() && *c != '\n')
+            .collect()
+    };
+
+    let graph = cli.run(&["graph", "get"]).await.ok();
+    assert!(graph.stdout.contains("disk full"), "{graph:?}");
+    assert_eq!(
+        terminal_control(&graph.stdout),
+        Vec::<char>::new(),
+        "graph get printed control characters: {:?}",
+        graph.stdout
+    );
+
+    let watch = cli
+        .run(&[
+            "watch",
+            "--since",
+            "1",
+            "--kind",
+            "operation-finished",
+            "--count",
+            "1",
+        ])
+        .await
+        .ok();
+    assert!(watch.stdout.contains("disk full"), "{watch:?}");
+    assert_eq!(
+        terminal_control(&watch.stdout),
+        Vec::<char>::new(),
+        "watch printed control characters: {:?}",
+        watch.stdout
+    );
+
+    let reconcile = cli
+        .run(&["reconcile", "--wait", "--timeout", "10s"])
+        .await
+        .expect(3);
+    assert!(reconcile.stdout.contains("stalled"), "{reconcile:?}");
+    assert_eq!(
+        terminal_control(&reconcile.stdout),
+        Vec::<char>::new(),
+        "reconcile printed control characters: {:?}",
+        reconcile.stdout
+    );
+}

@@ -57,7 +57,8 @@ pub fn main() -> ExitCode {
         Ok(exit) => exit,
         Err(failure) => {
             if !failure.message.is_empty() {
-                eprintln!("reconctl: {}", failure.message);
+                // Messages may quote what a tenant or an agent wrote.
+                eprintln!("reconctl: {}", output::printable(&failure.message));
             }
             failure.exit
         }

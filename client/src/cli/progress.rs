@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::failure::Failure;
-use super::output::emit;
+use super::output::{emit, emit_control};
 use super::status::{condition_value, counts};
 use crate::proto as v1;
 
@@ -43,7 +43,8 @@ impl Progress {
             let line: String = line.chars().take(TERMINAL_WIDTH).collect();
             self.drawn = true;
             // Carriage return and "erase line": redraw in place.
-            emit(&format!("\r\x1b[2K{line}"))
+            emit_control("\r\x1b[2K")?;
+            emit(&line)
         } else if self.last.as_deref() != Some(summary.as_str()) {
             let line = format!("[{:>5.1}s] {summary}\n", elapsed.as_secs_f64());
             self.last = Some(summary);
@@ -57,7 +58,7 @@ impl Progress {
     pub(crate) fn finish(&mut self) -> Result<(), Failure> {
         if self.terminal && self.drawn {
             self.drawn = false;
-            emit("\r\x1b[2K")
+            emit_control("\r\x1b[2K")
         } else {
             Ok(())
         }
