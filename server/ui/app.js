@@ -29,11 +29,24 @@ function clear() {
   banner.replaceChildren();
 }
 
+function decodePart(part) {
+  try {
+    return decodeURIComponent(part);
+  } catch {
+    return part;
+  }
+}
+
+// Split the fragment before decoding it: names may hold '?', '/', '&' or
+// '+', which links carry percent-encoded; decoding first would let them
+// split the path or the query (and URLSearchParams decodes its values).
 function route() {
-  const hash = decodeURIComponent(location.hash.replace(/^#/, ''));
-  const [path, query] = hash.split('?');
-  const parts = path.split('/').filter(Boolean);
-  const params = new URLSearchParams(query || '');
+  const hash = location.hash.replace(/^#/, '');
+  const mark = hash.indexOf('?');
+  const path = mark < 0 ? hash : hash.slice(0, mark);
+  const query = mark < 0 ? '' : hash.slice(mark + 1);
+  const parts = path.split('/').filter(Boolean).map(decodePart);
+  const params = new URLSearchParams(query);
   if (parts[0] === 'tenant' && parts.length >= 2) {
     return { view: 'tenant', tenant: parts.slice(1).join('/'), item: params.get('item') || '' };
   }

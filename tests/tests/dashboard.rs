@@ -1378,3 +1378,62 @@ async fn a_tenant_deleted_while_the_fleet_stream_was_away_leaves_the_list() {
     }
     browser.close().await.expect("closes");
 }
+
+#[tokio::test]
+async fn names_with_url_characters_open_the_tenant_and_item_they_name() {
+    let acme = TestTenant::start("acme").await;
+    let admin = acme.server.admin_token();
+    // Names are any printable UTF-8: '?', '+' and '&' mean something in a
+    // URL, and must not change which tenant or item a link opens.
+    api::create_tenant(&acme.channel, &admin, "acme?eu").await;
+    acme.submit(vec![
+        item("t", "c++", json!({"lang": "cpp"})),
+        item("t", "r&d", json!({"team": 1})),
+    ])
+    .await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &admin, None).await;
+    browser
+        .wait_for_text(&fleet_row("acme?eu"), "acme?eu")
+        .await
+        .expect("the fleet lists acme?eu");
+    browser
+        .click(&format!("{} a", fleet_row("acme?eu")))
+        .await
+        .expect("opens acme?eu");
+    browser
+        .wait_until(
+            "the view of tenant acme?eu",
+            "const view = document.getElementById('tenant'); \
+             return view ? view.dataset.tenant : null;",
+            vec![],
+        )
+        .await
+        .map(|shown| assert_eq!(shown, json!("acme?eu"), "the tenant clicked is opened"))
+        .expect("a tenant view opens");
+
+    browser
+        .goto(&format!("{}#/tenant/acme", acme.server.dashboard_url()))
+        .await
+        .expect("opens acme");
+    wait_for_node_state(&browser, "t", "c++", "PENDING").await;
+    for (search, label) in [("c++", "t/c++"), ("r&d", "t/r&d")] {
+        browser
+            .fill("#item-search", search)
+            .await
+            .expect("searches");
+        browser
+            .wait_for_text("#search-results", label)
+            .await
+            .expect("the search finds the item");
+        browser
+            .click("#search-results a")
+            .await
+            .expect("follows its link");
+        browser
+            .wait_for_text("#item-title", label)
+            .await
+            .unwrap_or_else(|error| panic!("the link of {label} selects it: {error}"));
+    }
+    browser.close().await.expect("closes");
+}
