@@ -1196,8 +1196,7 @@ async fn value_rows(browser: &Browser, path: &str) -> Vec<(String, String)> {
 }
 
 #[tokio::test]
-async fn a_property_removed_from_the_intent_but_still_applied_is_marked_as_a_difference()
-{
+async fn a_property_removed_from_the_intent_but_still_applied_is_marked_as_a_difference() {
     let held = Gate::new();
     let recorder = Recorder::new();
     recorder.script(
@@ -1317,8 +1316,8 @@ async fn a_tenant_deleted_while_the_fleet_stream_was_away_leaves_the_list() {
         .expect("the interim server starts");
     let started = Instant::now();
     let channel = loop {
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .expect("endpoint");
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(format!("http://{addr}")).expect("endpoint");
         match endpoint.connect().await {
             Ok(channel) => break channel,
             Err(error) => {
