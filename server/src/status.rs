@@ -121,6 +121,25 @@ pub enum ApiError {
         /// The oldest revision still available.
         compact_revision: u64,
     },
+    /// A watch asked to resume after a revision the tenant has not reached
+    /// (it was deleted and created again under its name, restored from a
+    /// backup or repaired since the watcher saw that revision): the events
+    /// the watcher expects are not there to send. `OUT_OF_RANGE` with
+    /// `ErrorInfo{REVISION_COMPACTED}`, since the remedy is the same (the
+    /// whole history the watcher knew is gone): start again from a
+    /// snapshot.
+    #[error(
+        "revision {requested} is ahead of the tenant's latest revision {current} (the tenant \
+         was deleted and created again, restored or repaired since): the history after it \
+         is not there; watch from revision 0 (a snapshot) or fetch the graph with GetGraph \
+         and watch from its revision"
+    )]
+    RevisionAhead {
+        /// The revision asked for.
+        requested: u64,
+        /// The tenant's latest revision.
+        current: u64,
+    },
     /// An agent's protocol version is not spoken here: `FAILED_PRECONDITION`
     /// with `ErrorInfo{UNSUPPORTED_PROTOCOL}`.
     #[error(
@@ -322,7 +341,7 @@ impl ApiError {
             | Self::MessageTooLarge { .. } => Code::ResourceExhausted,
             Self::PermissionDenied { .. } => Code::PermissionDenied,
             Self::DeadlineExceeded { .. } => Code::DeadlineExceeded,
-            Self::RevisionCompacted { .. } => Code::OutOfRange,
+            Self::RevisionCompacted { .. } | Self::RevisionAhead { .. } => Code::OutOfRange,
             Self::PageTokenExpired => Code::Aborted,
             Self::AlreadyExists { .. } => Code::AlreadyExists,
             Self::Unavailable { .. } | Self::NotOwner { .. } => Code::Unavailable,
@@ -366,6 +385,14 @@ impl ApiError {
                 reason::REVISION_COMPACTED,
                 [
                     ("compact_revision", compact_revision.to_string()),
+                    ("requested_revision", requested.to_string()),
+                ],
+            )),
+            Self::RevisionAhead { requested, current } => Some(error_info(
+                reason::REVISION_COMPACTED,
+                [
+                    ("compact_revision", current.to_string()),
+                    ("current_revision", current.to_string()),
                     ("requested_revision", requested.to_string()),
                 ],
             )),

@@ -365,6 +365,48 @@ async fn a_revision_older_than_the_history_is_out_of_range_with_the_compact_revi
     );
 }
 
+/// Revisions only grow, so a resume from one the tenant has not reached
+/// comes from a tenant of that name that was deleted (or a history a
+/// restore or repair took back): following it would silently skip every
+/// event up to it. It is refused as a compacted revision is, so the
+/// watcher starts again from a snapshot.
+#[tokio::test]
+async fn a_resume_from_a_revision_the_tenant_has_not_reached_is_refused_not_silently_skipped() {
+    let mut tenant = TestTenant::start("acme").await;
+    for round in 0..5 {
+        tenant
+            .submit(vec![item("t", "a", json!({"round": round}))])
+            .await;
+    }
+    let seen = tenant.status().await.revision;
+
+    let admin = tenant.server.admin_token();
+    api::tenants(&tenant.channel, &admin)
+        .delete_tenant(v1::DeleteTenantRequest {
+            name: "acme".into(),
+        })
+        .await
+        .expect("deletes");
+    tenant.token = api::create_tenant(&tenant.channel, &admin, "acme").await;
+    tenant.submit(vec![item("t", "b", json!({}))]).await;
+    let current = tenant.status().await.revision;
+    assert!(current < seen, "the new tenant starts its own revisions");
+
+    let status = Watcher::open(&mut tenant.reconciler(), watch_request("acme", seen))
+        .await
+        .expect_err("a revision ahead of the tenant");
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    assert_eq!(error_reason(&status).as_deref(), Some("REVISION_COMPACTED"));
+    assert_eq!(
+        error_metadata(&status, "current_revision").as_deref(),
+        Some(current.to_string().as_str())
+    );
+    // The revision the tenant is at, and any below it, still resume.
+    Watcher::open(&mut tenant.reconciler(), watch_request("acme", current))
+        .await
+        .expect("the latest revision resumes");
+}
+
 #[tokio::test]
 async fn an_idle_filtered_watch_gets_bookmarks_at_the_tenant_revision() {
     let options = ServerOptions::default()

@@ -118,16 +118,27 @@ pub(crate) fn stream_failure(
     status: &Status,
     resume_from: Option<u64>,
 ) -> Failure {
-    let compacted = status
-        .get_error_details()
+    let details = status.get_error_details();
+    let compacted = details
         .error_info()
-        .filter(|info| info.reason == "REVISION_COMPACTED")
-        .map(|info| {
-            info.metadata
-                .get("compact_revision")
-                .cloned()
-                .unwrap_or_default()
-        });
+        .filter(|info| info.reason == "REVISION_COMPACTED");
+    if status.code() == Code::OutOfRange
+        && let Some(info) = &compacted
+        && let Some(current) = info.metadata.get("current_revision")
+    {
+        return Failure::error(format!(
+            "{what}: revision {} is ahead of the tenant's latest revision {current} (the tenant \
+             was deleted and created again, restored or repaired since); watch without --since \
+             to start from a snapshot",
+            resume_from.unwrap_or(0)
+        ));
+    }
+    let compacted = compacted.map(|info| {
+        info.metadata
+            .get("compact_revision")
+            .cloned()
+            .unwrap_or_default()
+    });
     if status.code() == Code::OutOfRange
         && let Some(compact_revision) = compacted
     {

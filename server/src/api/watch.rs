@@ -119,6 +119,17 @@ pub fn watch_tenant(
     })?;
     let history: Arc<dyn HistorySource<v1::Event>> = handle.events.clone();
     let start = check_start(&*history, request.start_revision)?;
+    // Revisions only grow: one ahead of the tenant was given by a tenant
+    // of this name that is gone, or by a history a restore or a repair
+    // took back. Following from it would skip, silently, every event up
+    // to it.
+    let current = handle.events.hub.published();
+    if start > current {
+        return Err(ApiError::RevisionAhead {
+            requested: start,
+            current,
+        });
+    }
     let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
     let snapshot = (start == 0).then(|| handle.snapshots.latest());
     tokio::spawn(async move {
