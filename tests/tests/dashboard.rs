@@ -1113,21 +1113,24 @@ async fn a_quarantined_tenant_is_listed_with_why() {
 const NODE_DRAWN: &str = "const key = arguments[0] + '\\u0000' + arguments[1]; \
      return [...document.querySelectorAll('#graph-svg .node')].some((n) => n.dataset.key === key);";
 
-#[tokio::test]
-async fn an_item_its_agent_deleted_leaves_the_graph_instead_of_turning_unknown() {
+/// Tenant `acme` with agent `agent-1` handling type `t`, registered; its
+/// `kind` of `t/name` waits until the returned gate opens.
+async fn acme_holding(kind: OperationKind, name: &str) -> (TestTenant, RunningAgent, Gate) {
     let held = Gate::new();
     let recorder = Recorder::new();
-    recorder.script(
-        OperationKind::Delete,
-        ItemRef::new("t", "b"),
-        [Step::Hold(held.clone())],
-    );
+    recorder.script(kind, ItemRef::new("t", name), [Step::Hold(held.clone())]);
     let acme = TestTenant::start("acme").await;
     let mut agent = RunningAgent::start(
         acme.agent("agent-1")
-            .item_type(TypeSpec::new("t"), recorder.clone()),
+            .item_type(TypeSpec::new("t"), recorder),
     );
     agent.connected().await;
+    (acme, agent, held)
+}
+
+#[tokio::test]
+async fn an_item_its_agent_deleted_leaves_the_graph_instead_of_turning_unknown() {
+    let (acme, _agent, held) = acme_holding(OperationKind::Delete, "b").await;
     acme.submit(vec![item("t", "a", json!({})), item("t", "b", json!({}))])
         .await;
     acme.wait_until_ready().await;
@@ -1197,19 +1200,7 @@ async fn value_rows(browser: &Browser, path: &str) -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn a_property_removed_from_the_intent_but_still_applied_is_marked_as_a_difference() {
-    let held = Gate::new();
-    let recorder = Recorder::new();
-    recorder.script(
-        OperationKind::Modify,
-        ItemRef::new("t", "a"),
-        [Step::Hold(held.clone())],
-    );
-    let acme = TestTenant::start("acme").await;
-    let mut agent = RunningAgent::start(
-        acme.agent("agent-1")
-            .item_type(TypeSpec::new("t"), recorder.clone()),
-    );
-    agent.connected().await;
+    let (acme, _agent, held) = acme_holding(OperationKind::Modify, "a").await;
     acme.submit(vec![item("t", "a", json!({"port": 1, "debug": true}))])
         .await;
     acme.wait_until_ready().await;

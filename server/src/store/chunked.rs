@@ -155,6 +155,37 @@ impl<S: Store> ChunkedValues<S> {
     }
 }
 
+/// Up to `limit` entries after `start_after` that are not chunk keys,
+/// each passed through `finish`, from pages of `fetch` (the inner store's
+/// scan, after a key, for a count). Only a scan whose prefix reaches into
+/// the chunk space meets chunk keys; those are skipped and the page is
+/// filled up again.
+fn outside_chunk_space<T>(
+    start_after: Option<&[u8]>,
+    limit: usize,
+    mut fetch: impl FnMut(Option<&[u8]>, usize) -> Result<Vec<T>, StoreError>,
+    key_of: impl Fn(&T) -> &Vec<u8>,
+    mut finish: impl FnMut(T) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    let mut found = Vec::new();
+    let mut after = start_after.map(<[u8]>::to_vec);
+    while found.len() < limit {
+        let want = limit - found.len();
+        let page = fetch(after.as_deref(), want)?;
+        let full = page.len() == want;
+        after = page.last().map(|entry| key_of(entry).clone());
+        for entry in page {
+            if key_of(&entry).first() != Some(&CHUNK_SPACE) {
+                found.push(finish(entry)?);
+            }
+        }
+        if !full {
+            break;
+        }
+    }
+    Ok(found)
+}
+
 impl<S: Store> Store for ChunkedValues<S> {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         match self.inner.get(key)? {
@@ -169,27 +200,16 @@ impl<S: Store> Store for ChunkedValues<S> {
         start_after: Option<&[u8]>,
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
-        let mut found = Vec::new();
-        let mut after = start_after.map(<[u8]>::to_vec);
-        // Only a scan whose prefix reaches into the chunk space can meet
-        // chunk keys; those are skipped (and the page filled up again).
-        while found.len() < limit {
-            let want = limit - found.len();
-            let page = self.inner.scan(prefix, after.as_deref(), want)?;
-            let full = page.len() == want;
-            after = page.last().map(|(key, _)| key.clone());
-            for (key, value) in page {
-                if key.first() == Some(&CHUNK_SPACE) {
-                    continue;
-                }
+        outside_chunk_space(
+            start_after,
+            limit,
+            |after, want| self.inner.scan(prefix, after, want),
+            |(key, _)| key,
+            |(key, value)| {
                 let value = self.join(&key, value)?;
-                found.push((key, value));
-            }
-            if !full {
-                break;
-            }
-        }
-        Ok(found)
+                Ok((key, value))
+            },
+        )
     }
 
     fn scan_keys(
@@ -200,22 +220,13 @@ impl<S: Store> Store for ChunkedValues<S> {
     ) -> Result<Vec<Vec<u8>>, StoreError> {
         // No value is joined, so a record whose chunks are damaged is
         // still listed (and can be deleted or reported).
-        let mut found = Vec::new();
-        let mut after = start_after.map(<[u8]>::to_vec);
-        while found.len() < limit {
-            let want = limit - found.len();
-            let page = self.inner.scan_keys(prefix, after.as_deref(), want)?;
-            let full = page.len() == want;
-            after = page.last().cloned();
-            found.extend(
-                page.into_iter()
-                    .filter(|key| key.first() != Some(&CHUNK_SPACE)),
-            );
-            if !full {
-                break;
-            }
-        }
-        Ok(found)
+        outside_chunk_space(
+            start_after,
+            limit,
+            |after, want| self.inner.scan_keys(prefix, after, want),
+            |key| key,
+            Ok,
+        )
     }
 
     fn commit(&self, batch: WriteBatch) -> CommitHandle {

@@ -237,27 +237,37 @@ type RecordRead = (Vec<u8>, Result<Vec<u8>, TenantError>);
 /// Keys read per page by [`records_under`].
 const KEYS_PAGE: usize = 1_000;
 
-/// Every record under `prefix`, each value read on its own: one that
-/// cannot be read back (a chunked value with a chunk missing) is a problem
-/// of that record, not the end of the diagnosis.
+/// Every record under `prefix`, a page at a time. A page that cannot be
+/// read whole (a chunked value with a chunk missing) is read again key by
+/// key, so the unreadable record is a problem of its own, not the end of
+/// the diagnosis; a sound store is read once.
 fn records_under(store: &dyn Store, prefix: &[u8]) -> Result<Vec<RecordRead>, TenantError> {
-    let mut all = Vec::new();
+    let mut all: Vec<RecordRead> = Vec::new();
     let mut after: Option<Vec<u8>> = None;
     loop {
-        let page = store.scan_keys(prefix, after.as_deref(), KEYS_PAGE)?;
-        let full = page.len() == KEYS_PAGE;
-        after = page.last().cloned();
-        for key in page {
-            let value = match store.get(&key) {
-                Ok(Some(value)) => Ok(value),
-                Ok(None) => continue,
-                Err(error) => Err(TenantError::from(error)),
-            };
-            all.push((key, value));
-        }
-        if !full {
+        // How many keys the page held, and its last key.
+        let (count, last) = match store.scan(prefix, after.as_deref(), KEYS_PAGE) {
+            Ok(page) => {
+                let (count, last) = (page.len(), page.last().map(|(key, _)| key.clone()));
+                all.extend(page.into_iter().map(|(key, value)| (key, Ok(value))));
+                (count, last)
+            }
+            Err(_) => {
+                let keys = store.scan_keys(prefix, after.as_deref(), KEYS_PAGE)?;
+                for key in &keys {
+                    match store.get(key) {
+                        Ok(Some(value)) => all.push((key.clone(), Ok(value))),
+                        Ok(None) => {}
+                        Err(error) => all.push((key.clone(), Err(TenantError::from(error)))),
+                    }
+                }
+                (keys.len(), keys.last().cloned())
+            }
+        };
+        if count < KEYS_PAGE {
             return Ok(all);
         }
+        after = last;
     }
 }
 

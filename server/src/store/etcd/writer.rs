@@ -375,25 +375,6 @@ impl LateAttempt {
     }
 }
 
-/// The attempts of one group transaction: the same writes under the same
-/// compares, the later ones also creating the attempt key.
-struct Attempts {
-    first: Txn,
-    again: Txn,
-}
-
-impl Attempts {
-    /// `group`'s transaction under "each key last written below
-    /// `written_below`", with a fresh attempt key.
-    fn of(shared: &Shared, group: &Group, written_below: i64) -> Self {
-        let attempt = shared.layout.attempt(&staged::new_id());
-        Self {
-            first: group_txn(shared, group, written_below, &attempt, false),
-            again: group_txn(shared, group, written_below, &attempt, true),
-        }
-    }
-}
-
 /// The transaction of `group`: its fences, "each key last written below
 /// `written_below`" and "`attempt` absent" as compares; its writes; and
 /// when refused, the fences and the keys read back. A `retry` also
@@ -462,22 +443,23 @@ async fn commit_group(shared: &Shared, mut group: Group, late: Option<&LateAttem
             return;
         }
         let written_below = shared.seen_revision.load(Ordering::Acquire) + 1;
-        let attempts = Attempts::of(shared, &group, written_below);
+        let attempt = shared.layout.attempt(&staged::new_id());
+        let first = group_txn(shared, &group, written_below, &attempt, false);
         let mut sent = 0;
         if late.is_some() {
             // A first attempt whose answer is lost.
-            let _ = shared.kv.clone().txn(attempts.first.clone()).await;
+            let _ = shared.kv.clone().txn(first.clone()).await;
             sent += 1;
         }
         let started = std::time::Instant::now();
         let outcome = retry("commit a batch", shared.options.commit_timeout, || {
-            let txn = if sent == 0 {
-                &attempts.first
-            } else {
-                &attempts.again
+            // A retry's transaction is built only when one is needed.
+            let txn = match sent {
+                0 => first.clone(),
+                _ => group_txn(shared, &group, written_below, &attempt, true),
             };
             sent += 1;
-            let (mut kv, txn) = (shared.kv.clone(), txn.clone());
+            let mut kv = shared.kv.clone();
             async move { kv.txn(txn).await }
         })
         .await;
@@ -518,7 +500,7 @@ async fn commit_group(shared: &Shared, mut group: Group, late: Option<&LateAttem
             };
         if landed {
             if let Some(late) = late {
-                late.hold(shared, attempts.first).await;
+                late.hold(shared, first).await;
             }
             succeed_all(group);
             return;
