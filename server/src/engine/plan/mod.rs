@@ -135,8 +135,20 @@ pub struct BlockedBy {
 impl BlockedBy {
     /// Whether it shows a terminal failure (the item's own, or one it
     /// waits on): only an intent change moves what waits on it.
+    ///
+    /// Only the engine's own words count: the item's own failure ("failed
+    /// terminally: ...", "failed terminally after N attempts") or a
+    /// blocker's reason ("not created (failed terminally)"). A `why` that
+    /// quotes the user (a predicate's source, its evaluation error) may
+    /// hold the same words and says nothing of a failure.
     pub fn shows_terminal_failure(&self) -> bool {
-        self.why.contains(FAILED_TERMINALLY)
+        let why: &str = &self.why;
+        why.starts_with(FAILED_TERMINALLY)
+            || why
+                .strip_suffix(')')
+                .and_then(|head| head.strip_suffix(FAILED_TERMINALLY))
+                .and_then(|head| head.strip_suffix('('))
+                .is_some_and(|head| BLOCKER_TERMINAL_PREFIXES.contains(&head))
     }
 
     /// Whether it says an operation of the blocker runs first ("its
@@ -187,6 +199,16 @@ pub struct WaitingItem {
 /// own ("failed terminally: ...") or a dependency's ("not created (failed
 /// terminally)").
 pub(crate) const FAILED_TERMINALLY: &str = "failed terminally";
+
+/// The words before "(failed terminally)" in a `why` about a blocker whose
+/// operation waits on a terminal failure (the planner's `reason_words`
+/// in parentheses).
+const BLOCKER_TERMINAL_PREFIXES: [&str; 4] = [
+    "not created ",
+    "being modified ",
+    "its delete waits ",
+    "its own delete waits ",
+];
 
 /// The `why` of an item that a plan keeps behind an operation of another
 /// item, which runs first ("its delete runs first").

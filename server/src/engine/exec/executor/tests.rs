@@ -3351,3 +3351,75 @@ fn a_modify_that_keeps_a_dependents_predicate_leaves_it_and_one_whose_result_bre
         (OperationKind::Delete, "d")
     );
 }
+
+/// Whether the tenant's condition `kind` holds, and its reason.
+fn condition_of(
+    executor: &Executor,
+    kind: crate::engine::conditions::ConditionKind,
+) -> (bool, String) {
+    executor
+        .model()
+        .progress()
+        .conditions
+        .iter()
+        .find(|condition| condition.kind == kind)
+        .map(|condition| (condition.status, condition.reason.clone()))
+        .expect("every condition is computed")
+}
+
+/// A dependent whose predicate is merely false waits for its dependency
+/// (DESIGN 2); nothing failed, so the quiet tenant is not Stalled (DESIGN
+/// 5), whatever words the user's predicate holds. The engine told a
+/// terminal failure from the words of `blocked_by`, and took the
+/// predicate's own text for one.
+#[test]
+fn a_false_predicate_that_mentions_failed_terminally_does_not_stall_the_tenant() {
+    use crate::engine::conditions::ConditionKind;
+    let mut executor = connected();
+    let source = "self.result != \"failed terminally\"";
+    let mut job = item("job", 1);
+    job.external = true;
+    let d = item("d", 1).depends_on(on("t/job").with_must_satisfy(source));
+    let request = ValidatedSubmit {
+        subgraph: String::new(),
+        items: vec![
+            (job.clone(), vec![]),
+            (
+                d,
+                vec![Some(
+                    crate::graph::Predicate::compile(source).expect("compiles"),
+                )],
+            ),
+        ],
+        expected_generation: None,
+        dry_run: false,
+    };
+    executor.submit(request, at(10)).expect("accepted");
+    executor.committed(at(10));
+    let mut reported = job.clone();
+    reported
+        .properties
+        .insert("result".into(), "failed terminally".into());
+    external_put(&mut executor, &reported, at(20));
+    while executor.follow_up(at(20)).is_some() {
+        executor.committed(at(20));
+    }
+
+    let waiting = executor
+        .model()
+        .waiting
+        .get(&ItemRef::new("t", "d"))
+        .expect("d waits for its predicate");
+    assert_eq!(waiting.reason, crate::engine::plan::WaitReason::Dependency);
+    assert!(!waiting.waits_on_terminal_failure(), "{waiting:?}");
+    assert_eq!(executor.model().waiting.summary().terminal, 0);
+    assert_eq!(
+        condition_of(&executor, ConditionKind::Stalled),
+        (false, "NotStalled".to_owned()),
+        "nothing failed: a false predicate is not a terminal failure"
+    );
+    assert_eq!(
+        condition_of(&executor, ConditionKind::Ready),
+        (false, "WaitingForDependencies".to_owned())
+    );
+}
