@@ -62,6 +62,10 @@ pub struct Progress<'a> {
     pub waiting: &'a WaitingSummary,
     /// Since when some item waits for a configurator (unix ms).
     pub no_configurator_since_ms: Option<u64>,
+    /// The item types some item waits for a configurator of (those
+    /// waiting with reason NoConfigurator, and UNKNOWN ones whose type no
+    /// agent holds), sorted.
+    pub without_configurator: Vec<String>,
     /// How long items may wait for a configurator before the tenant stalls.
     pub configurator_grace_ms: u64,
     /// Now (unix ms).
@@ -181,12 +185,7 @@ fn stall(progress: &Progress<'_>, quiescent: bool) -> (bool, String, String) {
         progress.now_ms.saturating_sub(since) >= progress.configurator_grace_ms
     });
     if waited_too_long {
-        let types: Vec<String> = progress
-            .waiting
-            .without_configurator
-            .keys()
-            .cloned()
-            .collect();
+        let types = &progress.without_configurator;
         return (
             true,
             NO_CONFIGURATOR.into(),
@@ -255,6 +254,7 @@ mod tests {
             ready_operations: 0,
             waiting,
             no_configurator_since_ms: None,
+            without_configurator: waiting.without_configurator.keys().cloned().collect(),
             configurator_grace_ms: 300_000,
             now_ms: 1_000,
         }

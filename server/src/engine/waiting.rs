@@ -20,6 +20,10 @@ pub struct WaitingSummary {
     pub terminal: usize,
     /// Items waiting for a configurator, by item type.
     pub without_configurator: BTreeMap<String, usize>,
+    /// Items waiting for the outcome of a lost operation, by item type:
+    /// while no agent holds their type, they wait for a configurator too
+    /// (only one can READ them or send the operation again, DESIGN 4).
+    pub unknown_outcome: BTreeMap<String, usize>,
 }
 
 impl WaitingSummary {
@@ -30,15 +34,17 @@ impl WaitingSummary {
         if item.waits_on_terminal_failure() {
             adjust(&mut self.terminal);
         }
-        if item.reason == WaitReason::NoConfigurator {
+        let by_type = match item.reason {
+            WaitReason::NoConfigurator => Some(&mut self.without_configurator),
+            WaitReason::UnknownOutcome => Some(&mut self.unknown_outcome),
+            _ => None,
+        };
+        if let Some(by_type) = by_type {
             let item_type = item.item.item_type().to_string();
-            let entry = self
-                .without_configurator
-                .entry(item_type.clone())
-                .or_default();
+            let entry = by_type.entry(item_type.clone()).or_default();
             adjust(entry);
             if *entry == 0 {
-                self.without_configurator.remove(&item_type);
+                by_type.remove(&item_type);
             }
         }
         self.by_reason.retain(|_, count| *count > 0);

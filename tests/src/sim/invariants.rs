@@ -2000,11 +2000,17 @@ pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<
         return fail("Reconciling and Ready never hold together", "both are true");
     }
     // DESIGN 5: Stalled needs a cause: an item that failed terminally (an
-    // item blocked by one names it), or one waiting for a configurator.
-    let waits_for_a_configurator = snapshot
-        .waiting
-        .values()
-        .any(|waiting| waiting.reason == WaitReason::NoConfigurator);
+    // item blocked by one names it), or one waiting for a configurator
+    // (also an UNKNOWN one whose type no agent holds: only an agent can
+    // settle it).
+    let waits_for_a_configurator = snapshot.waiting.values().any(|waiting| {
+        waiting.reason == WaitReason::NoConfigurator
+            || (waiting.reason == WaitReason::UnknownOutcome
+                && !snapshot
+                    .connected_item_types
+                    .iter()
+                    .any(|item_type| **item_type == **waiting.item.item_type()))
+    });
     if stalled == Some(true) && !any_failed_for_good(snapshot) && !waits_for_a_configurator {
         return fail(
             "a tenant is Stalled only for a terminal failure or a missing configurator",

@@ -700,7 +700,7 @@ impl Executor {
         }
         self.next_retry_ms = next_retry;
         self.follow_up_waiters_of_stalled(seeds, plan);
-        let waits_for_configurator = !self.model.waiting.summary().without_configurator.is_empty();
+        let waits_for_configurator = !self.types_without_configurator().is_empty();
         self.no_configurator = match (waits_for_configurator, self.no_configurator) {
             (false, _) => None,
             (true, Some(wait)) => Some(wait),
@@ -843,6 +843,27 @@ impl Executor {
         }
     }
 
+    /// The item types some waiting item needs a configurator of, sorted:
+    /// those of items waiting for one, and those of UNKNOWN items that no
+    /// live session holds (only an agent of the type can READ them or send
+    /// their lost operation again, DESIGN 4). An UNKNOWN item whose agent
+    /// is gone for good otherwise kept its tenant from Ready without ever
+    /// stalling it (DESIGN 5, `configurator_grace`).
+    fn types_without_configurator(&self) -> Vec<String> {
+        let summary = self.model.waiting.summary();
+        let mut types: Vec<String> = summary.without_configurator.keys().cloned().collect();
+        types.extend(
+            summary
+                .unknown_outcome
+                .keys()
+                .filter(|item_type| !self.sessions.contains_key(item_type.as_str()))
+                .cloned(),
+        );
+        types.sort();
+        types.dedup();
+        types
+    }
+
     /// Recomputes the conditions: staged when they changed in substance; a
     /// change of wording only is shown without a commit.
     fn update_conditions(&mut self, now: Now, ready_operations: usize) {
@@ -859,6 +880,7 @@ impl Executor {
             no_configurator_since_ms: self
                 .no_configurator
                 .map(|wait| now_ms.saturating_sub(wait.waited_ms(now.mono_ms))),
+            without_configurator: self.types_without_configurator(),
             configurator_grace_ms: self.settings.configurator_grace_ms,
             now_ms,
         };

@@ -3423,3 +3423,58 @@ fn a_false_predicate_that_mentions_failed_terminally_does_not_stall_the_tenant()
         (false, "WaitingForDependencies".to_owned())
     );
 }
+
+/// a on b on c: c's Create runs when its agent goes and never comes
+/// back. c is UNKNOWN and only an agent of its type can settle it (a READ
+/// or the Create sent again, DESIGN 4), and a and b wait on it: past
+/// `configurator_grace` the quiet tenant is Stalled for want of a
+/// configurator, naming the type (DESIGN 5), as it is when a PENDING
+/// item of a type with no agent waits; the agent's return clears it.
+#[test]
+fn an_unknown_item_whose_agent_is_gone_stalls_the_tenant_after_the_grace() {
+    use crate::engine::conditions::{ConditionKind, NO_CONFIGURATOR};
+    let mut executor = connected();
+    let a = item("a", 1).depends_on(on("t/b"));
+    let b = item("b", 1).depends_on(on("t/c"));
+    let effects = submit(&mut executor, vec![a, b, item("c", 1)], at(10));
+    let create = orders(&effects.sends).remove(0);
+    assert_eq!(&**create.item.name(), "c");
+    executor.session_closed(1, "the stream ended", at(20));
+    executor.committed(at(20));
+    assert_eq!(state_of(&executor, "c"), Some(ItemState::Unknown));
+    assert!(
+        !condition_of(&executor, ConditionKind::Stalled).0,
+        "within the grace"
+    );
+
+    let grace_ends = 20 + settings().configurator_grace_ms;
+    let wakeup = executor.next_wakeup(at(30)).expect("a wake-up");
+    assert!(
+        wakeup <= grace_ends,
+        "the tenant is woken when the grace ends: {wakeup} > {grace_ends}"
+    );
+    executor.on_timer(at(grace_ends));
+    executor.committed(at(grace_ends));
+    assert_eq!(
+        condition_of(&executor, ConditionKind::Stalled),
+        (true, NO_CONFIGURATOR.to_owned()),
+        "nothing moves until an agent of type t connects"
+    );
+    let message = executor
+        .model()
+        .progress()
+        .conditions
+        .iter()
+        .find(|condition| condition.kind == ConditionKind::Stalled)
+        .map(|condition| condition.message.clone())
+        .unwrap_or_default();
+    assert!(message.contains("type(s) t"), "{message}");
+
+    let effects = register(&mut executor, 2, "agent", at(grace_ends + 10));
+    assert_eq!(orders(&effects.sends).len(), 1, "c's Create goes again");
+    assert!(
+        !condition_of(&executor, ConditionKind::Stalled).0,
+        "an agent came back"
+    );
+    assert!(holds(&executor, ConditionKind::Reconciling));
+}
