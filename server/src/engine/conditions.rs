@@ -175,10 +175,7 @@ fn stall(progress: &Progress<'_>, quiescent: bool) -> (bool, String, String) {
         return (
             true,
             "TerminalFailure".into(),
-            format!(
-                "{} item(s) failed terminally or wait on one; change their intent to retry",
-                progress.waiting.terminal
-            ),
+            terminal_failure_message(progress.waiting),
         );
     }
     let waited_too_long = progress.no_configurator_since_ms.is_some_and(|since| {
@@ -196,6 +193,36 @@ fn stall(progress: &Progress<'_>, quiescent: bool) -> (bool, String, String) {
         );
     }
     (false, "NotStalled".into(), "nothing is stuck".into())
+}
+
+/// How many failed items a Stalled message names, at most.
+const NAMED_FAILURES: usize = 3;
+
+/// The Stalled message of a terminal failure: the items that failed
+/// terminally themselves, by name (the root causes, which their intent
+/// must change), rather than a count of the items that show one. Items
+/// deeper in a chain wait on a dependency that waits on the failure, and
+/// show it only as "not created (dependency)": a count of those that
+/// show it was short of what waits on it.
+fn terminal_failure_message(waiting: &WaitingSummary) -> String {
+    let failed = &waiting.failed_terminally;
+    let mut names: Vec<String> = failed
+        .keys()
+        .take(NAMED_FAILURES)
+        .map(ToString::to_string)
+        .collect();
+    if failed.len() > NAMED_FAILURES {
+        names.push(format!("{} more", failed.len() - NAMED_FAILURES));
+    }
+    if names.is_empty() {
+        return "an item failed terminally; change its intent to retry".into();
+    }
+    format!(
+        "{} failed terminally, and what depends on {} waits; change {} intent to retry",
+        names.join(", "),
+        if failed.len() == 1 { "it" } else { "them" },
+        if failed.len() == 1 { "its" } else { "their" },
+    )
 }
 
 /// The most common waiting reason as a not-Ready reason.

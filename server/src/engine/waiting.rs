@@ -24,6 +24,9 @@ pub struct WaitingSummary {
     /// while no agent holds their type, they wait for a configurator too
     /// (only one can READ them or send the operation again, DESIGN 4).
     pub unknown_outcome: BTreeMap<String, usize>,
+    /// The items that failed terminally themselves (not those that only
+    /// wait on one), each counted once: what a Stalled tenant names.
+    pub failed_terminally: BTreeMap<ItemRef, usize>,
 }
 
 impl WaitingSummary {
@@ -33,6 +36,13 @@ impl WaitingSummary {
         adjust(self.by_reason.entry(item.reason).or_default());
         if item.waits_on_terminal_failure() {
             adjust(&mut self.terminal);
+        }
+        if item.failed_terminally_itself() {
+            let entry = self.failed_terminally.entry(item.item.clone()).or_default();
+            adjust(entry);
+            if *entry == 0 {
+                self.failed_terminally.remove(&item.item);
+            }
         }
         let by_type = match item.reason {
             WaitReason::NoConfigurator => Some(&mut self.without_configurator),

@@ -222,6 +222,16 @@ pub fn runs_first(kind: OperationKind) -> Cow<'static, str> {
 }
 
 impl WaitingItem {
+    /// Whether the item's own last operation failed terminally (it shows
+    /// that failure), rather than only waiting on an item that did.
+    pub fn failed_terminally_itself(&self) -> bool {
+        self.reason == WaitReason::TerminalFailure
+            || self
+                .blocked_by
+                .iter()
+                .any(|blocker| blocker.item == self.item && blocker.shows_terminal_failure())
+    }
+
     /// Whether the item failed terminally itself or waits on an item that
     /// did: only an intent change moves it (a quiet tenant is Stalled).
     pub fn waits_on_terminal_failure(&self) -> bool {

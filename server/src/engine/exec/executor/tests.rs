@@ -3478,3 +3478,49 @@ fn an_unknown_item_whose_agent_is_gone_stalls_the_tenant_after_the_grace() {
     );
     assert!(holds(&executor, ConditionKind::Reconciling));
 }
+
+/// a on b on c, and c's Create fails terminally: the quiet tenant is
+/// Stalled (DESIGN 5), and its message names c, the item whose intent
+/// must change. It said "2 item(s) failed terminally or wait on one":
+/// three items are held, and none was named.
+#[test]
+fn a_terminal_failure_deep_in_a_chain_is_named_by_the_stalled_condition() {
+    use crate::engine::conditions::ConditionKind;
+    let mut executor = connected();
+    let a = item("a", 1).depends_on(on("t/b"));
+    let b = item("b", 1).depends_on(on("t/c"));
+    let effects = submit(&mut executor, vec![a, b, item("c", 1)], at(10));
+    let create = orders(&effects.sends).remove(0);
+    assert_eq!(&**create.item.name(), "c");
+    let refused = AgentOutcome::Failed(OperationError {
+        code: code::INVALID_ARGUMENT,
+        message: "no such vlan".into(),
+    });
+    let effects = answer(&mut executor, &create, refused, at(20));
+    assert!(orders(&effects.sends).is_empty());
+    assert_eq!(
+        executor.model().waiting.summary().total,
+        3,
+        "a, b and c wait"
+    );
+    let stalled = executor
+        .model()
+        .progress()
+        .conditions
+        .iter()
+        .find(|condition| condition.kind == ConditionKind::Stalled)
+        .cloned()
+        .expect("a Stalled condition");
+    assert!(stalled.status);
+    assert_eq!(stalled.reason, "TerminalFailure");
+    assert!(
+        stalled.message.contains("t/c failed terminally"),
+        "{}",
+        stalled.message
+    );
+    assert!(
+        !stalled.message.contains("t/a") && !stalled.message.contains("t/b"),
+        "a and b only wait: {}",
+        stalled.message
+    );
+}
