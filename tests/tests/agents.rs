@@ -309,6 +309,53 @@ async fn a_terminal_failure_stalls_the_tenant_until_the_intent_changes() {
 }
 
 #[tokio::test]
+async fn a_scoped_reconcile_wait_stops_as_stalled_when_its_item_waits_on_a_failure_two_levels_down()
+{
+    let recorder = Recorder::new();
+    recorder.fail_times(OperationKind::Create, t_ref("c"), 1, Code::InvalidArgument);
+    let (tenant, _agent) = tenant_with_agent(TypeSpec::new("t"), &recorder).await;
+    // a (in subgraph `top`) needs b, b needs c; c fails for good. a's own
+    // blocker is b, which is merely "not created": only b shows c's failure.
+    let mut a = item_needing("t", "a", json!({}), &["t/b"]);
+    a.subgraph = "top".into();
+    tenant
+        .submit(vec![
+            a,
+            item_needing("t", "b", json!({}), &["t/c"]),
+            item("t", "c", json!({})),
+        ])
+        .await;
+    tenant
+        .wait_for_status("Stalled", |status| condition_holds(status, "Stalled"))
+        .await;
+
+    // However many idle passes it may run, a wait on `top` ends as stalled
+    // (nothing runs until the intent changes), not as "work remains".
+    let reply = tenant
+        .reconciler()
+        .reconcile(v1::ReconcileRequest {
+            tenant: tenant.name.clone(),
+            subgraph: "top".into(),
+            wait: true,
+            timeout: Some(prost_types::Duration {
+                seconds: 30,
+                nanos: 0,
+            }),
+            max_no_progress_iterations: u32::MAX,
+            ..Default::default()
+        })
+        .await
+        .expect("Reconcile succeeds")
+        .into_inner();
+    assert!(!reply.converged, "{reply:#?}");
+    assert!(
+        !reply.require_rerun,
+        "a stalled scope needs an intent change, not another pass: {reply:#?}"
+    );
+    assert_eq!(reply.iterations, 1, "it stops at once: {reply:#?}");
+}
+
+#[tokio::test]
 async fn independent_items_are_dispatched_in_parallel() {
     const ITEMS: usize = 20;
     let gate = Gate::new();

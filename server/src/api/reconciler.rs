@@ -1,6 +1,7 @@
 //! The `reconciled.v1.Reconciler` service: intents, graphs, status and
 //! external reports of one tenant.
 
+use std::collections::HashSet;
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -569,6 +570,7 @@ enum ScopeOutcome {
 /// Where the items of `scope` stand in `snapshot`.
 fn scope_outcome(snapshot: &TenantSnapshot, scope: &str) -> ScopeOutcome {
     let mut outcome = ScopeOutcome::Converged;
+    let mut failures = FailureSearch::new(snapshot);
     let busy = |item: &ItemRef| {
         snapshot
             .current
@@ -582,8 +584,8 @@ fn scope_outcome(snapshot: &TenantSnapshot, scope: &str) -> ScopeOutcome {
         if busy(item) {
             return ScopeOutcome::Working;
         }
-        if let Some(waiting) = snapshot.waiting.get(item) {
-            if waiting.waits_on_terminal_failure() {
+        if snapshot.waiting.contains_key(item) {
+            if outcome != ScopeOutcome::Stalled && failures.reached_from(item) {
                 outcome = ScopeOutcome::Stalled;
             } else if outcome == ScopeOutcome::Converged {
                 outcome = ScopeOutcome::Idle;
@@ -613,6 +615,52 @@ fn scope_outcome(snapshot: &TenantSnapshot, scope: &str) -> ScopeOutcome {
         }
     }
     outcome
+}
+
+/// Finds whether a waiting item waits on a terminal failure, directly or
+/// through the items it waits for. A deep waiter names only its own
+/// blocker ("not created (dependency)"); the failure shows one or more
+/// levels down, where only an intent change moves anything (DESIGN 5:
+/// the scope is Stalled). Remembers what it explored without finding one,
+/// so a scope's items share one walk: O(waiting items and their blockers),
+/// iterative, whatever the depth.
+struct FailureSearch<'a> {
+    snapshot: &'a TenantSnapshot,
+    explored: HashSet<&'a ItemRef>,
+}
+
+impl<'a> FailureSearch<'a> {
+    fn new(snapshot: &'a TenantSnapshot) -> Self {
+        Self {
+            snapshot,
+            explored: HashSet::new(),
+        }
+    }
+
+    /// Whether `start`, or an item it waits for however deep, shows a
+    /// terminal failure.
+    fn reached_from(&mut self, start: &'a ItemRef) -> bool {
+        let mut stack = vec![start];
+        while let Some(item) = stack.pop() {
+            if !self.explored.insert(item) {
+                continue;
+            }
+            let Some(waiting) = self.snapshot.waiting.get(item) else {
+                continue;
+            };
+            if waiting.waits_on_terminal_failure() {
+                return true;
+            }
+            stack.extend(
+                waiting
+                    .blocked_by
+                    .iter()
+                    .map(|blocker| &blocker.item)
+                    .filter(|blocker| *blocker != item),
+            );
+        }
+        false
+    }
 }
 
 /// One operation log entry as a proto message.
