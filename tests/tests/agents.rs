@@ -333,17 +333,7 @@ async fn a_scoped_reconcile_wait_stops_as_stalled_when_its_item_waits_on_a_failu
     // (nothing runs until the intent changes), not as "work remains".
     let reply = tenant
         .reconciler()
-        .reconcile(v1::ReconcileRequest {
-            tenant: tenant.name.clone(),
-            subgraph: "top".into(),
-            wait: true,
-            timeout: Some(prost_types::Duration {
-                seconds: 30,
-                nanos: 0,
-            }),
-            max_no_progress_iterations: u32::MAX,
-            ..Default::default()
-        })
+        .reconcile(wait_for_top(&tenant, u32::MAX, 30))
         .await
         .expect("Reconcile succeeds")
         .into_inner();
@@ -353,6 +343,91 @@ async fn a_scoped_reconcile_wait_stops_as_stalled_when_its_item_waits_on_a_failu
         "a stalled scope needs an intent change, not another pass: {reply:#?}"
     );
     assert_eq!(reply.iterations, 1, "it stops at once: {reply:#?}");
+}
+
+/// A `Reconcile{wait}` of subgraph `top` with at most `max_no_progress`
+/// idle passes and a timeout of `timeout_secs`.
+fn wait_for_top(
+    tenant: &TestTenant,
+    max_no_progress: u32,
+    timeout_secs: i64,
+) -> v1::ReconcileRequest {
+    v1::ReconcileRequest {
+        tenant: tenant.name.clone(),
+        subgraph: "top".into(),
+        wait: true,
+        timeout: Some(prost_types::Duration {
+            seconds: timeout_secs,
+            nanos: 0,
+        }),
+        max_no_progress_iterations: max_no_progress,
+        ..Default::default()
+    }
+}
+
+/// `a` in subgraph `top`, needing `b` outside it.
+fn top_needing_b() -> Vec<v1::Item> {
+    let mut a = item_needing("t", "a", json!({}), &["t/b"]);
+    a.subgraph = "top".into();
+    vec![a, item("t", "b", json!({}))]
+}
+
+#[tokio::test]
+async fn a_scoped_reconcile_wait_waits_for_a_retry_of_what_its_items_wait_on() {
+    let recorder = Recorder::new();
+    recorder.fail_times(OperationKind::Create, t_ref("b"), 1, Code::Unavailable);
+    let (tenant, _agent) = tenant_with_agent(
+        TypeSpec::new("t").retry_static(Duration::from_secs(5)),
+        &recorder,
+    )
+    .await;
+    tenant.submit(top_needing_b()).await;
+    recorder.wait_for_operations(1).await;
+
+    // b's retry comes 5 s after its failure, long after one idle pass (1 s)
+    // would have given up: a retry to come is work under way, as in the
+    // tenant's Reconciling condition.
+    let reply = tenant
+        .reconciler()
+        .reconcile(wait_for_top(&tenant, 1, 60))
+        .await
+        .expect("Reconcile succeeds")
+        .into_inner();
+    assert!(reply.converged, "{reply:#?}");
+    assert_eq!(
+        recorder.labels(),
+        ["create t/b", "create t/b", "create t/a"]
+    );
+}
+
+#[tokio::test]
+async fn a_scoped_reconcile_wait_runs_no_idle_pass_while_what_its_items_wait_on_runs() {
+    let gate = Gate::new();
+    let recorder = Recorder::new();
+    recorder.script(
+        OperationKind::Create,
+        t_ref("b"),
+        [Step::Hold(gate.clone())],
+    );
+    let (tenant, _agent) = tenant_with_agent(TypeSpec::new("t"), &recorder).await;
+    tenant.submit(top_needing_b()).await;
+    recorder.wait_for_operations(1).await;
+
+    // b's Create runs (outside `top`) for the whole wait: the wait follows
+    // it to its timeout instead of counting idle passes and giving up.
+    let reply = tenant
+        .reconciler()
+        .reconcile(wait_for_top(&tenant, 1, 3))
+        .await
+        .expect("Reconcile succeeds")
+        .into_inner();
+    assert!(!reply.converged && reply.require_rerun, "{reply:#?}");
+    assert_eq!(
+        reply.iterations, 1,
+        "no idle pass while an operation it waits on runs: {reply:#?}"
+    );
+    gate.open();
+    tenant.wait_until_ready().await;
 }
 
 #[tokio::test]

@@ -13,6 +13,7 @@ use tracing::instrument;
 use std::time::Duration;
 
 use crate::engine::intent::normalize_subgraph;
+use crate::engine::plan::WaitReason;
 use crate::graph::ItemState;
 use crate::graph::validate::{ValidationLimits, validate_items};
 use crate::graph::{ItemRef, subgraph_contains};
@@ -558,37 +559,36 @@ fn field_len(tag: u32, len: usize) -> usize {
 enum ScopeOutcome {
     /// Every intended item in scope is created and up to date.
     Converged,
-    /// Something in scope failed terminally or waits on a terminal failure.
+    /// Something in scope failed terminally or waits on a terminal failure
+    /// (however deep), and nothing it waits on is under way.
     Stalled,
-    /// Operations in flight or ready: wait for results.
+    /// Operations in flight or ready, or a retry to come, in scope or
+    /// among what its items wait on: wait for results.
     Working,
-    /// Nothing runs and it is not converged (waiting for a dependency, a
-    /// configurator or a retry).
+    /// Nothing runs and it is not converged (waiting for a dependency that
+    /// nothing creates yet, a predicate, a configurator).
     Idle,
 }
 
 /// Where the items of `scope` stand in `snapshot`.
 fn scope_outcome(snapshot: &TenantSnapshot, scope: &str) -> ScopeOutcome {
     let mut outcome = ScopeOutcome::Converged;
-    let mut failures = FailureSearch::new(snapshot);
-    let busy = |item: &ItemRef| {
-        snapshot
-            .current
-            .get(item)
-            .is_some_and(|c| c.is_busy() && c.state != ItemState::Unknown)
-    };
+    let mut blockers = BlockerWalk::new(snapshot);
     for (item, entry) in snapshot.intended.iter() {
         if !subgraph_contains(scope, &entry.item.subgraph) || entry.item.external {
             continue;
         }
-        if busy(item) {
+        if busy(snapshot, item) {
             return ScopeOutcome::Working;
         }
         if snapshot.waiting.contains_key(item) {
-            if outcome != ScopeOutcome::Stalled && failures.reached_from(item) {
-                outcome = ScopeOutcome::Stalled;
-            } else if outcome == ScopeOutcome::Converged {
-                outcome = ScopeOutcome::Idle;
+            match blockers.waits_on(item) {
+                WaitsOn::Work => return ScopeOutcome::Working,
+                WaitsOn::Failure => outcome = ScopeOutcome::Stalled,
+                WaitsOn::Nothing if outcome == ScopeOutcome::Converged => {
+                    outcome = ScopeOutcome::Idle;
+                }
+                WaitsOn::Nothing => {}
             }
             continue;
         }
@@ -617,19 +617,32 @@ fn scope_outcome(snapshot: &TenantSnapshot, scope: &str) -> ScopeOutcome {
     outcome
 }
 
-/// Finds whether a waiting item waits on a terminal failure, directly or
-/// through the items it waits for. A deep waiter names only its own
-/// blocker ("not created (dependency)"); the failure shows one or more
-/// levels down, where only an intent change moves anything (DESIGN 5:
-/// the scope is Stalled). Remembers what it explored without finding one,
-/// so a scope's items share one walk: O(waiting items and their blockers),
-/// iterative, whatever the depth.
-struct FailureSearch<'a> {
+/// What a waiting item's wait comes down to, found by following it
+/// through the items it waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WaitsOn {
+    /// Neither work nor a terminal failure: a dependency that is missing,
+    /// a false predicate, an agent that is not there.
+    Nothing,
+    /// A terminal failure: only an intent change moves it.
+    Failure,
+    /// Work under way: an operation in flight or a retry to come.
+    Work,
+}
+
+/// Follows waiting items through the items they wait for. A deep waiter
+/// names only its own blocker ("not created (dependency)"); what it comes
+/// down to (a terminal failure, an operation in flight, a retry after a
+/// backoff) shows one or more levels down, perhaps outside the scope
+/// awaited. Each item is looked at once per search, so a scope's items
+/// share one walk: O(waiting items and their blockers), iterative,
+/// whatever the depth.
+struct BlockerWalk<'a> {
     snapshot: &'a TenantSnapshot,
     explored: HashSet<&'a ItemRef>,
 }
 
-impl<'a> FailureSearch<'a> {
+impl<'a> BlockerWalk<'a> {
     fn new(snapshot: &'a TenantSnapshot) -> Self {
         Self {
             snapshot,
@@ -637,19 +650,28 @@ impl<'a> FailureSearch<'a> {
         }
     }
 
-    /// Whether `start`, or an item it waits for however deep, shows a
-    /// terminal failure.
-    fn reached_from(&mut self, start: &'a ItemRef) -> bool {
+    /// What `start` waits on, through the items not explored yet: work
+    /// found anywhere wins (it will change what waits), then a failure.
+    /// An item explored by an earlier call adds nothing: what it reached
+    /// was answered then.
+    fn waits_on(&mut self, start: &'a ItemRef) -> WaitsOn {
+        let mut found = WaitsOn::Nothing;
         let mut stack = vec![start];
         while let Some(item) = stack.pop() {
             if !self.explored.insert(item) {
                 continue;
             }
+            if busy(self.snapshot, item) {
+                return WaitsOn::Work;
+            }
             let Some(waiting) = self.snapshot.waiting.get(item) else {
                 continue;
             };
+            if waiting.reason == WaitReason::Backoff {
+                return WaitsOn::Work;
+            }
             if waiting.waits_on_terminal_failure() {
-                return true;
+                found = WaitsOn::Failure;
             }
             stack.extend(
                 waiting
@@ -659,8 +681,16 @@ impl<'a> FailureSearch<'a> {
                     .filter(|blocker| *blocker != item),
             );
         }
-        false
+        found
     }
+}
+
+/// Whether an operation of `item` runs (a lost one, UNKNOWN, does not).
+fn busy(snapshot: &TenantSnapshot, item: &ItemRef) -> bool {
+    snapshot
+        .current
+        .get(item)
+        .is_some_and(|current| current.is_busy() && current.state != ItemState::Unknown)
 }
 
 /// One operation log entry as a proto message.
