@@ -22,6 +22,7 @@ pub mod config;
 pub mod engine;
 pub mod graph;
 pub mod limits;
+pub mod loopback;
 pub mod metrics;
 pub mod server;
 pub mod status;

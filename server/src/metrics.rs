@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::graph::OperationKind;
+use crate::loopback;
 
 /// Gauges read at each scrape from the parts of the server that own them
 /// (tenants, agent sessions, the store).
@@ -323,6 +324,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let listener = TcpListener::bind(listen).await?;
+    let listens_on_loopback = listen.ip().is_loopback();
     debug!(addr = %listen, "Metrics endpoint listening.");
     let slots = Arc::new(Semaphore::new(MAX_SCRAPE_CONNECTIONS));
     let mut scrapes = JoinSet::new();
@@ -357,7 +359,11 @@ pub async fn serve(
         scrapes.spawn(async move {
             let _slot = slot;
             let service = hyper::service::service_fn(move |request| {
-                let response = respond(&request, &metrics, &gauges);
+                let response = if loopback::request_allowed(&request, listens_on_loopback) {
+                    respond(&request, &metrics, &gauges)
+                } else {
+                    refuse_host()
+                };
                 async move { Ok::<_, std::convert::Infallible>(response) }
             });
             let connection = hyper::server::conn::http1::Builder::new()
@@ -377,6 +383,19 @@ pub async fn serve(
     }
     scrapes.shutdown().await;
     Ok(())
+}
+
+/// The answer to a request addressed to a host name a loopback port does
+/// not answer (see [`crate::loopback`]).
+fn refuse_host() -> hyper::Response<Full<Bytes>> {
+    let mut response =
+        hyper::Response::new(Full::new(Bytes::from_static(loopback::REFUSAL.as_bytes())));
+    *response.status_mut() = hyper::StatusCode::FORBIDDEN;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
 }
 
 /// The answer to one request: the exposition for `GET /metrics`, 404 for

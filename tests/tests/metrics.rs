@@ -10,11 +10,20 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn scrape(addr: &str) -> String {
+    let response = get(addr, "/metrics", "localhost").await;
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
+
+/// The whole response to `GET path` on `addr`, with `Host: host`.
+async fn get(addr: &str, path: &str, host: &str) -> String {
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
-        .expect("metrics endpoint reachable");
+        .expect("port reachable");
     stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
         .await
         .expect("request sent");
     let mut response = String::new();
@@ -22,8 +31,13 @@ async fn scrape(addr: &str) -> String {
         .read_to_string(&mut response)
         .await
         .expect("response read");
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     response
+}
+
+/// A free loopback address.
+fn free_address() -> String {
+    let probe = StdListener::bind("127.0.0.1:0").expect("free port");
+    probe.local_addr().expect("address").to_string()
 }
 
 /// The value of one sample line, e.g. `reconciled_items{state="CREATED"}`.
@@ -129,10 +143,7 @@ async fn a_scrape_sees_passes_operations_and_items_move() {
 
 #[tokio::test]
 async fn metrics_share_the_dashboard_port_when_both_listen_on_one_address() {
-    let addr = {
-        let probe = StdListener::bind("127.0.0.1:0").expect("free port");
-        probe.local_addr().expect("address").to_string()
-    };
+    let addr = free_address();
     let _tenant = TestTenant::start_with(
         ServerOptions::default()
             .arg("--metrics-listen")
@@ -150,18 +161,49 @@ async fn metrics_share_the_dashboard_port_when_both_listen_on_one_address() {
         "{metrics}"
     );
     // The same port still serves the dashboard.
-    let mut stream = tokio::net::TcpStream::connect(&addr)
-        .await
-        .expect("dashboard reachable");
-    stream
-        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("request sent");
-    let mut page = String::new();
-    stream.read_to_string(&mut page).await.expect("page read");
+    let page = get(&addr, "/", "localhost").await;
     assert!(page.starts_with("HTTP/1.1 200"), "{page}");
     assert!(
         page.to_lowercase().contains("content-type: text/html"),
         "{page}"
     );
+}
+
+#[tokio::test]
+async fn loopback_ports_answer_only_requests_addressed_to_a_loopback_name() {
+    let (metrics, dashboard) = (free_address(), free_address());
+    let _tenant = TestTenant::start_with(
+        ServerOptions::default()
+            .arg("--metrics-listen")
+            .arg(&metrics)
+            .arg("--ui-listen")
+            .arg(&dashboard),
+        "acme",
+    )
+    .await;
+    let port = |addr: &str| addr.rsplit(':').next().expect("a port").to_string();
+    for (addr, path) in [
+        (&metrics, "/metrics"),
+        (&dashboard, "/"),
+        (&dashboard, "/schema.json"),
+    ] {
+        // What a page of another site sends once its name points at
+        // 127.0.0.1 (DNS rebinding): its own host name.
+        let rebound = get(addr, path, &format!("rebinder.example:{}", port(addr))).await;
+        assert!(rebound.starts_with("HTTP/1.1 403"), "{path}: {rebound}");
+        assert!(
+            !rebound.contains("reconciled_tenants") && !rebound.contains("<html"),
+            "{path}: nothing of the page or the metrics: {rebound}"
+        );
+        for host in [
+            format!("localhost:{}", port(addr)),
+            format!("127.0.0.1:{}", port(addr)),
+        ] {
+            let response = get(addr, path, &host).await;
+            assert!(
+                response.starts_with("HTTP/1.1 200"),
+                "{path} {host}: {response}"
+            );
+        }
+    }
 }

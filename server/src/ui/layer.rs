@@ -22,13 +22,17 @@ use tower::{Layer, Service, ServiceExt as _};
 use super::assets::{self, CONTENT_SECURITY_POLICY as POLICY};
 use super::schema::schema_json;
 
+use crate::loopback;
 use crate::metrics::{GaugeSource, Metrics};
 
 /// Serves the dashboard's files (and the metrics, when they share the
-/// port) and hands gRPC calls to the inner service.
+/// port) and hands gRPC calls to the inner service. On a port listening on
+/// loopback, refuses requests addressed to any other host name (see
+/// [`crate::loopback`]).
 #[derive(Clone, Default)]
 pub struct DashboardLayer {
     metrics: Option<MetricsPage>,
+    listens_on_loopback: bool,
 }
 
 /// What `GET /metrics` on the dashboard port reads.
@@ -41,11 +45,13 @@ pub struct MetricsPage {
 }
 
 impl DashboardLayer {
-    /// A layer that also serves `GET /metrics` from `page`
-    /// (`--metrics-listen` equal to `--ui-listen`).
-    pub fn with_metrics(page: MetricsPage) -> Self {
+    /// A layer for a port listening on `listen`, that also serves `GET
+    /// /metrics` from `metrics` when given (`--metrics-listen` equal to
+    /// `--ui-listen`).
+    pub fn new(listen: std::net::SocketAddr, metrics: Option<MetricsPage>) -> Self {
         Self {
-            metrics: Some(page),
+            metrics,
+            listens_on_loopback: listen.ip().is_loopback(),
         }
     }
 }
@@ -54,6 +60,7 @@ impl std::fmt::Debug for DashboardLayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DashboardLayer")
             .field("metrics", &self.metrics.is_some())
+            .field("listens_on_loopback", &self.listens_on_loopback)
             .finish()
     }
 }
@@ -65,6 +72,7 @@ impl<S> Layer<S> for DashboardLayer {
         DashboardService {
             inner,
             metrics: self.metrics.clone(),
+            listens_on_loopback: self.listens_on_loopback,
         }
     }
 }
@@ -74,6 +82,7 @@ impl<S> Layer<S> for DashboardLayer {
 pub struct DashboardService<S> {
     inner: S,
     metrics: Option<MetricsPage>,
+    listens_on_loopback: bool,
 }
 
 impl<S> Service<Request<Body>> for DashboardService<S>
@@ -91,6 +100,10 @@ where
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
+        if !loopback::request_allowed(&request, self.listens_on_loopback) {
+            let response = plain(StatusCode::FORBIDDEN, loopback::REFUSAL);
+            return Box::pin(async move { Ok(response) });
+        }
         if is_grpc(&request) {
             let clone = self.inner.clone();
             let inner = std::mem::replace(&mut self.inner, clone);

@@ -106,10 +106,7 @@ pub async fn spawn(
     }
     let router = builder
         .layer(RpcSpanLayer)
-        .layer(match settings.metrics {
-            Some(page) => DashboardLayer::with_metrics(page),
-            None => DashboardLayer::default(),
-        })
+        .layer(DashboardLayer::new(addr, settings.metrics))
         .layer(tonic_web::GrpcWebLayer::new())
         .layer(settings.authentication)
         .layer(settings.decode_limits)
