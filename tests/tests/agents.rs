@@ -331,12 +331,7 @@ async fn a_scoped_reconcile_wait_stops_as_stalled_when_its_item_waits_on_a_failu
 
     // However many idle passes it may run, a wait on `top` ends as stalled
     // (nothing runs until the intent changes), not as "work remains".
-    let reply = tenant
-        .reconciler()
-        .reconcile(wait_for_top(&tenant, u32::MAX, 30))
-        .await
-        .expect("Reconcile succeeds")
-        .into_inner();
+    let reply = wait_for_top(&tenant, u32::MAX, 30).await;
     assert!(!reply.converged, "{reply:#?}");
     assert!(
         !reply.require_rerun,
@@ -345,14 +340,14 @@ async fn a_scoped_reconcile_wait_stops_as_stalled_when_its_item_waits_on_a_failu
     assert_eq!(reply.iterations, 1, "it stops at once: {reply:#?}");
 }
 
-/// A `Reconcile{wait}` of subgraph `top` with at most `max_no_progress`
-/// idle passes and a timeout of `timeout_secs`.
-fn wait_for_top(
+/// The reply to a `Reconcile{wait}` of subgraph `top` with at most
+/// `max_no_progress` idle passes and a timeout of `timeout_secs`.
+async fn wait_for_top(
     tenant: &TestTenant,
     max_no_progress: u32,
     timeout_secs: i64,
-) -> v1::ReconcileRequest {
-    v1::ReconcileRequest {
+) -> v1::ReconcileResponse {
+    let request = v1::ReconcileRequest {
         tenant: tenant.name.clone(),
         subgraph: "top".into(),
         wait: true,
@@ -362,7 +357,13 @@ fn wait_for_top(
         }),
         max_no_progress_iterations: max_no_progress,
         ..Default::default()
-    }
+    };
+    tenant
+        .reconciler()
+        .reconcile(request)
+        .await
+        .expect("Reconcile succeeds")
+        .into_inner()
 }
 
 /// `a` in subgraph `top`, needing `b` outside it.
@@ -387,12 +388,7 @@ async fn a_scoped_reconcile_wait_waits_for_a_retry_of_what_its_items_wait_on() {
     // b's retry comes 5 s after its failure, long after one idle pass (1 s)
     // would have given up: a retry to come is work under way, as in the
     // tenant's Reconciling condition.
-    let reply = tenant
-        .reconciler()
-        .reconcile(wait_for_top(&tenant, 1, 60))
-        .await
-        .expect("Reconcile succeeds")
-        .into_inner();
+    let reply = wait_for_top(&tenant, 1, 60).await;
     assert!(reply.converged, "{reply:#?}");
     assert_eq!(
         recorder.labels(),
@@ -415,12 +411,7 @@ async fn a_scoped_reconcile_wait_runs_no_idle_pass_while_what_its_items_wait_on_
 
     // b's Create runs (outside `top`) for the whole wait: the wait follows
     // it to its timeout instead of counting idle passes and giving up.
-    let reply = tenant
-        .reconciler()
-        .reconcile(wait_for_top(&tenant, 1, 3))
-        .await
-        .expect("Reconcile succeeds")
-        .into_inner();
+    let reply = wait_for_top(&tenant, 1, 3).await;
     assert!(!reply.converged && reply.require_rerun, "{reply:#?}");
     assert_eq!(
         reply.iterations, 1,

@@ -3357,14 +3357,34 @@ fn condition_of(
     executor: &Executor,
     kind: crate::engine::conditions::ConditionKind,
 ) -> (bool, String) {
+    let condition = full_condition(executor, kind);
+    (condition.status, condition.reason)
+}
+
+/// The condition `kind` of the executor's tenant, with its message.
+fn full_condition(
+    executor: &Executor,
+    kind: crate::engine::conditions::ConditionKind,
+) -> crate::engine::conditions::Condition {
     executor
         .model()
         .progress()
         .conditions
         .iter()
         .find(|condition| condition.kind == kind)
-        .map(|condition| (condition.status, condition.reason.clone()))
+        .cloned()
         .expect("every condition is computed")
+}
+
+/// Submits a on b on c to `executor` and returns c's Create, the one
+/// operation that goes out.
+fn chain_of_three_sends_c(executor: &mut Executor) -> OperationOrder {
+    let a = item("a", 1).depends_on(on("t/b"));
+    let b = item("b", 1).depends_on(on("t/c"));
+    let effects = submit(executor, vec![a, b, item("c", 1)], at(10));
+    let create = orders(&effects.sends).remove(0);
+    assert_eq!(&**create.item.name(), "c");
+    create
 }
 
 /// A dependent whose predicate is merely false waits for its dependency
@@ -3434,11 +3454,7 @@ fn a_false_predicate_that_mentions_failed_terminally_does_not_stall_the_tenant()
 fn an_unknown_item_whose_agent_is_gone_stalls_the_tenant_after_the_grace() {
     use crate::engine::conditions::{ConditionKind, NO_CONFIGURATOR};
     let mut executor = connected();
-    let a = item("a", 1).depends_on(on("t/b"));
-    let b = item("b", 1).depends_on(on("t/c"));
-    let effects = submit(&mut executor, vec![a, b, item("c", 1)], at(10));
-    let create = orders(&effects.sends).remove(0);
-    assert_eq!(&**create.item.name(), "c");
+    chain_of_three_sends_c(&mut executor);
     executor.session_closed(1, "the stream ended", at(20));
     executor.committed(at(20));
     assert_eq!(state_of(&executor, "c"), Some(ItemState::Unknown));
@@ -3460,14 +3476,7 @@ fn an_unknown_item_whose_agent_is_gone_stalls_the_tenant_after_the_grace() {
         (true, NO_CONFIGURATOR.to_owned()),
         "nothing moves until an agent of type t connects"
     );
-    let message = executor
-        .model()
-        .progress()
-        .conditions
-        .iter()
-        .find(|condition| condition.kind == ConditionKind::Stalled)
-        .map(|condition| condition.message.clone())
-        .unwrap_or_default();
+    let message = full_condition(&executor, ConditionKind::Stalled).message;
     assert!(message.contains("type(s) t"), "{message}");
 
     let effects = register(&mut executor, 2, "agent", at(grace_ends + 10));
@@ -3487,11 +3496,7 @@ fn an_unknown_item_whose_agent_is_gone_stalls_the_tenant_after_the_grace() {
 fn a_terminal_failure_deep_in_a_chain_is_named_by_the_stalled_condition() {
     use crate::engine::conditions::ConditionKind;
     let mut executor = connected();
-    let a = item("a", 1).depends_on(on("t/b"));
-    let b = item("b", 1).depends_on(on("t/c"));
-    let effects = submit(&mut executor, vec![a, b, item("c", 1)], at(10));
-    let create = orders(&effects.sends).remove(0);
-    assert_eq!(&**create.item.name(), "c");
+    let create = chain_of_three_sends_c(&mut executor);
     let refused = AgentOutcome::Failed(OperationError {
         code: code::INVALID_ARGUMENT,
         message: "no such vlan".into(),
@@ -3503,14 +3508,7 @@ fn a_terminal_failure_deep_in_a_chain_is_named_by_the_stalled_condition() {
         3,
         "a, b and c wait"
     );
-    let stalled = executor
-        .model()
-        .progress()
-        .conditions
-        .iter()
-        .find(|condition| condition.kind == ConditionKind::Stalled)
-        .cloned()
-        .expect("a Stalled condition");
+    let stalled = full_condition(&executor, ConditionKind::Stalled);
     assert!(stalled.status);
     assert_eq!(stalled.reason, "TerminalFailure");
     assert!(
