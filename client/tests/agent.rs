@@ -912,3 +912,68 @@ async fn a_shutdown_while_disconnected_still_drains_running_operations() {
         "the operation was cancelled before the drain timeout"
     );
 }
+
+/// Log lines written while a test runs, for a `tracing` subscriber.
+#[derive(Clone, Default)]
+struct CapturedLog(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl CapturedLog {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn a_type_declaring_read_without_implementing_it_is_named_once_in_the_agents_log() {
+    let log = CapturedLog::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    // A current-thread runtime: the agent's tasks log to this subscriber.
+    let _default = tracing::subscriber::set_default(subscriber);
+    let mut harness = Harness::start().await;
+    let agent = builder(&harness.address)
+        .item_type(
+            TypeSpec::new("readless").supports_read(true),
+            Counting::default(),
+        )
+        .build()
+        .expect("a valid agent");
+    let running = Running::start(agent);
+    let mut connection = harness.next_connection().await;
+    connection.accept(HEARTBEAT, LEASE).await;
+    for (op_id, name) in [("read-1", "a"), ("read-2", "b")] {
+        let ToAgent::Operation(mut read) = request(op_id, 1, v1::OperationKind::Read, name) else {
+            unreachable!("request builds an operation");
+        };
+        if let Some(item) = read.item.as_mut() {
+            item.r#type = "readless".into();
+        }
+        connection.send(ToAgent::Operation(read));
+        let result = connection.next_result().await;
+        assert_eq!(result.outcome(), v1::Outcome::Failed);
+        let status = result.status.expect("a status");
+        assert_eq!(status.code, Code::Unimplemented as i32);
+        connection.send(ack(op_id, 1));
+    }
+    running.stop().await.expect("a clean shutdown");
+
+    let text = log.text();
+    let warnings = text
+        .matches("does not implement Configurator::read")
+        .count();
+    assert_eq!(warnings, 1, "named once, not per READ: {text}");
+    assert!(text.contains("readless"), "{text}");
+}

@@ -24,7 +24,7 @@ use super::context::{OperationContext, OperationEvent};
 use super::error::{AgentError, Disposition, classify, error_reason};
 use super::events::AgentEvent;
 use super::item::ExternalReport;
-use super::outcome::{Answer, Outcome, result_message};
+use super::outcome::{Answer, Outcome, ReadOutcome, result_message};
 use super::session::{Action, SessionState, StartOperation, Work, heartbeat_interval, lease};
 use super::spec::TypeSpec;
 use super::targets::{Next, Targets};
@@ -1005,11 +1005,39 @@ async fn run_work(
             Answer::Outcome(configurator.modify(context, &previous, &item).await)
         }
         Work::Delete { item } => Answer::Outcome(configurator.delete(context, &item).await),
-        Work::Read { item } => Answer::Read(configurator.read(context, &item).await),
+        Work::Read { item } => {
+            let read = configurator.read(context, &item).await;
+            if read == ReadOutcome::Unsupported {
+                warn_read_unimplemented(&item.item_type);
+            }
+            Answer::Read(read)
+        }
         Work::NeedsRecreate { previous, item } => {
             Answer::NeedsRecreate(configurator.needs_recreate(&previous, &item))
         }
     }
+}
+
+/// Logs, once per item type and process, that a type asked to READ has a
+/// configurator without `read`: its type declared `supports_read`, so the
+/// server keeps asking (drift READs, lost outcomes), and each READ fails
+/// with UNIMPLEMENTED. The server shows that failure; the agent's own log
+/// said nothing, and its author did not learn why drift went unseen.
+fn warn_read_unimplemented(item_type: &str) {
+    static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut warned = WARNED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if warned.iter().any(|warned| warned == item_type) {
+        return;
+    }
+    warned.push(item_type.to_owned());
+    tracing::warn!(
+        item_type,
+        "Type declares supports_read, but its configurator does not implement Configurator::read: \
+         every READ fails with UNIMPLEMENTED. Implement read, or drop supports_read from the \
+         type's TypeSpec."
+    );
 }
 
 fn panic_message(error: tokio::task::JoinError) -> String {
