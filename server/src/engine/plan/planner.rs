@@ -1815,6 +1815,14 @@ fn terminal(item: &ItemRef, current: &CurrentItem, kind: OperationKind) -> Sched
 /// What a waiting item shows of its own terminal failure.
 pub(super) fn terminal_failure(item: &ItemRef, current: &CurrentItem) -> BlockedBy {
     let why = match current.rare.last_error.as_ref() {
+        // A retryable code: the retries ran out (the type's max_attempts).
+        Some(error) if !error.is_terminal() => format!(
+            "{FAILED_TERMINALLY}: gave up after {} attempt{} (the type's max_attempts), the last \
+             failed with: {}; change its intent to retry",
+            current.attempts,
+            if current.attempts == 1 { "" } else { "s" },
+            error.message
+        ),
         Some(error) => format!(
             "{FAILED_TERMINALLY}: {}; change its intent to retry",
             error.message

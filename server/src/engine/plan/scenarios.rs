@@ -798,6 +798,14 @@ fn a_retryable_failure_past_max_attempts_stops_retries_like_a_terminal_one() {
             ("t/b".to_string(), WaitReason::Dependency)
         ]
     );
+    // The code was retryable: the item says its retries ran out, and why
+    // the last one failed.
+    let why = &plan.waiting[0].blocked_by[0].why;
+    assert!(
+        why.starts_with("failed terminally: gave up after 1 attempt (the type's max_attempts)")
+            && why.contains("still down"),
+        "{why}"
+    );
 }
 
 #[test]
