@@ -2,6 +2,7 @@
 //! [`Agent`](crate::agent::Agent) verifies a TLS server (its CA) and, for
 //! mutual TLS, which certificate it presents.
 
+use std::fmt;
 use std::path::Path;
 
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
@@ -20,11 +21,25 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone, Debug, Default)]
+///
+/// Its `Debug` output says which settings are present, never the private
+/// key (nor the certificates' bytes).
+#[derive(Clone, Default)]
 pub struct ClientTls {
     ca_pem: Option<Vec<u8>>,
     identity: Option<(Vec<u8>, Vec<u8>)>,
     domain: Option<String>,
+}
+
+impl fmt::Debug for ClientTls {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("ClientTls")
+            .field("ca_certificate", &self.ca_pem.as_ref().map(|_| "<set>"))
+            .field("identity", &self.identity.as_ref().map(|_| "<redacted>"))
+            .field("domain_name", &self.domain)
+            .finish()
+    }
 }
 
 impl ClientTls {
@@ -77,5 +92,23 @@ impl ClientTls {
             config = config.domain_name(domain.clone());
         }
         endpoint.tls_config(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_never_shows_the_private_key() {
+        let key = b"-----BEGIN PRIVATE KEY-----\nsecret\n-----END PRIVATE KEY-----\n";
+        let tls = ClientTls::new()
+            .ca_certificate(b"ca".to_vec())
+            .identity(b"cert".to_vec(), key.to_vec());
+        let shown = format!("{tls:?}");
+        let as_numbers = format!("{:?}", key.to_vec());
+        let inner = as_numbers.trim_start_matches('[').trim_end_matches(']');
+        assert!(!shown.contains("secret"), "{shown}");
+        assert!(!shown.contains(inner), "the key's bytes show: {shown}");
     }
 }
