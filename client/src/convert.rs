@@ -22,9 +22,17 @@ pub fn duration_to_proto(duration: Duration) -> prost_types::Duration {
     })
 }
 
-/// Converts a proto duration; `None` when it is negative or malformed.
+/// Converts a proto duration; `None` when it is negative or malformed
+/// (`nanos` outside 0 to 999,999,999, or of another sign than `seconds`),
+/// as the server refuses such a duration in a request.
 pub fn duration_from_proto(duration: prost_types::Duration) -> Option<Duration> {
-    Duration::try_from(duration).ok()
+    // prost's own conversion normalizes first, which would turn malformed
+    // values (1 s - 0.5 s, 0 s + 1.5 s) into valid ones.
+    let seconds = u64::try_from(duration.seconds).ok()?;
+    let nanos = u32::try_from(duration.nanos)
+        .ok()
+        .filter(|nanos| *nanos < 1_000_000_000)?;
+    Some(Duration::new(seconds, nanos))
 }
 
 #[cfg(test)]
@@ -43,6 +51,25 @@ mod tests {
                 nanos: 0
             }),
             None
+        );
+    }
+
+    #[test]
+    fn malformed_durations_are_rejected_as_the_server_rejects_them() {
+        let malformed = [(0, 1_500_000_000), (1, -500_000_000), (-1, 500_000_000)];
+        for (seconds, nanos) in malformed {
+            assert_eq!(
+                duration_from_proto(prost_types::Duration { seconds, nanos }),
+                None,
+                "{seconds}s {nanos}ns"
+            );
+        }
+        assert_eq!(
+            duration_from_proto(prost_types::Duration {
+                seconds: 2,
+                nanos: 999_999_999
+            }),
+            Some(Duration::new(2, 999_999_999))
         );
     }
 }
