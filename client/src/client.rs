@@ -27,6 +27,16 @@ pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// How long [`Client::connect`] waits for the TCP connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often [`Client::connect`]'s connection pings the server (HTTP/2
+/// keepalive), and how long a ping may go unanswered before the connection
+/// counts as dead: a server that stops answering (a frozen process, a host
+/// behind a partition) then ends open Watch streams and pending calls with
+/// an error within about 20 s, instead of leaving them waiting forever
+/// (an idle watch sends nothing, so TCP alone never notices).
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// See [`KEEPALIVE_INTERVAL`].
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Why a [`Client`] could not be created.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -93,7 +103,11 @@ pub struct Client {
 
 impl Client {
     /// Connects to `endpoint` (e.g. `http://127.0.0.1:50051`) and sends
-    /// `token` with every call.
+    /// `token` with every call. The connection pings the server every 10 s
+    /// and is given up after 10 s without an answer, so a Watch of a server
+    /// that stopped answering ends with an error (`UNKNOWN`, "h2 protocol
+    /// error"; resume it from the last revision) rather than waiting
+    /// forever.
     pub async fn connect(endpoint: impl Into<String>, token: &str) -> Result<Self, ClientError> {
         Self::connect_with(endpoint, token, None).await
     }
@@ -113,7 +127,10 @@ impl Client {
                 endpoint: endpoint.clone(),
                 source,
             })?
-            .connect_timeout(CONNECT_TIMEOUT);
+            .connect_timeout(CONNECT_TIMEOUT)
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
         if let Some(tls) = tls {
             dial = tls.apply(dial).map_err(|source| ClientError::Tls {
                 endpoint: endpoint.clone(),
@@ -128,7 +145,10 @@ impl Client {
     }
 
     /// A client over an existing channel (e.g. one configured with TLS or
-    /// timeouts of your choice) that sends `token` with every call.
+    /// timeouts of your choice) that sends `token` with every call. The
+    /// channel's settings are used as they are: set
+    /// `Endpoint::http2_keep_alive_interval` and `keep_alive_timeout` on it,
+    /// or a Watch of a server that stops answering waits forever.
     pub fn from_channel(channel: Channel, token: &str) -> Result<Self, ClientError> {
         Ok(Self::with_bearer(channel, BearerToken::new(token)?))
     }

@@ -15,6 +15,7 @@ mod agents;
 mod cli;
 mod cluster;
 mod cluster_failover;
+mod controller;
 mod dashboard;
 mod deploy;
 mod durability;

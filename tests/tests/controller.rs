@@ -1,0 +1,240 @@
+//! A fleet controller written against the typed client
+//! (`reconciled_client::Client`) only, as the README and the crate docs
+//! show it: tenants created with the admin token, intents submitted with
+//! `expected_generation`, paged listings, watches resumed after a
+//! disconnect, and `Reconcile` with `wait`.
+
+use std::time::Duration;
+
+use reconciled_client::{Client, convert, proto as v1};
+use reconciled_tests::api::{error_metadata, error_reason, item};
+use reconciled_tests::{ServerOptions, ServerProcess};
+use serde_json::json;
+use tonic::Code;
+
+/// How long a step of a test may take before it counts as hung.
+const STEP: Duration = Duration::from_secs(30);
+
+async fn admin(server: &ServerProcess) -> Client {
+    Client::connect(server.endpoint(), &server.admin_token())
+        .await
+        .expect("the admin client connects")
+}
+
+fn submit(tenant: &str, items: Vec<v1::Item>, expected: Option<u64>) -> v1::SubmitIntentRequest {
+    v1::SubmitIntentRequest {
+        tenant: tenant.into(),
+        items,
+        expected_generation: expected,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_controller_drives_tenants_through_the_client() {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("the server starts");
+    let admin = admin(&server).await;
+
+    // Tenants, created concurrently from clones of one client.
+    let names: Vec<String> = (0..7).map(|n| format!("site-{n}")).collect();
+    let mut tasks = Vec::new();
+    for name in &names {
+        let admin = admin.clone();
+        let name = name.clone();
+        tasks.push(tokio::spawn(async move {
+            admin
+                .create_tenant(v1::CreateTenantRequest {
+                    name: name.clone(),
+                    limits: None,
+                })
+                .await
+                .map(|reply| (name, reply.token))
+        }));
+    }
+    let mut tokens = Vec::new();
+    for task in tasks {
+        tokens.push(task.await.expect("task").expect("creates a tenant"));
+    }
+
+    // Every tenant, page by page: each once.
+    let listed = admin
+        .list_tenants(v1::ListTenantsRequest {
+            page_size: 2,
+            page_token: String::new(),
+        })
+        .await
+        .expect("lists tenants");
+    let listed: Vec<String> = listed.tenants.into_iter().map(|t| t.name).collect();
+    assert_eq!(listed, names);
+
+    let (tenant, token) = tokens[0].clone();
+    let client = Client::connect(server.endpoint(), &token)
+        .await
+        .expect("the tenant client connects");
+
+    // Intents with expected_generation; a stale one says the generation.
+    let first = client
+        .submit_intent(submit(
+            &tenant,
+            (0..5)
+                .map(|n| item("t", &format!("i{n}"), json!({"n": n})))
+                .collect(),
+            Some(0),
+        ))
+        .await
+        .expect("the first intent");
+    assert_eq!(first.generation, 1);
+    let stale = client
+        .submit_intent(submit(&tenant, vec![], Some(0)))
+        .await
+        .expect_err("generation 0 is stale");
+    assert_eq!(stale.code(), Code::FailedPrecondition, "{stale:?}");
+    assert_eq!(error_reason(&stale).as_deref(), Some("GENERATION_MISMATCH"));
+    assert_eq!(error_metadata(&stale, "actual").as_deref(), Some("1"));
+
+    // The whole graph, page by page, from one revision.
+    let graph = client
+        .get_graph(v1::GetGraphRequest {
+            tenant: tenant.clone(),
+            view: v1::GraphView::Both as i32,
+            page_size: 2,
+            ..Default::default()
+        })
+        .await
+        .expect("reads the graph");
+    assert_eq!(graph.intended.len(), 5);
+    assert_eq!(graph.generation, 1);
+    assert!(graph.next_page_token.is_empty());
+    let properties = convert::properties_from_struct(
+        graph.intended[3]
+            .item
+            .clone()
+            .and_then(|item| item.properties)
+            .expect("properties"),
+    );
+    assert_eq!(properties.get("n"), Some(&json!(3)));
+
+    // A watch from the graph's revision sees the next intent.
+    let mut stream = client
+        .watch(v1::WatchRequest {
+            tenant: tenant.clone(),
+            start_revision: graph.revision,
+            ..Default::default()
+        })
+        .await
+        .expect("the watch opens");
+    let second = client
+        .submit_intent(submit(&tenant, vec![], Some(1)))
+        .await
+        .expect("the second intent");
+    let group = loop {
+        let message = tokio::time::timeout(STEP, stream.message())
+            .await
+            .expect("an event in time")
+            .expect("the stream stays up")
+            .expect("the stream goes on");
+        if let Some(v1::watch_response::Message::Events(group)) = message.message {
+            if group.revision == second.revision {
+                break group;
+            }
+        }
+    };
+    assert!(!group.events.is_empty());
+
+    // Reconcile with wait, bounded by the request's timeout.
+    let reconciled = tokio::time::timeout(
+        STEP,
+        client.reconcile(v1::ReconcileRequest {
+            tenant: tenant.clone(),
+            wait: true,
+            timeout: Some(convert::duration_to_proto(Duration::from_secs(2))),
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("reconcile returns in time")
+    .expect("reconcile answers");
+    assert!(reconciled.converged, "{reconciled:?}");
+}
+
+/// A server that stops answering (a frozen process, a host gone behind a
+/// partition) must not leave a controller's watch waiting forever: the
+/// stream ends with an error the controller resumes from.
+#[tokio::test]
+async fn a_watch_ends_when_the_server_stops_answering() {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("the server starts");
+    let admin = admin(&server).await;
+    let token = admin
+        .create_tenant(v1::CreateTenantRequest {
+            name: "acme".into(),
+            limits: None,
+        })
+        .await
+        .expect("creates the tenant")
+        .token;
+    let client = Client::connect(server.endpoint(), &token)
+        .await
+        .expect("the tenant client connects");
+    let mut stream = client
+        .watch(v1::WatchRequest {
+            tenant: "acme".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("the watch opens");
+    loop {
+        let message = tokio::time::timeout(STEP, stream.message())
+            .await
+            .expect("the snapshot in time")
+            .expect("the stream stays up")
+            .expect("the stream goes on");
+        if let Some(v1::watch_response::Message::Synced(_)) = message.message {
+            break;
+        }
+    }
+
+    let frozen = Frozen::stop(&server);
+    let ended = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => break Ok(()),
+                Err(status) => break Err(status),
+            }
+        }
+    })
+    .await;
+    drop(frozen);
+    // tonic reports a connection given up mid-stream as UNKNOWN ("h2
+    // protocol error"); what matters is that it ends, so it can be resumed.
+    let status = ended
+        .expect("the watch of a frozen server ends within 60 s")
+        .expect_err("the stream ends with an error");
+    assert!(
+        matches!(status.code(), Code::Unknown | Code::Unavailable),
+        "{status:?}"
+    );
+}
+
+/// A server process stopped with SIGSTOP until this is dropped (SIGCONT).
+struct Frozen(nix::unistd::Pid);
+
+impl Frozen {
+    fn stop(server: &ServerProcess) -> Self {
+        let pid = nix::unistd::Pid::from_raw(
+            i32::try_from(server.pid().expect("the server runs")).expect("a pid"),
+        );
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+        Self(pid)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+    }
+}
