@@ -37,6 +37,10 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// See [`KEEPALIVE_INTERVAL`].
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often [`Client::get_graph`] starts a listing over after its
+/// revision was no longer kept (`ABORTED`).
+const GET_GRAPH_RESTARTS: u32 = 8;
+
 /// Why a [`Client`] could not be created.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -190,11 +194,39 @@ impl Client {
     /// page: the reply holds every page's items, the listing's revision and
     /// generation, and an empty `next_page_token`. `request.page_token`
     /// picks the page to start from (empty: the first).
+    ///
+    /// Every page comes from one revision, which the server keeps for the
+    /// 64 commits that follow. When the tenant commits more often than that
+    /// while the pages are read, a page fails with `ABORTED`; a listing
+    /// that started at the first page then starts over from the first
+    /// page, up to 8 times (each start reads the latest revision), before
+    /// the `ABORTED` is returned. A listing started from a `page_token`
+    /// cannot start over: it returns the `ABORTED` at once.
     pub async fn get_graph(
         &self,
         request: v1::GetGraphRequest,
     ) -> Result<v1::GetGraphResponse, Status> {
-        let mut request = request;
+        let from_the_start = request.page_token.is_empty();
+        let mut restarts = 0;
+        loop {
+            match self.get_graph_pages(request.clone()).await {
+                Err(status)
+                    if status.code() == tonic::Code::Aborted
+                        && from_the_start
+                        && restarts < GET_GRAPH_RESTARTS =>
+                {
+                    restarts += 1;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    /// Reads the pages of one listing, from `request.page_token` on.
+    async fn get_graph_pages(
+        &self,
+        mut request: v1::GetGraphRequest,
+    ) -> Result<v1::GetGraphResponse, Status> {
         let mut all = self.get_graph_page(request.clone()).await?;
         while !all.next_page_token.is_empty() {
             request.page_token = std::mem::take(&mut all.next_page_token);

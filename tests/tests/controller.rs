@@ -238,3 +238,79 @@ impl Drop for Frozen {
         let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
     }
 }
+
+/// `Client::get_graph` follows the pages of one revision; a tenant that
+/// commits more often than the server keeps snapshots (64) while a large
+/// graph is read must not make the helper fail with `ABORTED` once the
+/// churn stops: it starts the listing over, as `ABORTED` asks.
+#[tokio::test]
+async fn get_graph_reads_the_whole_graph_of_a_tenant_that_keeps_committing() {
+    let server = ServerProcess::start(ServerOptions::default().without_byte_budget())
+        .await
+        .expect("the server starts");
+    let admin = admin(&server).await;
+    let token = admin
+        .create_tenant(v1::CreateTenantRequest {
+            name: "acme".into(),
+            limits: None,
+        })
+        .await
+        .expect("creates the tenant")
+        .token;
+    let client = Client::connect(server.endpoint(), &token)
+        .await
+        .expect("the tenant client connects");
+    let listed: Vec<v1::Item> = (0..2000)
+        .map(|n| item("t", &format!("i{n:04}"), json!({})))
+        .collect();
+    client
+        .submit_intent(v1::SubmitIntentRequest {
+            tenant: "acme".into(),
+            subgraph: "listed".into(),
+            items: listed,
+            ..Default::default()
+        })
+        .await
+        .expect("the listed items");
+
+    // 4 x 50 commits in other subgraphs while the graph is read.
+    let churn: Vec<_> = (0..4)
+        .map(|writer| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                for round in 0..50 {
+                    client
+                        .submit_intent(v1::SubmitIntentRequest {
+                            tenant: "acme".into(),
+                            subgraph: format!("churn{writer}"),
+                            items: vec![item(
+                                "t",
+                                &format!("churn{writer}"),
+                                json!({"round": round}),
+                            )],
+                            ..Default::default()
+                        })
+                        .await
+                        .expect("a churn commit");
+                }
+            })
+        })
+        .collect();
+    let graph = tokio::time::timeout(
+        Duration::from_secs(120),
+        client.get_graph(v1::GetGraphRequest {
+            tenant: "acme".into(),
+            view: v1::GraphView::Intended as i32,
+            subgraph: "listed".into(),
+            page_size: 1,
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("the graph is read in time")
+    .expect("the whole graph, despite the churn");
+    for writer in churn {
+        writer.await.expect("a churn task");
+    }
+    assert_eq!(graph.intended.len(), 2000);
+}
