@@ -4,8 +4,9 @@
 //! every call, raises the message size limit to [`MAX_MESSAGE_BYTES`], and
 //! follows paging for [`Client::get_graph`] and [`Client::list_tenants`].
 //! Requests and responses are the proto types of [`crate::proto`]; errors are
-//! the server's `tonic::Status` (decode its details with
-//! `tonic_types::StatusExt`).
+//! the server's `tonic::Status` as it sent it, details included (decode them
+//! with [`crate::tonic_types::StatusExt`], re-exported so its version
+//! matches).
 
 use std::time::Duration;
 
@@ -171,6 +172,34 @@ impl Client {
     }
 
     /// `Reconciler.SubmitIntent`: replaces the items of a subgraph.
+    ///
+    /// With `expected_generation`, a stale generation fails with
+    /// `FAILED_PRECONDITION` and `ErrorInfo{reason: "GENERATION_MISMATCH",
+    /// metadata: {expected, actual}}`: re-read and submit again.
+    ///
+    /// ```no_run
+    /// # async fn example(client: reconciled_client::Client) -> Result<(), reconciled_client::tonic::Status> {
+    /// use reconciled_client::proto;
+    /// use reconciled_client::tonic_types::StatusExt as _;
+    ///
+    /// let request = proto::SubmitIntentRequest {
+    ///     tenant: "acme".into(),
+    ///     items: Vec::new(),
+    ///     expected_generation: Some(4),
+    ///     ..Default::default()
+    /// };
+    /// match client.submit_intent(request).await {
+    ///     Ok(reply) => println!("generation {}", reply.generation),
+    ///     Err(status) => match status.get_error_details().error_info() {
+    ///         Some(info) if info.reason == "GENERATION_MISMATCH" => {
+    ///             println!("the tenant is at generation {}", info.metadata["actual"]);
+    ///         }
+    ///         _ => return Err(status),
+    ///     },
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn submit_intent(
         &self,
         request: v1::SubmitIntentRequest,

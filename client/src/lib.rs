@@ -29,8 +29,9 @@
 //!   default-features = false, features = ["testkit"] }`.
 //!
 //! The crates whose types the API exposes are re-exported ([`tonic`],
-//! [`tokio`], [`tokio_util`], [`serde`], [`serde_json`], [`schemars`]), so
-//! an agent can use exactly the versions this SDK was built with.
+//! [`tonic_types`], [`tokio`], [`tokio_util`], [`serde`], [`serde_json`],
+//! [`schemars`]), so an agent or a controller can use exactly the versions
+//! this SDK was built with.
 #![forbid(unsafe_code)]
 
 pub mod agent;
@@ -60,6 +61,12 @@ pub use tokio;
 pub use tokio_util;
 /// The gRPC library of this SDK (the version its API is built on).
 pub use tonic;
+/// The `google.rpc` error details of a [`tonic::Status`] (DESIGN's error
+/// table: `ErrorInfo` reasons such as `GENERATION_MISMATCH` with their
+/// metadata, `RetryInfo`, `BadRequest`, `QuotaFailure`): decode them with
+/// `use reconciled_client::tonic_types::StatusExt as _;` and
+/// `status.get_error_details()`, in the version that matches [`tonic`].
+pub use tonic_types;
 
 pub use auth::InvalidToken;
 pub use client::{Client, ClientError, MAX_MESSAGE_BYTES};
