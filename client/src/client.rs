@@ -307,6 +307,74 @@ impl Client {
 
     /// `Reconciler.Watch`: the tenant's event stream. Read it with
     /// `stream.message().await`.
+    ///
+    /// The stream ends when the connection does (the server restarts, or
+    /// stops answering: see [`Client::connect`]), when the watcher is too
+    /// slow (`RESOURCE_EXHAUSTED`) or when its history is gone
+    /// (`OUT_OF_RANGE`, `REVISION_COMPACTED`). Resume from the last revision
+    /// whose group arrived whole (`continued` unset), or the last `Synced`
+    /// or `Bookmark`: nothing is then lost or repeated. After
+    /// `REVISION_COMPACTED`, start over from 0 (a fresh snapshot). See
+    /// `docs/watch.md`.
+    ///
+    /// ```no_run
+    /// # async fn example(client: reconciled_client::Client) -> Result<(), reconciled_client::tonic::Status> {
+    /// use std::time::Duration;
+    ///
+    /// use reconciled_client::proto::{self, watch_response::Message};
+    /// use reconciled_client::tokio::time::sleep;
+    /// use reconciled_client::tonic::Code;
+    /// use reconciled_client::tonic_types::StatusExt as _;
+    ///
+    /// let mut resume_from = 0; // 0: a snapshot, then Synced, then events
+    /// loop {
+    ///     let request = proto::WatchRequest {
+    ///         tenant: "acme".into(),
+    ///         start_revision: resume_from,
+    ///         ..Default::default()
+    ///     };
+    ///     let ended = match client.watch(request).await {
+    ///         Ok(mut stream) => loop {
+    ///             match stream.message().await {
+    ///                 Ok(Some(reply)) => match reply.message {
+    ///                     Some(Message::Events(group)) => {
+    ///                         // ... handle group.events ...
+    ///                         if !group.continued {
+    ///                             resume_from = group.revision;
+    ///                         }
+    ///                     }
+    ///                     Some(Message::Snapshot(_part)) => { /* ... */ }
+    ///                     Some(Message::Synced(synced)) => resume_from = synced.revision,
+    ///                     Some(Message::Bookmark(mark)) => resume_from = mark.revision,
+    ///                     None => {}
+    ///                 },
+    ///                 Ok(None) => break None,
+    ///                 Err(status) => break Some(status),
+    ///             }
+    ///         },
+    ///         Err(status) => Some(status),
+    ///     };
+    ///     match ended {
+    ///         Some(status) if status.code() == Code::OutOfRange => {
+    ///             let compacted = status.get_error_details().error_info()
+    ///                 .is_some_and(|info| info.reason == "REVISION_COMPACTED");
+    ///             if !compacted {
+    ///                 return Err(status);
+    ///             }
+    ///             resume_from = 0;
+    ///         }
+    ///         Some(status)
+    ///             if matches!(status.code(), Code::NotFound | Code::Unauthenticated) =>
+    ///         {
+    ///             return Err(status); // the tenant or the token is gone
+    ///         }
+    ///         // Disconnected or too slow: wait (RetryInfo says how long
+    ///         // after RESOURCE_EXHAUSTED), then resume.
+    ///         _ => sleep(Duration::from_secs(1)).await,
+    ///     }
+    /// }
+    /// # }
+    /// ```
     pub async fn watch(
         &self,
         request: v1::WatchRequest,

@@ -13,7 +13,10 @@ fn status_details_decode_through_the_reexported_tonic_types() {
     let mut details = ErrorDetails::with_error_info(
         "GENERATION_MISMATCH",
         "reconciled",
-        [("expected".to_owned(), "0".to_owned()), ("actual".to_owned(), "1".to_owned())],
+        [
+            ("expected".to_owned(), "0".to_owned()),
+            ("actual".to_owned(), "1".to_owned()),
+        ],
     );
     details.set_retry_info(Some(Duration::from_secs(2)));
     let status = Status::with_error_details(Code::FailedPrecondition, "stale", details);
