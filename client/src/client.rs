@@ -2,7 +2,8 @@
 //!
 //! [`Client`] wraps the generated gRPC clients: it adds the bearer token to
 //! every call, raises the message size limit to [`MAX_MESSAGE_BYTES`], and
-//! follows paging for [`Client::get_graph`] and [`Client::list_tenants`].
+//! follows paging for [`Client::get_graph`], [`Client::get_item_types`] and
+//! [`Client::list_tenants`] (the `_page` methods read one page).
 //! Requests and responses are the proto types of [`crate::proto`]; errors are
 //! the server's `tonic::Status` as it sent it, details included (decode them
 //! with [`crate::tonic_types::StatusExt`], re-exported so its version
@@ -286,9 +287,30 @@ impl Client {
         Ok(client.get_status(request).await?.into_inner())
     }
 
-    /// `Reconciler.GetItemTypes`: the item types agents registered for the
-    /// tenant, with their specs and schemas.
+    /// `Reconciler.GetItemTypes`, following `next_page_token` until the
+    /// last page: the reply holds every item type agents registered for the
+    /// tenant (or those of `request.item_types`), with their specs and
+    /// schemas, ordered by name, and an empty `next_page_token`; `revision`
+    /// is the last page's. Large schemas make pages short (each reply is at
+    /// most the server's `max_message_bytes`).
     pub async fn get_item_types(
+        &self,
+        request: v1::GetItemTypesRequest,
+    ) -> Result<v1::GetItemTypesResponse, Status> {
+        let mut request = request;
+        let mut all = self.get_item_types_page(request.clone()).await?;
+        while !all.next_page_token.is_empty() {
+            request.page_token = std::mem::take(&mut all.next_page_token);
+            let page = self.get_item_types_page(request.clone()).await?;
+            all.item_types.extend(page.item_types);
+            all.revision = page.revision;
+            all.next_page_token = page.next_page_token;
+        }
+        Ok(all)
+    }
+
+    /// `Reconciler.GetItemTypes`: one page.
+    pub async fn get_item_types_page(
         &self,
         request: v1::GetItemTypesRequest,
     ) -> Result<v1::GetItemTypesResponse, Status> {

@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
+use reconciled_client::agent::TypeSpec;
 use reconciled_client::{Client, convert, proto as v1};
+use reconciled_tests::agents::{Recorder, RunningAgent, TestTenant};
 use reconciled_tests::api::{error_metadata, error_reason, item};
 use reconciled_tests::{ServerOptions, ServerProcess};
 use serde_json::json;
@@ -135,10 +137,10 @@ async fn a_controller_drives_tenants_through_the_client() {
             .expect("an event in time")
             .expect("the stream stays up")
             .expect("the stream goes on");
-        if let Some(v1::watch_response::Message::Events(group)) = message.message {
-            if group.revision == second.revision {
-                break group;
-            }
+        if let Some(v1::watch_response::Message::Events(group)) = message.message
+            && group.revision == second.revision
+        {
+            break group;
         }
     };
     assert!(!group.events.is_empty());
@@ -313,4 +315,51 @@ async fn get_graph_reads_the_whole_graph_of_a_tenant_that_keeps_committing() {
         writer.await.expect("a churn task");
     }
     assert_eq!(graph.intended.len(), 2000);
+}
+
+/// `Client::get_item_types` answers with every registered type, however
+/// many pages the server needs for their schemas (like `get_graph` and
+/// `list_tenants`), not the first page alone.
+#[tokio::test]
+async fn get_item_types_returns_every_type_not_the_first_page() {
+    let options = ServerOptions::default()
+        .arg("--max-message-bytes")
+        .arg("262144")
+        .arg("--max-tenant-message-bytes")
+        .arg("262144");
+    let tenant = TestTenant::start_with(options, "acme").await;
+    // 12 types of ~30 KiB schemas: more than one 256 KiB reply holds.
+    let schema = json!({"type": "object", "description": "x".repeat(30_000)});
+    let mut agents = Vec::new();
+    for (agent_id, types) in [("a1", 0..6), ("a2", 6..12)] {
+        let mut builder = tenant.agent(agent_id);
+        for n in types {
+            builder = builder.item_type(
+                TypeSpec::new(format!("t{n:02}")).schema(schema.clone()),
+                Recorder::new(),
+            );
+        }
+        let mut agent = RunningAgent::start(builder);
+        agent.connected().await;
+        agents.push(agent);
+    }
+    let client = Client::connect(tenant.server.endpoint(), &tenant.token)
+        .await
+        .expect("the tenant client connects");
+    let first = client
+        .get_item_types(v1::GetItemTypesRequest {
+            tenant: "acme".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("reads the item types");
+    let names: Vec<String> = first
+        .item_types
+        .iter()
+        .filter_map(|registered| registered.spec.as_ref())
+        .map(|spec| spec.item_type.clone())
+        .collect();
+    let expected: Vec<String> = (0..12).map(|n| format!("t{n:02}")).collect();
+    assert_eq!(names, expected);
+    assert!(first.next_page_token.is_empty());
 }
