@@ -801,3 +801,84 @@ async fn killing_one_etcd_member_under_load_loses_nothing_and_stalls_only_for_an
         log.check_no_acknowledged_result_lost(name);
     }
 }
+
+/// Opens a Watch of `tenant` from a snapshot through `channel` and reads
+/// it up to its `Synced`.
+async fn synced_watch(channel: &Channel, tenant: &str, token: &str) -> Watcher {
+    let mut client = api::reconciler(channel, token);
+    let mut watcher = Watcher::open(&mut client, watch_request(tenant, 0))
+        .await
+        .expect("Watch opens");
+    while watcher.seen.synced.is_none() {
+        watcher
+            .next()
+            .await
+            .expect("the snapshot streams")
+            .expect("the stream goes on to Synced");
+    }
+    watcher
+}
+
+/// Reads `watcher` until its stream ends, within `within`; returns the
+/// status it ended with (`None`: it ended cleanly).
+async fn end_of(watcher: &mut Watcher, within: Duration) -> Option<tonic::Status> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let next = tokio::time::timeout_at(deadline, watcher.next())
+            .await
+            .unwrap_or_else(|_| panic!("the watch did not end within {within:?}"));
+        match next {
+            Ok(Some(_)) => {}
+            Ok(None) => return None,
+            Err(status) => return Some(status),
+        }
+    }
+}
+
+/// A Watch through a replica that forwards it to the tenant's owner ends
+/// with UNAVAILABLE (which every client resumes after) when that owner is
+/// killed, not with the INTERNAL of a broken HTTP/2 relay.
+#[tokio::test]
+async fn a_watch_forwarded_to_an_owner_that_dies_ends_unavailable() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let mut replicas = Replicas::start(&etcd, 2).await;
+    let token = replicas.create_tenant(0, "acme").await;
+    let owner = replicas.owner(0, "acme").await;
+    let victim = replicas.index_of(&owner).expect("a replica");
+    let other = 1 - victim;
+    let channel = replicas.channel(other).await;
+    let mut watcher = synced_watch(&channel, "acme", &token).await;
+    replicas.servers[victim].kill9().expect("SIGKILL");
+    let status = end_of(&mut watcher, FAILOVER_BUDGET).await;
+    assert_eq!(
+        status.as_ref().map(tonic::Status::code),
+        Some(tonic::Code::Unavailable),
+        "a forwarded watch whose owner died must end UNAVAILABLE (resume anywhere): {status:?}"
+    );
+}
+
+/// The same when the owner is paused: the relay times out (HTTP/2
+/// keepalive, about a lease TTL) and the watch ends UNAVAILABLE within the
+/// failover budget.
+#[tokio::test]
+async fn a_watch_forwarded_to_an_owner_that_is_paused_ends_unavailable() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let replicas = Replicas::start(&etcd, 2).await;
+    let token = replicas.create_tenant(0, "acme").await;
+    let owner = replicas.owner(0, "acme").await;
+    let paused = replicas.index_of(&owner).expect("a replica");
+    let other = 1 - paused;
+    let channel = replicas.channel(other).await;
+    let mut watcher = synced_watch(&channel, "acme", &token).await;
+    let pid = nix::unistd::Pid::from_raw(
+        i32::try_from(replicas.servers[paused].pid().expect("runs")).expect("a pid"),
+    );
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    let status = end_of(&mut watcher, FAILOVER_BUDGET).await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    assert_eq!(
+        status.as_ref().map(tonic::Status::code),
+        Some(tonic::Code::Unavailable),
+        "a forwarded watch whose owner was paused must end UNAVAILABLE: {status:?}"
+    );
+}

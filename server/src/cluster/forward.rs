@@ -18,16 +18,22 @@
 //! - nobody serves it right now (a hand-off, a failover): the call waits
 //!   until somebody does, up to about twice the lease TTL, then answers
 //!   `UNAVAILABLE` with `NOT_OWNER`.
+//!
+//! A relayed response whose owner stops answering midway (it died, or was
+//! paused until its connection timed out) ends with `UNAVAILABLE`, so that
+//! a Watch resumes and a call is retried through any replica.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use http_body::Frame;
 use http_body_util::{BodyExt as _, Full};
 use tonic::body::Body;
-use tonic::codegen::BoxFuture;
-use tonic::codegen::http::{HeaderValue, Request, Response};
+use tonic::codegen::http::{HeaderMap, HeaderValue, Request, Response};
+use tonic::codegen::{BoxFuture, Bytes};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tower::{Layer, Service, ServiceExt as _};
 use tracing::{debug, warn};
@@ -267,7 +273,10 @@ where
                             }
                         };
                         match answered {
-                            Ok(response) => return Ok(response),
+                            Ok(response) => {
+                                return Ok(response
+                                    .map(|body| Body::new(Relayed::new(body, &tenant, &owner))));
+                            }
                             Err(error) if !retried && refused(&error) => {
                                 // The owner is gone (not a word was sent to
                                 // it): wait for the next owner, once.
@@ -287,6 +296,86 @@ where
                 }
             }
         })
+    }
+}
+
+/// The body of a response relayed from a tenant's owner. When the relay
+/// breaks (the owner died, or stopped answering and its connection timed
+/// out), the call ends with `UNAVAILABLE` trailers instead of the HTTP/2
+/// reset of a broken body, which callers would see as `INTERNAL`, an
+/// error nobody retries: a Watch resumes from its last revision and a
+/// call is retried through any replica, which forwards it to the new
+/// owner.
+struct Relayed {
+    inner: Body,
+    tenant: String,
+    owner: String,
+    /// The body ended (or was ended here): nothing more comes.
+    done: bool,
+}
+
+impl Relayed {
+    fn new(inner: Body, tenant: &str, owner: &str) -> Self {
+        Self {
+            inner,
+            tenant: tenant.to_owned(),
+            owner: owner.to_owned(),
+            done: false,
+        }
+    }
+
+    /// The trailers that end a relay broken by `error`.
+    fn broken(&self, error: &tonic::Status) -> Frame<Bytes> {
+        let status = tonic::Status::unavailable(format!(
+            "the replica serving tenant {:?} at {} stopped answering mid-call ({}); \
+             whether the call took effect is unknown: resume a Watch from its last \
+             revision, or retry the call, through any replica (it forwards to the new owner)",
+            self.tenant,
+            self.owner,
+            error.message()
+        ));
+        let mut trailers = HeaderMap::new();
+        // A status of ASCII text always makes valid headers.
+        let _ = status.add_header(&mut trailers);
+        Frame::trailers(trailers)
+    }
+}
+
+impl http_body::Body for Relayed {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                self.done = frame.is_trailers();
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(error))) => {
+                self.done = true;
+                warn!(tenant = %self.tenant, owner = %self.owner, %error, "A relayed response broke off; ending the call with UNAVAILABLE.");
+                Poll::Ready(Some(Ok(self.broken(&error))))
+            }
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
