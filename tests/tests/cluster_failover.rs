@@ -882,3 +882,98 @@ async fn a_watch_forwarded_to_an_owner_that_is_paused_ends_unavailable() {
         "a forwarded watch whose owner was paused must end UNAVAILABLE: {status:?}"
     );
 }
+
+/// A tenant whose records a new owner cannot read (a bad restore) is
+/// quarantined by that owner after a failover; deleting it through any
+/// replica removes it from the fleet stream too (the stream follows the
+/// tenants' directory entries), as it does from `ListTenants`.
+#[tokio::test]
+async fn a_quarantined_tenant_deleted_after_a_failover_leaves_the_fleet() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let mut replicas = Replicas::start(&etcd, 2).await;
+    replicas.create_tenant(0, "bad").await;
+    let owner = replicas.owner(0, "bad").await;
+    let victim = replicas.index_of(&owner).expect("a replica");
+    let survivor = 1 - victim;
+    // A torn write of the tenant's record; the owner, which holds the
+    // tenant in memory, is then killed: the survivor loads it from etcd.
+    let mut client = etcd.client().await.expect("etcd client");
+    client
+        .put(
+            record_key(&replicas.prefix, 1),
+            b"\xffnot a record".to_vec(),
+            None,
+        )
+        .await
+        .expect("writes the record");
+    replicas.servers[victim].kill9().expect("SIGKILL");
+    let channel = replicas.channel(survivor).await;
+    let admin = replicas.admin_token().to_owned();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let answer = api::tenants(&channel, &admin)
+            .get_tenant(v1::GetTenantRequest { name: "bad".into() })
+            .await;
+        let quarantined = match &answer {
+            Ok(tenant) => !tenant.get_ref().quarantine_error.is_empty(),
+            Err(status) => status.message().contains("quarantined"),
+        };
+        if quarantined {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the survivor did not quarantine the tenant: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    api::tenants(&channel, &admin)
+        .delete_tenant(v1::DeleteTenantRequest { name: "bad".into() })
+        .await
+        .expect("the quarantined tenant is deleted");
+    let listed = api::tenants(&channel, &admin)
+        .list_tenants(v1::ListTenantsRequest::default())
+        .await
+        .expect("ListTenants")
+        .into_inner();
+    assert!(
+        listed.tenants.iter().all(|tenant| tenant.name != "bad"),
+        "ListTenants still lists the deleted tenant: {listed:?}"
+    );
+    // The fleet stream says the same, from a snapshot, once it has
+    // followed etcd past the deletion.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let mut stream = api::tenants(&channel, &admin)
+            .watch_fleet(v1::WatchFleetRequest { start_revision: 0 })
+            .await
+            .expect("WatchFleet")
+            .into_inner();
+        let mut snapshot = Vec::new();
+        loop {
+            let message = tokio::time::timeout(DEADLINE, stream.message())
+                .await
+                .expect("a fleet message in time")
+                .expect("the fleet stream is healthy")
+                .expect("the fleet stream goes on");
+            match message.message {
+                Some(v1::watch_fleet_response::Message::Events(group)) => {
+                    snapshot.extend(group.events);
+                }
+                Some(v1::watch_fleet_response::Message::Synced(_)) => break,
+                _ => {}
+            }
+        }
+        if snapshot
+            .iter()
+            .all(|event| event.tenant != "bad" || event.deleted)
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the fleet stream still lists the deleted tenant: {snapshot:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -442,6 +442,10 @@ impl TenantDirectory {
         let mut batch = WriteBatch::new();
         batch.put(keys::purge_key(id), Vec::new());
         batch.delete(keys::tenant_name_key(name));
+        // With replicas on etcd, its directory entry goes too: the other
+        // replicas and the fleet stream follow the entries, and the purge
+        // (by id) never reaches this key (by name). On sled there is none.
+        batch.delete(keys::tenant_entry_key(name));
         // Fleet watchers listed it as quarantined: they see it go.
         self.commit_with_fleet_event(&*self.store, batch, name, true)
             .await?;
