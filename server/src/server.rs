@@ -312,7 +312,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                     slots: slots.clone(),
                     grace: config.shutdown_grace,
                     metrics: metrics_page,
-                    forward: ForwardLayer::new(cluster.clone()),
+                    forward: ForwardLayer::new(cluster.clone(), shutdown.clone()),
                 },
                 shutdown.clone(),
             )
@@ -339,7 +339,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         .layer(limits)
         // Innermost: a call is authenticated and counted before it is
         // forwarded to the replica that serves its tenant.
-        .layer(ForwardLayer::new(cluster.clone()))
+        .layer(ForwardLayer::new(cluster.clone(), shutdown.clone()))
         .add_service(health)
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)

@@ -977,3 +977,41 @@ async fn a_quarantined_tenant_deleted_after_a_failover_leaves_the_fleet() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A replica stopped with SIGTERM (a rolling upgrade) ends the watches it
+/// relays to other replicas at once with UNAVAILABLE, as it ends its own:
+/// they do not hold its shutdown for the whole grace period, during which
+/// the tenants it serves would wait for their new owner.
+#[tokio::test]
+async fn a_replica_stopping_ends_the_watches_it_relays_at_once() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let mut replicas = Replicas::start(&etcd, 2).await;
+    // A tenant replica 1 serves, watched through replica 0.
+    let mut watched = None;
+    for i in 0..20 {
+        let name = format!("t{i}");
+        let token = replicas.create_tenant(0, &name).await;
+        if replicas.index_of(&replicas.owner(0, &name).await) == Some(1) {
+            watched = Some((name, token));
+            break;
+        }
+    }
+    let (name, token) = watched.expect("replica 1 serves one of 20 tenants");
+    let channel = replicas.channel(0).await;
+    let mut watcher = synced_watch(&channel, &name, &token).await;
+    let pid = nix::unistd::Pid::from_raw(
+        i32::try_from(replicas.servers[0].pid().expect("runs")).expect("a pid"),
+    );
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    // Well within the shutdown grace period (10 s).
+    let status = end_of(&mut watcher, Duration::from_secs(3)).await;
+    assert_eq!(
+        status.as_ref().map(tonic::Status::code),
+        Some(tonic::Code::Unavailable),
+        "a relayed watch must end UNAVAILABLE when the relaying replica stops: {status:?}"
+    );
+    replicas.servers[0]
+        .terminate()
+        .await
+        .expect("the replica exits");
+}

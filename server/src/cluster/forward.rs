@@ -21,9 +21,11 @@
 //!
 //! A relayed response whose owner stops answering midway (it died, or was
 //! paused until its connection timed out) ends with `UNAVAILABLE`, so that
-//! a Watch resumes and a call is retried through any replica.
+//! a Watch resumes and a call is retried through any replica. So does a
+//! relayed Watch when this replica shuts down, as its own watches do.
 
 use std::collections::HashMap;
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -31,6 +33,7 @@ use std::time::Duration;
 
 use http_body::Frame;
 use http_body_util::{BodyExt as _, Full};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::body::Body;
 use tonic::codegen::http::{HeaderMap, HeaderValue, Request, Response};
 use tonic::codegen::{BoxFuture, Bytes};
@@ -158,12 +161,15 @@ impl Peers {
 #[derive(Clone)]
 pub struct ForwardLayer {
     cluster: Option<Arc<Cluster>>,
+    stopping: CancellationToken,
 }
 
 impl ForwardLayer {
-    /// A layer routing by `cluster`'s ownership, if there is a cluster.
-    pub fn new(cluster: Option<Arc<Cluster>>) -> Self {
-        Self { cluster }
+    /// A layer routing by `cluster`'s ownership, if there is a cluster;
+    /// relayed streams end (`UNAVAILABLE`) once `stopping` is cancelled
+    /// (the server shuts down), so that they do not hold up the drain.
+    pub fn new(cluster: Option<Arc<Cluster>>, stopping: CancellationToken) -> Self {
+        Self { cluster, stopping }
     }
 }
 
@@ -174,6 +180,7 @@ impl<S> Layer<S> for ForwardLayer {
         Forward {
             inner,
             cluster: self.cluster.clone(),
+            stopping: self.stopping.clone(),
         }
     }
 }
@@ -183,6 +190,7 @@ impl<S> Layer<S> for ForwardLayer {
 pub struct Forward<S> {
     inner: S,
     cluster: Option<Arc<Cluster>>,
+    stopping: CancellationToken,
 }
 
 impl<S> Service<Request<Body>> for Forward<S>
@@ -205,6 +213,7 @@ where
         let Some(cluster) = self.cluster.clone() else {
             return Box::pin(inner.oneshot(request));
         };
+        let stopping = self.stopping.clone();
         if !TENANT_SCOPED.contains(&request.uri().path()) {
             return Box::pin(inner.oneshot(request));
         }
@@ -274,8 +283,9 @@ where
                         };
                         match answered {
                             Ok(response) => {
-                                return Ok(response
-                                    .map(|body| Body::new(Relayed::new(body, &tenant, &owner))));
+                                return Ok(response.map(|body| {
+                                    Body::new(Relayed::new(body, &tenant, &owner, &stopping))
+                                }));
                             }
                             Err(error) if !retried && refused(&error) => {
                                 // The owner is gone (not a word was sent to
@@ -305,35 +315,53 @@ where
 /// reset of a broken body, which callers would see as `INTERNAL`, an
 /// error nobody retries: a Watch resumes from its last revision and a
 /// call is retried through any replica, which forwards it to the new
-/// owner.
+/// owner. A relay still open when this replica shuts down (a Watch: a
+/// unary answer is whole once its headers came) ends the same way, as
+/// the replica's own watches do.
 struct Relayed {
     inner: Body,
     tenant: String,
     owner: String,
+    /// Completes when this replica shuts down.
+    stopping: Pin<Box<WaitForCancellationFutureOwned>>,
     /// The body ended (or was ended here): nothing more comes.
     done: bool,
 }
 
 impl Relayed {
-    fn new(inner: Body, tenant: &str, owner: &str) -> Self {
+    fn new(inner: Body, tenant: &str, owner: &str, stopping: &CancellationToken) -> Self {
         Self {
             inner,
             tenant: tenant.to_owned(),
             owner: owner.to_owned(),
+            stopping: Box::pin(stopping.clone().cancelled_owned()),
             done: false,
         }
     }
 
     /// The trailers that end a relay broken by `error`.
     fn broken(&self, error: &tonic::Status) -> Frame<Bytes> {
-        let status = tonic::Status::unavailable(format!(
+        Self::ending(tonic::Status::unavailable(format!(
             "the replica serving tenant {:?} at {} stopped answering mid-call ({}); \
              whether the call took effect is unknown: resume a Watch from its last \
              revision, or retry the call, through any replica (it forwards to the new owner)",
             self.tenant,
             self.owner,
             error.message()
-        ));
+        )))
+    }
+
+    /// The trailers that end a relay at this replica's shutdown.
+    fn stopped(&self) -> Frame<Bytes> {
+        Self::ending(tonic::Status::unavailable(format!(
+            "the replica relaying this call for tenant {:?} (served at {}) is shutting \
+             down; resume a Watch from its last revision through another replica",
+            self.tenant, self.owner
+        )))
+    }
+
+    /// Trailers that end the call with `status`.
+    fn ending(status: tonic::Status) -> Frame<Bytes> {
         let mut trailers = HeaderMap::new();
         // A status of ASCII text always makes valid headers.
         let _ = status.add_header(&mut trailers);
@@ -366,7 +394,13 @@ impl http_body::Body for Relayed {
                 self.done = true;
                 Poll::Ready(None)
             }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => match self.stopping.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    self.done = true;
+                    Poll::Ready(Some(Ok(self.stopped())))
+                }
+                Poll::Pending => Poll::Pending,
+            },
         }
     }
 
