@@ -1015,3 +1015,65 @@ async fn a_replica_stopping_ends_the_watches_it_relays_at_once() {
         .await
         .expect("the replica exits");
 }
+
+/// A claim that landed although its replica never learnt it did (etcd's
+/// answer to the claim was lost: the replica logs the failure and goes
+/// on) names that replica under its live lease, so no other replica may
+/// claim the tenant. The replica itself must see the claim is its own and
+/// that it does not serve the tenant, and put that right; otherwise the
+/// tenant goes unserved for as long as the replica lives.
+#[tokio::test]
+async fn a_claim_whose_answer_was_lost_does_not_leave_the_tenant_unserved() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let replicas = Replicas::start(&etcd, 2).await;
+    let mut client = etcd.client().await.expect("etcd client");
+    // The state such a claim leaves: the owner key of the next tenant (id
+    // 1) holding replica 0's id, under replica 0's lease.
+    let replica = replicas.servers[0].addr().to_string();
+    let member = client
+        .get(format!("{}members/{replica}", replicas.prefix), None)
+        .await
+        .expect("reads the member key")
+        .kvs()
+        .first()
+        .expect("replica 0 is a member")
+        .lease();
+    client
+        .put(
+            format!("{}owners/{:016x}", replicas.prefix, 1),
+            replica.clone(),
+            Some(etcd_client::PutOptions::new().with_lease(member)),
+        )
+        .await
+        .expect("writes the claim");
+    let admin = replicas.admin_token().to_owned();
+    let created = api::tenants(&replicas.channel(1).await, &admin)
+        .create_tenant(v1::CreateTenantRequest {
+            name: "acme".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("CreateTenant")
+        .into_inner();
+    let token = created.token;
+    // Served, through either replica, within the failover budget.
+    let started = Instant::now();
+    for via in [0, 1] {
+        let channel = replicas.channel(via).await;
+        loop {
+            let mut request = tonic::Request::new(v1::GetStatusRequest {
+                tenant: "acme".into(),
+            });
+            request.set_timeout(FAILOVER_BUDGET);
+            let answer = api::reconciler(&channel, &token).get_status(request).await;
+            if answer.is_ok() {
+                break;
+            }
+            assert!(
+                started.elapsed() < FAILOVER_BUDGET,
+                "acme is not served through replica {via}: {answer:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

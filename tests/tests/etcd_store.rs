@@ -443,7 +443,8 @@ async fn leases_claims_and_watches_work_as_the_cluster_needs_them() {
         KeyEvent::Put {
             key: b"members/a".to_vec(),
             value: b"127.0.0.1:1".to_vec(),
-            mod_revision: created
+            mod_revision: created,
+            lease: lease.0,
         }
     );
     assert!(matches!(next(&mut events).await, KeyEvent::Delete { key, .. } if key == b"members/a"));

@@ -67,6 +67,7 @@ async fn follow(
                                     key,
                                     value,
                                     mod_revision,
+                                    lease,
                                 } => {
                                     revision = revision.max(mod_revision);
                                     if let Some(key) = key.strip_prefix(prefix) {
@@ -79,7 +80,7 @@ async fn follow(
                                                 value,
                                                 mod_revision,
                                                 create_revision,
-                                                lease: 0,
+                                                lease,
                                             },
                                         );
                                     }

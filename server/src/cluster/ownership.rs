@@ -16,7 +16,11 @@
 //!   is deleted (only if it is still this claim); the new owner, watching
 //!   the keys, claims it;
 //! - the lease lost: drop every tenant at once (the keys went with it);
-//! - an owner fenced out (its commit refused): drop that tenant.
+//! - an owner fenced out (its commit refused): drop that tenant;
+//! - a claim under this replica's lease on a tenant it neither serves nor
+//!   is busy with (a claim etcd applied but whose answer was lost, or a
+//!   release that failed): release it, since no other replica may claim
+//!   the tenant while it stands.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -271,6 +275,7 @@ impl Ownership {
         let existing: HashSet<u64> = tenants.iter().map(|(id, _)| *id).collect();
         let mut claims = Vec::new();
         let mut hand_off = None;
+        let mut strays = Vec::new();
         {
             let local = lock(&self.local);
             let busy = lock(&self.busy);
@@ -286,7 +291,22 @@ impl Ownership {
                     }
                 } else if desired == Some(me.as_str()) && holder.is_none() {
                     claims.push((*id, name.clone()));
+                } else if let Some(claim) = holder
+                    && claim.value == me.as_bytes()
+                    && claim.lease == lease.id.0
+                {
+                    strays.push((*id, name.clone(), claim.mod_revision));
                 }
+            }
+        }
+        for (id, name, revision) in strays {
+            // A quarantined tenant keeps its claim on purpose.
+            if self.directory.quarantined(&name).is_some() {
+                continue;
+            }
+            warn!(tenant = %name, revision, "This replica holds a claim on a tenant it does not serve (etcd applied a claim or kept a release whose answer was lost); releasing it so that the tenant is served again.");
+            if let Err(error) = self.store.delete_if(&owner_key(id), revision).await {
+                warn!(tenant = %name, %error, "Releasing a stray claim failed; trying again at the next round.");
             }
         }
         // Tenants deleted (their owner stopped by DeleteTenant): release.

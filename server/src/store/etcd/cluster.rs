@@ -47,6 +47,8 @@ pub enum KeyEvent {
         value: Vec<u8>,
         /// The revision of the change.
         mod_revision: i64,
+        /// The lease the key is attached to (0: none).
+        lease: i64,
     },
     /// `key` was deleted (or its lease expired) at `revision`.
     Delete {
@@ -347,6 +349,7 @@ impl EtcdStore {
                                     key,
                                     value: kv.value().to_vec(),
                                     mod_revision: kv.mod_revision(),
+                                    lease: kv.lease(),
                                 },
                                 EventType::Delete => KeyEvent::Delete {
                                     key,
