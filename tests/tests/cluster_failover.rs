@@ -1077,3 +1077,108 @@ async fn a_claim_whose_answer_was_lost_does_not_leave_the_tenant_unserved() {
         }
     }
 }
+
+/// A DeleteTenant that its owner was still carrying out when it lost the
+/// tenant (paused past its lease while the owner finished a large
+/// commit) wrote nothing: it is answered UNAVAILABLE (retry; any replica
+/// forwards it to the new owner), never INTERNAL, and a retry deletes it.
+#[tokio::test]
+async fn a_delete_its_owner_lost_the_tenant_under_is_answered_unavailable() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let replicas = Replicas::start_with(
+        &etcd,
+        2,
+        TEST_LEASE_SECS,
+        &["--max-tenant-message-bytes", "16777216"],
+    )
+    .await;
+    let token = replicas.create_tenant(0, "big").await;
+    let owner = replicas.owner(0, "big").await;
+    let paused = replicas.index_of(&owner).expect("a replica");
+    let other = 1 - paused;
+    let channel = replicas.channel(paused).await;
+    let admin = replicas.admin_token().to_owned();
+    // A large intent keeps the owner busy for a while...
+    let payload = "x".repeat(900);
+    let items: Vec<v1::Item> = (0..10_000)
+        .map(|i| item_needing("t", &format!("n{i:05}"), json!({ "payload": payload }), &[]))
+        .collect();
+    let mut watcher = synced_watch(&channel, "big", &token).await;
+    let submitting = {
+        let mut reconciler = api::reconciler(&channel, &token);
+        let request = api::submit("big", items);
+        tokio::spawn(async move { reconciler.submit_intent(request).await })
+    };
+    // (its commit is staged: etcd shows the staging header)...
+    let mut client = etcd.client().await.expect("etcd client");
+    let staging = format!("{}store/staging/", replicas.prefix);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let found = client
+            .get(
+                staging.clone(),
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only(),
+                ),
+            )
+            .await
+            .expect("lists staging headers")
+            .count();
+        if found > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the large commit was never staged"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // ...while the deletion waits for it: the deletion has begun once the
+    // streams opened with the tenant's token end.
+    let deleting = {
+        let mut tenants = api::tenants(&channel, &admin);
+        tokio::spawn(async move {
+            tenants
+                .delete_tenant(v1::DeleteTenantRequest { name: "big".into() })
+                .await
+        })
+    };
+    let ended = end_of(&mut watcher, DEADLINE).await;
+    assert_eq!(
+        ended.as_ref().map(tonic::Status::code),
+        Some(tonic::Code::Unauthenticated),
+        "the deletion revokes the tenant's streams first: {ended:?}"
+    );
+    let pid = nix::unistd::Pid::from_raw(
+        i32::try_from(replicas.servers[paused].pid().expect("runs")).expect("a pid"),
+    );
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    replicas
+        .wait_for_owner(other, "big", |owner| {
+            owner == replicas.servers[other].addr().to_string()
+        })
+        .await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    let deleted = deleting.await.expect("joined");
+    let _ = submitting.await.expect("joined");
+    match &deleted {
+        Ok(_) => panic!("the deletion cannot have landed: another replica took the tenant"),
+        Err(status) => assert_eq!(
+            status.code(),
+            tonic::Code::Unavailable,
+            "a deletion that wrote nothing must say retry: {status:?}"
+        ),
+    }
+    // The tenant is still there, served by the other replica, and a retry
+    // through any replica deletes it.
+    replicas
+        .tenant(other, "big")
+        .await
+        .expect("the tenant still exists");
+    api::tenants(&replicas.channel(paused).await, &admin)
+        .delete_tenant(v1::DeleteTenantRequest { name: "big".into() })
+        .await
+        .expect("the retried deletion succeeds");
+}

@@ -149,6 +149,28 @@ impl ApiContext {
         ApiError::from(error)
     }
 
+    /// The API error of a failed `DeleteTenant` or `RotateToken` of tenant
+    /// `name`. With replicas on etcd, one whose write was fenced out (this
+    /// replica lost the tenant while carrying it out: nothing was written),
+    /// or that found the tenant gone from here although it still exists
+    /// (it moved meanwhile), answers `UNAVAILABLE` `NOT_OWNER`, so that
+    /// the caller retries and reaches the new owner; not `INTERNAL` or
+    /// `NOT_FOUND`, which callers take as final.
+    pub fn admin_failed(&self, name: &str, error: DirectoryError) -> ApiError {
+        match error {
+            DirectoryError::Tenant(error) => self.owner_failed(name, error),
+            DirectoryError::NotFound(_)
+                if self
+                    .cluster
+                    .as_ref()
+                    .is_some_and(|cluster| cluster.catalog().id_of(name).is_some()) =>
+            {
+                self.owner_failed(name, TenantError::Gone)
+            }
+            other => ApiError::from(other),
+        }
+    }
+
     /// A tenant's status as of `snapshot`, naming this replica as its
     /// owner when replicas share etcd.
     pub fn status_of(&self, snapshot: &TenantSnapshot) -> v1::TenantStatus {

@@ -153,7 +153,7 @@ impl Tenants for TenantsService {
             .directory
             .delete(&request.get_ref().name)
             .await
-            .map_err(ApiError::from)?;
+            .map_err(|error| self.context.admin_failed(&request.get_ref().name, error))?;
         Ok(Response::new(v1::DeleteTenantResponse {}))
     }
 
@@ -169,7 +169,7 @@ impl Tenants for TenantsService {
             .directory
             .rotate_token(&request.get_ref().name)
             .await
-            .map_err(ApiError::from)?;
+            .map_err(|error| self.context.admin_failed(&request.get_ref().name, error))?;
         Ok(Response::new(v1::RotateTokenResponse { token }))
     }
 
