@@ -835,6 +835,17 @@ async fn end_of(watcher: &mut Watcher, within: Duration) -> Option<tonic::Status
     }
 }
 
+/// Creates tenant `acme` on two replicas and opens a synced Watch of it
+/// through the replica that does not own it; returns the owner's index
+/// and the watch.
+async fn watch_through_the_other_replica(replicas: &Replicas) -> (usize, Watcher) {
+    let token = replicas.create_tenant(0, "acme").await;
+    let owner = replicas.owner(0, "acme").await;
+    let owner = replicas.index_of(&owner).expect("a replica");
+    let channel = replicas.channel(1 - owner).await;
+    (owner, synced_watch(&channel, "acme", &token).await)
+}
+
 /// A Watch through a replica that forwards it to the tenant's owner ends
 /// with UNAVAILABLE (which every client resumes after) when that owner is
 /// killed, not with the INTERNAL of a broken HTTP/2 relay.
@@ -842,12 +853,7 @@ async fn end_of(watcher: &mut Watcher, within: Duration) -> Option<tonic::Status
 async fn a_watch_forwarded_to_an_owner_that_dies_ends_unavailable() {
     let etcd = EtcdCluster::single().await.expect("etcd starts");
     let mut replicas = Replicas::start(&etcd, 2).await;
-    let token = replicas.create_tenant(0, "acme").await;
-    let owner = replicas.owner(0, "acme").await;
-    let victim = replicas.index_of(&owner).expect("a replica");
-    let other = 1 - victim;
-    let channel = replicas.channel(other).await;
-    let mut watcher = synced_watch(&channel, "acme", &token).await;
+    let (victim, mut watcher) = watch_through_the_other_replica(&replicas).await;
     replicas.servers[victim].kill9().expect("SIGKILL");
     let status = end_of(&mut watcher, FAILOVER_BUDGET).await;
     assert_eq!(
@@ -864,12 +870,7 @@ async fn a_watch_forwarded_to_an_owner_that_dies_ends_unavailable() {
 async fn a_watch_forwarded_to_an_owner_that_is_paused_ends_unavailable() {
     let etcd = EtcdCluster::single().await.expect("etcd starts");
     let replicas = Replicas::start(&etcd, 2).await;
-    let token = replicas.create_tenant(0, "acme").await;
-    let owner = replicas.owner(0, "acme").await;
-    let paused = replicas.index_of(&owner).expect("a replica");
-    let other = 1 - paused;
-    let channel = replicas.channel(other).await;
-    let mut watcher = synced_watch(&channel, "acme", &token).await;
+    let (paused, mut watcher) = watch_through_the_other_replica(&replicas).await;
     let pid = nix::unistd::Pid::from_raw(
         i32::try_from(replicas.servers[paused].pid().expect("runs")).expect("a pid"),
     );

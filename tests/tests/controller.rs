@@ -23,6 +23,22 @@ async fn admin(server: &ServerProcess) -> Client {
         .expect("the admin client connects")
 }
 
+/// Creates tenant `acme` and connects a client with its token.
+async fn acme_client(server: &ServerProcess) -> Client {
+    let token = admin(server)
+        .await
+        .create_tenant(v1::CreateTenantRequest {
+            name: "acme".into(),
+            limits: None,
+        })
+        .await
+        .expect("creates the tenant")
+        .token;
+    Client::connect(server.endpoint(), &token)
+        .await
+        .expect("the tenant client connects")
+}
+
 fn submit(tenant: &str, items: Vec<v1::Item>, expected: Option<u64>) -> v1::SubmitIntentRequest {
     v1::SubmitIntentRequest {
         tenant: tenant.into(),
@@ -169,18 +185,7 @@ async fn a_watch_ends_when_the_server_stops_answering() {
     let server = ServerProcess::start(ServerOptions::default())
         .await
         .expect("the server starts");
-    let admin = admin(&server).await;
-    let token = admin
-        .create_tenant(v1::CreateTenantRequest {
-            name: "acme".into(),
-            limits: None,
-        })
-        .await
-        .expect("creates the tenant")
-        .token;
-    let client = Client::connect(server.endpoint(), &token)
-        .await
-        .expect("the tenant client connects");
+    let client = acme_client(&server).await;
     let mut stream = client
         .watch(v1::WatchRequest {
             tenant: "acme".into(),
@@ -250,18 +255,7 @@ async fn get_graph_reads_the_whole_graph_of_a_tenant_that_keeps_committing() {
     let server = ServerProcess::start(ServerOptions::default().without_byte_budget())
         .await
         .expect("the server starts");
-    let admin = admin(&server).await;
-    let token = admin
-        .create_tenant(v1::CreateTenantRequest {
-            name: "acme".into(),
-            limits: None,
-        })
-        .await
-        .expect("creates the tenant")
-        .token;
-    let client = Client::connect(server.endpoint(), &token)
-        .await
-        .expect("the tenant client connects");
+    let client = acme_client(&server).await;
     let listed: Vec<v1::Item> = (0..2000)
         .map(|n| item("t", &format!("i{n:04}"), json!({})))
         .collect();
