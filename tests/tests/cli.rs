@@ -114,3 +114,174 @@ fn a_database_newer_than_the_binary_is_refused() {
     let (ok, text) = run(&["--data-dir", data, "--listen", "127.0.0.1:0"]);
     assert!(!ok, "the server does not start on a newer schema: {text}");
 }
+
+/// Records of 1 KiB added to a store so that copying it (the backup before
+/// a migration) takes long enough to be killed in the middle of.
+const FILLER_RECORDS: u32 = 100_000;
+
+/// A store at schema version 1 (0002 pending) in `data` holding
+/// [`FILLER_RECORDS`] records besides its layout; returns how many
+/// records it holds in all.
+fn a_version_1_store_to_back_up(data: &std::path::Path) -> usize {
+    use reconciled::store::{SledOptions, SledStore, Store, WriteBatch, keys};
+    let store = SledStore::open(data, SledOptions::default()).expect("store opens");
+    let mut batch = WriteBatch::new();
+    batch.put(
+        keys::schema_version_key().to_vec(),
+        1u32.to_be_bytes().to_vec(),
+    );
+    batch.put(
+        keys::next_tenant_id_key().to_vec(),
+        1u64.to_be_bytes().to_vec(),
+    );
+    store.commit_blocking(batch).expect("committed");
+    for chunk in 0..FILLER_RECORDS / 10_000 {
+        let mut batch = WriteBatch::new();
+        for index in chunk * 10_000..(chunk + 1) * 10_000 {
+            let mut key = b"\x00test_filler\x00".to_vec();
+            key.extend_from_slice(&index.to_be_bytes());
+            batch.put(key, vec![b'x'; 1024]);
+        }
+        store.commit_blocking(batch).expect("committed");
+    }
+    count_records(&store)
+}
+
+/// Every record of `store`.
+fn count_records(store: &dyn reconciled::store::Store) -> usize {
+    let mut count = 0;
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let page = store
+            .scan_keys(&[], after.as_deref(), 10_000)
+            .expect("scans");
+        count += page.len();
+        match page.last() {
+            Some(last) if page.len() == 10_000 => after = Some(last.clone()),
+            _ => return count,
+        }
+    }
+}
+
+/// How many records the sled store in `dir` holds.
+fn records_in(dir: &std::path::Path) -> usize {
+    use reconciled::store::{SledOptions, SledStore};
+    let store = SledStore::open(dir, SledOptions::default())
+        .unwrap_or_else(|error| panic!("{} opens: {error}", dir.display()));
+    count_records(&store)
+}
+
+/// Waits until the backup under `<data>/backups/` has its sled log file:
+/// the copy into it has begun.
+fn wait_for_a_backup_being_written(data: &str) {
+    let backups = std::path::Path::new(data).join("backups");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let writing = std::fs::read_dir(&backups).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|entry| entry.path().join("db").join("db").exists())
+        });
+        if writing {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no backup is being written under {}",
+            backups.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// `reconciled migrate` on `data`, killed with SIGKILL once it has logged
+/// that it backs the store up and the copy has begun (retried while the
+/// directory is still locked by this process's store, which sled releases
+/// in the background).
+fn migrate_killed_during_its_backup(data: &str) {
+    use std::io::BufRead as _;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let mut child = Command::new(reconciled_binary())
+            .args(["migrate", "--data-dir", data])
+            .env_remove("RECONCILED_DATA_DIR")
+            .env("RECONCILED_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the binary runs");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let mut seen = String::new();
+        for line in std::io::BufReader::new(stderr).lines() {
+            let line = line.expect("reads stderr");
+            if line.contains("Backing up the store before migrating") {
+                wait_for_a_backup_being_written(data);
+                child.kill().expect("SIGKILL");
+                child.wait().expect("reaped");
+                return;
+            }
+            seen.push_str(&line);
+            seen.push('\n');
+        }
+        let status = child.wait().expect("reaped");
+        assert!(
+            seen.contains("lock") && std::time::Instant::now() < deadline,
+            "migrate ended ({status}) before backing up: {seen}"
+        );
+    }
+}
+
+/// A migration killed while it backs the store up leaves no partial copy
+/// under a backup's name (an operator restoring it would lose records):
+/// the copy is named complete only once it is whole, and the next
+/// `migrate` backs up and migrates as if nothing had happened.
+#[test]
+fn a_migration_killed_during_its_backup_leaves_no_partial_backup() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data_dir = dir.path().join("data");
+    let records = a_version_1_store_to_back_up(&data_dir);
+    let data = data_dir.to_str().expect("utf-8 path");
+
+    migrate_killed_during_its_backup(data);
+    let backups = data_dir.join("backups");
+    let mut interrupted = 0;
+    for entry in std::fs::read_dir(&backups).expect("the backup was started") {
+        let path = entry.expect("lists backups").path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.ends_with(".incomplete") {
+            interrupted += 1;
+            continue;
+        }
+        let held = records_in(&path);
+        if held < records {
+            interrupted += 1;
+        }
+        assert_eq!(
+            held,
+            records,
+            "{} is named as a backup but holds {held} of the store's {records} records",
+            path.display()
+        );
+    }
+    assert_eq!(
+        interrupted, 1,
+        "the kill came before the backup was complete"
+    );
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let report = loop {
+        let (ok, report) = run(&["migrate", "--data-dir", data]);
+        if ok || !report.contains("lock") || std::time::Instant::now() > deadline {
+            assert!(ok, "migrating again succeeds: {report}");
+            break report;
+        }
+    };
+    assert!(report.contains("ran: 0002 binary records"), "{report}");
+    let backup = report
+        .lines()
+        .find_map(|line| line.strip_prefix("backup: "))
+        .unwrap_or_else(|| panic!("a new backup is taken: {report}"));
+    assert_eq!(records_in(std::path::Path::new(backup)), records);
+    let (ok, status) = run(&["migrate", "--status", "--data-dir", data]);
+    assert!(ok && status.contains("nothing to do"), "{status}");
+}

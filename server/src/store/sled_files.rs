@@ -216,8 +216,25 @@ pub(crate) fn make_private(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The name a store being written by [`write_new_store`] has until it is
+/// complete: `<dir>.incomplete`.
+pub(crate) fn incomplete_path(dir: &Path) -> Result<PathBuf, String> {
+    let name = dir
+        .file_name()
+        .ok_or_else(|| format!("{} names no directory", dir.display()))?;
+    let mut name = name.to_os_string();
+    name.push(".incomplete");
+    Ok(dir.with_file_name(name))
+}
+
 /// Creates a new store in `dir` holding `records`, durably. `dir` must not
 /// exist. Used for backups: the result opens with `SledStore::open(dir, ..)`.
+///
+/// The store is written as `<dir>.incomplete` and renamed to `dir` only
+/// once every record is in it and fsynced, so a process killed while
+/// copying never leaves a partial copy under the name of a backup (an
+/// operator restoring it would lose records). A `<dir>.incomplete` left by
+/// such a process is removed first.
 pub(crate) fn write_new_store<I>(dir: &Path, records: I) -> Result<(), String>
 where
     I: IntoIterator<Item = Result<(Vec<u8>, Vec<u8>), String>>,
@@ -225,7 +242,16 @@ where
     if dir.exists() {
         return Err("the path already exists".to_owned());
     }
-    let target = open_db(dir, BACKUP_CACHE_BYTES, true)?;
+    let partial = incomplete_path(dir)?;
+    if partial.exists() {
+        fs::remove_dir_all(&partial).map_err(|e| {
+            format!(
+                "removing {}, left by a copy that did not finish: {e}",
+                partial.display()
+            )
+        })?;
+    }
+    let target = open_db(&partial, BACKUP_CACHE_BYTES, true)?;
     let mut chunk = sled::Batch::default();
     let mut chunk_len = 0;
     for record in records {
@@ -252,6 +278,18 @@ where
         .log_file
         .sync_all()
         .map_err(|e| format!("fsyncing the copy: {e}"))?;
+    drop(target);
+    fs::rename(&partial, dir).map_err(|e| {
+        format!(
+            "renaming the complete copy {} to {}: {e}",
+            partial.display(),
+            dir.display()
+        )
+    })?;
+    // The rename must survive a power loss too.
+    if let Some(parent) = dir.parent() {
+        sync_dir(parent).map_err(|e| format!("fsyncing directory {}: {e}", parent.display()))?;
+    }
     Ok(())
 }
 
