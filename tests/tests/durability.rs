@@ -400,3 +400,119 @@ async fn a_quarantined_tenant_is_counted_and_reconciled_repair_brings_it_back_wi
         .await
         .expect("stored");
 }
+
+/// Runs `reconciled store copy --from sled:FROM --to sled:TO`; with
+/// `kill_after_first_batch`, kills it with SIGKILL as soon as it logs its
+/// first batch copied. Returns what it printed.
+fn store_copy(
+    from: &std::path::Path,
+    to: &std::path::Path,
+    kill_after_first_batch: bool,
+) -> String {
+    use std::io::BufRead as _;
+    let mut child = std::process::Command::new(reconciled_tests::reconciled_binary())
+        .arg("store")
+        .arg("copy")
+        .arg("--from")
+        .arg(format!("sled:{}", from.display()))
+        .arg("--to")
+        .arg(format!("sled:{}", to.display()))
+        .env_remove("RECONCILED_DATA_DIR")
+        .env("RECONCILED_LOG", "reconciled=debug")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("reconciled store copy runs");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let mut seen = String::new();
+    for line in std::io::BufReader::new(stderr).lines() {
+        let line = line.expect("reads stderr");
+        if kill_after_first_batch && line.contains("Copied a batch of records") {
+            child.kill().expect("SIGKILL");
+            child.wait().expect("reaped");
+            return seen;
+        }
+        seen.push_str(&line);
+        seen.push('\n');
+    }
+    let output = child.wait_with_output().expect("reaped");
+    assert!(
+        !kill_after_first_batch,
+        "the copy ended before its first batch was logged: {seen}"
+    );
+    assert!(output.status.success(), "the copy failed: {seen}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Puts the store in `copy` in place of `server`'s (which goes to `aside`).
+fn swap_store_in(server: &ServerProcess, copy: &std::path::Path, aside: &std::path::Path) {
+    let db = server.data_dir().join("db");
+    if db.exists() {
+        std::fs::rename(&db, aside).expect("moves the store aside");
+    }
+    std::fs::rename(copy.join("db"), &db).expect("moves the copy in");
+}
+
+/// A `reconciled store copy` killed midway (a restore of a backup cut off
+/// by a reboot or a timeout) leaves part of the records in its
+/// destination. A server started on it must refuse, saying so, rather
+/// than serve a tenant with part of its intent (and delete, through its
+/// agents, what the missing part held); a complete copy then serves
+/// everything.
+#[tokio::test]
+async fn a_server_refuses_the_store_of_an_interrupted_store_copy() {
+    let mut server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("starts");
+    let channel = server.channel().await.expect("connects");
+    let token = create_tenant(&channel, &server.admin_token(), "acme").await;
+    reconciler(&channel, &token)
+        .submit_intent(submit("acme", intent(3_000)))
+        .await
+        .expect("stored");
+    server.terminate().await.expect("stops");
+
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let original = scratch.path().join("original");
+    std::fs::create_dir(&original).expect("mkdir");
+    let partial = scratch.path().join("partial");
+    store_copy(&server.data_dir(), &partial, true);
+    swap_store_in(&server, &partial, &original.join("db"));
+
+    let (ok, status) = {
+        let output = std::process::Command::new(reconciled_tests::reconciled_binary())
+            .args(["migrate", "--status", "--data-dir"])
+            .arg(server.data_dir())
+            .output()
+            .expect("runs");
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned()
+                + &String::from_utf8_lossy(&output.stderr),
+        )
+    };
+    assert!(!ok, "migrate --status refuses a partial copy: {status}");
+    assert!(status.contains("store copy"), "{status}");
+    let refused = server.start_again().await;
+    assert!(
+        refused.is_err(),
+        "the server must not serve the records of an interrupted copy"
+    );
+    assert!(
+        server.log_tail().contains("store copy"),
+        "the log says why: {}",
+        server.log_tail()
+    );
+
+    // Emptied and copied again, whole: everything is there.
+    std::fs::remove_dir_all(server.data_dir().join("db")).expect("empties the partial copy");
+    let whole = scratch.path().join("whole");
+    let printed = store_copy(&original, &whole, false);
+    assert!(printed.starts_with("copied "), "{printed}");
+    swap_store_in(&server, &whole, &scratch.path().join("unused"));
+    server.start_again().await.expect("starts on a whole copy");
+    let channel = server.channel().await.expect("connects");
+    let (generation, names) = intended_names(&channel, &token, "acme").await;
+    assert_eq!(generation, 1);
+    assert_eq!(names.len(), 3_000);
+}

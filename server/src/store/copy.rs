@@ -2,7 +2,9 @@
 //! one (sled to etcd to move a single-node deployment onto replicas, and
 //! back).
 
-use crate::store::{Store, StoreError, WriteBatch};
+use tracing::debug;
+
+use crate::store::{Store, StoreError, WriteBatch, keys};
 
 /// Records read and written per batch.
 const COPY_PAGE: usize = 1_000;
@@ -16,6 +18,12 @@ pub enum CopyError {
          --etcd-prefix or `etcdctl del --prefix <prefix>`; for sled, a new directory)"
     )]
     DestinationNotEmpty,
+    /// The source is itself an unfinished copy.
+    #[error(
+        "the source store holds only part of the records of a `reconciled store copy` that did \
+         not finish; copy from the store it was copied from (or a backup) instead"
+    )]
+    SourceIncomplete,
     /// Reading or writing failed; the destination holds part of the copy.
     #[error("{0}; the destination now holds part of the copy: empty it before copying again")]
     Store(#[from] StoreError),
@@ -26,22 +34,39 @@ pub enum CopyError {
 /// be raw (not wrapped in [`ChunkedValues`](crate::store::ChunkedValues)):
 /// chunks are copied as the records they are. Stop the servers using
 /// either store first.
+///
+/// From its first batch until its last, `to` holds
+/// [`keys::copy_incomplete_key`]: a copy that stops midway (killed, or a
+/// failed write) leaves a store that start-up, `migrate` and `repair`
+/// refuse, rather than one served with part of its records.
 pub fn copy_store(from: &dyn Store, to: &dyn Store) -> Result<u64, CopyError> {
     if !to.scan(&[], None, 1)?.is_empty() {
         return Err(CopyError::DestinationNotEmpty);
     }
+    if from.get(keys::copy_incomplete_key())?.is_some() {
+        return Err(CopyError::SourceIncomplete);
+    }
     let mut copied = 0u64;
     let mut after: Option<Vec<u8>> = None;
+    let mut first = true;
     loop {
         let page = from.scan(&[], after.as_deref(), COPY_PAGE)?;
         let done = page.len() < COPY_PAGE;
         after = page.last().map(|(key, _)| key.clone());
         let mut batch = WriteBatch::new();
+        if first && !done {
+            batch.put(keys::copy_incomplete_key().to_vec(), Vec::new());
+        }
         for (key, value) in page {
             batch.put(key, value);
             copied += 1;
         }
+        if done && !first {
+            batch.delete(keys::copy_incomplete_key().to_vec());
+        }
+        first = false;
         to.commit_blocking(batch)?;
+        debug!(copied, "Copied a batch of records.");
         if done {
             return Ok(copied);
         }
@@ -67,6 +92,19 @@ mod tests {
         assert!(matches!(
             copy_store(&from, &to),
             Err(CopyError::DestinationNotEmpty)
+        ));
+    }
+
+    #[test]
+    fn the_store_of_an_unfinished_copy_is_not_copied_from() {
+        let from = InMemoryStore::new();
+        let mut batch = WriteBatch::new();
+        batch.put(keys::copy_incomplete_key().to_vec(), Vec::new());
+        batch.put(b"record".to_vec(), vec![1]);
+        from.commit_blocking(batch).expect("commit");
+        assert!(matches!(
+            copy_store(&from, &InMemoryStore::new()),
+            Err(CopyError::SourceIncomplete)
         ));
     }
 }

@@ -100,6 +100,14 @@ pub enum StoreError {
         /// The oldest revision etcd still keeps.
         compact_revision: i64,
     },
+    /// The store holds part of the records of a `reconciled store copy`
+    /// that did not finish.
+    #[error(
+        "this store holds only part of the records of a `reconciled store copy` that did not \
+         finish, so it is not served, migrated or repaired; empty it (a new data directory, or \
+         `etcdctl del --prefix <prefix>`) and run the copy again"
+    )]
+    PartialCopy,
     /// Planning or applying schema migrations failed.
     #[error("{0}")]
     Migration(#[from] MigrationError),

@@ -8,6 +8,7 @@
 //! 0x00 "fleet_event" 0x00 <revision u64 BE>   -> fleet-wide event
 //! 0x00 "fleet_log"                            -> fleet log position (JSON)
 //! 0x00 "tenant_entry" 0x00 <name>             -> a tenant's directory entry (replicas on etcd only)
+//! 0x00 "copy_incomplete"                      -> empty: the store holds part of an unfinished `store copy`
 //! 0x01 <tenant id u64 BE> <kind u8> <rest>    -> a tenant's records (see RecordKind)
 //! 0x02 <key len u32 BE> <key> <index u32 BE>  -> a chunk of a large value (store/chunked.rs)
 //! ```
@@ -32,6 +33,7 @@ const PURGE_PREFIX: &[u8] = b"\x00purge\x00";
 const FLEET_EVENT_PREFIX: &[u8] = b"\x00fleet_event\x00";
 const FLEET_LOG_KEY: &[u8] = b"\x00fleet_log";
 const TENANT_ENTRY_PREFIX: &[u8] = b"\x00tenant_entry\x00";
+const COPY_INCOMPLETE_KEY: &[u8] = b"\x00copy_incomplete";
 
 /// The length of [`tenant_prefix`]: space byte and 8-byte id.
 pub const TENANT_PREFIX_LEN: usize = 9;
@@ -134,6 +136,13 @@ pub fn fleet_events_prefix() -> &'static [u8] {
 /// The fleet log's position: its newest revision and compaction floor.
 pub fn fleet_log_key() -> &'static [u8] {
     FLEET_LOG_KEY
+}
+
+/// Present (empty) in a store that `reconciled store copy` is writing, from
+/// its first batch until its last: a store holding it has only part of the
+/// records, and nothing may serve, migrate or repair it.
+pub fn copy_incomplete_key() -> &'static [u8] {
+    COPY_INCOMPLETE_KEY
 }
 
 /// Parses a [`fleet_event_key`] back to the revision.

@@ -8,7 +8,9 @@ use reconciled_migrations::{
 };
 use tracing::info;
 
-use crate::store::{EtcdOptions, EtcdStore, SledOptions, SledStore, Store, StoreError, WriteBatch};
+use crate::store::{
+    EtcdOptions, EtcdStore, SledOptions, SledStore, Store, StoreError, WriteBatch, keys,
+};
 
 /// Lets the migrations read and write a [`Store`]. Blocking: use it from
 /// start-up code or `spawn_blocking`, not on an async runtime thread.
@@ -74,7 +76,8 @@ impl MigrationReport {
 
 /// Opens the store in `dir` and brings its schema up to date.
 ///
-/// Refuses a database newer than this binary's migrations. When migrations
+/// Refuses a database newer than this binary's migrations, and one that
+/// holds part of an unfinished `reconciled store copy`. When migrations
 /// are pending it first backs the store up to
 /// `<dir>/backups/pre-migration-v{from}-{unix seconds}` (skipped for a store
 /// that holds no record at all: there is nothing to lose), then applies them.
@@ -107,6 +110,7 @@ pub fn open_and_migrate_etcd(
     dry_run: bool,
 ) -> Result<(EtcdStore, MigrationReport), StoreError> {
     let store = EtcdStore::open(options)?;
+    refuse_partial_copy(&store)?;
     let status = Runner::new(builtin())?.status(&MigrationAdapter(&store))?;
     if status.is_up_to_date() || dry_run {
         let report = MigrationReport {
@@ -133,6 +137,7 @@ pub fn migrate(
     dry_run: bool,
 ) -> Result<MigrationReport, StoreError> {
     let dir = backup_dir;
+    refuse_partial_copy(store)?;
     let runner = Runner::new(builtin())?;
     let adapter = MigrationAdapter(store);
     let before = runner.status(&adapter)?;
@@ -176,6 +181,15 @@ pub fn migrate(
         "Store schema migrated."
     );
     Ok(report)
+}
+
+/// Fails with [`StoreError::PartialCopy`] if `store` holds part of an
+/// unfinished `reconciled store copy` (see [`crate::store::copy_store`]).
+fn refuse_partial_copy(store: &dyn Store) -> Result<(), StoreError> {
+    match store.get(keys::copy_incomplete_key())? {
+        Some(_) => Err(StoreError::PartialCopy),
+        None => Ok(()),
+    }
 }
 
 fn backup_path(dir: &Path, from: u32) -> PathBuf {
