@@ -7,7 +7,7 @@
 //!
 //! | unreadable record | repair |
 //! |---|---|
-//! | the tenant record | rebuilt from the name index: same name and id, a **new token** (printed once), limits back to the server's defaults, generation from the intended items, revision past every stored event; the event history is dropped (watchers resuming from before get `REVISION_COMPACTED`) |
+//! | the tenant record | rebuilt from the name index: same name and id, a **new token** (printed once), limits back to the server's defaults, generation from the intended items, revision past every stored event and past a floor from the clock (`now_ms × 1024`, which no revision of the lost record can have reached, commits without events included); the event history is dropped (watchers resuming from before get `REVISION_COMPACTED`) |
 //! | an intended item | replaced by the value its agent last applied (no operation follows; submit the intent again to change it); without an applied value it is removed from the intent |
 //! | a current item | removed: if the item is intended it is created again (agents' Creates are idempotent, DESIGN section 4); if not, the server forgets it and it stays where its agent put it |
 //! | a type spec | removed: the next agent registering the type stores it again |
@@ -329,7 +329,7 @@ pub fn repair(
             .filter_map(|(key, _)| keys::parse_event_key(key).map(|(_, revision, _)| revision))
             .max()
             .unwrap_or(0);
-        let revision = last_event + 1;
+        let revision = rebuilt_revision(last_event, now_ms());
         record = Some(TenantRecord {
             id,
             name: diagnosis.name.clone(),
@@ -476,6 +476,27 @@ pub fn describe(diagnoses: &[TenantDiagnosis]) -> String {
     }
     text.push_str(&format!("{sound} tenant(s) with every record readable\n"));
     text
+}
+
+/// How far a rebuilt record's revision starts past the clock: a tenant's
+/// revision grows by one per commit, so no record reaches
+/// `now_ms × REVISIONS_PER_MS` unless its tenant averaged more commits
+/// than this per millisecond since it was created (or last rebuilt).
+const REVISIONS_PER_MS: u64 = 1024;
+
+/// The revision a rebuilt tenant record starts from (with its history
+/// compacted to it, so every earlier revision reads as compacted).
+///
+/// The lost record's revision cannot be read back, and the event log does
+/// not bound it: commits without an event (a token rotation, new limits)
+/// store none, and pruning by age can empty it. A watcher holding a
+/// revision of the lost record must not have its resume continue into
+/// later, different changes given the same numbers, so the record starts
+/// past both the stored events and a floor from the clock
+/// (`now_ms × REVISIONS_PER_MS`), which no revision of the lost record
+/// can have reached. Revisions stay increasing; they jump once, here.
+fn rebuilt_revision(last_event: u64, now_ms: u64) -> u64 {
+    (last_event + 1).max(now_ms.saturating_mul(REVISIONS_PER_MS))
 }
 
 #[cfg(test)]
