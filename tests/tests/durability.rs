@@ -14,12 +14,31 @@ fn intent(count: usize) -> Vec<v1::Item> {
         .collect()
 }
 
-async fn intended_names(
+/// A server with tenant `tenant` holding `intent(count)`: the server, a
+/// channel to it and the tenant's token.
+async fn server_with_intent(
+    tenant: &str,
+    count: usize,
+) -> (ServerProcess, tonic::transport::Channel, String) {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("starts");
+    let channel = server.channel().await.expect("connects");
+    let token = create_tenant(&channel, &server.admin_token(), tenant).await;
+    reconciler(&channel, &token)
+        .submit_intent(submit(tenant, intent(count)))
+        .await
+        .expect("stored");
+    (server, channel, token)
+}
+
+/// The intended graph of `tenant` (one page of up to 5,000 items).
+async fn intended_graph(
     channel: &tonic::transport::Channel,
     token: &str,
     tenant: &str,
-) -> (u64, Vec<String>) {
-    let graph = reconciler(channel, token)
+) -> v1::GetGraphResponse {
+    reconciler(channel, token)
         .get_graph(v1::GetGraphRequest {
             tenant: tenant.into(),
             view: v1::GraphView::Intended.into(),
@@ -28,7 +47,15 @@ async fn intended_names(
         })
         .await
         .expect("graph")
-        .into_inner();
+        .into_inner()
+}
+
+async fn intended_names(
+    channel: &tonic::transport::Channel,
+    token: &str,
+    tenant: &str,
+) -> (u64, Vec<String>) {
+    let graph = intended_graph(channel, token, tenant).await;
     let names = graph
         .intended
         .iter()
@@ -40,15 +67,7 @@ async fn intended_names(
 
 #[tokio::test]
 async fn intents_survive_a_graceful_restart() {
-    let mut server = ServerProcess::start(ServerOptions::default())
-        .await
-        .expect("starts");
-    let channel = server.channel().await.expect("connects");
-    let token = create_tenant(&channel, &server.admin_token(), "acme").await;
-    reconciler(&channel, &token)
-        .submit_intent(submit("acme", intent(50)))
-        .await
-        .expect("stored");
+    let (mut server, _, token) = server_with_intent("acme", 50).await;
     server.restart().await.expect("restarts");
     let channel = server.channel().await.expect("connects");
     let (generation, names) = intended_names(&channel, &token, "acme").await;
@@ -461,15 +480,7 @@ fn swap_store_in(server: &ServerProcess, copy: &std::path::Path, aside: &std::pa
 /// everything.
 #[tokio::test]
 async fn a_server_refuses_the_store_of_an_interrupted_store_copy() {
-    let mut server = ServerProcess::start(ServerOptions::default())
-        .await
-        .expect("starts");
-    let channel = server.channel().await.expect("connects");
-    let token = create_tenant(&channel, &server.admin_token(), "acme").await;
-    reconciler(&channel, &token)
-        .submit_intent(submit("acme", intent(3_000)))
-        .await
-        .expect("stored");
+    let (mut server, _, token) = server_with_intent("acme", 3_000).await;
     server.terminate().await.expect("stops");
 
     let scratch = tempfile::tempdir().expect("temp dir");
@@ -516,21 +527,6 @@ async fn a_server_refuses_the_store_of_an_interrupted_store_copy() {
     assert_eq!(generation, 1);
     assert_eq!(names.len(), 3_000);
 }
-/// The revision of tenant `tenant` as GetGraph reports it.
-async fn graph_revision(channel: &tonic::transport::Channel, token: &str, tenant: &str) -> u64 {
-    reconciler(channel, token)
-        .get_graph(v1::GetGraphRequest {
-            tenant: tenant.into(),
-            view: v1::GraphView::Intended.into(),
-            page_size: 10,
-            ..Default::default()
-        })
-        .await
-        .expect("graph")
-        .into_inner()
-        .revision
-}
-
 /// A tenant record rebuilt by `reconciled repair` takes a revision past
 /// every revision the tenant had, not only past its last stored event
 /// (commits without events, such as a token rotation, store none): a
@@ -542,20 +538,12 @@ async fn a_rebuilt_tenant_record_never_gives_a_revision_twice() {
     use reconciled::store::{SledOptions, SledStore, Store, WriteBatch, keys};
     use reconciled_tests::api::rotate_token;
     use reconciled_tests::watch::{Watcher, watch_request};
-    let mut server = ServerProcess::start(ServerOptions::default())
-        .await
-        .expect("starts");
-    let channel = server.channel().await.expect("connects");
+    let (mut server, channel, mut token) = server_with_intent("bad", 3).await;
     let admin = server.admin_token();
-    let mut token = create_tenant(&channel, &admin, "bad").await;
-    reconciler(&channel, &token)
-        .submit_intent(submit("bad", intent(3)))
-        .await
-        .expect("stored");
     for _ in 0..3 {
         token = rotate_token(&channel, &admin, "bad").await;
     }
-    let seen = graph_revision(&channel, &token, "bad").await;
+    let seen = intended_graph(&channel, &token, "bad").await.revision;
     server.terminate().await.expect("stops");
     {
         let store = SledStore::open(&server.data_dir(), SledOptions::default()).expect("opens");
@@ -579,7 +567,7 @@ async fn a_rebuilt_tenant_record_never_gives_a_revision_twice() {
             .await
             .expect("stored");
     }
-    let now = graph_revision(&channel, &token, "bad").await;
+    let now = intended_graph(&channel, &token, "bad").await.revision;
     assert!(now > seen, "revision {now} after the repair, {seen} before");
     let mut client = reconciler(&channel, &token);
     let status = match Watcher::open(&mut client, watch_request("bad", seen)).await {
