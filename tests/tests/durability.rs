@@ -32,6 +32,15 @@ async fn server_with_intent(
     (server, channel, token)
 }
 
+/// Asserts that `tenant` on `server` holds its first intent, of `count`
+/// items.
+async fn assert_first_intent_kept(server: &ServerProcess, token: &str, tenant: &str, count: usize) {
+    let channel = server.channel().await.expect("connects");
+    let (generation, names) = intended_names(&channel, token, tenant).await;
+    assert_eq!(generation, 1);
+    assert_eq!(names.len(), count);
+}
+
 /// The intended graph of `tenant` (one page of up to 5,000 items).
 async fn intended_graph(
     channel: &tonic::transport::Channel,
@@ -69,10 +78,7 @@ async fn intended_names(
 async fn intents_survive_a_graceful_restart() {
     let (mut server, _, token) = server_with_intent("acme", 50).await;
     server.restart().await.expect("restarts");
-    let channel = server.channel().await.expect("connects");
-    let (generation, names) = intended_names(&channel, &token, "acme").await;
-    assert_eq!(generation, 1);
-    assert_eq!(names.len(), 50);
+    assert_first_intent_kept(&server, &token, "acme", 50).await;
 }
 
 #[tokio::test]
@@ -522,11 +528,9 @@ async fn a_server_refuses_the_store_of_an_interrupted_store_copy() {
     assert!(printed.starts_with("copied "), "{printed}");
     swap_store_in(&server, &whole, &scratch.path().join("unused"));
     server.start_again().await.expect("starts on a whole copy");
-    let channel = server.channel().await.expect("connects");
-    let (generation, names) = intended_names(&channel, &token, "acme").await;
-    assert_eq!(generation, 1);
-    assert_eq!(names.len(), 3_000);
+    assert_first_intent_kept(&server, &token, "acme", 3_000).await;
 }
+
 /// A tenant record rebuilt by `reconciled repair` takes a revision past
 /// every revision the tenant had, not only past its last stored event
 /// (commits without events, such as a token rotation, store none): a

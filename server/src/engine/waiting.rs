@@ -25,7 +25,8 @@ pub struct WaitingSummary {
     /// (only one can READ them or send the operation again, DESIGN 4).
     pub unknown_outcome: BTreeMap<String, usize>,
     /// The items that failed terminally themselves (not those that only
-    /// wait on one), each counted once: what a Stalled tenant names.
+    /// wait on one): what a Stalled tenant names. Counted, not a set: a
+    /// replaced entry is counted in before its predecessor is counted out.
     pub failed_terminally: BTreeMap<ItemRef, usize>,
 }
 
