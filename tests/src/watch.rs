@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use reconciled_proto::v1;
 use reconciled_proto::v1::watch_response::Message;
-use tonic::{Status, Streaming};
+use tonic::{Code, Status, Streaming};
 
-use crate::api::Reconciler;
+use crate::api::{Reconciler, error_metadata};
 
 /// How long a test waits for the next message of a stream.
 pub const MESSAGE_DEADLINE: Duration = Duration::from_secs(30);
@@ -74,6 +74,23 @@ impl Watcher {
                 ..Seen::default()
             },
         })
+    }
+
+    /// Opens a Watch of all of a tenant's retained history, as a client
+    /// that wants it does: from revision 1, and on `REVISION_COMPACTED`
+    /// from the `compact_revision` the error names (a tenant's history
+    /// starts past a floor from the clock, never at 1).
+    pub async fn open_from_oldest(client: &mut Reconciler, tenant: &str) -> Result<Self, Status> {
+        let status = match Self::open(client, watch_request(tenant, 1)).await {
+            Err(status) if status.code() == Code::OutOfRange => status,
+            opened => return opened,
+        };
+        let Some(oldest) =
+            error_metadata(&status, "compact_revision").and_then(|floor| floor.parse().ok())
+        else {
+            return Err(status);
+        };
+        Self::open(client, watch_request(tenant, oldest)).await
     }
 
     /// Reads one message and records it. `Ok(None)` when the stream ended,

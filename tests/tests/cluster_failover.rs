@@ -216,14 +216,18 @@ async fn follow(
     ledger: Arc<Mutex<Ledger>>,
     stop: CancellationToken,
 ) {
-    let mut resume = 1;
+    // From the tenant's oldest revision until the first group arrives.
+    let mut resume = None;
     let mut via = rand::random_range(0..channels.len());
     while !stop.is_cancelled() {
         // Every stream that ends resumes through the next replica.
         via = (via + 1) % channels.len();
         let mut client = api::reconciler(&channels[via], &token);
-        let Ok(mut watcher) = Watcher::open(&mut client, watch_request(&tenant, resume)).await
-        else {
+        let opened = match resume {
+            Some(resume) => Watcher::open(&mut client, watch_request(&tenant, resume)).await,
+            None => Watcher::open_from_oldest(&mut client, &tenant).await,
+        };
+        let Ok(mut watcher) = opened else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
@@ -246,7 +250,7 @@ async fn follow(
                     );
                 }
                 ledger.watched.push(group.revision);
-                resume = group.revision;
+                resume = Some(group.revision);
             }
             taken = watcher.seen.groups.len();
             if !matches!(next, Ok(Some(_))) {
@@ -355,9 +359,9 @@ async fn history(channel: &Channel, tenant: &str, token: &str) -> Vec<(u64, Vec<
         .into_inner()
         .status
         .expect("a status");
-    let mut watcher = Watcher::open(&mut client, watch_request(tenant, 1))
+    let mut watcher = Watcher::open_from_oldest(&mut client, tenant)
         .await
-        .expect("Watch from the first revision");
+        .expect("Watch from the oldest revision");
     watcher
         .groups_through(status.revision)
         .await

@@ -293,7 +293,7 @@ async fn history_survives_a_restart_and_resumes_exactly_after_any_revision() {
         tenant.wait_until_ready().await;
     }
     let last = tenant.status().await.revision;
-    let mut before = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 1))
+    let mut before = Watcher::open_from_oldest(&mut tenant.reconciler(), "acme")
         .await
         .expect("watch opens");
     let before = before.until_revision(last).await.groups.clone();
@@ -302,7 +302,7 @@ async fn history_survives_a_restart_and_resumes_exactly_after_any_revision() {
 
     tenant.server.restart().await.expect("restarts");
     tenant.channel = tenant.server.channel().await.expect("connects");
-    let mut after = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 1))
+    let mut after = Watcher::open_from_oldest(&mut tenant.reconciler(), "acme")
         .await
         .expect("watch opens after the restart");
     let after_groups = after.groups_through(last).await;
@@ -373,6 +373,27 @@ async fn a_revision_older_than_the_history_is_out_of_range_with_the_compact_revi
 #[tokio::test]
 async fn a_resume_from_a_revision_the_tenant_has_not_reached_is_refused_not_silently_skipped() {
     let mut tenant = TestTenant::start("acme").await;
+    tenant.submit(vec![item("t", "a", json!({}))]).await;
+    let current = tenant.status().await.revision;
+
+    let status = Watcher::open(&mut tenant.reconciler(), watch_request("acme", current + 5))
+        .await
+        .expect_err("a revision ahead of the tenant");
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    assert_eq!(error_reason(&status).as_deref(), Some("REVISION_COMPACTED"));
+    assert_eq!(
+        error_metadata(&status, "current_revision").as_deref(),
+        Some(current.to_string().as_str())
+    );
+    // The revision the tenant is at, and any below it, still resume.
+    Watcher::open(&mut tenant.reconciler(), watch_request("acme", current))
+        .await
+        .expect("the latest revision resumes");
+}
+
+#[tokio::test]
+async fn a_tenant_created_again_under_its_name_refuses_a_resume_from_the_old_ones_revisions() {
+    let mut tenant = TestTenant::start("acme").await;
     for round in 0..5 {
         tenant
             .submit(vec![item("t", "a", json!({"round": round}))])
@@ -388,23 +409,36 @@ async fn a_resume_from_a_revision_the_tenant_has_not_reached_is_refused_not_sile
         .await
         .expect("deletes");
     tenant.token = api::create_tenant(&tenant.channel, &admin, "acme").await;
-    tenant.submit(vec![item("t", "b", json!({}))]).await;
-    let current = tenant.status().await.revision;
-    assert!(current < seen, "the new tenant starts its own revisions");
+    let first = tenant.status().await.revision;
+    // However many changes the new tenant commits, a resume from a
+    // revision of the old one never continues into them.
+    let mut round = 0;
+    while tenant.status().await.revision <= seen {
+        assert!(
+            round < 100,
+            "the new tenant passes {seen} within 100 submissions"
+        );
+        tenant
+            .submit(vec![item("t", "b", json!({"round": round}))])
+            .await;
+        round += 1;
+    }
 
     let status = Watcher::open(&mut tenant.reconciler(), watch_request("acme", seen))
         .await
-        .expect_err("a revision ahead of the tenant");
+        .expect_err("a revision of the tenant deleted");
     assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
     assert_eq!(error_reason(&status).as_deref(), Some("REVISION_COMPACTED"));
-    assert_eq!(
-        error_metadata(&status, "current_revision").as_deref(),
-        Some(current.to_string().as_str())
+    let floor: u64 = error_metadata(&status, "compact_revision")
+        .and_then(|floor| floor.parse().ok())
+        .expect("the error names where the new tenant's history starts");
+    assert!(
+        seen < floor && floor <= first,
+        "the new tenant's history starts past every revision of the old one: {seen} < {floor} <= {first}"
     );
-    // The revision the tenant is at, and any below it, still resume.
-    Watcher::open(&mut tenant.reconciler(), watch_request("acme", current))
+    Watcher::open(&mut tenant.reconciler(), watch_request("acme", first))
         .await
-        .expect("the latest revision resumes");
+        .expect("the new tenant's own revisions resume");
 }
 
 #[tokio::test]

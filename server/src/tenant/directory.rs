@@ -16,7 +16,7 @@ use crate::wire::condition_to_proto;
 
 use super::error::TenantError;
 use super::owner::{OwnerSettings, TenantHandle, now_ms};
-use super::record::{TenantLimits, TenantRecord, decode, encode};
+use super::record::{TenantLimits, TenantRecord, decode, encode, first_revision};
 use super::state::{TenantState, scan_all};
 
 /// Keys deleted per commit while purging a deleted tenant.
@@ -628,18 +628,20 @@ pub fn creation(
 ) -> Result<(TenantRecord, String, WriteBatch), DirectoryError> {
     let token = generate_token(TokenKind::Tenant)
         .map_err(|error| DirectoryError::Token(error.to_string()))?;
+    let created_at_ms = now_ms();
+    let revision = first_revision(created_at_ms);
     let record = TenantRecord {
         id,
         name: name.to_string(),
-        created_at_ms: now_ms(),
+        created_at_ms,
         generation: 0,
         observed_generation: 0,
-        revision: 1,
+        revision,
         limits,
         token_hash: hex(TokenHash::of(&token).as_bytes()),
         deleted: false,
         conditions: Vec::new(),
-        compact_revision: Some(0),
+        compact_revision: Some(revision),
     };
     let mut batch = WriteBatch::new();
     batch.put(

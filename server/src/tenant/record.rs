@@ -89,6 +89,27 @@ pub struct TenantRecord {
     pub compact_revision: Option<u64>,
 }
 
+/// How far revisions start past the clock: a tenant's revision grows by
+/// one per commit, so no tenant reaches `now_ms × REVISIONS_PER_MS` unless
+/// it averaged more commits than this per millisecond since it was
+/// created. 1,024 per millisecond is far beyond what durable commits allow.
+pub const REVISIONS_PER_MS: u64 = 1024;
+
+/// The revision a tenant record made now starts from: past a floor from
+/// the clock (`now_ms × REVISIONS_PER_MS`), with its history compacted to
+/// it, so every earlier revision reads as compacted.
+///
+/// A watcher may hold a revision of an earlier tenant of the same name
+/// (deleted, then created again) or of a record `reconciled repair` had to
+/// rebuild. Had the new record counted from 1 again, that watcher's resume
+/// would, once the new record passed its revision, continue into different
+/// changes given the same numbers, without a word. No revision of an
+/// earlier record can have reached the floor, so it is refused as
+/// compacted instead, and the watcher starts over from a snapshot.
+pub fn first_revision(now_ms: u64) -> u64 {
+    now_ms.saturating_mul(REVISIONS_PER_MS).max(1)
+}
+
 impl TenantRecord {
     /// The event log's compaction floor (see `compact_revision`).
     pub fn events_floor(&self) -> u64 {

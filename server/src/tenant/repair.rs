@@ -27,7 +27,7 @@ use crate::store::{Store, WriteBatch, keys};
 
 use super::error::TenantError;
 use super::owner::now_ms;
-use super::record::{StoredIntended, TenantLimits, TenantRecord, decode, encode};
+use super::record::{StoredIntended, TenantLimits, TenantRecord, decode, encode, first_revision};
 use super::state::{TenantState, scan_all};
 
 /// Why a repair could not run.
@@ -478,25 +478,17 @@ pub fn describe(diagnoses: &[TenantDiagnosis]) -> String {
     text
 }
 
-/// How far a rebuilt record's revision starts past the clock: a tenant's
-/// revision grows by one per commit, so no record reaches
-/// `now_ms × REVISIONS_PER_MS` unless its tenant averaged more commits
-/// than this per millisecond since it was created (or last rebuilt).
-const REVISIONS_PER_MS: u64 = 1024;
-
 /// The revision a rebuilt tenant record starts from (with its history
 /// compacted to it, so every earlier revision reads as compacted).
 ///
 /// The lost record's revision cannot be read back, and the event log does
 /// not bound it: commits without an event (a token rotation, new limits)
-/// store none, and pruning by age can empty it. A watcher holding a
-/// revision of the lost record must not have its resume continue into
-/// later, different changes given the same numbers, so the record starts
-/// past both the stored events and a floor from the clock
-/// (`now_ms × REVISIONS_PER_MS`), which no revision of the lost record
-/// can have reached. Revisions stay increasing; they jump once, here.
+/// store none, and pruning by age can empty it. So the record starts past
+/// both the stored events and the clock's floor (`first_revision`), which
+/// no revision of the lost record can have reached. Revisions stay
+/// increasing; they jump once, here.
 fn rebuilt_revision(last_event: u64, now_ms: u64) -> u64 {
-    (last_event + 1).max(now_ms.saturating_mul(REVISIONS_PER_MS))
+    (last_event + 1).max(first_revision(now_ms))
 }
 
 #[cfg(test)]
