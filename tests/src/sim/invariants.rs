@@ -1781,13 +1781,15 @@ pub fn unconverged_reason(snapshot: &TenantSnapshot) -> Option<String> {
 
 /// Checks a published snapshot (DESIGN §2, §5).
 pub fn check_snapshot(snapshot: &TenantSnapshot, model: &IntentModel) -> Result<(), Violation> {
-    // Counts by state equal a recount.
+    // Counts by state equal a recount: every current item in its state,
+    // every intended item not current (an external item not reported
+    // too) as PENDING, as its ItemStatus shows it.
     let mut recount: BTreeMap<&'static str, u64> = BTreeMap::new();
     for (_, current) in snapshot.current.iter() {
         *recount.entry(state_name(current.state)).or_default() += 1;
     }
-    for (key, entry) in snapshot.intended.iter() {
-        if !entry.item.external && snapshot.current.get(key).is_none() {
+    for (key, _) in snapshot.intended.iter() {
+        if snapshot.current.get(key).is_none() {
             *recount.entry("PENDING").or_default() += 1;
         }
     }

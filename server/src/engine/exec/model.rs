@@ -19,8 +19,8 @@ use crate::engine::waiting::WaitingSet;
 use crate::graph::{CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, ItemRef, ItemState};
 
 /// Counts of a tenant's items by displayed state: an intended item that is
-/// not current counts as `PENDING`; an external item that was never
-/// reported counts nowhere.
+/// not current (an external item never reported too) counts as `PENDING`,
+/// so every intended item counts in one state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StateCounts {
     by_state: BTreeMap<&'static str, u64>,
@@ -79,16 +79,17 @@ pub fn state_name(state: ItemState) -> &'static str {
     }
 }
 
-/// The state an item shows: its current state, `PENDING` for an intended
-/// item that is not current, nothing for an external item never reported.
+/// The state an item shows, as its `ItemStatus` does: its current state,
+/// `PENDING` for an intended item that is not current (an external item
+/// never reported too: it is expected and not there yet).
 pub fn displayed_state(
     intended: Option<&IntendedItem>,
     current: Option<&CurrentItem>,
 ) -> Option<ItemState> {
     match (intended, current) {
         (_, Some(current)) => Some(current.state),
-        (Some(entry), None) if !entry.item.external => Some(ItemState::Pending),
-        _ => None,
+        (Some(_), None) => Some(ItemState::Pending),
+        (None, None) => None,
     }
 }
 
@@ -379,6 +380,27 @@ mod tests {
         assert!(model.current.get(&ItemRef::new("t", "a")).is_some());
         assert!(model.current.get(&ItemRef::new("t", "b")).is_none());
         assert!(model.intended.get(&ItemRef::new("t", "c")).is_none());
+        assert_eq!(
+            model.counts(),
+            &StateCounts::recount(&model.intended, &model.current)
+        );
+    }
+
+    #[test]
+    fn an_intended_external_item_never_reported_counts_as_pending() {
+        let mut external = Item::new("t", "x", Default::default());
+        external.external = true;
+        let mut model = TenantModel::default();
+        model.stage_intent(&IntentChange {
+            generation: 1,
+            upserts: vec![IntendedItem::compile(external, 1).expect("compiles")],
+            ..IntentChange::default()
+        });
+        assert_eq!(
+            model.counts().get(ItemState::Pending),
+            1,
+            "every intended item counts in one state, as its ItemStatus shows it"
+        );
         assert_eq!(
             model.counts(),
             &StateCounts::recount(&model.intended, &model.current)
