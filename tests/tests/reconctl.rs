@@ -1008,8 +1008,7 @@ async fn an_agents_error_message_cannot_drive_the_operators_terminal() {
     let watch = cli
         .run(&[
             "watch",
-            "--since",
-            "1",
+            "--history",
             "--kind",
             "operation-finished",
             "--count",

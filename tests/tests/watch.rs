@@ -372,7 +372,7 @@ async fn a_revision_older_than_the_history_is_out_of_range_with_the_compact_revi
 /// watcher starts again from a snapshot.
 #[tokio::test]
 async fn a_resume_from_a_revision_the_tenant_has_not_reached_is_refused_not_silently_skipped() {
-    let mut tenant = TestTenant::start("acme").await;
+    let tenant = TestTenant::start("acme").await;
     tenant.submit(vec![item("t", "a", json!({}))]).await;
     let current = tenant.status().await.revision;
 

@@ -339,8 +339,12 @@ pub(crate) struct ReconcileArgs {
 pub(crate) struct WatchArgs {
     /// Start after this revision (from the server's retained history)
     /// instead of with a snapshot.
-    #[arg(long, value_name = "REVISION")]
+    #[arg(long, value_name = "REVISION", conflicts_with = "history")]
     pub(crate) since: Option<u64>,
+    /// Start with every event the server still retains (from its oldest
+    /// retained revision) instead of with a snapshot.
+    #[arg(long)]
+    pub(crate) history: bool,
     /// Only events about items of this type (repeatable).
     #[arg(long = "type", value_name = "TYPE")]
     pub(crate) item_types: Vec<String>,

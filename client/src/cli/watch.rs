@@ -20,9 +20,15 @@ use crate::proto as v1;
 /// events were shown, or the reader goes away.
 pub(crate) async fn run(session: &Session, args: WatchArgs) -> Result<Exit, Failure> {
     let tenant = session.tenant()?;
-    let request = v1::WatchRequest {
+    let mut request = v1::WatchRequest {
         tenant: tenant.clone(),
-        start_revision: args.since.unwrap_or(0),
+        // The oldest retained revision is not known ahead: ask for the
+        // first and take the one the refusal names.
+        start_revision: if args.history {
+            1
+        } else {
+            args.since.unwrap_or(0)
+        },
         item_types: args.item_types.clone(),
         kinds: args
             .kinds
@@ -31,13 +37,18 @@ pub(crate) async fn run(session: &Session, args: WatchArgs) -> Result<Exit, Fail
             .collect(),
     };
     let what = format!("watch tenant {tenant:?}");
-    let mut stream = session
-        .client
-        .watch(request)
-        .await
-        .map_err(|status| stream_failure(session, &what, &status, args.since))?;
+    let mut opened = session.client.watch(request.clone()).await;
+    if args.history
+        && let Err(status) = &opened
+        && let Some(oldest) = oldest_retained(status)
+    {
+        request.start_revision = oldest;
+        opened = session.client.watch(request.clone()).await;
+    }
+    let since = (request.start_revision > 0).then_some(request.start_revision);
+    let mut stream = opened.map_err(|status| stream_failure(session, &what, &status, since))?;
     let mut shown = 0u64;
-    let mut resume_from = args.since;
+    let mut resume_from = since;
     if args.count == Some(0) {
         return Ok(Exit::Success);
     }
@@ -99,6 +110,22 @@ fn event_kind(kind: EventKindArg) -> v1::EventKind {
         EventKindArg::AgentDisconnected => v1::EventKind::AgentDisconnected,
         EventKindArg::DriftDetected => v1::EventKind::DriftDetected,
     }
+}
+
+/// The oldest revision a watch may resume from, from a refusal of one
+/// older than the retained history.
+fn oldest_retained(status: &Status) -> Option<u64> {
+    if status.code() != Code::OutOfRange {
+        return None;
+    }
+    let details = status.get_error_details();
+    let info = details
+        .error_info()
+        .filter(|info| info.reason == "REVISION_COMPACTED")?;
+    if info.metadata.contains_key("current_revision") {
+        return None;
+    }
+    info.metadata.get("compact_revision")?.parse().ok()
 }
 
 fn resume_hint(revision: Option<u64>) -> String {
