@@ -163,6 +163,40 @@ fn assert_v1_backup(data: &Path, backup: &Path) {
     );
 }
 
+/// What the v1 release answered, with what has changed since on purpose:
+/// every difference this build may show is listed here, with its reason.
+///
+/// - Ready's reason names what a quiet tenant's waits come down to, not
+///   the most common wait: globex-ß's router has no configurator and its
+///   switch and access point wait on it, so it is not Ready for want of a
+///   configurator (docs/planning.md, Conditions). The new condition is
+///   committed at start-up, so globex-ß is one revision further on.
+fn changed_since_v1(answered: &Value) -> Value {
+    let mut answered = answered.clone();
+    let globex = &mut answered["per_tenant"][GLOBEX];
+    for view in ["graph", "item_types", "status"] {
+        let revision = globex[view]["revision"]
+            .as_u64()
+            .expect("the v1 release answered a revision");
+        globex[view]["revision"] = json!(revision + 1);
+    }
+    let conditions = answered["per_tenant"][GLOBEX]["status"]["conditions"]
+        .as_array_mut()
+        .expect("the v1 release answered globex-ß's conditions");
+    let ready = conditions
+        .iter_mut()
+        .find(|condition| condition["type"] == "Ready")
+        .expect("a Ready condition");
+    assert_eq!(
+        ready["reason"], "WaitingForDependencies",
+        "the fixture is the one this change was made against"
+    );
+    ready["reason"] = json!("WaitingForConfigurator");
+    ready["message"] =
+        json!("3 item(s) waiting, 1 with reason WaitingForConfigurator, 2 on their dependencies");
+    answered
+}
+
 /// The server (running on the migrated store, no agent connected) answers
 /// what the v1 release answered: nothing lost since before SIGTERM, the
 /// same answers as the release's own restart, the tokens still bound to
@@ -181,7 +215,7 @@ async fn answers_as_before(server: &ServerProcess, expected: &Value) {
         lost.join("\n")
     );
     let differences = fixture::differences(
-        &fixture::comparable(&expected["after_restart"]),
+        &fixture::comparable(&changed_since_v1(&expected["after_restart"])),
         &fixture::comparable(&now),
     );
     assert!(

@@ -225,15 +225,28 @@ fn terminal_failure_message(waiting: &WaitingSummary) -> String {
     )
 }
 
-/// The most common waiting reason as a not-Ready reason.
+/// The not-Ready reason of a quiescent tenant: what its waits come down
+/// to. Items deeper in a chain wait on their dependencies
+/// (`WaitingForDependencies`) because something under them waits for
+/// another reason, so the most common reason other than a dependency is
+/// named when there is one (three items waiting on a router that has no
+/// configurator are `WaitingForConfigurator`, not `WaitingForDependencies`
+/// two to one). A dependency is the reason only when every waiting item
+/// waits on one (a predicate not yet satisfied, an external item not
+/// reported). The message counts both.
 fn waiting_summary(waiting: &WaitingSummary) -> (String, String) {
-    let Some((reason, count)) = waiting
+    let counted = |reason: &WaitReason| waiting.by_reason.get(reason).copied().unwrap_or(0);
+    let on_dependencies = counted(&WaitReason::Dependency);
+    let root = waiting
         .by_reason
         .iter()
-        .map(|(r, c)| (*r, *c))
-        .max_by_key(|(_, count)| *count)
-    else {
-        return ("Converged".into(), String::new());
+        .filter(|(reason, count)| **reason != WaitReason::Dependency && **count > 0)
+        .map(|(reason, count)| (*reason, *count))
+        .max_by_key(|(_, count)| *count);
+    let (reason, count) = match root {
+        Some(root) => root,
+        None if on_dependencies > 0 => (WaitReason::Dependency, on_dependencies),
+        None => return ("Converged".into(), String::new()),
     };
     let code = match reason {
         WaitReason::Dependency => "WaitingForDependencies",
@@ -243,13 +256,14 @@ fn waiting_summary(waiting: &WaitingSummary) -> (String, String) {
         WaitReason::TerminalFailure => "TerminalFailure",
         WaitReason::UnknownOutcome => "UnknownOutcome",
     };
-    (
-        code.into(),
-        format!(
-            "{} item(s) waiting, {count} with reason {code}",
-            waiting.total
-        ),
-    )
+    let mut message = format!(
+        "{} item(s) waiting, {count} with reason {code}",
+        waiting.total
+    );
+    if reason != WaitReason::Dependency && on_dependencies > 0 {
+        message.push_str(&format!(", {on_dependencies} on their dependencies"));
+    }
+    (code.into(), message)
 }
 
 #[cfg(test)]
@@ -327,6 +341,47 @@ mod tests {
         p.now_ms = 900 + 300_000;
         let (late, _) = compute_conditions(&early, 0, &p);
         assert!(status(&late, ConditionKind::Stalled));
+    }
+
+    #[test]
+    fn a_quiet_tenant_is_not_ready_for_what_its_waits_come_down_to() {
+        let chain = WaitingSummary {
+            total: 3,
+            by_reason: [(WaitReason::Dependency, 2), (WaitReason::NoConfigurator, 1)].into(),
+            ..WaitingSummary::default()
+        };
+        let (conditions, _) = compute_conditions(&[], 0, &progress(&chain, 0));
+        let ready = conditions
+            .iter()
+            .find(|c| c.kind == ConditionKind::Ready)
+            .expect("ready condition");
+        assert_eq!(
+            (ready.reason.as_str(), ready.message.as_str()),
+            (
+                "WaitingForConfigurator",
+                "3 item(s) waiting, 1 with reason WaitingForConfigurator, 2 on their dependencies"
+            ),
+            "two items waiting on one without a configurator wait for a configurator"
+        );
+
+        // A reason counted down to zero stays in the map.
+        let predicates = WaitingSummary {
+            total: 2,
+            by_reason: [(WaitReason::Dependency, 2), (WaitReason::NoConfigurator, 0)].into(),
+            ..WaitingSummary::default()
+        };
+        let (conditions, _) = compute_conditions(&[], 0, &progress(&predicates, 0));
+        let ready = conditions
+            .iter()
+            .find(|c| c.kind == ConditionKind::Ready)
+            .expect("ready condition");
+        assert_eq!(
+            (ready.reason.as_str(), ready.message.as_str()),
+            (
+                "WaitingForDependencies",
+                "2 item(s) waiting, 2 with reason WaitingForDependencies"
+            )
+        );
     }
 
     #[test]
