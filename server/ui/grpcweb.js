@@ -22,6 +22,30 @@ export class GrpcError extends Error {
   }
 }
 
+/**
+ * The google.rpc.ErrorInfo among a failed call's details (`{reason,
+ * domain, metadata}`, metadata an object of strings), or null when it has
+ * none or its details cannot be read.
+ */
+export function errorInfo(error) {
+  if (!error || !error.details) return null;
+  try {
+    // grpc-status-details-bin: base64, padding optional.
+    const text = error.details.replace(/-/g, '+').replace(/_/g, '/');
+    const padded = text + '='.repeat((4 - (text.length % 4)) % 4);
+    const bytes = Uint8Array.from(atob(padded), (c) => c.charCodeAt(0));
+    const status = decode('google.rpc.Status', bytes);
+    for (const any of status.details || []) {
+      if (String(any.type_url).endsWith('/google.rpc.ErrorInfo')) {
+        return decode('google.rpc.ErrorInfo', any.value);
+      }
+    }
+  } catch {
+    // Unreadable details are no details.
+  }
+  return null;
+}
+
 function grpcMessage(raw) {
   if (!raw) return '';
   try {

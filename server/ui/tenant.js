@@ -14,6 +14,7 @@ import { ago, h, iso, replace } from './dom.js';
 import { itemChips, stateBadge, summarize } from './fleet.js';
 import { drawGraph } from './graph.js';
 import { errorText, keyOf, kindOf, label, short, stateOf } from './items.js';
+import { errorInfo } from './grpcweb.js';
 import { itemPanel } from './panel.js';
 
 const GRAPH_LIMIT = 1500;
@@ -396,9 +397,17 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
       } catch (error) {
         if (abort.signal.aborted) return;
         if (error.codeName === 'OUT_OF_RANGE') {
-          // History before the snapshot is gone: follow from the snapshot;
-          // after it: take a new snapshot.
-          if (resumeFrom < snapshotAt) resumeFrom = snapshotAt; else snapshotAt = 0;
+          // History before the snapshot is partly gone: follow from the
+          // oldest revision retained (a young tenant's history starts past
+          // a floor from the clock, not at 1), else from the snapshot;
+          // after the snapshot: take a new snapshot.
+          if (resumeFrom < snapshotAt) {
+            const info = errorInfo(error);
+            const oldest = Number(info && info.metadata && info.metadata.compact_revision);
+            resumeFrom = oldest > resumeFrom && oldest < snapshotAt ? oldest : snapshotAt;
+          } else {
+            snapshotAt = 0;
+          }
           continue;
         }
         report(error);
