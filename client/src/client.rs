@@ -7,7 +7,10 @@
 //! Requests and responses are the proto types of [`crate::proto`]; errors are
 //! the server's `tonic::Status` as it sent it, details included (decode them
 //! with [`crate::tonic_types::StatusExt`], re-exported so its version
-//! matches).
+//! matches). A call or stream whose connection is lost (the server stopped,
+//! or stopped answering the keepalive) ends with `UNAVAILABLE`, "the
+//! connection to the server was lost (...)": retry the call, resume the
+//! stream.
 
 use std::time::Duration;
 
@@ -21,6 +24,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::auth::{BearerToken, InvalidToken};
 use crate::tls::ClientTls;
+use crate::transport::Transport;
 
 /// The largest message the client sends or accepts: 64 MiB. (The server
 /// limits requests further, by default to 16 MiB.)
@@ -83,7 +87,7 @@ pub enum ClientError {
     },
 }
 
-type Authenticated = InterceptedService<Channel, BearerToken>;
+type Authenticated = InterceptedService<Transport, BearerToken>;
 
 /// A connection to a reconciled server with a bearer token (a tenant's token,
 /// or the admin token for the `Tenants` calls). Cheap to clone; clones share
@@ -111,9 +115,9 @@ impl Client {
     /// Connects to `endpoint` (e.g. `http://127.0.0.1:50051`) and sends
     /// `token` with every call. The connection pings the server every 10 s
     /// and is given up after 10 s without an answer, so a Watch of a server
-    /// that stopped answering ends with an error (`UNKNOWN`, "h2 protocol
-    /// error"; resume it from the last revision) rather than waiting
-    /// forever.
+    /// that stopped answering ends with `UNAVAILABLE` ("the connection to
+    /// the server was lost"; resume it from the last revision) rather than
+    /// waiting forever.
     pub async fn connect(endpoint: impl Into<String>, token: &str) -> Result<Self, ClientError> {
         Self::connect_with(endpoint, token, None).await
     }
@@ -154,12 +158,15 @@ impl Client {
     /// timeouts of your choice) that sends `token` with every call. The
     /// channel's settings are used as they are: set
     /// `Endpoint::http2_keep_alive_interval` and `keep_alive_timeout` on it,
-    /// or a Watch of a server that stops answering waits forever.
+    /// or a Watch of a server that stops answering waits forever. A lost
+    /// connection ends calls and streams with `UNAVAILABLE`, as with
+    /// [`Client::connect`].
     pub fn from_channel(channel: Channel, token: &str) -> Result<Self, ClientError> {
         Ok(Self::with_bearer(channel, BearerToken::new(token)?))
     }
 
     fn with_bearer(channel: Channel, bearer: BearerToken) -> Self {
+        let channel = Transport::new(channel);
         let reconciler = ReconcilerClient::with_interceptor(channel.clone(), bearer.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -330,8 +337,9 @@ impl Client {
     /// `Reconciler.Watch`: the tenant's event stream. Read it with
     /// `stream.message().await`.
     ///
-    /// The stream ends when the connection does (the server restarts, or
-    /// stops answering: see [`Client::connect`]), when the watcher is too
+    /// The stream ends with `UNAVAILABLE` when the connection does (the
+    /// server restarts, or stops answering: see [`Client::connect`]), when
+    /// the watcher is too
     /// slow (`RESOURCE_EXHAUSTED`) or when its history is gone
     /// (`OUT_OF_RANGE`, `REVISION_COMPACTED`). Resume from the last revision
     /// whose group arrived whole (`continued` unset), or the last `Synced`

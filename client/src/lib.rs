@@ -44,6 +44,7 @@ pub mod prelude;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod tls;
+mod transport;
 
 /// JSON Schemas of Rust types ([`agent::TypeSpec::schema_of`]); derive
 /// `JsonSchema` with `#[schemars(crate = "reconciled_client::schemars")]` if

@@ -216,15 +216,83 @@ async fn a_watch_ends_when_the_server_stops_answering() {
     })
     .await;
     drop(frozen);
-    // tonic reports a connection given up mid-stream as UNKNOWN ("h2
-    // protocol error"); what matters is that it ends, so it can be resumed.
+    // It ends with the code a controller resumes on (tonic's own UNKNOWN,
+    // "h2 protocol error", is mapped by the client).
     let status = ended
         .expect("the watch of a frozen server ends within 60 s")
         .expect_err("the stream ends with an error");
-    assert!(
-        matches!(status.code(), Code::Unknown | Code::Unavailable),
-        "{status:?}"
-    );
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+}
+
+/// A controller resumes on `UNAVAILABLE` (docs/controllers.md): when the
+/// client's keepalive gives up on a server that stopped answering, a Watch
+/// and a call in flight on that connection both end with `UNAVAILABLE`,
+/// saying the connection was lost, not with `UNKNOWN` ("h2 protocol
+/// error") or `CANCELLED`, which a controller would take for final.
+#[tokio::test]
+async fn a_connection_lost_to_keepalive_ends_watches_and_calls_unavailable() {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("the server starts");
+    let client = acme_client(&server).await;
+    let mut stream = client
+        .watch(v1::WatchRequest {
+            tenant: "acme".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("the watch opens");
+    loop {
+        let message = tokio::time::timeout(STEP, stream.message())
+            .await
+            .expect("the snapshot in time")
+            .expect("the stream stays up")
+            .expect("the stream goes on");
+        if let Some(v1::watch_response::Message::Synced(_)) = message.message {
+            break;
+        }
+    }
+
+    let frozen = Frozen::stop(&server);
+    let call = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .get_status(v1::GetStatusRequest {
+                    tenant: "acme".into(),
+                })
+                .await
+        }
+    });
+    let watch_ended = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => break Ok(()),
+                Err(status) => break Err(status),
+            }
+        }
+    })
+    .await;
+    let call_ended = tokio::time::timeout(Duration::from_secs(60), call).await;
+    drop(frozen);
+    let watch_status = watch_ended
+        .expect("the watch of a frozen server ends within 60 s")
+        .expect_err("the stream ends with an error");
+    let call_status = call_ended
+        .expect("a call to a frozen server ends within 60 s")
+        .expect("the call's task")
+        .expect_err("the call fails");
+    for (what, status) in [("the watch", watch_status), ("the call", call_status)] {
+        println!("{what} ended with {status:?}");
+        assert_eq!(status.code(), Code::Unavailable, "{what}: {status:?}");
+        assert!(
+            status
+                .message()
+                .contains("connection to the server was lost"),
+            "{what}: {status:?}"
+        );
+    }
 }
 
 /// A server process stopped with SIGSTOP until this is dropped (SIGCONT).
