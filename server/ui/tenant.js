@@ -364,6 +364,11 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
       try {
         if (snapshotAt === 0) {
           const fetched = await api.getGraph(tenantName, 'GRAPH_VIEW_BOTH', abort.signal);
+          // A new snapshot replaces everything built from events: the
+          // graphs, the operation log and the agents (all rebuilt from the
+          // history replayed below), and the status (fetched again). What
+          // a previous stream saw is stale: an agent it saw connect may
+          // have left while no stream was open.
           intended.clear();
           current.clear();
           for (const intent of fetched.intended) intended.set(keyOf(intent.item), intent);
@@ -371,6 +376,7 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
           snapshotAt = fetched.revision;
           resumeFrom = Math.max(1, snapshotAt - LOG_HISTORY);
           log.length = 0;
+          agents.clear();
           synced = true;
           needsLayout = true;
           live.className = 'live on';

@@ -1268,10 +1268,75 @@ async fn a_property_named_proto_is_shown_like_any_other() {
     browser.close().await.expect("closes");
 }
 
+/// Another run of the server on `tenant`'s data directory while its own is
+/// stopped, on a port the page does not know (and no dashboard): what it
+/// commits happens while the page's stream is away.
+struct Interim {
+    child: std::process::Child,
+    /// A channel to the interim server's gRPC port.
+    channel: tonic::transport::Channel,
+}
+
+impl Interim {
+    /// Starts it with `args` added and waits until it accepts connections.
+    async fn start(tenant: &TestTenant, args: &[&str]) -> Self {
+        use std::process::{Command, Stdio};
+
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|probe| probe.local_addr())
+            .expect("a free port");
+        let child = Command::new(reconciled_tests::reconciled_binary())
+            .args(["--listen", &addr.to_string(), "--ui-listen", "off"])
+            .arg("--data-dir")
+            .arg(tenant.server.data_dir())
+            .args(["--admin-token", &tenant.server.admin_token()])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the interim server starts");
+        let started = Instant::now();
+        let channel = loop {
+            let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .expect("endpoint");
+            match endpoint.connect().await {
+                Ok(channel) => break channel,
+                Err(error) => {
+                    assert!(
+                        started.elapsed() < reconciled_tests::READY_DEADLINE,
+                        "the interim server never listened: {error}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        Self { child, channel }
+    }
+
+    /// Stops it (SIGTERM) and waits for it to exit.
+    fn stop(mut self) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).expect("pid")),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .expect("stops the interim server");
+        self.child.wait().expect("the interim server exits");
+    }
+}
+
+impl Drop for Interim {
+    /// A test that fails midway leaves no server behind.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_tenant_deleted_while_the_fleet_stream_was_away_leaves_the_list() {
-    use std::process::{Command, Stdio};
-
     // Two revisions of fleet history: a stream that was away for more
     // resumes from a new snapshot.
     let mut acme = TestTenant::start_with(
@@ -1292,35 +1357,8 @@ async fn a_tenant_deleted_while_the_fleet_stream_was_away_leaves_the_list() {
     // the same data (on ports the page does not know) deletes doomed and
     // creates tenants until the page's fleet revision is compacted away.
     acme.server.terminate().await.expect("stops");
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|probe| probe.local_addr())
-        .expect("a free port");
-    let mut interim = Command::new(reconciled_tests::reconciled_binary())
-        .args(["--listen", &addr.to_string(), "--ui-listen", "off"])
-        .arg("--data-dir")
-        .arg(acme.server.data_dir())
-        .args(["--admin-token", &admin, "--watch-history-revisions=2"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the interim server starts");
-    let started = Instant::now();
-    let channel = loop {
-        let endpoint =
-            tonic::transport::Endpoint::from_shared(format!("http://{addr}")).expect("endpoint");
-        match endpoint.connect().await {
-            Ok(channel) => break channel,
-            Err(error) => {
-                assert!(
-                    started.elapsed() < reconciled_tests::READY_DEADLINE,
-                    "the interim server never listened: {error}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
-    let mut tenants = api::tenants(&channel, &admin);
+    let interim = Interim::start(&acme, &["--watch-history-revisions=2"]).await;
+    let mut tenants = api::tenants(&interim.channel, &admin);
     let started = Instant::now();
     loop {
         match tenants
@@ -1340,14 +1378,9 @@ async fn a_tenant_deleted_while_the_fleet_stream_was_away_leaves_the_list() {
         }
     }
     for name in ["later-1", "later-2", "later-3", "later-4"] {
-        api::create_tenant(&channel, &admin, name).await;
+        api::create_tenant(&interim.channel, &admin, name).await;
     }
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(interim.id()).expect("pid")),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .expect("stops the interim server");
-    interim.wait().expect("the interim server exits");
+    interim.stop();
     acme.server.start_again().await.expect("starts again");
 
     // The page comes back: the stream's revision is gone, it starts over
@@ -1365,6 +1398,76 @@ async fn a_tenant_deleted_while_the_fleet_stream_was_away_leaves_the_list() {
         .await;
     if let Err(error) = gone {
         panic!("a deleted tenant is still listed: {error}");
+    }
+    browser.close().await.expect("closes");
+}
+
+/// A tenant view whose stream starts over from a new snapshot (its
+/// revision compacted away while the page was disconnected) rebuilds the
+/// agent list from what follows that snapshot: an agent that went away
+/// meanwhile is no longer listed, let alone as connected.
+#[tokio::test]
+async fn a_tenant_views_new_snapshot_drops_the_agents_that_left_meanwhile() {
+    let mut acme = TestTenant::start_with(
+        reconciled_tests::ServerOptions::default().arg("--watch-history-revisions=2"),
+        "acme",
+    )
+    .await;
+    let mut agent = RunningAgent::start(
+        acme.agent("agent-1")
+            .item_type(TypeSpec::new("t"), Recorder::new()),
+    );
+    agent.connected().await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &acme.token, Some("acme")).await;
+    browser
+        .wait_until("agent-1 listed", AGENT_LINE, vec![json!("agent-1")])
+        .await
+        .expect("the connected agent is listed");
+
+    // The server dies and the agent with it. Another run of the server on
+    // the same data (on ports the page does not know) announces the
+    // disconnect in its first commit and commits on until the page's
+    // revision, and that announcement, are compacted away.
+    acme.server.kill9().expect("kills the server");
+    agent.kill().await;
+    let interim = Interim::start(&acme, &["--watch-history-revisions=2"]).await;
+    let mut reconciler = api::reconciler(&interim.channel, &acme.token);
+    for round in 0..6 {
+        let started = Instant::now();
+        while let Err(status) = reconciler
+            .submit_intent(api::submit(
+                "acme",
+                vec![item("t", &format!("marker-{round}"), json!({}))],
+            ))
+            .await
+        {
+            assert!(
+                started.elapsed() < reconciled_tests::READY_DEADLINE,
+                "the interim server refuses the intent: {status:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    interim.stop();
+    acme.server.start_again().await.expect("starts again");
+
+    // The page comes back from a new snapshot (the last intent drawn)...
+    wait_for_node_state(&browser, "t", "marker-5", "PENDING").await;
+    // ...and lists no agent that the snapshot and what follows do not show.
+    let gone = browser
+        .wait_until(
+            "agent-1 to leave the agent list",
+            &format!("return (function () {{ {AGENT_LINE} }}).apply(null, arguments) === null;"),
+            vec![json!("agent-1")],
+        )
+        .await;
+    if let Err(error) = gone {
+        let line = browser
+            .eval(AGENT_LINE, vec![json!("agent-1")])
+            .await
+            .expect("reads the agent list");
+        panic!("an agent gone before the new snapshot is still listed: {line} ({error})");
     }
     browser.close().await.expect("closes");
 }
