@@ -52,6 +52,9 @@ export function itemPanel({ ref, intent, item, state, link }) {
       h('dt', {}, 'generation'), h('dd', {},
         `intended ${intent ? intent.generation : '—'} · applied ${item ? item.applied_generation : '—'}`),
       !intent ? [h('dt', {}, 'intent'), h('dd', {}, 'not intended: will be deleted')] : ''),
+    item && item.partial ? h('p', { id: 'item-partial', class: 'muted' },
+      'This item\'s status is over 48 KiB, too large for the live stream: its state and error are current, '
+      + 'its values and the rest as last received. Reload the page to see them in full.') : '',
     h('h4', {}, 'Values'),
     valuesTable(intent, item),
   ];

@@ -277,7 +277,17 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
       const key = keyOf(change.item);
       const blockers = (status) => (status ? status.blocked_by.map((b) => label(b.item)).join('\n') : '');
       const before = blockers(current.get(key));
-      if (change.status) current.set(key, change.status); else current.delete(key);
+      if (change.status) {
+        current.set(key, change.status);
+      } else if (change.new_state !== 'ITEM_STATE_UNSPECIFIED') {
+        // Still current, but its status is over 48 KiB: the stream carries
+        // its state and error only (docs/watch.md). Keep the rest as last
+        // seen, marked partial, rather than dropping the item as if it had
+        // left the graph (it would show PENDING, or vanish).
+        current.set(key, partialStatus(current.get(key), change));
+      } else {
+        current.delete(key);
+      }
       const state = stateOfKey(key);
       if (!intended.has(key) && !current.has(key)) {
         // Deleted and no longer intended: its node goes (recolouring it
@@ -287,7 +297,7 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
         if (!graph || itemRefs().size <= GRAPH_LIMIT) needsLayout = true;
       }
       // Red edges follow what blocks what: redraw when that changed.
-      if (graph && blockers(change.status) !== before) needsLayout = true;
+      if (graph && blockers(current.get(key)) !== before) needsLayout = true;
     } else if (event.operation_started || event.operation_finished) {
       recordOperation(event, event.time);
     } else if (event.intent_changed) {
@@ -299,6 +309,19 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
       recordAgent(event);
       refreshStatus();
     }
+  }
+
+  // The status of an item whose change came without its full status:
+  // the state and error from the event, the rest as last known (nothing
+  // if none was), and `partial` set for the panel to say so.
+  function partialStatus(known, change) {
+    const base = known || {
+      ref: change.item, applied: undefined, applied_generation: 0, observed: undefined,
+      last_operation: 'OPERATION_KIND_UNSPECIFIED', attempts: 0, next_attempt_at: undefined,
+      operation: undefined, pending_operation: 'OPERATION_KIND_UNSPECIFIED',
+      reason: 'WAIT_REASON_UNSPECIFIED', blocked_by: [], modifications: 0, external: false,
+    };
+    return { ...base, state: change.new_state, last_error: change.error, partial: true };
   }
 
   // Agents by id, from the connect and disconnect events the stream has

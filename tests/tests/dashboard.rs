@@ -1173,6 +1173,42 @@ async fn an_item_its_agent_deleted_leaves_the_graph_instead_of_turning_unknown()
     browser.close().await.expect("closes");
 }
 
+/// A change of an item whose full status is over 48 KiB reaches the
+/// stream with its state and error only (docs/watch.md): the tenant view
+/// shows the item in its new state, and says its values are as last
+/// received, rather than dropping its status as if it had left the graph
+/// (the node turned PENDING).
+#[tokio::test]
+async fn an_item_whose_status_is_too_large_for_the_stream_shows_its_new_state() {
+    let (acme, _agent, held) = acme_holding(OperationKind::Create, "big").await;
+    acme.submit(vec![item("t", "big", json!({"blob": "x".repeat(60_000)}))])
+        .await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &acme.token, Some("acme")).await;
+    wait_for_node_state(&browser, "t", "big", "CREATING").await;
+
+    // The Create finishes: the status now holds the 60 KB applied value.
+    held.open();
+    acme.wait_until_ready().await;
+    wait_for_node_state(&browser, "t", "big", "CREATED").await;
+    browser
+        .goto(&format!(
+            "{}#/tenant/acme?item=t/big",
+            acme.server.dashboard_url()
+        ))
+        .await
+        .expect("opens the item");
+    browser
+        .wait_for_text("#item-title", "CREATED")
+        .await
+        .expect("the panel shows the item CREATED");
+    browser
+        .wait_for_text("#item-partial", "too large for the live stream")
+        .await
+        .expect("the panel says its values are as last received");
+    browser.close().await.expect("closes");
+}
+
 /// The rows of the item panel's values table as `[class, text]` pairs,
 /// once a row starting with `path` is shown.
 async fn value_rows(browser: &Browser, path: &str) -> Vec<(String, String)> {
