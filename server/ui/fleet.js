@@ -235,21 +235,40 @@ export function mountFleet(root, { report, clear }) {
   async function followFleet() {
     let revision = 0;
     let listed = false;
+    let relist = false;
     let backoff = 500;
     while (!abort.signal.aborted) {
       // From revision 0 the stream starts with a snapshot of every tenant;
       // one listed before but not in it was deleted while the stream was
       // away (its `deleted` event compacted out of the history).
       let snapshot = revision === 0 ? new Set() : null;
+      let opened = false;
       try {
         for await (const message of api.watchFleet(revision, abort.signal)) {
           backoff = 500;
+          if (!opened) {
+            opened = true;
+            // Back after a break, perhaps across a restart: what is no
+            // event (a tenant quarantined or restored at start-up, counts)
+            // is listed again.
+            if (relist && listed) {
+              relist = false;
+              listAll();
+            }
+            // A resumed stream is live from its first message (one that
+            // starts with a snapshot is once it is Synced).
+            if (!snapshot) {
+              setLive(true, 'live');
+              clear();
+            }
+          }
           if (message.events) {
             for (const event of message.events.events) {
               if (snapshot && !event.deleted) snapshot.add(event.tenant);
               if (event.deleted) { tenants.delete(event.tenant); refreshQueue.delete(event.tenant); rowCache.delete(event.tenant); continue; }
               const entry = tenant(event.tenant);
               entry.conditions = event.conditions;
+              entry.quarantine = event.quarantine_error || '';
               entry.fromFleet = true;
               entry.version += 1;
               if (listed) refresh(event.tenant);
@@ -282,6 +301,7 @@ export function mountFleet(root, { report, clear }) {
         }
       }
       setLive(false, 'reconnecting');
+      relist = true;
       await sleep(backoff, abort.signal);
       backoff = Math.min(backoff * 2, 10000);
     }

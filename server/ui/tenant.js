@@ -408,8 +408,18 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
           refreshStatus();
           schedule();
         }
+        let opened = false;
         for await (const message of api.watch(tenantName, resumeFrom, [], abort.signal)) {
           backoff = 500;
+          if (!opened) {
+            // A resumed stream (no new snapshot) is live again from its
+            // first message (an event group, or a bookmark within 5 s):
+            // the break's error no longer holds.
+            opened = true;
+            live.className = 'live on';
+            live.textContent = 'live';
+            clear();
+          }
           if (message.events) {
             const revision = message.events.revision;
             for (const event of message.events.events) {

@@ -1109,6 +1109,83 @@ async fn a_quarantined_tenant_is_listed_with_why() {
     browser.close().await.expect("closes");
 }
 
+/// A tenant found quarantined when the server restarts while the fleet
+/// view is open is shown quarantined once the page reconnects: the
+/// stream resumes (the fleet's history survived the restart) and
+/// quarantine is no event, so the page must not keep what it listed
+/// before.
+#[tokio::test]
+async fn a_tenant_quarantined_by_a_restart_shows_quarantined_after_the_reconnect() {
+    use reconciled::store::{SledOptions, SledStore, Store as _, WriteBatch, keys};
+    let mut acme = TestTenant::start("acme").await;
+    let admin = acme.server.admin_token();
+    api::create_tenant(&acme.channel, &admin, "bad").await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &admin, None).await;
+    browser
+        .wait_for_text(&fleet_row("bad"), "bad")
+        .await
+        .expect("bad is listed");
+
+    acme.server.terminate().await.expect("stops");
+    {
+        // A torn write of the tenant's record, as a bad restore would leave.
+        let store =
+            SledStore::open(&acme.server.data_dir(), SledOptions::default()).expect("opens");
+        let id = store
+            .get(&keys::tenant_name_key("bad"))
+            .expect("reads")
+            .and_then(|bytes| bytes.get(..8).map(|b| b.to_vec()))
+            .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+            .map(u64::from_be_bytes)
+            .expect("the tenant is indexed");
+        let mut batch = WriteBatch::new();
+        batch.put(keys::tenant_record_key(id), b"\xffnot a record".to_vec());
+        store.commit_blocking(batch).expect("writes");
+    }
+    acme.server.start_again().await.expect("starts");
+
+    let shown = browser
+        .wait_for_text(&fleet_row("bad"), "Quarantined")
+        .await;
+    if let Err(error) = shown {
+        panic!("a tenant quarantined at the restart is not shown so: {error}");
+    }
+    browser.close().await.expect("closes");
+}
+
+/// A tenant view whose stream resumed after a server restart (no new
+/// snapshot: the history still holds its revision) says it is live again
+/// and drops the restart's error, rather than showing "reconnecting" and
+/// "the server is shutting down" while it follows the tenant.
+#[tokio::test]
+async fn a_tenant_view_resumed_after_a_restart_says_it_is_live() {
+    let mut acme = TestTenant::start("acme").await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &acme.token, Some("acme")).await;
+    browser
+        .wait_for_text("#tenant-live", "live")
+        .await
+        .expect("the view is live");
+
+    acme.server.restart().await.expect("restarts");
+    // A change after the restart reaches the page: its stream resumed.
+    acme.submit(vec![item("t", "after-restart", json!({}))])
+        .await;
+    wait_for_node_state(&browser, "t", "after-restart", "PENDING").await;
+    let live = browser
+        .wait_until(
+            "the view to say it is live, with no error shown",
+            "const live = document.getElementById('tenant-live');              const banner = document.getElementById('error');              return live.textContent === 'live' && banner.hidden;",
+            vec![],
+        )
+        .await;
+    if let Err(error) = live {
+        panic!("a resumed tenant view does not say it is live: {error}");
+    }
+    browser.close().await.expect("closes");
+}
+
 /// Whether the graph draws a node for `type/name` (false once it is gone).
 const NODE_DRAWN: &str = "const key = arguments[0] + '\\u0000' + arguments[1]; \
      return [...document.querySelectorAll('#graph-svg .node')].some((n) => n.dataset.key === key);";
