@@ -207,3 +207,139 @@ fn the_systemd_unit_is_well_formed_and_hardened() {
         assert!(keys.contains(required), "the unit sets {required}");
     }
 }
+
+/// The container, the pod's security context and the data directory of
+/// the StatefulSet in the Kubernetes manifest `file`: `(args, runAsUser,
+/// fsGroup, the data volume's mountPath, the data directory the server is
+/// given)`.
+fn statefulset_data_layout(file: &str) -> (Vec<String>, u32, u32, String, String) {
+    let text = deploy_file(file);
+    let mut config_data_dir = None;
+    let mut statefulset = None;
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde_yaml::Value::deserialize(document).expect("valid YAML");
+        if value["kind"] == "ConfigMap" {
+            let embedded = value["data"]["reconciled.toml"]
+                .as_str()
+                .expect("the ConfigMap holds reconciled.toml");
+            config_data_dir = embedded.lines().find_map(|line| {
+                let (key, value) = line.split_once('=')?;
+                (key.trim() == "data_dir").then(|| value.trim().trim_matches('"').to_owned())
+            });
+        }
+        if value["kind"] == "StatefulSet" {
+            statefulset = Some(value);
+        }
+    }
+    let statefulset = statefulset.expect("the manifest has a StatefulSet");
+    let pod = &statefulset["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let args: Vec<String> = container["args"]
+        .as_sequence()
+        .expect("the container has args")
+        .iter()
+        .map(|arg| arg.as_str().expect("string args").to_owned())
+        .collect();
+    let user = pod["securityContext"]["runAsUser"]
+        .as_u64()
+        .expect("runAsUser") as u32;
+    let group = pod["securityContext"]["fsGroup"]
+        .as_u64()
+        .expect("fsGroup") as u32;
+    let mount = container["volumeMounts"]
+        .as_sequence()
+        .expect("volume mounts")
+        .iter()
+        .find(|mount| mount["name"] == "data")
+        .and_then(|mount| mount["mountPath"].as_str())
+        .expect("the data volume is mounted")
+        .to_owned();
+    let data_dir = args
+        .iter()
+        .position(|arg| arg == "--data-dir")
+        .map(|at| args[at + 1].clone())
+        .or(config_data_dir)
+        .expect("the data directory is set by a flag or the ConfigMap");
+    (args, user, group, mount, data_dir)
+}
+
+#[test]
+fn the_statefulsets_data_dir_is_one_the_server_can_make_private_on_a_fresh_volume() {
+    // A volume mounted with fsGroup has a root owned by root, group
+    // fsGroup, mode 2775: the pod's user may create in it but not chmod
+    // it, and the server makes its data directory 0700 when the store
+    // opens. The data directory must be one the server creates.
+    for file in [
+        "kubernetes/reconciled.yaml",
+        "kubernetes/reconciled-replicas.yaml",
+    ] {
+        let (_, _, _, mount, data_dir) = statefulset_data_layout(file);
+        let below = Path::new(&data_dir)
+            .strip_prefix(&mount)
+            .unwrap_or_else(|_| panic!("deploy/{file}: {data_dir} is not on the volume {mount}"));
+        assert!(
+            !below.as_os_str().is_empty(),
+            "deploy/{file}: the data directory is the volume's root {mount}, which the pod's \
+             user does not own: the server cannot make it private and does not start"
+        );
+    }
+
+    // The same, for real, where this test may act as another user: the
+    // single-node StatefulSet's arguments against a directory laid out as
+    // kubelet lays out a fresh volume.
+    // /proc/self belongs to the process's effective user.
+    let euid = std::os::unix::fs::MetadataExt::uid(
+        &std::fs::metadata("/proc/self").expect("/proc/self"),
+    );
+    if euid != 0 {
+        eprintln!("not root: the volume's ownership is not simulated");
+        return;
+    }
+    use std::os::unix::fs::{PermissionsExt as _, chown};
+    use std::os::unix::process::CommandExt as _;
+    let (args, user, group, mount, data_dir) = statefulset_data_layout("kubernetes/reconciled.yaml");
+    let root = tempfile::tempdir().expect("temp dir");
+    std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    // The pod's user must reach the binary: a copy beside the volume.
+    let binary = root.path().join("reconciled");
+    std::fs::hard_link(reconciled_binary(), &binary)
+        .or_else(|_| std::fs::copy(reconciled_binary(), &binary).map(drop))
+        .expect("the binary is copied");
+    std::fs::set_permissions(&binary, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let volume = root.path().join("volume");
+    std::fs::create_dir(&volume).expect("mkdir");
+    chown(&volume, Some(0), Some(group)).expect("chown");
+    std::fs::set_permissions(&volume, std::fs::Permissions::from_mode(0o2775)).expect("chmod");
+    let local = |path: &str| {
+        let below = Path::new(path).strip_prefix(&mount).expect("on the volume");
+        volume.join(below).to_str().expect("utf-8").to_owned()
+    };
+    // `migrate` opens the store as `serve` does at start, then exits.
+    let mut args: Vec<String> = args
+        .into_iter()
+        .filter(|arg| arg != "serve")
+        .collect();
+    if let Some(at) = args.iter().position(|arg| arg == "--config") {
+        args.drain(at..at + 2);
+    }
+    if let Some(at) = args.iter().position(|arg| arg == "--data-dir") {
+        args.drain(at..at + 2);
+    }
+    let output = Command::new(&binary)
+        .arg("migrate")
+        .args(&args)
+        .arg("--data-dir")
+        .arg(local(&data_dir))
+        .env("RECONCILED_ADMIN_TOKEN", "0123456789abcdef0123456789abcdef")
+        .env_remove("RECONCILED_DATA_DIR")
+        .env_remove("RECONCILED_CONFIG")
+        .uid(user)
+        .gid(group)
+        .output()
+        .expect("the binary runs");
+    assert!(
+        output.status.success(),
+        "the StatefulSet's server does not start on a fresh volume: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

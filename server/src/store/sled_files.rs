@@ -207,7 +207,8 @@ pub(crate) fn make_private(dir: &Path) -> Result<(), String> {
             fs::set_permissions(&path, fs::Permissions::from_mode(mode)).map_err(|e| {
                 format!(
                     "making {} private (mode {mode:o}): {e}; run the server as the \
-                     directory's owner",
+                     directory's owner, or give it a data directory it creates itself (one \
+                     below a volume's root, which belongs to root)",
                     path.display()
                 )
             })?;
