@@ -343,3 +343,55 @@ fn the_statefulsets_data_dir_is_one_the_server_can_make_private_on_a_fresh_volum
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// Names of the Secrets a manifest's containers read (`secretKeyRef`).
+fn secrets_referenced(value: &serde_yaml::Value, found: &mut BTreeSet<String>) {
+    match value {
+        serde_yaml::Value::Mapping(map) => {
+            for (key, value) in map {
+                if key == "secretKeyRef"
+                    && let Some(name) = value["name"].as_str()
+                {
+                    found.insert(name.to_owned());
+                }
+                secrets_referenced(value, found);
+            }
+        }
+        serde_yaml::Value::Sequence(values) => {
+            for value in values {
+                secrets_referenced(value, found);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn every_secret_a_manifest_reads_is_created_by_a_command_in_its_comments() {
+    // A pod whose Secret does not exist never starts
+    // (CreateContainerConfigError): the manifest applied as its header
+    // says must say how to create it first.
+    for file in [
+        "kubernetes/reconciled.yaml",
+        "kubernetes/reconciled-replicas.yaml",
+    ] {
+        let text = deploy_file(file);
+        let mut secrets = BTreeSet::new();
+        for document in serde_yaml::Deserializer::from_str(&text) {
+            let value = serde_yaml::Value::deserialize(document).expect("valid YAML");
+            secrets_referenced(&value, &mut secrets);
+        }
+        let comments: Vec<&str> = text
+            .lines()
+            .filter_map(|line| line.trim_start().strip_prefix('#'))
+            .collect();
+        for secret in secrets {
+            let create = format!("kubectl create secret generic {secret} ");
+            assert!(
+                comments.iter().any(|line| line.contains(&create)),
+                "deploy/{file} reads the Secret {secret} but its comments do not say how to \
+                 create it (`{create}...`)"
+            );
+        }
+    }
+}
