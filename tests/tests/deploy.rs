@@ -395,3 +395,22 @@ fn every_secret_a_manifest_reads_is_created_by_a_command_in_its_comments() {
         }
     }
 }
+
+#[test]
+fn every_port_the_dockerfile_exposes_is_one_its_server_listens_on() {
+    // EXPOSE documents what the container serves: a port nothing listens
+    // on (metrics are off by default) sends an operator to a dead port.
+    let dockerfile = deploy_file("Dockerfile");
+    let cmd = dockerfile
+        .lines()
+        .find(|line| line.starts_with("CMD"))
+        .expect("the Dockerfile has a CMD");
+    for line in dockerfile.lines().filter(|line| line.starts_with("EXPOSE")) {
+        for port in line.split_whitespace().skip(1) {
+            assert!(
+                cmd.contains(&format!(":{port}\"")),
+                "the Dockerfile exposes {port}, but its CMD listens on no such port: {cmd}"
+            );
+        }
+    }
+}
