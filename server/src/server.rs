@@ -548,6 +548,19 @@ pub fn store_copy(
     from: &StoreLocation,
     to: &StoreLocation,
 ) -> anyhow::Result<String> {
+    // Opening a sled store creates it: a mistyped source (a backup's path,
+    // say) would be copied as an empty store, and a restore "succeed" with
+    // nothing in it.
+    if let StoreLocation::Sled(dir) = from
+        && !crate::store::sled_dir(dir).is_dir()
+    {
+        anyhow::bail!(
+            "there is no store at {} (no {}); check --from: a data directory or a backup under \
+             <data-dir>/backups/",
+            dir.display(),
+            crate::store::sled_dir(dir).display()
+        );
+    }
     let source = open_location(config, from)?;
     let destination = open_location(config, to)?;
     let copied = copy_store(&*source, &*destination)?;

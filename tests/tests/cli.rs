@@ -285,3 +285,30 @@ fn a_migration_killed_during_its_backup_leaves_no_partial_backup() {
     let (ok, status) = run(&["migrate", "--status", "--data-dir", data]);
     assert!(ok && status.contains("nothing to do"), "{status}");
 }
+
+#[test]
+fn store_copy_refuses_a_source_that_is_not_a_store() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let missing = dir.path().join("backups/pre-migration-v1-typo");
+    let restored = dir.path().join("restored");
+    let from = format!("sled:{}", missing.display());
+    let to = format!("sled:{}", restored.display());
+    // A restore from a mistyped backup path: refused, and neither the
+    // source nor the destination is created.
+    let (ok, text) = run(&["store", "copy", "--from", &from, "--to", &to]);
+    assert!(!ok, "a missing source is refused: {text}");
+    assert!(
+        text.contains("there is no store at") && text.contains("check --from"),
+        "{text}"
+    );
+    assert!(!missing.exists(), "the source was created: {text}");
+    assert!(!restored.exists(), "the destination was created: {text}");
+
+    // A directory without a store in it (the backups folder itself).
+    std::fs::create_dir_all(dir.path().join("backups")).expect("mkdir");
+    let from = format!("sled:{}", dir.path().join("backups").display());
+    let (ok, text) = run(&["store", "copy", "--from", &from, "--to", &to]);
+    assert!(!ok, "a directory holding no store is refused: {text}");
+    assert!(text.contains("there is no store at"), "{text}");
+    assert!(!dir.path().join("backups/db").exists(), "{text}");
+}

@@ -24,6 +24,13 @@ pub enum CopyError {
          not finish; copy from the store it was copied from (or a backup) instead"
     )]
     SourceIncomplete,
+    /// The source holds no record at all: a mistyped location (an etcd
+    /// prefix, say) rather than a store, which even new holds its layout.
+    #[error(
+        "the source store holds no records, so there is nothing to copy; check --from (and, for \
+         etcd, --etcd-prefix): even a new store holds its schema version"
+    )]
+    SourceEmpty,
     /// Reading or writing failed; the destination holds part of the copy.
     #[error("{0}; the destination now holds part of the copy: empty it before copying again")]
     Store(#[from] StoreError),
@@ -45,6 +52,9 @@ pub fn copy_store(from: &dyn Store, to: &dyn Store) -> Result<u64, CopyError> {
     }
     if from.get(keys::copy_incomplete_key())?.is_some() {
         return Err(CopyError::SourceIncomplete);
+    }
+    if from.scan(&[], None, 1)?.is_empty() {
+        return Err(CopyError::SourceEmpty);
     }
     let mut copied = 0u64;
     let mut after: Option<Vec<u8>> = None;
@@ -106,5 +116,15 @@ mod tests {
             copy_store(&from, &InMemoryStore::new()),
             Err(CopyError::SourceIncomplete)
         ));
+    }
+
+    #[test]
+    fn an_empty_source_is_refused_rather_than_copied_as_nothing() {
+        let to = InMemoryStore::new();
+        assert!(matches!(
+            copy_store(&InMemoryStore::new(), &to),
+            Err(CopyError::SourceEmpty)
+        ));
+        assert!(to.snapshot().is_empty(), "nothing was written");
     }
 }

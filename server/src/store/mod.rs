@@ -37,6 +37,7 @@ pub use migrate::{
     MigrationAdapter, MigrationReport, migrate, open_and_migrate, open_and_migrate_etcd,
 };
 pub use sled_store::{SledOptions, SledStore};
+pub(crate) use sled_files::sled_dir;
 pub use writer::CommitStats;
 
 /// A key and its value, as scans return them.
