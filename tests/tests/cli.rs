@@ -312,3 +312,39 @@ fn store_copy_refuses_a_source_that_is_not_a_store() {
     assert!(text.contains("there is no store at"), "{text}");
     assert!(!dir.path().join("backups/db").exists(), "{text}");
 }
+
+#[test]
+fn a_data_directory_reached_through_a_symbolic_link_is_made_private_too() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = |path: &std::path::Path| {
+        std::fs::metadata(path)
+            .expect("metadata")
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    // systemd's DynamicUser= makes /var/lib/reconciled a link to
+    // /var/lib/private/reconciled; operators link data onto another disk.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let target = dir.path().join("private/reconciled");
+    std::fs::create_dir_all(&target).expect("mkdir");
+    let link = dir.path().join("reconciled");
+    std::os::unix::fs::symlink(&target, &link).expect("symlink");
+    let token = target.join("admin.token");
+    std::fs::write(&token, "rcda_0123456789abcdef0123456789abcdef\n").expect("write");
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+
+    let (ok, text) = run(&["migrate", "--data-dir", link.to_str().expect("utf-8")]);
+    assert!(ok, "{text}");
+    assert_eq!(mode(&target), 0o700, "the data directory is private");
+    assert_eq!(mode(&token), 0o600, "the admin token is private");
+    assert_eq!(mode(&target.join("db")), 0o700, "the database is private");
+    assert!(
+        std::fs::symlink_metadata(&link)
+            .expect("metadata")
+            .file_type()
+            .is_symlink(),
+        "the link is left as it was"
+    );
+}

@@ -181,9 +181,14 @@ pub(crate) const PRIVATE_FILE_MODE: u32 = 0o600;
 /// Makes `dir` and everything under it private to the server's user
 /// (directories 0700, files 0600), whatever the umask or an earlier version
 /// left: the store holds every tenant's items and token hashes. Symbolic
-/// links are left alone (and not followed).
+/// links below `dir` are left alone (and not followed); `dir` itself may be
+/// one (systemd's `DynamicUser=` makes the state directory a link into
+/// `/var/lib/private`, and operators link a data directory onto another
+/// disk): the directory it points to is made private.
 pub(crate) fn make_private(dir: &Path) -> Result<(), String> {
-    let mut pending = vec![dir.to_path_buf()];
+    let dir = fs::canonicalize(dir)
+        .map_err(|e| format!("resolving the data directory {}: {e}", dir.display()))?;
+    let mut pending = vec![dir];
     while let Some(path) = pending.pop() {
         let metadata = fs::symlink_metadata(&path)
             .map_err(|e| format!("reading the mode of {}: {e}", path.display()))?;
