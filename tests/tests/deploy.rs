@@ -414,3 +414,90 @@ fn every_port_the_dockerfile_exposes_is_one_its_server_listens_on() {
         }
     }
 }
+
+#[test]
+fn the_systemd_units_exec_start_serves_with_the_config_its_comments_install() {
+    use std::io::BufRead as _;
+    let unit = deploy_file("systemd/reconciled.service");
+    let exec_start = unit
+        .lines()
+        .find_map(|line| line.strip_prefix("ExecStart="))
+        .expect("the unit has an ExecStart line");
+    let words: Vec<&str> = exec_start.split_whitespace().collect();
+    let config = words[words.iter().position(|w| *w == "--config").expect("--config") + 1];
+    // The unit does not start without its configuration file: its comments
+    // must say how to put one there.
+    let install = unit
+        .lines()
+        .filter_map(|line| line.trim_start().strip_prefix('#'))
+        .find(|line| line.contains("install") && line.trim_end().ends_with(config))
+        .unwrap_or_else(|| panic!("the unit's comments do not say how to install {config}"));
+    let source = install
+        .split_whitespace()
+        .find(|word| word.starts_with("deploy/"))
+        .expect("the installed file comes from deploy/");
+
+    // ExecStart, against a temporary root: /etc and /var/lib below it.
+    let root = tempfile::tempdir().expect("temp dir");
+    let local = |path: &str| root.path().join(path.trim_start_matches('/'));
+    std::fs::create_dir_all(local(config).parent().expect("a directory")).expect("mkdir");
+    std::fs::copy(workspace_root().join(source), local(config)).expect("install the config");
+    let args: Vec<std::path::PathBuf> = words[1..]
+        .iter()
+        .map(|word| {
+            if word.starts_with('/') {
+                local(word)
+            } else {
+                std::path::PathBuf::from(word)
+            }
+        })
+        .collect();
+    let mut server = Command::new(reconciled_binary())
+        .args(&args)
+        // The example listens on 0.0.0.0:50051: the environment beats the
+        // file, so the test takes a free loopback port instead.
+        .env("RECONCILED_LISTEN", "127.0.0.1:0")
+        .env("RECONCILED_UI_LISTEN", "off")
+        .env_remove("RECONCILED_DATA_DIR")
+        .env_remove("RECONCILED_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the binary runs");
+    let stdout = server.stdout.take().expect("stdout");
+    let (lines, listening) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let started = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match listening.recv_timeout(left) {
+            Ok(line) if line.starts_with("reconciled listening on") => break true,
+            Ok(_) => continue,
+            Err(_) => break false,
+        }
+    };
+    if !started {
+        let _ = server.kill();
+        let status = server.wait().expect("wait");
+        panic!("ExecStart did not start serving ({status})");
+    }
+    assert!(
+        local("/var/lib/reconciled/admin.token").is_file(),
+        "the admin token is where the unit's comments say"
+    );
+    // systemd stops the service with SIGTERM (KillSignal=) and counts a
+    // non-zero exit as a failure (Restart=on-failure).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(server.id()).expect("a process id")),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let status = server.wait().expect("wait");
+    assert!(status.success(), "stopped with {status}");
+}
