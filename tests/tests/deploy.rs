@@ -501,3 +501,40 @@ fn the_systemd_units_exec_start_serves_with_the_config_its_comments_install() {
     let status = server.wait().expect("wait");
     assert!(status.success(), "stopped with {status}");
 }
+
+#[test]
+fn liveness_waits_for_a_start_that_migrates_a_large_store() {
+    // `serve` opens the gRPC port only after migrating the store (a full
+    // backup first) and loading every tenant. A liveness probe of 6 × 10 s
+    // alone kills an upgrade of a large store midway, and every restart
+    // starts it over: a startup probe must hold liveness off meanwhile.
+    for file in [
+        "kubernetes/reconciled.yaml",
+        "kubernetes/reconciled-replicas.yaml",
+    ] {
+        let text = deploy_file(file);
+        for document in serde_yaml::Deserializer::from_str(&text) {
+            let value = serde_yaml::Value::deserialize(document).expect("valid YAML");
+            if value["kind"] != "StatefulSet" {
+                continue;
+            }
+            let container = &value["spec"]["template"]["spec"]["containers"][0];
+            let startup = &container["startupProbe"];
+            assert_eq!(
+                startup["grpc"]["port"].as_u64(),
+                Some(50051),
+                "deploy/{file}: a startup probe on the gRPC port"
+            );
+            assert_eq!(
+                startup["grpc"]["service"], container["livenessProbe"]["grpc"]["service"],
+                "deploy/{file}: the startup probe asks what liveness asks"
+            );
+            let budget = startup["periodSeconds"].as_u64().unwrap_or(10)
+                * startup["failureThreshold"].as_u64().unwrap_or(3);
+            assert!(
+                budget >= 1800,
+                "deploy/{file}: a start may take {budget} s at most before liveness applies"
+            );
+        }
+    }
+}
