@@ -243,9 +243,7 @@ fn statefulset_data_layout(file: &str) -> (Vec<String>, u32, u32, String, String
     let user = pod["securityContext"]["runAsUser"]
         .as_u64()
         .expect("runAsUser") as u32;
-    let group = pod["securityContext"]["fsGroup"]
-        .as_u64()
-        .expect("fsGroup") as u32;
+    let group = pod["securityContext"]["fsGroup"].as_u64().expect("fsGroup") as u32;
     let mount = container["volumeMounts"]
         .as_sequence()
         .expect("volume mounts")
@@ -288,16 +286,16 @@ fn the_statefulsets_data_dir_is_one_the_server_can_make_private_on_a_fresh_volum
     // single-node StatefulSet's arguments against a directory laid out as
     // kubelet lays out a fresh volume.
     // /proc/self belongs to the process's effective user.
-    let euid = std::os::unix::fs::MetadataExt::uid(
-        &std::fs::metadata("/proc/self").expect("/proc/self"),
-    );
+    let euid =
+        std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").expect("/proc/self"));
     if euid != 0 {
         eprintln!("not root: the volume's ownership is not simulated");
         return;
     }
     use std::os::unix::fs::{PermissionsExt as _, chown};
     use std::os::unix::process::CommandExt as _;
-    let (args, user, group, mount, data_dir) = statefulset_data_layout("kubernetes/reconciled.yaml");
+    let (args, user, group, mount, data_dir) =
+        statefulset_data_layout("kubernetes/reconciled.yaml");
     let root = tempfile::tempdir().expect("temp dir");
     std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     // The pod's user must reach the binary: a copy beside the volume.
@@ -315,10 +313,7 @@ fn the_statefulsets_data_dir_is_one_the_server_can_make_private_on_a_fresh_volum
         volume.join(below).to_str().expect("utf-8").to_owned()
     };
     // `migrate` opens the store as `serve` does at start, then exits.
-    let mut args: Vec<String> = args
-        .into_iter()
-        .filter(|arg| arg != "serve")
-        .collect();
+    let mut args: Vec<String> = args.into_iter().filter(|arg| arg != "serve").collect();
     if let Some(at) = args.iter().position(|arg| arg == "--config") {
         args.drain(at..at + 2);
     }
@@ -424,7 +419,11 @@ fn the_systemd_units_exec_start_serves_with_the_config_its_comments_install() {
         .find_map(|line| line.strip_prefix("ExecStart="))
         .expect("the unit has an ExecStart line");
     let words: Vec<&str> = exec_start.split_whitespace().collect();
-    let config = words[words.iter().position(|w| *w == "--config").expect("--config") + 1];
+    let config = words[words
+        .iter()
+        .position(|w| *w == "--config")
+        .expect("--config")
+        + 1];
     // The unit does not start without its configuration file: its comments
     // must say how to put one there.
     let install = unit
@@ -467,7 +466,10 @@ fn the_systemd_units_exec_start_serves_with_the_config_its_comments_install() {
     let stdout = server.stdout.take().expect("stdout");
     let (lines, listening) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
             if lines.send(line).is_err() {
                 return;
             }

@@ -36,8 +36,8 @@ pub use memory::InMemoryStore;
 pub use migrate::{
     MigrationAdapter, MigrationReport, migrate, open_and_migrate, open_and_migrate_etcd,
 };
-pub use sled_store::{SledOptions, SledStore};
 pub(crate) use sled_files::sled_dir;
+pub use sled_store::{SledOptions, SledStore};
 pub use writer::CommitStats;
 
 /// A key and its value, as scans return them.
