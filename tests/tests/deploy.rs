@@ -540,3 +540,43 @@ fn liveness_waits_for_a_start_that_migrates_a_large_store() {
         }
     }
 }
+
+#[test]
+fn the_data_directory_and_its_backups_outlive_the_pod() {
+    // The data directory holds the store (single node) or the backups taken
+    // before a migration (on etcd): an upgrade's rollout replaces every
+    // pod, and an emptyDir with it, just when a rollback needs the backup.
+    for file in [
+        "kubernetes/reconciled.yaml",
+        "kubernetes/reconciled-replicas.yaml",
+    ] {
+        let text = deploy_file(file);
+        for document in serde_yaml::Deserializer::from_str(&text) {
+            let value = serde_yaml::Value::deserialize(document).expect("valid YAML");
+            if value["kind"] != "StatefulSet" {
+                continue;
+            }
+            let claims: Vec<&str> = value["spec"]["volumeClaimTemplates"]
+                .as_sequence()
+                .map(|claims| {
+                    claims
+                        .iter()
+                        .filter_map(|claim| claim["metadata"]["name"].as_str())
+                        .collect()
+                })
+                .unwrap_or_default();
+            assert!(
+                claims.contains(&"data"),
+                "deploy/{file}: the data volume is not a volumeClaimTemplate (claims: {claims:?})"
+            );
+            let pod_volumes = value["spec"]["template"]["spec"]["volumes"]
+                .as_sequence()
+                .cloned()
+                .unwrap_or_default();
+            assert!(
+                !pod_volumes.iter().any(|volume| volume["name"] == "data"),
+                "deploy/{file}: a pod volume named data shadows the claim"
+            );
+        }
+    }
+}
