@@ -595,7 +595,9 @@ fn describe(location: &StoreLocation) -> String {
 /// `reconciled repair`: with the server stopped (the store's lock refuses a
 /// second process), reports every tenant's unreadable records, or backs up
 /// the store and repairs or removes one tenant (see `tenant::repair` for
-/// what a repair does); returns a report for humans.
+/// what a repair does); returns a report for humans. A tenant that is not
+/// there, or (with `--apply`) has nothing to repair, is reported before any
+/// backup is taken.
 pub fn repair(config: &Config, mode: &RepairMode) -> anyhow::Result<String> {
     use crate::tenant::repair;
     require_data_dir(config)?;
@@ -614,21 +616,27 @@ pub fn repair(config: &Config, mode: &RepairMode) -> anyhow::Result<String> {
         }
         RepairMode::Apply(name) | RepairMode::Remove(name) => name,
     };
-    let backup = repair_backup_path(&config.data_dir);
-    store.backup_to(&backup)?;
-    text.push_str(&format!("backup: {}\n", backup.display()));
     let store = ChunkedValues::new(store)?;
+    // Diagnosed before the backup, which copies the whole store (in an
+    // emergency, on a disk that may be short of room): a mistyped name, or
+    // a tenant with nothing to repair, changes nothing and costs no copy.
     let diagnosis = repair::diagnose_tenant(&store, name)?;
+    if matches!(mode, RepairMode::Apply(_)) && diagnosis.problems.is_empty() {
+        text.push_str(&repair::describe(std::slice::from_ref(&diagnosis)));
+        text.push_str(&format!(
+            "tenant {name:?}: nothing to repair (no backup taken)\n"
+        ));
+        return Ok(text);
+    }
+    let backup = repair_backup_path(&config.data_dir);
+    store.inner().backup_to(&backup)?;
+    text.push_str(&format!("backup: {}\n", backup.display()));
     text.push_str(&repair::describe(std::slice::from_ref(&diagnosis)));
     if matches!(mode, RepairMode::Remove(_)) {
         repair::remove(&store, &diagnosis)?;
         text.push_str(&format!(
             "tenant {name:?} removed; its records are purged when the server starts\n"
         ));
-        return Ok(text);
-    }
-    if diagnosis.problems.is_empty() {
-        text.push_str(&format!("tenant {name:?}: nothing to repair\n"));
         return Ok(text);
     }
     let outcome = repair::repair(&store, &diagnosis)?;

@@ -348,3 +348,47 @@ fn a_data_directory_reached_through_a_symbolic_link_is_made_private_too() {
         "the link is left as it was"
     );
 }
+
+#[tokio::test]
+async fn repair_takes_no_backup_for_a_mistyped_or_healthy_tenant() {
+    use reconciled_tests::{ServerOptions, ServerProcess};
+    let mut server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("server starts");
+    let channel = server.channel().await.expect("connects");
+    reconciled_tests::api::create_tenant(&channel, &server.admin_token(), "acme").await;
+    drop(channel);
+    let status = server.terminate().await.expect("stops");
+    assert!(status.success(), "{status}");
+    let data = server.data_dir();
+    let data = data.to_str().expect("utf-8 path");
+    let backups = std::path::Path::new(data).join("backups");
+    let backups_taken = || {
+        std::fs::read_dir(&backups)
+            .map(|entries| entries.count())
+            .unwrap_or(0)
+    };
+
+    // A name that is not there: refused, and nothing written (a backup is
+    // a copy of the whole store, on a disk that may be short of room).
+    let (ok, text) = run(&["repair", "--data-dir", data, "--tenant", "acne", "--apply"]);
+    assert!(!ok, "{text}");
+    assert!(text.contains("no tenant named \"acne\""), "{text}");
+    assert_eq!(backups_taken(), 0, "a refused repair took a backup: {text}");
+
+    // A tenant whose records all read: nothing to repair, nothing copied.
+    let (ok, text) = run(&["repair", "--data-dir", data, "--tenant", "acme", "--apply"]);
+    assert!(ok, "{text}");
+    assert!(text.contains("nothing to repair"), "{text}");
+    assert_eq!(
+        backups_taken(),
+        0,
+        "a repair that did nothing took a backup: {text}"
+    );
+
+    // Removing one still backs up first.
+    let (ok, text) = run(&["repair", "--data-dir", data, "--tenant", "acme", "--remove"]);
+    assert!(ok, "{text}");
+    assert!(text.contains("backup: "), "{text}");
+    assert_eq!(backups_taken(), 1, "{text}");
+}
