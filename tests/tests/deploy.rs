@@ -580,3 +580,35 @@ fn the_data_directory_and_its_backups_outlive_the_pod() {
         }
     }
 }
+
+#[test]
+fn the_example_configurations_rule_for_environment_names_holds_for_its_keys() {
+    // The example says every key is also RECONCILED_<KEY>: a key whose
+    // variable is named otherwise must be named in it, or an operator
+    // setting RECONCILED_<KEY> is silently ignored.
+    let help = help_text();
+    let example = deploy_file("reconciled.example.toml");
+    for line in example.lines().map(|line| line.trim_start_matches("# ")) {
+        let Some((key, _)) = line.split_once(" = ") else {
+            continue;
+        };
+        let key = key.trim();
+        if key.contains(' ') {
+            continue;
+        }
+        let flag = format!("--{} <", key.replace('_', "-"));
+        let at = help
+            .find(&flag)
+            .unwrap_or_else(|| panic!("{key}: `reconciled --help` has no {flag}"));
+        let env = help[at..]
+            .split("[env: ")
+            .nth(1)
+            .and_then(|rest| rest.split(']').next())
+            .expect("every setting has a variable");
+        let expected = format!("RECONCILED_{}", key.to_uppercase());
+        assert!(
+            env == expected || example.contains(&format!("{key} is {env}")),
+            "{key}: its variable is {env}, not {expected} as the example's header says"
+        );
+    }
+}
