@@ -392,3 +392,52 @@ async fn repair_takes_no_backup_for_a_mistyped_or_healthy_tenant() {
     assert!(text.contains("backup: "), "{text}");
     assert_eq!(backups_taken(), 1, "{text}");
 }
+
+#[test]
+fn an_offline_command_refuses_a_data_directory_of_another_user() {
+    use std::os::unix::fs::MetadataExt as _;
+    // /proc/self belongs to the process's effective user.
+    let this = std::fs::metadata("/proc/self").expect("/proc/self").uid();
+    if this != 0 {
+        eprintln!("not root: another user's directory cannot be made here");
+        return;
+    }
+    // The service's directory (systemd's DynamicUser=, a container's user),
+    // and root running `reconciled migrate` on it.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    let (ok, text) = run(&["migrate", "--data-dir", data.to_str().expect("utf-8")]);
+    assert!(ok, "{text}");
+    let service = 10_001;
+    for entry in walk(&data) {
+        std::os::unix::fs::lchown(&entry, Some(service), Some(service)).expect("chown");
+    }
+    let (ok, text) = run(&["migrate", "--data-dir", data.to_str().expect("utf-8")]);
+    assert!(!ok, "root wrote into the service's directory: {text}");
+    assert!(
+        text.contains("belongs to uid 10001") && text.contains("setpriv --reuid 10001"),
+        "{text}"
+    );
+    let root_owned: Vec<_> = walk(&data)
+        .into_iter()
+        .filter(|path| std::fs::symlink_metadata(path).expect("metadata").uid() != service)
+        .collect();
+    assert!(
+        root_owned.is_empty(),
+        "files of another user: {root_owned:?}"
+    );
+}
+
+/// `dir` and every path below it.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found = vec![dir.to_path_buf()];
+    let mut at = 0;
+    while at < found.len() {
+        if found[at].is_dir() && !found[at].is_symlink() {
+            let entries = std::fs::read_dir(&found[at]).expect("list");
+            found.extend(entries.map(|entry| entry.expect("entry").path()));
+        }
+        at += 1;
+    }
+    found
+}

@@ -74,6 +74,7 @@ pub(crate) fn open_db(
     create_new: bool,
 ) -> Result<OpenedDb, String> {
     let sled_dir = sled_dir(dir);
+    refuse_another_users_directory(dir)?;
     fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let config = sled::Config::new()
         .path(&sled_dir)
@@ -102,6 +103,34 @@ pub(crate) fn open_db(
         log_file,
         open_here,
     })
+}
+
+/// Refuses a store directory that belongs to another user than the one
+/// this process runs as: whatever the process wrote there (a backup, sled's
+/// files, the admin token) would belong to it, and the directory's owner,
+/// the server, could not open them. Root running `reconciled migrate` or
+/// `repair` on the service's directory would break the service at its
+/// next start or migration, long after the command said it succeeded. A
+/// directory that does not exist yet is created by this process, so it is
+/// its own.
+fn refuse_another_users_directory(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(metadata) = fs::metadata(dir) else {
+        return Ok(());
+    };
+    let owner = metadata.uid();
+    let this = nix::unistd::geteuid().as_raw();
+    if owner == this {
+        return Ok(());
+    }
+    Err(format!(
+        "{} belongs to uid {owner} and this process runs as uid {this}: what it wrote there \
+         would belong to the wrong user; run reconciled as the directory's owner (e.g. \
+         `setpriv --reuid {owner} --regid {gid} --clear-groups reconciled ...`, with the \
+         server stopped)",
+        dir.display(),
+        gid = metadata.gid()
+    ))
 }
 
 /// How long opening waits for sled's file lock held by another process:
