@@ -1087,8 +1087,14 @@ async fn a_claim_whose_answer_was_lost_does_not_leave_the_tenant_unserved() {
 /// tenant (paused past its lease while the owner finished a large
 /// commit) wrote nothing: it is answered UNAVAILABLE (retry; any replica
 /// forwards it to the new owner), never INTERNAL, and a retry deletes it.
+/// Since nothing was deleted, the streams opened with the tenant's token
+/// end as the tenant moves (UNAVAILABLE, NOT_OWNER for the agent), never
+/// UNAUTHENTICATED, and the token goes on working at the new owner (until
+/// 2026-12-03 the deletion ended them UNAUTHENTICATED before it even
+/// queued its tombstone).
 #[tokio::test]
-async fn a_delete_its_owner_lost_the_tenant_under_is_answered_unavailable() {
+async fn a_delete_its_owner_lost_the_tenant_under_is_answered_unavailable_and_revokes_nothing()
+ {
     let etcd = EtcdCluster::single().await.expect("etcd starts");
     let replicas = Replicas::start_with(
         &etcd,
@@ -1103,45 +1109,17 @@ async fn a_delete_its_owner_lost_the_tenant_under_is_answered_unavailable() {
     let other = 1 - paused;
     let channel = replicas.channel(paused).await;
     let admin = replicas.admin_token().to_owned();
-    // A large intent keeps the owner busy for a while...
-    let payload = "x".repeat(900);
-    let items: Vec<v1::Item> = (0..10_000)
-        .map(|i| item_needing("t", &format!("n{i:05}"), json!({ "payload": payload }), &[]))
-        .collect();
-    let mut watcher = synced_watch(&channel, "big", &token).await;
-    let submitting = {
-        let mut reconciler = api::reconciler(&channel, &token);
-        let request = api::submit("big", items);
-        tokio::spawn(async move { reconciler.submit_intent(request).await })
-    };
-    // (its commit is staged: etcd shows the staging header)...
-    let mut client = etcd.client().await.expect("etcd client");
-    let staging = format!("{}store/staging/", replicas.prefix);
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let found = client
-            .get(
-                staging.clone(),
-                Some(
-                    etcd_client::GetOptions::new()
-                        .with_prefix()
-                        .with_keys_only(),
-                ),
-            )
-            .await
-            .expect("lists staging headers")
-            .count();
-        if found > 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the large commit was never staged"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    // ...while the deletion waits for it: the deletion has begun once the
-    // streams opened with the tenant's token end.
+    let name = NameProbe::new(&etcd, &replicas.prefix, "big");
+    let watch = watch_in_background(
+        synced_watch(&channel, "big", &token).await,
+        name.clone(),
+    );
+    let session = raw_session(&channel, &token, "big", name.clone()).await;
+    // A large intent keeps the owner busy for a while (its commit is
+    // staged: etcd shows the staging header)...
+    let submitting = submit_large(&channel, "big", &token, 1);
+    wait_staged(&etcd, &replicas.prefix).await;
+    // ...while the deletion waits for it: the server logs that it began.
     let deleting = {
         let mut tenants = api::tenants(&channel, &admin);
         tokio::spawn(async move {
@@ -1150,12 +1128,19 @@ async fn a_delete_its_owner_lost_the_tenant_under_is_answered_unavailable() {
                 .await
         })
     };
-    let ended = end_of(&mut watcher, DEADLINE).await;
-    assert_eq!(
-        ended.as_ref().map(tonic::Status::code),
-        Some(tonic::Code::Unauthenticated),
-        "the deletion revokes the tenant's streams first: {ended:?}"
-    );
+    let log = replicas.servers[paused].log_path();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("Deleting a tenant")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the deletion did not begin: {}",
+            replicas.servers[paused].log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let pid = nix::unistd::Pid::from_raw(
         i32::try_from(replicas.servers[paused].pid().expect("runs")).expect("a pid"),
     );
@@ -1176,14 +1161,324 @@ async fn a_delete_its_owner_lost_the_tenant_under_is_answered_unavailable() {
             "a deletion that wrote nothing must say retry: {status:?}"
         ),
     }
-    // The tenant is still there, served by the other replica, and a retry
-    // through any replica deletes it.
+    // Its streams ended as the tenant moved, not as if it were deleted.
+    let (ended, _) = watch.await.expect("the watch task");
+    assert_eq!(
+        ended.as_ref().map(tonic::Status::code),
+        Some(tonic::Code::Unavailable),
+        "a deletion that wrote nothing ends no stream as deleted: {ended:?}"
+    );
+    let (ended, _) = session.await.expect("the session task");
+    assert_eq!(
+        (ended.code(), api::error_reason(&ended).as_deref()),
+        (tonic::Code::Unavailable, Some("NOT_OWNER")),
+        "a deletion that wrote nothing ends no session as deleted: {ended:?}"
+    );
+    // The tenant is still there, served by the other replica with its
+    // token, and a retry through any replica deletes it.
     replicas
         .tenant(other, "big")
         .await
         .expect("the tenant still exists");
+    api::reconciler(&replicas.channel(other).await, &token)
+        .get_status(v1::GetStatusRequest {
+            tenant: "big".into(),
+        })
+        .await
+        .expect("the token of a tenant whose deletion failed still works");
     api::tenants(&replicas.channel(paused).await, &admin)
         .delete_tenant(v1::DeleteTenantRequest { name: "big".into() })
         .await
         .expect("the retried deletion succeeds");
+}
+
+/// Opens a raw agent session (Connect) for `tenant` with `token` through
+/// `channel` and waits until it is registered. The session answers the
+/// server's heartbeats until the server ends it; joining it gives the
+/// status it ended with and what `probe`'s key held in etcd at that
+/// moment.
+async fn raw_session(
+    channel: &Channel,
+    token: &str,
+    tenant: &str,
+    probe: NameProbe,
+) -> tokio::task::JoinHandle<(tonic::Status, Option<Vec<u8>>)> {
+    use reconciled_tests::api::Bearer;
+    use reconciled_tests::proto::v1::configurators_client::ConfiguratorsClient;
+    let (outgoing, receiver) = tokio::sync::mpsc::channel(16);
+    let register = v1::AgentMessage {
+        message: Some(v1::agent_message::Message::Register(v1::Register {
+            tenant: tenant.into(),
+            agent_id: "raw-agent".into(),
+            protocol_version: reconciled_tests::proto::PROTOCOL_VERSION,
+            item_types: vec![v1::ItemTypeSpec {
+                item_type: "t".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        })),
+    };
+    outgoing.send(register).await.expect("queue open");
+    let mut incoming = ConfiguratorsClient::with_interceptor(channel.clone(), Bearer::new(token))
+        .connect(tokio_stream::wrappers::ReceiverStream::new(receiver))
+        .await
+        .expect("Connect is accepted")
+        .into_inner();
+    let first = tokio::time::timeout(DEADLINE, incoming.message())
+        .await
+        .expect("Registered within the deadline")
+        .expect("the stream is healthy")
+        .expect("the stream is open");
+    assert!(
+        matches!(
+            first.message,
+            Some(v1::server_message::Message::Registered(_))
+        ),
+        "{first:?}"
+    );
+    tokio::spawn(async move {
+        loop {
+            match incoming.message().await {
+                Err(status) => return (status, probe.value().await),
+                Ok(None) => panic!("the session ended without a status"),
+                Ok(Some(message)) => {
+                    if let Some(v1::server_message::Message::Heartbeat(_)) = message.message {
+                        let beat = v1::AgentMessage {
+                            message: Some(v1::agent_message::Message::Heartbeat(
+                                v1::Heartbeat {},
+                            )),
+                        };
+                        let _ = outgoing.send(beat).await;
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// Reads a synced `watcher` in a task until its stream ends; joining it
+/// gives the status it ended with (`None`: cleanly) and what `probe`'s
+/// key held in etcd at that moment.
+fn watch_in_background(
+    mut watcher: Watcher,
+    probe: NameProbe,
+) -> tokio::task::JoinHandle<(Option<tonic::Status>, Option<Vec<u8>>)> {
+    tokio::spawn(async move {
+        let ended = loop {
+            match watcher.next().await {
+                Ok(Some(_)) => {}
+                Ok(None) => break None,
+                Err(status) => break Some(status),
+            }
+        };
+        (ended, probe.value().await)
+    })
+}
+
+/// Reads one store key of a tenant from etcd: its name (which a
+/// deletion's tombstone removes in the same commit) or its directory
+/// entry (which holds its token's hash).
+#[derive(Clone)]
+struct NameProbe {
+    endpoints: Vec<String>,
+    key: Vec<u8>,
+}
+
+impl NameProbe {
+    /// Tenant `tenant`'s name key.
+    fn new(etcd: &EtcdCluster, prefix: &str, tenant: &str) -> Self {
+        Self::of(etcd, prefix, b"\x00tenant_name\x00", tenant)
+    }
+
+    /// Tenant `tenant`'s directory entry.
+    fn entry(etcd: &EtcdCluster, prefix: &str, tenant: &str) -> Self {
+        Self::of(etcd, prefix, b"\x00tenant_entry\x00", tenant)
+    }
+
+    fn of(etcd: &EtcdCluster, prefix: &str, kind: &[u8], tenant: &str) -> Self {
+        let mut key = format!("{prefix}store/data/").into_bytes();
+        key.extend_from_slice(kind);
+        key.extend_from_slice(tenant.as_bytes());
+        Self {
+            endpoints: etcd.endpoints(),
+            key,
+        }
+    }
+
+    /// The key's value now, if it exists.
+    async fn value(&self) -> Option<Vec<u8>> {
+        let mut client = etcd_client::Client::connect(self.endpoints.clone(), None)
+            .await
+            .expect("etcd client");
+        client
+            .get(self.key.clone(), None)
+            .await
+            .expect("reads the key")
+            .kvs()
+            .first()
+            .map(|kv| kv.value().to_vec())
+    }
+
+}
+
+/// The token hash a directory entry holds.
+fn token_hash_of(entry: Option<&[u8]>) -> Option<String> {
+    let entry: serde_json::Value = serde_json::from_slice(entry?).expect("an entry is JSON");
+    entry["token_hash"].as_str().map(str::to_owned)
+}
+
+/// Waits until a staged commit is under way (etcd shows its header).
+async fn wait_staged(etcd: &EtcdCluster, prefix: &str) {
+    let mut client = etcd.client().await.expect("etcd client");
+    let staging = format!("{prefix}store/staging/");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let found = client
+            .get(
+                staging.clone(),
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only(),
+                ),
+            )
+            .await
+            .expect("lists staging headers")
+            .count();
+        if found > 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the large commit was never staged"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Submits 10,000 items of 900 bytes (a staged commit of about 9 MiB,
+/// which keeps the tenant's owner busy for a while) in a task.
+fn submit_large(
+    channel: &Channel,
+    tenant: &str,
+    token: &str,
+    round: u32,
+) -> tokio::task::JoinHandle<Result<tonic::Response<v1::SubmitIntentResponse>, tonic::Status>> {
+    let payload = "x".repeat(900);
+    let items: Vec<v1::Item> = (0..10_000)
+        .map(|i| {
+            item_needing(
+                "t",
+                &format!("n{i:05}"),
+                json!({ "payload": payload, "round": round }),
+                &[],
+            )
+        })
+        .collect();
+    let mut reconciler = api::reconciler(channel, token);
+    let request = api::submit(tenant, items);
+    tokio::spawn(async move { reconciler.submit_intent(request).await })
+}
+
+/// On etcd, RotateToken and DeleteTenant end the Watch and agent Connect
+/// streams opened with the old token with UNAUTHENTICATED (an admin's
+/// Watch of a deleted tenant with NOT_FOUND), as docs/watch.md says, and
+/// only once the change is committed: while the owner still finishes a
+/// large commit ahead of it, the streams stay open. (A deletion ended them
+/// before its tombstone was even queued until 2026-12-03.)
+#[tokio::test]
+async fn a_rotation_or_deletion_on_etcd_ends_the_old_tokens_streams_only_once_committed() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let replicas = Replicas::start_with(
+        &etcd,
+        1,
+        TEST_LEASE_SECS,
+        &[
+            "--max-tenant-message-bytes",
+            "16777216",
+            reconciled_tests::NO_BYTE_BUDGET,
+        ],
+    )
+    .await;
+    let token = replicas.create_tenant(0, "big").await;
+    let channel = replicas.channel(0).await;
+    let admin = replicas.admin_token().to_owned();
+    let name = NameProbe::new(&etcd, &replicas.prefix, "big");
+    let entry = NameProbe::entry(&etcd, &replicas.prefix, "big");
+
+    // A rotation queued behind a large commit.
+    let old_hash = token_hash_of(entry.value().await.as_deref()).expect("an entry");
+    let watch = watch_in_background(
+        synced_watch(&channel, "big", &token).await,
+        entry.clone(),
+    );
+    let session = raw_session(&channel, &token, "big", entry.clone()).await;
+    let submitting = submit_large(&channel, "big", &token, 1);
+    wait_staged(&etcd, &replicas.prefix).await;
+    let new_token = api::rotate_token(&channel, &admin, "big").await;
+    submitting
+        .await
+        .expect("joined")
+        .expect("the intent submitted before the rotation is accepted");
+    let (ended, seen) = watch.await.expect("the watch task");
+    let ended = ended.expect("the watch ends with a status");
+    assert_eq!(ended.code(), tonic::Code::Unauthenticated, "{ended:?}");
+    let seen = token_hash_of(seen.as_deref());
+    assert!(
+        seen.is_some() && seen.as_deref() != Some(old_hash.as_str()),
+        "the rotation ended the watch before its new token hash was committed"
+    );
+    let (ended, seen) = session.await.expect("the session task");
+    assert_eq!(ended.code(), tonic::Code::Unauthenticated, "{ended:?}");
+    let seen = token_hash_of(seen.as_deref());
+    assert!(
+        seen.is_some() && seen.as_deref() != Some(old_hash.as_str()),
+        "the rotation ended the agent's session before its new token hash was committed"
+    );
+    let refused = api::reconciler(&channel, &token)
+        .get_status(v1::GetStatusRequest {
+            tenant: "big".into(),
+        })
+        .await
+        .expect_err("the old token is refused");
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+
+    // A deletion queued behind a large commit.
+    let watch = watch_in_background(
+        synced_watch(&channel, "big", &new_token).await,
+        name.clone(),
+    );
+    let admin_watch =
+        watch_in_background(synced_watch(&channel, "big", &admin).await, name.clone());
+    let session = raw_session(&channel, &new_token, "big", name.clone()).await;
+    let mut submitting = submit_large(&channel, "big", &new_token, 2);
+    tokio::select! {
+        () = wait_staged(&etcd, &replicas.prefix) => {}
+        submitted = async { (&mut submitting).await } => panic!("the second intent was answered before it was staged: {submitted:?}"),
+    }
+    api::tenants(&channel, &admin)
+        .delete_tenant(v1::DeleteTenantRequest { name: "big".into() })
+        .await
+        .expect("DeleteTenant");
+    let _ = submitting.await.expect("joined");
+    let (ended, seen) = watch.await.expect("the watch task");
+    let ended = ended.expect("the watch ends with a status");
+    assert_eq!(ended.code(), tonic::Code::Unauthenticated, "{ended:?}");
+    assert!(
+        seen.is_none(),
+        "the deletion ended the tenant's watch before its tombstone was committed"
+    );
+    let (ended, seen) = admin_watch.await.expect("the admin's watch task");
+    let ended = ended.expect("the admin's watch ends with a status");
+    assert_eq!(ended.code(), tonic::Code::NotFound, "{ended:?}");
+    assert!(
+        seen.is_none(),
+        "the deletion ended the admin's watch before its tombstone was committed"
+    );
+    let (ended, seen) = session.await.expect("the session task");
+    assert_eq!(ended.code(), tonic::Code::Unauthenticated, "{ended:?}");
+    assert!(
+        seen.is_none(),
+        "the deletion ended the agent's session before its tombstone was committed"
+    );
 }

@@ -550,8 +550,8 @@ impl Session {
                 .map(|since| since + self.lease)
                 .unwrap_or_else(far_future);
             // Biased: a shutdown or a revoked token is told to the agent
-            // before the owner's end (a deleted tenant both revokes the
-            // token and stops its owner).
+            // before the owner's end (a deleted tenant stops its owner,
+            // then revokes the token once the tombstone is durable).
             tokio::select! {
                 biased;
                 () = self.shutdown.cancelled() => {
@@ -578,6 +578,7 @@ impl Session {
                         match self.forwardable(message).await {
                             Ok(Some(forward)) => {
                                 if self.handle.from_agent(self.id, forward).await.is_err() {
+                                    self.handle.deletion_settled().await;
                                     self.close_with_revocation_if_any().await;
                                     if let Some(cluster) = &self.cluster
                                         && !self.revoked.is_cancelled()
@@ -619,6 +620,9 @@ impl Session {
                         }
                     }
                     None => {
+                        // A deletion stops the owner before its tombstone
+                        // is durable: wait for its outcome.
+                        self.handle.deletion_settled().await;
                         self.close_with_revocation_if_any().await;
                         if let Some(cluster) = &self.cluster
                             && !self.revoked.is_cancelled()

@@ -487,6 +487,11 @@ impl Ownership {
         let Some(local) = lock(&self.local).remove(&id) else {
             return;
         };
+        // A deletion under way ends the tenant's streams itself once its
+        // tombstone is durable (UNAUTHENTICATED, NOT_FOUND): the tenant
+        // leaves the catalog as the tombstone lands, and releasing it as
+        // moved before the deletion is done would end them UNAVAILABLE.
+        local.handle.deletion_settled().await;
         self.directory
             .release(&local.name, CloseReason::Moved)
             .await;

@@ -401,9 +401,14 @@ impl TenantDirectory {
         let handle = self
             .get(name)
             .ok_or_else(|| DirectoryError::NotFound(name.to_string()))?;
-        // Streams opened with the tenant's token end now, with
-        // UNAUTHENTICATED, before the owner stops under them.
-        self.write().revoke_credentials(handle.id);
+        info!(
+            tenant = name,
+            tenant_id = handle.id,
+            "Deleting a tenant: its owner finishes its current command first."
+        );
+        // The agent sessions that end with the owner wait for the outcome
+        // (until `deleting` is dropped) to tell their agents.
+        let deleting = handle.begin_deletion();
         // Nothing of the owner may commit after the tombstone.
         handle.stop_and_wait().await;
         let mut record = handle.snapshots.latest().record.clone();
@@ -413,9 +418,16 @@ impl TenantDirectory {
         batch.put(keys::purge_key(handle.id), Vec::new());
         batch.delete(keys::tenant_name_key(name));
         // Through the owner's store: with replicas on etcd, the tombstone
-        // lands only while this process still owns the tenant.
+        // lands only while this process still owns the tenant. One that
+        // does not land (fenced out: another replica took the tenant over)
+        // leaves the token valid and ends no stream here: they end as the
+        // tenant moves (UNAVAILABLE, NOT_OWNER), and go on at its new owner.
         self.commit_with_fleet_event(&**handle.store(), batch, name, true)
             .await?;
+        // Durable: streams opened with the tenant's token end now with
+        // UNAUTHENTICATED (first, so that they do not see the hub close),
+        // those opened with the admin token with NOT_FOUND.
+        self.write().revoke_credentials(handle.id);
         handle.events.hub.close(CloseReason::Deleted);
         {
             let mut inner = self.write();
@@ -427,6 +439,7 @@ impl TenantDirectory {
             // deleted took a new signal: end it too.
             inner.revoke_credentials(handle.id);
         }
+        drop(deleting);
         info!(
             tenant = name,
             tenant_id = handle.id,

@@ -191,6 +191,22 @@ pub struct TenantHandle {
     /// The store the owner commits through (with replicas on etcd, one
     /// that fences every commit on the tenant's owner key).
     store: Arc<dyn Store>,
+    /// True while a deletion of the tenant is being decided (see
+    /// [`TenantHandle::begin_deletion`]).
+    deleting: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+/// A deletion of a tenant under way (from [`TenantHandle::begin_deletion`]);
+/// dropping it says the deletion is decided, either way.
+#[derive(Debug)]
+pub struct DeletionUnderWay {
+    deleting: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Drop for DeletionUnderWay {
+    fn drop(&mut self) {
+        self.deleting.send_replace(false);
+    }
 }
 
 impl std::fmt::Debug for TenantHandle {
@@ -216,6 +232,7 @@ impl TenantHandle {
             events: owner.events.clone(),
             stop: CancellationToken::new(),
             stopped: CancellationToken::new(),
+            deleting: Arc::new(tokio::sync::watch::Sender::new(false)),
         };
         let stop = handle.stop.clone();
         let finished = handle.stopped.clone().drop_guard();
@@ -304,6 +321,29 @@ impl TenantHandle {
     /// or fenced out when another replica took the tenant over).
     pub async fn ended(&self) {
         self.stopped.cancelled().await;
+    }
+
+    /// Marks a deletion of the tenant as under way until the returned guard
+    /// is dropped. The deletion stops the owner before its tombstone is
+    /// committed, which ends the owner's agent sessions; a session that
+    /// sees its owner end waits ([`deletion_settled`](Self::deletion_settled))
+    /// until the deletion is decided, so that it tells its agent what
+    /// happened: `UNAUTHENTICATED` once the tombstone is durable and the
+    /// token revoked, `NOT_OWNER` when the tombstone was fenced out (the
+    /// tenant lives on elsewhere, and the old token with it). Drop the
+    /// guard only after the token is revoked.
+    pub fn begin_deletion(&self) -> DeletionUnderWay {
+        self.deleting.send_replace(true);
+        DeletionUnderWay {
+            deleting: self.deleting.clone(),
+        }
+    }
+
+    /// Completes once no deletion of the tenant is under way.
+    pub async fn deletion_settled(&self) {
+        let mut deleting = self.deleting.subscribe();
+        // The sender lives in `self`: `wait_for` cannot fail.
+        let _ = deleting.wait_for(|deleting| !*deleting).await;
     }
 
     /// Stops the owner and waits until its task has ended: the command it
