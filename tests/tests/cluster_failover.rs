@@ -1482,3 +1482,138 @@ async fn a_rotation_or_deletion_on_etcd_ends_the_old_tokens_streams_only_once_co
         "the deletion ended the agent's session before its tombstone was committed"
     );
 }
+
+/// Reads a fleet stream until an event of tenant `tenant` satisfies
+/// `accept`, within the deadline; returns that event.
+async fn fleet_event(
+    stream: &mut tonic::Streaming<v1::WatchFleetResponse>,
+    tenant: &str,
+    mut accept: impl FnMut(&v1::FleetEvent) -> bool,
+) -> v1::FleetEvent {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let message = tokio::time::timeout_at(deadline, stream.message())
+            .await
+            .unwrap_or_else(|_| panic!("no accepted fleet event of {tenant} within {DEADLINE:?}"))
+            .expect("the fleet stream is healthy")
+            .expect("the fleet stream goes on");
+        if let Some(v1::watch_fleet_response::Message::Events(group)) = message.message
+            && let Some(event) = group
+                .events
+                .into_iter()
+                .find(|event| event.tenant == tenant && accept(event))
+        {
+            return event;
+        }
+    }
+}
+
+/// Opens a fleet stream from a snapshot and reads the snapshot.
+async fn fleet_snapshot(
+    channel: &Channel,
+    admin: &str,
+) -> (tonic::Streaming<v1::WatchFleetResponse>, Vec<v1::FleetEvent>) {
+    let mut stream = api::tenants(channel, admin)
+        .watch_fleet(v1::WatchFleetRequest { start_revision: 0 })
+        .await
+        .expect("WatchFleet")
+        .into_inner();
+    let mut snapshot = Vec::new();
+    loop {
+        let message = tokio::time::timeout(DEADLINE, stream.message())
+            .await
+            .expect("a fleet message in time")
+            .expect("the fleet stream is healthy")
+            .expect("the fleet stream goes on");
+        match message.message {
+            Some(v1::watch_fleet_response::Message::Events(group)) => {
+                snapshot.extend(group.events);
+            }
+            Some(v1::watch_fleet_response::Message::Synced(_)) => return (stream, snapshot),
+            _ => {}
+        }
+    }
+}
+
+/// A tenant whose records the replica that takes it over cannot read is
+/// quarantined there, and every replica's fleet stream says so with the
+/// error, as one server's does (live, and in a snapshot), and so do
+/// `ListTenants` and `GetTenant` through any replica. Until 2026-12-03
+/// only the replica holding the tenant knew: the fleet stream showed the
+/// tenant's last conditions as if it were served.
+#[tokio::test]
+async fn a_tenant_quarantined_on_a_replica_shows_its_error_in_every_replicas_fleet_stream()
+{
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let mut replicas = Replicas::start(&etcd, 3).await;
+    replicas.create_tenant(0, "bad").await;
+    let owner = replicas.owner(0, "bad").await;
+    let victim = replicas.index_of(&owner).expect("a replica");
+    let survivors: Vec<usize> = (0..3).filter(|index| *index != victim).collect();
+    let admin = replicas.admin_token().to_owned();
+    // Fleet streams through the survivors, opened before the failover.
+    let mut streams = Vec::new();
+    for &index in &survivors {
+        let (stream, snapshot) = fleet_snapshot(&replicas.channel(index).await, &admin).await;
+        assert!(
+            snapshot
+                .iter()
+                .any(|event| event.tenant == "bad" && event.quarantine_error.is_empty()),
+            "{snapshot:?}"
+        );
+        streams.push(stream);
+    }
+    // A torn write of the tenant's record; its owner, which holds the
+    // tenant in memory, is then killed: a survivor loads it from etcd.
+    let mut client = etcd.client().await.expect("etcd client");
+    client
+        .put(
+            record_key(&replicas.prefix, 1),
+            b"\xffnot a record".to_vec(),
+            None,
+        )
+        .await
+        .expect("writes the record");
+    replicas.servers[victim].kill9().expect("SIGKILL");
+    let mut errors = Vec::new();
+    for stream in &mut streams {
+        let event =
+            fleet_event(stream, "bad", |event| !event.quarantine_error.is_empty()).await;
+        assert!(!event.deleted && event.conditions.is_empty(), "{event:?}");
+        errors.push(event.quarantine_error);
+    }
+    assert_eq!(errors[0], errors[1], "every replica shows the same error");
+    for &index in &survivors {
+        let channel = replicas.channel(index).await;
+        let (_, snapshot) = fleet_snapshot(&channel, &admin).await;
+        let listed: Vec<&v1::FleetEvent> = snapshot
+            .iter()
+            .filter(|event| event.tenant == "bad")
+            .collect();
+        assert!(
+            listed.len() == 1 && listed[0].quarantine_error == errors[0],
+            "replica {index}'s fleet snapshot: {snapshot:?}"
+        );
+        let tenants = api::tenants(&channel, &admin)
+            .list_tenants(v1::ListTenantsRequest::default())
+            .await
+            .expect("ListTenants")
+            .into_inner();
+        let bad = tenants
+            .tenants
+            .iter()
+            .find(|tenant| tenant.name == "bad")
+            .expect("ListTenants lists the quarantined tenant");
+        // The owner's refusal quotes the error when the catalog lags.
+        assert!(
+            bad.quarantine_error.contains(&errors[0]),
+            "replica {index}: {bad:?}"
+        );
+        let got = replicas.tenant(index, "bad").await;
+        let quarantined = match &got {
+            Ok(tenant) => !tenant.quarantine_error.is_empty(),
+            Err(status) => status.message().contains("quarantined"),
+        };
+        assert!(quarantined, "replica {index}'s GetTenant: {got:?}");
+    }
+}

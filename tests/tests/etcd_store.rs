@@ -525,6 +525,7 @@ async fn the_tenant_catalog_catches_up_with_what_etcd_acknowledged() {
             limits: Default::default(),
             conditions: Vec::new(),
             conditions_changed_ms: 1,
+            quarantine_error: String::new(),
         };
         let mut batch = WriteBatch::new();
         batch.put(keys::tenant_name_key(&name), id.to_be_bytes().to_vec());

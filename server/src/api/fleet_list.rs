@@ -97,11 +97,21 @@ fn answered(
 ) -> v1::Tenant {
     match answer {
         Ok(tenant) => tenant.into_inner(),
-        Err(status) if quarantined(&status) => v1::Tenant {
-            name,
-            quarantine_error: status.message().to_owned(),
-            ..v1::Tenant::default()
-        },
+        Err(status) if quarantined(&status) => {
+            // The owner's own words, as its entry holds them (what the
+            // fleet stream shows), else its refusal's.
+            let error = cluster
+                .catalog()
+                .entry(&name)
+                .map(|entry| entry.quarantine_error)
+                .filter(|error| !error.is_empty())
+                .unwrap_or_else(|| status.message().to_owned());
+            v1::Tenant {
+                name,
+                quarantine_error: error,
+                ..v1::Tenant::default()
+            }
+        }
         Err(_) => from_catalog(cluster, &name),
     }
 }
@@ -115,7 +125,8 @@ fn quarantined(status: &tonic::Status) -> bool {
 }
 
 /// Tenant `name` as the catalog knows it: its limits and conditions (the
-/// counts only its owner knows are left out).
+/// counts only its owner knows are left out), and its quarantine if the
+/// replica that claimed it wrote one.
 fn from_catalog(cluster: &Cluster, name: &str) -> v1::Tenant {
     let entry = cluster.catalog().entry(name);
     v1::Tenant {
@@ -127,11 +138,14 @@ fn from_catalog(cluster: &Cluster, name: &str) -> v1::Tenant {
         status: Some(v1::TenantStatus {
             tenant: name.to_owned(),
             conditions: entry
+                .as_ref()
                 .map(|entry| entry.conditions.iter().map(condition_to_proto).collect())
                 .unwrap_or_default(),
             owner: cluster.owner_address(name).unwrap_or_default(),
             ..v1::TenantStatus::default()
         }),
-        quarantine_error: String::new(),
+        quarantine_error: entry
+            .map(|entry| entry.quarantine_error)
+            .unwrap_or_default(),
     }
 }

@@ -50,6 +50,13 @@ pub struct TenantEntry {
     /// When `conditions` last changed (unix milliseconds): the time of the
     /// fleet event the change makes.
     pub conditions_changed_ms: u64,
+    /// Why the replica that claimed the tenant could not read its records
+    /// (it quarantined the tenant, as one server does at start-up); empty
+    /// for a tenant that is served. The fleet stream, `ListTenants` and
+    /// `GetTenant` show it on every replica. A replica that loads the
+    /// tenant's records again rewrites the entry from them, without it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub quarantine_error: String,
 }
 
 impl TenantEntry {
@@ -62,7 +69,31 @@ impl TenantEntry {
             limits: record.limits.clone(),
             conditions: record.conditions.clone(),
             conditions_changed_ms: changed_ms,
+            quarantine_error: String::new(),
         }
+    }
+
+    /// The entry of a tenant quarantined because of `error`, written by the
+    /// replica that claimed it: what `stored` (the entry as etcd has it, if
+    /// it decodes) says of its identity and token, without conditions (it
+    /// is not served, as a quarantined tenant of one server shows none).
+    pub fn quarantined(id: u64, stored: Option<TenantEntry>, error: String, now_ms: u64) -> Self {
+        let mut entry = stored.unwrap_or(Self {
+            id,
+            token_hash: String::new(),
+            created_at_ms: 0,
+            limits: TenantLimits::default(),
+            conditions: Vec::new(),
+            conditions_changed_ms: now_ms,
+            quarantine_error: String::new(),
+        });
+        if !entry.conditions.is_empty() {
+            entry.conditions.clear();
+            entry.conditions_changed_ms = now_ms;
+        }
+        entry.id = id;
+        entry.quarantine_error = error;
+        entry
     }
 
     /// Whether `other` says the same of the tenant (the time aside).
@@ -72,6 +103,7 @@ impl TenantEntry {
             && self.created_at_ms == other.created_at_ms
             && self.limits == other.limits
             && self.conditions == other.conditions
+            && self.quarantine_error == other.quarantine_error
     }
 
     /// The stored form.
@@ -466,6 +498,7 @@ mod tests {
                 last_transition_ms: 5,
             }],
             conditions_changed_ms: 5,
+            quarantine_error: String::new(),
         }
     }
 

@@ -154,7 +154,10 @@ impl ClusterFleet {
                     state
                         .tenants
                         .get(*name)
-                        .is_none_or(|old| old.conditions != event.conditions)
+                        .is_none_or(|old| {
+                            old.conditions != event.conditions
+                                || old.quarantine_error != event.quarantine_error
+                        })
                 })
                 .map(|(_, event)| event.clone()),
         );
@@ -222,7 +225,12 @@ fn revision_u64(revision: i64) -> u64 {
 /// The fleet event of tenant `name`'s entry (`None`: the tenant is gone).
 fn event_of(name: &str, entry: Option<&TenantEntry>) -> v1::FleetEvent {
     match entry {
-        Some(entry) => fleet_event(name, &entry.conditions, entry.conditions_changed_ms, false),
+        Some(entry) => {
+            let mut event =
+                fleet_event(name, &entry.conditions, entry.conditions_changed_ms, false);
+            event.quarantine_error = entry.quarantine_error.clone();
+            event
+        }
         None => fleet_event(name, &[], 0, true),
     }
 }
@@ -238,8 +246,8 @@ fn stamped(mut events: Vec<v1::FleetEvent>, revision: u64) -> Vec<v1::FleetEvent
 }
 
 /// The fleet event of one entry change: a tenant that appears, one whose
-/// conditions changed, one that is gone. A change of anything else (its
-/// token) makes none.
+/// conditions changed, one quarantined (or loaded again after it was), one
+/// that is gone. A change of anything else (its token) makes none.
 fn event_of_change(change: &RecordChange) -> Option<v1::FleetEvent> {
     let name = keys::parse_tenant_entry_key(&change.key)?;
     let before = change.previous.as_deref().and_then(TenantEntry::decode);
@@ -247,7 +255,10 @@ fn event_of_change(change: &RecordChange) -> Option<v1::FleetEvent> {
     match (&before, &after) {
         (_, None) if change.value.is_none() => before.is_some().then(|| event_of(&name, None)),
         (None, Some(entry)) => Some(event_of(&name, Some(entry))),
-        (Some(old), Some(new)) if old.conditions != new.conditions => {
+        (Some(old), Some(new))
+            if old.conditions != new.conditions
+                || old.quarantine_error != new.quarantine_error =>
+        {
             Some(event_of(&name, Some(new)))
         }
         _ => None,
@@ -325,6 +336,7 @@ mod tests {
                 last_transition_ms: 5,
             }],
             conditions_changed_ms: 5,
+            quarantine_error: String::new(),
         }
         .encode()
     }
@@ -416,6 +428,30 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["a"]
         );
+    }
+
+    /// A replica that quarantines a tenant writes the error into its
+    /// entry: a fleet event with the error and no conditions, as one
+    /// server's fleet stream shows a quarantined tenant; loading it again
+    /// (an entry rewritten from the record) is one more event, without it.
+    #[test]
+    fn a_quarantine_written_into_an_entry_is_a_fleet_event_with_its_error() {
+        let served = entry(true);
+        let stored = TenantEntry::decode(&served).expect("decodes");
+        let quarantined =
+            TenantEntry::quarantined(1, Some(stored.clone()), "torn record".into(), 9);
+        assert_eq!(quarantined.token_hash, stored.token_hash, "the token is kept");
+        let groups = group(&[
+            change(10, "a", None, Some(served.clone())),
+            change(11, "a", Some(served.clone()), Some(quarantined.encode())),
+            change(12, "a", Some(quarantined.encode()), Some(served)),
+        ]);
+        let events: Vec<(u64, &str, usize)> = groups
+            .iter()
+            .flat_map(|(_, events)| events.iter())
+            .map(|e| (e.revision, e.quarantine_error.as_str(), e.conditions.len()))
+            .collect();
+        assert_eq!(events, [(10, "", 1), (11, "torn record", 0), (12, "", 1)]);
     }
 
     /// A replica that starts after etcd compacted its history (hourly

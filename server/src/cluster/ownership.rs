@@ -380,6 +380,7 @@ impl Ownership {
             Err(error) => {
                 // Keep the claim: another replica would fail the same way.
                 self.directory.quarantine(name.to_owned(), id, &error);
+                self.publish_quarantine(id, name, &error, fence).await;
                 return;
             }
         };
@@ -432,6 +433,43 @@ impl Ownership {
             handle.ended().await;
             watcher.ended(id, revision).await;
         });
+    }
+
+    /// Writes tenant `name`'s quarantine (`error`) into its directory
+    /// entry under the claim's `fence`, so that every replica's fleet
+    /// stream, `ListTenants` and `GetTenant` show it, as one server shows
+    /// a tenant it quarantined at start-up. The entry keeps what etcd has
+    /// of the tenant's identity and token; one that does not decode is
+    /// replaced. An entry that already says so is not written again (a
+    /// failover to a replica that fails the same way makes no fleet event).
+    async fn publish_quarantine(&self, id: u64, name: &str, error: &TenantError, fence: Fence) {
+        let records = self.records.clone();
+        let key = keys::tenant_entry_key(name);
+        let read = {
+            let key = key.clone();
+            tokio::task::spawn_blocking(move || records.get(&key)).await
+        };
+        let stored = match read {
+            Ok(Ok(bytes)) => bytes.and_then(|bytes| TenantEntry::decode(&bytes)),
+            Ok(Err(read_error)) => {
+                warn!(tenant = %name, error = %read_error, "Reading a quarantined tenant's directory entry failed; other replicas do not show its quarantine.");
+                return;
+            }
+            Err(_) => return,
+        };
+        let entry = TenantEntry::quarantined(id, stored.clone(), error.to_string(), now_ms());
+        if stored.is_some_and(|stored| stored.same_as(&entry)) {
+            self.catalog.note(name, id, entry);
+            return;
+        }
+        let mut batch = WriteBatch::fenced(fence);
+        batch.put(key, entry.encode());
+        match self.records.commit(batch).await {
+            Ok(()) => self.catalog.note(name, id, entry),
+            Err(error) => {
+                warn!(tenant = %name, %error, "Writing a quarantined tenant's directory entry failed; other replicas do not show its quarantine.");
+            }
+        }
     }
 
     /// Tenant `id`'s owner ended without this controller asking: fenced
