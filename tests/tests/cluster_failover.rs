@@ -1461,21 +1461,36 @@ async fn a_rotation_or_deletion_on_etcd_ends_the_old_tokens_streams_only_once_co
         .await
         .expect("DeleteTenant");
     let _ = submitting.await.expect("joined");
-    let (ended, seen) = watch.await.expect("the watch task");
+    let (watch, admin_watch, session) = (
+        watch.await.expect("the watch task"),
+        admin_watch.await.expect("the admin's watch task"),
+        session.await.expect("the session task"),
+    );
+    // All three at once, so that a failure shows them all.
+    let outcomes = format!(
+        "watch {:?} (name still in etcd: {}), admin's watch {:?} (name still in etcd: {}), session {:?} (name still in etcd: {})",
+        watch.0,
+        watch.1.is_some(),
+        admin_watch.0,
+        admin_watch.1.is_some(),
+        session.0,
+        session.1.is_some()
+    );
+    let (ended, seen) = watch;
     let ended = ended.expect("the watch ends with a status");
-    assert_eq!(ended.code(), tonic::Code::Unauthenticated, "{ended:?}");
+    assert_eq!(ended.code(), tonic::Code::Unauthenticated, "{outcomes}");
     assert!(
         seen.is_none(),
-        "the deletion ended the tenant's watch before its tombstone was committed"
+        "the deletion ended the tenant's watch before its tombstone was committed: {outcomes}"
     );
-    let (ended, seen) = admin_watch.await.expect("the admin's watch task");
+    let (ended, seen) = admin_watch;
     let ended = ended.expect("the admin's watch ends with a status");
-    assert_eq!(ended.code(), tonic::Code::NotFound, "{ended:?}");
+    assert_eq!(ended.code(), tonic::Code::NotFound, "{outcomes}");
     assert!(
         seen.is_none(),
         "the deletion ended the admin's watch before its tombstone was committed"
     );
-    let (ended, seen) = session.await.expect("the session task");
+    let (ended, seen) = session;
     assert_eq!(ended.code(), tonic::Code::Unauthenticated, "{ended:?}");
     assert!(
         seen.is_none(),
