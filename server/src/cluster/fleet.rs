@@ -151,13 +151,10 @@ impl ClusterFleet {
             fresh
                 .iter()
                 .filter(|(name, event)| {
-                    state
-                        .tenants
-                        .get(*name)
-                        .is_none_or(|old| {
-                            old.conditions != event.conditions
-                                || old.quarantine_error != event.quarantine_error
-                        })
+                    state.tenants.get(*name).is_none_or(|old| {
+                        old.conditions != event.conditions
+                            || old.quarantine_error != event.quarantine_error
+                    })
                 })
                 .map(|(_, event)| event.clone()),
         );
@@ -256,8 +253,7 @@ fn event_of_change(change: &RecordChange) -> Option<v1::FleetEvent> {
         (_, None) if change.value.is_none() => before.is_some().then(|| event_of(&name, None)),
         (None, Some(entry)) => Some(event_of(&name, Some(entry))),
         (Some(old), Some(new))
-            if old.conditions != new.conditions
-                || old.quarantine_error != new.quarantine_error =>
+            if old.conditions != new.conditions || old.quarantine_error != new.quarantine_error =>
         {
             Some(event_of(&name, Some(new)))
         }
@@ -440,7 +436,10 @@ mod tests {
         let stored = TenantEntry::decode(&served).expect("decodes");
         let quarantined =
             TenantEntry::quarantined(1, Some(stored.clone()), "torn record".into(), 9);
-        assert_eq!(quarantined.token_hash, stored.token_hash, "the token is kept");
+        assert_eq!(
+            quarantined.token_hash, stored.token_hash,
+            "the token is kept"
+        );
         let groups = group(&[
             change(10, "a", None, Some(served.clone())),
             change(11, "a", Some(served.clone()), Some(quarantined.encode())),
