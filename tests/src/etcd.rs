@@ -246,6 +246,14 @@ impl EtcdCluster {
         Ok(etcd_client::Client::connect(self.endpoints(), None).await?)
     }
 
+    /// The process ids of the running members (to pause them).
+    pub fn member_pids(&self) -> Vec<u32> {
+        self.members
+            .iter()
+            .filter_map(|member| member.child.as_ref().map(Child::id))
+            .collect()
+    }
+
     /// Kills member `index` with SIGKILL.
     pub fn kill_member(&mut self, index: usize) -> anyhow::Result<()> {
         if let Some(member) = self.members.get_mut(index)

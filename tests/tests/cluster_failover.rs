@@ -1244,9 +1244,7 @@ async fn raw_session(
                 Ok(Some(message)) => {
                     if let Some(v1::server_message::Message::Heartbeat(_)) = message.message {
                         let beat = v1::AgentMessage {
-                            message: Some(v1::agent_message::Message::Heartbeat(
-                                v1::Heartbeat {},
-                            )),
+                            message: Some(v1::agent_message::Message::Heartbeat(v1::Heartbeat {})),
                         };
                         let _ = outgoing.send(beat).await;
                     }
@@ -1318,7 +1316,6 @@ impl NameProbe {
             .first()
             .map(|kv| kv.value().to_vec())
     }
-
 }
 
 /// The token hash a directory entry holds.
@@ -1527,7 +1524,10 @@ async fn fleet_event(
 async fn fleet_snapshot(
     channel: &Channel,
     admin: &str,
-) -> (tonic::Streaming<v1::WatchFleetResponse>, Vec<v1::FleetEvent>) {
+) -> (
+    tonic::Streaming<v1::WatchFleetResponse>,
+    Vec<v1::FleetEvent>,
+) {
     let mut stream = api::tenants(channel, admin)
         .watch_fleet(v1::WatchFleetRequest { start_revision: 0 })
         .await
@@ -1631,4 +1631,97 @@ async fn a_tenant_quarantined_on_a_replica_shows_its_error_in_every_replicas_fle
         };
         assert!(quarantined, "replica {index}'s GetTenant: {got:?}");
     }
+}
+
+/// Reads `watcher` until it has a complete group at `revision` or later,
+/// within the deadline; panics with the status if the stream ends first.
+async fn watch_reaches(watcher: &mut Watcher, revision: u64, what: &str) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while watcher.seen.resume_from < revision {
+        let next = tokio::time::timeout_at(deadline, watcher.next())
+            .await
+            .unwrap_or_else(|_| panic!("{what} did not reach revision {revision} in time"));
+        match next {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("{what} ended cleanly before revision {revision}"),
+            Err(status) => panic!("{what} ended before revision {revision}: {status:?}"),
+        }
+    }
+}
+
+/// etcd paused as a whole (every member) for less than the replicas'
+/// lease: commits wait and then land, and nothing else happens (DESIGN
+/// section 11: only a replica that *loses* its lease stops serving). No
+/// tenant moves, no Watch (on the owner or relayed), fleet stream or agent
+/// session ends, and an intent submitted during the pause is
+/// acknowledged once etcd answers again.
+#[tokio::test]
+async fn etcd_paused_for_less_than_the_lease_ends_no_stream_and_moves_no_tenant() {
+    const LEASE_SECS: u64 = 6;
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let replicas = Replicas::start_with(&etcd, 2, LEASE_SECS, &[]).await;
+    let token = replicas.create_tenant(0, "acme").await;
+    let owner = replicas.owner(0, "acme").await;
+    let owner_index = replicas.index_of(&owner).expect("a replica");
+    let other = 1 - owner_index;
+    let admin = replicas.admin_token().to_owned();
+    let owner_channel = replicas.channel(owner_index).await;
+    let other_channel = replicas.channel(other).await;
+    let probe = NameProbe::new(&etcd, &replicas.prefix, "acme");
+    let mut on_owner = synced_watch(&owner_channel, "acme", &token).await;
+    let mut relayed = synced_watch(&other_channel, "acme", &token).await;
+    let session = raw_session(&owner_channel, &token, "acme", probe).await;
+    let (mut fleet, _) = fleet_snapshot(&other_channel, &admin).await;
+
+    let pids: Vec<nix::unistd::Pid> = etcd
+        .member_pids()
+        .into_iter()
+        .map(|pid| nix::unistd::Pid::from_raw(i32::try_from(pid).expect("a pid")))
+        .collect();
+    for pid in &pids {
+        nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    }
+    let submitting = {
+        let mut reconciler = api::reconciler(&other_channel, &token);
+        let request = api::submit("acme", vec![item_needing("t", "a", json!({}), &[])]);
+        tokio::spawn(async move { reconciler.submit_intent(request).await })
+    };
+    // The fault: etcd silent for half the lease (a replica renews every
+    // third of it, so its lease is valid for at least two thirds more).
+    tokio::time::sleep(Duration::from_secs(LEASE_SECS / 2)).await;
+    for pid in &pids {
+        nix::sys::signal::kill(*pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    }
+    let submitted = tokio::time::timeout(DEADLINE, submitting)
+        .await
+        .expect("the intent is answered in time")
+        .expect("joined")
+        .expect("the intent submitted during the pause is acknowledged")
+        .into_inner();
+    watch_reaches(&mut on_owner, submitted.revision, "the owner's watch").await;
+    watch_reaches(&mut relayed, submitted.revision, "the relayed watch").await;
+    assert!(
+        !session.is_finished(),
+        "the agent's session ended: {:?}",
+        session.await
+    );
+    // The fleet stream goes on too: its next message (an event or a
+    // bookmark) arrives, no error.
+    let next = tokio::time::timeout(DEADLINE, fleet.message())
+        .await
+        .expect("a fleet message in time");
+    assert!(
+        matches!(next, Ok(Some(_))),
+        "the fleet stream ended: {next:?}"
+    );
+    assert_eq!(
+        replicas.owner(other, "acme").await,
+        owner,
+        "the tenant moved though no lease ran out"
+    );
+    let log = replicas.servers[owner_index].log_tail();
+    assert!(
+        !log.contains("Stopped serving every tenant"),
+        "the owner dropped its tenants: {log}"
+    );
 }
