@@ -1725,3 +1725,116 @@ async fn etcd_paused_for_less_than_the_lease_ends_no_stream_and_moves_no_tenant(
         "the owner dropped its tenants: {log}"
     );
 }
+
+/// A replica that quarantined a tenant and then lost its lease (paused
+/// past it) no longer holds the tenant: another replica may have claimed
+/// it meanwhile, and loaded it if its records were repaired. Once the
+/// first replica is back, calls through it reach the tenant as it is now,
+/// not the quarantine it found before its lease ran out.
+#[tokio::test]
+async fn a_replica_that_lost_its_lease_forgets_the_tenants_it_had_quarantined() {
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let mut replicas = Replicas::start(&etcd, 2).await;
+    let token = replicas.create_tenant(0, "bad").await;
+    let owner = replicas.owner(0, "bad").await;
+    let victim = replicas.index_of(&owner).expect("a replica");
+    let keeper = 1 - victim;
+    let admin = replicas.admin_token().to_owned();
+    let mut client = etcd.client().await.expect("etcd client");
+    let key = record_key(&replicas.prefix, 1);
+    let good = client
+        .get(key.clone(), None)
+        .await
+        .expect("reads the record")
+        .kvs()
+        .first()
+        .map(|kv| kv.value().to_vec())
+        .expect("the record exists");
+    // A torn record; the owner dies, the other replica quarantines it.
+    client
+        .put(key.clone(), b"\xffnot a record".to_vec(), None)
+        .await
+        .expect("writes the record");
+    replicas.servers[victim].kill9().expect("SIGKILL");
+    let quarantined_through = |index: usize| {
+        let replicas = &replicas;
+        async move {
+            match replicas.tenant(index, "bad").await {
+                Ok(tenant) => !tenant.quarantine_error.is_empty(),
+                Err(status) => status.message().contains("quarantined"),
+            }
+        }
+    };
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !quarantined_through(keeper).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the tenant was not quarantined"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The record is repaired (a restore with etcdctl), the dead replica
+    // comes back, and the quarantining one is paused past its lease: the
+    // other one claims the tenant and serves it.
+    client
+        .put(key.clone(), good, None)
+        .await
+        .expect("repairs the record");
+    replicas.servers[victim]
+        .start_again()
+        .await
+        .expect("the replica starts again");
+    let pid = nix::unistd::Pid::from_raw(
+        i32::try_from(replicas.servers[keeper].pid().expect("runs")).expect("a pid"),
+    );
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let mut request = tonic::Request::new(v1::GetStatusRequest {
+            tenant: "bad".into(),
+        });
+        request.set_timeout(Duration::from_secs(2));
+        if api::reconciler(&replicas.channel(victim).await, &token)
+            .get_status(request)
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the repaired tenant is not served by the other replica"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    // Back, the paused replica must not answer for the tenant as
+    // quarantined: it is served.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let through_keeper = api::reconciler(&replicas.channel(keeper).await, &token)
+            .get_status(v1::GetStatusRequest {
+                tenant: "bad".into(),
+            })
+            .await;
+        let listed = api::tenants(&replicas.channel(keeper).await, &admin)
+            .list_tenants(v1::ListTenantsRequest::default())
+            .await;
+        let listed_quarantined = listed.as_ref().map_or(true, |listed| {
+            listed
+                .get_ref()
+                .tenants
+                .iter()
+                .any(|tenant| tenant.name == "bad" && !tenant.quarantine_error.is_empty())
+        });
+        if through_keeper.is_ok() && !listed_quarantined {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the replica that lost its lease still answers for the tenant it had quarantined: \
+             GetStatus {through_keeper:?}, ListTenants {listed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -378,6 +378,10 @@ impl Ownership {
                 return;
             }
             Err(error) => {
+                if self.membership.current().map(|held| held.epoch) != Some(lease.epoch) {
+                    // The claim went with the lease while loading.
+                    return;
+                }
                 // Keep the claim: another replica would fail the same way.
                 self.directory.quarantine(name.to_owned(), id, &error);
                 self.publish_quarantine(id, name, &error, fence).await;
@@ -560,8 +564,20 @@ impl Ownership {
     }
 
     /// Stops serving every tenant at once (the lease was lost): their keys
-    /// went with the lease, so nothing is released.
+    /// went with the lease, so nothing is released. The tenants quarantined
+    /// here are forgotten too (until 2026-12-03 they were kept, and this
+    /// replica went on answering for them as quarantined while another one
+    /// held, and perhaps served, them).
     async fn drop_all(&self, reason: &str) {
+        // The claims of quarantined tenants went with the lease too.
+        let forgotten = self.directory.forget_quarantined();
+        if forgotten > 0 {
+            warn!(
+                tenants = forgotten,
+                reason, "No longer holding the tenants quarantined here."
+            );
+            self.bump();
+        }
         let dropped: Vec<Local> = lock(&self.local).drain().map(|(_, local)| local).collect();
         if dropped.is_empty() {
             return;

@@ -239,6 +239,18 @@ impl TenantDirectory {
             .insert(name, Quarantined { id, error });
     }
 
+    /// Forgets every quarantined tenant (nothing is deleted: their records
+    /// stay as they are); returns how many there were. With replicas on
+    /// etcd, a replica that lost its lease lost the claims it kept them
+    /// under: another replica may claim them now, and serve them if their
+    /// records were repaired, so this one must no longer answer for them.
+    pub fn forget_quarantined(&self) -> usize {
+        let mut inner = self.write();
+        let count = inner.quarantined.len();
+        inner.quarantined.clear();
+        count
+    }
+
     /// The quarantined tenant `name`, if it is one.
     pub fn quarantined(&self, name: &str) -> Option<Quarantined> {
         self.read().quarantined.get(name).cloned()
