@@ -1093,8 +1093,7 @@ async fn a_claim_whose_answer_was_lost_does_not_leave_the_tenant_unserved() {
 /// 2026-12-03 the deletion ended them UNAUTHENTICATED before it even
 /// queued its tombstone).
 #[tokio::test]
-async fn a_delete_its_owner_lost_the_tenant_under_is_answered_unavailable_and_revokes_nothing()
- {
+async fn a_delete_its_owner_lost_the_tenant_under_is_answered_unavailable_and_revokes_nothing() {
     let etcd = EtcdCluster::single().await.expect("etcd starts");
     let replicas = Replicas::start_with(
         &etcd,
@@ -1110,10 +1109,7 @@ async fn a_delete_its_owner_lost_the_tenant_under_is_answered_unavailable_and_re
     let channel = replicas.channel(paused).await;
     let admin = replicas.admin_token().to_owned();
     let name = NameProbe::new(&etcd, &replicas.prefix, "big");
-    let watch = watch_in_background(
-        synced_watch(&channel, "big", &token).await,
-        name.clone(),
-    );
+    let watch = watch_in_background(synced_watch(&channel, "big", &token).await, name.clone());
     let session = raw_session(&channel, &token, "big", name.clone()).await;
     // A large intent keeps the owner busy for a while (its commit is
     // staged: etcd shows the staging header)...
@@ -1405,10 +1401,7 @@ async fn a_rotation_or_deletion_on_etcd_ends_the_old_tokens_streams_only_once_co
 
     // A rotation queued behind a large commit.
     let old_hash = token_hash_of(entry.value().await.as_deref()).expect("an entry");
-    let watch = watch_in_background(
-        synced_watch(&channel, "big", &token).await,
-        entry.clone(),
-    );
+    let watch = watch_in_background(synced_watch(&channel, "big", &token).await, entry.clone());
     let session = raw_session(&channel, &token, "big", entry.clone()).await;
     let submitting = submit_large(&channel, "big", &token, 1);
     wait_staged(&etcd, &replicas.prefix).await;
@@ -1557,8 +1550,7 @@ async fn fleet_snapshot(
 /// only the replica holding the tenant knew: the fleet stream showed the
 /// tenant's last conditions as if it were served.
 #[tokio::test]
-async fn a_tenant_quarantined_on_a_replica_shows_its_error_in_every_replicas_fleet_stream()
-{
+async fn a_tenant_quarantined_on_a_replica_shows_its_error_in_every_replicas_fleet_stream() {
     let etcd = EtcdCluster::single().await.expect("etcd starts");
     let mut replicas = Replicas::start(&etcd, 3).await;
     replicas.create_tenant(0, "bad").await;
@@ -1592,8 +1584,7 @@ async fn a_tenant_quarantined_on_a_replica_shows_its_error_in_every_replicas_fle
     replicas.servers[victim].kill9().expect("SIGKILL");
     let mut errors = Vec::new();
     for stream in &mut streams {
-        let event =
-            fleet_event(stream, "bad", |event| !event.quarantine_error.is_empty()).await;
+        let event = fleet_event(stream, "bad", |event| !event.quarantine_error.is_empty()).await;
         assert!(!event.deleted && event.conditions.is_empty(), "{event:?}");
         errors.push(event.quarantine_error);
     }
