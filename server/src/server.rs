@@ -488,16 +488,23 @@ async fn flush_store(store: &dyn Store, budget: Duration) {
 /// store's pending migrations; returns a report for humans.
 pub fn migrate(config: &Config, mode: MigrateMode) -> anyhow::Result<String> {
     let dry_run = !matches!(mode, MigrateMode::Apply);
-    let report = match config.store {
+    let (report, backup_plan) = match config.store {
         StoreKind::Sled => {
             if dry_run {
                 require_data_dir(config)?;
             }
             std::fs::create_dir_all(&config.data_dir)?;
-            open_and_migrate(&config.data_dir, sled_options(config), dry_run)?.1
+            let (store, report) =
+                open_and_migrate(&config.data_dir, sled_options(config), dry_run)?;
+            let size = directory_bytes(&config.data_dir.join("db"));
+            let plan = backup_plan(&store, &config.data_dir, Some(size))?;
+            (report, plan)
         }
         StoreKind::Etcd => {
-            open_and_migrate_etcd(config.etcd.options(None), &config.data_dir, dry_run)?.1
+            let (store, report) =
+                open_and_migrate_etcd(config.etcd.options(None), &config.data_dir, dry_run)?;
+            let plan = backup_plan(&store, &config.data_dir, None)?;
+            (report, plan)
         }
     };
     let before = &report.before;
@@ -524,7 +531,61 @@ pub fn migrate(config: &Config, mode: MigrateMode) -> anyhow::Result<String> {
     if let Some(backup) = &report.backup {
         text.push_str(&format!("backup: {}\n", backup.display()));
     }
+    if mode == MigrateMode::DryRun && !before.pending.is_empty() {
+        text.push_str(&backup_plan);
+    }
     Ok(text)
+}
+
+/// What `migrate --dry-run` says of the backup a migration takes first:
+/// where, how large the store is now (`store_bytes`, when known) and how
+/// much room the file system has there, so an operator can plan the disk
+/// before a migration copies the whole store.
+fn backup_plan(
+    store: &dyn Store,
+    data_dir: &std::path::Path,
+    store_bytes: Option<u64>,
+) -> anyhow::Result<String> {
+    if store.scan(&[], None, 1)?.is_empty() {
+        return Ok("would take no backup first: the store holds no record\n".to_owned());
+    }
+    let size = store_bytes.map_or_else(
+        || "every record of the store, as a sled store".to_owned(),
+        |bytes| format!("about {} (the store's files now)", mebibytes(bytes)),
+    );
+    let free = nix::sys::statvfs::statvfs(data_dir).map_or_else(
+        |error| format!("free space unknown: {error}"),
+        |stats| {
+            let bytes = stats
+                .blocks_available()
+                .saturating_mul(stats.fragment_size());
+            format!("{} free there", mebibytes(bytes))
+        },
+    );
+    Ok(format!(
+        "would back up the store first, into {}: {size}; {free}\n",
+        data_dir.join("backups").display()
+    ))
+}
+
+/// `bytes` in MiB, for people.
+fn mebibytes(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// The bytes of the files under `dir` (0 for what cannot be read).
+fn directory_bytes(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.file_type() {
+            Ok(kind) if kind.is_dir() => directory_bytes(&entry.path()),
+            Ok(_) => entry.metadata().map_or(0, |metadata| metadata.len()),
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 /// Refuses a data directory that does not exist: a command that only

@@ -51,6 +51,14 @@ fn migrate_status_and_dry_run_show_pending_migrations_and_change_nothing() {
         dry.contains("would run: 0001"),
         "a dry run applies nothing: {dry}"
     );
+    assert!(
+        dry.contains("would take no backup first: the store holds no record"),
+        "{dry}"
+    );
+    assert!(
+        !status.contains("back up"),
+        "--status says nothing of a backup: {status}"
+    );
 
     let (ok, applied) = run(&["migrate", "--data-dir", data]);
     assert!(ok, "{applied}");

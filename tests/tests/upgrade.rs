@@ -432,7 +432,16 @@ async fn reconciled_migrate_upgrades_a_v1_store_and_the_new_server_loses_nothing
 
     // --status and --dry-run report and change nothing.
     assert_pending(&migrate(&data, &["--status"]), "would run");
-    assert_pending(&migrate(&data, &["--dry-run"]), "would run");
+    let dry_run = migrate(&data, &["--dry-run"]);
+    assert_pending(&dry_run, "would run");
+    let plan = format!(
+        "would back up the store first, into {}: about ",
+        data.join("backups").display()
+    );
+    assert!(
+        dry_run.contains(&plan) && dry_run.contains(" MiB free there"),
+        "a dry run says where the backup goes, the store's size and the room there: {dry_run}"
+    );
     assert_pending(&migrate(&data, &["--status"]), "would run");
     assert!(
         !data.join("backups").exists(),
