@@ -450,6 +450,17 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
           continue;
         }
         report(error);
+        const info = errorInfo(error);
+        if (error.codeName === 'FAILED_PRECONDITION' && info && info.reason === 'TENANT_QUARANTINED') {
+          // Its records could not be read: nothing changes until an
+          // operator repairs or deletes it, so retrying helps nobody.
+          live.className = 'live off';
+          live.textContent = 'quarantined';
+          replace(head, h('h2', {}, tenantName), h('p', { class: 'muted' },
+            'This tenant is quarantined: its records could not be read. Repair it with ' +
+            '`reconciled repair` (server stopped) or delete it, then open it again.'));
+          return;
+        }
         if (['UNAUTHENTICATED', 'PERMISSION_DENIED', 'NOT_FOUND'].includes(error.codeName)) {
           live.className = 'live off';
           live.textContent = 'denied';

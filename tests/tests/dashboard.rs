@@ -1106,6 +1106,17 @@ async fn a_quarantined_tenant_is_listed_with_why() {
         .wait_for_text(&fleet_row("acme"), "acme")
         .await
         .expect("the other tenant is listed");
+
+    // Its own view says why it shows nothing, and stops asking: nothing
+    // changes until an operator repairs or deletes it.
+    browser
+        .goto(&format!("{}#/tenant/bad", acme.server.dashboard_url()))
+        .await
+        .expect("opens bad");
+    browser
+        .wait_for_text("#tenant-live", "quarantined")
+        .await
+        .expect("the tenant view says the tenant is quarantined, not reconnecting");
     browser.close().await.expect("closes");
 }
 
