@@ -313,22 +313,38 @@ async fn follow_fleet(
     }
 }
 
+/// `WatchFleet` from `start_revision`, through `channel`.
+async fn open_fleet(
+    channel: &Channel,
+    admin: &str,
+    start_revision: u64,
+) -> tonic::Streaming<v1::WatchFleetResponse> {
+    api::tenants(channel, admin)
+        .watch_fleet(v1::WatchFleetRequest { start_revision })
+        .await
+        .expect("WatchFleet opens")
+        .into_inner()
+}
+
+/// The next message of a healthy fleet stream, within the deadline.
+async fn next_fleet_message(
+    stream: &mut tonic::Streaming<v1::WatchFleetResponse>,
+) -> Option<v1::watch_fleet_response::Message> {
+    tokio::time::timeout(DEADLINE, stream.message())
+        .await
+        .expect("a fleet message in time")
+        .expect("the fleet stream is healthy")
+        .expect("the fleet stream goes on")
+        .message
+}
+
 /// The fleet's kept history from its first revision through `through`,
 /// read through `channel`.
 async fn fleet_history(channel: &Channel, admin: &str, through: u64) -> Vec<u64> {
-    let mut stream = api::tenants(channel, admin)
-        .watch_fleet(v1::WatchFleetRequest { start_revision: 1 })
-        .await
-        .expect("WatchFleet from the first revision")
-        .into_inner();
+    let mut stream = open_fleet(channel, admin, 1).await;
     let mut revisions = Vec::new();
     loop {
-        let message = tokio::time::timeout(DEADLINE, stream.message())
-            .await
-            .expect("a fleet message in time")
-            .expect("the fleet stream is healthy")
-            .expect("the fleet stream goes on");
-        match message.message {
+        match next_fleet_message(&mut stream).await {
             Some(v1::watch_fleet_response::Message::Events(group)) => {
                 if group.revision > through {
                     return revisions;
@@ -1521,19 +1537,10 @@ async fn fleet_snapshot(
     tonic::Streaming<v1::WatchFleetResponse>,
     Vec<v1::FleetEvent>,
 ) {
-    let mut stream = api::tenants(channel, admin)
-        .watch_fleet(v1::WatchFleetRequest { start_revision: 0 })
-        .await
-        .expect("WatchFleet")
-        .into_inner();
+    let mut stream = open_fleet(channel, admin, 0).await;
     let mut snapshot = Vec::new();
     loop {
-        let message = tokio::time::timeout(DEADLINE, stream.message())
-            .await
-            .expect("a fleet message in time")
-            .expect("the fleet stream is healthy")
-            .expect("the fleet stream goes on");
-        match message.message {
+        match next_fleet_message(&mut stream).await {
             Some(v1::watch_fleet_response::Message::Events(group)) => {
                 snapshot.extend(group.events);
             }

@@ -177,15 +177,8 @@ async fn a_controller_drives_tenants_through_the_client() {
     assert!(reconciled.converged, "{reconciled:?}");
 }
 
-/// A server that stops answering (a frozen process, a host gone behind a
-/// partition) must not leave a controller's watch waiting forever: the
-/// stream ends with an error the controller resumes from.
-#[tokio::test]
-async fn a_watch_ends_when_the_server_stops_answering() {
-    let server = ServerProcess::start(ServerOptions::default())
-        .await
-        .expect("the server starts");
-    let client = acme_client(&server).await;
+/// A Watch of acme read up to its `Synced`: what follows is live.
+async fn synced_watch(client: &Client) -> tonic::Streaming<v1::WatchResponse> {
     let mut stream = client
         .watch(v1::WatchRequest {
             tenant: "acme".into(),
@@ -200,9 +193,21 @@ async fn a_watch_ends_when_the_server_stops_answering() {
             .expect("the stream stays up")
             .expect("the stream goes on");
         if let Some(v1::watch_response::Message::Synced(_)) = message.message {
-            break;
+            return stream;
         }
     }
+}
+
+/// A server that stops answering (a frozen process, a host gone behind a
+/// partition) must not leave a controller's watch waiting forever: the
+/// stream ends with an error the controller resumes from.
+#[tokio::test]
+async fn a_watch_ends_when_the_server_stops_answering() {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("the server starts");
+    let client = acme_client(&server).await;
+    let mut stream = synced_watch(&client).await;
 
     let frozen = Frozen::stop(&server);
     let ended = tokio::time::timeout(Duration::from_secs(60), async {
@@ -235,23 +240,7 @@ async fn a_connection_lost_to_keepalive_ends_watches_and_calls_unavailable() {
         .await
         .expect("the server starts");
     let client = acme_client(&server).await;
-    let mut stream = client
-        .watch(v1::WatchRequest {
-            tenant: "acme".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("the watch opens");
-    loop {
-        let message = tokio::time::timeout(STEP, stream.message())
-            .await
-            .expect("the snapshot in time")
-            .expect("the stream stays up")
-            .expect("the stream goes on");
-        if let Some(v1::watch_response::Message::Synced(_)) = message.message {
-            break;
-        }
-    }
+    let mut stream = synced_watch(&client).await;
 
     let frozen = Frozen::stop(&server);
     let call = tokio::spawn({

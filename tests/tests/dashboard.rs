@@ -1071,28 +1071,31 @@ async fn the_item_panel_shows_intended_applied_and_observed_with_differences() {
 
 /// A tenant whose records could not be read at start-up is quarantined:
 /// the fleet lists it with why, and serves the others.
+/// Tears tenant `name`'s record in the stopped server's store at `data`,
+/// as a bad restore would leave it: the tenant is quarantined at the next
+/// start.
+fn tear_tenant_record(data: &std::path::Path, name: &str) {
+    use reconciled::store::{SledOptions, SledStore, Store as _, WriteBatch, keys};
+    let store = SledStore::open(data, SledOptions::default()).expect("opens");
+    let id = store
+        .get(&keys::tenant_name_key(name))
+        .expect("reads")
+        .and_then(|bytes| bytes.get(..8).map(|b| b.to_vec()))
+        .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+        .map(u64::from_be_bytes)
+        .expect("the tenant is indexed");
+    let mut batch = WriteBatch::new();
+    batch.put(keys::tenant_record_key(id), b"\xffnot a record".to_vec());
+    store.commit_blocking(batch).expect("writes");
+}
+
 #[tokio::test]
 async fn a_quarantined_tenant_is_listed_with_why() {
-    use reconciled::store::{SledOptions, SledStore, Store as _, WriteBatch, keys};
     let mut acme = TestTenant::start("acme").await;
     let admin = acme.server.admin_token();
     api::create_tenant(&acme.channel, &admin, "bad").await;
     acme.server.terminate().await.expect("stops");
-    {
-        // A torn write of the tenant's record, as a bad restore would leave.
-        let store =
-            SledStore::open(&acme.server.data_dir(), SledOptions::default()).expect("opens");
-        let id = store
-            .get(&keys::tenant_name_key("bad"))
-            .expect("reads")
-            .and_then(|bytes| bytes.get(..8).map(|b| b.to_vec()))
-            .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-            .map(u64::from_be_bytes)
-            .expect("the tenant is indexed");
-        let mut batch = WriteBatch::new();
-        batch.put(keys::tenant_record_key(id), b"\xffnot a record".to_vec());
-        store.commit_blocking(batch).expect("writes");
-    }
+    tear_tenant_record(&acme.server.data_dir(), "bad");
     acme.server.start_again().await.expect("starts");
 
     let browser = Browser::start().await.expect("headless Chromium starts");
@@ -1127,7 +1130,6 @@ async fn a_quarantined_tenant_is_listed_with_why() {
 /// before.
 #[tokio::test]
 async fn a_tenant_quarantined_by_a_restart_shows_quarantined_after_the_reconnect() {
-    use reconciled::store::{SledOptions, SledStore, Store as _, WriteBatch, keys};
     let mut acme = TestTenant::start("acme").await;
     let admin = acme.server.admin_token();
     api::create_tenant(&acme.channel, &admin, "bad").await;
@@ -1139,21 +1141,7 @@ async fn a_tenant_quarantined_by_a_restart_shows_quarantined_after_the_reconnect
         .expect("bad is listed");
 
     acme.server.terminate().await.expect("stops");
-    {
-        // A torn write of the tenant's record, as a bad restore would leave.
-        let store =
-            SledStore::open(&acme.server.data_dir(), SledOptions::default()).expect("opens");
-        let id = store
-            .get(&keys::tenant_name_key("bad"))
-            .expect("reads")
-            .and_then(|bytes| bytes.get(..8).map(|b| b.to_vec()))
-            .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-            .map(u64::from_be_bytes)
-            .expect("the tenant is indexed");
-        let mut batch = WriteBatch::new();
-        batch.put(keys::tenant_record_key(id), b"\xffnot a record".to_vec());
-        store.commit_blocking(batch).expect("writes");
-    }
+    tear_tenant_record(&acme.server.data_dir(), "bad");
     acme.server.start_again().await.expect("starts");
 
     let shown = browser

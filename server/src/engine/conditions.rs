@@ -343,43 +343,45 @@ mod tests {
         assert!(status(&late, ConditionKind::Stalled));
     }
 
-    #[test]
-    fn a_quiet_tenant_is_not_ready_for_what_its_waits_come_down_to() {
-        let chain = WaitingSummary {
-            total: 3,
-            by_reason: [(WaitReason::Dependency, 2), (WaitReason::NoConfigurator, 1)].into(),
+    /// The reason and message of a quiet tenant's Ready condition with
+    /// `total` items waiting for `by_reason`.
+    fn ready_of(total: usize, by_reason: &[(WaitReason, usize)]) -> (String, String) {
+        let summary = WaitingSummary {
+            total,
+            by_reason: by_reason.iter().copied().collect(),
             ..WaitingSummary::default()
         };
-        let (conditions, _) = compute_conditions(&[], 0, &progress(&chain, 0));
+        let (conditions, _) = compute_conditions(&[], 0, &progress(&summary, 0));
         let ready = conditions
-            .iter()
+            .into_iter()
             .find(|c| c.kind == ConditionKind::Ready)
             .expect("ready condition");
+        (ready.reason, ready.message)
+    }
+
+    #[test]
+    fn a_quiet_tenant_is_not_ready_for_what_its_waits_come_down_to() {
         assert_eq!(
-            (ready.reason.as_str(), ready.message.as_str()),
+            ready_of(
+                3,
+                &[(WaitReason::Dependency, 2), (WaitReason::NoConfigurator, 1)]
+            ),
             (
-                "WaitingForConfigurator",
+                "WaitingForConfigurator".to_owned(),
                 "3 item(s) waiting, 1 with reason WaitingForConfigurator, 2 on their dependencies"
+                    .to_owned()
             ),
             "two items waiting on one without a configurator wait for a configurator"
         );
-
         // A reason counted down to zero stays in the map.
-        let predicates = WaitingSummary {
-            total: 2,
-            by_reason: [(WaitReason::Dependency, 2), (WaitReason::NoConfigurator, 0)].into(),
-            ..WaitingSummary::default()
-        };
-        let (conditions, _) = compute_conditions(&[], 0, &progress(&predicates, 0));
-        let ready = conditions
-            .iter()
-            .find(|c| c.kind == ConditionKind::Ready)
-            .expect("ready condition");
         assert_eq!(
-            (ready.reason.as_str(), ready.message.as_str()),
+            ready_of(
+                2,
+                &[(WaitReason::Dependency, 2), (WaitReason::NoConfigurator, 0)]
+            ),
             (
-                "WaitingForDependencies",
-                "2 item(s) waiting, 2 with reason WaitingForDependencies"
+                "WaitingForDependencies".to_owned(),
+                "2 item(s) waiting, 2 with reason WaitingForDependencies".to_owned()
             )
         );
     }
