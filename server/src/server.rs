@@ -24,7 +24,7 @@ use crate::graph::validate::ValidationLimits;
 use crate::limits::{AgentCounts, ConnectionSlots, DecodeLimitLayer, GlobalLimits, LimitsLayer};
 use crate::store::{
     ChunkedValues, EtcdStore, MigrationReport, SledOptions, SledStore, Store, WriteBatch,
-    copy_store, open_and_migrate, open_and_migrate_etcd,
+    copy_store, open_and_migrate, open_and_migrate_etcd, takes_backup,
 };
 use crate::telemetry::RpcSpanLayer;
 use crate::tenant::{OwnerSettings, TenantDirectory};
@@ -488,7 +488,7 @@ async fn flush_store(store: &dyn Store, budget: Duration) {
 /// store's pending migrations; returns a report for humans.
 pub fn migrate(config: &Config, mode: MigrateMode) -> anyhow::Result<String> {
     let dry_run = !matches!(mode, MigrateMode::Apply);
-    let (report, backup_plan) = match config.store {
+    let (store, report): (Box<dyn Store>, MigrationReport) = match config.store {
         StoreKind::Sled => {
             if dry_run {
                 require_data_dir(config)?;
@@ -496,15 +496,12 @@ pub fn migrate(config: &Config, mode: MigrateMode) -> anyhow::Result<String> {
             std::fs::create_dir_all(&config.data_dir)?;
             let (store, report) =
                 open_and_migrate(&config.data_dir, sled_options(config), dry_run)?;
-            let size = directory_bytes(&config.data_dir.join("db"));
-            let plan = backup_plan(&store, &config.data_dir, Some(size))?;
-            (report, plan)
+            (Box::new(store), report)
         }
         StoreKind::Etcd => {
             let (store, report) =
                 open_and_migrate_etcd(config.etcd.options(None), &config.data_dir, dry_run)?;
-            let plan = backup_plan(&store, &config.data_dir, None)?;
-            (report, plan)
+            (Box::new(store), report)
         }
     };
     let before = &report.before;
@@ -532,27 +529,21 @@ pub fn migrate(config: &Config, mode: MigrateMode) -> anyhow::Result<String> {
         text.push_str(&format!("backup: {}\n", backup.display()));
     }
     if mode == MigrateMode::DryRun && !before.pending.is_empty() {
-        text.push_str(&backup_plan);
+        text.push_str(&backup_plan(&*store, &config.data_dir)?);
     }
     Ok(text)
 }
 
 /// What `migrate --dry-run` says of the backup a migration takes first:
-/// where, how large the store is now (`store_bytes`, when known) and how
-/// much room the file system has there, so an operator can plan the disk
-/// before a migration copies the whole store.
-fn backup_plan(
-    store: &dyn Store,
-    data_dir: &std::path::Path,
-    store_bytes: Option<u64>,
-) -> anyhow::Result<String> {
-    if store.scan(&[], None, 1)?.is_empty() {
+/// where, how large the store is now and how much room the file system
+/// has there, so an operator can plan the disk before a migration copies
+/// the whole store.
+fn backup_plan(store: &dyn Store, data_dir: &std::path::Path) -> anyhow::Result<String> {
+    if !takes_backup(store)? {
         return Ok("would take no backup first: the store holds no record\n".to_owned());
     }
-    let size = store_bytes.map_or_else(
-        || "every record of the store, as a sled store".to_owned(),
-        |bytes| format!("about {} (the store's files now)", mebibytes(bytes)),
-    );
+    // On etcd, its whole database: an upper bound of this store's part.
+    let size = store.size_on_disk()?;
     let free = nix::sys::statvfs::statvfs(data_dir).map_or_else(
         |error| format!("free space unknown: {error}"),
         |stats| {
@@ -563,29 +554,16 @@ fn backup_plan(
         },
     );
     Ok(format!(
-        "would back up the store first, into {}: {size}; {free}\n",
-        data_dir.join("backups").display()
+        "would back up the store first, into {}: about {} (the store's size on disk now); \
+         {free}\n",
+        data_dir.join("backups").display(),
+        mebibytes(size)
     ))
 }
 
 /// `bytes` in MiB, for people.
 fn mebibytes(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
-}
-
-/// The bytes of the files under `dir` (0 for what cannot be read).
-fn directory_bytes(dir: &std::path::Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|entry| match entry.file_type() {
-            Ok(kind) if kind.is_dir() => directory_bytes(&entry.path()),
-            Ok(_) => entry.metadata().map_or(0, |metadata| metadata.len()),
-            Err(_) => 0,
-        })
-        .sum()
 }
 
 /// Refuses a data directory that does not exist: a command that only

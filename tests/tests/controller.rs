@@ -198,6 +198,13 @@ async fn synced_watch(client: &Client) -> tonic::Streaming<v1::WatchResponse> {
     }
 }
 
+/// Reads `stream` to its end: `Ok` if the server ended it, else the status
+/// it failed with.
+async fn end_of(stream: &mut tonic::Streaming<v1::WatchResponse>) -> Result<(), tonic::Status> {
+    while stream.message().await?.is_some() {}
+    Ok(())
+}
+
 /// A server that stops answering (a frozen process, a host gone behind a
 /// partition) must not leave a controller's watch waiting forever: the
 /// stream ends with an error the controller resumes from.
@@ -210,16 +217,7 @@ async fn a_watch_ends_when_the_server_stops_answering() {
     let mut stream = synced_watch(&client).await;
 
     let frozen = Frozen::stop(&server);
-    let ended = tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            match stream.message().await {
-                Ok(Some(_)) => continue,
-                Ok(None) => break Ok(()),
-                Err(status) => break Err(status),
-            }
-        }
-    })
-    .await;
+    let ended = tokio::time::timeout(Duration::from_secs(60), end_of(&mut stream)).await;
     drop(frozen);
     // It ends with the code a controller resumes on (tonic's own UNKNOWN,
     // "h2 protocol error", is mapped by the client).
@@ -253,16 +251,7 @@ async fn a_connection_lost_to_keepalive_ends_watches_and_calls_unavailable() {
                 .await
         }
     });
-    let watch_ended = tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            match stream.message().await {
-                Ok(Some(_)) => continue,
-                Ok(None) => break Ok(()),
-                Err(status) => break Err(status),
-            }
-        }
-    })
-    .await;
+    let watch_ended = tokio::time::timeout(Duration::from_secs(60), end_of(&mut stream)).await;
     let call_ended = tokio::time::timeout(Duration::from_secs(60), call).await;
     drop(frozen);
     let watch_status = watch_ended

@@ -112,20 +112,43 @@ fn event_kind(kind: EventKindArg) -> v1::EventKind {
     }
 }
 
+/// A Watch refused for its start revision (`OUT_OF_RANGE`,
+/// `REVISION_COMPACTED`), with the revision the refusal names.
+enum RevisionRefused {
+    /// Ahead of the tenant's latest revision (`current_revision`).
+    Ahead { current: String },
+    /// Older than the retained history, which starts after
+    /// `compact_revision`.
+    Compacted { oldest: String },
+}
+
+impl RevisionRefused {
+    /// The refusal `status` is, if it is one.
+    fn of(status: &Status) -> Option<Self> {
+        if status.code() != Code::OutOfRange {
+            return None;
+        }
+        let details = status.get_error_details();
+        let info = details
+            .error_info()
+            .filter(|info| info.reason == "REVISION_COMPACTED")?;
+        let named = |key: &str| info.metadata.get(key).cloned();
+        Some(match named("current_revision") {
+            Some(current) => Self::Ahead { current },
+            None => Self::Compacted {
+                oldest: named("compact_revision").unwrap_or_default(),
+            },
+        })
+    }
+}
+
 /// The oldest revision a watch may resume from, from a refusal of one
 /// older than the retained history.
 fn oldest_retained(status: &Status) -> Option<u64> {
-    if status.code() != Code::OutOfRange {
-        return None;
+    match RevisionRefused::of(status)? {
+        RevisionRefused::Compacted { oldest } => oldest.parse().ok(),
+        RevisionRefused::Ahead { .. } => None,
     }
-    let details = status.get_error_details();
-    let info = details
-        .error_info()
-        .filter(|info| info.reason == "REVISION_COMPACTED")?;
-    if info.metadata.contains_key("current_revision") {
-        return None;
-    }
-    info.metadata.get("compact_revision")?.parse().ok()
 }
 
 fn resume_hint(revision: Option<u64>) -> String {
@@ -145,35 +168,23 @@ pub(crate) fn stream_failure(
     status: &Status,
     resume_from: Option<u64>,
 ) -> Failure {
-    let details = status.get_error_details();
-    let compacted = details
-        .error_info()
-        .filter(|info| info.reason == "REVISION_COMPACTED");
-    if status.code() == Code::OutOfRange
-        && let Some(info) = &compacted
-        && let Some(current) = info.metadata.get("current_revision")
-    {
-        return Failure::error(format!(
-            "{what}: revision {} is ahead of the tenant's latest revision {current} (the tenant \
-             was deleted and created again, restored or repaired since); watch without --since \
-             to start from a snapshot",
-            resume_from.unwrap_or(0)
-        ));
-    }
-    let compacted = compacted.map(|info| {
-        info.metadata
-            .get("compact_revision")
-            .cloned()
-            .unwrap_or_default()
-    });
-    if status.code() == Code::OutOfRange
-        && let Some(compact_revision) = compacted
-    {
-        return Failure::error(format!(
-            "{what}: revision {} is older than the retained history (which starts after \
-             revision {compact_revision}); watch without --since to start from a snapshot",
-            resume_from.unwrap_or(0)
-        ));
+    match RevisionRefused::of(status) {
+        Some(RevisionRefused::Ahead { current }) => {
+            return Failure::error(format!(
+                "{what}: revision {} is ahead of the tenant's latest revision {current} (the \
+                 tenant was deleted and created again, restored or repaired since); watch \
+                 without --since to start from a snapshot",
+                resume_from.unwrap_or(0)
+            ));
+        }
+        Some(RevisionRefused::Compacted { oldest }) => {
+            return Failure::error(format!(
+                "{what}: revision {} is older than the retained history (which starts after \
+                 revision {oldest}); watch without --since to start from a snapshot",
+                resume_from.unwrap_or(0)
+            ));
+        }
+        None => {}
     }
     if status.code() == Code::ResourceExhausted {
         return Failure::error(format!(

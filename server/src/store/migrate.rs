@@ -152,11 +152,7 @@ pub fn migrate(
     }
 
     let from = report.before.current_version;
-    let backup = if store.scan(&[], None, 1)?.is_empty() {
-        None
-    } else {
-        Some(backup_path(dir, from))
-    };
+    let backup = takes_backup(store)?.then(|| backup_path(dir, from));
     let ran = runner.run(&adapter, || match &backup {
         Some(path) => {
             info!(path = %path.display(), from, "Backing up the store before migrating.");
@@ -181,6 +177,12 @@ pub fn migrate(
         "Store schema migrated."
     );
     Ok(report)
+}
+
+/// Whether migrating `store` backs it up first: a store that holds no
+/// record at all has nothing to lose.
+pub fn takes_backup(store: &dyn Store) -> Result<bool, StoreError> {
+    Ok(!store.scan(&[], None, 1)?.is_empty())
 }
 
 /// Fails with [`StoreError::PartialCopy`] if `store` holds part of an

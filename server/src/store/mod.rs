@@ -35,6 +35,7 @@ pub use etcd::{EtcdOptions, EtcdStore};
 pub use memory::InMemoryStore;
 pub use migrate::{
     MigrationAdapter, MigrationReport, migrate, open_and_migrate, open_and_migrate_etcd,
+    takes_backup,
 };
 pub(crate) use sled_files::sled_dir;
 pub use sled_store::{SledOptions, SledStore};
