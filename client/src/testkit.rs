@@ -76,8 +76,10 @@ pub const RECONCILED_BIN_ENV: &str = "RECONCILED_BIN";
 /// for before it listens).
 const START_RETRY: Duration = Duration::from_millis(25);
 
-/// Why a testkit step failed. Each message says what to check.
-#[derive(Debug, thiserror::Error)]
+/// Why a testkit step failed. Each message says what to check; `Debug`
+/// prints the same message, so a test returning `Result<(), Box<dyn
+/// Error>>` shows it.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum TestkitError {
     /// No `reconciled` binary was found and building one failed.
@@ -132,6 +134,12 @@ pub enum TestkitError {
         /// The Stalled condition's reason and message.
         message: String,
     },
+}
+
+impl std::fmt::Debug for TestkitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 /// The `reconciled` binary the testkit runs (see the [module

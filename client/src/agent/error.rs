@@ -15,7 +15,11 @@ pub const REASON_TYPE_HELD: &str = "TYPE_HELD";
 /// gave up. Everything else (transport errors, dropped streams, a type held
 /// by another agent) is retried with backoff and reported as
 /// [`AgentEvent::Disconnected`](super::AgentEvent::Disconnected).
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` prints the same message as `Display` (what went wrong and what to
+/// do), so a `main` or a test that returns `Result<(), Box<dyn Error>>`
+/// shows it: they print their error with `Debug`.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum AgentError {
     /// The endpoint is not a valid URI.
@@ -134,6 +138,12 @@ pub enum AgentError {
         /// The server's message.
         message: String,
     },
+}
+
+impl std::fmt::Debug for AgentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 /// What to do after a stream ended with `status`.

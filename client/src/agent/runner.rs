@@ -45,6 +45,9 @@ const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// operations it cancelled to answer (CANCELLED: handed back) and for the
 /// server to acknowledge them, before it closes its stream.
 const HAND_BACK_GRACE: Duration = Duration::from_secs(2);
+/// How long a cancelled operation's configurator may go on before the
+/// agent's log says that it does not stop ([`warn_cancel_ignored`]).
+const CANCEL_IGNORED_AFTER: Duration = Duration::from_secs(1);
 const DEFAULT_REGISTER_TIMEOUT: Duration = Duration::from_secs(30);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -430,6 +433,19 @@ impl SessionFailure {
     }
 }
 
+/// What a registered session ended without a status most likely means: the
+/// server ends a session that way when another session of the same agent
+/// id took over every type it held. Two processes sharing one agent id do
+/// that to each other at every reconnect, and the author saw only "the
+/// server closed the stream" in both logs.
+fn replaced_session_hint(agent_id: &str) -> String {
+    format!(
+        " (the server does that when another session with agent id {agent_id:?} takes over \
+         this session's item types: if two processes run with this agent id, give each its \
+         own with AgentBuilder::agent_id)"
+    )
+}
+
 /// An error with its sources, e.g. `transport error: tcp connect error:
 /// Connection refused (os error 111)`.
 fn error_chain(error: &dyn std::error::Error) -> String {
@@ -615,7 +631,10 @@ impl Runner {
         failure: SessionFailure,
         was_registered: bool,
     ) -> Option<AgentError> {
-        let (reason, code) = failure.describe();
+        let (mut reason, code) = failure.describe();
+        if was_registered && matches!(failure, SessionFailure::Closed) {
+            reason.push_str(&replaced_session_hint(&self.agent.agent_id));
+        }
         let disposition = match &failure {
             SessionFailure::Status(status) => classify(status, &self.agent.tenant),
             _ => Disposition::Retry,
@@ -933,12 +952,24 @@ async fn run_operation(
         }
     };
     tracing::debug!("Operation started.");
+    let started = Instant::now();
     let context = Arc::new(OperationContext::new(parts, events.clone()));
-    let task = tokio::spawn({
+    let mut task = tokio::spawn({
         let context = Arc::clone(&context);
         async move { run_work(configurator.as_ref(), &context, work).await }.in_current_span()
     });
-    let answer = match task.await {
+    let ignored_cancel = async {
+        context.cancelled().await;
+        tokio::time::sleep(CANCEL_IGNORED_AFTER).await;
+    };
+    let joined = tokio::select! {
+        joined = &mut task => joined,
+        () = ignored_cancel => {
+            warn_cancel_ignored(&context, started.elapsed());
+            task.await
+        }
+    };
+    let answer = match joined {
         Ok(answer) => answer,
         Err(error) => {
             let message = panic_message(error);
@@ -1016,6 +1047,26 @@ async fn run_work(
             Answer::NeedsRecreate(configurator.needs_recreate(&previous, &item))
         }
     }
+}
+
+/// Logs that a cancelled operation's configurator still runs
+/// [`CANCEL_IGNORED_AFTER`] after the cancel. The server cancels an
+/// operation past its type's `operation_timeout` (and one whose intent
+/// changed); it then waits for the result, and the operation's next attempt
+/// waits here until this one returns. Without this line a configurator
+/// slower than its timeout left nothing in the agent's log: the author saw
+/// only `DEADLINE_EXCEEDED` attempts in the item's status.
+fn warn_cancel_ignored(context: &OperationContext, running_for: Duration) {
+    let timeout = context
+        .timeout()
+        .map_or_else(|| "its".to_owned(), |timeout| format!("its {timeout:?}"));
+    tracing::warn!(
+        running_for = ?running_for,
+        "The operation was cancelled (by the server, past {timeout} operation_timeout or because \
+         its intent changed; or by the agent's shutdown) and its configurator still runs; its next \
+         attempt waits until it returns. Return Outcome::cancelled() when ctx.cancelled() fires; \
+         for slow work, report progress (ctx.progress) or raise the type's operation_timeout."
+    );
 }
 
 /// Logs, once per item type and process, that a type asked to READ has a
