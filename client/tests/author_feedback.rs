@@ -209,3 +209,26 @@ async fn a_configurator_slower_than_its_timeout_is_named_in_the_agents_log() {
     release.notify_one();
     agent.stop().await.expect("the agent stops");
 }
+
+#[tokio::test]
+async fn a_refused_schema_names_its_item_type() {
+    let server = TestServer::start().await.expect("server");
+    let tenant = server.tenant("acme").await.expect("tenant");
+    let builder = tenant
+        .agent("accounts")
+        .item_type(TypeSpec::new("group"), Instant)
+        .item_type(
+            TypeSpec::new("user").schema(json!({"type": "bogus"})),
+            Instant,
+        );
+    let error = tenant
+        .start_agent(builder)
+        .await
+        .expect_err("a schema that does not compile is refused");
+    let printed = error.to_string();
+    assert!(
+        printed
+            .contains("register.item_types[1] (type \"user\").schema: the schema does not compile"),
+        "{printed}"
+    );
+}
