@@ -22,11 +22,14 @@
 //! # Features
 //!
 //! - `cli` (default): the `reconctl` binary and [`cli`]. An agent turns it
-//!   off: `reconciled-client = { version = "0.1", default-features = false }`
-//!   builds the SDK, the typed client and the prelude only.
+//!   off: `reconciled-client = { path = "../reconciled/client",
+//!   default-features = false }` builds the SDK, the typed client and the
+//!   prelude only (the crate is not on crates.io: depend on a checkout by
+//!   path, or on the repository by `git`).
 //! - `testkit`: the `testkit` module, for an agent's
-//!   `[dev-dependencies]`: `reconciled-client = { version = "0.1",
-//!   default-features = false, features = ["testkit"] }`.
+//!   `[dev-dependencies]`: `reconciled-client = { path =
+//!   "../reconciled/client", default-features = false, features =
+//!   ["testkit"] }`.
 //!
 //! The crates whose types the API exposes are re-exported ([`tonic`],
 //! [`tonic_types`], [`tokio`], [`tokio_util`], [`serde`], [`serde_json`],

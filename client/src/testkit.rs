@@ -84,8 +84,9 @@ const START_RETRY: Duration = Duration::from_millis(25);
 pub enum TestkitError {
     /// No `reconciled` binary was found and building one failed.
     #[error(
-        "cannot get the reconciled binary: {0}; set {RECONCILED_BIN_ENV}=/path/to/reconciled or \
-         run `cargo build -p reconciled --bin reconciled`"
+        "cannot get the reconciled binary: {0}; set {RECONCILED_BIN_ENV}=/path/to/reconciled \
+         (`cargo build -p reconciled --bin reconciled` in a reconciled checkout builds its \
+         target/debug/reconciled)"
     )]
     Binary(String),
     /// The server process could not be started or did not become ready.
@@ -167,7 +168,10 @@ fn locate_or_build() -> Result<PathBuf, String> {
     }
     let profile_dir = profile_dir();
     let built = if std::env::var_os("CARGO").is_some() {
-        Some(build_with_cargo(profile_dir.as_deref()))
+        Some(build_with_cargo(
+            profile_dir.as_deref(),
+            std::env::var_os("CARGO_MANIFEST_DIR").as_deref(),
+        ))
     } else {
         None
     };
@@ -180,7 +184,12 @@ fn locate_or_build() -> Result<PathBuf, String> {
             return Ok(candidate);
         }
     }
-    built.unwrap_or_else(|| build_with_cargo(profile_dir.as_deref()))
+    built.unwrap_or_else(|| {
+        build_with_cargo(
+            profile_dir.as_deref(),
+            std::env::var_os("CARGO_MANIFEST_DIR").as_deref(),
+        )
+    })
 }
 
 /// `<target>/<profile>` of the running test executable, which lives in
@@ -192,7 +201,12 @@ fn profile_dir() -> Option<PathBuf> {
     (name == "deps" || name == "examples").then(|| parent.parent().map(Path::to_path_buf))?
 }
 
-fn build_with_cargo(profile_dir: Option<&Path>) -> Result<PathBuf, String> {
+/// Builds the server with cargo, run from `manifest_dir` (the test's
+/// package directory).
+fn build_with_cargo(
+    profile_dir: Option<&Path>,
+    manifest_dir: Option<&std::ffi::OsStr>,
+) -> Result<PathBuf, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let profile = match profile_dir
         .and_then(Path::file_name)
@@ -202,8 +216,7 @@ fn build_with_cargo(profile_dir: Option<&Path>) -> Result<PathBuf, String> {
         None | Some("debug") => "dev".to_owned(),
         Some(other) => other.to_owned(),
     };
-    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR");
-    let selection: &[&str] = if reconciled_is_a_workspace_member(&cargo, manifest_dir.as_deref()) {
+    let selection: &[&str] = if reconciled_is_a_workspace_member(&cargo, manifest_dir) {
         &["--workspace", "--bins", "--examples"]
     } else {
         &["-p", "reconciled", "--bin", "reconciled"]
@@ -216,22 +229,39 @@ fn build_with_cargo(profile_dir: Option<&Path>) -> Result<PathBuf, String> {
     if let Some(target) = profile_dir.and_then(Path::parent) {
         command.arg("--target-dir").arg(target);
     }
-    if let Some(dir) = &manifest_dir {
+    if let Some(dir) = manifest_dir {
         command.current_dir(dir);
     }
     let output = command
         .output()
         .map_err(|error| format!("cannot run cargo: {error}"))?;
     if !output.status.success() {
-        return Err(format!(
-            "`cargo build {}` failed ({}):\n{}",
-            selection.join(" "),
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
+        return Err(build_failure(
+            selection,
+            &output.status.to_string(),
+            &String::from_utf8_lossy(&output.stderr),
         ));
     }
     reported_executable(&String::from_utf8_lossy(&output.stdout), "reconciled")
         .ok_or_else(|| "cargo built reconciled but reported no executable".to_owned())
+}
+
+/// Why building the server failed. An agent's own crate, outside the
+/// reconciled workspace, has no `reconciled` package to build: cargo's
+/// "did not match any packages" is then explained, with the steps that
+/// work, instead of being left to read as a broken setup.
+fn build_failure(selection: &[&str], status: &str, stderr: &str) -> String {
+    if stderr.contains("did not match any packages") {
+        return format!(
+            "this crate's workspace has no `reconciled` package, so the testkit cannot build \
+             the server (an agent's own crate): build it in a reconciled checkout and point \
+             {RECONCILED_BIN_ENV} at it"
+        );
+    }
+    format!(
+        "`cargo build {}` failed ({status}):\n{stderr}",
+        selection.join(" ")
+    )
 }
 
 /// Whether the `reconciled` package is a member of the test's workspace
@@ -759,6 +789,30 @@ impl Drop for RunningAgent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An agent's own crate, outside the reconciled workspace, without
+    /// `RECONCILED_BIN`: cargo's "did not match any packages" used to be
+    /// all the test printed.
+    #[test]
+    fn outside_the_workspace_the_error_says_how_to_get_a_server() {
+        let dir = std::env::temp_dir().join(format!("testkit-outside-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("src")).expect("create the crate");
+        std::fs::write(
+            dir.join("Cargo.toml"),
+            "[package]\nname = \"outside\"\nversion = \"0.1.0\"\nedition = \"2024\"\n\n[workspace]\n",
+        )
+        .expect("write Cargo.toml");
+        std::fs::write(dir.join("src/lib.rs"), "").expect("write lib.rs");
+        let target = dir.join("target").join("debug");
+        let error = build_with_cargo(Some(&target), Some(dir.as_os_str()))
+            .expect_err("there is no server to build");
+        std::fs::remove_dir_all(&dir).expect("remove the crate");
+        assert!(
+            error.contains("has no `reconciled` package")
+                && error.contains("build it in a reconciled checkout and point RECONCILED_BIN"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn the_binary_is_found_after_the_library_of_the_same_name() {
