@@ -219,4 +219,11 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        # Ctrl-C: leave without a traceback. What still ran, and results not
+        # yet acknowledged, go with the process: the server re-delivers those
+        # operations to the agent's next session.
+        print("stopped (Ctrl-C); the server re-delivers unfinished operations", flush=True)
+        sys.exit(130)

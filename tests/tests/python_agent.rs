@@ -56,6 +56,68 @@ fn run_python_agent(
     PythonAgent(child)
 }
 
+/// Ctrl-C on the example agent (SIGINT) ends it with a line saying so and
+/// exit code 130, not a Python traceback out of grpc's stream iterator.
+#[tokio::test]
+async fn the_python_agent_stops_on_ctrl_c_without_a_traceback() {
+    let site = python_grpc_site();
+    let stubs = tempfile::tempdir().expect("a stub directory");
+    generate_python_stubs(&site, stubs.path());
+    let tenant = TestTenant::start("acme").await;
+    let root = tempfile::tempdir().expect("a root folder");
+    let script = workspace_root().join("examples/python/kv_agent.py");
+    let pythonpath = std::env::join_paths([stubs.path(), site.as_path()]).expect("a PYTHONPATH");
+    let child = Command::new("python3")
+        .arg(&script)
+        .args([
+            "--addr",
+            &tenant.server.addr().to_string(),
+            "--tenant",
+            &tenant.name,
+        ])
+        .arg("--root")
+        .arg(root.path())
+        .env("RECONCILED_TOKEN", &tenant.token)
+        .env("PYTHONPATH", pythonpath)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let mut agent = PythonAgent(child);
+    tenant
+        .wait_for_status("the Python agent registered pykv", |status| {
+            status.connected_item_types.iter().any(|t| t == "pykv")
+        })
+        .await;
+
+    let interrupted = Command::new("kill")
+        .args(["-INT", &agent.0.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(interrupted.success());
+    // Its output ends when it exits; the guard still kills it if not.
+    let (mut out, mut err) = (
+        agent.0.stdout.take().expect("piped stdout"),
+        agent.0.stderr.take().expect("piped stderr"),
+    );
+    let (stdout, stderr) = tokio::time::timeout(
+        DEADLINE,
+        tokio::task::spawn_blocking(move || {
+            let (mut stdout, mut stderr) = (String::new(), String::new());
+            let _ = std::io::Read::read_to_string(&mut out, &mut stdout);
+            let _ = std::io::Read::read_to_string(&mut err, &mut stderr);
+            (stdout, stderr)
+        }),
+    )
+    .await
+    .expect("the agent exits after Ctrl-C")
+    .expect("the reading task");
+    let status = agent.0.wait().expect("the agent's exit status");
+    assert_eq!(status.code(), Some(130), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("Traceback"), "{stderr}");
+    assert!(stdout.contains("stopped (Ctrl-C)"), "{stdout}");
+}
 fn kv(name: &str, extra: serde_json::Value) -> v1::Item {
     let mut properties = json!({"key": name, "value": format!("value of {name}")});
     if let (Some(properties), Some(extra)) = (properties.as_object_mut(), extra.as_object()) {
