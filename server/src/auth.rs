@@ -93,14 +93,15 @@ pub enum AuthError {
     #[error("cannot generate a token: the operating system's random source failed: {0}")]
     Randomness(String),
     /// The admin token file or the data directory could not be read or written.
-    #[error("cannot {action} {}: {source}; check that the data directory is writable by this user", path.display())]
+    #[error("cannot {action} {}: {error}; check that the data directory is writable by this user", path.display())]
     Io {
         /// What was being done, e.g. "read the admin token file".
         action: &'static str,
         /// The file or directory.
         path: PathBuf,
-        /// The I/O error.
-        source: io::Error,
+        /// The I/O error; in the message, not the error chain, so that it
+        /// is printed once.
+        error: io::Error,
     },
     /// The admin token file exists but holds no usable token.
     #[error(
@@ -219,11 +220,11 @@ fn read_token_file(path: &Path) -> Result<Option<String>, AuthError> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
+        Err(error) => {
             return Err(AuthError::Io {
                 action: "read the admin token file",
                 path: path.to_path_buf(),
-                source,
+                error,
             });
         }
     };
@@ -256,10 +257,10 @@ enum Written {
 fn write_token_file(data_dir: &Path, path: &Path, token: &str) -> Result<Written, AuthError> {
     let io_error = |action, path: &Path| {
         let path = path.to_path_buf();
-        move |source| AuthError::Io {
+        move |error| AuthError::Io {
             action,
             path,
-            source,
+            error,
         }
     };
     DirBuilder::new()
@@ -288,11 +289,11 @@ fn write_token_file(data_dir: &Path, path: &Path, token: &str) -> Result<Written
             Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
                 return Ok(Written::AlreadyExisted);
             }
-            Err(source) => {
+            Err(error) => {
                 return Err(AuthError::Io {
                     action: "create the admin token file",
                     path: path.to_path_buf(),
-                    source,
+                    error,
                 });
             }
         }

@@ -40,6 +40,12 @@ fn main() -> ExitCode {
 
     let result = match command {
         Command::CheckConfig => {
+            // The TLS files are part of the configuration: a missing file
+            // or a key that is not the certificate's is found here too.
+            if let Err(error) = reconciled::tls::server_tls(&config) {
+                eprintln!("reconciled: error: {error}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
             print!("{}", config.to_toml());
             Ok(())
         }

@@ -6,7 +6,6 @@
 //! own ([`serve`]). No per-tenant labels: label values are bounded
 //! (operation kinds, outcomes, states).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -309,7 +308,8 @@ pub const SCRAPE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 /// open files), so it neither spins nor stops.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
-/// Serves `GET /metrics` on `listen` until `shutdown` is cancelled; then
+/// Serves `GET /metrics` on `listener` (bound by the caller, so that a
+/// port in use stops the start) until `shutdown` is cancelled; then
 /// ends the scrapes still open and returns once they have.
 ///
 /// HTTP/1 by hyper: request headers must arrive within
@@ -318,12 +318,12 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 /// served at once, and an accept error is logged and retried after a short
 /// pause: the endpoint outlives a descriptor shortage.
 pub async fn serve(
-    listen: SocketAddr,
+    listener: TcpListener,
     metrics: Arc<Metrics>,
     gauges: GaugeSource,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let listener = TcpListener::bind(listen).await?;
+    let listen = listener.local_addr()?;
     let listens_on_loopback = listen.ip().is_loopback();
     debug!(addr = %listen, "Metrics endpoint listening.");
     let slots = Arc::new(Semaphore::new(MAX_SCRAPE_CONNECTIONS));

@@ -152,6 +152,9 @@ fn log_migrations(report: &MigrationReport) {
 
 /// Runs the server until SIGTERM or SIGINT.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
+    // Unusable TLS files stop the start before the data directory is
+    // created or the store migrated.
+    let tls = crate::tls::server_tls(&config)?;
     let admin = Arc::new(AdminToken::load_or_generate(&config)?);
     let OpenedStore { store, etcd } = open_store(&config)?;
     let metrics = Arc::new(crate::metrics::Metrics::default());
@@ -203,17 +206,28 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         gauges: gauge_source(directory.clone(), agents.clone(), store.clone()),
     });
-    let own_listener = config.metrics_listen.filter(|_| !metrics_on_dashboard);
-    let metrics_endpoint = own_listener.map(|listen| {
-        let gauges = gauge_source(directory.clone(), agents.clone(), store.clone());
-        let (metrics, stop) = (metrics.clone(), shutdown.clone());
-        info!(addr = %listen, "Metrics endpoint listening.");
-        tokio::spawn(async move {
-            if let Err(error) = crate::metrics::serve(listen, metrics, gauges, stop).await {
-                tracing::error!(%error, addr = %listen, "The metrics endpoint stopped; check --metrics-listen.");
-            }
-        })
-    });
+    let metrics_endpoint = match config.metrics_listen.filter(|_| !metrics_on_dashboard) {
+        // Bound before the server announces itself: a port that is taken
+        // stops the start, as for --listen and --ui-listen, instead of
+        // leaving a server that nobody can scrape.
+        Some(listen) => {
+            let listener = tokio::net::TcpListener::bind(listen).await.map_err(|error| {
+                anyhow::anyhow!(
+                    "cannot serve the metrics on {listen}: {error}; choose another address \
+                     with --metrics-listen or RECONCILED_METRICS_LISTEN, or leave it unset"
+                )
+            })?;
+            let gauges = gauge_source(directory.clone(), agents.clone(), store.clone());
+            let (metrics, stop) = (metrics.clone(), shutdown.clone());
+            info!(addr = %listen, "Metrics endpoint listening.");
+            Some(tokio::spawn(async move {
+                if let Err(error) = crate::metrics::serve(listener, metrics, gauges, stop).await {
+                    tracing::error!(%error, addr = %listen, "The metrics endpoint stopped; check --metrics-listen.");
+                }
+            }))
+        }
+        None => None,
+    };
     info!(tenants = directory.len(), "Tenants loaded.");
 
     let tokens: Arc<dyn TokenDirectory + Send + Sync> = match &cluster {
@@ -292,7 +306,6 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let decode_limits =
         DecodeLimitLayer::new(config.max_tenant_message_bytes, config.max_message_bytes)
             .with_tenant_bytes_per_second(config.max_tenant_bytes_per_second);
-    let tls = crate::tls::server_tls(&config)?;
     // The dashboard port shares the services, the token check, the limits
     // and the connection slots of the gRPC port.
     let dashboard = match config.ui_listen {

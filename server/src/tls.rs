@@ -11,7 +11,7 @@ use crate::config::Config;
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// A PEM file could not be read.
-    #[error("cannot read {what} {}: {source}; check --{flag}", path.display())]
+    #[error("cannot read {what} {}: {error}; check --{flag}", path.display())]
     Read {
         /// Which file (e.g. "the TLS certificate").
         what: &'static str,
@@ -19,8 +19,9 @@ pub enum TlsError {
         flag: &'static str,
         /// The path.
         path: PathBuf,
-        /// The I/O error.
-        source: std::io::Error,
+        /// The I/O error; in the message, not the error chain, so that it
+        /// is printed once.
+        error: std::io::Error,
     },
     /// A PEM file holds nothing usable.
     #[error("{} holds no PEM block; {what} must be PEM (-----BEGIN ...-----)", path.display())]
@@ -29,6 +30,24 @@ pub enum TlsError {
         what: &'static str,
         /// The path.
         path: PathBuf,
+    },
+    /// The files are PEM but rustls refuses them: a key that is not the
+    /// certificate's, a key file holding a certificate, a malformed block.
+    #[error(
+        "cannot serve TLS with the certificate {} and the private key {}: {reason}; check that \
+         --tls-cert holds the certificate chain and --tls-key the private key of its first \
+         certificate (their public keys must match: compare `openssl x509 -noout -pubkey -in \
+         CERT` with `openssl pkey -pubout -in KEY`)",
+        cert.display(),
+        key.display()
+    )]
+    Unusable {
+        /// The certificate chain file.
+        cert: PathBuf,
+        /// The private key file.
+        key: PathBuf,
+        /// What rustls said.
+        reason: String,
     },
 }
 
@@ -39,22 +58,35 @@ pub fn server_tls(config: &Config) -> Result<Option<ServerTlsConfig>, TlsError> 
     let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) else {
         return Ok(None);
     };
-    let cert = read_pem(cert, "the TLS certificate", "tls-cert")?;
-    let key = read_pem(key, "the TLS private key", "tls-key")?;
+    let (cert_path, key_path) = (cert, key);
+    let cert = read_pem(cert_path, "the TLS certificate", "tls-cert")?;
+    let key = read_pem(key_path, "the TLS private key", "tls-key")?;
     let mut tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
     if let Some(ca) = &config.tls_client_ca {
         let ca = read_pem(ca, "the client CA", "tls-client-ca")?;
         tls = tls.client_ca_root(Certificate::from_pem(ca));
     }
+    // tonic builds the rustls configuration here, as serving would: a key
+    // that does not match is found now, before the data directory is
+    // touched, rather than after the store was opened.
+    if let Err(error) = tonic::transport::Server::builder().tls_config(tls.clone()) {
+        return Err(TlsError::Unusable {
+            cert: cert_path.clone(),
+            key: key_path.clone(),
+            // tonic's own text is only "transport error"; rustls's is below.
+            reason: std::error::Error::source(&error)
+                .map_or_else(|| error.to_string(), ToString::to_string),
+        });
+    }
     Ok(Some(tls))
 }
 
 fn read_pem(path: &Path, what: &'static str, flag: &'static str) -> Result<Vec<u8>, TlsError> {
-    let bytes = std::fs::read(path).map_err(|source| TlsError::Read {
+    let bytes = std::fs::read(path).map_err(|error| TlsError::Read {
         what,
         flag,
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
     if !bytes.windows(11).any(|window| window == b"-----BEGIN ") {
         return Err(TlsError::NotPem {

@@ -29,6 +29,7 @@ mod hostile_suite;
 mod intent;
 mod limits;
 mod metrics;
+mod operator_mistakes;
 mod protocol;
 mod python_agent;
 mod randomized;
