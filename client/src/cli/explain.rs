@@ -27,13 +27,14 @@ pub(crate) fn connect_failure(error: &ClientError, settings: &Settings) -> Failu
              http://127.0.0.1:50051",
             addr.value, addr.source
         )),
-        ClientError::Connect { source, .. } => Failure::error(format!(
-            "cannot connect to reconciled at {} (address from {}): {}; check that the server \
-             runs and listens there, or point --addr or RECONCILED_ADDR at it",
-            addr.value,
-            addr.source,
-            root_cause(source)
-        )),
+        ClientError::Connect { endpoint, source } => {
+            let cause = root_cause(source);
+            Failure::error(format!(
+                "cannot connect to reconciled at {endpoint} (address from {}): {cause}; {}",
+                addr.source,
+                connect_remedy(&cause)
+            ))
+        }
         ClientError::Tls { .. } => {
             Failure::usage(format!("{error} (address from {})", addr.source))
         }
@@ -44,6 +45,34 @@ pub(crate) fn connect_failure(error: &ClientError, settings: &Settings) -> Failu
                 .as_ref()
                 .map_or_else(|| "nowhere".to_owned(), |token| token.source.to_string())
         )),
+    }
+}
+
+/// What to do about a connection that failed with `cause`: TLS failures
+/// need other certificates or flags, not a running server.
+fn connect_remedy(cause: &str) -> &'static str {
+    if cause.contains("CaUsedAsEndEntity") {
+        "the server's certificate is a CA certificate (as `openssl req -x509` makes by \
+         default), which TLS clients refuse as a server's certificate: give the server a \
+         certificate made with `-addext basicConstraints=critical,CA:FALSE`, or one signed by \
+         a CA whose certificate you pass with --ca-cert (docs/security.md, \"A certificate of \
+         your own\")"
+    } else if cause.contains("UnknownIssuer") || cause.contains("BadSignature") {
+        "the server's certificate is not signed by the CA of --ca-cert (or RECONCILED_CA_CERT): \
+         pass the certificate of the CA that signed it, or the server's own certificate if it is \
+         self-signed"
+    } else if cause.contains("NotValidForName") {
+        "the server's certificate does not name the host of the address: dial a name or IP \
+         address the certificate lists (openssl x509 -noout -ext subjectAltName -in CERT), or \
+         make a certificate that names it"
+    } else if cause.contains("Expired") || cause.contains("NotValidYet") {
+        "the server's certificate is outside its validity period: renew it (and check the \
+         clocks)"
+    } else if cause.contains("HTTPS without TLS") {
+        "an https:// address needs the CA certificate of the server's certificate: pass \
+         --ca-cert FILE (or set RECONCILED_CA_CERT)"
+    } else {
+        "check that the server runs and listens there, or point --addr or RECONCILED_ADDR at it"
     }
 }
 
@@ -67,6 +96,12 @@ pub(crate) fn rpc_failure(what: &str, status: &Status, settings: &Settings) -> F
         Code::NotFound => format!(
             "{what}: {message} (token from {token_source}; `reconctl tenant list` with the \
              admin token shows every tenant)"
+        ),
+        // A server that speaks TLS drops a plaintext client's connection.
+        Code::Unavailable if settings.ca_cert.is_none() => format!(
+            "{what}: the server at {} is unavailable: {message}; check that it runs, and if it \
+             serves TLS (--tls-cert), pass its CA certificate with --ca-cert",
+            settings.addr.value
         ),
         Code::Unavailable => format!(
             "{what}: the server at {} is unavailable: {message}; check that it runs",
