@@ -65,6 +65,7 @@ macro_rules! settings {
                     long,
                     global = true,
                     value_name = $value_name,
+                    value_parser = <$ty as FlagValue>::flag_parser(),
                     help = concat!($help, " [env: ", $env, "] [default: ", $default, "]"),
                 )]
                 #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -712,6 +713,34 @@ impl SettingValue for SocketAddr {
         })
     }
 }
+
+/// How clap parses a setting's flag: an address as the environment does
+/// (clap's own "invalid socket address syntax" does not say which form is
+/// expected, e.g. that host names are not taken), every other type with
+/// clap's parser (which lists an enum's values in `--help`).
+trait FlagValue {
+    fn flag_parser() -> clap::builder::ValueParser;
+}
+
+impl FlagValue for SocketAddr {
+    fn flag_parser() -> clap::builder::ValueParser {
+        clap::builder::ValueParser::new(<SocketAddr as SettingValue>::parse_setting)
+    }
+}
+
+macro_rules! clap_parses_flags_of {
+    ($($ty:ty),*) => {$(
+        impl FlagValue for $ty {
+            fn flag_parser() -> clap::builder::ValueParser {
+                clap::value_parser!($ty).into()
+            }
+        }
+    )*};
+}
+
+clap_parses_flags_of!(
+    PathBuf, String, u64, bool, UiListen, Reflection, LogFormat, StoreKind
+);
 
 impl SettingValue for UiListen {
     fn parse_setting(raw: &str) -> Result<Self, String> {

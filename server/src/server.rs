@@ -211,12 +211,14 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         // stops the start, as for --listen and --ui-listen, instead of
         // leaving a server that nobody can scrape.
         Some(listen) => {
-            let listener = tokio::net::TcpListener::bind(listen).await.map_err(|error| {
-                anyhow::anyhow!(
-                    "cannot serve the metrics on {listen}: {error}; choose another address \
-                     with --metrics-listen or RECONCILED_METRICS_LISTEN, or leave it unset"
-                )
-            })?;
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|error| {
+                    anyhow::anyhow!(
+                        "cannot serve the metrics on {listen}: {error}; choose another address \
+                         with --metrics-listen or RECONCILED_METRICS_LISTEN, or leave it unset"
+                    )
+                })?;
             let gauges = gauge_source(directory.clone(), agents.clone(), store.clone());
             let (metrics, stop) = (metrics.clone(), shutdown.clone());
             info!(addr = %listen, "Metrics endpoint listening.");

@@ -142,7 +142,14 @@ fn a_tls_key_of_another_certificate_is_refused_before_the_data_directory_is_made
     let key = write(dir.path(), "other.key", &other_key);
     let data = dir.path().join("data");
     let data_arg = data.to_string_lossy().into_owned();
-    let tls = ["--tls-cert", &cert, "--tls-key", &key, "--data-dir", &data_arg];
+    let tls = [
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--data-dir",
+        &data_arg,
+    ];
 
     let checked = reconciled_until_exit(&[&tls[..], &["check-config"]].concat());
     let stderr = stderr_of(&checked);
@@ -214,5 +221,38 @@ fn reconctl_says_what_to_change_when_it_refuses_the_servers_certificate() {
     assert!(
         stderr.contains("--ca-cert"),
         "a plaintext client is told the server may serve TLS: {stderr}"
+    );
+}
+
+#[test]
+fn a_host_name_as_a_listen_flag_is_refused_with_the_form_expected() {
+    for flag in ["--listen", "--metrics-listen"] {
+        let output = reconciled_until_exit(&[flag, "localhost:9090", "check-config"]);
+        let stderr = stderr_of(&output);
+        assert_eq!(output.status.code(), Some(2), "{flag}: {stderr}");
+        assert!(
+            stderr.contains(flag) && stderr.contains("such as 127.0.0.1:50051"),
+            "{flag} says which form it takes, as its environment variable does: {stderr}"
+        );
+    }
+    // The other flags keep clap's parsing: enum values, numbers, booleans.
+    let output = reconciled_until_exit(&[
+        "--reflection",
+        "public",
+        "--fsync",
+        "false",
+        "--max-connections",
+        "5",
+        "--ui-listen",
+        "off",
+        "check-config",
+    ]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    assert!(
+        stdout.contains("reflection = \"public\"")
+            && stdout.contains("fsync = false")
+            && stdout.contains("max_connections = 5"),
+        "{stdout}"
     );
 }
