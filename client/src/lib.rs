@@ -6,6 +6,8 @@
 //!   de-duplication, acknowledgements, cancellation, heartbeats, reconnects).
 //! - [`Client`]: a typed client for the `Reconciler` and `Tenants` services
 //!   with the bearer token attached to every call.
+//! - [`retry_after`]: whether a failed call is worth sending again, and
+//!   after how long (the server's `RetryInfo`, or a lost connection).
 //! - [`ClientTls`]: the CA and, for mutual TLS, the client certificate both
 //!   use to reach a server that serves TLS.
 //! - [`proto`]: the generated types of package `reconciled.v1` (a re-export
@@ -44,6 +46,7 @@ pub mod cli;
 mod client;
 pub mod convert;
 pub mod prelude;
+mod retry;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod tls;
@@ -79,4 +82,5 @@ pub use reconciled_proto::PROTOCOL_VERSION;
 /// The generated types of package `reconciled.v1` (messages, enums and gRPC
 /// clients).
 pub use reconciled_proto::v1 as proto;
+pub use retry::{UNAVAILABLE_RETRY_DELAY, retry_after};
 pub use tls::ClientTls;
