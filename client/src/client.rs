@@ -59,6 +59,14 @@ pub enum ClientError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// The endpoint has no `http://` or `https://` scheme (e.g.
+    /// `127.0.0.1:50051`, as grpcurl takes it): it parses as a URI, but no
+    /// connection to it can ever be made.
+    #[error("{endpoint:?} has no scheme; use http://{endpoint} (or https://{endpoint} with TLS)")]
+    EndpointWithoutScheme {
+        /// The address as given.
+        endpoint: String,
+    },
     /// The server could not be reached.
     #[error(
         "could not connect to reconciled at {endpoint}; check that the server runs and \
@@ -132,12 +140,18 @@ impl Client {
     ) -> Result<Self, ClientError> {
         let endpoint = endpoint.into();
         let bearer = BearerToken::new(token)?;
-        let mut dial = Endpoint::from_shared(endpoint.clone())
+        let dial = Endpoint::from_shared(endpoint.clone())
             .map_err(|source| ClientError::InvalidEndpoint {
                 endpoint: endpoint.clone(),
                 source,
             })?
-            .connect_timeout(CONNECT_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT);
+        // "127.0.0.1:50051" (what grpcurl takes) parses as a URI but can
+        // never be dialled: say so, rather than "could not connect".
+        if dial.uri().scheme().is_none() {
+            return Err(ClientError::EndpointWithoutScheme { endpoint });
+        }
+        let mut dial = dial
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true);
@@ -150,8 +164,11 @@ impl Client {
         let channel = dial
             .connect()
             .await
-            .map_err(|source| ClientError::Connect { endpoint, source })?;
-        Ok(Self::with_bearer(channel, bearer))
+            .map_err(|source| ClientError::Connect {
+                endpoint: endpoint.clone(),
+                source,
+            })?;
+        Ok(Self::with_bearer(channel, Some(&endpoint), bearer))
     }
 
     /// A client over an existing channel (e.g. one configured with TLS or
@@ -162,11 +179,11 @@ impl Client {
     /// connection ends calls and streams with `UNAVAILABLE`, as with
     /// [`Client::connect`].
     pub fn from_channel(channel: Channel, token: &str) -> Result<Self, ClientError> {
-        Ok(Self::with_bearer(channel, BearerToken::new(token)?))
+        Ok(Self::with_bearer(channel, None, BearerToken::new(token)?))
     }
 
-    fn with_bearer(channel: Channel, bearer: BearerToken) -> Self {
-        let channel = Transport::new(channel);
+    fn with_bearer(channel: Channel, endpoint: Option<&str>, bearer: BearerToken) -> Self {
+        let channel = Transport::new(channel, endpoint);
         let reconciler = ReconcilerClient::with_interceptor(channel.clone(), bearer.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);

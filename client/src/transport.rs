@@ -19,6 +19,7 @@
 use std::error::Error as StdError;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http_body_util::BodyExt as _;
@@ -27,18 +28,31 @@ use tonic::codegen::{Service, http};
 use tonic::transport::Channel;
 use tonic::{Code, ConnectError, Status, TimeoutExpired};
 
-/// The start of the message of every status this layer makes.
+/// The start of the message of a status for a connection lost under a
+/// call or a stream.
 pub(crate) const CONNECTION_LOST: &str = "the connection to the server was lost";
+
+/// The start of the message of a status for a call that could not
+/// connect.
+pub(crate) const NOT_CONNECTED: &str = "could not connect to the server";
 
 /// A [`Channel`] whose failures are `tonic::Status`es, with a lost
 /// connection reported as `UNAVAILABLE` (see the module documentation).
 #[derive(Debug, Clone)]
-pub(crate) struct Transport(Channel);
+pub(crate) struct Transport {
+    channel: Channel,
+    /// The address the channel dials, when known, for the message of a
+    /// call that could not connect.
+    endpoint: Option<Arc<str>>,
+}
 
 impl Transport {
-    /// Wraps `channel`.
-    pub(crate) fn new(channel: Channel) -> Self {
-        Self(channel)
+    /// Wraps `channel`, which dials `endpoint` (if known).
+    pub(crate) fn new(channel: Channel, endpoint: Option<&str>) -> Self {
+        Self {
+            channel,
+            endpoint: endpoint.map(Arc::from),
+        }
     }
 }
 
@@ -48,13 +62,19 @@ impl Service<http::Request<Body>> for Transport {
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Status>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
-        self.0.poll_ready(cx).map_err(call_failed)
+        let endpoint = self.endpoint.as_deref();
+        self.channel
+            .poll_ready(cx)
+            .map_err(|error| call_failed(error, endpoint))
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let response = self.0.call(request);
+        let response = self.channel.call(request);
+        let endpoint = self.endpoint.clone();
         Box::pin(async move {
-            let response = response.await.map_err(call_failed)?;
+            let response = response
+                .await
+                .map_err(|error| call_failed(error, endpoint.as_deref()))?;
             // tonic takes a `Status` found as the body's error as it is.
             Ok(response.map(|body| Body::new(body.map_err(body_failed))))
         })
@@ -63,17 +83,42 @@ impl Service<http::Request<Body>> for Transport {
 
 /// A call that failed before its response arrived. A timeout set on the
 /// channel (`Endpoint::timeout`) stays what tonic makes of it, and a
-/// connection that could not be made stays `UNAVAILABLE` saying so.
-fn call_failed(error: tonic::transport::Error) -> Status {
+/// connection that could not be made is `UNAVAILABLE` saying so, where
+/// to and why ([`not_connected`]).
+fn call_failed(error: tonic::transport::Error, endpoint: Option<&str>) -> Status {
     let timed_out = caused_by::<TimeoutExpired>(&error);
-    let not_connected = caused_by::<ConnectError>(&error);
+    if caused_by::<ConnectError>(&error) {
+        return not_connected(&error, endpoint);
+    }
     let status = Status::from_error(Box::new(error));
     match status.code() {
         Code::Cancelled if timed_out => status,
-        Code::Unavailable if not_connected => status,
         Code::Unknown | Code::Cancelled | Code::Unavailable => lost(status),
         _ => status,
     }
+}
+
+/// `UNAVAILABLE` for a call that found no connection and could not make
+/// one (the server is down, restarting, or not listening there). tonic
+/// would say only "tcp connect error"; this names the address and the
+/// operating system's reason (e.g. "Connection refused").
+fn not_connected(error: &(dyn StdError + 'static), endpoint: Option<&str>) -> Status {
+    let mut reasons = Vec::new();
+    let mut source = error.source();
+    while let Some(error) = source {
+        let reason = error.to_string();
+        if !reasons.contains(&reason) {
+            reasons.push(reason);
+        }
+        source = error.source();
+    }
+    let at = endpoint
+        .map(|endpoint| format!(" at {endpoint}"))
+        .unwrap_or_default();
+    Status::unavailable(format!(
+        "{NOT_CONNECTED}{at} ({}); check that it runs and listens there, then retry",
+        reasons.join(": ")
+    ))
 }
 
 /// Whether `error` or one of its sources is a `T`.

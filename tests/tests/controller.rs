@@ -403,3 +403,126 @@ async fn get_item_types_returns_every_type_not_the_first_page() {
     assert_eq!(names, expected);
     assert!(first.next_page_token.is_empty());
 }
+
+/// grpcurl takes `127.0.0.1:50051`; `Client::connect` needs a scheme. A
+/// controller that passes the grpcurl form must be told so, not "could not
+/// connect ... check that the server runs" while the server runs.
+#[tokio::test]
+async fn an_address_without_a_scheme_is_refused_saying_to_add_one() {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("the server starts");
+    let address = server.addr().to_string();
+    let error = Client::connect(address.clone(), &server.admin_token())
+        .await
+        .expect_err("an address without a scheme cannot be dialled");
+    assert!(
+        matches!(
+            error,
+            reconciled_client::ClientError::EndpointWithoutScheme { .. }
+        ),
+        "{error:?}"
+    );
+    assert!(
+        error.to_string().contains(&format!("http://{address}")),
+        "{error}"
+    );
+}
+
+/// A call made while the server is down (stopped, restarting) fails with
+/// `UNAVAILABLE` that says where the client could not connect and why,
+/// not tonic's bare "tcp connect error"; `retry_after` says to try again.
+#[tokio::test]
+async fn a_call_to_a_stopped_server_says_where_it_could_not_connect_and_why() {
+    let mut server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("the server starts");
+    let client = acme_client(&server).await;
+    let status_of_acme = || {
+        client.get_status(v1::GetStatusRequest {
+            tenant: "acme".into(),
+        })
+    };
+    status_of_acme().await.expect("the server answers");
+    server.terminate().await.expect("the server stops");
+
+    // A call already on its way when the connection closed may end as
+    // "connection lost"; the next ones find no server to connect to.
+    let mut refused = None;
+    for _ in 0..5 {
+        let status = status_of_acme().await.expect_err("the server is down");
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        if !status.message().contains("was lost") {
+            refused = Some(status);
+            break;
+        }
+    }
+    let refused = refused.expect("a call that found no server");
+    let message = refused.message();
+    assert!(
+        message.starts_with(&format!(
+            "could not connect to the server at {}",
+            server.endpoint()
+        )),
+        "{message}"
+    );
+    assert!(message.contains("Connection refused"), "{message}");
+    assert_eq!(
+        reconciled_client::retry_after(&refused),
+        Some(reconciled_client::UNAVAILABLE_RETRY_DELAY)
+    );
+}
+
+/// A controller over its tenant's byte budget is refused with a
+/// `RetryInfo`; `retry_after` reads the wait from it, and the same call
+/// sent again after that wait is accepted.
+#[tokio::test]
+async fn retry_after_gives_the_wait_that_makes_a_refused_call_succeed() {
+    // A 20 KB/s budget saves up 80 KB: a 120 KB intent is admitted and
+    // leaves the tenant in debt for about two seconds.
+    let server =
+        ServerProcess::start(ServerOptions::default().arg("--max-tenant-bytes-per-second=20000"))
+            .await
+            .expect("the server starts");
+    let client = acme_client(&server).await;
+    let pad = "p".repeat(30_000);
+    let intent = |version: u32| {
+        submit(
+            "acme",
+            (0..4)
+                .map(|n| item("t", &format!("i{n}"), json!({"pad": pad, "v": version})))
+                .collect(),
+            None,
+        )
+    };
+    client
+        .submit_intent(intent(1))
+        .await
+        .expect("the first intent is admitted");
+    let refused = client
+        .submit_intent(intent(2))
+        .await
+        .expect_err("the tenant is in debt");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    let mut wait = reconciled_client::retry_after(&refused).expect("a RetryInfo to honour");
+    assert!(
+        wait > Duration::ZERO && wait < STEP,
+        "{wait:?} from {refused:?}"
+    );
+
+    // Honouring the wait (a clock's rounding may ask for one more).
+    let mut attempts = 0;
+    let accepted = loop {
+        tokio::time::sleep(wait).await;
+        attempts += 1;
+        match client.submit_intent(intent(2)).await {
+            Ok(reply) => break reply,
+            Err(status) if attempts < 3 => {
+                wait = reconciled_client::retry_after(&status)
+                    .unwrap_or_else(|| panic!("{status:?} is not worth a retry"));
+            }
+            Err(status) => panic!("still refused after {attempts} waits: {status:?}"),
+        }
+    };
+    assert_eq!(accepted.generation, 2);
+}

@@ -27,6 +27,9 @@ pub(crate) fn connect_failure(error: &ClientError, settings: &Settings) -> Failu
              http://127.0.0.1:50051",
             addr.value, addr.source
         )),
+        ClientError::EndpointWithoutScheme { .. } => {
+            Failure::usage(format!("{error} (address from {})", addr.source))
+        }
         ClientError::Connect { endpoint, source } => {
             let cause = root_cause(source);
             Failure::error(format!(
