@@ -366,9 +366,8 @@ impl Client {
     ///
     /// ```no_run
     /// # async fn example(client: reconciled_client::Client) -> Result<(), reconciled_client::tonic::Status> {
-    /// use std::time::Duration;
-    ///
     /// use reconciled_client::proto::{self, watch_response::Message};
+    /// use reconciled_client::{UNAVAILABLE_RETRY_DELAY, retry_after};
     /// use reconciled_client::tokio::time::sleep;
     /// use reconciled_client::tonic::Code;
     /// use reconciled_client::tonic_types::StatusExt as _;
@@ -410,14 +409,16 @@ impl Client {
     ///             }
     ///             resume_from = 0;
     ///         }
-    ///         Some(status)
-    ///             if matches!(status.code(), Code::NotFound | Code::Unauthenticated) =>
-    ///         {
-    ///             return Err(status); // the tenant or the token is gone
-    ///         }
-    ///         // Disconnected or too slow: wait (RetryInfo says how long
-    ///         // after RESOURCE_EXHAUSTED), then resume.
-    ///         _ => sleep(Duration::from_secs(1)).await,
+    ///         // Disconnected (UNAVAILABLE) or too slow (RESOURCE_EXHAUSTED
+    ///         // with a RetryInfo): wait as long as that says, then resume.
+    ///         // Anything else will not change by retrying: the tenant or the
+    ///         // token is gone (NOT_FOUND, UNAUTHENTICATED), or the request
+    ///         // is wrong (INVALID_ARGUMENT): stop.
+    ///         Some(status) => match retry_after(&status) {
+    ///             Some(delay) => sleep(delay).await,
+    ///             None => return Err(status),
+    ///         },
+    ///         None => sleep(UNAVAILABLE_RETRY_DELAY).await,
     ///     }
     /// }
     /// # }
