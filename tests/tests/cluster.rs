@@ -88,26 +88,30 @@ async fn tenants_spread_over_the_replicas_each_served_by_one_and_any_replica_ans
         tokens.push(replicas.create_tenant(index % 3, name).await);
     }
 
-    // Every replica names the same owner for every tenant, one of them.
+    // Every replica names the same owner for every tenant, one of them, and
+    // every replica serves some: once each has seen the others join (a
+    // replica that the others had not seen yet when the tenants were
+    // created is handed its tenants after).
     let addresses: HashSet<String> = replicas
         .servers
         .iter()
         .map(|server| server.addr().to_string())
         .collect();
-    let mut served: BTreeMap<String, usize> = BTreeMap::new();
-    for name in &names {
-        let owner = replicas.owner(0, name).await;
-        assert!(addresses.contains(&owner), "{name} is served by {owner:?}");
-        for via in 1..3 {
-            assert_eq!(replicas.owner(via, name).await, owner, "{name} via {via}");
+    eventually("the tenants spread over all three replicas", async || {
+        let mut served: BTreeMap<String, usize> = BTreeMap::new();
+        for name in &names {
+            let owner = replicas.owner(0, name).await;
+            assert!(addresses.contains(&owner), "{name} is served by {owner:?}");
+            for via in 1..3 {
+                if replicas.owner(via, name).await != owner {
+                    return None;
+                }
+            }
+            *served.entry(owner).or_default() += 1;
         }
-        *served.entry(owner).or_default() += 1;
-    }
-    assert_eq!(
-        served.len(),
-        3,
-        "every replica serves some tenants: {served:?}"
-    );
+        (served.len() == 3).then_some(served)
+    })
+    .await;
 
     // In etcd: one owner key per tenant, held under a lease by a replica.
     let keys = owner_keys(&etcd, &replicas.prefix).await;
