@@ -256,3 +256,34 @@ fn a_host_name_as_a_listen_flag_is_refused_with_the_form_expected() {
         "{stdout}"
     );
 }
+
+#[test]
+fn a_data_directory_in_use_names_the_process_that_holds_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data").to_string_lossy().into_owned();
+    let running = HandStarted::start(&["--data-dir", &data]);
+    let output = reconciled_until_exit(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--ui-listen",
+        "off",
+        "--data-dir",
+        &data,
+    ]);
+    let stderr = stderr_of(&output);
+    assert_ne!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "directory is in use by process {}",
+            running.child.id()
+        )) && stderr.contains("stop that process first"),
+        "the operator is told who holds the directory and what to do: {stderr}"
+    );
+    assert!(!stderr.contains("WouldBlock"), "{stderr}");
+    let status = reconciled_until_exit(&["migrate", "--status", "--data-dir", &data]);
+    assert!(
+        stderr_of(&status).contains("directory is in use by process"),
+        "{}",
+        stderr_of(&status)
+    );
+}

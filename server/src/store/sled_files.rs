@@ -82,8 +82,11 @@ pub(crate) fn open_db(
         .cache_capacity(cache_capacity_bytes)
         .create_new(create_new);
     let log_path = sled_dir.join("db");
-    let db = open_waiting_for_lock(&config, &sled_dir, &log_path)
-        .map_err(|e| format!("opening sled: {e}"))?;
+    let db =
+        open_waiting_for_lock(&config, &sled_dir, &log_path).map_err(|error| match &error {
+            sled::Error::Io(io) if is_lock_held(io) => in_use(dir, &log_path),
+            _ => format!("opening sled: {error}"),
+        })?;
     let open_here = OpenHere::register(&sled_dir);
     // Write access is not used, but some platforms require it to fsync.
     let log_file = OpenOptions::new()
@@ -179,24 +182,42 @@ fn is_lock_held(error: &std::io::Error) -> bool {
         || error.to_string().starts_with("could not acquire lock")
 }
 
+/// Why the store in `dir` cannot be opened while another process holds its
+/// lock on `db_file`: naming the process, when `/proc/locks` shows it, and
+/// what to do (sled's own text is an `Os { code: 11, kind: WouldBlock }`).
+fn in_use(dir: &Path, db_file: &Path) -> String {
+    let holder = match lock_holder(db_file) {
+        Some(pid) => format!("process {pid}"),
+        None => String::from("another process (or this one)"),
+    };
+    format!(
+        "its data directory is in use by {holder} (only one reconciled, whether server, migrate, \
+         repair or store copy, may use {} at a time): stop that process first, or point \
+         --data-dir at another directory",
+        dir.display()
+    )
+}
+
 /// Whether `/proc/locks` shows a lock on `file` held by a process other
 /// than this one (`false` where that cannot be read).
 fn locked_by_another_process(file: &Path) -> bool {
+    lock_holder(file).is_some()
+}
+
+/// The id of a process other than this one that `/proc/locks` shows
+/// holding a lock on `file` (`None` where that cannot be read).
+fn lock_holder(file: &Path) -> Option<u32> {
     use std::os::unix::fs::MetadataExt as _;
-    let Ok(metadata) = fs::metadata(file) else {
-        return false;
-    };
-    let Ok(locks) = fs::read_to_string("/proc/locks") else {
-        return false;
-    };
-    let pid = std::process::id().to_string();
+    let metadata = fs::metadata(file).ok()?;
+    let locks = fs::read_to_string("/proc/locks").ok()?;
+    let pid = std::process::id();
     let inode = metadata.ino().to_string();
     // "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF"
-    locks.lines().any(|line| {
+    locks.lines().find_map(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        fields.len() >= 6
-            && fields[4] != pid
-            && fields[5].rsplit(':').next() == Some(inode.as_str())
+        let holder = fields.get(4)?.parse::<u32>().ok()?;
+        (holder != pid && fields.get(5)?.rsplit(':').next() == Some(inode.as_str()))
+            .then_some(holder)
     })
 }
 
