@@ -1730,6 +1730,23 @@ mod tests {
         assert!(guide.contains(CONFIG_FILE_ENV));
     }
 
+    /// An operator copies the example to start from: a setting missing
+    /// there is one they never learn of (it lacked a third of them).
+    #[test]
+    fn every_setting_is_in_the_example_configuration() {
+        let example = include_str!("../../deploy/reconciled.example.toml");
+        for setting in SETTINGS {
+            let set = format!("\n{} = ", setting.key);
+            let shown = format!("\n# {} = ", setting.key);
+            assert!(
+                example.contains(&set) || example.contains(&shown),
+                "deploy/reconciled.example.toml does not show `{}` (set, or commented out \
+                 with its default)",
+                setting.key
+            );
+        }
+    }
+
     #[test]
     fn help_shows_environment_variables_and_defaults() {
         let help = match load(&["--help"], &[]) {
