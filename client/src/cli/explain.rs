@@ -100,12 +100,21 @@ pub(crate) fn rpc_failure(what: &str, status: &Status, settings: &Settings) -> F
             "{what}: {message} (token from {token_source}; `reconctl tenant list` with the \
              admin token shows every tenant)"
         ),
-        // A server that speaks TLS drops a plaintext client's connection.
+        // A server that speaks TLS drops a plaintext client's connection,
+        // or answers its first bytes with a TLS alert that HTTP/2 reads as
+        // a protocol error (tonic reports that one as INTERNAL).
         Code::Unavailable if settings.ca_cert.is_none() => format!(
             "{what}: the server at {} is unavailable: {message}; check that it runs, and if it \
              serves TLS (--tls-cert), pass its CA certificate with --ca-cert",
             settings.addr.value
         ),
+        Code::Internal if settings.ca_cert.is_none() && message.contains("h2 protocol error") => {
+            format!(
+                "{what}: the server at {} broke the connection off: {message}; if it serves TLS \
+                 (--tls-cert), use an https:// address and pass its CA certificate with --ca-cert",
+                settings.addr.value
+            )
+        }
         Code::Unavailable => format!(
             "{what}: the server at {} is unavailable: {message}; check that it runs",
             settings.addr.value
@@ -179,6 +188,20 @@ mod tests {
         );
         assert_eq!(failure.exit, Exit::Error);
         assert!(failure.message.contains("RECONCILED_TOKEN"), "{failure}");
+    }
+
+    /// A plaintext client against a TLS port fails either way, depending on
+    /// timing: the connection dropped (UNAVAILABLE) or the server's TLS
+    /// alert read as an HTTP/2 protocol error (INTERNAL). Both point at TLS.
+    #[test]
+    fn a_plaintext_client_of_a_tls_server_is_pointed_at_tls_however_it_failed() {
+        for status in [
+            Status::unavailable("connection lost"),
+            Status::internal("h2 protocol error: http2 error"),
+        ] {
+            let failure = rpc_failure("list tenants", &status, &settings());
+            assert!(failure.message.contains("--ca-cert"), "{failure}");
+        }
     }
 
     #[test]
