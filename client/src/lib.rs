@@ -41,6 +41,7 @@
 
 pub mod agent;
 mod auth;
+mod chain;
 #[cfg(feature = "cli")]
 pub mod cli;
 mod client;

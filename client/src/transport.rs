@@ -28,6 +28,8 @@ use tonic::codegen::{Service, http};
 use tonic::transport::Channel;
 use tonic::{Code, ConnectError, Status, TimeoutExpired};
 
+use crate::chain::error_chain;
+
 /// The start of the message of a status for a connection lost under a
 /// call or a stream.
 pub(crate) const CONNECTION_LOST: &str = "the connection to the server was lost";
@@ -103,21 +105,12 @@ fn call_failed(error: tonic::transport::Error, endpoint: Option<&str>) -> Status
 /// would say only "tcp connect error"; this names the address and the
 /// operating system's reason (e.g. "Connection refused").
 fn not_connected(error: &(dyn StdError + 'static), endpoint: Option<&str>) -> Status {
-    let mut reasons = Vec::new();
-    let mut source = error.source();
-    while let Some(error) = source {
-        let reason = error.to_string();
-        if !reasons.contains(&reason) {
-            reasons.push(reason);
-        }
-        source = error.source();
-    }
+    let reasons = error.source().map(error_chain).unwrap_or_default();
     let at = endpoint
         .map(|endpoint| format!(" at {endpoint}"))
         .unwrap_or_default();
     Status::unavailable(format!(
-        "{NOT_CONNECTED}{at} ({}); check that it runs and listens there, then retry",
-        reasons.join(": ")
+        "{NOT_CONNECTED}{at} ({reasons}); check that it runs and listens there, then retry"
     ))
 }
 

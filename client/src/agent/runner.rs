@@ -30,6 +30,7 @@ use super::spec::TypeSpec;
 use super::targets::{Next, Targets};
 use super::token::Token;
 use crate::auth::BearerToken;
+use crate::chain::error_chain;
 use crate::client::MAX_MESSAGE_BYTES;
 use crate::tls::ClientTls;
 
@@ -460,26 +461,6 @@ fn name_item_types(message: &str, register: &v1::AgentMessage) -> String {
         named = named.replace(&path, &format!("{path} (type {:?})", spec.item_type));
     }
     named
-}
-
-/// An error with its sources, e.g. `transport error: tcp connect error:
-/// Connection refused (os error 111)`.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut last = text.clone();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        // Transport errors wrap one another with the same text ("tcp
-        // connect error: tcp connect error: ..."): say each once.
-        let piece = cause.to_string();
-        if piece != last {
-            text.push_str(": ");
-            text.push_str(&piece);
-            last = piece;
-        }
-        source = cause.source();
-    }
-    text
 }
 
 /// How a served session ended.
