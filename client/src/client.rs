@@ -47,8 +47,10 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// revision was no longer kept (`ABORTED`).
 const GET_GRAPH_RESTARTS: u32 = 8;
 
-/// Why a [`Client`] could not be created.
+/// Why a [`Client`] could not be created. Non-exhaustive: a `match` on it
+/// needs a catch-all arm, so a new reason does not break your build.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClientError {
     /// The endpoint is not a valid URI.
     #[error("{endpoint:?} is not a valid server address; use a URI such as http://127.0.0.1:50051")]
@@ -66,6 +68,17 @@ pub enum ClientError {
     EndpointWithoutScheme {
         /// The address as given.
         endpoint: String,
+    },
+    /// The endpoint parses as a URI but cannot be dialled: a port that is
+    /// not a number from 1 to 65535 (`http://127.0.0.1:notaport`, which the
+    /// connector would take for port 80), a scheme other than `http` or
+    /// `https`, or no host.
+    #[error("{endpoint:?} cannot be dialled: {problem}; use a URI such as http://127.0.0.1:50051")]
+    UnusableEndpoint {
+        /// The address as given.
+        endpoint: String,
+        /// What is wrong with it.
+        problem: String,
     },
     /// The server could not be reached.
     #[error(
@@ -146,6 +159,9 @@ impl Client {
                 source,
             })?
             .connect_timeout(CONNECT_TIMEOUT);
+        if let Some(problem) = crate::endpoint::unusable(dial.uri()) {
+            return Err(ClientError::UnusableEndpoint { endpoint, problem });
+        }
         // "127.0.0.1:50051" (what grpcurl takes) parses as a URI but can
         // never be dialled: say so, rather than "could not connect".
         if dial.uri().scheme().is_none() {

@@ -46,6 +46,7 @@ mod chain;
 pub mod cli;
 mod client;
 pub mod convert;
+mod endpoint;
 pub mod prelude;
 mod retry;
 #[cfg(feature = "testkit")]

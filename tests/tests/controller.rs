@@ -429,6 +429,33 @@ async fn an_address_without_a_scheme_is_refused_saying_to_add_one() {
     );
 }
 
+/// `http://127.0.0.1:5005l` (a mistyped port) parses as a URI, and the
+/// connector took the port it could not read for 80: the controller was
+/// told "connection refused" about a port it never named. It is refused
+/// before anything connects, naming the port.
+#[tokio::test]
+async fn an_address_whose_port_is_not_a_number_is_refused_naming_the_port() {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("the server starts");
+    let mistyped = format!("http://{}l", server.addr());
+    let error = Client::connect(mistyped.clone(), &server.admin_token())
+        .await
+        .expect_err("a port that is not a number cannot be dialled");
+    assert!(
+        matches!(
+            error,
+            reconciled_client::ClientError::UnusableEndpoint { .. }
+        ),
+        "{error:?}"
+    );
+    let port = format!("\"{}l\"", server.addr().port());
+    assert!(
+        error.to_string().contains(&port) && error.to_string().contains("1 to 65535"),
+        "{error}"
+    );
+}
+
 /// A call made while the server is down (stopped, restarting) fails with
 /// `UNAVAILABLE` that says where the client could not connect and why,
 /// not tonic's bare "tcp connect error"; `retry_after` says to try again.

@@ -686,6 +686,27 @@ async fn connection_and_token_failures_name_their_source_and_settings_follow_pre
         "{flagged:?}"
     );
 
+    // A mistyped port is a usage error naming the port and where the
+    // address came from, not a failed name lookup ("foo:bar") or a
+    // refused connection to port 80 (the port the connector took instead).
+    for (addr, port) in [
+        ("foo:bar", "\"bar\""),
+        ("http://127.0.0.1:50051x", "\"50051x\""),
+    ] {
+        let mistyped = cli
+            .run(&["fleet", "--token-file", &token_file, "--addr", addr])
+            .await
+            .expect(2);
+        assert!(
+            mistyped
+                .stderr
+                .contains(&format!("its port {port} is not a number"))
+                && mistyped.stderr.contains("address from --addr")
+                && !mistyped.stderr.contains("cannot connect"),
+            "{mistyped:?}"
+        );
+    }
+
     // The default config file is read when nothing names one.
     let home_config = Reconctl::new(&server);
     let default_dir = home_config.home().join(".config/reconciled");

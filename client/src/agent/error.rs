@@ -39,6 +39,17 @@ pub enum AgentError {
         /// The address as given.
         endpoint: String,
     },
+    /// The endpoint parses as a URI but cannot be dialled: a port that is
+    /// not a number from 1 to 65535 (`http://127.0.0.1:notaport`, which the
+    /// connector would take for port 80), a scheme other than `http` or
+    /// `https`, or no host. Refused at `build()` rather than retried.
+    #[error("{endpoint:?} cannot be dialled: {problem}; use a URI such as http://127.0.0.1:50051")]
+    UnusableEndpoint {
+        /// The address as given.
+        endpoint: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// The TLS settings cannot be used (e.g. a malformed certificate).
     #[error(
         "invalid TLS settings for {endpoint:?}: {source}; check the CA and client certificate PEM files"

@@ -160,6 +160,12 @@ impl AgentBuilder {
                     source,
                 })?
                 .connect_timeout(CONNECT_TIMEOUT);
+            if let Some(problem) = crate::endpoint::unusable(endpoint.uri()) {
+                return Err(AgentError::UnusableEndpoint {
+                    endpoint: address.clone(),
+                    problem,
+                });
+            }
             if endpoint.uri().scheme().is_none() {
                 return Err(AgentError::EndpointWithoutScheme {
                     endpoint: address.clone(),
@@ -1177,6 +1183,28 @@ mod tests {
             error_chain(&error),
             "transport error: tcp connect error: Connection refused"
         );
+    }
+
+    /// `http://127.0.0.1:notaport` parses as a URI; before, `build()`
+    /// accepted it and `run` dialled port 80 for ever, reporting
+    /// "connection refused" about a port the author never named.
+    #[test]
+    fn an_endpoint_whose_port_cannot_be_dialled_is_refused_at_build() {
+        for (address, named) in [
+            ("http://127.0.0.1:notaport", "\"notaport\""),
+            ("http://127.0.0.1:65536", "\"65536\""),
+            ("ftp://127.0.0.1:50051", "\"ftp\""),
+        ] {
+            let error = Agent::builder(address, "acme", "rcd_token")
+                .item_type(TypeSpec::new("kv"), Noop)
+                .build()
+                .expect_err(address);
+            assert!(
+                matches!(error, AgentError::UnusableEndpoint { .. }),
+                "{address}: {error:?}"
+            );
+            assert!(error.to_string().contains(named), "{error}");
+        }
     }
 
     /// `127.0.0.1:50051` parses as a URI but can never be dialled: before,

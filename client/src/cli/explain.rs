@@ -27,7 +27,7 @@ pub(crate) fn connect_failure(error: &ClientError, settings: &Settings) -> Failu
              http://127.0.0.1:50051",
             addr.value, addr.source
         )),
-        ClientError::EndpointWithoutScheme { .. } => {
+        ClientError::EndpointWithoutScheme { .. } | ClientError::UnusableEndpoint { .. } => {
             Failure::usage(format!("{error} (address from {})", addr.source))
         }
         ClientError::Connect { endpoint, source } => {
