@@ -227,8 +227,9 @@ async fn a_refused_schema_names_its_item_type() {
         .expect_err("a schema that does not compile is refused");
     let printed = error.to_string();
     assert!(
-        printed
-            .contains("register.item_types[1] (type \"user\").schema: the schema does not compile"),
+        printed.contains(
+            "register.item_types[1].schema: item type \"user\": the schema does not compile"
+        ),
         "{printed}"
     );
 }

@@ -174,7 +174,7 @@ async fn a_schema_that_does_not_compile_is_refused_at_register() {
         Err(AgentError::RegistrationRejected { code, message }) => {
             assert_eq!(code, Code::InvalidArgument);
             assert!(
-                message.contains("register.item_types[1] (type \"broken\").schema")
+                message.contains("register.item_types[1].schema: item type \"broken\": ")
                     && message.contains("/properties/port"),
                 "{message}"
             );

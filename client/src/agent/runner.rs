@@ -453,22 +453,6 @@ fn replaced_session_hint(agent_id: &str) -> String {
     )
 }
 
-/// `message` with each `register.item_types[i]` the server names followed
-/// by that type's name: `register.item_types[1] (type "user").schema`. The
-/// server's field paths count the types in registration order, which the
-/// agent's author never wrote down.
-fn name_item_types(message: &str, register: &v1::AgentMessage) -> String {
-    let Some(v1::agent_message::Message::Register(register)) = &register.message else {
-        return message.to_owned();
-    };
-    let mut named = message.to_owned();
-    for (index, spec) in register.item_types.iter().enumerate().rev() {
-        let path = format!("register.item_types[{index}]");
-        named = named.replace(&path, &format!("{path} (type {:?})", spec.item_type));
-    }
-    named
-}
-
 /// How a served session ended.
 enum SessionEnd {
     Shutdown,
@@ -638,15 +622,10 @@ impl Runner {
         if was_registered && matches!(failure, SessionFailure::Closed) {
             reason.push_str(&replaced_session_hint(&self.agent.agent_id));
         }
-        let mut disposition = match &failure {
+        let disposition = match &failure {
             SessionFailure::Status(status) => classify(status, &self.agent.tenant),
             _ => Disposition::Retry,
         };
-        if let Disposition::Permanent(AgentError::RegistrationRejected { message, .. }) =
-            &mut disposition
-        {
-            *message = name_item_types(message, &self.agent.register);
-        }
         let actions = self.state.disconnected(reason.clone(), code);
         self.execute(actions, None);
         if let (Disposition::Permanent(AgentError::Unauthenticated { message }), Some(path)) =

@@ -303,11 +303,14 @@ impl ConfiguratorsService {
                 {
                     violations.push(FieldViolation::new(
                         format!("{field}.item_type"),
-                        "this item type is listed twice",
+                        format!("item type {:?} is listed twice", spec.item_type),
                     ))
                 }
                 Ok(spec) => specs.push(spec),
-                Err(mut problems) => violations.append(&mut problems),
+                Err(mut problems) => {
+                    name_the_type(&mut problems, &spec.item_type, &field);
+                    violations.append(&mut problems);
+                }
             }
         }
         let outstanding = outstanding_from_proto(register, &mut violations);
@@ -316,6 +319,21 @@ impl ConfiguratorsService {
         } else {
             Err(ApiError::invalid_argument(violations))
         }
+    }
+}
+
+/// Puts the item type `item_type` in front of each problem's description
+/// (`item type "user": the schema does not compile ...`), unless its name
+/// is one of the problems. The field paths count the types in
+/// registration order, which an agent's author never wrote down, and an
+/// agent in any language shows the server's message as it is.
+fn name_the_type(problems: &mut [FieldViolation], item_type: &str, field: &str) {
+    let name_field = format!("{field}.item_type");
+    if problems.iter().any(|problem| problem.field == name_field) {
+        return;
+    }
+    for problem in problems {
+        problem.description = format!("item type {item_type:?}: {}", problem.description);
     }
 }
 
