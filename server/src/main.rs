@@ -72,13 +72,33 @@ fn main() -> ExitCode {
         Err(error) => {
             // Human logs share stderr with this message; JSON log collectors
             // need the error as an event of their own.
+            let error = error_chain(&error);
             if config.log_format == LogFormat::Json {
-                tracing::error!(error = format!("{error:#}"), "Exiting.");
+                tracing::error!(error, "Exiting.");
             }
-            eprintln!("reconciled: error: {error:#}");
+            eprintln!("reconciled: error: {error}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// `error` and its causes joined by ": ", leaving out a cause whose words
+/// are already there: an error that says its cause in its own message and
+/// also returns it as its `source()` (as `std::io::Error`'s wrappers often
+/// do) would otherwise print it twice.
+fn error_chain(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let words = cause.to_string();
+        if text.contains(&words) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&words);
+    }
+    text
 }
 
 /// Logs go to stderr (stdout carries the `listening on` line and command
@@ -164,4 +184,27 @@ fn run_migrate(config: &Config, mode: MigrateMode) -> anyhow::Result<()> {
     })?;
     print!("{report}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot listen on 127.0.0.1:1: {source}")]
+    struct SaysItsCause {
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn a_cause_the_message_already_says_is_printed_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::AddrInUse, "address in use");
+        let error = anyhow::Error::new(SaysItsCause { source: io }).context("cannot start");
+        assert_eq!(
+            error_chain(&error),
+            "cannot start: cannot listen on 127.0.0.1:1: address in use"
+        );
+        let plain = anyhow::anyhow!("root").context("middle").context("top");
+        assert_eq!(error_chain(&plain), "top: middle: root");
+    }
 }
