@@ -449,12 +449,27 @@ impl CurrentGraph {
     /// Items whose applied value (or in-flight target) requires `item`, in
     /// no particular order.
     pub fn dependents_of(&self, item: &ItemRef) -> impl Iterator<Item = &ItemRef> {
+        self.dependents_with_items_of(item)
+            .map(|(dependent, _)| dependent)
+    }
+
+    /// [`Self::dependents_of`], each with its current item (`None` if it is
+    /// not current), read from the slot that names it: the planner, which
+    /// looks at every dependent of an item it examines, makes no look-up
+    /// per dependent.
+    pub fn dependents_with_items_of(
+        &self,
+        item: &ItemRef,
+    ) -> impl Iterator<Item = (&ItemRef, Option<&Arc<CurrentItem>>)> {
         self.ids
             .get(item)
             .and_then(|id| self.ids.data(id))
             .into_iter()
             .flat_map(|mentioned| &mentioned.dependents)
-            .filter_map(|&dependent| self.ids.item(dependent))
+            .filter_map(|&dependent| {
+                let (item, mentioned) = self.ids.entry(dependent)?;
+                Some((item, mentioned.item.as_ref()))
+            })
     }
 
     /// Records the edges of `entry`, the item `key`. Only an item with

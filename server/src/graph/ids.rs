@@ -117,6 +117,11 @@ impl<T> IdTable<T> {
         self.slot(id).map(|slot| &slot.item)
     }
 
+    /// The identity named `id` with the data kept for it.
+    pub(super) fn entry(&self, id: ItemId) -> Option<(&ItemRef, &T)> {
+        self.slot(id).map(|slot| (&slot.item, &slot.data))
+    }
+
     /// The data kept for `id`.
     pub(super) fn data(&self, id: ItemId) -> Option<&T> {
         self.slot(id).map(|slot| &slot.data)

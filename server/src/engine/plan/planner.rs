@@ -89,6 +89,16 @@ impl Span {
     }
 }
 
+/// What the caller of [`Planner::intern`] knows of an item's current entry.
+#[derive(Clone, Copy)]
+enum CurrentEntry<'a> {
+    /// Nothing: the current graph is asked.
+    LookUp,
+    /// Read with what led to the item (a dependent read from the slot
+    /// that lists it): the entry, or `None` if the item is not current.
+    Read(Option<&'a Arc<CurrentItem>>),
+}
+
 /// Everything the run knows about one item. What every edge reads about
 /// its target is in [`Marks`] instead, so this is read once per item.
 pub(super) struct Node<'a> {
@@ -322,29 +332,41 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
     /// Interns `item`: its arena index, looking up its graph entries once.
     fn id(&mut self, item: &'a ItemRef) -> Id {
+        self.intern(item, CurrentEntry::LookUp)
+    }
+
+    /// Interns `item`, whose current entry the caller may have read
+    /// already (see [`CurrentEntry`]).
+    fn intern(&mut self, item: &'a ItemRef, known: CurrentEntry<'a>) -> Id {
         let intended: &'a IntendedGraph = self.intended;
         if let Some(node) = intended
             .id_of(item)
-            .and_then(|id| self.node_for_intended(id))
+            .and_then(|id| self.intern_intended(id, known))
         {
             return node;
         }
         if let Some(&node) = self.by_ref.get(item) {
             return node;
         }
-        let node = self.push_node(item, None, None);
+        let node = self.push_node(item, None, None, known);
         self.by_ref.insert(item, node);
         node
     }
 
     /// The arena index of the item the intended graph names `id`.
     fn node_for_intended(&mut self, id: ItemId) -> Option<Id> {
+        self.intern_intended(id, CurrentEntry::LookUp)
+    }
+
+    /// [`Self::node_for_intended`], with the current entry if the caller
+    /// knows it (see [`Self::intern`]).
+    fn intern_intended(&mut self, id: ItemId, known: CurrentEntry<'a>) -> Option<Id> {
         if let Some(node) = self.by_intended_id.get(id) {
             return Some(node);
         }
         let intended: &'a IntendedGraph = self.intended;
         let item = intended.identity(id)?;
-        let node = self.push_node(item, Some(id), intended.entry_by_id(id));
+        let node = self.push_node(item, Some(id), intended.entry_by_id(id), known);
         self.by_intended_id.insert(id, node);
         Some(node)
     }
@@ -354,14 +376,15 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         item: &'a ItemRef,
         intended_id: Option<ItemId>,
         intended: Option<(&'a Arc<IntendedItem>, ItemSummary)>,
+        known: CurrentEntry<'a>,
     ) -> Id {
         let current_graph: &'a CurrentGraph = self.current;
         let id = Id::try_from(self.nodes.len()).unwrap_or(Id::MAX);
         let external = intended.is_some_and(|(_, summary)| summary.external);
-        let current = if current_graph.is_empty() {
-            None
-        } else {
-            current_graph.get(item)
+        let current = match known {
+            CurrentEntry::Read(current) => current,
+            CurrentEntry::LookUp if current_graph.is_empty() => None,
+            CurrentEntry::LookUp => current_graph.get(item),
         };
         let mut mark: Mark = 0;
         if intended.is_some() && !external {
@@ -453,8 +476,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             Span::EMPTY
         } else {
             let start = self.edges.len();
-            for dependent in current.dependents_of(self.node(id).item) {
-                let dependent = self.id(dependent);
+            for (dependent, entry) in current.dependents_with_items_of(self.node(id).item) {
+                let dependent = self.intern(dependent, CurrentEntry::Read(entry));
                 self.edges.push(dependent);
             }
             self.edge_range(start)
@@ -1010,10 +1033,14 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
 
     /// Whether a dependency of `value` is gone: (one that is not
     /// `auto_deleted_by_external`, one that is).
-    fn gone_dependencies(&mut self, value: &'a Item) -> (bool, bool) {
+    fn gone_dependencies(&mut self, id: Id, value: &'a Item) -> (bool, bool) {
         let (mut gone_plain, mut gone_auto) = (false, false);
-        for dependency in &value.dependencies {
-            let required = self.id(&dependency.requires);
+        let as_intended = self.dependencies_as_intended(id, value);
+        for (index, dependency) in value.dependencies.iter().enumerate() {
+            let required = match as_intended {
+                Some(span) => self.edge(span, index),
+                None => self.id(&dependency.requires),
+            };
             let dropped = self.is_dropped(required);
             let gone = match self.node(required).current {
                 Some(state) if state.is_busy() => false,
@@ -1031,6 +1058,27 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         (gone_plain, gone_auto)
     }
 
+    /// The nodes of the dependencies of `value` (a value item `id` holds),
+    /// index-aligned with them, when it relies on exactly the items its
+    /// intent does, in the same order: the usual case (the value is the
+    /// intended one, or a Modify changes only properties), where the
+    /// intended graph's id list names them without a look-up each.
+    fn dependencies_as_intended(&mut self, id: Id, value: &Item) -> Option<Span> {
+        let intended = &self.intended_of(id)?.item;
+        let same = std::ptr::eq(&**intended, value)
+            || (intended.dependencies.len() == value.dependencies.len()
+                && intended
+                    .dependencies
+                    .iter()
+                    .zip(&value.dependencies)
+                    .all(|(mine, theirs)| mine.requires == theirs.requires));
+        if !same {
+            return None;
+        }
+        let span = self.required(id);
+        (span.len as usize == value.dependencies.len()).then_some(span)
+    }
+
     /// Rules for an item that exists: a dependency it relies on is gone, a
     /// predicate fails for the dependency's next value, or a
     /// `recreate_when_modified` dependency is about to be modified.
@@ -1045,7 +1093,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         // goes too; otherwise it may exist, and is deleted.
         let (mut any_plain, mut any_auto, mut every_auto) = (false, false, true);
         for value in current.values() {
-            let (plain, auto) = self.gone_dependencies(value);
+            let (plain, auto) = self.gone_dependencies(id, value);
             any_plain |= plain;
             any_auto |= auto;
             every_auto &= auto;
@@ -1073,7 +1121,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         // item that may hold other values (`maybe_applied`) keeps their
         // predicates too.
         for value in current.values() {
-            if self.breaks_or_recreates(value, intended) {
+            if self.breaks_or_recreates(id, value, intended) {
                 // The dependency's Modify waits for this Delete (see
                 // `modify_waits_for_dependents`).
                 self.mark_deleting(id);
@@ -1085,9 +1133,13 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// Whether a dependency of `value` (a value the item holds) is about to
     /// get a value that fails its predicate (rule 6), or to be modified
     /// under a `recreate_when_modified` dependency the intent keeps.
-    fn breaks_or_recreates(&mut self, value: &'a Item, intended: &IntendedItem) -> bool {
+    fn breaks_or_recreates(&mut self, id: Id, value: &'a Item, intended: &IntendedItem) -> bool {
+        let as_intended = self.dependencies_as_intended(id, value);
         for (index, dependency) in value.dependencies.iter().enumerate() {
-            let required = self.id(&dependency.requires);
+            let required = match as_intended {
+                Some(span) => self.edge(span, index),
+                None => self.id(&dependency.requires),
+            };
             if self.node(required).busy() {
                 continue;
             }
