@@ -298,10 +298,13 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
       }
       // Red edges follow what blocks what: redraw when that changed.
       if (graph && blockers(current.get(key)) !== before) needsLayout = true;
+      refreshStatusSoon();
     } else if (event.operation_started || event.operation_finished) {
       recordOperation(event, event.time);
+      refreshStatusSoon();
     } else if (event.intent_changed) {
       refreshIntent();
+      refreshStatusSoon();
     } else if (event.conditions_changed) {
       if (status) status.conditions = event.conditions_changed.conditions;
       refreshStatus();
@@ -333,6 +336,21 @@ export function mountTenant(root, tenantName, selectedLabel, { report, clear }) 
       id: agent.agent_id, types: agent.item_types, connected, since: event.time,
       reason: connected ? '' : agent.reason,
     });
+  }
+
+  // The header's counts (items by state, operations in flight, the
+  // generations) change with items and intents, and the conditions do not
+  // always change with them: fetch the status again after those events too,
+  // at most once per STATUS_INTERVAL_MS, so a busy tenant costs a few
+  // GetStatus calls a second, not one per event.
+  const STATUS_INTERVAL_MS = 250;
+  let statusTimer = null;
+  function refreshStatusSoon() {
+    if (statusTimer) return;
+    statusTimer = setTimeout(() => {
+      statusTimer = null;
+      if (!abort.signal.aborted) refreshStatus();
+    }, STATUS_INTERVAL_MS);
   }
 
   let statusInFlight = false;

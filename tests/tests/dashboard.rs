@@ -1204,6 +1204,42 @@ async fn acme_holding(kind: OperationKind, name: &str) -> (TestTenant, RunningAg
     (acme, agent, held)
 }
 
+/// The header's counts follow an intent change that leaves every
+/// condition as it was: before, the header fetched the status again only
+/// when a condition or an agent changed, and went on showing the old
+/// generation and item counts.
+#[tokio::test]
+async fn the_tenant_header_follows_an_intent_change_that_leaves_the_conditions_alone() {
+    let (acme, _agent, held) = acme_holding(OperationKind::Create, "a").await;
+    acme.submit(vec![item("t", "a", json!({}))]).await;
+    let browser = Browser::start().await.expect("headless Chromium starts");
+    sign_in(&browser, &acme, &acme.token, Some("acme")).await;
+    wait_for_node_state(&browser, "t", "a", "CREATING").await;
+    browser
+        .wait_for_text("#tenant-head .gen", "/ 1")
+        .await
+        .expect("the header shows generation 1");
+
+    // An item of a type no agent handles waits for one: the Create of t/a
+    // is still the one operation in flight, nothing is ready to run or
+    // retried, so no condition changes (their messages count exactly
+    // those).
+    let conditions = acme.status().await.conditions;
+    acme.submit(vec![item("t", "a", json!({})), item("u", "b", json!({}))])
+        .await;
+    browser
+        .wait_for_text("#tenant-head .gen", "/ 2")
+        .await
+        .expect("the header shows generation 2");
+    assert_eq!(
+        acme.status().await.conditions,
+        conditions,
+        "the intent change left the conditions as they were"
+    );
+    held.open();
+    browser.close().await.expect("closes");
+}
+
 #[tokio::test]
 async fn an_item_its_agent_deleted_leaves_the_graph_instead_of_turning_unknown() {
     let (acme, _agent, held) = acme_holding(OperationKind::Delete, "b").await;
