@@ -44,9 +44,12 @@
 //!    --examples` instead: that is the selection of `cargo test --workspace`,
 //!    so cargo reuses the test run's dependencies rather than compiling
 //!    them again with other features;
-//! 3. otherwise, or if that build fails, `reconciled` next to the test
-//!    executable, in the cargo profile directory it was built into
-//!    (`target/debug/reconciled` when the test is `target/debug/deps/<test>`).
+//! 3. outside cargo, `reconciled` next to the test executable, in the
+//!    cargo profile directory it was built into (`target/debug/reconciled`
+//!    when the test is `target/debug/deps/<test>`). Under cargo, a build
+//!    that fails is an error, which names such a binary if there is one:
+//!    in a target directory shared by several checkouts it may be of
+//!    another version, so it is used only when `$RECONCILED_BIN` names it.
 //!
 //! Dropping a [`TestServer`] kills the process and removes its directory
 //! (kept, with the path printed, if the test is panicking).
@@ -167,28 +170,40 @@ fn locate_or_build() -> Result<PathBuf, String> {
         };
     }
     let profile_dir = profile_dir();
-    let built = if std::env::var_os("CARGO").is_some() {
-        Some(build_with_cargo(
-            profile_dir.as_deref(),
-            std::env::var_os("CARGO_MANIFEST_DIR").as_deref(),
-        ))
-    } else {
-        None
-    };
-    if let Some(Ok(path)) = built {
-        return Ok(path);
-    }
-    if let Some(dir) = &profile_dir {
-        let candidate = dir.join(format!("reconciled{}", std::env::consts::EXE_SUFFIX));
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    built.unwrap_or_else(|| {
+    let earlier = profile_dir
+        .as_deref()
+        .map(|dir| dir.join(format!("reconciled{}", std::env::consts::EXE_SUFFIX)))
+        .filter(|path| path.is_file());
+    pick_binary(std::env::var_os("CARGO").is_some(), earlier, || {
         build_with_cargo(
             profile_dir.as_deref(),
             std::env::var_os("CARGO_MANIFEST_DIR").as_deref(),
         )
+    })
+}
+
+/// Under cargo, the server `build` makes, and only that: when the build
+/// fails, a binary an earlier build left next to the test executable
+/// (`earlier`) may be of another version (a target directory shared by
+/// several checkouts or crates), so the error names it rather than the
+/// tests quietly running against it. Outside cargo, that earlier binary,
+/// or a build when there is none.
+fn pick_binary(
+    under_cargo: bool,
+    earlier: Option<PathBuf>,
+    build: impl FnOnce() -> Result<PathBuf, String>,
+) -> Result<PathBuf, String> {
+    if !under_cargo && let Some(path) = earlier {
+        return Ok(path);
+    }
+    build().map_err(|error| match earlier {
+        Some(path) => format!(
+            "{error}\n(an earlier build left a reconciled binary at {path}, which may be of \
+             another version or checkout; to test against it anyway, set \
+             {RECONCILED_BIN_ENV}={path})",
+            path = path.display()
+        ),
+        None => error,
     })
 }
 
@@ -811,6 +826,36 @@ mod tests {
             error.contains("has no `reconciled` package")
                 && error.contains("build it in a reconciled checkout and point RECONCILED_BIN"),
             "{error}"
+        );
+    }
+
+    /// A build that fails under cargo used to fall back, without a word,
+    /// to whatever `reconciled` an earlier build had left in the target
+    /// directory: in one shared by several checkouts, another version.
+    #[test]
+    fn a_failed_build_names_an_earlier_binary_instead_of_running_it() {
+        let earlier = PathBuf::from("/shared/target/debug/reconciled");
+        let error = pick_binary(true, Some(earlier.clone()), || {
+            Err("the build failed".into())
+        })
+        .expect_err("a failed build is an error under cargo");
+        assert!(
+            error.starts_with("the build failed")
+                && error.contains("RECONCILED_BIN=/shared/target/debug/reconciled"),
+            "{error}"
+        );
+        let built = PathBuf::from("/t/debug/reconciled");
+        assert_eq!(
+            pick_binary(true, Some(earlier.clone()), || Ok(built.clone())),
+            Ok(built)
+        );
+        assert_eq!(
+            pick_binary(false, Some(earlier.clone()), || Err("not called".into())),
+            Ok(earlier)
+        );
+        assert_eq!(
+            pick_binary(true, None, || Err("the build failed".into())),
+            Err("the build failed".into())
         );
     }
 
