@@ -1,6 +1,7 @@
 //! Assembles and runs the server: store, tenants, services, health and
 //! reflection, until SIGTERM.
 
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -59,6 +60,29 @@ struct OpenedStore {
     etcd: Option<Arc<EtcdStore>>,
 }
 
+/// Creates the data directory `dir` and its parents if they are missing.
+/// When that fails, says which part of the path stands in the way: a file
+/// where a directory should be made every later step (the admin token
+/// file, the store) fail with "Not a directory" about a file inside it.
+fn prepare_data_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).map_err(|error| {
+        let file = dir.ancestors().find(|part| part.exists() && !part.is_dir());
+        match file {
+            Some(file) => anyhow::anyhow!(
+                "cannot create the data directory {}: {} is a file, not a directory; \
+                 pick another --data-dir",
+                dir.display(),
+                file.display()
+            ),
+            None => anyhow::anyhow!(
+                "cannot create the data directory {}: {error}; check that this user may \
+                 create it, or pick another --data-dir",
+                dir.display()
+            ),
+        }
+    })
+}
+
 /// Opens the store (applying pending migrations after a backup) and
 /// reports what ran.
 fn open_store(config: &Config) -> anyhow::Result<OpenedStore> {
@@ -66,7 +90,7 @@ fn open_store(config: &Config) -> anyhow::Result<OpenedStore> {
     // an operation runs holds two values) are kept as chunks.
     match config.store {
         StoreKind::Sled => {
-            std::fs::create_dir_all(&config.data_dir)?;
+            prepare_data_dir(&config.data_dir)?;
             let (store, report) = open_and_migrate(&config.data_dir, sled_options(config), false)?;
             log_migrations(&report);
             Ok(OpenedStore {
@@ -155,6 +179,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     // Unusable TLS files stop the start before the data directory is
     // created or the store migrated.
     let tls = crate::tls::server_tls(&config)?;
+    // The admin token file is read from the data directory first: a path
+    // that cannot be a directory is reported as such, not as a token file
+    // that cannot be read.
+    if config.store == StoreKind::Sled || config.admin_token.is_none() {
+        prepare_data_dir(&config.data_dir)?;
+    }
     let admin = Arc::new(AdminToken::load_or_generate(&config)?);
     let OpenedStore { store, etcd } = open_store(&config)?;
     let metrics = Arc::new(crate::metrics::Metrics::default());
@@ -508,7 +538,7 @@ pub fn migrate(config: &Config, mode: MigrateMode) -> anyhow::Result<String> {
             if dry_run {
                 require_data_dir(config)?;
             }
-            std::fs::create_dir_all(&config.data_dir)?;
+            prepare_data_dir(&config.data_dir)?;
             let (store, report) =
                 open_and_migrate(&config.data_dir, sled_options(config), dry_run)?;
             (Box::new(store), report)

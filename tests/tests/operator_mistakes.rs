@@ -257,6 +257,36 @@ fn a_host_name_as_a_listen_flag_is_refused_with_the_form_expected() {
     );
 }
 
+/// A data directory under a file (a typo, or a path reused): the start
+/// used to fail reading "the admin token file .../admin.token: Not a
+/// directory", which sent the operator looking for a token problem.
+#[test]
+fn a_data_directory_under_a_file_names_the_file_in_the_way() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = write(dir.path(), "afile", "not a directory\n");
+    let data = format!("{file}/data");
+    let serve = [
+        "--listen",
+        "127.0.0.1:0",
+        "--ui-listen",
+        "off",
+        "--data-dir",
+        &data,
+    ];
+    let migrate = ["migrate", "--data-dir", &data];
+    for args in [&serve[..], &migrate[..]] {
+        let output = reconciled_until_exit(args);
+        let stderr = stderr_of(&output);
+        assert_ne!(output.status.code(), Some(0), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "cannot create the data directory {data}: {file} is a file, not a directory"
+            )) && !stderr.contains("admin token"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn a_data_directory_in_use_names_the_process_that_holds_it() {
     let dir = tempfile::tempdir().expect("temp dir");
