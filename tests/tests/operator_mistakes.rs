@@ -28,6 +28,19 @@ fn reconciled_until_exit(args: &[&str]) -> Output {
         .expect("reconciled runs under timeout")
 }
 
+/// The arguments that serve on a free port, without the dashboard, from
+/// the data directory `data`.
+fn serve_args(data: &str) -> [&str; 6] {
+    [
+        "--listen",
+        "127.0.0.1:0",
+        "--ui-listen",
+        "off",
+        "--data-dir",
+        data,
+    ]
+}
+
 fn stderr_of(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
@@ -265,16 +278,10 @@ fn a_data_directory_under_a_file_names_the_file_in_the_way() {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = write(dir.path(), "afile", "not a directory\n");
     let data = format!("{file}/data");
-    let serve = [
-        "--listen",
-        "127.0.0.1:0",
-        "--ui-listen",
-        "off",
-        "--data-dir",
-        &data,
-    ];
-    let migrate = ["migrate", "--data-dir", &data];
-    for args in [&serve[..], &migrate[..]] {
+    for args in [
+        &serve_args(&data)[..],
+        &["migrate", "--data-dir", &data][..],
+    ] {
         let output = reconciled_until_exit(args);
         let stderr = stderr_of(&output);
         assert_ne!(output.status.code(), Some(0), "{stderr}");
@@ -292,14 +299,7 @@ fn a_data_directory_in_use_names_the_process_that_holds_it() {
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("data").to_string_lossy().into_owned();
     let running = HandStarted::start(&["--data-dir", &data]);
-    let output = reconciled_until_exit(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--ui-listen",
-        "off",
-        "--data-dir",
-        &data,
-    ]);
+    let output = reconciled_until_exit(&serve_args(&data));
     let stderr = stderr_of(&output);
     assert_ne!(output.status.code(), Some(0), "{stderr}");
     assert!(
