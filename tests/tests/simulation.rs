@@ -1456,3 +1456,14 @@ fn seed_54952_with_drift_a_read_sent_as_a_quiet_round_ends_is_answered_first() {
 fn seed_61031_with_drift_agents_reconnect_after_a_restart_in_the_final_phase() {
     passes_with_drift(61031, sim::AgentFaults::SessionsEnd);
 }
+
+/// The planner's: a Create and its dependent's Modify were lost with a
+/// restarting agent, and the Create failed when sent again, leaving its
+/// item's existence uncertain. The Create waiting for its retry counted as
+/// hopeless, so the dependent was deleted (rule 5) instead of its lost
+/// Modify being sent again; an item that may exist never causes a
+/// dependent's deletion.
+#[test]
+fn seed_125101_with_agent_restarts_a_dependency_that_may_exist_does_not_delete_its_dependent() {
+    passes_with_agent_restarts(125101);
+}

@@ -571,11 +571,12 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
     // ----- dropped and planned for deletion ----------------------------------
 
     /// The required item is gone: absent from current state, or neither
-    /// created nor busy, or dropped by this plan.
+    /// created, nor busy, nor of uncertain existence (UNKNOWN never causes
+    /// a dependent's deletion), or dropped by this plan.
     fn gone(&self, item: &ItemRef) -> bool {
         match self.current_of(item) {
             None => true,
-            Some(c) if c.is_busy() => false,
+            Some(c) if c.is_busy() || c.existence_uncertain => false,
             Some(c) => !c.is_created() || self.dropped.contains(item),
         }
     }
@@ -1039,8 +1040,15 @@ impl<'a, E: PlanEnvironment> Oracle<'a, E> {
                     };
                     self.check(dependency, &after, Some((required.clone(), kind)))
                 }
-                // Not created and not going to be in this plan.
-                Schedule::Waiting { .. } if kind == OperationKind::Create => hopeless,
+                // Not created and not going to be in this plan, unless it
+                // may exist already (a lost Create may have applied): then
+                // its dependents wait, as for UNKNOWN.
+                Schedule::Waiting { .. } if kind == OperationKind::Create => {
+                    let uncertain = current.is_some_and(|c| c.existence_uncertain);
+                    Status::Unsatisfied {
+                        hopeless: !uncertain,
+                    }
+                }
                 // Exists, with a Modify that must happen first.
                 Schedule::Waiting { .. } => Status::Unsatisfied { hopeless: false },
             };

@@ -1042,8 +1042,12 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 None => self.id(&dependency.requires),
             };
             let dropped = self.is_dropped(required);
+            // An item whose operation runs, or whose existence is not known
+            // (a lost Create answered FAILED on its re-delivery may have
+            // applied before), is not known to be gone: UNKNOWN never
+            // causes a dependent's deletion (DESIGN 4; seed 125101).
             let gone = match self.node(required).current {
-                Some(state) if state.is_busy() => false,
+                Some(state) if state.is_busy() || state.existence_uncertain => false,
                 Some(state) => !state.is_created() || dropped,
                 None => true,
             };
@@ -1722,7 +1726,14 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 },
                 Some(Schedule::Waiting { kind, reason, .. }) => {
                     if *kind == OperationKind::Create {
-                        unsatisfied(&format!("not created ({})", reason_words(*reason)), true)
+                        // An item whose existence is not known (a lost
+                        // Create may have applied) may be there: its
+                        // dependents wait rather than go, as for UNKNOWN.
+                        let hopeless = !current.is_some_and(|c| c.existence_uncertain);
+                        unsatisfied(
+                            &format!("not created ({})", reason_words(*reason)),
+                            hopeless,
+                        )
                     } else {
                         unsatisfied(
                             &format!("being modified ({})", reason_words(*reason)),

@@ -1372,6 +1372,39 @@ fn a_dependent_dropped_while_its_modify_runs_holds_the_delete_of_its_dependency(
 }
 
 #[test]
+fn a_modify_waits_for_a_dependency_that_may_exist_rather_than_deleting_its_item() {
+    // Found by the simulator (seed 125101, agents that restart): a's
+    // Create was lost with its session and failed when delivered again, so
+    // a may exist (the lost delivery may have made it). b's Modify waits
+    // for a's next Create; b used to be deleted as if a could never be
+    // there (rule 5), though an item of unknown existence never causes a
+    // dependent's deletion (DESIGN 4, UNKNOWN).
+    let mut world = World::converged(vec![a(), b_on_a()]);
+    let mut uncertain = (**world.current.get(&parse_ref("t/a")).expect("a")).clone();
+    uncertain.existence_uncertain = true;
+    world.current.insert(parse_ref("t/a"), uncertain);
+    world.dirty.insert(parse_ref("t/a"));
+    world.fail(Create, "t/a", code::UNAVAILABLE);
+    world.intend(vec![
+        a(),
+        item("t/b", json!({"v": 2})).depends_on(on("t/a")),
+    ]);
+    world.run_to_quiescence(5);
+    assert_eq!(world.labels(), ["create t/a"], "b is not deleted");
+    let plan = world.plan();
+    let b = waiting_entry(&plan, "t/b");
+    assert_eq!((b.operation, b.reason), (Modify, WaitReason::Dependency));
+    assert_eq!(b.blocked_by[0].why, "not created (backoff)");
+    world.environment.now_ms += 1_000;
+    world.run_to_quiescence(5);
+    assert_eq!(
+        world.labels(),
+        ["create t/a", "create t/a", "modify t/b"],
+        "the retried Create lets b's Modify run"
+    );
+}
+
+#[test]
 fn an_item_whose_existence_is_uncertain_is_created_again_before_anything_is_built_on_it() {
     // Found by the simulator (seeds 48, 1198): a lost Create whose
     // dependency did not hold was recorded as created; its Delete waited,
