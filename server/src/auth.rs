@@ -93,15 +93,15 @@ pub enum AuthError {
     #[error("cannot generate a token: the operating system's random source failed: {0}")]
     Randomness(String),
     /// The admin token file or the data directory could not be read or written.
-    #[error("cannot {action} {}: {error}; check that the data directory is writable by this user", path.display())]
+    #[error("cannot {action} {}: {source}; check that the data directory is writable by this user", path.display())]
     Io {
         /// What was being done, e.g. "read the admin token file".
         action: &'static str,
         /// The file or directory.
         path: PathBuf,
-        /// The I/O error; in the message, not the error chain, so that it
-        /// is printed once.
-        error: io::Error,
+        /// The I/O error (also in the message; the printer of fatal
+        /// errors leaves out a cause the message holds).
+        source: io::Error,
     },
     /// The admin token file exists but holds no usable token.
     #[error(
@@ -224,7 +224,7 @@ fn read_token_file(path: &Path) -> Result<Option<String>, AuthError> {
             return Err(AuthError::Io {
                 action: "read the admin token file",
                 path: path.to_path_buf(),
-                error,
+                source: error,
             });
         }
     };
@@ -260,7 +260,7 @@ fn write_token_file(data_dir: &Path, path: &Path, token: &str) -> Result<Written
         move |error| AuthError::Io {
             action,
             path,
-            error,
+            source: error,
         }
     };
     DirBuilder::new()
@@ -293,7 +293,7 @@ fn write_token_file(data_dir: &Path, path: &Path, token: &str) -> Result<Written
                 return Err(AuthError::Io {
                     action: "create the admin token file",
                     path: path.to_path_buf(),
-                    error,
+                    source: error,
                 });
             }
         }

@@ -52,14 +52,14 @@ pub enum BootstrapError {
     Reflection(#[from] tonic_reflection::server::Error),
     /// The listen address could not be bound.
     #[error(
-        "cannot listen on {addr}: {error}; choose another address with --listen or RECONCILED_LISTEN"
+        "cannot listen on {addr}: {source}; choose another address with --listen or RECONCILED_LISTEN"
     )]
     Bind {
         /// The address.
         addr: SocketAddr,
-        /// The I/O error (often "address in use"); in the message, not
-        /// the error chain, so that it is printed once.
-        error: std::io::Error,
+        /// The I/O error (often "address in use"; also in the message,
+        /// which the printer of fatal errors does not repeat).
+        source: std::io::Error,
     },
     /// The transport failed while serving.
     #[error("gRPC server failed: {0}")]
@@ -111,7 +111,7 @@ pub fn server_builder() -> Server {
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BootstrapError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|error| BootstrapError::Bind { addr, error })
+        .map_err(|source| BootstrapError::Bind { addr, source })
 }
 
 /// Installs the SIGTERM and SIGINT (Ctrl-C) handlers now, and returns a

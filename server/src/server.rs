@@ -89,8 +89,8 @@ fn open_store(config: &Config) -> anyhow::Result<OpenedStore> {
     // Records over one stored value (a 64 KiB item's current record while
     // an operation runs holds two values) are kept as chunks.
     match config.store {
+        // `serve` made the data directory already, before the admin token.
         StoreKind::Sled => {
-            prepare_data_dir(&config.data_dir)?;
             let (store, report) = open_and_migrate(&config.data_dir, sled_options(config), false)?;
             log_migrations(&report);
             Ok(OpenedStore {

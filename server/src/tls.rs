@@ -11,7 +11,7 @@ use crate::config::Config;
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// A PEM file could not be read.
-    #[error("cannot read {what} {}: {error}; check --{flag}", path.display())]
+    #[error("cannot read {what} {}: {source}; check --{flag}", path.display())]
     Read {
         /// Which file (e.g. "the TLS certificate").
         what: &'static str,
@@ -19,9 +19,9 @@ pub enum TlsError {
         flag: &'static str,
         /// The path.
         path: PathBuf,
-        /// The I/O error; in the message, not the error chain, so that it
-        /// is printed once.
-        error: std::io::Error,
+        /// The I/O error (also in the message; the printer of fatal
+        /// errors leaves out a cause the message holds).
+        source: std::io::Error,
     },
     /// A PEM file holds nothing usable.
     #[error("{} holds no PEM block; {what} must be PEM (-----BEGIN ...-----)", path.display())]
@@ -82,11 +82,11 @@ pub fn server_tls(config: &Config) -> Result<Option<ServerTlsConfig>, TlsError> 
 }
 
 fn read_pem(path: &Path, what: &'static str, flag: &'static str) -> Result<Vec<u8>, TlsError> {
-    let bytes = std::fs::read(path).map_err(|error| TlsError::Read {
+    let bytes = std::fs::read(path).map_err(|source| TlsError::Read {
         what,
         flag,
         path: path.to_path_buf(),
-        error,
+        source,
     })?;
     if !bytes.windows(11).any(|window| window == b"-----BEGIN ") {
         return Err(TlsError::NotPem {

@@ -91,9 +91,9 @@ pub async fn spawn(
         Ok(listener) => listener.local_addr().map(|addr| (listener, addr)),
         Err(source) => Err(source),
     };
-    let (listener, addr) = bound.map_err(|error| DashboardError::Bind {
+    let (listener, addr) = bound.map_err(|source| DashboardError::Bind {
         addr: settings.listen,
-        error,
+        source,
     })?;
     let scheme = if settings.tls.is_some() {
         "https"
@@ -137,15 +137,15 @@ pub async fn spawn(
 pub enum DashboardError {
     /// The address could not be bound.
     #[error(
-        "cannot serve the dashboard on {addr}: {error}; choose another address with --ui-listen \
+        "cannot serve the dashboard on {addr}: {source}; choose another address with --ui-listen \
          or RECONCILED_UI_LISTEN, or turn it off with --ui-listen off"
     )]
     Bind {
         /// The address.
         addr: SocketAddr,
-        /// The I/O error (often "address in use"); in the message, not
-        /// the error chain, so that it is printed once.
-        error: std::io::Error,
+        /// The I/O error (often "address in use"; also in the message,
+        /// which the printer of fatal errors does not repeat).
+        source: std::io::Error,
     },
     /// The TLS settings were refused.
     #[error("cannot serve the dashboard with TLS: {0}")]
