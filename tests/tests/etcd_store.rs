@@ -564,3 +564,86 @@ async fn the_tenant_catalog_catches_up_with_what_etcd_acknowledged() {
     println!("known before catching up: {known_before_catching_up} of 20");
     stop.cancel();
 }
+
+/// A quarantined tenant's deletion commits under the claim the replica
+/// quarantined it under. A replica that lost that claim (paused past its
+/// lease while another replica took the tenant over) writes nothing: the
+/// name it would free may belong to another tenant by then. With the
+/// claim held, the deletion frees the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_quarantined_tenant_writes_nothing_once_its_claim_moved_on() {
+    use reconciled::store::keys;
+    use reconciled::tenant::{OwnerSettings, TenantDirectory, TenantError};
+
+    let etcd = EtcdCluster::single().await.expect("etcd starts");
+    let etcd_store = Arc::new(open(&options(&etcd)));
+    let store: Arc<dyn Store> = etcd_store.clone();
+    let directory = TenantDirectory::empty(store.clone(), OwnerSettings::default());
+    let unreadable = TenantError::Corrupt {
+        key: String::from("tenants/7"),
+        message: String::from("torn record"),
+    };
+    let name_key = keys::tenant_name_key("bad");
+    let mut batch = WriteBatch::new();
+    batch.put(name_key.clone(), b"7".to_vec());
+    store
+        .commit(batch)
+        .await
+        .expect("the name index is written");
+    let owner_key = b"owners/7".to_vec();
+    let claim = |replica: &'static str| {
+        let etcd_store = etcd_store.clone();
+        let owner_key = owner_key.clone();
+        async move {
+            let revision = etcd_store
+                .put_if_absent(&owner_key, replica.as_bytes().to_vec(), None)
+                .await
+                .expect("claim")
+                .expect("the key was free");
+            Fence {
+                key: owner_key,
+                mod_revision: revision,
+            }
+        }
+    };
+
+    // Replica A quarantined the tenant under its claim; the claim moved
+    // on to replica B before A carries out a DeleteTenant.
+    let lost = claim("replica-a").await;
+    directory.quarantine("bad".into(), 7, &unreadable, Some(lost.clone()));
+    assert!(
+        etcd_store
+            .delete_if(&owner_key, lost.mod_revision)
+            .await
+            .expect("release")
+    );
+    let held = claim("replica-b").await;
+    let refused = directory
+        .delete("bad")
+        .await
+        .expect_err("a replica that lost the claim deletes nothing");
+    assert!(
+        refused.to_string().contains("fence key"),
+        "refused as fenced out: {refused}"
+    );
+    assert_eq!(
+        store.get(&name_key).expect("reads"),
+        Some(b"7".to_vec()),
+        "the name is not freed"
+    );
+    assert!(store.get(&keys::purge_key(7)).expect("reads").is_none());
+
+    // The replica that holds the claim deletes it.
+    directory.quarantine("bad".into(), 7, &unreadable, Some(held));
+    directory
+        .delete("bad")
+        .await
+        .expect("deleted under the claim");
+    assert_eq!(
+        store.get(&name_key).expect("reads"),
+        None,
+        "the name is free"
+    );
+    assert!(directory.quarantined("bad").is_none());
+    directory.shutdown().await;
+}

@@ -383,7 +383,8 @@ impl Ownership {
                     return;
                 }
                 // Keep the claim: another replica would fail the same way.
-                self.directory.quarantine(name.to_owned(), id, &error);
+                self.directory
+                    .quarantine(name.to_owned(), id, &error, Some(fence.clone()));
                 self.publish_quarantine(id, name, &error, fence).await;
                 return;
             }

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::auth::{TokenDirectory, TokenHash, TokenKind, generate_token};
-use crate::store::{Store, WriteBatch, keys};
+use crate::store::{Fence, Store, WriteBatch, keys};
 use crate::watch::hub::CloseReason;
 use crate::wire::condition_to_proto;
 
@@ -69,6 +69,12 @@ pub struct Quarantined {
     pub id: u64,
     /// Why its records could not be read.
     pub error: String,
+    /// With replicas on etcd, the claim this replica keeps the tenant
+    /// under: its deletion commits under this fence, so that a replica
+    /// that lost the claim (its lease ran out while it was paused) cannot
+    /// free a name another tenant may have taken since. `None` on one
+    /// server, where nobody else writes the store.
+    pub fence: Option<Fence>,
 }
 
 impl Inner {
@@ -132,13 +138,13 @@ impl TenantDirectory {
                     key: String::from_utf8_lossy(&record_key).into_owned(),
                     message: String::from("the tenant record is missing"),
                 };
-                directory.quarantine(indexed_name(), id, &error);
+                directory.quarantine(indexed_name(), id, &error, None);
                 continue;
             };
             let record: TenantRecord = match decode(&record_key, &bytes) {
                 Ok(record) => record,
                 Err(error) => {
-                    directory.quarantine(indexed_name(), id, &error);
+                    directory.quarantine(indexed_name(), id, &error, None);
                     continue;
                 }
             };
@@ -160,7 +166,7 @@ impl TenantDirectory {
                 }
                 Err(failed) => {
                     let (record, error) = *failed;
-                    directory.quarantine(record.name, record.id, &error);
+                    directory.quarantine(record.name, record.id, &error, None);
                 }
             }
         }
@@ -223,7 +229,9 @@ impl TenantDirectory {
     }
 
     /// Keeps tenant `name` out of service: its records could not be read.
-    pub fn quarantine(&self, name: String, id: u64, error: &TenantError) {
+    /// `fence` is the claim it is kept under, with replicas on etcd (see
+    /// [`Quarantined::fence`]).
+    pub fn quarantine(&self, name: String, id: u64, error: &TenantError, fence: Option<Fence>) {
         error!(
             tenant = %name,
             tenant_id = id,
@@ -236,7 +244,7 @@ impl TenantDirectory {
         }
         self.write()
             .quarantined
-            .insert(name, Quarantined { id, error });
+            .insert(name, Quarantined { id, error, fence });
     }
 
     /// Forgets every quarantined tenant (nothing is deleted: their records
@@ -408,7 +416,7 @@ impl TenantDirectory {
         if self.get(name).is_none()
             && let Some(quarantined) = self.quarantined(name)
         {
-            return self.delete_quarantined(name, quarantined.id).await;
+            return self.delete_quarantined(name, quarantined).await;
         }
         let handle = self
             .get(name)
@@ -462,9 +470,18 @@ impl TenantDirectory {
     }
 
     /// Deletes a quarantined tenant: its name is freed and its keys are
-    /// purged (its record, unreadable, is not rewritten).
-    async fn delete_quarantined(&self, name: &str, id: u64) -> Result<(), DirectoryError> {
+    /// purged (its record, unreadable, is not rewritten). With replicas on
+    /// etcd the commit is fenced on the claim the tenant was quarantined
+    /// under: a replica that lost it writes nothing (the call answers
+    /// `NOT_OWNER`, and its retry reaches the replica that holds it now).
+    async fn delete_quarantined(
+        &self,
+        name: &str,
+        quarantined: Quarantined,
+    ) -> Result<(), DirectoryError> {
+        let id = quarantined.id;
         let mut batch = WriteBatch::new();
+        batch.set_fence(quarantined.fence);
         batch.put(keys::purge_key(id), Vec::new());
         batch.delete(keys::tenant_name_key(name));
         // With replicas on etcd, its directory entry goes too: the other
@@ -907,6 +924,7 @@ mod tests {
                 key: String::from("k"),
                 message: String::from("unreadable"),
             },
+            None,
         );
         let refused = directory
             .rotate_token("bad")
