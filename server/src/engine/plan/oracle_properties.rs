@@ -1592,3 +1592,119 @@ fn planner_bug_7_a_dependent_retargeted_onto_a_removed_item_is_deleted_with_its_
     let (_, ready) = labels_of(&plan);
     assert_eq!(ready, ["delete t/s", "delete t/z"]);
 }
+
+/// Found by `seeded_plans_agree_with_the_full_plan` on 2026-12-03: a
+/// Modify whose new dependency's predicate fails for that dependency's
+/// intended value, the dependency's Create looking ready until the pass
+/// examines a Delete of its type in flight. A seeded pass deleted the item
+/// (rule 5) in the round that found the Delete; the full plan and the
+/// oracle have its Modify wait for the blocked Create.
+#[test]
+fn a_seeded_pass_does_not_delete_for_a_create_it_then_finds_blocked() {
+    let spec = CaseSpec {
+        external: vec![false, true, false, true, false, false, true, true],
+        intents: vec![
+            vec![
+                Some(ItemSpec {
+                    v: 0,
+                    id: 0,
+                    dependencies: vec![],
+                }),
+                None,
+                Some(ItemSpec {
+                    v: 0,
+                    id: 0,
+                    dependencies: vec![],
+                }),
+                None,
+                Some(ItemSpec {
+                    v: 0,
+                    id: 0,
+                    dependencies: vec![],
+                }),
+                Some(ItemSpec {
+                    v: 0,
+                    id: 0,
+                    dependencies: vec![DependencySpec {
+                        target: 4,
+                        predicate: None,
+                        recreate_when_modified: false,
+                        auto_deleted: false,
+                    }],
+                }),
+                None,
+                None,
+            ],
+            vec![
+                Some(ItemSpec {
+                    v: 0,
+                    id: 1,
+                    dependencies: vec![],
+                }),
+                None,
+                Some(ItemSpec {
+                    v: 1,
+                    id: 0,
+                    dependencies: vec![],
+                }),
+                None,
+                Some(ItemSpec {
+                    v: 0,
+                    id: 0,
+                    dependencies: vec![DependencySpec {
+                        target: 0,
+                        predicate: None,
+                        recreate_when_modified: false,
+                        auto_deleted: false,
+                    }],
+                }),
+                Some(ItemSpec {
+                    v: 0,
+                    id: 1,
+                    dependencies: vec![],
+                }),
+                None,
+                None,
+            ],
+            vec![
+                None,
+                None,
+                Some(ItemSpec {
+                    v: 0,
+                    id: 0,
+                    dependencies: vec![],
+                }),
+                None,
+                Some(ItemSpec {
+                    v: 0,
+                    id: 0,
+                    dependencies: vec![],
+                }),
+                Some(ItemSpec {
+                    v: 0,
+                    id: 1,
+                    dependencies: vec![DependencySpec {
+                        target: 4,
+                        predicate: Some(3),
+                        recreate_when_modified: false,
+                        auto_deleted: false,
+                    }],
+                }),
+                None,
+                None,
+            ],
+        ],
+    };
+    let seed: u64 = 8593759099744228198;
+
+    let oracle = drive(&spec, EVERYDAY, seed, |world, _, _| {
+        check_against_oracle(world)
+    });
+    let incremental = drive(&spec, EVERYDAY, seed, check_incremental);
+    assert!(
+        oracle.is_ok() && incremental.is_ok(),
+        "oracle: {:?}\nincremental: {:?}",
+        oracle.err(),
+        incremental.err()
+    );
+}

@@ -282,8 +282,8 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             self.schedule_deletes();
             self.schedule_changes();
             let doomed = self.modifies_that_must_delete();
-            // Each round must plan something more for deletion or examine
-            // more items (both only grow, so the loop ends); a round that
+            // Each round must examine more items or plan something more
+            // for deletion (both only grow, so the loop ends); a round that
             // does neither is the end too, rather than a loop that never
             // ends.
             let fresh: Vec<Id> = doomed
@@ -293,7 +293,16 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             let more_deletes =
                 self.expand && self.visit_deletes_of_ready_creates(&mut covered_types);
             let more_upstream = self.visit_dependencies_of_waiting_deletes();
-            if fresh.is_empty() && !more_deletes && !more_upstream {
+            // Rule 5's verdicts count only from a round that examined
+            // nothing new: an item examined now may change the schedules
+            // they rest on (a same-type Delete in flight makes a ready
+            // Create of a dependency wait, and a Modify waiting for that
+            // Create is then not hopeless, as a full plan finds it), and a
+            // deletion, once marked, is never taken back.
+            if more_deletes || more_upstream {
+                continue;
+            }
+            if fresh.is_empty() {
                 break;
             }
             for id in fresh {
