@@ -282,8 +282,35 @@ impl Frozen {
             i32::try_from(server.pid().expect("the server runs")).expect("a pid"),
         );
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+        // `kill` returns before every thread has stopped: a thread running
+        // on another core may still answer a call sent now (seen once on
+        // a loaded machine). Wait until the kernel shows them all stopped.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !all_threads_stopped(pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the server's threads did not stop within 10 s of SIGSTOP"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
         Self(pid)
     }
+}
+
+/// Whether every thread of process `pid` is stopped (state `T` in
+/// `/proc/<pid>/task/<tid>/stat`).
+fn all_threads_stopped(pid: nix::unistd::Pid) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            // The state follows the command name, which is in parentheses.
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next())
+                .is_some_and(|state| state == 'T')
+        })
+    })
 }
 
 impl Drop for Frozen {
