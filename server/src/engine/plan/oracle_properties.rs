@@ -1601,95 +1601,51 @@ fn planner_bug_7_a_dependent_retargeted_onto_a_removed_item_is_deleted_with_its_
 /// oracle have its Modify wait for the blocked Create.
 #[test]
 fn a_seeded_pass_does_not_delete_for_a_create_it_then_finds_blocked() {
+    // The case the property shrank to, written with `item(v, id, deps)`
+    // for a present item, `dep(target, predicate)` for a plain edge.
+    let item = |v, id, dependencies| {
+        Some(ItemSpec {
+            v,
+            id,
+            dependencies,
+        })
+    };
+    let dep = |target, predicate| DependencySpec {
+        target,
+        predicate,
+        recreate_when_modified: false,
+        auto_deleted: false,
+    };
     let spec = CaseSpec {
         external: vec![false, true, false, true, false, false, true, true],
         intents: vec![
             vec![
-                Some(ItemSpec {
-                    v: 0,
-                    id: 0,
-                    dependencies: vec![],
-                }),
+                item(0, 0, vec![]),
                 None,
-                Some(ItemSpec {
-                    v: 0,
-                    id: 0,
-                    dependencies: vec![],
-                }),
+                item(0, 0, vec![]),
                 None,
-                Some(ItemSpec {
-                    v: 0,
-                    id: 0,
-                    dependencies: vec![],
-                }),
-                Some(ItemSpec {
-                    v: 0,
-                    id: 0,
-                    dependencies: vec![DependencySpec {
-                        target: 4,
-                        predicate: None,
-                        recreate_when_modified: false,
-                        auto_deleted: false,
-                    }],
-                }),
+                item(0, 0, vec![]),
+                item(0, 0, vec![dep(4, None)]),
                 None,
                 None,
             ],
             vec![
-                Some(ItemSpec {
-                    v: 0,
-                    id: 1,
-                    dependencies: vec![],
-                }),
+                item(0, 1, vec![]),
                 None,
-                Some(ItemSpec {
-                    v: 1,
-                    id: 0,
-                    dependencies: vec![],
-                }),
+                item(1, 0, vec![]),
                 None,
-                Some(ItemSpec {
-                    v: 0,
-                    id: 0,
-                    dependencies: vec![DependencySpec {
-                        target: 0,
-                        predicate: None,
-                        recreate_when_modified: false,
-                        auto_deleted: false,
-                    }],
-                }),
-                Some(ItemSpec {
-                    v: 0,
-                    id: 1,
-                    dependencies: vec![],
-                }),
+                item(0, 0, vec![dep(0, None)]),
+                item(0, 1, vec![]),
                 None,
                 None,
             ],
             vec![
                 None,
                 None,
-                Some(ItemSpec {
-                    v: 0,
-                    id: 0,
-                    dependencies: vec![],
-                }),
+                item(0, 0, vec![]),
                 None,
-                Some(ItemSpec {
-                    v: 0,
-                    id: 0,
-                    dependencies: vec![],
-                }),
-                Some(ItemSpec {
-                    v: 0,
-                    id: 1,
-                    dependencies: vec![DependencySpec {
-                        target: 4,
-                        predicate: Some(3),
-                        recreate_when_modified: false,
-                        auto_deleted: false,
-                    }],
-                }),
+                item(0, 0, vec![]),
+                item(0, 1, vec![dep(4, Some(3))]),
                 None,
                 None,
             ],
