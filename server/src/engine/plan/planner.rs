@@ -616,8 +616,13 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             if self.expand && !deleting_as_before {
                 self.visit_unconverged_dependencies(id);
             }
-            let settled =
-                need == Need::Nothing && current.is_some_and(|c| c.is_created() && !c.is_busy());
+            // An item planned for deletion (on its own account, or taken
+            // along by a dependency's) neither settles nor keeps existing,
+            // whatever its own need: its dependents learn of it.
+            let going = self.is_deleting(id);
+            let settled = need == Need::Nothing
+                && !going
+                && current.is_some_and(|c| c.is_created() && !c.is_busy());
             let absent_and_unwanted = need == Need::Nothing && current.is_none();
             // An item settled now that an earlier pass left unconverged (its
             // Delete or recreate no longer needed, say) may have been why
@@ -637,6 +642,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 // completed), its settled dependents stay as they are
                 // (`settled_beside`).
                 let modifies_in_place = need == (Need::Modify { ask: false })
+                    && !going
                     && current.is_some_and(|c| c.is_created());
                 let modify_as_before = !self.node(id).seed && modifies_in_place;
                 let keeps_existing = modifies_in_place || settled;
@@ -910,6 +916,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             }
             self.marks.set(id, DELETING);
             self.visit(id);
+            self.visit_existing_intended_dependents(id);
             let dependents = self.current_dependents(id);
             for index in 0..dependents.len as usize {
                 let dependent = self.edge(dependents, index);
@@ -925,6 +932,25 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 } else {
                     stack.push(dependent);
                 }
+            }
+        }
+    }
+
+    /// Examines the existing items whose intent relies on `id`, now that
+    /// `id` is planned for deletion: a Modify that waited for `id`'s Modify
+    /// as before (passed over while `id` was examined) waits for nothing
+    /// that will come, and rule 5 deletes it instead.
+    fn visit_existing_intended_dependents(&mut self, id: Id) {
+        let Some(intended_id) = self.node(id).intended_id else {
+            return;
+        };
+        let intended: &'a IntendedGraph = self.intended;
+        for dependent in intended.dependent_ids(intended_id) {
+            let exists = intended
+                .identity(dependent)
+                .is_some_and(|item| self.current.get(item).is_some());
+            if exists && let Some(dependent) = self.node_for_intended(dependent) {
+                self.visit(dependent);
             }
         }
     }

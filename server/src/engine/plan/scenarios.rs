@@ -546,6 +546,45 @@ fn a_modified_item_whose_new_dependency_is_missing_is_deleted_and_waits() {
 }
 
 #[test]
+fn a_pass_seeded_with_a_removal_deletes_the_dependents_of_what_the_removal_dooms() {
+    // b and c exist without dependencies; the intent modifies b onto a and
+    // c onto b, so c's Modify waits for b's. Then a leaves the intent: b's
+    // Modify is hopeless and b is deleted (rule 5), and so is c's, whose
+    // new dependency b goes. A pass seeded with a alone finds b doomed
+    // only after it passed c over as "waiting for b's Modify as before";
+    // it must still plan c's Delete, as a full plan does (simulator seed
+    // 70801: c's Modify went on waiting for a Modify no longer planned,
+    // and the tenant went quiet with c's Delete never run).
+    let mut world = World::converged(vec![
+        a(),
+        item("t/b", json!({"v": 1})),
+        item("t/c", json!({"v": 1})),
+    ]);
+    world.intend(vec![
+        a(),
+        item("t/b", json!({"v": 2})).depends_on(on("t/a")),
+        item("t/c", json!({"v": 2})).depends_on(on("t/b")),
+    ]);
+    let first = world.plan();
+    world.absorb(&first);
+    assert_eq!(operation_labels(&first), ["modify t/b", "modify t/c"]);
+    let mut unconverged = first.unconverged.clone();
+    world.intend(vec![
+        item("t/b", json!({"v": 2})).depends_on(on("t/a")),
+        item("t/c", json!({"v": 2})).depends_on(on("t/b")),
+    ]);
+    unconverged.insert(parse_ref("t/a"));
+    let full = world.plan();
+    let seeded = world.plan_seeded_after(&first, &["t/a"], &unconverged);
+    assert!(
+        operation_labels(&full).contains(&"delete t/c".to_owned()),
+        "{:?}",
+        operation_labels(&full)
+    );
+    assert_eq!(operation_labels(&seeded), operation_labels(&full));
+}
+
+#[test]
 fn a_modified_item_whose_new_dependency_is_created_in_the_same_plan_waits_for_it() {
     Case {
         current: vec![item("t/b", json!({"v": 1}))],
