@@ -407,8 +407,23 @@ struct MessageShape {
     /// Approximate size of its decoded struct, nested singular messages
     /// included (prost keeps them inline).
     weight: usize,
-    /// Its fields by number.
-    fields: HashMap<u32, FieldShape>,
+    /// A type the descriptor set names but does not describe: its bytes
+    /// are not walked.
+    opaque: bool,
+    /// Its fields, sorted by number (a message has a handful: a search
+    /// of this list is cheaper than hashing the number).
+    fields: Vec<(u32, FieldShape)>,
+}
+
+impl MessageShape {
+    /// The field numbered `number`, if the type has one.
+    fn field(&self, number: u64) -> Option<&FieldShape> {
+        let number = u32::try_from(number).ok()?;
+        self.fields
+            .binary_search_by_key(&number, |(n, _)| *n)
+            .ok()
+            .map(|index| &self.fields[index].1)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -416,8 +431,9 @@ struct FieldShape {
     /// The field's name, for the path of a malformed value.
     name: String,
     repeated: bool,
-    /// The field's message type, for message fields.
-    message: Option<String>,
+    /// The field's message type (its index in [`Schema::messages`]), for
+    /// message fields.
+    message: Option<usize>,
     /// A string field: its bytes must be UTF-8.
     string: bool,
     /// A string or bytes field.
@@ -451,10 +467,13 @@ fn malformed(path: &[&str], reason: &'static str) -> Malformed {
     }
 }
 
-/// Message shapes by full name, from a descriptor set.
+/// Message shapes, from a descriptor set. The walk follows fields to
+/// their types by index: it hashes nothing per field or per message.
 #[derive(Debug, Default)]
 struct Schema {
-    messages: HashMap<String, MessageShape>,
+    messages: Vec<MessageShape>,
+    /// Indexes into `messages` by full name, for where a walk starts.
+    by_name: HashMap<String, usize>,
 }
 
 impl Schema {
@@ -465,14 +484,44 @@ impl Schema {
                 collect(file.package(), message, &mut descriptors);
             }
         }
-        let mut schema = Schema::default();
-        for (name, descriptor) in &descriptors {
-            let fields = descriptor
+        // Every message type, described or only named by a field, gets
+        // its index first, so that fields can point at their types.
+        let mut names: Vec<String> = descriptors.keys().cloned().collect();
+        for descriptor in descriptors.values() {
+            for field in &descriptor.field {
+                let name = field.type_name().trim_start_matches('.');
+                if field.r#type() == Type::Message && !descriptors.contains_key(name) {
+                    names.push(name.to_owned());
+                }
+            }
+        }
+        names.sort();
+        names.dedup();
+        let by_name: HashMap<String, usize> = names
+            .iter()
+            .enumerate()
+            .map(|(index, name)| (name.clone(), index))
+            .collect();
+        let mut messages = Vec::with_capacity(names.len());
+        for name in &names {
+            let Some(descriptor) = descriptors.get(name) else {
+                messages.push(MessageShape {
+                    opaque: true,
+                    ..MessageShape::default()
+                });
+                continue;
+            };
+            let mut fields: Vec<(u32, FieldShape)> = descriptor
                 .field
                 .iter()
                 .map(|field| {
                     let message = (field.r#type() == Type::Message)
-                        .then(|| field.type_name().trim_start_matches('.').to_owned());
+                        .then(|| {
+                            by_name
+                                .get(field.type_name().trim_start_matches('.'))
+                                .copied()
+                        })
+                        .flatten();
                     let wire_type = match field.r#type() {
                         Type::Double | Type::Fixed64 | Type::Sfixed64 => 1,
                         Type::Float | Type::Fixed32 | Type::Sfixed32 => 5,
@@ -490,12 +539,15 @@ impl Schema {
                     (u32::try_from(field.number()).unwrap_or(0), shape)
                 })
                 .collect();
+            fields.sort_by_key(|(number, _)| *number);
             let weight = weight_of(name, &descriptors, &mut Vec::new());
-            schema
-                .messages
-                .insert(name.clone(), MessageShape { weight, fields });
+            messages.push(MessageShape {
+                weight,
+                opaque: false,
+                fields,
+            });
         }
-        schema
+        Schema { messages, by_name }
     }
 
     /// What decoding `bytes` as a `message_type` allocates, about (once
@@ -507,12 +559,15 @@ impl Schema {
         bytes: &[u8],
         limit: usize,
     ) -> Result<usize, Malformed> {
+        let Some(&index) = self.by_name.get(message_type) else {
+            return Ok(0);
+        };
         let mut walk = Walk {
-            spent: self.messages.get(message_type).map_or(0, |m| m.weight),
+            spent: self.messages[index].weight,
             limit,
         };
         let mut path = Vec::new();
-        match self.walk(message_type, bytes, &mut path, &mut walk) {
+        match self.walk(index, bytes, &mut path, &mut walk) {
             Ok(()) | Err(Stop::OverLimit) => Ok(walk.spent),
             Err(Stop::Malformed(malformed)) => Err(malformed),
         }
@@ -520,18 +575,19 @@ impl Schema {
 
     /// Charges the allocations of the fields in `bytes` to `walk` (the
     /// message's own struct is its parent's business), or finds why the
-    /// bytes are not a valid `message_type`. `path` holds the field names
-    /// down to here.
+    /// bytes are not a valid message of the type at `message` in
+    /// [`Self::messages`]. `path` holds the field names down to here.
     fn walk<'a>(
         &'a self,
-        message_type: &str,
+        message: usize,
         bytes: &[u8],
         path: &mut Vec<&'a str>,
         walk: &mut Walk,
     ) -> Result<(), Stop> {
-        let Some(shape) = self.messages.get(message_type) else {
+        let shape = &self.messages[message];
+        if shape.opaque {
             return Ok(());
-        };
+        }
         if path.len() >= MAX_DEPTH {
             return Err(malformed(path, "messages nested more than 96 levels deep").into());
         }
@@ -545,7 +601,7 @@ impl Schema {
             if number == 0 || number > u64::from(u32::MAX >> 3) {
                 return Err(malformed(path, "a field number is out of range").into());
             }
-            let field = shape.fields.get(&u32::try_from(number).unwrap_or(0));
+            let field = shape.field(number);
             let wire_type = tag & 7;
             if let Some(field) = field {
                 let packed = field.repeated && field.wire_type != 2 && wire_type == 2;
@@ -592,14 +648,12 @@ impl Schema {
                     let charged = match (&field.message, field.bytes) {
                         (Some(child), _) => {
                             let own = if field.repeated {
-                                self.messages
-                                    .get(child)
-                                    .map_or(HEADER_BYTES, |m| m.weight + HEADER_BYTES)
+                                self.messages[*child].weight + HEADER_BYTES
                             } else {
                                 0
                             };
                             walk.charge(own)
-                                .and_then(|()| self.walk(child, value, path, walk))
+                                .and_then(|()| self.walk(*child, value, path, walk))
                         }
                         (None, true) => {
                             if field.string && std::str::from_utf8(value).is_err() {
