@@ -148,8 +148,12 @@ impl IntendedGraph {
     /// identities the graph interned ([`Self::shared_identity`]): on a deep
     /// graph every identity is named by up to a dozen dependencies, and
     /// each would otherwise keep two allocations of its own.
-    pub fn insert(&mut self, mut entry: IntendedItem) -> Option<Arc<IntendedItem>> {
+    pub fn insert(&mut self, entry: IntendedItem) -> Option<Arc<IntendedItem>> {
         let key = entry.item.item_ref();
+        let mut entry = match self.replace_in_place(entry) {
+            Ok(previous) => return Some(previous),
+            Err(entry) => entry,
+        };
         let previous = self.remove(&key);
         let id = self.ids.acquire(&key);
         let key = self.ids.item(id).cloned().unwrap_or(key);
@@ -184,6 +188,53 @@ impl IntendedGraph {
         }
         self.items.insert(key, entry);
         previous
+    }
+
+    /// Replaces the item `entry` names when it is there already, in the
+    /// same subgraph and with dependencies on the same items in the same
+    /// order (a changed value, the usual change): its id, its edges and
+    /// its subgraph listing stay as they are, and only the entry is
+    /// swapped. Returns the previous entry, or `entry` back when the
+    /// change is not of that kind.
+    fn replace_in_place(
+        &mut self,
+        mut entry: IntendedItem,
+    ) -> Result<Arc<IntendedItem>, IntendedItem> {
+        let Some(id) = self.ids.get(&entry.item.identity) else {
+            return Err(entry);
+        };
+        let previous = match self.ids.data(id).and_then(|edges| edges.entry.as_ref()) {
+            Some(previous)
+                if previous.item.subgraph == entry.item.subgraph
+                    && previous
+                        .item
+                        .required_items()
+                        .eq(entry.item.required_items()) =>
+            {
+                previous.clone()
+            }
+            _ => return Err(entry),
+        };
+        if let Some((key, edges)) = self.ids.entry(id)
+            && let Some(item) = Arc::get_mut(&mut entry.item)
+        {
+            item.identity = key.clone();
+            for (dependency, &target) in item.dependencies.iter_mut().zip(edges.required.as_slice())
+            {
+                if let Some(shared) = self.ids.item(target) {
+                    dependency.requires = shared.clone();
+                }
+            }
+        }
+        let key = previous.item.identity.clone();
+        let summary = ItemSummary::of(&entry);
+        let entry = Arc::new(entry);
+        if let Some(edges) = self.ids.data_mut(id) {
+            edges.summary = summary;
+            edges.entry = Some(entry.clone());
+        }
+        self.items.insert(key, entry);
+        Ok(previous)
     }
 
     /// Removes and returns the item with identity `item`.
@@ -717,6 +768,99 @@ mod tests {
                 }
             }
         }
+    }
+
+    proptest::proptest! {
+        /// Whatever is put in the intended graph and taken out, in place
+        /// (same subgraph and dependency targets, another value) or not,
+        /// each item, its dependents and the items of each subgraph are
+        /// those of the values put there last.
+        #[test]
+        fn intended_look_ups_follow_every_change(
+            steps in proptest::collection::vec(
+                (0..5usize, proptest::collection::vec(0..5usize, 0..3), 0..2usize, 0..3u64, proptest::bool::ANY),
+                1..40,
+            ),
+        ) {
+            let names = ["a", "b", "c", "d", "e"];
+            let subgraphs = ["s", "s/t"];
+            let mut graph = IntendedGraph::default();
+            let mut model: BTreeMap<&str, Item> = BTreeMap::new();
+            for (item, requires, subgraph, version, remove) in steps {
+                let key = ItemRef::new("t", names[item]);
+                if remove {
+                    let removed = graph.remove(&key).map(|entry| (*entry.item).clone());
+                    proptest::prop_assert_eq!(removed, model.remove(names[item]));
+                } else {
+                    let mut value = Item::new("t", names[item], Default::default());
+                    value.properties = serde_json::json!({"v": version})
+                        .try_into()
+                        .expect("an object");
+                    value.subgraph = subgraphs[subgraph].into();
+                    for &target in &requires {
+                        value.dependencies.push(Dependency::on(ItemRef::new("t", names[target])));
+                    }
+                    let previous = graph
+                        .insert(IntendedItem::compile(value.clone(), version).expect("no predicates"))
+                        .map(|entry| (*entry.item).clone());
+                    proptest::prop_assert_eq!(previous, model.insert(names[item], value));
+                }
+                for name in names {
+                    let key = ItemRef::new("t", name);
+                    let found = graph.get(&key).map(|entry| (*entry.item).clone());
+                    proptest::prop_assert_eq!(found.as_ref(), model.get(name));
+                    // The id table's view: the same entry, its summary and
+                    // its dependencies' targets.
+                    let by_id = graph.id_of(&key).and_then(|id| {
+                        graph.entry_by_id(id).map(|(entry, summary)| {
+                            let required: Vec<String> = graph
+                                .required_ids(id)
+                                .iter()
+                                .filter_map(|&target| graph.identity(target))
+                                .map(|r| r.name().to_string())
+                                .collect();
+                            ((*entry.item).clone(), summary.generation, required)
+                        })
+                    });
+                    let expected = model.get(name).map(|value| {
+                        let required: Vec<String> =
+                            value.required_items().map(|r| r.name().to_string()).collect();
+                        (value.clone(), version_of(value), required)
+                    });
+                    proptest::prop_assert_eq!(by_id, expected);
+                    let mut dependents: Vec<String> =
+                        graph.dependents_of(&key).map(|r| r.name().to_string()).collect();
+                    dependents.sort();
+                    dependents.dedup();
+                    let expected: Vec<String> = model
+                        .values()
+                        .filter(|value| value.required_items().any(|target| *target == key))
+                        .map(|value| value.name().to_string())
+                        .collect();
+                    proptest::prop_assert_eq!(dependents, expected);
+                }
+                for subgraph in subgraphs {
+                    let listed: BTreeSet<String> =
+                        graph.items_under(subgraph).map(|r| r.name().to_string()).collect();
+                    let expected: BTreeSet<String> = model
+                        .values()
+                        .filter(|value| subgraph_contains(subgraph, &value.subgraph))
+                        .map(|value| value.name().to_string())
+                        .collect();
+                    proptest::prop_assert_eq!(listed, expected);
+                }
+            }
+        }
+    }
+
+    /// The `v` property the proptest above gives each value, which it
+    /// also uses as the value's generation.
+    fn version_of(value: &Item) -> u64 {
+        value
+            .properties
+            .get("v")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(0)
     }
 
     #[test]
