@@ -156,13 +156,17 @@ pub fn prepare_submit(
         .content_changed
         .extend(change.removals.iter().cloned());
     let mut sharing = IdentitySharing::new(intended);
+    let mut added = 0;
     for (mut item, predicates) in items {
         let key = item.item_ref();
         let existing = intended.get(&key);
         let same_content = existing.is_some_and(|entry| entry.item.same_content(&item));
-        let same_everything = existing.is_some_and(|entry| *entry.item == item);
+        let same_everything = same_content && existing.is_some_and(|entry| *entry.item == item);
         if same_everything {
             continue;
+        }
+        if existing.is_none() {
+            added += 1;
         }
         let item_generation = match existing {
             Some(entry) if same_content => entry.generation,
@@ -182,13 +186,7 @@ pub fn prepare_submit(
         change.generation = next_generation;
     }
 
-    let new_total = intended.len()
-        + change
-            .upserts
-            .iter()
-            .filter(|e| intended.get(&e.item.item_ref()).is_none())
-            .count()
-        - change.removals.len();
+    let new_total = intended.len() + added - change.removals.len();
     if new_total > max_items {
         return Err(IntentError::Quota {
             subject: "max_items".into(),
@@ -252,6 +250,24 @@ fn check_cycles(
     change: &IntentChange,
     listed: &BTreeMap<ItemRef, usize>,
 ) -> Result<(), IntentError> {
+    // The intent before the change has no cycle, so a cycle after it runs
+    // through an edge the change adds: the search starts from the items
+    // whose dependencies are new (a new item, or other targets). A change
+    // of values only, the usual one, searches nothing.
+    let mut roots: Vec<ItemRef> = change
+        .upserts
+        .iter()
+        .filter(|entry| {
+            intended
+                .get(&entry.item.identity)
+                .is_none_or(|before| !before.item.required_items().eq(entry.item.required_items()))
+        })
+        .map(|entry| entry.item.item_ref())
+        .collect();
+    roots.sort();
+    if roots.is_empty() {
+        return Ok(());
+    }
     let upserted: BTreeMap<ItemRef, &IntendedItem> = change
         .upserts
         .iter()
@@ -268,8 +284,7 @@ fn check_cycles(
         };
         Some(item.required_items().cloned().collect())
     };
-    let roots = upserted.keys().cloned();
-    match find_cycle(roots, dependencies_of) {
+    match find_cycle(roots.into_iter(), dependencies_of) {
         None => Ok(()),
         Some(cycle) => {
             let index = cycle
@@ -554,6 +569,39 @@ mod tests {
             matches!(error, IntentError::DependencyCycle { .. }),
             "{error:?}"
         );
+    }
+
+    #[test]
+    fn a_cycle_closed_by_retargeting_an_existing_item_is_rejected_beside_value_changes() {
+        // The search starts only from items whose dependencies are new: b
+        // (retargeted onto a) must be one, a (a new value on the same
+        // edge) need not.
+        let mut intent = Intent::default();
+        let a = |v: i64| {
+            let mut a = item("a", "").depends_on(Dependency::on(ItemRef::new("t", "b")));
+            a.properties = serde_json::json!({"v": v}).try_into().expect("an object");
+            a
+        };
+        intent
+            .submit(request("", vec![a(1), item("b", "")]))
+            .expect("accepted");
+        let b_on_a = item("b", "").depends_on(Dependency::on(ItemRef::new("t", "a")));
+        let error = intent
+            .prepare(request("", vec![a(2), b_on_a]))
+            .expect_err("cycle");
+        match error {
+            IntentError::DependencyCycle { cycle, field } => {
+                let names: Vec<String> = cycle.iter().map(|r| r.name().to_string()).collect();
+                assert_eq!(names, ["b", "a", "b"]);
+                assert_eq!(field, "items[1].dependencies");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // New values on the same edges close no cycle.
+        let change = intent
+            .prepare(request("", vec![a(3), item("b", "")]))
+            .expect("accepted");
+        assert_eq!(change.upserts.len(), 1);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! store fences an owner's writes.
 
 use super::error::TenantError;
-use super::record::{StoredIntended, TenantRecord, encode};
+use super::record::{TenantRecord, encode, encode_intended};
 use crate::engine::exec::Commit;
 use crate::engine::intent::IntentChange;
 use crate::graph::{CurrentItem, ItemRef};
@@ -41,12 +41,8 @@ fn write_intent(
     change: &IntentChange,
 ) -> Result<(), TenantError> {
     for entry in &change.upserts {
-        let stored = StoredIntended {
-            item: (*entry.item).clone(),
-            generation: entry.generation,
-        };
-        let key = keys::intended_item_key(tenant, stored.item.item_type(), stored.item.name());
-        batch.put(key, encode(&stored)?);
+        let key = keys::intended_item_key(tenant, entry.item.item_type(), entry.item.name());
+        batch.put(key, encode_intended(&entry.item, entry.generation)?);
     }
     for key in &change.removals {
         batch.delete(keys::intended_item_key(tenant, key.item_type(), key.name()));

@@ -135,6 +135,18 @@ pub fn encode<T: StoredRecord>(value: &T) -> Result<Vec<u8>, TenantError> {
     Ok(message.encode_to_vec())
 }
 
+/// Encodes the intended record of `item` at `generation` as a store value:
+/// [`encode`] of a [`StoredIntended`], from a borrowed item (a commit of
+/// many items would otherwise copy each one to encode it).
+pub fn encode_intended(item: &Item, generation: u64) -> Result<Vec<u8>, TenantError> {
+    let message =
+        binary::intended_message(item, generation).map_err(|message| TenantError::Encode {
+            record: std::any::type_name::<StoredIntended>(),
+            message,
+        })?;
+    Ok(message.encode_to_vec())
+}
+
 /// Decodes the store value of `key`, written by [`encode`].
 pub fn decode<T: StoredRecord>(key: &[u8], bytes: &[u8]) -> Result<T, TenantError> {
     let corrupt = |message: String| TenantError::Corrupt {

@@ -86,10 +86,7 @@ impl StoredRecord for StoredIntended {
     type Message = pb::Intended;
 
     fn to_message(&self) -> Result<pb::Intended, String> {
-        Ok(pb::Intended {
-            item: Some(item_message(&self.item)?),
-            generation: self.generation,
-        })
+        intended_message(&self.item, self.generation)
     }
 
     fn from_message(message: pb::Intended) -> Result<Self, String> {
@@ -99,6 +96,16 @@ impl StoredRecord for StoredIntended {
             generation: message.generation,
         })
     }
+}
+
+/// The message of the intended record of `item` at `generation`, from a
+/// borrowed item (what [`StoredIntended::to_message`] makes, without a
+/// copy of the item to hold it first).
+pub(super) fn intended_message(item: &Item, generation: u64) -> Result<pb::Intended, String> {
+    Ok(pb::Intended {
+        item: Some(item_message(item)?),
+        generation,
+    })
 }
 
 impl StoredRecord for CurrentItem {
