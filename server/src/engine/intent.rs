@@ -284,7 +284,7 @@ fn check_cycles(
         };
         Some(item.required_items().cloned().collect())
     };
-    match find_cycle(roots.into_iter(), dependencies_of) {
+    match find_cycle(roots, dependencies_of) {
         None => Ok(()),
         Some(cycle) => {
             let index = cycle
