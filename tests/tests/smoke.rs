@@ -145,3 +145,21 @@ fn sigterm_the_moment_the_server_says_it_listens_is_a_clean_shutdown() {
         drop(lines);
     }
 }
+
+/// The server turns transparent huge pages off for itself: with them its
+/// large requests made the kernel zero and split 2 MiB pages, which cost a
+/// client's 1,000-item SubmitIntents more than half their throughput
+/// (docs/performance.md, "Transparent huge pages").
+#[tokio::test]
+async fn the_server_runs_without_transparent_huge_pages() {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("server starts");
+    let pid = server.pid().expect("the server runs");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("its status");
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("THP_enabled:"))
+        .expect("the kernel reports THP_enabled (Linux 5.0 and later)");
+    assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+}
