@@ -1566,16 +1566,24 @@ async fn a_tenant_quarantined_on_a_replica_shows_its_error_in_every_replicas_fle
     let survivors: Vec<usize> = (0..3).filter(|index| *index != victim).collect();
     let admin = replicas.admin_token().to_owned();
     // Fleet streams through the survivors, opened before the failover.
+    // A replica learns of a tenant another one created from etcd's watch,
+    // a moment later: a snapshot taken before that is opened again.
     let mut streams = Vec::new();
     for &index in &survivors {
-        let (stream, snapshot) = fleet_snapshot(&replicas.channel(index).await, &admin).await;
-        assert!(
-            snapshot
-                .iter()
-                .any(|event| event.tenant == "bad" && event.quarantine_error.is_empty()),
-            "{snapshot:?}"
-        );
-        streams.push(stream);
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let (stream, snapshot) = fleet_snapshot(&replicas.channel(index).await, &admin).await;
+            if let Some(event) = snapshot.iter().find(|event| event.tenant == "bad") {
+                assert!(event.quarantine_error.is_empty(), "{snapshot:?}");
+                streams.push(stream);
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "replica {index}'s fleet snapshot never listed the tenant: {snapshot:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
     // A torn write of the tenant's record; its owner, which holds the
     // tenant in memory, is then killed: a survivor loads it from etcd.
