@@ -157,6 +157,11 @@ pub fn prepare_submit(
         .extend(change.removals.iter().cloned());
     let mut sharing = IdentitySharing::new(intended);
     let mut added = 0;
+    // The intent before the change has no cycle, so a cycle after it runs
+    // through an edge the change adds: the search starts from the items
+    // whose dependencies are new (a new item, or other targets). A change
+    // of values only, the usual one, searches nothing.
+    let mut new_edges_from = Vec::new();
     for (mut item, predicates) in items {
         let key = item.item_ref();
         let existing = intended.get(&key);
@@ -167,6 +172,9 @@ pub fn prepare_submit(
         }
         if existing.is_none() {
             added += 1;
+        }
+        if existing.is_none_or(|entry| !entry.item.required_items().eq(item.required_items())) {
+            new_edges_from.push(key.clone());
         }
         let item_generation = match existing {
             Some(entry) if same_content => entry.generation,
@@ -195,7 +203,7 @@ pub fn prepare_submit(
             ),
         });
     }
-    check_cycles(intended, &change, &listed)?;
+    check_cycles(intended, &change, new_edges_from, &listed)?;
     Ok(change)
 }
 
@@ -244,30 +252,18 @@ fn place_items(
 }
 
 /// Rejects a change that would close a dependency cycle in the merged
-/// intent. Only paths through changed items can be new.
+/// intent, searching from `roots`: the items whose dependencies the change
+/// adds (a new cycle runs through a new edge).
 fn check_cycles(
     intended: &IntendedGraph,
     change: &IntentChange,
+    mut roots: Vec<ItemRef>,
     listed: &BTreeMap<ItemRef, usize>,
 ) -> Result<(), IntentError> {
-    // The intent before the change has no cycle, so a cycle after it runs
-    // through an edge the change adds: the search starts from the items
-    // whose dependencies are new (a new item, or other targets). A change
-    // of values only, the usual one, searches nothing.
-    let mut roots: Vec<ItemRef> = change
-        .upserts
-        .iter()
-        .filter(|entry| {
-            intended
-                .get(&entry.item.identity)
-                .is_none_or(|before| !before.item.required_items().eq(entry.item.required_items()))
-        })
-        .map(|entry| entry.item.item_ref())
-        .collect();
-    roots.sort();
     if roots.is_empty() {
         return Ok(());
     }
+    roots.sort();
     let upserted: BTreeMap<ItemRef, &IntendedItem> = change
         .upserts
         .iter()

@@ -149,11 +149,11 @@ impl IntendedGraph {
     /// graph every identity is named by up to a dozen dependencies, and
     /// each would otherwise keep two allocations of its own.
     pub fn insert(&mut self, entry: IntendedItem) -> Option<Arc<IntendedItem>> {
-        let key = entry.item.item_ref();
         let mut entry = match self.replace_in_place(entry) {
             Ok(previous) => return Some(previous),
             Err(entry) => entry,
         };
+        let key = entry.item.item_ref();
         let previous = self.remove(&key);
         let id = self.ids.acquire(&key);
         let key = self.ids.item(id).cloned().unwrap_or(key);
@@ -162,14 +162,7 @@ impl IntendedGraph {
             .required_items()
             .map(|target| self.ids.acquire(target))
             .collect();
-        if let Some(item) = Arc::get_mut(&mut entry.item) {
-            item.identity = key.clone();
-            for (dependency, &target) in item.dependencies.iter_mut().zip(required.as_slice()) {
-                if let Some(shared) = self.ids.item(target) {
-                    dependency.requires = shared.clone();
-                }
-            }
-        }
+        self.share_interned(&mut entry, &key, required.as_slice());
         for &target in required.as_slice() {
             if let Some(edges) = self.ids.data_mut(target) {
                 edges.dependents.insert(id);
@@ -215,18 +208,10 @@ impl IntendedGraph {
             }
             _ => return Err(entry),
         };
-        if let Some((key, edges)) = self.ids.entry(id)
-            && let Some(item) = Arc::get_mut(&mut entry.item)
-        {
-            item.identity = key.clone();
-            for (dependency, &target) in item.dependencies.iter_mut().zip(edges.required.as_slice())
-            {
-                if let Some(shared) = self.ids.item(target) {
-                    dependency.requires = shared.clone();
-                }
-            }
-        }
         let key = previous.item.identity.clone();
+        if let Some(edges) = self.ids.data(id) {
+            self.share_interned(&mut entry, &key, edges.required.as_slice());
+        }
         let summary = ItemSummary::of(&entry);
         let entry = Arc::new(entry);
         if let Some(edges) = self.ids.data_mut(id) {
@@ -235,6 +220,21 @@ impl IntendedGraph {
         }
         self.items.insert(key, entry);
         Ok(previous)
+    }
+
+    /// Makes `entry`'s item, when the graph holds the only reference to
+    /// it, name itself by `key` and its dependencies by the interned
+    /// identities of `required` (their ids, in declaration order).
+    fn share_interned(&self, entry: &mut IntendedItem, key: &ItemRef, required: &[ItemId]) {
+        let Some(item) = Arc::get_mut(&mut entry.item) else {
+            return;
+        };
+        item.identity = key.clone();
+        for (dependency, &target) in item.dependencies.iter_mut().zip(required) {
+            if let Some(shared) = self.ids.item(target) {
+                dependency.requires = shared.clone();
+            }
+        }
     }
 
     /// Removes and returns the item with identity `item`.

@@ -128,22 +128,23 @@ pub struct StoredIntended {
 
 /// Encodes a record as a store value.
 pub fn encode<T: StoredRecord>(value: &T) -> Result<Vec<u8>, TenantError> {
-    let message = value.to_message().map_err(|message| TenantError::Encode {
-        record: std::any::type_name::<T>(),
-        message,
-    })?;
-    Ok(message.encode_to_vec())
+    encoded::<T>(value.to_message())
 }
 
 /// Encodes the intended record of `item` at `generation` as a store value:
 /// [`encode`] of a [`StoredIntended`], from a borrowed item (a commit of
 /// many items would otherwise copy each one to encode it).
 pub fn encode_intended(item: &Item, generation: u64) -> Result<Vec<u8>, TenantError> {
-    let message =
-        binary::intended_message(item, generation).map_err(|message| TenantError::Encode {
-            record: std::any::type_name::<StoredIntended>(),
-            message,
-        })?;
+    encoded::<StoredIntended>(binary::intended_message(item, generation))
+}
+
+/// The bytes of a record of type `T` made into its `message`, or why it
+/// could not be.
+fn encoded<T: StoredRecord>(message: Result<T::Message, String>) -> Result<Vec<u8>, TenantError> {
+    let message = message.map_err(|message| TenantError::Encode {
+        record: std::any::type_name::<T>(),
+        message,
+    })?;
     Ok(message.encode_to_vec())
 }
 
