@@ -6,7 +6,9 @@
 //! runs it, or holds its result (it may apply whatever changed meanwhile,
 //! so the server waits for its outcome; the agent de-duplicates). Else sent
 //! again too, unless:
-//! - an item it relies on is UNKNOWN too: it waits for that outcome;
+//! - an item it relies on is UNKNOWN too: it waits for that outcome (and
+//!   for a Create or Modify of a dependency, running or waiting for its
+//!   backoff);
 //! - the item went with an external item while it ran: whatever it applied
 //!   went too;
 //! - it was lost too often (a poison operation): the loss counts as a
@@ -167,7 +169,7 @@ pub fn redelivery(
             why: GiveUpReason::Superseded,
         };
     }
-    if !read_resolves && redelivery_waits(current, item, entry, delete_of_its_type_runs) {
+    if !read_resolves && redelivery_waits(current, item, entry, delete_of_its_type_runs, now_ms) {
         return Redelivery::Defer;
     }
     if operation.redeliveries >= MAX_REDELIVERIES {
@@ -398,10 +400,16 @@ pub fn runs_a_delete(entry: &CurrentItem) -> bool {
 /// dependency: one that `item` relies on (by any value it may hold, or the
 /// lost operation's target) is UNKNOWN, or, for a lost Create or Modify, a
 /// dependency of its target is being created, modified or deleted (a
-/// Create or Modify waits for those, DESIGN 3), or, for a lost Modify, an
-/// operation runs on a dependent (rule 8). The owner tries again after every
-/// command ([`super::Executor::redeliver_deferred`]).
-fn waits_for_a_dependency(current: &CurrentGraph, item: &ItemRef, entry: &CurrentItem) -> bool {
+/// Create or Modify waits for those, DESIGN 3), or is to be created or
+/// modified again at a backoff not yet come at `now_ms`, or, for a lost
+/// Modify, an operation runs on a dependent (rule 8). The owner tries
+/// again after every command ([`super::Executor::redeliver_deferred`]).
+fn waits_for_a_dependency(
+    current: &CurrentGraph,
+    item: &ItemRef,
+    entry: &CurrentItem,
+    now_ms: u64,
+) -> bool {
     let operation = entry.in_flight.as_ref();
     let target = operation.and_then(|operation| operation.target.as_deref());
     let others = |value: &crate::graph::Item| -> Vec<ItemRef> {
@@ -436,7 +444,7 @@ fn waits_for_a_dependency(current: &CurrentGraph, item: &ItemRef, entry: &Curren
         matches!(
             running_kind(current, &required),
             Some(OperationKind::Create | OperationKind::Modify | OperationKind::Delete)
-        )
+        ) || asked_again_later(current, &required, now_ms)
     });
     // A Modify also waits for the operations running on its dependents
     // (DESIGN 3, rule 8); not for an UNKNOWN dependent, whose lost
@@ -465,12 +473,35 @@ pub fn redelivery_waits(
     item: &ItemRef,
     entry: &CurrentItem,
     delete_of_its_type_runs: bool,
+    now_ms: u64,
 ) -> bool {
     let creates = entry
         .in_flight
         .as_deref()
         .is_some_and(|operation| operation.kind == OperationKind::Create && !operation.question);
-    (delete_of_its_type_runs && creates) || waits_for_a_dependency(current, item, entry)
+    (delete_of_its_type_runs && creates) || waits_for_a_dependency(current, item, entry, now_ms)
+}
+
+/// Whether `item`'s own Create or Modify answered WAIT or failed, and is
+/// tried again at a backoff not yet come at `now_ms` (nothing runs on it
+/// meanwhile). A lost operation that relies on it waits for that attempt
+/// rather than giving up (seed 127716: a lost Create was given up, and
+/// its item created again under a new op id, while its dependency's
+/// Create, sent again, had answered WAIT). Bounded by the backoff: once
+/// it has come, the attempt runs (and the lost operation waits for it as
+/// for any running operation) or is blocked, and the lost operation's
+/// fate is decided on what holds then; a retry the intent no longer wants
+/// (a Delete's WAIT, of an item intended again) holds nothing up.
+fn asked_again_later(current: &CurrentGraph, item: &ItemRef, now_ms: u64) -> bool {
+    current.get(item).is_some_and(|entry| {
+        entry.state != ItemState::Unknown
+            && entry.in_flight.is_none()
+            && !entry.gave_up
+            && entry.rare.retry_of.as_ref().is_some_and(|retried| {
+                matches!(retried.kind, OperationKind::Create | OperationKind::Modify)
+            })
+            && entry.rare.next_attempt_at_ms.is_some_and(|at| at > now_ms)
+    })
 }
 
 /// The kind of the operation (not a question) running on `item`.
@@ -719,7 +750,8 @@ mod tests {
             &graph,
             &ItemRef::new("t", "a"),
             &entry,
-            false
+            false,
+            5
         ));
     }
 
@@ -867,6 +899,37 @@ mod tests {
         );
         let value = value.expect("kept: it may exist");
         assert!(value.existence_uncertain && value.in_flight.is_none());
+    }
+
+    #[test]
+    fn a_lost_create_waits_for_its_dependencys_create_until_its_backoff_has_come() {
+        // b's Create answered WAIT: it is asked again at 100 ms (seed
+        // 127716 gave a's Create up meanwhile). Once that time has come
+        // with nothing running on b, b no longer holds what a applies.
+        let (operation, entry) =
+            lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let waiting = |at: u64| {
+            CurrentItem {
+                existence_uncertain: true,
+                last_operation: Some(OperationKind::Create),
+                ..created("b")
+            }
+            .with_rare(|rare| {
+                rare.next_attempt_at_ms = Some(at);
+                rare.retry_of = Some(crate::graph::RetryOf {
+                    kind: OperationKind::Create,
+                    target_generation: 1,
+                    op_id: "b-op".into(),
+                });
+            })
+        };
+        let later = graph_with(vec![("b", waiting(100))]);
+        assert_eq!(decide(&later, &entry, &operation, None), Redelivery::Defer);
+        let due = graph_with(vec![("b", waiting(5))]);
+        let Redelivery::GiveUp { why, .. } = decide(&due, &entry, &operation, None) else {
+            panic!("b's attempt is due and does not run: a is not sent again");
+        };
+        assert_eq!(why, GiveUpReason::BrokenDependency(ItemRef::new("t", "b")));
     }
 
     #[test]

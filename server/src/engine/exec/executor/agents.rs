@@ -733,6 +733,7 @@ impl Executor {
                                 item,
                                 current,
                                 deleting.contains(&**item.item_type()),
+                                now.wall_ms,
                             )
                     })
             })

@@ -1043,6 +1043,66 @@ fn lost_operations_sent_again_together_send_a_create_after_a_delete_of_its_type(
     );
 }
 
+/// Seed 127716: `a`'s Create (on `b`) runs when `b` goes with its external
+/// item `x`; `x` comes back, `b`'s Create goes, and the session ends with
+/// both outcomes lost. The agent back runs neither: `b`'s lost Create goes
+/// again and answers WAIT. `a`'s lost Create waits for `b`'s next attempt
+/// (its target is still intended, DESIGN 4) rather than being given up,
+/// and goes under its op id once `b` is created.
+#[test]
+fn a_lost_create_waits_for_its_dependencys_create_asked_again_later() {
+    let mut executor = connected();
+    let mut x = item("x", 1);
+    x.external = true;
+    let b = item("b", 1).depends_on(on("t/x").with_auto_deleted_by_external(true));
+    let a = item("a", 1).depends_on(on("t/b"));
+    submit(&mut executor, vec![x.clone(), b, a], at(10));
+    let effects = external_put(&mut executor, &x, at(20));
+    let create_b = orders(&effects.sends).remove(0);
+    let effects = answer(&mut executor, &create_b, done(), at(30));
+    let create_a = orders(&effects.sends).remove(0);
+    assert_eq!(create_a.item.identity.name().as_ref(), "a");
+    external_delete(&mut executor, &x, at(40));
+    let effects = external_put(&mut executor, &x, at(50));
+    let create_b = orders(&effects.sends).remove(0);
+    assert_eq!(create_b.item.identity.name().as_ref(), "b");
+    executor.session_closed(1, "gone", at(60));
+    executor.committed(at(60));
+
+    let effects = register_listed(&mut executor, 2, "agent", spec(), at(70));
+    let sent: Vec<String> = orders(&effects.sends)
+        .into_iter()
+        .map(|order| order.op_id)
+        .collect();
+    assert_eq!(sent, [create_b.op_id.clone()], "a waits for b's outcome");
+    let wait = AgentOutcome::Wait {
+        retry_after_ms: 500,
+    };
+    answer_on(&mut executor, 2, &create_b, wait, at(80));
+    assert!(
+        executor.redeliver_deferred(at(80)).is_none(),
+        "a's lost Create waits for b's Create, asked again at its backoff"
+    );
+    assert_eq!(state_of(&executor, "a"), Some(ItemState::Unknown));
+
+    let effects = executor.on_timer(at(580));
+    executor.committed(at(580));
+    let again = orders(&effects.sends).remove(0);
+    assert_eq!(again.op_id, create_b.op_id, "b's Create is asked again");
+    assert!(executor.redeliver_deferred(at(580)).is_none());
+    answer_on(&mut executor, 2, &again, done(), at(590));
+    let effects = executor
+        .redeliver_deferred(at(590))
+        .expect("b is created: a's lost Create goes");
+    executor.committed(at(590));
+    let resent = orders(&effects.sends).remove(0);
+    assert_eq!(
+        (resent.op_id.as_str(), resent.kind),
+        (create_a.op_id.as_str(), OperationKind::Create),
+        "under its op id"
+    );
+}
+
 /// The executor with a READ-capable agent for type `t` on session 1.
 fn connected_readable() -> Executor {
     let mut executor = executor();
