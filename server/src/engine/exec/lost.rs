@@ -29,9 +29,11 @@
 //! attempt reports DONE: a failure or WAIT of the attempt sent again does
 //! not say the first one did nothing.
 
+use crate::engine::plan::WaitReason;
 use crate::engine::transition::{
     Completion, applied_uncertainly, completed, may_hold_target_of, started,
 };
+use crate::engine::waiting::WaitingSet;
 use crate::graph::predicate::Predicate;
 use crate::graph::{
     CurrentGraph, CurrentItem, Dependency, InFlight, IntendedGraph, ItemRef, ItemState,
@@ -82,7 +84,9 @@ pub enum GiveUpReason {
 }
 
 /// Decides what becomes of `entry`'s lost `operation` (the item is
-/// UNKNOWN). `agent_holds` is whether the agent that holds the type now
+/// UNKNOWN). `waiting` is what the tenant's passes left waiting (a
+/// dependency waiting for its backoff holds the operation back).
+/// `agent_holds` is whether the agent that holds the type now
 /// said it still runs the operation or holds its result (`None`: it does
 /// not say); `readable` whether the type declares READ;
 /// `delete_of_its_type_runs` whether a Delete of another item of its type
@@ -93,6 +97,7 @@ pub enum GiveUpReason {
 #[allow(clippy::too_many_arguments)]
 pub fn redelivery(
     current: &CurrentGraph,
+    waiting: &WaitingSet,
     item: &ItemRef,
     entry: &CurrentItem,
     operation: &InFlight,
@@ -169,7 +174,7 @@ pub fn redelivery(
             why: GiveUpReason::Superseded,
         };
     }
-    if !read_resolves && redelivery_waits(current, item, entry, delete_of_its_type_runs, now_ms) {
+    if !read_resolves && redelivery_waits(current, waiting, item, entry, delete_of_its_type_runs) {
         return Redelivery::Defer;
     }
     if operation.redeliveries >= MAX_REDELIVERIES {
@@ -400,15 +405,15 @@ pub fn runs_a_delete(entry: &CurrentItem) -> bool {
 /// dependency: one that `item` relies on (by any value it may hold, or the
 /// lost operation's target) is UNKNOWN, or, for a lost Create or Modify, a
 /// dependency of its target is being created, modified or deleted (a
-/// Create or Modify waits for those, DESIGN 3), or is to be created or
-/// modified again at a backoff not yet come at `now_ms`, or, for a lost
-/// Modify, an operation runs on a dependent (rule 8). The owner tries
-/// again after every command ([`super::Executor::redeliver_deferred`]).
+/// Create or Modify waits for those, DESIGN 3), or waits in `waiting`
+/// to be created or modified again at its backoff, or, for a lost Modify,
+/// an operation runs on a dependent (rule 8). The owner tries again after
+/// every command ([`super::Executor::redeliver_deferred`]).
 fn waits_for_a_dependency(
     current: &CurrentGraph,
+    waiting: &WaitingSet,
     item: &ItemRef,
     entry: &CurrentItem,
-    now_ms: u64,
 ) -> bool {
     let operation = entry.in_flight.as_ref();
     let target = operation.and_then(|operation| operation.target.as_deref());
@@ -444,7 +449,7 @@ fn waits_for_a_dependency(
         matches!(
             running_kind(current, &required),
             Some(OperationKind::Create | OperationKind::Modify | OperationKind::Delete)
-        ) || asked_again_later(current, &required, now_ms)
+        ) || asked_again_later(current, waiting, &required)
     });
     // A Modify also waits for the operations running on its dependents
     // (DESIGN 3, rule 8); not for an UNKNOWN dependent, whose lost
@@ -470,38 +475,39 @@ fn waits_for_a_dependency(
 /// Delete's result sends it.
 pub fn redelivery_waits(
     current: &CurrentGraph,
+    waiting: &WaitingSet,
     item: &ItemRef,
     entry: &CurrentItem,
     delete_of_its_type_runs: bool,
-    now_ms: u64,
 ) -> bool {
     let creates = entry
         .in_flight
         .as_deref()
         .is_some_and(|operation| operation.kind == OperationKind::Create && !operation.question);
-    (delete_of_its_type_runs && creates) || waits_for_a_dependency(current, item, entry, now_ms)
+    (delete_of_its_type_runs && creates) || waits_for_a_dependency(current, waiting, item, entry)
 }
 
-/// Whether `item`'s own Create or Modify answered WAIT or failed, and is
-/// tried again at a backoff not yet come at `now_ms` (nothing runs on it
-/// meanwhile). A lost operation that relies on it waits for that attempt
-/// rather than giving up (seed 127716: a lost Create was given up, and
-/// its item created again under a new op id, while its dependency's
-/// Create, sent again, had answered WAIT). Bounded by the backoff: once
-/// it has come, the attempt runs (and the lost operation waits for it as
-/// for any running operation) or is blocked, and the lost operation's
-/// fate is decided on what holds then; a retry the intent no longer wants
-/// (a Delete's WAIT, of an item intended again) holds nothing up.
-fn asked_again_later(current: &CurrentGraph, item: &ItemRef, now_ms: u64) -> bool {
-    current.get(item).is_some_and(|entry| {
-        entry.state != ItemState::Unknown
-            && entry.in_flight.is_none()
-            && !entry.gave_up
-            && entry.rare.retry_of.as_ref().is_some_and(|retried| {
-                matches!(retried.kind, OperationKind::Create | OperationKind::Modify)
-            })
-            && entry.rare.next_attempt_at_ms.is_some_and(|at| at > now_ms)
-    })
+/// Whether `item`'s own Create or Modify answered WAIT or failed and
+/// waits in `waiting` for its backoff, to be sent again then (nothing runs
+/// on it meanwhile). A lost operation that relies on it waits for that
+/// attempt rather than giving up (seed 127716: a lost Create was given up,
+/// and its item created again under a new op id, while its dependency's
+/// Create, sent again, had answered WAIT). It waits no longer than the
+/// plan does: once the backoff is over, the attempt runs (and the lost
+/// operation waits for it as for any running operation) or is blocked,
+/// and the lost operation's fate is decided on what holds then; a retry
+/// the plan no longer has (a Delete's, of an item intended again) holds
+/// nothing up.
+fn asked_again_later(current: &CurrentGraph, waiting: &WaitingSet, item: &ItemRef) -> bool {
+    waiting.get(item).is_some_and(|waits| {
+        waits.reason == WaitReason::Backoff
+            && matches!(
+                waits.operation,
+                OperationKind::Create | OperationKind::Modify
+            )
+    }) && current
+        .get(item)
+        .is_some_and(|entry| entry.state != ItemState::Unknown && entry.in_flight.is_none())
 }
 
 /// The kind of the operation (not a question) running on `item`.
@@ -639,6 +645,7 @@ mod tests {
     ) -> Redelivery {
         redelivery(
             graph,
+            &WaitingSet::default(),
             &ItemRef::new("t", "a"),
             entry,
             operation,
@@ -748,10 +755,10 @@ mod tests {
         assert_eq!(decide(&graph, &entry, &operation, None), Redelivery::Defer);
         assert!(redelivery_waits(
             &graph,
+            &WaitingSet::default(),
             &ItemRef::new("t", "a"),
             &entry,
-            false,
-            5
+            false
         ));
     }
 
@@ -902,34 +909,54 @@ mod tests {
     }
 
     #[test]
-    fn a_lost_create_waits_for_its_dependencys_create_until_its_backoff_has_come() {
-        // b's Create answered WAIT: it is asked again at 100 ms (seed
-        // 127716 gave a's Create up meanwhile). Once that time has come
-        // with nothing running on b, b no longer holds what a applies.
+    fn a_lost_create_waits_for_its_dependencys_create_while_that_waits_for_its_backoff() {
+        // b's Create answered WAIT and waits to be sent again (seed 127716
+        // gave a's Create up meanwhile). Once b no longer waits for its
+        // backoff, with nothing running on it, b does not hold what a
+        // applies.
         let (operation, entry) =
             lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
-        let waiting = |at: u64| {
-            CurrentItem {
-                existence_uncertain: true,
-                last_operation: Some(OperationKind::Create),
-                ..created("b")
-            }
-            .with_rare(|rare| {
-                rare.next_attempt_at_ms = Some(at);
-                rare.retry_of = Some(crate::graph::RetryOf {
-                    kind: OperationKind::Create,
-                    target_generation: 1,
-                    op_id: "b-op".into(),
-                });
-            })
+        let not_created = CurrentItem {
+            existence_uncertain: true,
+            last_operation: Some(OperationKind::Create),
+            ..created("b")
         };
-        let later = graph_with(vec![("b", waiting(100))]);
-        assert_eq!(decide(&later, &entry, &operation, None), Redelivery::Defer);
-        let due = graph_with(vec![("b", waiting(5))]);
-        let Redelivery::GiveUp { why, .. } = decide(&due, &entry, &operation, None) else {
-            panic!("b's attempt is due and does not run: a is not sent again");
+        let graph = graph_with(vec![("b", not_created)]);
+        let waiting_for = |reason: WaitReason| {
+            let mut waiting = WaitingSet::default();
+            waiting.insert(crate::engine::plan::WaitingItem {
+                item: ItemRef::new("t", "b"),
+                operation: OperationKind::Create,
+                reason,
+                blocked_by: Vec::new(),
+            });
+            waiting
         };
-        assert_eq!(why, GiveUpReason::BrokenDependency(ItemRef::new("t", "b")));
+        let decide_while = |waiting: &WaitingSet| {
+            redelivery(
+                &graph,
+                waiting,
+                &ItemRef::new("t", "a"),
+                &entry,
+                &operation,
+                None,
+                false,
+                false,
+                false,
+                5,
+                never,
+            )
+        };
+        assert_eq!(
+            decide_while(&waiting_for(WaitReason::Backoff)),
+            Redelivery::Defer
+        );
+        for waiting in [waiting_for(WaitReason::Dependency), WaitingSet::default()] {
+            let Redelivery::GiveUp { why, .. } = decide_while(&waiting) else {
+                panic!("b is not created and not about to be: a is not sent again");
+            };
+            assert_eq!(why, GiveUpReason::BrokenDependency(ItemRef::new("t", "b")));
+        }
     }
 
     #[test]
@@ -1005,6 +1032,7 @@ mod tests {
         };
         let Redelivery::GiveUp { value, why } = redelivery(
             &CurrentGraph::default(),
+            &WaitingSet::default(),
             &ItemRef::new("t", "a"),
             &entry,
             &operation,

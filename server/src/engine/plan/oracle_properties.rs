@@ -75,6 +75,7 @@ use super::{BlockedBy, Plan, TypeRules, WaitReason, WaitingItem, plan_everything
 use crate::engine::exec::lost::{Redelivery, redelivery, runs_a_delete, superseded};
 use crate::engine::testkit::{World, external, item, on, parse_ref};
 use crate::engine::transition::Completion;
+use crate::engine::waiting::WaitingSet;
 use crate::graph::{
     CurrentItem, InFlight, Item, ItemRef, ItemState, OperationError, OperationKind, Properties,
     code,
@@ -637,8 +638,15 @@ fn decide_lost(world: &mut World, key: &ItemRef, agent_holds: Option<bool>) -> b
     let superseded = superseded(&world.intended, &world.current, &key, &operation);
     let delete_of_its_type_runs = delete_of_type_runs(world, &key);
     let now_ms = world.environment.now_ms;
+    // What waits, as the engine keeps it from its passes: a dependency
+    // waiting for its backoff holds the lost operation.
+    let mut waiting = WaitingSet::default();
+    for entry in plan_everything(&world.intended, &world.current, &world.environment).waiting {
+        waiting.insert(entry);
+    }
     let decided = redelivery(
         &world.current,
+        &waiting,
         &key,
         &entry,
         &operation,

@@ -730,10 +730,10 @@ impl Executor {
                         current.state != ItemState::Unknown
                             || !redelivery_waits(
                                 &self.model.current,
+                                &self.model.waiting,
                                 item,
                                 current,
                                 deleting.contains(&**item.item_type()),
-                                now.wall_ms,
                             )
                     })
             })
@@ -826,6 +826,7 @@ impl Executor {
             };
             let decision = redelivery(
                 &self.model.current,
+                &self.model.waiting,
                 &item,
                 &entry,
                 &operation,
@@ -975,6 +976,7 @@ impl Executor {
         };
         let decision = redelivery(
             &self.model.current,
+            &self.model.waiting,
             item,
             &unknown,
             &lost,
