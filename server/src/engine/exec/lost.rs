@@ -633,11 +633,35 @@ mod tests {
     }
 
     /// [`redelivery`] of `t/a`'s lost operation at 5 ms, for a type whose
-    /// retry policy never tries again; `facts` are whether the type is
-    /// readable, whether a Delete of its type runs, and whether the
-    /// operation is superseded.
+    /// retry policy never tries again, nothing waiting; `facts` are whether
+    /// the type is readable, whether a Delete of its type runs, and whether
+    /// the operation is superseded.
     fn decide_given(
         graph: &CurrentGraph,
+        entry: &CurrentItem,
+        operation: &InFlight,
+        agent_holds: Option<bool>,
+        facts: [bool; 3],
+    ) -> Redelivery {
+        let waiting = WaitingSet::default();
+        decide_amid_given(graph, &waiting, entry, operation, agent_holds, facts)
+    }
+
+    /// [`decide`] with `waiting` what the tenant's passes left waiting.
+    fn decide_amid(
+        graph: &CurrentGraph,
+        waiting: &WaitingSet,
+        entry: &CurrentItem,
+        operation: &InFlight,
+    ) -> Redelivery {
+        decide_amid_given(graph, waiting, entry, operation, None, [false; 3])
+    }
+
+    /// [`decide_given`] with `waiting` what the tenant's passes left
+    /// waiting.
+    fn decide_amid_given(
+        graph: &CurrentGraph,
+        waiting: &WaitingSet,
         entry: &CurrentItem,
         operation: &InFlight,
         agent_holds: Option<bool>,
@@ -645,7 +669,7 @@ mod tests {
     ) -> Redelivery {
         redelivery(
             graph,
-            &WaitingSet::default(),
+            waiting,
             &ItemRef::new("t", "a"),
             entry,
             operation,
@@ -932,21 +956,7 @@ mod tests {
             });
             waiting
         };
-        let decide_while = |waiting: &WaitingSet| {
-            redelivery(
-                &graph,
-                waiting,
-                &ItemRef::new("t", "a"),
-                &entry,
-                &operation,
-                None,
-                false,
-                false,
-                false,
-                5,
-                never,
-            )
-        };
+        let decide_while = |waiting: &WaitingSet| decide_amid(&graph, waiting, &entry, &operation);
         assert_eq!(
             decide_while(&waiting_for(WaitReason::Backoff)),
             Redelivery::Defer
