@@ -1074,7 +1074,11 @@ fn a_lost_create_waits_for_its_dependencys_create_asked_again_later() {
         .into_iter()
         .map(|order| order.op_id)
         .collect();
-    assert_eq!(sent, [create_b.op_id.clone()], "a waits for b's outcome");
+    assert_eq!(
+        sent,
+        std::slice::from_ref(&create_b.op_id),
+        "a waits for b's outcome"
+    );
     let wait = AgentOutcome::Wait {
         retry_after_ms: 500,
     };
