@@ -21,7 +21,7 @@ use crate::status::ApiError;
 use crate::tenant::oplog::LogEntry;
 use crate::tenant::{TenantHandle, TenantSnapshot, ValidatedSubmit, fairly};
 use crate::wire::{
-    duration_to_ms, intended_item_to_proto, item_from_proto_at, item_ref_to_proto, item_status,
+    duration_to_ms, intended_item_to_proto, item_from_proto, item_ref_to_proto, item_status,
     operation_error_to_status, operation_kind_to_proto, plan_to_proto_with_items,
     timestamp_from_ms, type_spec_to_proto,
 };
@@ -509,7 +509,7 @@ pub fn validate_submit(
     let mut violations = Vec::new();
     let mut items = Vec::with_capacity(request.items.len());
     for (index, item) in request.items.into_iter().enumerate() {
-        match item_from_proto_at(item, &format!("items[{index}]")) {
+        match item_from_proto(item, index) {
             Ok(item) => items.push(item),
             Err(mut problems) => violations.append(&mut problems),
         }

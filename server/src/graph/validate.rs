@@ -7,6 +7,7 @@
 //! runs [`find_cycle`] over the merged graph.
 
 use std::collections::hash_map::Entry;
+use std::fmt::{self, Display};
 use std::io;
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -90,7 +91,7 @@ pub fn validate_items(
     let mut first_index_of: FxHashMap<(&str, &str), usize> = FxHashMap::default();
     let mut predicates = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
-        let path = format!("items[{index}]");
+        let path = ItemPath(index);
         check_item_identity(item, &path, limits, &mut violations);
         match first_index_of.entry((item.item_type(), item.name())) {
             Entry::Vacant(vacant) => {
@@ -276,24 +277,47 @@ impl Violations {
     }
 }
 
+/// The path of a request's item `items[index]`, written out only for a
+/// violation (a valid request allocates no paths).
+struct ItemPath(usize);
+
+impl Display for ItemPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "items[{}]", self.0)
+    }
+}
+
+/// The path of an item's dependency, `{item}.dependencies[{index}]`,
+/// written out only for a violation.
+struct DependencyPath<'a> {
+    item: &'a dyn Display,
+    index: usize,
+}
+
+impl Display for DependencyPath<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.dependencies[{}]", self.item, self.index)
+    }
+}
+
 /// The item's own type and name.
 fn check_item_identity(
     item: &Item,
-    path: &str,
+    path: &dyn Display,
     limits: &ValidationLimits,
     violations: &mut Violations,
 ) {
     check_name(
         item.item_type(),
         "type",
-        &format!("{path}.type"),
+        &format_args!("{path}.type"),
         limits,
         violations,
     );
     check_name(
         item.name(),
         "name",
-        &format!("{path}.name"),
+        &format_args!("{path}.name"),
         limits,
         violations,
     );
@@ -302,12 +326,12 @@ fn check_item_identity(
 fn check_name(
     value: &str,
     what: &str,
-    field: &str,
+    field: &dyn Display,
     limits: &ValidationLimits,
     violations: &mut Violations,
 ) {
     if let Err(message) = validate_name(value, limits) {
-        violations.push(field.to_owned(), format!("the {what} {message}"));
+        violations.push(field.to_string(), format!("the {what} {message}"));
     }
 }
 
@@ -315,7 +339,7 @@ fn check_name(
 /// compiled predicates (those that compiled).
 fn check_dependencies(
     item: &Item,
-    path: &str,
+    path: &dyn Display,
     limits: &ValidationLimits,
     violations: &mut Violations,
 ) -> ItemPredicates {
@@ -330,19 +354,19 @@ fn check_dependencies(
     let mut first_index_of: FxHashMap<&ItemRef, usize> = FxHashMap::default();
     let mut predicates = Vec::with_capacity(item.dependencies.len());
     for (index, dependency) in item.dependencies.iter().enumerate() {
-        let path = format!("{path}.dependencies[{index}]");
+        let path = DependencyPath { item: path, index };
         let requires = &dependency.requires;
         check_name(
             requires.item_type(),
             "required type",
-            &format!("{path}.requires.type"),
+            &format_args!("{path}.requires.type"),
             limits,
             violations,
         );
         check_name(
             requires.name(),
             "required name",
-            &format!("{path}.requires.name"),
+            &format_args!("{path}.requires.name"),
             limits,
             violations,
         );
@@ -366,7 +390,11 @@ fn check_dependencies(
     predicates
 }
 
-fn compile_predicate(source: &str, path: &str, violations: &mut Violations) -> Option<Predicate> {
+fn compile_predicate(
+    source: &str,
+    path: &dyn Display,
+    violations: &mut Violations,
+) -> Option<Predicate> {
     if source.is_empty() {
         return None;
     }
@@ -382,14 +410,14 @@ fn compile_predicate(source: &str, path: &str, violations: &mut Violations) -> O
 /// The item's JSON encoding must fit in `max_item_bytes`.
 fn check_item_size(
     item: &Item,
-    path: &str,
+    path: &dyn Display,
     limits: &ValidationLimits,
     violations: &mut Violations,
 ) {
     match encoded_size(item) {
         Ok(size) if size <= limits.max_item_bytes => {}
         Ok(size) => violations.push(
-            path.to_owned(),
+            path.to_string(),
             format!(
                 "the item encodes to {size} bytes, over the limit of {} bytes; keep bulky \
                  data out of its properties, or split it into several items",
@@ -397,7 +425,7 @@ fn check_item_size(
             ),
         ),
         Err(error) => violations.push(
-            path.to_owned(),
+            path.to_string(),
             format!("the item cannot be encoded ({error}); check its properties"),
         ),
     }

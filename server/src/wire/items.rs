@@ -1,5 +1,7 @@
 //! Item identities, items, dependencies and intended items, both ways.
 
+use std::fmt::Display;
+
 use reconciled_proto::v1;
 
 use crate::graph::validate::FieldViolation;
@@ -23,27 +25,27 @@ pub fn item_ref_from_proto(item: v1::ItemRef) -> ItemRef {
 /// Converts the `index`-th item of a request's `items` field; violations
 /// carry paths under `items[index]`.
 pub fn item_from_proto(item: v1::Item, index: usize) -> Result<Item, Vec<FieldViolation>> {
-    item_from_proto_at(item, &format!("items[{index}]"))
+    item_from_proto_at(item, format_args!("items[{index}]"))
 }
 
 /// Converts an item received at field `path` (e.g. `reports[2].put`):
 /// absent properties are an empty object; a dependency without `requires`
 /// is a violation at `{path}.dependencies[k].requires`. Every violation of
-/// the item is returned, not only the first.
-pub fn item_from_proto_at(item: v1::Item, path: &str) -> Result<Item, Vec<FieldViolation>> {
+/// the item is returned, not only the first. The path is written out only
+/// for a violation.
+pub fn item_from_proto_at(item: v1::Item, path: impl Display) -> Result<Item, Vec<FieldViolation>> {
     let mut violations = Vec::new();
     let properties = match item.properties {
         None => Properties::new(),
-        Some(value) => properties_from_struct(value, &format!("{path}.properties")).unwrap_or_else(
-            |violation| {
+        Some(value) => properties_from_struct(value, format_args!("{path}.properties"))
+            .unwrap_or_else(|violation| {
                 violations.push(violation);
                 Properties::new()
-            },
-        ),
+            }),
     };
     let mut dependencies = Vec::with_capacity(item.dependencies.len());
     for (index, dependency) in item.dependencies.into_iter().enumerate() {
-        match dependency_from_proto(dependency, &format!("{path}.dependencies[{index}]")) {
+        match dependency_from_proto(dependency, format_args!("{path}.dependencies[{index}]")) {
             Ok(dependency) => dependencies.push(dependency),
             Err(violation) => violations.push(violation),
         }
@@ -63,7 +65,7 @@ pub fn item_from_proto_at(item: v1::Item, path: &str) -> Result<Item, Vec<FieldV
 
 fn dependency_from_proto(
     dependency: v1::Dependency,
-    path: &str,
+    path: impl Display,
 ) -> Result<Dependency, FieldViolation> {
     let requires = dependency.requires.ok_or_else(|| {
         FieldViolation::new(

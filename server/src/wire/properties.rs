@@ -23,7 +23,7 @@ use crate::graph::validate::FieldViolation;
 /// with a violation naming the offending value's path.
 pub fn properties_from_struct(
     value: prost_types::Struct,
-    path: &str,
+    path: impl std::fmt::Display,
 ) -> Result<Properties, FieldViolation> {
     struct_to_map(value, 1).map_err(|error| error.into_violation(path))
 }
@@ -63,8 +63,8 @@ impl NestedError {
         self
     }
 
-    fn into_violation(self, prefix: &str) -> FieldViolation {
-        let mut field = prefix.to_owned();
+    fn into_violation(self, prefix: impl std::fmt::Display) -> FieldViolation {
+        let mut field = prefix.to_string();
         for segment in self.reversed_path.iter().rev() {
             push_segment(&mut field, segment);
         }
