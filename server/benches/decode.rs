@@ -11,7 +11,7 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use prost::Message as _;
 use reconciled::api::reconciler::validate_submit;
 use reconciled::graph::validate::ValidationLimits;
-use reconciled::graph::{Item, Properties};
+use reconciled::graph::{Dependency, Item, ItemRef, Properties};
 use reconciled::limits::estimate_decoded_bytes;
 use reconciled::wire::item_to_proto;
 use reconciled_proto::v1;
@@ -43,9 +43,8 @@ fn request_with(count: usize, dependencies: usize) -> Vec<u8> {
             .expect("an object");
             let mut item = Item::new("interface", format!("c0-if-{index:05}"), properties);
             for before in index.saturating_sub(dependencies)..index {
-                item = item.depends_on(reconciled::graph::Dependency::on(
-                    reconciled::graph::ItemRef::new("interface", format!("c0-if-{before:05}")),
-                ));
+                let required = ItemRef::new("interface", format!("c0-if-{before:05}"));
+                item = item.depends_on(Dependency::on(required));
             }
             item_to_proto(&item)
         })

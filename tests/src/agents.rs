@@ -688,8 +688,12 @@ impl TestTenant {
 }
 
 /// Calls `fetch` until `accept` takes its answer, every [`POLL_INTERVAL`],
-/// for at most [`DEADLINE`].
-async fn poll<T, F, Fut>(what: &str, mut fetch: F, mut accept: impl FnMut(&T) -> bool) -> T
+/// for at most [`DEADLINE`]: for what the server shows only when asked
+/// again (a status, a graph, a fleet snapshot).
+///
+/// # Panics
+/// At the deadline, with `what` and the last answer.
+pub async fn poll<T, F, Fut>(what: &str, mut fetch: F, mut accept: impl FnMut(&T) -> bool) -> T
 where
     T: std::fmt::Debug,
     F: FnMut() -> Fut,

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use reconciled_client::agent::CancellationToken;
 use reconciled_client::agent::{Agent, AgentEvent, TypeSpec};
-use reconciled_tests::agents::{DEADLINE, Recorder, RunningAgent, item_needing};
+use reconciled_tests::agents::{DEADLINE, Recorder, RunningAgent, item_needing, poll};
 use reconciled_tests::api;
 use reconciled_tests::cluster::{Replicas, TEST_LEASE_SECS};
 use reconciled_tests::etcd::EtcdCluster;
@@ -1568,22 +1568,25 @@ async fn a_tenant_quarantined_on_a_replica_shows_its_error_in_every_replicas_fle
     // Fleet streams through the survivors, opened before the failover.
     // A replica learns of a tenant another one created from etcd's watch,
     // a moment later: a snapshot taken before that is opened again.
+    let lists_the_tenant = |(_, snapshot): &(_, Vec<v1::FleetEvent>)| {
+        snapshot.iter().any(|event| event.tenant == "bad")
+    };
     let mut streams = Vec::new();
     for &index in &survivors {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            let (stream, snapshot) = fleet_snapshot(&replicas.channel(index).await, &admin).await;
-            if let Some(event) = snapshot.iter().find(|event| event.tenant == "bad") {
-                assert!(event.quarantine_error.is_empty(), "{snapshot:?}");
-                streams.push(stream);
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "replica {index}'s fleet snapshot never listed the tenant: {snapshot:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let channel = replicas.channel(index).await;
+        let (stream, snapshot) = poll(
+            &format!("the tenant in replica {index}'s fleet snapshot"),
+            || fleet_snapshot(&channel, &admin),
+            lists_the_tenant,
+        )
+        .await;
+        assert!(
+            snapshot
+                .iter()
+                .any(|event| event.tenant == "bad" && event.quarantine_error.is_empty()),
+            "{snapshot:?}"
+        );
+        streams.push(stream);
     }
     // A torn write of the tenant's record; its owner, which holds the
     // tenant in memory, is then killed: a survivor loads it from etcd.

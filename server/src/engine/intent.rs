@@ -315,6 +315,16 @@ mod tests {
         crate::engine::testkit::validated_submit(subgraph, items)
     }
 
+    /// The names along a rejected cycle and the field it is reported at.
+    fn cycle_of(error: IntentError) -> (Vec<String>, String) {
+        match error {
+            IntentError::DependencyCycle { cycle, field } => {
+                (cycle.iter().map(|r| r.name().to_string()).collect(), field)
+            }
+            other => panic!("not a cycle: {other:?}"),
+        }
+    }
+
     fn item(name: &str, subgraph: &str) -> Item {
         let mut item = Item::new("t", name, Default::default());
         item.subgraph = subgraph.into();
@@ -449,14 +459,9 @@ mod tests {
             .expect("dangling dependency accepted");
         let b = item("b", "two").depends_on(Dependency::on(ItemRef::new("t", "a")));
         let error = intent.prepare(request("two", vec![b])).expect_err("cycle");
-        match error {
-            IntentError::DependencyCycle { cycle, field } => {
-                let names: Vec<String> = cycle.iter().map(|r| r.name().to_string()).collect();
-                assert_eq!(names, ["b", "a", "b"]);
-                assert_eq!(field, "items[0].dependencies");
-            }
-            other => panic!("unexpected {other:?}"),
-        }
+        let (names, field) = cycle_of(error);
+        assert_eq!(names, ["b", "a", "b"]);
+        assert_eq!(field, "items[0].dependencies");
     }
 
     #[test]
@@ -585,14 +590,9 @@ mod tests {
         let error = intent
             .prepare(request("", vec![a(2), b_on_a]))
             .expect_err("cycle");
-        match error {
-            IntentError::DependencyCycle { cycle, field } => {
-                let names: Vec<String> = cycle.iter().map(|r| r.name().to_string()).collect();
-                assert_eq!(names, ["b", "a", "b"]);
-                assert_eq!(field, "items[1].dependencies");
-            }
-            other => panic!("unexpected {other:?}"),
-        }
+        let (names, field) = cycle_of(error);
+        assert_eq!(names, ["b", "a", "b"]);
+        assert_eq!(field, "items[1].dependencies");
         // New values on the same edges close no cycle.
         let change = intent
             .prepare(request("", vec![a(3), item("b", "")]))

@@ -576,6 +576,11 @@ mod tests {
         (operation, entry)
     }
 
+    /// A lost Create of `t/a`, relying on `t/{name}`.
+    fn lost_create_on(name: &str) -> (InFlight, CurrentItem) {
+        lost_create(Item::new("t", "a", Default::default()).depends_on(on(name)))
+    }
+
     fn on(name: &str) -> Dependency {
         Dependency::on(ItemRef::new("t", name))
     }
@@ -684,8 +689,7 @@ mod tests {
 
     #[test]
     fn a_lost_create_whose_dependencies_hold_is_sent_again_as_the_same_operation() {
-        let (operation, entry) =
-            lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let (operation, entry) = lost_create_on("b");
         let graph = graph_with(vec![("b", created("b"))]);
         let Redelivery::Resend {
             operation: again,
@@ -742,8 +746,7 @@ mod tests {
 
     /// `a`'s lost Create on `b`, and a graph where `b` is UNKNOWN.
     fn lost_create_on_unknown_b() -> (InFlight, CurrentItem, CurrentGraph) {
-        let (operation, entry) =
-            lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let (operation, entry) = lost_create_on("b");
         let unknown = CurrentItem {
             state: ItemState::Unknown,
             ..created("b")
@@ -899,8 +902,7 @@ mod tests {
         // b went with its external item while a's Create ran, came back,
         // and its Create runs: a's Create is not given up but sent again
         // under its op id once b exists.
-        let (operation, entry) =
-            lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let (operation, entry) = lost_create_on("b");
         let b_create = InFlight::new(OperationKind::Create, "b-op".into(), 1, 1, 0, 10_000);
         let graph = graph_with(vec![("b", CurrentItem::creating(b_create))]);
         assert_eq!(decide(&graph, &entry, &operation, None), Redelivery::Defer);
@@ -917,8 +919,7 @@ mod tests {
 
     #[test]
     fn a_lost_create_on_a_vanished_dependency_is_of_uncertain_existence() {
-        let (operation, entry) =
-            lost_create(Item::new("t", "a", Default::default()).depends_on(on("gone")));
+        let (operation, entry) = lost_create_on("gone");
         let Redelivery::GiveUp { value, why } =
             decide(&CurrentGraph::default(), &entry, &operation, None)
         else {
@@ -938,8 +939,7 @@ mod tests {
         // gave a's Create up meanwhile). Once b no longer waits for its
         // backoff, with nothing running on it, b does not hold what a
         // applies.
-        let (operation, entry) =
-            lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let (operation, entry) = lost_create_on("b");
         let not_created = CurrentItem {
             existence_uncertain: true,
             last_operation: Some(OperationKind::Create),
@@ -975,8 +975,7 @@ mod tests {
         // stays in the graph until that question reports, but it is gone
         // whatever the answer, so a's Create cannot be applied (seed
         // 187463 sent it on b's record).
-        let (operation, entry) =
-            lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let (operation, entry) = lost_create_on("b");
         let question = InFlight {
             question: true,
             ..InFlight::new(OperationKind::Modify, "b-op".into(), 1, 2, 0, 10_000)
@@ -1000,8 +999,7 @@ mod tests {
     fn a_lost_operation_the_agent_still_runs_is_waited_for_whatever_changed() {
         // Its dependency vanished: were it given up, the dependency could
         // be deleted under an operation that still runs at the agent.
-        let (operation, entry) =
-            lost_create(Item::new("t", "a", Default::default()).depends_on(on("gone")));
+        let (operation, entry) = lost_create_on("gone");
         let decided = decide(&CurrentGraph::default(), &entry, &operation, Some(true));
         let Redelivery::Resend {
             operation: again,
@@ -1114,8 +1112,7 @@ mod tests {
 
     #[test]
     fn a_lost_operation_of_a_readable_type_that_runs_nowhere_is_resolved_by_a_read() {
-        let (operation, entry) =
-            lost_create(Item::new("t", "a", Default::default()).depends_on(on("gone")));
+        let (operation, entry) = lost_create_on("gone");
         let read = |holds, readable| {
             decide_knowing(
                 &CurrentGraph::default(),
@@ -1142,8 +1139,7 @@ mod tests {
     fn a_lost_create_whose_target_left_the_intent_is_not_started_afresh() {
         // Simulator seed 56317: the Create was lost with its session, its
         // item left the intent, and the next registration sent it again.
-        let (operation, entry) =
-            lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let (operation, entry) = lost_create_on("b");
         let graph = graph_with(vec![("b", created("b"))]);
         for agent_holds in [Some(false), None] {
             let Redelivery::GiveUp { value, why } =
@@ -1173,8 +1169,7 @@ mod tests {
         // Create, restarted before reporting it, and timed out on the
         // Create sent again; taken as never applied, the item's dependency
         // was deleted under it.
-        let (operation, entry) =
-            lost_create(Item::new("t", "a", Default::default()).depends_on(on("b")));
+        let (operation, entry) = lost_create_on("b");
         let graph = graph_with(vec![("b", created("b"))]);
         let Redelivery::Resend { value, .. } = decide(&graph, &entry, &operation, Some(false))
         else {

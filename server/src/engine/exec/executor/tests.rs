@@ -984,11 +984,11 @@ fn a_lost_create_the_read_cannot_settle_waits_for_a_delete_of_its_type() {
     assert_eq!(state_of(&executor, "a"), Some(ItemState::Unknown));
 
     answer_on(&mut executor, 2, &delete, done(), at(50));
-    let effects = executor
-        .redeliver_deferred(at(50))
-        .expect("the Delete's result lets the lost Create be settled");
-    executor.committed(at(50));
-    let read_again = orders(&effects.sends).remove(0);
+    let read_again = redelivered(
+        &mut executor,
+        at(50),
+        "the Delete's result lets the lost Create be settled",
+    );
     assert_eq!(
         read_again.kind,
         OperationKind::Read,
@@ -1032,11 +1032,11 @@ fn lost_operations_sent_again_together_send_a_create_after_a_delete_of_its_type(
     assert_eq!(sent, [(delete.op_id.clone(), OperationKind::Delete)]);
 
     answer_on(&mut executor, 2, &delete, done(), at(40));
-    let effects = executor
-        .redeliver_deferred(at(40))
-        .expect("the Delete's result sends the lost Create");
-    executor.committed(at(40));
-    let again = orders(&effects.sends).remove(0);
+    let again = redelivered(
+        &mut executor,
+        at(40),
+        "the Delete's result sends the lost Create",
+    );
     assert_eq!(
         (again.op_id.as_str(), again.kind),
         (create.op_id.as_str(), OperationKind::Create)
@@ -1095,16 +1095,20 @@ fn a_lost_create_waits_for_its_dependencys_create_asked_again_later() {
     assert_eq!(again.op_id, create_b.op_id, "b's Create is asked again");
     assert!(executor.redeliver_deferred(at(580)).is_none());
     answer_on(&mut executor, 2, &again, done(), at(590));
-    let effects = executor
-        .redeliver_deferred(at(590))
-        .expect("b is created: a's lost Create goes");
-    executor.committed(at(590));
-    let resent = orders(&effects.sends).remove(0);
+    let resent = redelivered(&mut executor, at(590), "b is created: a's lost Create goes");
     assert_eq!(
         (resent.op_id.as_str(), resent.kind),
         (create_a.op_id.as_str(), OperationKind::Create),
         "under its op id"
     );
+}
+
+/// The first operation the deferred re-deliveries send at `now` (which
+/// `why` says there must be), its commit durable.
+fn redelivered(executor: &mut Executor, now: Now, why: &str) -> OperationOrder {
+    let effects = executor.redeliver_deferred(now).expect(why);
+    executor.committed(now);
+    orders(&effects.sends).remove(0)
 }
 
 /// The executor with a READ-capable agent for type `t` on session 1.
