@@ -235,6 +235,9 @@ settings! {
     watch_history_age_secs: u64,
         env = "RECONCILED_WATCH_HISTORY_AGE_SECS", default = "3600", value_name = "SECS",
         help = "Seconds watch events are retained";
+    watch_history_bytes: u64,
+        env = "RECONCILED_WATCH_HISTORY_BYTES", default = "268435456", value_name = "BYTES",
+        help = "Bytes of watch events retained per tenant; the oldest revisions beyond it are compacted, the newest is always kept";
     watch_ring_events: u64,
         env = "RECONCILED_WATCH_RING_EVENTS", default = "10000", value_name = "N",
         help = "Events a watched tenant keeps in memory; a watcher further behind is ended with RESOURCE_EXHAUSTED";
@@ -542,6 +545,8 @@ pub struct Config {
     pub watch_history_revisions: u64,
     /// How long watch events are retained.
     pub watch_history_age: Duration,
+    /// Bytes (keys and values) of events retained per tenant.
+    pub watch_history_bytes: u64,
     /// Events a watched tenant keeps in memory for its watchers.
     pub watch_ring_events: usize,
     /// Silence after which a watch stream gets a bookmark.
@@ -601,6 +606,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(10),
             watch_history_revisions: 100_000,
             watch_history_age: Duration::from_secs(3600),
+            watch_history_bytes: 256 * MIB,
             watch_ring_events: 10_000,
             watch_bookmark_interval: Duration::from_secs(5),
             max_watchers_per_tenant: 100,
@@ -963,6 +969,7 @@ impl Config {
             shutdown_grace_secs: Some(self.shutdown_grace.as_secs()),
             watch_history_revisions: Some(self.watch_history_revisions),
             watch_history_age_secs: Some(self.watch_history_age.as_secs()),
+            watch_history_bytes: Some(self.watch_history_bytes),
             watch_ring_events: Some(self.watch_ring_events as u64),
             watch_bookmark_interval_ms: Some(
                 u64::try_from(self.watch_bookmark_interval.as_millis()).unwrap_or(u64::MAX),
@@ -1300,6 +1307,11 @@ fn resolve(
             defaults.watch_history_age,
             false,
         )?,
+        watch_history_bytes: count(
+            "watch_history_bytes",
+            layer.watch_history_bytes,
+            usize::try_from(defaults.watch_history_bytes).unwrap_or(usize::MAX),
+        )? as u64,
         watch_ring_events: count(
             "watch_ring_events",
             layer.watch_ring_events,

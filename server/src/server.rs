@@ -202,6 +202,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         default_max_items: config.max_items_per_tenant,
         metrics: metrics.clone(),
         event_retention: retention,
+        event_history_bytes: config.watch_history_bytes,
         watch_ring_events: config.watch_ring_events,
         // Replicas on etcd derive the fleet stream from etcd's revisions.
         fleet: etcd.is_none().then(|| fleet.clone()),

@@ -365,6 +365,72 @@ async fn a_revision_older_than_the_history_is_out_of_range_with_the_compact_revi
     );
 }
 
+/// However few revisions a tenant commits, its history is held to
+/// `--watch-history-bytes`: large changes compact the oldest revisions,
+/// and a watcher resuming from before them starts over from a snapshot.
+#[tokio::test]
+async fn a_history_over_its_bytes_is_compacted_from_the_oldest_revision() {
+    let options = ServerOptions::default()
+        .arg("--watch-history-bytes")
+        .arg("10000");
+    let mut tenant = TestTenant::start_with(options, "acme").await;
+    let first = tenant.status().await.revision;
+    // Each round changes 50 items: about 1 KB of events. 30 rounds are far
+    // below the 100,000 revisions kept by count.
+    for round in 0..30 {
+        let items = (0..50)
+            .map(|index| item("t", &format!("item-{index}"), json!({"round": round})))
+            .collect();
+        tenant.submit(items).await;
+    }
+    let status = Watcher::open(&mut tenant.reconciler(), watch_request("acme", first))
+        .await
+        .expect_err("the first revisions are compacted");
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    assert_eq!(error_reason(&status).as_deref(), Some("REVISION_COMPACTED"));
+    let compact: u64 = error_metadata(&status, "compact_revision")
+        .expect("compact_revision")
+        .parse()
+        .expect("a number");
+    let last = tenant.status().await.revision;
+    assert!(
+        compact > first + 5 && compact < last,
+        "first {first}, compact {compact}, last {last}"
+    );
+
+    // The count survives a restart: the history stays bounded after it.
+    tenant.server.restart().await.expect("restarts");
+    tenant.channel = tenant.server.channel().await.expect("connects");
+    for round in 30..40 {
+        let items = (0..50)
+            .map(|index| item("t", &format!("item-{index}"), json!({"round": round})))
+            .collect();
+        tenant.submit(items).await;
+    }
+    let status = Watcher::open(&mut tenant.reconciler(), watch_request("acme", compact))
+        .await
+        .expect_err("compacted further after the restart");
+    let compact_after: u64 = error_metadata(&status, "compact_revision")
+        .expect("compact_revision")
+        .parse()
+        .expect("a number");
+    assert!(compact_after > compact, "{compact_after} after {compact}");
+    let last = tenant.status().await.revision;
+    let mut watcher = Watcher::open(
+        &mut tenant.reconciler(),
+        watch_request("acme", compact_after),
+    )
+    .await
+    .expect("everything after the compact revision is available");
+    let groups = watcher.groups_through(last).await;
+    assert!(
+        groups
+            .first()
+            .is_some_and(|group| group.revision > compact_after),
+        "{groups:?}"
+    );
+}
+
 /// Revisions only grow, so a resume from one the tenant has not reached
 /// comes from a tenant of that name that was deleted (or a history a
 /// restore or repair took back): following it would silently skip every

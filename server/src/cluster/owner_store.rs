@@ -207,6 +207,7 @@ mod tests {
             deleted,
             conditions: Vec::new(),
             compact_revision: None,
+            history_bytes: None,
         }
     }
 

@@ -684,6 +684,7 @@ pub fn creation(
         deleted: false,
         conditions: Vec::new(),
         compact_revision: Some(revision),
+        history_bytes: Some(0),
     };
     let mut batch = WriteBatch::new();
     batch.put(

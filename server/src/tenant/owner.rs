@@ -53,6 +53,9 @@ pub struct OwnerSettings {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// How long events are kept.
     pub event_retention: Retention,
+    /// The most bytes (keys and values) of events a tenant's log keeps; the
+    /// oldest revisions beyond it are pruned, the newest always kept.
+    pub event_history_bytes: u64,
     /// Events a tenant's live ring holds while it has watchers.
     pub watch_ring_events: usize,
     /// The fleet log, told of every change of a tenant's conditions (absent
@@ -79,6 +82,7 @@ impl Default for OwnerSettings {
             cancel_timeout: Duration::from_secs(60),
             metrics: Arc::default(),
             event_retention: Retention::default(),
+            event_history_bytes: DEFAULT_EVENT_HISTORY_BYTES,
             watch_ring_events: DEFAULT_RING_EVENTS,
             fleet: None,
             clock: Arc::new(SystemClock),
@@ -90,6 +94,9 @@ impl Default for OwnerSettings {
 
 /// Default of [`OwnerSettings::watch_ring_events`].
 pub const DEFAULT_RING_EVENTS: usize = 10_000;
+
+/// Default of [`OwnerSettings::event_history_bytes`]: 256 MiB.
+pub const DEFAULT_EVENT_HISTORY_BYTES: u64 = 256 * 1024 * 1024;
 
 /// Why a registration was refused.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -417,6 +424,17 @@ impl Drop for Owner {
     }
 }
 
+/// The bytes of `record`'s event log, counted from the store: for a record
+/// written before they were kept (or after a repair compacted the log).
+/// A log that cannot be read counts as empty, with a warning: its bytes
+/// are then counted from the next commit on.
+fn count_history_bytes(store: &dyn Store, record: &TenantRecord) -> u64 {
+    history::stored_bytes_after(store, record.id, record.events_floor()).unwrap_or_else(|error| {
+        warn!(tenant = %record.name, %error, "Counting the event log's bytes failed.");
+        0
+    })
+}
+
 impl Owner {
     fn new(state: TenantState, store: Arc<dyn Store>, settings: OwnerSettings) -> Self {
         let origin = settings.clock.monotonic();
@@ -424,7 +442,10 @@ impl Owner {
             wall_ms: settings.clock.now_ms(),
             mono_ms: 0,
         };
-        let record = state.record.clone();
+        let mut record = state.record.clone();
+        if record.history_bytes.is_none() {
+            record.history_bytes = Some(count_history_bytes(&*store, &record));
+        }
         let executor_settings = ExecutorSettings {
             tenant_id: record.id,
             max_items: record.limits.max_items,
@@ -902,9 +923,11 @@ impl Owner {
         let now = self.now().wall_ms;
         record.revision = self.record.revision + 1;
         crate::wire::stamp(&mut events, record.revision, now);
-        let floor = self.prune_events(&mut batch, record.revision, now)?;
+        let written = persist::put_events(&mut batch, record.id, record.revision, &events);
+        let held = record.history_bytes.unwrap_or(0).saturating_add(written);
+        let (floor, dropped) = self.prune_events(&mut batch, record.revision, now, held)?;
         record.compact_revision = Some(floor);
-        persist::put_events(&mut batch, record.id, record.revision, &events);
+        record.history_bytes = Some(held.saturating_sub(dropped));
         persist::put_record(&mut batch, &record)?;
         let committed = match &self.settings.fleet {
             Some(fleet) => fleet.commit_unsettled(batch, fleet_event, now).await,
@@ -939,14 +962,18 @@ impl Owner {
     }
 
     /// Adds the deletes of events beyond the retention to `batch` when the
-    /// log has outgrown it; returns the compaction floor to store.
+    /// log has outgrown it (`held`: its bytes with the revision `newest`
+    /// being committed); returns the compaction floor to store and the
+    /// bytes deleted.
     fn prune_events(
         &mut self,
         batch: &mut WriteBatch,
         newest: u64,
         now: u64,
-    ) -> Result<u64, TenantError> {
+        held: u64,
+    ) -> Result<(u64, u64), TenantError> {
         let retention = self.settings.event_retention;
+        let max_bytes = self.settings.event_history_bytes;
         let floor = self.record.events_floor();
         // Prune in steps, not at every commit: each step scans the log.
         let slack = (retention.max_revisions / 16).max(1);
@@ -954,8 +981,9 @@ impl Owner {
         let too_old = self
             .oldest_event_ms
             .is_some_and(|oldest| oldest < now.saturating_sub(retention.max_age_ms));
-        if !too_many && !too_old {
-            return Ok(floor);
+        let too_large = held > max_bytes.saturating_add(max_bytes / 16);
+        if !too_many && !too_old && !too_large {
+            return Ok((floor, 0));
         }
         let pruned = history::prune(
             &*self.store,
@@ -965,6 +993,7 @@ impl Owner {
             newest,
             now,
             retention,
+            held.saturating_sub(max_bytes),
         )
         .map_err(|error| TenantError::Corrupt {
             key: String::from("(event log)"),
@@ -973,7 +1002,7 @@ impl Owner {
         // Before the deletes commit: see `watch::stream::catch_up`.
         self.events.raise_floor(pruned.floor);
         self.oldest_event_ms = pruned.oldest_ms;
-        Ok(pruned.floor)
+        Ok((pruned.floor, pruned.dropped_bytes))
     }
 
     /// Now, on both clocks.

@@ -75,7 +75,7 @@ pub fn put_record(batch: &mut WriteBatch, record: &TenantRecord) -> Result<(), T
     Ok(())
 }
 
-/// Writes the events of revision `revision`.
-pub fn put_events(batch: &mut WriteBatch, tenant: u64, revision: u64, events: &[v1::Event]) {
-    crate::watch::history::write_revision(batch, tenant, revision, events);
+/// Writes the events of revision `revision`; returns the bytes they store.
+pub fn put_events(batch: &mut WriteBatch, tenant: u64, revision: u64, events: &[v1::Event]) -> u64 {
+    crate::watch::history::write_revision(batch, tenant, revision, events)
 }

@@ -87,6 +87,12 @@ pub struct TenantRecord {
     /// existed; then no earlier event is kept and the floor is `revision`.
     #[serde(default)]
     pub compact_revision: Option<u64>,
+    /// The bytes (keys and values) of the event log after the floor, which
+    /// `--watch-history-bytes` bounds. Absent in records written before
+    /// they were kept, and after `reconciled repair` compacted the log;
+    /// then they are counted when the tenant loads.
+    #[serde(default)]
+    pub history_bytes: Option<u64>,
 }
 
 /// How far revisions start past the clock: a tenant's revision grows by
@@ -266,6 +272,7 @@ pub(crate) mod samples {
                 last_transition_ms: 10,
             }],
             compact_revision: Some(12),
+            history_bytes: Some(4_096),
         }
     }
 }
@@ -327,11 +334,13 @@ mod tests {
         assert_eq!(decoded, tenant);
         let without_floor = TenantRecord {
             compact_revision: None,
+            history_bytes: None,
             ..tenant
         };
         let decoded: TenantRecord =
             decode(b"t", &encode(&without_floor).expect("encodes")).expect("decodes");
         assert_eq!(decoded.compact_revision, None);
+        assert_eq!(decoded.history_bytes, None);
 
         let intended = StoredIntended {
             item: (**samples::current_with_everything_set()

@@ -342,6 +342,7 @@ pub fn repair(
             deleted: false,
             conditions: Vec::new(),
             compact_revision: Some(revision),
+            history_bytes: Some(0),
         });
         for (key, _) in &events {
             batch.delete(key.clone());
@@ -414,6 +415,8 @@ pub fn repair(
             }
         }
         record.compact_revision = Some(record.events_floor().max(compact_to));
+        // Counted again when the tenant loads.
+        record.history_bytes = None;
         outcome.actions.push(format!(
             "events up to revision {compact_to}: history compacted (watchers resuming from before get REVISION_COMPACTED)"
         ));

@@ -5,6 +5,11 @@
 //! Chunks are keyed `(revision, chunk)` (see `store::keys::event_key`); all
 //! but the last chunk of a revision have `continued` set. A revision with no
 //! events stores nothing.
+//!
+//! A tenant's log is also bounded by its stored bytes (keys and values of
+//! its chunks): [`write_revision`] says what it adds, [`prune`] what it
+//! drops, and the owner keeps the sum in the tenant record, counting it
+//! with [`stored_bytes_after`] for a record that does not have it.
 
 use std::sync::Arc;
 
@@ -74,17 +79,54 @@ pub fn split_into_groups(
     groups
 }
 
-/// Adds the writes that store `events` of `revision` to `batch`.
-pub fn write_revision(batch: &mut WriteBatch, tenant_id: u64, revision: u64, events: &[v1::Event]) {
+/// Adds the writes that store `events` of `revision` to `batch`; returns
+/// the bytes they store (keys and values).
+pub fn write_revision(
+    batch: &mut WriteBatch,
+    tenant_id: u64,
+    revision: u64,
+    events: &[v1::Event],
+) -> u64 {
+    let mut stored = 0;
     for (chunk, group) in split_into_groups(revision, events, CHUNK_BYTES)
         .iter()
         .enumerate()
     {
         let chunk = u32::try_from(chunk).unwrap_or(u32::MAX);
-        batch.put(
-            keys::event_key(tenant_id, revision, chunk),
-            group.encode_to_vec(),
-        );
+        let key = keys::event_key(tenant_id, revision, chunk);
+        let value = group.encode_to_vec();
+        stored += chunk_bytes(&key, &value);
+        batch.put(key, value);
+    }
+    stored
+}
+
+/// What one stored chunk counts against the log's bytes.
+fn chunk_bytes(key: &[u8], value: &[u8]) -> u64 {
+    u64::try_from(key.len() + value.len()).unwrap_or(u64::MAX)
+}
+
+/// The bytes (keys and values) of every chunk stored after `floor`: the
+/// count of a record written before the log's bytes were kept, read once
+/// when its tenant loads.
+pub fn stored_bytes_after(
+    store: &dyn Store,
+    tenant_id: u64,
+    floor: u64,
+) -> Result<u64, HistoryError> {
+    let prefix = keys::events_prefix(tenant_id);
+    let mut start = keys::event_key(tenant_id, floor, u32::MAX);
+    let mut total = 0u64;
+    loop {
+        let page = store.scan(&prefix, Some(&start), SCAN_CHUNKS)?;
+        let full_page = page.len() == SCAN_CHUNKS;
+        for (key, value) in &page {
+            total = total.saturating_add(chunk_bytes(key, value));
+        }
+        match page.into_iter().last() {
+            Some((key, _)) if full_page => start = key,
+            _ => return Ok(total),
+        }
     }
 }
 
@@ -154,11 +196,16 @@ pub struct Pruned {
     pub floor: u64,
     /// The time of the oldest event kept, if any is kept.
     pub oldest_ms: Option<u64>,
+    /// The bytes (keys and values) of the chunks deleted.
+    pub dropped_bytes: u64,
 }
 
 /// Adds to `batch` the deletes of the oldest revisions beyond `retention`,
-/// looking at most at a bounded number of chunks; returns the new floor.
-/// `newest` is the revision being committed.
+/// and of as many more oldest revisions as it takes to drop at least
+/// `excess_bytes`, looking at most at a bounded number of chunks; returns
+/// the new floor. `newest` is the revision being committed (it is not
+/// stored yet, so it is always kept).
+#[allow(clippy::too_many_arguments)]
 pub fn prune(
     store: &dyn Store,
     batch: &mut WriteBatch,
@@ -167,6 +214,7 @@ pub fn prune(
     newest: u64,
     now_ms: u64,
     retention: Retention,
+    excess_bytes: u64,
 ) -> Result<Pruned, HistoryError> {
     let keep_after = newest.saturating_sub(retention.max_revisions);
     let age_cutoff = now_ms.saturating_sub(retention.max_age_ms);
@@ -176,6 +224,7 @@ pub fn prune(
     let mut pruned = Pruned {
         floor,
         oldest_ms: None,
+        dropped_bytes: 0,
     };
     let mut dropping: Option<u64> = None;
     for (key, value) in &page {
@@ -185,8 +234,9 @@ pub fn prune(
         if dropping != Some(revision) {
             // The first chunk of a revision decides for all of its chunks.
             let time = first_event_ms(value);
-            let old =
-                revision <= keep_after || (chunk == 0 && time.is_some_and(|t| t < age_cutoff));
+            let old = revision <= keep_after
+                || (chunk == 0 && time.is_some_and(|t| t < age_cutoff))
+                || pruned.dropped_bytes < excess_bytes;
             if !old {
                 pruned.oldest_ms = time;
                 pruned.floor = pruned.floor.max(revision.saturating_sub(1));
@@ -195,6 +245,7 @@ pub fn prune(
             dropping = Some(revision);
             pruned.floor = revision;
         }
+        pruned.dropped_bytes += chunk_bytes(key, value);
         batch.delete(key.clone());
     }
     if page.len() < SCAN_CHUNKS * 4 {
@@ -259,10 +310,12 @@ mod tests {
         }
     }
 
-    fn commit(store: &InMemoryStore, revision: u64, events: &[v1::Event]) {
+    /// Stores `events` as `revision` of tenant 7; returns the bytes stored.
+    fn commit(store: &InMemoryStore, revision: u64, events: &[v1::Event]) -> u64 {
         let mut batch = WriteBatch::new();
-        write_revision(&mut batch, 7, revision, events);
+        let stored = write_revision(&mut batch, 7, revision, events);
         store.commit_blocking(batch).expect("commit");
+        stored
     }
 
     fn revisions(groups: &[Arc<Revision<v1::Event>>]) -> Vec<(u64, usize)> {
@@ -321,7 +374,7 @@ mod tests {
             max_age_ms: u64::MAX,
         };
         let mut batch = WriteBatch::new();
-        let pruned = prune(&store, &mut batch, 7, 0, 10, 2_000, retention).expect("prune");
+        let pruned = prune(&store, &mut batch, 7, 0, 10, 2_000, retention, 0).expect("prune");
         store.commit_blocking(batch).expect("commit");
         assert_eq!(pruned.floor, 6);
         assert_eq!(pruned.oldest_ms, Some(1_000));
@@ -342,15 +395,57 @@ mod tests {
             max_age_ms: 2_500,
         };
         let mut batch = WriteBatch::new();
-        let pruned = prune(&store, &mut batch, 7, 0, 6, 6_000, retention).expect("prune");
+        let pruned = prune(&store, &mut batch, 7, 0, 6, 6_000, retention, 0).expect("prune");
         store.commit_blocking(batch).expect("commit");
-        assert_eq!(
-            pruned,
-            Pruned {
-                floor: 3,
-                oldest_ms: Some(4_000)
-            }
-        );
+        assert_eq!((pruned.floor, pruned.oldest_ms), (3, Some(4_000)));
         assert_eq!(oldest_after(&store, 7, 3).expect("oldest"), Some(4_000));
+    }
+
+    #[test]
+    fn pruning_by_bytes_drops_whole_oldest_revisions_until_the_excess_is_gone() {
+        let store = InMemoryStore::new();
+        // Revision 2 is split into several chunks; every revision is far
+        // younger than the age bound and within the count bound.
+        let sizes: Vec<u64> = (1..=6)
+            .map(|revision| {
+                let events: Vec<_> = (0..if revision == 2 { 40 } else { 1 })
+                    .map(|_| event(revision, 1_000, 4_000))
+                    .collect();
+                commit(&store, revision, &events)
+            })
+            .collect();
+        assert_eq!(
+            stored_bytes_after(&store, 7, 0).expect("counted"),
+            sizes.iter().sum::<u64>()
+        );
+        let retention = Retention {
+            max_revisions: 100,
+            max_age_ms: u64::MAX,
+        };
+        // One byte more than revision 1 holds: revision 2 goes too, all of
+        // its chunks, and nothing after it.
+        let mut batch = WriteBatch::new();
+        let pruned =
+            prune(&store, &mut batch, 7, 0, 7, 2_000, retention, sizes[0] + 1).expect("prune");
+        store.commit_blocking(batch).expect("commit");
+        assert_eq!(pruned.floor, 2);
+        assert_eq!(pruned.dropped_bytes, sizes[0] + sizes[1]);
+        assert_eq!(
+            revisions(&read_after(&store, 7, 0, 10, 100).expect("read")),
+            vec![(3, 1), (4, 1), (5, 1), (6, 1)]
+        );
+        assert_eq!(
+            stored_bytes_after(&store, 7, pruned.floor).expect("counted"),
+            sizes[2..].iter().sum::<u64>()
+        );
+
+        // An excess beyond everything stored empties the log; the floor
+        // stops below the revision being committed.
+        let mut batch = WriteBatch::new();
+        let pruned = prune(&store, &mut batch, 7, 2, 7, 2_000, retention, u64::MAX).expect("prune");
+        store.commit_blocking(batch).expect("commit");
+        assert_eq!(pruned.floor, 6);
+        assert_eq!(pruned.dropped_bytes, sizes[2..].iter().sum::<u64>());
+        assert_eq!(stored_bytes_after(&store, 7, 0).expect("counted"), 0);
     }
 }

@@ -195,6 +195,7 @@ impl Sim {
             deleted: false,
             conditions: Vec::new(),
             compact_revision: Some(0),
+            history_bytes: Some(0),
         };
         let encoded = encode(&record).expect("a tenant record encodes");
         let store = Arc::new(FaultyStore::with_records([(

@@ -193,6 +193,8 @@ pub(super) fn tenant(record: json::TenantRecord) -> pb::Tenant {
         deleted: record.deleted,
         conditions: record.conditions.into_iter().map(condition).collect(),
         compact_revision: record.compact_revision,
+        // Counted by the server when the tenant loads.
+        history_bytes: None,
     }
 }
 

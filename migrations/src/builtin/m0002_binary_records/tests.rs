@@ -528,6 +528,7 @@ fn tenant_records_convert_with_and_without_conditions_and_compaction_floor() {
             deleted: false,
             conditions: vec![],
             compact_revision: None,
+            history_bytes: None,
         }
     );
     let condition =
@@ -564,6 +565,7 @@ fn tenant_records_convert_with_and_without_conditions_and_compaction_floor() {
                 condition(pb::ConditionKind::Stalled, false, "NotStalled", "", 8, 102),
             ],
             compact_revision: Some(70),
+            history_bytes: None,
         }
     );
 }

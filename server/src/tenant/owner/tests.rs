@@ -65,6 +65,7 @@ async fn start_with(
         deleted: false,
         conditions: Vec::new(),
         compact_revision: Some(0),
+        history_bytes: Some(0),
     };
     let clock = Arc::new(SimulatedClock::new(1_700_000_000_000));
     let settings = OwnerSettings {
@@ -1263,6 +1264,7 @@ async fn a_restart_does_not_unstall_a_tenant_that_waits_for_a_configurator() {
         deleted: false,
         conditions: Vec::new(),
         compact_revision: Some(0),
+        history_bytes: Some(0),
     };
     let handle = TenantHandle::spawn(TenantState::new(record), store.clone(), settings.clone());
     // No agent ever registers type t.
@@ -1336,4 +1338,93 @@ async fn a_dry_run_while_commits_fail_after_a_restart_keeps_lost_operations_unkn
         Some(ItemState::Unknown),
         "a dry run changes nothing: the operation is still lost"
     );
+}
+
+/// The tenant record as stored now.
+fn stored_record(store: &Arc<dyn Store>, tenant: u64) -> TenantRecord {
+    let key = crate::store::keys::tenant_record_key(tenant);
+    let bytes = store.get(&key).expect("readable").expect("stored");
+    crate::tenant::record::decode(&key, &bytes).expect("decodes")
+}
+
+/// A submission changing the value of `count` items: events for each.
+fn submit_round(round: usize, count: usize) -> ValidatedSubmit {
+    let mut properties = Properties::new();
+    properties.insert("round".into(), round.into());
+    ValidatedSubmit {
+        items: (0..count)
+            .map(|index| {
+                let item = Item::new("t", format!("item-{index}"), properties.clone());
+                (item, Vec::new())
+            })
+            .collect(),
+        ..submit(&[])
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_event_log_is_held_to_its_bytes_and_they_are_counted_again_for_an_older_record() {
+    const MAX_BYTES: u64 = 20_000;
+    let settings = OwnerSettings {
+        event_history_bytes: MAX_BYTES,
+        ..OwnerSettings::default()
+    };
+    let spec = TypeSpec::new("t");
+    let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+    let harness = start_with(1, spec, settings.clone(), store.clone()).await;
+    let mut largest_revision = 0;
+    for round in 0..60 {
+        let before = stored_record(&store, 7).history_bytes.expect("kept");
+        harness
+            .handle
+            .submit(submit_round(round, 50))
+            .await
+            .expect("stored");
+        settle().await;
+        let record = stored_record(&store, 7);
+        let held = record.history_bytes.expect("kept");
+        // The record's count is what the log holds after its floor.
+        assert_eq!(
+            held,
+            crate::watch::history::stored_bytes_after(&*store, 7, record.events_floor())
+                .expect("counted"),
+            "round {round}"
+        );
+        largest_revision = largest_revision.max(held.saturating_sub(before));
+        // Pruned in steps of a sixteenth, the newest revision always kept.
+        assert!(
+            held <= MAX_BYTES + MAX_BYTES / 16 + largest_revision,
+            "round {round}: {held} bytes held"
+        );
+    }
+    let record = stored_record(&store, 7);
+    assert!(
+        record.events_floor() > 10,
+        "the oldest revisions were compacted: floor {}, {:?} bytes at revision {}",
+        record.events_floor(),
+        record.history_bytes,
+        record.revision
+    );
+
+    // A record written before the bytes were kept: counted at load, and
+    // kept from the next commit on.
+    let older = TenantRecord {
+        history_bytes: None,
+        ..record.clone()
+    };
+    let mut batch = crate::store::WriteBatch::new();
+    crate::tenant::persist::put_record(&mut batch, &older).expect("encodes");
+    store.commit_blocking(batch).expect("written");
+    let handle = restart(&harness.handle, &store, settings).await;
+    handle.submit(submit_round(60, 50)).await.expect("stored");
+    settle().await;
+    let after = stored_record(&store, 7);
+    assert_eq!(
+        after.history_bytes,
+        Some(
+            crate::watch::history::stored_bytes_after(&*store, 7, after.events_floor())
+                .expect("counted")
+        )
+    );
+    assert!(after.history_bytes.expect("kept") > 0);
 }

@@ -51,6 +51,7 @@ impl StoredRecord for TenantRecord {
             deleted: self.deleted,
             conditions: self.conditions.iter().map(condition_message).collect(),
             compact_revision: self.compact_revision,
+            history_bytes: self.history_bytes,
         })
     }
 
@@ -78,6 +79,7 @@ impl StoredRecord for TenantRecord {
                 .map(condition_from)
                 .collect::<Result<_, _>>()?,
             compact_revision: message.compact_revision,
+            history_bytes: message.history_bytes,
         })
     }
 }

@@ -121,6 +121,7 @@ fn write_tenants(dir: &std::path::Path, args: &ScaleArgs) -> anyhow::Result<()> 
             deleted: false,
             conditions: Vec::new(),
             compact_revision: Some(2),
+            history_bytes: Some(0),
         };
         let mut batch = WriteBatch::new();
         batch.put(keys::tenant_name_key(&name), id.to_be_bytes().to_vec());
