@@ -232,11 +232,13 @@ pub enum ApiError {
     /// which must be `Register`: `INVALID_ARGUMENT`, no details.
     #[error("the stream ended before Register")]
     StreamEndedBeforeRegister,
-    /// A page token refers to a revision that is no longer available:
-    /// `ABORTED`.
+    /// A page token refers to a revision that is no longer kept:
+    /// `ABORTED`. (The figures are `MAX_PINNED_SNAPSHOTS` and
+    /// `PINNED_SNAPSHOT_IDLE` of `tenant::snapshot`.)
     #[error(
-        "the page token refers to a revision that is no longer available; \
-         restart the listing without a page token"
+        "the page token refers to a revision that is no longer kept (a listing's \
+         revision is kept while a page of it is read at least every 60 s, for the 16 \
+         listings of a tenant read most recently); restart the listing without a page token"
     )]
     PageTokenExpired,
     /// `ALREADY_EXISTS`.

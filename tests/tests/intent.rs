@@ -421,10 +421,17 @@ async fn graph_pages_come_from_one_revision_even_while_the_intent_changes() {
     assert_eq!(first.intended.len(), 2);
     assert!(!first.next_page_token.is_empty());
 
-    client
-        .submit_intent(submit("acme", vec![item("t", "other", json!({}))]))
-        .await
-        .expect("ok");
+    // More commits than a tenant keeps snapshots of when nothing reads
+    // them: the listing's revision is kept for its pages.
+    for round in 0..80 {
+        client
+            .submit_intent(submit(
+                "acme",
+                vec![item("t", "other", json!({"round": round}))],
+            ))
+            .await
+            .expect("ok");
+    }
 
     let mut seen: Vec<String> = names(&first.current);
     let mut token = first.next_page_token.clone();
@@ -450,8 +457,11 @@ async fn graph_pages_come_from_one_revision_even_while_the_intent_changes() {
     assert_eq!(garbage.code(), Code::InvalidArgument);
 }
 
+/// A tenant keeps the revisions of the 16 listings read most recently: a
+/// page token of one read less recently than 16 newer ones is refused, and
+/// the listing starts over.
 #[tokio::test]
-async fn a_page_token_whose_revision_is_gone_is_aborted() {
+async fn a_page_token_whose_revision_is_no_longer_kept_is_aborted() {
     let (_server, channel, token) = server_with_tenant("acme").await;
     let mut client = reconciler(&channel, &token);
     let items: Vec<v1::Item> = (0..3)
@@ -461,23 +471,30 @@ async fn a_page_token_whose_revision_is_gone_is_aborted() {
         .submit_intent(submit("acme", items))
         .await
         .expect("ok");
-    let first = client
-        .get_graph(v1::GetGraphRequest {
-            tenant: "acme".into(),
-            page_size: 1,
-            ..Default::default()
-        })
-        .await
-        .expect("page")
-        .into_inner();
-    for round in 0..80 {
+    async fn first_page(client: &mut reconciled_tests::api::Reconciler) -> v1::GetGraphResponse {
         client
-            .submit_intent(submit(
-                "acme",
-                vec![item("t", "x", json!({"round": round}))],
-            ))
+            .get_graph(v1::GetGraphRequest {
+                tenant: "acme".into(),
+                page_size: 1,
+                ..Default::default()
+            })
+            .await
+            .expect("page")
+            .into_inner()
+    }
+    let first = first_page(&mut client).await;
+    // Sixteen listings begun later, each at a revision of its own.
+    for round in 0..16 {
+        let items: Vec<v1::Item> = (0..3)
+            .map(|i| item("t", &format!("i{i}"), json!({"round": round})))
+            .collect();
+        client
+            .submit_intent(submit("acme", items))
             .await
             .expect("ok");
+        let page = first_page(&mut client).await;
+        assert!(page.revision > first.revision);
+        assert!(!page.next_page_token.is_empty(), "a listing of more pages");
     }
     let error = client
         .get_graph(v1::GetGraphRequest {
@@ -489,6 +506,11 @@ async fn a_page_token_whose_revision_is_gone_is_aborted() {
         .await
         .expect_err("revision no longer kept");
     assert_eq!(error.code(), Code::Aborted);
+    assert!(
+        error.message().contains("restart the listing"),
+        "{}",
+        error.message()
+    );
 }
 
 #[tokio::test]

@@ -217,7 +217,8 @@ impl Reconciler for ReconcilerService {
             &(view as i32).to_be_bytes(),
             subgraph.as_bytes(),
         ]);
-        let (snapshot, after) = if request.page_token.is_empty() {
+        let first_page = request.page_token.is_empty();
+        let (snapshot, after) = if first_page {
             (handle.snapshots.latest(), None)
         } else {
             let token = PageToken::decode(&request.page_token)
@@ -248,6 +249,11 @@ impl Reconciler for ReconcilerService {
             graph_page(&snapshot, view, &subgraph, after, budget, listing)
         })
         .await;
+        if first_page && !page.next_page_token.is_empty() {
+            // The next pages read this revision, however many commits
+            // follow (later pages keep it by reading it).
+            handle.snapshots.pin(&snapshot);
+        }
         Ok(Response::new(page))
     }
 

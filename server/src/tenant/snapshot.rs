@@ -1,8 +1,14 @@
 //! Immutable snapshots of a tenant, published after every commit, so that
 //! reads never wait for the tenant's owner.
+//!
+//! Only the latest snapshot is kept, and the ones a paged `GetGraph` is
+//! still reading ([`SnapshotHistory::pin`]): a snapshot kept shares the
+//! unchanged parts of the graphs with the latest, but holds its own copy of
+//! every item changed since, so keeping the last N snapshots of a tenant
+//! that rewrites its items would hold N versions of them.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use imbl::OrdMap;
 use tokio::sync::watch;
@@ -15,8 +21,12 @@ use super::oplog::OperationLog;
 use super::record::TenantRecord;
 use crate::engine::exec::{StateCounts, TenantModel};
 
-/// How many recent snapshots stay available for paged reads.
-const RECENT_SNAPSHOTS: usize = 64;
+/// The most snapshots paged reads may hold per tenant: one more pins the
+/// least recently read one out.
+pub const MAX_PINNED_SNAPSHOTS: usize = 16;
+
+/// How long a pinned snapshot is kept after its last page was read.
+pub const PINNED_SNAPSHOT_IDLE: Duration = Duration::from_secs(60);
 
 /// A tenant as of one revision.
 #[derive(Clone, Debug)]
@@ -66,46 +76,40 @@ impl TenantSnapshot {
     }
 }
 
-/// The latest snapshot of a tenant plus a few recent ones.
+/// The latest snapshot of a tenant, and the ones paged reads hold.
 #[derive(Debug)]
 pub struct SnapshotHistory {
     latest: watch::Sender<Arc<TenantSnapshot>>,
-    recent: Mutex<VecDeque<Arc<TenantSnapshot>>>,
+    pinned: Mutex<Vec<Pinned>>,
     log: Arc<OperationLog>,
+}
+
+/// A snapshot a paged read holds, and when a page of it was last read.
+#[derive(Debug)]
+struct Pinned {
+    snapshot: Arc<TenantSnapshot>,
+    last_read: Instant,
 }
 
 impl SnapshotHistory {
     /// A history starting at `first`.
     pub fn new(first: TenantSnapshot) -> Self {
-        let first = Arc::new(first);
-        let (latest, _) = watch::channel(first.clone());
+        let (latest, _) = watch::channel(Arc::new(first));
         Self {
             latest,
-            recent: Mutex::new(VecDeque::from([first])),
+            pinned: Mutex::new(Vec::new()),
             log: Arc::new(OperationLog::default()),
         }
     }
 
-    /// Publishes a new snapshot.
+    /// Publishes a new snapshot; pinned snapshots idle for longer than
+    /// [`PINNED_SNAPSHOT_IDLE`] are let go.
     pub fn publish(&self, snapshot: TenantSnapshot) {
-        let snapshot = Arc::new(snapshot);
-        {
-            let mut recent = self
-                .recent
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if recent
-                .back()
-                .is_some_and(|last| last.record.revision == snapshot.record.revision)
-            {
-                recent.pop_back();
-            }
-            recent.push_back(snapshot.clone());
-            while recent.len() > RECENT_SNAPSHOTS {
-                recent.pop_front();
-            }
+        self.latest.send_replace(Arc::new(snapshot));
+        let mut pinned = self.pinned();
+        if !pinned.is_empty() {
+            unpin_idle(&mut pinned, Instant::now());
         }
-        self.latest.send_replace(snapshot);
     }
 
     /// The newest snapshot.
@@ -113,17 +117,60 @@ impl SnapshotHistory {
         self.latest.borrow().clone()
     }
 
-    /// The snapshot of exactly `revision`, if it is still kept.
+    /// Keeps `snapshot` for the pages of a listing that began on it, until
+    /// no page of it was read for [`PINNED_SNAPSHOT_IDLE`] or
+    /// [`MAX_PINNED_SNAPSHOTS`] more recently read ones are held.
+    pub fn pin(&self, snapshot: &Arc<TenantSnapshot>) {
+        self.pin_at(snapshot, Instant::now());
+    }
+
+    /// The snapshot of exactly `revision`, if it is the latest or pinned;
+    /// a pinned one counts as read now.
     pub fn at_revision(&self, revision: u64) -> Option<Arc<TenantSnapshot>> {
-        let recent = self
-            .recent
+        self.at_revision_at(revision, Instant::now())
+    }
+
+    fn pin_at(&self, snapshot: &Arc<TenantSnapshot>, now: Instant) {
+        let mut pinned = self.pinned();
+        unpin_idle(&mut pinned, now);
+        let revision = snapshot.record.revision;
+        match pinned
+            .iter_mut()
+            .find(|held| held.snapshot.record.revision == revision)
+        {
+            Some(held) => held.last_read = now,
+            None => {
+                if pinned.len() >= MAX_PINNED_SNAPSHOTS
+                    && let Some(stalest) = (0..pinned.len()).min_by_key(|&i| pinned[i].last_read)
+                {
+                    pinned.swap_remove(stalest);
+                }
+                pinned.push(Pinned {
+                    snapshot: snapshot.clone(),
+                    last_read: now,
+                });
+            }
+        }
+    }
+
+    fn at_revision_at(&self, revision: u64, now: Instant) -> Option<Arc<TenantSnapshot>> {
+        let latest = self.latest();
+        let mut pinned = self.pinned();
+        unpin_idle(&mut pinned, now);
+        if let Some(held) = pinned
+            .iter_mut()
+            .find(|held| held.snapshot.record.revision == revision)
+        {
+            held.last_read = now;
+            return Some(held.snapshot.clone());
+        }
+        (latest.record.revision == revision).then_some(latest)
+    }
+
+    fn pinned(&self) -> std::sync::MutexGuard<'_, Vec<Pinned>> {
+        self.pinned
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        recent
-            .iter()
-            .rev()
-            .find(|s| s.record.revision == revision)
-            .cloned()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The tenant's log of operations.
@@ -134,5 +181,100 @@ impl SnapshotHistory {
     /// A receiver that sees every newer snapshot.
     pub fn subscribe(&self) -> watch::Receiver<Arc<TenantSnapshot>> {
         self.latest.subscribe()
+    }
+}
+
+/// Lets go of the snapshots no page was read of for
+/// [`PINNED_SNAPSHOT_IDLE`].
+fn unpin_idle(pinned: &mut Vec<Pinned>, now: Instant) {
+    pinned.retain(|held| now.saturating_duration_since(held.last_read) < PINNED_SNAPSHOT_IDLE);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tenant::record::TenantLimits;
+
+    fn at(revision: u64) -> TenantSnapshot {
+        TenantSnapshot {
+            record: TenantRecord {
+                id: 1,
+                name: "acme".into(),
+                created_at_ms: 0,
+                generation: 0,
+                observed_generation: 0,
+                revision,
+                limits: TenantLimits::default(),
+                token_hash: String::new(),
+                deleted: false,
+                conditions: Vec::new(),
+                compact_revision: Some(0),
+                history_bytes: Some(0),
+            },
+            intended: OrdMap::new(),
+            current: OrdMap::new(),
+            waiting: OrdMap::new(),
+            counts: StateCounts::default(),
+            in_flight: 0,
+            connected_item_types: Vec::new(),
+            item_types: TypeRegistry::default(),
+        }
+    }
+
+    fn revision_of(snapshot: Option<Arc<TenantSnapshot>>) -> Option<u64> {
+        snapshot.map(|snapshot| snapshot.record.revision)
+    }
+
+    #[test]
+    fn only_the_latest_snapshot_is_kept_unless_a_listing_pins_one() {
+        let history = SnapshotHistory::new(at(1));
+        history.publish(at(2));
+        assert_eq!(revision_of(history.at_revision(2)), Some(2));
+        assert_eq!(revision_of(history.at_revision(1)), None, "not pinned");
+
+        history.pin(&history.latest());
+        for revision in 3..100 {
+            history.publish(at(revision));
+        }
+        assert_eq!(revision_of(history.at_revision(2)), Some(2));
+        assert_eq!(revision_of(history.at_revision(99)), Some(99));
+        assert_eq!(revision_of(history.at_revision(50)), None);
+    }
+
+    #[test]
+    fn a_pinned_snapshot_is_let_go_once_no_page_of_it_was_read_for_a_while() {
+        let history = SnapshotHistory::new(at(1));
+        let start = Instant::now();
+        history.pin_at(&history.latest(), start);
+        history.publish(at(2));
+        // Each read keeps it another while.
+        let read = start + PINNED_SNAPSHOT_IDLE / 2;
+        assert_eq!(revision_of(history.at_revision_at(1, read)), Some(1));
+        let still = read + PINNED_SNAPSHOT_IDLE - Duration::from_millis(1);
+        assert_eq!(revision_of(history.at_revision_at(1, still)), Some(1));
+        let idle = still + PINNED_SNAPSHOT_IDLE;
+        assert_eq!(revision_of(history.at_revision_at(1, idle)), None);
+        assert!(history.pinned().is_empty());
+    }
+
+    #[test]
+    fn one_pin_too_many_lets_go_of_the_least_recently_read() {
+        let history = SnapshotHistory::new(at(0));
+        let start = Instant::now();
+        for revision in 0..MAX_PINNED_SNAPSHOTS as u64 {
+            history.publish(at(revision));
+            history.pin_at(&history.latest(), start + Duration::from_millis(revision));
+        }
+        // Revision 0 is read again, so revision 1 is now the stalest.
+        let later = start + Duration::from_secs(1);
+        assert_eq!(revision_of(history.at_revision_at(0, later)), Some(0));
+        history.publish(at(100));
+        history.pin_at(&history.latest(), later);
+        history.publish(at(101));
+        assert_eq!(history.pinned().len(), MAX_PINNED_SNAPSHOTS);
+        assert_eq!(revision_of(history.at_revision_at(1, later)), None);
+        for kept in [0, 2, 15, 100] {
+            assert_eq!(revision_of(history.at_revision_at(kept, later)), Some(kept));
+        }
     }
 }
