@@ -265,9 +265,10 @@ impl Client {
     /// generation, and an empty `next_page_token`. `request.page_token`
     /// picks the page to start from (empty: the first).
     ///
-    /// Every page comes from one revision, which the server keeps for the
-    /// 64 commits that follow. When the tenant commits more often than that
-    /// while the pages are read, a page fails with `ABORTED`; a listing
+    /// Every page comes from one revision, which the server keeps while
+    /// the pages are read (at least one every 60 s, for the tenant's 16
+    /// listings read most recently), however often the tenant commits. A
+    /// page of a listing the server let go fails with `ABORTED`; a listing
     /// that started at the first page then starts over from the first
     /// page, up to 8 times (each start reads the latest revision), before
     /// the `ABORTED` is returned. A listing started from a `page_token`

@@ -320,9 +320,10 @@ impl Drop for Frozen {
 }
 
 /// `Client::get_graph` follows the pages of one revision; a tenant that
-/// commits more often than the server keeps snapshots (64) while a large
-/// graph is read must not make the helper fail with `ABORTED` once the
-/// churn stops: it starts the listing over, as `ABORTED` asks.
+/// keeps committing while a large graph is read (200 commits over 2,000
+/// pages) must not make it fail: the server keeps the listing's revision
+/// while its pages are read, and a listing it let go would be started over,
+/// as `ABORTED` asks.
 #[tokio::test]
 async fn get_graph_reads_the_whole_graph_of_a_tenant_that_keeps_committing() {
     let server = ServerProcess::start(ServerOptions::default().without_byte_budget())
