@@ -331,15 +331,7 @@ async fn a_revision_older_than_the_history_is_out_of_range_with_the_compact_revi
             .submit(vec![item("t", "a", json!({"round": round}))])
             .await;
     }
-    let status = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 1))
-        .await
-        .expect_err("revision 1 is compacted");
-    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
-    assert_eq!(error_reason(&status).as_deref(), Some("REVISION_COMPACTED"));
-    let compact: u64 = error_metadata(&status, "compact_revision")
-        .expect("compact_revision")
-        .parse()
-        .expect("a number");
+    let compact = compacted_from(&tenant, 1).await;
     let last = tenant.status().await.revision;
     assert!(
         compact > 1 && compact < last,
@@ -365,6 +357,31 @@ async fn a_revision_older_than_the_history_is_out_of_range_with_the_compact_revi
     );
 }
 
+/// The compact revision a watch of `tenant` from `start` is refused with
+/// (`OUT_OF_RANGE`, `REVISION_COMPACTED`).
+async fn compacted_from(tenant: &TestTenant, start: u64) -> u64 {
+    let status = Watcher::open(&mut tenant.reconciler(), watch_request("acme", start))
+        .await
+        .expect_err("the start revision is compacted");
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    assert_eq!(error_reason(&status).as_deref(), Some("REVISION_COMPACTED"));
+    error_metadata(&status, "compact_revision")
+        .expect("compact_revision")
+        .parse()
+        .expect("a number")
+}
+
+/// One SubmitIntent of items `t/item-0` … `t/item-49` per round, each with
+/// the round's number.
+async fn submit_rounds(tenant: &TestTenant, rounds: std::ops::Range<u32>) {
+    for round in rounds {
+        let items = (0..50)
+            .map(|index| item("t", &format!("item-{index}"), json!({"round": round})))
+            .collect();
+        tenant.submit(items).await;
+    }
+}
+
 /// However few revisions a tenant commits, its history is held to
 /// `--watch-history-bytes`: large changes compact the oldest revisions,
 /// and a watcher resuming from before them starts over from a snapshot.
@@ -377,21 +394,8 @@ async fn a_history_over_its_bytes_is_compacted_from_the_oldest_revision() {
     let first = tenant.status().await.revision;
     // Each round changes 50 items: about 1 KB of events. 30 rounds are far
     // below the 100,000 revisions kept by count.
-    for round in 0..30 {
-        let items = (0..50)
-            .map(|index| item("t", &format!("item-{index}"), json!({"round": round})))
-            .collect();
-        tenant.submit(items).await;
-    }
-    let status = Watcher::open(&mut tenant.reconciler(), watch_request("acme", first))
-        .await
-        .expect_err("the first revisions are compacted");
-    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
-    assert_eq!(error_reason(&status).as_deref(), Some("REVISION_COMPACTED"));
-    let compact: u64 = error_metadata(&status, "compact_revision")
-        .expect("compact_revision")
-        .parse()
-        .expect("a number");
+    submit_rounds(&tenant, 0..30).await;
+    let compact = compacted_from(&tenant, first).await;
     let last = tenant.status().await.revision;
     assert!(
         compact > first + 5 && compact < last,
@@ -401,19 +405,8 @@ async fn a_history_over_its_bytes_is_compacted_from_the_oldest_revision() {
     // The count survives a restart: the history stays bounded after it.
     tenant.server.restart().await.expect("restarts");
     tenant.channel = tenant.server.channel().await.expect("connects");
-    for round in 30..40 {
-        let items = (0..50)
-            .map(|index| item("t", &format!("item-{index}"), json!({"round": round})))
-            .collect();
-        tenant.submit(items).await;
-    }
-    let status = Watcher::open(&mut tenant.reconciler(), watch_request("acme", compact))
-        .await
-        .expect_err("compacted further after the restart");
-    let compact_after: u64 = error_metadata(&status, "compact_revision")
-        .expect("compact_revision")
-        .parse()
-        .expect("a number");
+    submit_rounds(&tenant, 30..40).await;
+    let compact_after = compacted_from(&tenant, compact).await;
     assert!(compact_after > compact, "{compact_after} after {compact}");
     let last = tenant.status().await.revision;
     let mut watcher = Watcher::open(

@@ -167,7 +167,8 @@ pub fn decode<T: StoredRecord>(key: &[u8], bytes: &[u8]) -> Result<T, TenantErro
 /// A current item as stored: the same structure as in memory.
 pub type StoredCurrent = CurrentItem;
 
-/// Records with every part set, for the codec's and the migration's tests.
+/// Records for tests: with every part set (the codec's and the migration's
+/// tests), and a fresh tenant's.
 #[cfg(test)]
 pub(crate) mod samples {
     use std::sync::Arc;
@@ -273,6 +274,25 @@ pub(crate) mod samples {
             }],
             compact_revision: Some(12),
             history_bytes: Some(4_096),
+        }
+    }
+
+    /// A fresh tenant's record: default limits, nothing committed yet but
+    /// `revision`, an empty event log after revision 0.
+    pub(crate) fn fresh_tenant(id: u64, name: &str, revision: u64) -> TenantRecord {
+        TenantRecord {
+            id,
+            name: name.into(),
+            created_at_ms: 0,
+            generation: 0,
+            observed_generation: 0,
+            revision,
+            limits: TenantLimits::default(),
+            token_hash: String::new(),
+            deleted: false,
+            conditions: Vec::new(),
+            compact_revision: Some(0),
+            history_bytes: Some(0),
         }
     }
 }

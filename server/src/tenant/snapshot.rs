@@ -193,24 +193,10 @@ fn unpin_idle(pinned: &mut Vec<Pinned>, now: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tenant::record::TenantLimits;
 
     fn at(revision: u64) -> TenantSnapshot {
         TenantSnapshot {
-            record: TenantRecord {
-                id: 1,
-                name: "acme".into(),
-                created_at_ms: 0,
-                generation: 0,
-                observed_generation: 0,
-                revision,
-                limits: TenantLimits::default(),
-                token_hash: String::new(),
-                deleted: false,
-                conditions: Vec::new(),
-                compact_revision: Some(0),
-                history_bytes: Some(0),
-            },
+            record: crate::tenant::record::samples::fresh_tenant(1, "acme", revision),
             intended: OrdMap::new(),
             current: OrdMap::new(),
             waiting: OrdMap::new(),

@@ -12,7 +12,7 @@ use crate::engine::exec::{RetryPolicy, TypeSpec};
 use crate::graph::{Item, ItemRef, ItemState, Properties, code};
 use crate::store::{InMemoryStore, Store};
 use crate::tenant::clock::{Clock, SimulatedClock};
-use crate::tenant::record::{TenantLimits, TenantRecord};
+use crate::tenant::record::TenantRecord;
 use crate::tenant::{ExternalChange, OwnerSettings, TenantHandle, TenantState, ValidatedSubmit};
 
 const TIMEOUT_MS: u64 = 10_000;
@@ -53,20 +53,7 @@ async fn start_with(
     settings: OwnerSettings,
     store: Arc<dyn Store>,
 ) -> Harness {
-    let record = TenantRecord {
-        id: 7,
-        name: "clocks".into(),
-        created_at_ms: 0,
-        generation: 0,
-        observed_generation: 0,
-        revision: 1,
-        limits: TenantLimits::default(),
-        token_hash: String::new(),
-        deleted: false,
-        conditions: Vec::new(),
-        compact_revision: Some(0),
-        history_bytes: Some(0),
-    };
+    let record = crate::tenant::record::samples::fresh_tenant(7, "clocks", 1);
     let clock = Arc::new(SimulatedClock::new(1_700_000_000_000));
     let settings = OwnerSettings {
         clock: clock.clone(),
@@ -1214,11 +1201,8 @@ async fn restart(
     store: &Arc<dyn Store>,
     settings: OwnerSettings,
 ) -> TenantHandle {
-    use crate::tenant::record::decode;
     handle.stop_and_wait().await;
-    let key = crate::store::keys::tenant_record_key(handle.id);
-    let bytes = store.get(&key).expect("readable").expect("stored");
-    let record: TenantRecord = decode(&key, &bytes).expect("decodes");
+    let record = stored_record(store, handle.id);
     let state = TenantState::load(&**store, record).expect("loads");
     let handle = TenantHandle::spawn(state, store.clone(), settings);
     settle().await;
@@ -1252,20 +1236,7 @@ async fn a_restart_does_not_unstall_a_tenant_that_waits_for_a_configurator() {
         configurator_grace: Duration::from_secs(5),
         ..OwnerSettings::default()
     };
-    let record = TenantRecord {
-        id: 7,
-        name: "grace".into(),
-        created_at_ms: 0,
-        generation: 0,
-        observed_generation: 0,
-        revision: 1,
-        limits: TenantLimits::default(),
-        token_hash: String::new(),
-        deleted: false,
-        conditions: Vec::new(),
-        compact_revision: Some(0),
-        history_bytes: Some(0),
-    };
+    let record = crate::tenant::record::samples::fresh_tenant(7, "grace", 1);
     let handle = TenantHandle::spawn(TenantState::new(record), store.clone(), settings.clone());
     // No agent ever registers type t.
     handle.submit(submit(&["a"])).await.expect("stored");
