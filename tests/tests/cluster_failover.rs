@@ -916,6 +916,32 @@ async fn a_quarantined_tenant_deleted_after_a_failover_leaves_the_fleet() {
     let owner = replicas.owner(0, "bad").await;
     let victim = replicas.index_of(&owner).expect("a replica");
     let survivor = 1 - victim;
+    let admin = replicas.admin_token().to_owned();
+    // The owner's first pass commits the tenant's conditions (the record
+    // again) a moment after the creation: the torn write must come after
+    // it, or that commit writes the record whole again.
+    let owner_channel = replicas.channel(victim).await;
+    let _settled = poll(
+        "the tenant's first conditions",
+        || {
+            let mut tenants = api::tenants(&owner_channel, &admin);
+            async move {
+                tenants
+                    .get_tenant(v1::GetTenantRequest { name: "bad".into() })
+                    .await
+            }
+        },
+        |answer| {
+            answer.as_ref().is_ok_and(|tenant| {
+                tenant
+                    .get_ref()
+                    .status
+                    .as_ref()
+                    .is_some_and(|status| !status.conditions.is_empty())
+            })
+        },
+    )
+    .await;
     // A torn write of the tenant's record; the owner, which holds the
     // tenant in memory, is then killed: the survivor loads it from etcd.
     let mut client = etcd.client().await.expect("etcd client");
@@ -929,7 +955,6 @@ async fn a_quarantined_tenant_deleted_after_a_failover_leaves_the_fleet() {
         .expect("writes the record");
     replicas.servers[victim].kill9().expect("SIGKILL");
     let channel = replicas.channel(survivor).await;
-    let admin = replicas.admin_token().to_owned();
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
         let answer = api::tenants(&channel, &admin)
