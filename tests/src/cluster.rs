@@ -149,6 +149,26 @@ impl Replicas {
             .map(tonic::Response::into_inner)
     }
 
+    /// Waits (up to the test [`DEADLINE`]) until tenant `name` shows its
+    /// first conditions through replica `via`: its owner's first pass has
+    /// committed, writing the tenant record again. A test that tears the
+    /// record in etcd does so after it, or that commit writes it whole.
+    pub async fn first_pass_committed(&self, via: usize, name: &str) {
+        let _settled = crate::agents::poll(
+            &format!("tenant {name}'s first conditions"),
+            || self.tenant(via, name),
+            |answer| {
+                answer.as_ref().is_ok_and(|tenant| {
+                    tenant
+                        .status
+                        .as_ref()
+                        .is_some_and(|status| !status.conditions.is_empty())
+                })
+            },
+        )
+        .await;
+    }
+
     /// The address of the replica serving tenant `name`, as replica `via`
     /// reports it; while the tenant is between owners (a hand-off answers
     /// UNAVAILABLE with NOT_OWNER), until it has one again.

@@ -917,31 +917,7 @@ async fn a_quarantined_tenant_deleted_after_a_failover_leaves_the_fleet() {
     let victim = replicas.index_of(&owner).expect("a replica");
     let survivor = 1 - victim;
     let admin = replicas.admin_token().to_owned();
-    // The owner's first pass commits the tenant's conditions (the record
-    // again) a moment after the creation: the torn write must come after
-    // it, or that commit writes the record whole again.
-    let owner_channel = replicas.channel(victim).await;
-    let _settled = poll(
-        "the tenant's first conditions",
-        || {
-            let mut tenants = api::tenants(&owner_channel, &admin);
-            async move {
-                tenants
-                    .get_tenant(v1::GetTenantRequest { name: "bad".into() })
-                    .await
-            }
-        },
-        |answer| {
-            answer.as_ref().is_ok_and(|tenant| {
-                tenant
-                    .get_ref()
-                    .status
-                    .as_ref()
-                    .is_some_and(|status| !status.conditions.is_empty())
-            })
-        },
-    )
-    .await;
+    replicas.first_pass_committed(victim, "bad").await;
     // A torn write of the tenant's record; the owner, which holds the
     // tenant in memory, is then killed: the survivor loads it from etcd.
     let mut client = etcd.client().await.expect("etcd client");
@@ -1774,6 +1750,7 @@ async fn a_replica_that_lost_its_lease_forgets_the_tenants_it_had_quarantined() 
     let victim = replicas.index_of(&owner).expect("a replica");
     let keeper = 1 - victim;
     let admin = replicas.admin_token().to_owned();
+    replicas.first_pass_committed(victim, "bad").await;
     let mut client = etcd.client().await.expect("etcd client");
     let key = record_key(&replicas.prefix, 1);
     let good = client
