@@ -1310,7 +1310,7 @@ fn resolve(
         watch_history_bytes: count(
             "watch_history_bytes",
             layer.watch_history_bytes,
-            usize::try_from(defaults.watch_history_bytes).unwrap_or(usize::MAX),
+            defaults.watch_history_bytes as usize,
         )? as u64,
         watch_ring_events: count(
             "watch_ring_events",

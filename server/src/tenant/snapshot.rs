@@ -106,10 +106,7 @@ impl SnapshotHistory {
     /// [`PINNED_SNAPSHOT_IDLE`] are let go.
     pub fn publish(&self, snapshot: TenantSnapshot) {
         self.latest.send_replace(Arc::new(snapshot));
-        let mut pinned = self.pinned();
-        if !pinned.is_empty() {
-            unpin_idle(&mut pinned, Instant::now());
-        }
+        unpin_idle(&mut self.pinned(), Instant::now());
     }
 
     /// The newest snapshot.
@@ -132,39 +129,28 @@ impl SnapshotHistory {
 
     fn pin_at(&self, snapshot: &Arc<TenantSnapshot>, now: Instant) {
         let mut pinned = self.pinned();
-        unpin_idle(&mut pinned, now);
-        let revision = snapshot.record.revision;
-        match pinned
-            .iter_mut()
-            .find(|held| held.snapshot.record.revision == revision)
-        {
-            Some(held) => held.last_read = now,
-            None => {
-                if pinned.len() >= MAX_PINNED_SNAPSHOTS
-                    && let Some(stalest) = (0..pinned.len()).min_by_key(|&i| pinned[i].last_read)
-                {
-                    pinned.swap_remove(stalest);
-                }
-                pinned.push(Pinned {
-                    snapshot: snapshot.clone(),
-                    last_read: now,
-                });
-            }
+        if read_pinned(&mut pinned, snapshot.record.revision, now).is_some() {
+            return;
         }
+        if pinned.len() >= MAX_PINNED_SNAPSHOTS
+            && let Some((stalest, _)) = pinned
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, held)| held.last_read)
+        {
+            pinned.swap_remove(stalest);
+        }
+        pinned.push(Pinned {
+            snapshot: snapshot.clone(),
+            last_read: now,
+        });
     }
 
     fn at_revision_at(&self, revision: u64, now: Instant) -> Option<Arc<TenantSnapshot>> {
-        let latest = self.latest();
-        let mut pinned = self.pinned();
-        unpin_idle(&mut pinned, now);
-        if let Some(held) = pinned
-            .iter_mut()
-            .find(|held| held.snapshot.record.revision == revision)
-        {
-            held.last_read = now;
-            return Some(held.snapshot.clone());
-        }
-        (latest.record.revision == revision).then_some(latest)
+        read_pinned(&mut self.pinned(), revision, now).or_else(|| {
+            let latest = self.latest();
+            (latest.record.revision == revision).then_some(latest)
+        })
     }
 
     fn pinned(&self) -> std::sync::MutexGuard<'_, Vec<Pinned>> {
@@ -188,6 +174,21 @@ impl SnapshotHistory {
 /// [`PINNED_SNAPSHOT_IDLE`].
 fn unpin_idle(pinned: &mut Vec<Pinned>, now: Instant) {
     pinned.retain(|held| now.saturating_duration_since(held.last_read) < PINNED_SNAPSHOT_IDLE);
+}
+
+/// The pinned snapshot of `revision`, read now (after letting go of the
+/// idle ones).
+fn read_pinned(
+    pinned: &mut Vec<Pinned>,
+    revision: u64,
+    now: Instant,
+) -> Option<Arc<TenantSnapshot>> {
+    unpin_idle(pinned, now);
+    let held = pinned
+        .iter_mut()
+        .find(|held| held.snapshot.record.revision == revision)?;
+    held.last_read = now;
+    Some(held.snapshot.clone())
 }
 
 #[cfg(test)]
