@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use reconciled::cluster::placement;
+use reconciled::store::{EtcdOptions, EtcdStore, Store, keys};
 use reconciled_client::agent::{Agent, TypeSpec};
 use reconciled_tests::agents::{DEADLINE, Recorder, RunningAgent, item_needing};
 use reconciled_tests::api::{self, error_metadata, error_reason};
@@ -471,6 +472,13 @@ async fn tenants_are_created_rotated_and_deleted_through_any_replica() {
         .await;
     }
 
+    let last_revision = status_with(rotated.clone(), owner)
+        .await
+        .expect("status")
+        .into_inner()
+        .status
+        .expect("status")
+        .revision;
     api::tenants(&replicas.channel(other).await, replicas.admin_token())
         .delete_tenant(v1::DeleteTenantRequest {
             name: "acme".into(),
@@ -485,8 +493,32 @@ async fn tenants_are_created_rotated_and_deleted_through_any_replica() {
         (owner_keys(&etcd, &replicas.prefix).await.len() == 1).then_some(())
     })
     .await;
-    // The name is free again.
-    replicas.create_tenant(other, "acme").await;
+    // The deletion left its name a revision floor past its last revision.
+    let store = EtcdStore::open(EtcdOptions {
+        endpoints: etcd.endpoints(),
+        prefix: replicas.prefix.clone(),
+        ..EtcdOptions::default()
+    })
+    .expect("opens");
+    let floor_key = keys::revision_floor_key("acme");
+    let floor = store
+        .get(&floor_key)
+        .expect("read")
+        .and_then(|value| Some(u64::from_be_bytes(value.try_into().ok()?)))
+        .expect("a floor of 8 bytes");
+    assert!(floor > last_revision, "{floor} > {last_revision}");
+    // The name is free again; the new tenant counts past the floor and
+    // clears it.
+    let token = replicas.create_tenant(other, "acme").await;
+    let first = status_with(token, other)
+        .await
+        .expect("status")
+        .into_inner()
+        .status
+        .expect("status")
+        .revision;
+    assert!(first >= floor, "{first} >= {floor}");
+    assert_eq!(store.get(&floor_key).expect("read"), None);
 }
 
 #[tokio::test]

@@ -260,3 +260,59 @@ async fn deleting_a_tenant_purges_every_key_and_a_new_tenant_of_that_name_starts
         "tenant 1 (deleted) left no key behind"
     );
 }
+
+/// The revision `tenant` is at, read with `token`.
+async fn revision_of(channel: &tonic::transport::Channel, token: &str, tenant: &str) -> u64 {
+    reconciler(channel, token)
+        .get_status(status_request(tenant))
+        .await
+        .expect("status")
+        .into_inner()
+        .status
+        .expect("status")
+        .revision
+}
+
+#[tokio::test]
+async fn a_deleted_tenant_leaves_its_name_a_revision_floor_that_a_tenant_of_that_name_clears() {
+    let (mut server, channel) = start().await;
+    let admin = server.admin_token();
+    let mut last_revisions = Vec::new();
+    for name in ["gone", "reborn"] {
+        let token = create_tenant(&channel, &admin, name).await;
+        for round in 0..3 {
+            reconciler(&channel, &token)
+                .submit_intent(submit(name, vec![item("t", "a", json!({"round": round}))]))
+                .await
+                .expect("stored");
+        }
+        last_revisions.push(revision_of(&channel, &token, name).await);
+        tenants(&channel, &admin)
+            .delete_tenant(v1::DeleteTenantRequest { name: name.into() })
+            .await
+            .expect("deleted");
+    }
+    let token = create_tenant(&channel, &admin, "reborn").await;
+    let reborn_first = revision_of(&channel, &token, "reborn").await;
+    assert!(reborn_first > last_revisions[1]);
+
+    server.terminate().await.expect("stops");
+    let store = SledStore::open(&server.data_dir(), SledOptions::default()).expect("store opens");
+    let floor = store
+        .get(&keys::revision_floor_key("gone"))
+        .expect("read")
+        .and_then(|value| Some(u64::from_be_bytes(value.try_into().ok()?)))
+        .expect("the deleted tenant left a floor of 8 bytes for its name");
+    assert!(
+        floor > last_revisions[0],
+        "a tenant created as \"gone\" would count past {floor}, beyond the deleted one's last revision {}",
+        last_revisions[0]
+    );
+    assert_eq!(
+        store
+            .get(&keys::revision_floor_key("reborn"))
+            .expect("read"),
+        None,
+        "the new \"reborn\" carries its floor in its own record"
+    );
+}

@@ -20,6 +20,7 @@ use crate::status::ApiError;
 use crate::store::{EtcdStore, Store, keys};
 use crate::tenant::directory::{creation, next_tenant_id};
 use crate::tenant::owner::now_ms;
+use crate::tenant::revision_floor;
 use crate::tenant::{DirectoryError, TenantError, TenantLimits, TenantRecord};
 
 use super::catalog::{Catalog, TenantEntry};
@@ -58,7 +59,8 @@ pub async fn create_tenant(
             return Err(DirectoryError::AlreadyExists(name.to_owned()));
         }
         let id = next_tenant_id(&**records)?;
-        let (record, token, mut batch) = creation(id, name, limits)?;
+        let floor = revision_floor::read(&**records, name)?;
+        let (record, token, mut batch) = creation(id, name, limits, now_ms(), floor)?;
         let entry = TenantEntry::of(&record, now_ms());
         batch.put(keys::tenant_entry_key(name), entry.encode());
         batch.set_fence(Some(fence));

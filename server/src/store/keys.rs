@@ -8,6 +8,7 @@
 //! 0x00 "fleet_event" 0x00 <revision u64 BE>   -> fleet-wide event
 //! 0x00 "fleet_log"                            -> fleet log position (JSON)
 //! 0x00 "tenant_entry" 0x00 <name>             -> a tenant's directory entry (replicas on etcd only)
+//! 0x00 "revision_floor" 0x00 <name>           -> u64 BE: where a tenant created again under <name> starts counting
 //! 0x00 "copy_incomplete"                      -> empty: the store holds part of an unfinished `store copy`
 //! 0x01 <tenant id u64 BE> <kind u8> <rest>    -> a tenant's records (see RecordKind)
 //! 0x02 <key len u32 BE> <key> <index u32 BE>  -> a chunk of a large value (store/chunked.rs)
@@ -34,6 +35,7 @@ const FLEET_EVENT_PREFIX: &[u8] = b"\x00fleet_event\x00";
 const FLEET_LOG_KEY: &[u8] = b"\x00fleet_log";
 const TENANT_ENTRY_PREFIX: &[u8] = b"\x00tenant_entry\x00";
 const COPY_INCOMPLETE_KEY: &[u8] = b"\x00copy_incomplete";
+const REVISION_FLOOR_PREFIX: &[u8] = b"\x00revision_floor\x00";
 
 /// The length of [`tenant_prefix`]: space byte and 8-byte id.
 pub const TENANT_PREFIX_LEN: usize = 9;
@@ -168,6 +170,18 @@ pub fn tenant_entries_prefix() -> &'static [u8] {
 pub fn parse_tenant_entry_key(key: &[u8]) -> Option<String> {
     let rest = key.strip_prefix(TENANT_ENTRY_PREFIX)?;
     String::from_utf8(rest.to_vec()).ok()
+}
+
+/// The revision floor a deleted tenant left for its name (8 bytes BE): a
+/// tenant created again under the name starts counting past it, whatever
+/// the clock says (see `tenant::directory::revision_floor`).
+pub fn revision_floor_key(name: &str) -> Vec<u8> {
+    [REVISION_FLOOR_PREFIX, name.as_bytes()].concat()
+}
+
+/// The prefix of every [`revision_floor_key`] (scans come out in name order).
+pub fn revision_floors_prefix() -> &'static [u8] {
+    REVISION_FLOOR_PREFIX
 }
 
 // ---- tenant keys ----

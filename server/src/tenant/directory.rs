@@ -16,7 +16,8 @@ use crate::wire::condition_to_proto;
 
 use super::error::TenantError;
 use super::owner::{OwnerSettings, TenantHandle, now_ms};
-use super::record::{TenantLimits, TenantRecord, decode, encode, first_revision};
+use super::record::{TenantLimits, TenantRecord, decode, encode};
+use super::revision_floor;
 use super::state::{TenantState, scan_all};
 
 /// Keys deleted per commit while purging a deleted tenant.
@@ -97,6 +98,9 @@ pub struct TenantDirectory {
     purges: std::sync::Mutex<JoinSet<()>>,
     /// Cancelled at shutdown: purges stop between batches.
     stopping: CancellationToken,
+    /// Where the next sweep of expired revision floors starts (see
+    /// [`revision_floor::sweep`]); each purge sweeps one page.
+    floor_sweep: Arc<std::sync::Mutex<Vec<u8>>>,
 }
 
 impl TokenDirectory for TenantDirectory {
@@ -116,6 +120,7 @@ impl TenantDirectory {
             admin: tokio::sync::Mutex::new(()),
             purges: std::sync::Mutex::new(JoinSet::new()),
             stopping: CancellationToken::new(),
+            floor_sweep: Arc::default(),
         });
         let mut records = Vec::new();
         for (key, value) in scan_all(&*store, keys::tenant_names_prefix())? {
@@ -185,6 +190,7 @@ impl TenantDirectory {
             admin: tokio::sync::Mutex::new(()),
             purges: std::sync::Mutex::new(JoinSet::new()),
             stopping: CancellationToken::new(),
+            floor_sweep: Arc::default(),
         })
     }
 
@@ -363,7 +369,9 @@ impl TenantDirectory {
             return Err(DirectoryError::AlreadyExists(name.to_string()));
         }
         let id = self.next_id()?;
-        let (record, token, batch) = creation(id, name, limits)?;
+        let floor = revision_floor::read(&*self.store, name)?;
+        let now = self.settings.clock.now_ms();
+        let (record, token, batch) = creation(id, name, limits, now, floor)?;
         self.commit_with_fleet_event(&*self.store, batch, name, false)
             .await?;
         info!(tenant = name, tenant_id = id, "Tenant created.");
@@ -437,6 +445,9 @@ impl TenantDirectory {
         batch.put(keys::tenant_record_key(handle.id), encode(&record)?);
         batch.put(keys::purge_key(handle.id), Vec::new());
         batch.delete(keys::tenant_name_key(name));
+        let floor =
+            revision_floor::left_at_deletion(Some(record.revision), self.settings.clock.now_ms());
+        revision_floor::put(&mut batch, name, floor);
         // Through the owner's store: with replicas on etcd, the tombstone
         // lands only while this process still owns the tenant. One that
         // does not land (fenced out: another replica took the tenant over)
@@ -484,6 +495,9 @@ impl TenantDirectory {
         batch.set_fence(quarantined.fence);
         batch.put(keys::purge_key(id), Vec::new());
         batch.delete(keys::tenant_name_key(name));
+        // Its last revision is unreadable: the floor is the clock's now.
+        let floor = revision_floor::left_at_deletion(None, self.settings.clock.now_ms());
+        revision_floor::put(&mut batch, name, floor);
         // With replicas on etcd, its directory entry goes too: the other
         // replicas and the fleet stream follow the entries, and the purge
         // (by id) never reaches this key (by name). On sled there is none.
@@ -504,6 +518,8 @@ impl TenantDirectory {
     fn spawn_purge(&self, id: u64) {
         let store = self.store.clone();
         let stop = self.stopping.clone();
+        let floor_sweep = Arc::clone(&self.floor_sweep);
+        let clock = Arc::clone(&self.settings.clock);
         let mut purges = self
             .purges
             .lock()
@@ -511,7 +527,10 @@ impl TenantDirectory {
         while purges.try_join_next().is_some() {}
         purges.spawn(async move {
             match purge(&*store, id, &stop).await {
-                Ok(Some(removed)) => info!(tenant_id = id, removed, "Deleted tenant purged."),
+                Ok(Some(removed)) => {
+                    info!(tenant_id = id, removed, "Deleted tenant purged.");
+                    sweep_revision_floors(&*store, &floor_sweep, clock.now_ms()).await;
+                }
                 Ok(None) => info!(
                     tenant_id = id,
                     "Purge of a deleted tenant paused for shutdown; it resumes at the next start."
@@ -659,19 +678,23 @@ fn highest_id_with_keys(store: &dyn Store, low: u64) -> Result<u64, TenantError>
     Ok(low)
 }
 
-/// What creating tenant `name` with id `id` writes: its record, its token
-/// (shown once) and the batch that stores both, the name index and the
-/// next free id. The caller makes sure the name is free and the id is the
-/// next one while the batch commits.
+/// What creating tenant `name` with id `id` at `created_at_ms` writes: its
+/// record, its token (shown once) and the batch that stores both, the name
+/// index and the next free id. The caller makes sure the name is free and
+/// the id is the next one while the batch commits. `floor` is what a
+/// deleted tenant of the name left ([`revision_floor::read`]): the new
+/// tenant's revisions start past it and the clock's floor, and the batch
+/// clears it.
 pub fn creation(
     id: u64,
     name: &str,
     limits: TenantLimits,
+    created_at_ms: u64,
+    floor: Option<u64>,
 ) -> Result<(TenantRecord, String, WriteBatch), DirectoryError> {
     let token = generate_token(TokenKind::Tenant)
         .map_err(|error| DirectoryError::Token(error.to_string()))?;
-    let created_at_ms = now_ms();
-    let revision = first_revision(created_at_ms);
+    let revision = revision_floor::first_revision_past(created_at_ms, floor);
     let record = TenantRecord {
         id,
         name: name.to_string(),
@@ -693,7 +716,36 @@ pub fn creation(
     );
     batch.put(keys::tenant_name_key(name), id.to_be_bytes().to_vec());
     batch.put(keys::tenant_record_key(id), encode(&record)?);
+    if floor.is_some() {
+        batch.delete(keys::revision_floor_key(name));
+    }
     Ok((record, token, batch))
+}
+
+/// Sweeps one page of expired revision floors from where the last sweep
+/// stopped (see [`revision_floor::sweep`]). A failure is only reported:
+/// the next purge's sweep tries again.
+async fn sweep_revision_floors(store: &dyn Store, cursor: &std::sync::Mutex<Vec<u8>>, now_ms: u64) {
+    let after = cursor
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone();
+    match revision_floor::sweep(store, &after, now_ms).await {
+        Ok(swept) => {
+            if swept.removed > 0 {
+                info!(
+                    removed = swept.removed,
+                    "Expired revision floors of deleted tenants removed."
+                );
+            }
+            *cursor
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = swept.resume_after;
+        }
+        Err(error) => {
+            warn!(%error, "Sweeping expired revision floors failed; the next purge tries again.")
+        }
+    }
 }
 
 /// Loads the tenants' graphs, on as many threads as there are cores (the
@@ -803,6 +855,49 @@ mod tests {
     fn directory() -> Arc<TenantDirectory> {
         let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
         TenantDirectory::load(store, OwnerSettings::default()).expect("an empty store loads")
+    }
+
+    #[tokio::test]
+    async fn a_name_created_again_after_the_clock_was_set_back_counts_past_its_deleted_tenant() {
+        let clock = Arc::new(crate::tenant::SimulatedClock::new(1_800_000_000_000));
+        let store: Arc<dyn Store> = Arc::new(InMemoryStore::new());
+        let settings = OwnerSettings {
+            clock: clock.clone(),
+            ..OwnerSettings::default()
+        };
+        let directory = TenantDirectory::load(store.clone(), settings).expect("loads");
+        let (first, _) = directory
+            .create("acme", TenantLimits::default())
+            .await
+            .expect("created");
+        first.submit(empty_submit()).await.expect("submitted");
+        let last_revision = first.snapshots.latest().record.revision;
+        directory.delete("acme").await.expect("deleted");
+        assert!(
+            revision_floor::read(&*store, "acme")
+                .expect("read")
+                .is_some_and(|floor| floor > last_revision),
+            "the deletion leaves a floor past the tenant's last revision"
+        );
+
+        // An operator sets the clock back an hour.
+        clock.step_wall_clock(-60 * 60 * 1000);
+        let (again, _) = directory
+            .create("acme", TenantLimits::default())
+            .await
+            .expect("created again");
+        let record = again.snapshots.latest().record.clone();
+        assert!(
+            record.events_floor() > last_revision,
+            "the new tenant's revisions ({}) start past the deleted one's last ({last_revision})",
+            record.events_floor()
+        );
+        assert_eq!(
+            revision_floor::read(&*store, "acme").expect("read"),
+            None,
+            "the new record carries the floor on"
+        );
+        directory.shutdown().await;
     }
 
     #[tokio::test]

@@ -12,6 +12,7 @@ pub mod owner;
 pub mod persist;
 pub mod record;
 pub mod repair;
+pub mod revision_floor;
 pub mod snapshot;
 pub mod state;
 

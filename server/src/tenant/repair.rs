@@ -28,6 +28,7 @@ use crate::store::{Store, WriteBatch, keys};
 use super::error::TenantError;
 use super::owner::now_ms;
 use super::record::{StoredIntended, TenantLimits, TenantRecord, decode, encode, first_revision};
+use super::revision_floor;
 use super::state::{TenantState, scan_all};
 
 /// Why a repair could not run.
@@ -430,11 +431,15 @@ pub fn repair(
 }
 
 /// Tombstones tenant `diagnosis` as `DeleteTenant` does: its name is free
-/// at once and the server purges its keys when it next starts.
+/// at once and the server purges its keys when it next starts. Its record
+/// may be unreadable, so the revision floor left for the name is the
+/// clock's now (see [`revision_floor`]).
 pub fn remove(store: &dyn Store, diagnosis: &TenantDiagnosis) -> Result<(), RepairError> {
     let mut batch = WriteBatch::new();
     batch.put(keys::purge_key(diagnosis.id), Vec::new());
     batch.delete(keys::tenant_name_key(&diagnosis.name));
+    let floor = revision_floor::left_at_deletion(None, now_ms());
+    revision_floor::put(&mut batch, &diagnosis.name, floor);
     store
         .commit_blocking(batch)
         .map_err(|error| RepairError::Store(error.into()))
@@ -638,7 +643,8 @@ pub(crate) mod tests {
         let store: Arc<dyn Store> =
             Arc::new(ChunkedValues::new(raw.clone()).expect("an empty store wraps"));
         for (id, name) in [(1, "bad"), (2, "good")] {
-            let (_, _, batch) = creation(id, name, TenantLimits::default()).expect("created");
+            let (_, _, batch) =
+                creation(id, name, TenantLimits::default(), now_ms(), None).expect("created");
             store.commit_blocking(batch).expect("written");
         }
         let mut properties = crate::graph::Properties::default();
