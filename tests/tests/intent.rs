@@ -101,6 +101,49 @@ async fn a_submitted_intent_is_stored_planned_and_shown_pending_without_configur
 }
 
 #[tokio::test]
+async fn a_submission_that_changes_one_item_still_lists_every_item_that_waits() {
+    let (_server, channel, token) = server_with_tenant("acme").await;
+    let mut client = reconciler(&channel, &token);
+    let mut b = item("file", "b", json!({"content": "hi"}));
+    b.dependencies.push(dependency("dir", "a"));
+    let intent = |c: &str| {
+        vec![
+            item("dir", "a", json!({"path": "/tmp/x"})),
+            b.clone(),
+            item("file", "c", json!({"content": c})),
+        ]
+    };
+    client
+        .submit_intent(submit("acme", intent("one")))
+        .await
+        .expect("accepted");
+
+    // Only c changes: its pass plans c alone, and a and b wait as before.
+    let mut replies = Vec::new();
+    for (what, dry_run, content) in [
+        ("a change", false, "two"),
+        ("an unchanged submission", false, "two"),
+        ("a dry run", true, "three"),
+    ] {
+        let mut request = submit("acme", intent(content));
+        request.dry_run = dry_run;
+        let reply = client
+            .submit_intent(request)
+            .await
+            .expect("accepted")
+            .into_inner();
+        let plan = reply.plan.expect("plan");
+        assert_eq!(
+            (plan.blocked, names(&plan.waiting)),
+            (3, vec!["dir/a".into(), "file/b".into(), "file/c".into()]),
+            "{what}: every waiting item is listed and counted: {plan:?}"
+        );
+        replies.push(reply.changed);
+    }
+    assert_eq!(replies, [true, false, true]);
+}
+
+#[tokio::test]
 async fn identical_resubmission_and_dry_runs_change_nothing() {
     let (_server, channel, token) = server_with_tenant("acme").await;
     let mut client = reconciler(&channel, &token);

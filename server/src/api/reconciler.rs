@@ -23,7 +23,7 @@ use crate::tenant::{TenantHandle, TenantSnapshot, ValidatedSubmit, fairly};
 use crate::wire::{
     duration_to_ms, intended_item_to_proto, item_from_proto, item_ref_to_proto, item_status,
     operation_error_to_status, operation_kind_to_proto, plan_to_proto_with_items,
-    timestamp_from_ms, type_spec_to_proto,
+    plan_to_proto_with_tenant_waiting, timestamp_from_ms, type_spec_to_proto,
 };
 
 use super::context::{ApiContext, LARGE_REQUEST_ITEMS, invalid};
@@ -78,17 +78,30 @@ impl Reconciler for ReconcilerService {
             validate_submit(request, limits)
         })
         .await?;
+        let dry_run = validated.dry_run;
         let outcome = handle
             .submit(validated)
             .await
             .map_err(|error| self.context.owner_failed(&handle.name, error))?;
         let snapshot = handle.snapshots.latest();
-        let mut plan = plan_to_proto_with_items(
-            &outcome.plan,
-            SHOWN_OPERATIONS,
-            &snapshot.intended,
-            &snapshot.current,
-        );
+        // A dry run's plan is of the intent it did not store: only it
+        // knows what would wait. Otherwise every item that waits is listed.
+        let mut plan = if dry_run {
+            plan_to_proto_with_items(
+                &outcome.plan,
+                SHOWN_OPERATIONS,
+                &snapshot.intended,
+                &snapshot.current,
+            )
+        } else {
+            plan_to_proto_with_tenant_waiting(
+                &outcome.plan,
+                SHOWN_OPERATIONS,
+                &snapshot.intended,
+                &snapshot.current,
+                &snapshot.waiting,
+            )
+        };
         // The intent is committed: the reply must say so whatever the
         // plan's size, so the plan is cut to fit rather than the call
         // failing with OUT_OF_RANGE.

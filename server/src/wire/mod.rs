@@ -39,7 +39,9 @@ pub use items::{
     intended_item_to_proto, item_from_proto, item_from_proto_at, item_ref_from_proto,
     item_ref_to_proto, item_to_proto,
 };
-pub use plan::{PLAN_LIMIT, plan_to_proto, plan_to_proto_with_items};
+pub use plan::{
+    PLAN_LIMIT, plan_to_proto, plan_to_proto_with_items, plan_to_proto_with_tenant_waiting,
+};
 pub use properties::{properties_from_struct, properties_to_struct};
 pub use status::{
     condition_to_proto, in_flight_to_proto, item_state_to_proto, item_status,
