@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::plan::RETRY_BY;
 use super::plan::WaitReason;
 use super::waiting::WaitingSummary;
 
@@ -215,10 +216,11 @@ fn terminal_failure_message(waiting: &WaitingSummary) -> String {
         names.push(format!("{} more", failed.len() - NAMED_FAILURES));
     }
     if names.is_empty() {
-        return "an item failed terminally; change its intent to retry".into();
+        return format!("an item failed terminally; {RETRY_BY}");
     }
     format!(
-        "{} failed terminally, and what depends on {} waits; change {} intent to retry",
+        "{} failed terminally, and what depends on {} waits; change {} properties or \
+         dependencies to retry (a new description or labels do not count)",
         names.join(", "),
         if failed.len() == 1 { "it" } else { "them" },
         if failed.len() == 1 { "its" } else { "their" },

@@ -10,6 +10,7 @@ use crate::engine::exec::{
     AgentResult, Executor, ExecutorSettings, Now, RetryPolicy, StoredSpec, TenantProgress, TypeSpec,
 };
 use crate::engine::intent::ValidatedSubmit;
+use crate::engine::plan::RETRY_BY;
 use crate::engine::testkit::on;
 use crate::graph::{
     CurrentGraph, IntendedGraph, Item, ItemRef, ItemState, OperationError, OperationKind, code,
@@ -3583,6 +3584,25 @@ fn a_terminal_failure_deep_in_a_chain_is_named_by_the_stalled_condition() {
         stalled.message.contains("t/c failed terminally"),
         "{}",
         stalled.message
+    );
+    assert!(
+        stalled
+            .message
+            .contains("change its properties or dependencies to retry (a new description"),
+        "the message says which change retries it: {}",
+        stalled.message
+    );
+    let waiting = executor
+        .model()
+        .waiting
+        .get(&ItemRef::new("t", "c"))
+        .expect("c waits");
+    assert!(
+        waiting
+            .blocked_by
+            .iter()
+            .any(|blocked| blocked.why.ends_with(RETRY_BY)),
+        "{waiting:?}"
     );
     assert!(
         !stalled.message.contains("t/a") && !stalled.message.contains("t/b"),
