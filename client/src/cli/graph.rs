@@ -68,6 +68,12 @@ pub(crate) fn detail(status: &v1::ItemStatus) -> String {
         if !holders.is_empty() {
             text.push_str(&format!(" on {holders}"));
         }
+        // A retryable failure waits in backoff: FAILED alone reads as final.
+        if status.reason == v1::WaitReason::Backoff as i32
+            && let Some(next) = &status.next_attempt_at
+        {
+            text.push_str(&format!(", next attempt at {next}"));
+        }
         parts.push(text);
     }
     if let Some(error) = &status.last_error {
@@ -198,6 +204,31 @@ fn applied_generation(status: &v1::ItemStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_item_in_backoff_says_when_it_is_tried_again() {
+        let mut status = v1::ItemStatus {
+            state: v1::ItemState::Failed as i32,
+            pending_operation: v1::OperationKind::Create as i32,
+            reason: v1::WaitReason::Backoff as i32,
+            next_attempt_at: Some(prost_types::Timestamp {
+                seconds: 1_800_000_000,
+                nanos: 0,
+            }),
+            ..v1::ItemStatus::default()
+        };
+        assert!(
+            detail(&status).ends_with(", next attempt at 2027-01-15T08:00:00Z"),
+            "{}",
+            detail(&status)
+        );
+        status.reason = v1::WaitReason::TerminalFailure as i32;
+        assert!(
+            !detail(&status).contains("next attempt"),
+            "{}",
+            detail(&status)
+        );
+    }
 
     #[test]
     fn the_joined_table_shows_each_item_once_with_what_holds_it() {

@@ -201,7 +201,13 @@ fn condition_text(status: Option<&v1::TenantStatus>, kind: &str) -> String {
         })
 }
 
-/// The result as text: the outcome, the operations and what is unsettled.
+/// Said when no operation ran while the call waited: the server lists
+/// only those (an agent may have applied the intent before the call).
+const EARLIER_OPERATIONS: &str = "\nno operation ran during this call; earlier ones: \
+     `reconctl watch --history` or `reconctl graph get`\n";
+
+/// The result as text: the outcome, the operations (those that ran during
+/// the call) and what is unsettled.
 fn render(
     reply: &v1::ReconcileResponse,
     ending: Ending,
@@ -257,13 +263,19 @@ fn render(
                 result,
             ]);
         }
-        text.push_str(&format!("\noperations: {}\n", reply.operations_total));
+        text.push_str(&format!(
+            "\noperations during this call: {}\n",
+            reply.operations_total
+        ));
         text.push_str(&table.render());
         let listed = reply.operation_log.len().min(LISTED);
         let total = usize::try_from(reply.operations_total).unwrap_or(usize::MAX);
         if total > listed {
             text.push_str(&format!("... and {} more\n", total - listed));
         }
+    }
+    if reply.operation_log.is_empty() && ending != Ending::Triggered {
+        text.push_str(EARLIER_OPERATIONS);
     }
     if !waiting.is_empty() {
         let mut table = Table::new(&["UNSETTLED ITEM", "STATE", "DETAIL"]);
@@ -305,6 +317,41 @@ mod tests {
             }),
             ..v1::ReconcileResponse::default()
         }
+    }
+
+    #[test]
+    fn the_operations_listed_are_said_to_be_those_of_the_call() {
+        let second = Duration::from_secs(1);
+        let quiet = render(
+            &reply(true, false, false),
+            Ending::Converged,
+            second,
+            second,
+            &[],
+        );
+        assert!(
+            quiet.contains(
+                "no operation ran during this call; earlier ones: `reconctl watch --history`"
+            ),
+            "{quiet}"
+        );
+        let mut busy = reply(true, false, false);
+        busy.operation_log.push(v1::OperationLogEntry::default());
+        busy.operations_total = 1;
+        let text = render(&busy, Ending::Converged, second, second, &[]);
+        assert!(text.contains("operations during this call: 1"), "{text}");
+        assert!(!text.contains("no operation ran"), "{text}");
+        let triggered = render(
+            &reply(false, false, false),
+            Ending::Triggered,
+            second,
+            second,
+            &[],
+        );
+        assert!(
+            !triggered.contains("no operation ran"),
+            "a pass that was only triggered did not wait for operations: {triggered}"
+        );
     }
 
     #[test]
