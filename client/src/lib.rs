@@ -35,8 +35,9 @@
 //!
 //! The crates whose types the API exposes are re-exported ([`tonic`],
 //! [`tonic_types`], [`tokio`], [`tokio_util`], [`serde`], [`serde_json`],
-//! [`schemars`]), so an agent or a controller can use exactly the versions
-//! this SDK was built with.
+//! [`schemars`]), and so is [`tracing`], which the SDK logs through, so an
+//! agent or a controller can use exactly the versions this SDK was built
+//! with.
 #![forbid(unsafe_code)]
 
 pub mod agent;
@@ -76,6 +77,12 @@ pub use tonic;
 /// `use reconciled_client::tonic_types::StatusExt as _;` and
 /// `status.get_error_details()`, in the version that matches [`tonic`].
 pub use tonic_types;
+/// The logging facade the SDK reports through (connection failures,
+/// `TYPE_HELD` retries, panics in configurators); an agent logs with
+/// `reconciled_client::tracing::info!` without a `tracing` dependency of
+/// its own. Its output needs a subscriber, e.g. `tracing-subscriber`'s
+/// `tracing_subscriber::fmt::init()` in `main`.
+pub use tracing;
 
 pub use auth::InvalidToken;
 pub use client::{Client, ClientError, MAX_MESSAGE_BYTES};

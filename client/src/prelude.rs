@@ -14,12 +14,13 @@
 //! | [`Properties`], [`Value`], [`json!`] | `serde_json` object, value and macro | [`Item::properties`], [`Outcome::done_observed`] |
 //! | [`CancellationToken`] | `tokio_util::sync::CancellationToken` | [`OperationContext::cancellation_token`] |
 //! | [`tokio`] | the runtime crate | [`Agent::events`] (a `tokio::sync::broadcast::Receiver`) |
+//! | [`tracing`] | the logging crate | the SDK's own log (connections, retries, panics) |
 //! | [`JsonSchema`] | `schemars::JsonSchema`, trait and derive | [`TypeSpec::schema_of`] |
 //!
 //! The crates themselves are re-exported at the crate root
 //! ([`crate::tonic`], [`crate::serde_json`], [`crate::tokio`],
-//! [`crate::tokio_util`], [`crate::serde`], [`crate::schemars`]) for
-//! anything beyond that.
+//! [`crate::tokio_util`], [`crate::serde`], [`crate::schemars`],
+//! [`crate::tracing`]) for anything beyond that.
 //!
 //! A whole agent, written only against the prelude (it is compiled and run
 //! as a doc test; `examples/kv-agent` is the same agent as a crate whose only
@@ -82,7 +83,7 @@
 
 pub use crate::agent::{
     Agent, AgentBuilder, AgentError, AgentEvent, AgentHandle, Completion, Configurator, Dependency,
-    ExternalReport, Grant, Item, ItemRef, OperationContext, OperationKind, Outcome,
+    EnvError, ExternalReport, Grant, Item, ItemRef, OperationContext, OperationKind, Outcome,
     PropertiesError, ReadOutcome, ResultKind, Token, TypeSpec, is_terminal_code, shutdown_signal,
 };
 pub use crate::{Client, ClientTls};
@@ -104,6 +105,11 @@ pub use serde_json::json;
 /// The async runtime the SDK runs on (the crate `tokio`), for `tokio::fs`,
 /// `tokio::select!`, `tokio::spawn` and friends in configurators.
 pub use tokio;
+
+/// The logging facade the SDK reports through (the crate `tracing`), for
+/// `tracing::info!` and friends in an agent. Nothing is printed until the
+/// agent installs a subscriber, e.g. `tracing_subscriber::fmt::init()`.
+pub use tracing;
 
 /// Derives the JSON Schema of a properties struct for
 /// [`TypeSpec::schema_of`] (`schemars::JsonSchema`, the trait and its

@@ -77,6 +77,10 @@ pub enum AgentError {
         /// What went wrong.
         problem: String,
     },
+    /// [`Agent::builder_from_env`](super::Agent::builder_from_env) found
+    /// no usable connection settings in the environment.
+    #[error(transparent)]
+    Environment(super::env::EnvError),
     /// The agent handles no item type.
     #[error("the agent handles no item type; add one with AgentBuilder::item_type")]
     NoItemTypes,

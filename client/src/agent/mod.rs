@@ -30,7 +30,10 @@
 //! [`Outcome::cancelled`] ("cancelled as asked", not a failed attempt).
 //! `use reconciled_client::prelude::*` imports all of this module an agent
 //! needs; the guide `docs/agents.md` goes from an empty crate to a tested
-//! agent.
+//! agent. [`Agent::builder_from_env`] takes the server, tenant and token
+//! from the variables reconctl reads (`RECONCILED_ADDR`,
+//! `RECONCILED_TENANT`, `RECONCILED_TOKEN` or `RECONCILED_TOKEN_FILE`)
+//! instead of arguments.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -72,6 +75,7 @@
 mod backoff;
 mod configurator;
 mod context;
+mod env;
 mod error;
 mod events;
 mod item;
@@ -85,6 +89,7 @@ mod token;
 
 pub use configurator::Configurator;
 pub use context::{Completion, OperationContext};
+pub use env::EnvError;
 pub use error::{AgentError, REASON_TYPE_HELD, REASON_UNSUPPORTED_PROTOCOL};
 pub use events::{AgentEvent, Grant};
 pub use item::{Dependency, ExternalReport, Item, ItemRef, PropertiesError};

@@ -1,0 +1,364 @@
+//! [`Agent::builder_from_env`]: where the agent finds its server, tenant and
+//! token when its `main` does not say, read from the same environment
+//! variables `reconctl` reads, with the same rules.
+//!
+//! The rules match reconctl's (`client/src/cli/settings.rs`, which lives
+//! behind the `cli` feature that agents turn off, so they are written here
+//! once more): an empty variable counts as unset; the address defaults to
+//! `http://127.0.0.1:50051` and gets `http://` when it has no scheme (with a
+//! CA certificate, `https://`); a token and a token file together are
+//! refused; a client certificate needs its key.
+
+use std::path::PathBuf;
+
+use super::error::AgentError;
+use super::runner::{Agent, AgentBuilder};
+use super::token::Token;
+use crate::tls::ClientTls;
+
+/// The address used when `RECONCILED_ADDR` is unset, as in reconctl.
+const DEFAULT_ADDR: &str = "http://127.0.0.1:50051";
+/// The server's address.
+const ADDR_ENV: &str = "RECONCILED_ADDR";
+/// The tenant the agent serves.
+const TENANT_ENV: &str = "RECONCILED_TENANT";
+/// The tenant's token.
+const TOKEN_ENV: &str = "RECONCILED_TOKEN";
+/// A file holding the tenant's token.
+const TOKEN_FILE_ENV: &str = "RECONCILED_TOKEN_FILE";
+/// The CA certificate (PEM) that signs the server's certificate.
+const CA_CERT_ENV: &str = "RECONCILED_CA_CERT";
+/// The agent's certificate (PEM), for mutual TLS.
+const CLIENT_CERT_ENV: &str = "RECONCILED_CLIENT_CERT";
+/// The agent's private key (PEM), for mutual TLS.
+const CLIENT_KEY_ENV: &str = "RECONCILED_CLIENT_KEY";
+
+/// Why [`Agent::builder_from_env`] found no usable connection settings in
+/// the environment. Each message names the variable to set.
+///
+/// `Debug` prints the same message as `Display`, so a `main` that returns
+/// the error shows what to do.
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnvError {
+    /// `RECONCILED_TENANT` is unset or empty.
+    #[error(
+        "no tenant given: set RECONCILED_TENANT to the tenant this agent serves (the name given \
+         to `reconctl tenant create`)"
+    )]
+    MissingTenant,
+    /// Neither `RECONCILED_TOKEN` nor `RECONCILED_TOKEN_FILE` is set.
+    #[error(
+        "no token given: set RECONCILED_TOKEN to the tenant's token (`reconctl tenant create` \
+         prints it), or RECONCILED_TOKEN_FILE to a file holding it"
+    )]
+    MissingToken,
+    /// Both `RECONCILED_TOKEN` and `RECONCILED_TOKEN_FILE` are set.
+    #[error("both RECONCILED_TOKEN and RECONCILED_TOKEN_FILE give a token; keep one")]
+    TwoTokens,
+    /// Only one of `RECONCILED_CLIENT_CERT` and `RECONCILED_CLIENT_KEY` is
+    /// set.
+    #[error(
+        "mutual TLS needs both a client certificate and its key: set RECONCILED_CLIENT_CERT \
+         and RECONCILED_CLIENT_KEY together"
+    )]
+    IncompleteIdentity,
+    /// A TLS file named by a variable cannot be read.
+    #[error("cannot read {} (from {variable}): {problem}", path.display())]
+    TlsFile {
+        /// The variable that names the file, e.g. `RECONCILED_CA_CERT`.
+        variable: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        problem: String,
+    },
+}
+
+impl std::fmt::Debug for EnvError {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, formatter)
+    }
+}
+
+impl From<EnvError> for AgentError {
+    fn from(error: EnvError) -> Self {
+        AgentError::Environment(error)
+    }
+}
+
+impl Agent {
+    /// Starts building an agent from the environment variables `reconctl`
+    /// reads, with the same rules, so that one shell's settings serve both:
+    ///
+    /// | variable | is | if unset |
+    /// |---|---|---|
+    /// | `RECONCILED_ADDR` | the server, e.g. `http://10.0.0.5:50051` (`http://` is added when there is no scheme) | `http://127.0.0.1:50051` |
+    /// | `RECONCILED_TENANT` | the tenant the agent serves | [`EnvError::MissingTenant`] |
+    /// | `RECONCILED_TOKEN` or `RECONCILED_TOKEN_FILE` | the tenant's token, or a file holding it (never both) | [`EnvError::MissingToken`] |
+    /// | `RECONCILED_CA_CERT` | the CA (PEM) of the server's certificate; the agent then dials `https://` | plaintext |
+    /// | `RECONCILED_CLIENT_CERT`, `RECONCILED_CLIENT_KEY` | for mutual TLS, the agent's certificate and key (PEM), both or neither | no client certificate |
+    ///
+    /// A variable set to the empty string counts as unset. The token file
+    /// becomes a [`Token::file`]: read (and trimmed) at
+    /// [`build`](AgentBuilder::build) and again before every connection,
+    /// so a rotated token reaches the running agent. The TLS files are read
+    /// now. Unlike reconctl, the agent reads no configuration file.
+    ///
+    /// The builder takes further settings as usual:
+    ///
+    /// ```no_run
+    /// use reconciled_client::prelude::*;
+    /// # struct Store;
+    /// # impl Configurator for Store {
+    /// #     async fn create(&self, _: &OperationContext, _: &Item) -> Outcome { Outcome::done() }
+    /// #     async fn modify(&self, _: &OperationContext, _: &Item, _: &Item) -> Outcome { Outcome::done() }
+    /// #     async fn delete(&self, _: &OperationContext, _: &Item) -> Outcome { Outcome::done() }
+    /// # }
+    ///
+    /// #[reconciled_client::tokio::main(crate = "reconciled_client::tokio")]
+    /// async fn main() -> Result<(), AgentError> {
+    ///     let agent = Agent::builder_from_env()?
+    ///         .item_type(TypeSpec::new("kv"), Store)
+    ///         .build()?;
+    ///     agent.run(shutdown_signal()).await
+    /// }
+    /// ```
+    pub fn builder_from_env() -> Result<AgentBuilder, EnvError> {
+        let settings = EnvSettings::resolve(|name| {
+            std::env::var(name).ok().filter(|value| !value.is_empty())
+        })?;
+        Ok(settings.into_builder())
+    }
+}
+
+/// The connection settings of an agent, as the environment gives them.
+#[derive(Debug)]
+struct EnvSettings {
+    endpoint: String,
+    tenant: String,
+    token: Token,
+    tls: Option<ClientTls>,
+}
+
+impl EnvSettings {
+    /// Resolves the settings from `var`, which returns a variable's value
+    /// if it is set and not empty.
+    fn resolve(var: impl Fn(&str) -> Option<String>) -> Result<Self, EnvError> {
+        // reconctl's order: the token, then the tenant, then TLS.
+        let token = match (var(TOKEN_ENV), var(TOKEN_FILE_ENV)) {
+            (Some(_), Some(_)) => return Err(EnvError::TwoTokens),
+            (Some(token), None) => Token::from(token),
+            (None, Some(path)) => Token::file(path),
+            (None, None) => return Err(EnvError::MissingToken),
+        };
+        let tenant = var(TENANT_ENV).ok_or(EnvError::MissingTenant)?;
+        let tls = tls_from(&var)?;
+        let endpoint = normalize_addr(&var(ADDR_ENV).unwrap_or_else(|| DEFAULT_ADDR.to_owned()));
+        let endpoint = match &tls {
+            Some(_) => endpoint.replacen("http://", "https://", 1),
+            None => endpoint,
+        };
+        Ok(Self {
+            endpoint,
+            tenant,
+            token,
+            tls,
+        })
+    }
+
+    /// An [`AgentBuilder`] with these settings.
+    fn into_builder(self) -> AgentBuilder {
+        let builder = Agent::builder(self.endpoint, self.tenant, self.token);
+        match self.tls {
+            Some(tls) => builder.tls(tls),
+            None => builder,
+        }
+    }
+}
+
+/// The TLS settings the variables name, if any: the CA, and for mutual TLS
+/// the agent's certificate and key.
+fn tls_from(var: &impl Fn(&str) -> Option<String>) -> Result<Option<ClientTls>, EnvError> {
+    let read = |variable: &'static str| -> Result<Option<Vec<u8>>, EnvError> {
+        let Some(path) = var(variable) else {
+            return Ok(None);
+        };
+        std::fs::read(&path)
+            .map(Some)
+            .map_err(|error| EnvError::TlsFile {
+                variable,
+                path: PathBuf::from(path),
+                problem: error.to_string(),
+            })
+    };
+    if var(CLIENT_CERT_ENV).is_some() != var(CLIENT_KEY_ENV).is_some() {
+        return Err(EnvError::IncompleteIdentity);
+    }
+    let ca = read(CA_CERT_ENV)?;
+    let identity = match (read(CLIENT_CERT_ENV)?, read(CLIENT_KEY_ENV)?) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        _ => None,
+    };
+    let mut tls = match (ca, &identity) {
+        (Some(ca), _) => ClientTls::new().ca_certificate(ca),
+        (None, Some(_)) => ClientTls::new(),
+        (None, None) => return Ok(None),
+    };
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(cert, key);
+    }
+    Ok(Some(tls))
+}
+
+/// `host:port` becomes `http://host:port`; URIs stay as they are.
+fn normalize_addr(addr: &str) -> String {
+    let addr = addr.trim();
+    if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// Resolves the settings from `pairs`, with empty values unset as the
+    /// process environment's are.
+    fn resolve(pairs: &[(&str, &str)]) -> Result<EnvSettings, EnvError> {
+        let vars: HashMap<String, String> = pairs
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect();
+        EnvSettings::resolve(|name| vars.get(name).cloned().filter(|value| !value.is_empty()))
+    }
+
+    #[test]
+    fn the_address_defaults_to_the_local_server_and_gets_a_scheme() {
+        let local = resolve(&[(TENANT_ENV, "acme"), (TOKEN_ENV, "rcd_x")]).expect("valid");
+        assert_eq!(local.endpoint, DEFAULT_ADDR);
+        assert_eq!(local.tenant, "acme");
+        assert_eq!(local.token, Token::from("rcd_x"));
+        assert!(local.tls.is_none());
+
+        let bare = resolve(&[
+            (ADDR_ENV, " 10.0.0.5:50051 "),
+            (TENANT_ENV, "acme"),
+            (TOKEN_ENV, "rcd_x"),
+        ])
+        .expect("valid");
+        assert_eq!(bare.endpoint, "http://10.0.0.5:50051");
+
+        let empty = resolve(&[(ADDR_ENV, ""), (TENANT_ENV, "acme"), (TOKEN_ENV, "rcd_x")])
+            .expect("an empty address counts as unset");
+        assert_eq!(empty.endpoint, DEFAULT_ADDR);
+    }
+
+    #[test]
+    fn a_missing_tenant_or_token_names_the_variable_to_set() {
+        let tenant = resolve(&[(TOKEN_ENV, "rcd_x")]).expect_err("no tenant");
+        assert_eq!(tenant, EnvError::MissingTenant);
+        assert!(
+            tenant.to_string().contains("set RECONCILED_TENANT"),
+            "{tenant}"
+        );
+
+        let empty_tenant =
+            resolve(&[(TENANT_ENV, ""), (TOKEN_ENV, "rcd_x")]).expect_err("empty tenant");
+        assert_eq!(empty_tenant, EnvError::MissingTenant);
+
+        let token = resolve(&[(TENANT_ENV, "acme")]).expect_err("no token");
+        assert_eq!(token, EnvError::MissingToken);
+        let message = format!("{token:?}");
+        assert!(
+            message.contains("set RECONCILED_TOKEN") && message.contains("RECONCILED_TOKEN_FILE"),
+            "Debug says what to do: {message}"
+        );
+    }
+
+    #[test]
+    fn a_token_file_is_read_by_the_agent_and_a_token_with_a_file_is_refused() {
+        let from_file = resolve(&[(TENANT_ENV, "acme"), (TOKEN_FILE_ENV, "/run/secrets/token")])
+            .expect("valid");
+        assert_eq!(from_file.token, Token::file("/run/secrets/token"));
+
+        let both = resolve(&[
+            (TENANT_ENV, "acme"),
+            (TOKEN_ENV, "rcd_x"),
+            (TOKEN_FILE_ENV, "/run/secrets/token"),
+        ])
+        .expect_err("ambiguous");
+        assert_eq!(both, EnvError::TwoTokens);
+        assert!(both.to_string().contains("keep one"), "{both}");
+
+        let empty_file = resolve(&[
+            (TENANT_ENV, "acme"),
+            (TOKEN_ENV, "rcd_x"),
+            (TOKEN_FILE_ENV, ""),
+        ])
+        .expect("an empty token file variable counts as unset");
+        assert_eq!(empty_file.token, Token::from("rcd_x"));
+    }
+
+    #[test]
+    fn a_ca_certificate_switches_the_address_to_https() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "-----BEGIN CERTIFICATE-----\n").expect("write");
+        let settings = resolve(&[
+            (ADDR_ENV, "reconciled.example.com:443"),
+            (TENANT_ENV, "acme"),
+            (TOKEN_ENV, "rcd_x"),
+            (CA_CERT_ENV, ca.to_str().expect("utf-8")),
+        ])
+        .expect("valid");
+        assert_eq!(settings.endpoint, "https://reconciled.example.com:443");
+        assert!(settings.tls.is_some());
+    }
+
+    #[test]
+    fn tls_files_must_be_readable_and_a_certificate_needs_its_key() {
+        let missing = resolve(&[
+            (TENANT_ENV, "acme"),
+            (TOKEN_ENV, "rcd_x"),
+            (CA_CERT_ENV, "/nonexistent/ca.pem"),
+        ])
+        .expect_err("unreadable CA");
+        assert!(
+            matches!(
+                &missing,
+                EnvError::TlsFile { variable, .. } if *variable == CA_CERT_ENV
+            ),
+            "{missing}"
+        );
+        assert!(
+            missing
+                .to_string()
+                .contains("/nonexistent/ca.pem (from RECONCILED_CA_CERT)"),
+            "{missing}"
+        );
+
+        let half = resolve(&[
+            (TENANT_ENV, "acme"),
+            (TOKEN_ENV, "rcd_x"),
+            (CLIENT_CERT_ENV, "/etc/agent.pem"),
+        ])
+        .expect_err("a certificate without its key");
+        assert_eq!(half, EnvError::IncompleteIdentity);
+    }
+
+    #[test]
+    fn the_settings_become_the_builders_endpoint_and_tenant() {
+        let settings = resolve(&[(TENANT_ENV, "acme"), (TOKEN_ENV, "rcd_x")]).expect("valid");
+        let builder = settings.into_builder();
+        let shown = format!("{builder:?}");
+        assert!(
+            shown.contains(DEFAULT_ADDR) && shown.contains("\"acme\""),
+            "{shown}"
+        );
+    }
+}
