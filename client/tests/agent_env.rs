@@ -7,6 +7,9 @@ use std::process::Command;
 
 use reconciled_client::prelude::*;
 
+mod support;
+use support::Instant;
+
 /// Set in the child process: run the checks instead of spawning.
 const CHILD: &str = "RECONCILED_CLIENT_TEST_ENV_CHILD";
 
@@ -43,21 +46,6 @@ fn in_child_process(test: &str, variables: &[(&str, &str)], check: impl FnOnce()
         output.status.success() && stdout.contains("1 passed"),
         "the check in the child process failed:\n{stdout}\n{stderr}"
     );
-}
-
-/// A configurator that applies everything at once.
-struct Instant;
-
-impl Configurator for Instant {
-    async fn create(&self, _ctx: &OperationContext, _item: &Item) -> Outcome {
-        Outcome::done()
-    }
-    async fn modify(&self, _ctx: &OperationContext, _previous: &Item, _item: &Item) -> Outcome {
-        Outcome::done()
-    }
-    async fn delete(&self, _ctx: &OperationContext, _item: &Item) -> Outcome {
-        Outcome::done()
-    }
 }
 
 #[test]

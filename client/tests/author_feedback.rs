@@ -10,23 +10,11 @@ use reconciled_client::prelude::*;
 use reconciled_client::testkit::TestServer;
 use tokio::sync::{Notify, watch};
 
+mod support;
+use support::Instant;
+
 /// How long a test waits for what it expects.
 const DEADLINE: Duration = Duration::from_secs(30);
-
-/// A configurator that applies everything at once.
-struct Instant;
-
-impl Configurator for Instant {
-    async fn create(&self, _ctx: &OperationContext, _item: &Item) -> Outcome {
-        Outcome::done()
-    }
-    async fn modify(&self, _ctx: &OperationContext, _previous: &Item, _item: &Item) -> Outcome {
-        Outcome::done()
-    }
-    async fn delete(&self, _ctx: &OperationContext, _item: &Item) -> Outcome {
-        Outcome::done()
-    }
-}
 
 #[tokio::test]
 async fn a_refused_agent_prints_what_to_do_also_with_debug() {
