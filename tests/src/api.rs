@@ -79,6 +79,20 @@ pub async fn rotate_token(channel: &Channel, admin_token: &str, name: &str) -> S
         .token
 }
 
+/// The revision `tenant` is at, read with `token` (panics if GetStatus fails).
+pub async fn revision_of(channel: &Channel, token: &str, tenant: &str) -> u64 {
+    reconciler(channel, token)
+        .get_status(v1::GetStatusRequest {
+            tenant: tenant.into(),
+        })
+        .await
+        .expect("status")
+        .into_inner()
+        .status
+        .expect("status")
+        .revision
+}
+
 /// An item `item_type/name` with properties given as JSON.
 pub fn item(item_type: &str, name: &str, properties: serde_json::Value) -> v1::Item {
     v1::Item {

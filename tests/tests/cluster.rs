@@ -472,16 +472,7 @@ async fn tenants_are_created_rotated_and_deleted_through_any_replica() {
         .await;
     }
 
-    let revision_with = |token: String, via: usize| async move {
-        status_with(token, via)
-            .await
-            .expect("status")
-            .into_inner()
-            .status
-            .expect("status")
-            .revision
-    };
-    let last_revision = revision_with(rotated.clone(), owner).await;
+    let last_revision = api::revision_of(&replicas.channel(owner).await, &rotated, "acme").await;
     api::tenants(&replicas.channel(other).await, replicas.admin_token())
         .delete_tenant(v1::DeleteTenantRequest {
             name: "acme".into(),
@@ -513,7 +504,7 @@ async fn tenants_are_created_rotated_and_deleted_through_any_replica() {
     // The name is free again; the new tenant counts past the floor and
     // clears it.
     let token = replicas.create_tenant(other, "acme").await;
-    let first = revision_with(token, other).await;
+    let first = api::revision_of(&replicas.channel(other).await, &token, "acme").await;
     assert!(first >= floor, "{first} >= {floor}");
     assert_eq!(store.get(&floor_key).expect("read"), None);
 }

@@ -4,7 +4,9 @@
 use std::time::{Duration, Instant};
 
 use reconciled::store::{SledOptions, SledStore, Store, keys};
-use reconciled_tests::api::{create_tenant, item, reconciler, rotate_token, submit, tenants};
+use reconciled_tests::api::{
+    create_tenant, item, reconciler, revision_of, rotate_token, submit, tenants,
+};
 use reconciled_tests::proto::v1;
 use reconciled_tests::{ServerOptions, ServerProcess};
 use serde_json::json;
@@ -259,18 +261,6 @@ async fn deleting_a_tenant_purges_every_key_and_a_new_tenant_of_that_name_starts
         [2, 3].into(),
         "tenant 1 (deleted) left no key behind"
     );
-}
-
-/// The revision `tenant` is at, read with `token`.
-async fn revision_of(channel: &tonic::transport::Channel, token: &str, tenant: &str) -> u64 {
-    reconciler(channel, token)
-        .get_status(status_request(tenant))
-        .await
-        .expect("status")
-        .into_inner()
-        .status
-        .expect("status")
-        .revision
 }
 
 #[tokio::test]
