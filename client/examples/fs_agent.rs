@@ -140,11 +140,6 @@ fn io_failure(what: &str, path: &Path, error: &io::Error) -> Outcome {
     Outcome::failed(code, format!("{what} {}: {error}", path.display()))
 }
 
-/// Runs `body`, turning an early `Err(outcome)` into that outcome.
-async fn attempt(body: impl Future<Output = Result<Outcome, Outcome>>) -> Outcome {
-    body.await.unwrap_or_else(|outcome| outcome)
-}
-
 /// Manages items of type `directory`.
 struct Directories {
     root: Arc<Root>,
@@ -181,16 +176,16 @@ fn directory_observed(path: &str) -> Properties {
 
 impl Configurator for Directories {
     async fn create(&self, _ctx: &OperationContext, item: &Item) -> Outcome {
-        attempt(self.ensure(item)).await
+        self.ensure(item).await.into()
     }
 
     async fn modify(&self, _ctx: &OperationContext, _previous: &Item, item: &Item) -> Outcome {
         // `path` is recreate_on_change, so a Modify never moves the directory.
-        attempt(self.ensure(item)).await
+        self.ensure(item).await.into()
     }
 
     async fn delete(&self, _ctx: &OperationContext, item: &Item) -> Outcome {
-        attempt(async {
+        let removed: Result<Outcome, Outcome> = async {
             let properties: DirectoryProperties = item.properties_as()?;
             let path = self.root.resolve(&properties.path)?;
             match tokio::fs::remove_dir(&path).await {
@@ -205,8 +200,9 @@ impl Configurator for Directories {
                 )),
                 Err(error) => Err(io_failure("cannot remove directory", &path, &error)),
             }
-        })
-        .await
+        }
+        .await;
+        removed.into()
     }
 
     async fn read(&self, _ctx: &OperationContext, item: &Item) -> ReadOutcome {
@@ -331,11 +327,11 @@ fn mode_of(_metadata: &std::fs::Metadata) -> u32 {
 
 impl Configurator for Files {
     async fn create(&self, ctx: &OperationContext, item: &Item) -> Outcome {
-        attempt(self.write(ctx, item)).await
+        self.write(ctx, item).await.into()
     }
 
     async fn modify(&self, ctx: &OperationContext, previous: &Item, item: &Item) -> Outcome {
-        attempt(async {
+        let modified: Result<Outcome, Outcome> = async {
             // `path` is recreate_on_change, but stay correct if a server ever
             // moves a file in place: remove the old one after writing.
             let outcome = self.write(ctx, item).await?;
@@ -347,12 +343,13 @@ impl Configurator for Files {
                 self.remove(previous).await?;
             }
             Ok(outcome)
-        })
-        .await
+        }
+        .await;
+        modified.into()
     }
 
     async fn delete(&self, _ctx: &OperationContext, item: &Item) -> Outcome {
-        attempt(self.remove(item)).await
+        self.remove(item).await.into()
     }
 
     async fn read(&self, _ctx: &OperationContext, item: &Item) -> ReadOutcome {

@@ -172,6 +172,47 @@ impl Outcome {
     }
 }
 
+/// An operation written as a function returning `Result<Outcome, Outcome>`,
+/// so that `?` works inside it (an early `Err` is the outcome), answers
+/// with whichever it returned:
+///
+/// ```
+/// use reconciled_client::prelude::*;
+/// # #[derive(reconciled_client::serde::Deserialize)]
+/// # #[serde(crate = "reconciled_client::serde")]
+/// # struct Listener { port: u16 }
+///
+/// struct Listeners;
+///
+/// impl Listeners {
+///     async fn ensure(&self, item: &Item) -> Result<Outcome, Outcome> {
+///         // A `PropertiesError` becomes a terminal INVALID_ARGUMENT.
+///         let listener: Listener = item.properties_as()?;
+///         if listener.port < 1024 {
+///             return Err(Outcome::invalid_argument("ports below 1024 are refused"));
+///         }
+///         Ok(Outcome::done())
+///     }
+/// }
+///
+/// impl Configurator for Listeners {
+///     async fn create(&self, _ctx: &OperationContext, item: &Item) -> Outcome {
+///         self.ensure(item).await.into()
+///     }
+///     async fn modify(&self, _ctx: &OperationContext, _previous: &Item, item: &Item) -> Outcome {
+///         self.ensure(item).await.into()
+///     }
+///     async fn delete(&self, _ctx: &OperationContext, _item: &Item) -> Outcome {
+///         Outcome::done()
+///     }
+/// }
+/// ```
+impl From<Result<Outcome, Outcome>> for Outcome {
+    fn from(result: Result<Outcome, Outcome>) -> Self {
+        result.unwrap_or_else(|outcome| outcome)
+    }
+}
+
 /// Properties of the wrong shape are an invalid item: `INVALID_ARGUMENT`.
 impl From<PropertiesError> for Outcome {
     fn from(error: PropertiesError) -> Self {
