@@ -112,19 +112,24 @@ fn render(reply: &v1::SubmitIntentResponse, dry_run: bool) -> String {
     headline + &render_plan(&reply.plan.clone().unwrap_or_default())
 }
 
+/// The most operations and waiting items a plan message lists.
+const PLAN_LIMIT: usize = 1_000;
+
 /// A plan as a table of operations and a table of waiting items.
 pub(crate) fn render_plan(plan: &v1::Plan) -> String {
+    let listed = plan.waiting.len();
+    let partial = if !plan.truncated {
+        String::new()
+    } else if listed < PLAN_LIMIT && plan.operations.len() < PLAN_LIMIT {
+        // After a change, the reply lists the waiting items the change
+        // reached and counts every one.
+        format!(" ({listed} listed, those the change reached; `reconctl graph get` shows all)")
+    } else {
+        format!(" (only the first {PLAN_LIMIT} listed)")
+    };
     let mut text = format!(
-        "plan: {} create, {} modify, {} delete; {} waiting{}\n",
-        plan.creates,
-        plan.modifies,
-        plan.deletes,
-        plan.blocked,
-        if plan.truncated {
-            " (only the first 1,000 listed)"
-        } else {
-            ""
-        }
+        "plan: {} create, {} modify, {} delete; {} waiting{partial}\n",
+        plan.creates, plan.modifies, plan.deletes, plan.blocked,
     );
     if !plan.operations.is_empty() {
         let mut table = Table::new(&["#", "OPERATION", "ITEM", "AFTER", "NOTE"]);
@@ -228,6 +233,39 @@ mod tests {
         assert!(
             text.contains("1  CREATE     file/config    0      to generation 1"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_partial_waiting_list_says_which_items_it_holds() {
+        let waiting = v1::ItemStatus {
+            r#ref: item_ref("file", "c"),
+            ..v1::ItemStatus::default()
+        };
+        let changed = v1::Plan {
+            blocked: 3,
+            truncated: true,
+            waiting: vec![waiting],
+            ..v1::Plan::default()
+        };
+        let text = render_plan(&changed);
+        assert!(
+            text.starts_with(
+                "plan: 0 create, 0 modify, 0 delete; 3 waiting (1 listed, those the change \
+                 reached; `reconctl graph get` shows all)\n"
+            ),
+            "{text}"
+        );
+        let long = v1::Plan {
+            blocked: 1_500,
+            truncated: true,
+            waiting: vec![v1::ItemStatus::default(); PLAN_LIMIT],
+            ..v1::Plan::default()
+        };
+        assert!(
+            render_plan(&long).contains("; 1500 waiting (only the first 1000 listed)\n"),
+            "{}",
+            render_plan(&long)
         );
     }
 

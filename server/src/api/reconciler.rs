@@ -22,8 +22,8 @@ use crate::tenant::oplog::LogEntry;
 use crate::tenant::{TenantHandle, TenantSnapshot, ValidatedSubmit, fairly};
 use crate::wire::{
     duration_to_ms, intended_item_to_proto, item_from_proto, item_ref_to_proto, item_status,
-    operation_error_to_status, operation_kind_to_proto, plan_to_proto_with_items,
-    plan_to_proto_with_tenant_waiting, timestamp_from_ms, type_spec_to_proto,
+    operation_error_to_status, operation_kind_to_proto, plan_to_proto_counting_tenant_waiting,
+    plan_to_proto_with_items, timestamp_from_ms, type_spec_to_proto,
 };
 
 use super::context::{ApiContext, LARGE_REQUEST_ITEMS, invalid};
@@ -85,7 +85,7 @@ impl Reconciler for ReconcilerService {
             .map_err(|error| self.context.owner_failed(&handle.name, error))?;
         let snapshot = handle.snapshots.latest();
         // A dry run's plan is of the intent it did not store: only it
-        // knows what would wait. Otherwise every item that waits is listed.
+        // knows what would wait. Otherwise every item that waits is counted.
         let mut plan = if dry_run {
             plan_to_proto_with_items(
                 &outcome.plan,
@@ -94,12 +94,12 @@ impl Reconciler for ReconcilerService {
                 &snapshot.current,
             )
         } else {
-            plan_to_proto_with_tenant_waiting(
+            plan_to_proto_counting_tenant_waiting(
                 &outcome.plan,
                 SHOWN_OPERATIONS,
                 &snapshot.intended,
                 &snapshot.current,
-                &snapshot.waiting,
+                snapshot.waiting.len(),
             )
         };
         // The intent is committed: the reply must say so whatever the

@@ -40,7 +40,7 @@ pub use items::{
     item_ref_to_proto, item_to_proto,
 };
 pub use plan::{
-    PLAN_LIMIT, plan_to_proto, plan_to_proto_with_items, plan_to_proto_with_tenant_waiting,
+    PLAN_LIMIT, plan_to_proto, plan_to_proto_counting_tenant_waiting, plan_to_proto_with_items,
 };
 pub use properties::{properties_from_struct, properties_to_struct};
 pub use status::{

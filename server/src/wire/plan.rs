@@ -26,7 +26,7 @@ pub const PLAN_LIMIT: usize = 1000;
 /// operation, reason, blocked by); [`plan_to_proto_with_items`] adds their
 /// state.
 pub fn plan_to_proto(plan: &Plan, limit: usize) -> v1::Plan {
-    plan_with_waiting_status(plan, limit, plan_waiting(plan), |waiting| {
+    plan_with_waiting_status(plan, limit, plan.waiting.len(), |waiting| {
         item_status(&waiting.item, None, None, Some(waiting))
     })
 }
@@ -40,7 +40,7 @@ pub fn plan_to_proto_with_items(
     intended: &OrdMap<ItemRef, Arc<IntendedItem>>,
     current: &OrdMap<ItemRef, Arc<CurrentItem>>,
 ) -> v1::Plan {
-    plan_with_waiting_status(plan, limit, plan_waiting(plan), |waiting| {
+    plan_with_waiting_status(plan, limit, plan.waiting.len(), |waiting| {
         item_status(
             &waiting.item,
             current.get(&waiting.item).map(AsRef::as_ref),
@@ -50,25 +50,22 @@ pub fn plan_to_proto_with_items(
     })
 }
 
-/// Like [`plan_to_proto_with_items`], with the waiting items taken from
-/// `waiting`, every item of the tenant that waits, instead of from the
-/// plan: the reply to a SubmitIntent that changed the intent. Its pass
-/// plans only what the change reaches, so its own list would leave out
-/// the items that waited before and still do, and the reply would read
-/// as if nothing else waited (a dry run or an unchanged submission plans
-/// the whole tenant and lists them all).
-pub fn plan_to_proto_with_tenant_waiting(
+/// Like [`plan_to_proto_with_items`], with `blocked` counting every item
+/// of the tenant that waits (`waiting_in_tenant`), not only those the
+/// plan lists: the reply to a SubmitIntent that changed the intent. Its
+/// pass plans only what the change reaches, so its list holds those, and
+/// the count alone would read as if nothing else waited (a dry run or an
+/// unchanged submission plans the whole tenant and counts them all).
+/// `truncated` says that the list is partial.
+pub fn plan_to_proto_counting_tenant_waiting(
     plan: &Plan,
     limit: usize,
     intended: &OrdMap<ItemRef, Arc<IntendedItem>>,
     current: &OrdMap<ItemRef, Arc<CurrentItem>>,
-    waiting: &OrdMap<ItemRef, Arc<WaitingItem>>,
+    waiting_in_tenant: usize,
 ) -> v1::Plan {
-    let listed = Waiting {
-        items: Box::new(waiting.values().map(AsRef::as_ref)),
-        count: waiting.len(),
-    };
-    plan_with_waiting_status(plan, limit, listed, |waiting| {
+    let waiting = waiting_in_tenant.max(plan.waiting.len());
+    plan_with_waiting_status(plan, limit, waiting, |waiting| {
         item_status(
             &waiting.item,
             current.get(&waiting.item).map(AsRef::as_ref),
@@ -78,23 +75,11 @@ pub fn plan_to_proto_with_tenant_waiting(
     })
 }
 
-/// The waiting items a plan message lists, and how many there are.
-struct Waiting<'a> {
-    items: Box<dyn Iterator<Item = &'a WaitingItem> + 'a>,
-    count: usize,
-}
-
-fn plan_waiting(plan: &Plan) -> Waiting<'_> {
-    Waiting {
-        items: Box::new(plan.waiting.iter()),
-        count: plan.waiting.len(),
-    }
-}
-
+/// `waiting` counts the waiting items (at least those `plan` lists).
 fn plan_with_waiting_status(
     plan: &Plan,
     limit: usize,
-    waiting: Waiting<'_>,
+    waiting: usize,
     status_of: impl Fn(&WaitingItem) -> v1::ItemStatus,
 ) -> v1::Plan {
     let (creates, modifies, deletes) = plan.counts();
@@ -105,9 +90,9 @@ fn plan_with_waiting_status(
         creates: saturating_u32(creates),
         modifies: saturating_u32(modifies),
         deletes: saturating_u32(deletes),
-        blocked: saturating_u32(waiting.count),
-        truncated: plan.operations.len() > limit || waiting.count > limit,
-        waiting: waiting.items.take(limit).map(status_of).collect(),
+        blocked: saturating_u32(waiting),
+        truncated: plan.operations.len() > limit || waiting > plan.waiting.len().min(limit),
+        waiting: plan.waiting.iter().take(limit).map(status_of).collect(),
     }
 }
 
