@@ -167,6 +167,7 @@ fn global_and_tenant_keys_never_overlap() {
         purge_key(1),
         fleet_event_key(1),
         tenant_entry_key("acme"),
+        revision_floor_key("acme"),
     ];
     for key in &global {
         assert_eq!(key[0], GLOBAL_SPACE);
@@ -179,6 +180,7 @@ fn global_and_tenant_keys_never_overlap() {
         purges_prefix(),
         fleet_events_prefix(),
         tenant_entries_prefix(),
+        revision_floors_prefix(),
     ] {
         let matching = global.iter().filter(|key| key.starts_with(prefix)).count();
         assert_eq!(matching, 1, "prefix {prefix:?}");
