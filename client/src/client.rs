@@ -130,6 +130,8 @@ type Authenticated = InterceptedService<Transport, BearerToken>;
 pub struct Client {
     reconciler: ReconcilerClient<Authenticated>,
     tenants: TenantsClient<Authenticated>,
+    /// The connection, for [`Client::with_token`].
+    transport: Transport,
 }
 
 impl Client {
@@ -198,17 +200,52 @@ impl Client {
         Ok(Self::with_bearer(channel, None, BearerToken::new(token)?))
     }
 
+    /// A client on the same connection that sends `token` instead: a
+    /// controller holding each tenant's token keeps one connection for all
+    /// of them, and after `rotate_token` goes on with the new token on the
+    /// connection it has (streams opened with the old one end with
+    /// `UNAUTHENTICATED`; open them again through the new client).
+    ///
+    /// ```no_run
+    /// # use reconciled_client::proto as v1;
+    /// # async fn example(admin: reconciled_client::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// let token = admin
+    ///     .create_tenant(v1::CreateTenantRequest {
+    ///         name: "acme".into(),
+    ///         limits: None,
+    ///     })
+    ///     .await?
+    ///     .token;
+    /// let acme = admin.with_token(&token)?;
+    /// acme.get_status(v1::GetStatusRequest {
+    ///     tenant: "acme".into(),
+    /// })
+    /// .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_token(&self, token: &str) -> Result<Self, ClientError> {
+        Ok(Self::on_transport(
+            self.transport.clone(),
+            BearerToken::new(token)?,
+        ))
+    }
+
     fn with_bearer(channel: Channel, endpoint: Option<&str>, bearer: BearerToken) -> Self {
-        let channel = Transport::new(channel, endpoint);
-        let reconciler = ReconcilerClient::with_interceptor(channel.clone(), bearer.clone())
+        Self::on_transport(Transport::new(channel, endpoint), bearer)
+    }
+
+    fn on_transport(transport: Transport, bearer: BearerToken) -> Self {
+        let reconciler = ReconcilerClient::with_interceptor(transport.clone(), bearer.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        let tenants = TenantsClient::with_interceptor(channel, bearer)
+        let tenants = TenantsClient::with_interceptor(transport.clone(), bearer)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         Self {
             reconciler,
             tenants,
+            transport,
         }
     }
 

@@ -581,3 +581,60 @@ async fn retry_after_gives_the_wait_that_makes_a_refused_call_succeed() {
     };
     assert_eq!(accepted.generation, 2);
 }
+
+#[tokio::test]
+async fn one_connection_serves_every_tenant_token_and_a_rotated_one() {
+    let server = ServerProcess::start(ServerOptions::default())
+        .await
+        .expect("server starts");
+    let admin = admin(&server).await;
+    let status = |tenant: &str| v1::GetStatusRequest {
+        tenant: tenant.into(),
+    };
+    let mut clients = Vec::new();
+    for name in ["site-a", "site-b"] {
+        let token = admin
+            .create_tenant(v1::CreateTenantRequest {
+                name: name.into(),
+                limits: None,
+            })
+            .await
+            .expect("creates the tenant")
+            .token;
+        clients.push(admin.with_token(&token).expect("a valid token"));
+    }
+    clients[0]
+        .get_status(status("site-a"))
+        .await
+        .expect("site-a's token reads site-a");
+    let refused = clients[1]
+        .get_status(status("site-a"))
+        .await
+        .expect_err("site-b's token does not read site-a");
+    // Another tenant's name reads as not found: a token does not learn
+    // which tenants exist.
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+
+    let rotated = admin
+        .rotate_token(v1::RotateTokenRequest {
+            name: "site-b".into(),
+        })
+        .await
+        .expect("rotates")
+        .token;
+    let old = clients[1]
+        .get_status(status("site-b"))
+        .await
+        .expect_err("the old token is refused");
+    assert_eq!(old.code(), Code::Unauthenticated, "{old:?}");
+    admin
+        .with_token(&rotated)
+        .expect("a valid token")
+        .get_status(status("site-b"))
+        .await
+        .expect("the new token works on the same connection");
+    assert!(
+        admin.with_token("").is_err(),
+        "an empty token is refused before any call"
+    );
+}
