@@ -15,7 +15,7 @@ use reconciled_proto::v1;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use tracing::{debug, info_span, instrument, warn};
+use tracing::{Instrument, debug, info_span, instrument, warn};
 
 use crate::engine::exec::port::{ExternalChange, FromAgent, Grant, Registration, ToAgent};
 use crate::engine::exec::{
@@ -245,8 +245,14 @@ impl TenantHandle {
         let finished = handle.stopped.clone().drop_guard();
         // Spawned as it is: an `async` block around it would keep the
         // owner twice (captured, and moved into `run`), 2.4 KiB more per
-        // tenant for as long as the tenant lives.
-        tokio::spawn(Box::new(owner).run(receiver, stop, finished));
+        // tenant for as long as the tenant lives. The span names the tenant
+        // in every line its engine logs (which knows only the id).
+        let span = info_span!("tenant", name = %handle.name, id = handle.id);
+        tokio::spawn(
+            Box::new(owner)
+                .run(receiver, stop, finished)
+                .instrument(span),
+        );
         handle
     }
 

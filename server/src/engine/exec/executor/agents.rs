@@ -134,7 +134,7 @@ impl Executor {
             });
         }
         info!(
-            tenant = self.settings.tenant_id,
+            tenant_id = self.settings.tenant_id,
             agent = %registration.agent_id,
             types = ?types,
             "Configurator registered."
@@ -172,7 +172,7 @@ impl Executor {
                 });
             }
         }
-        info!(tenant = self.settings.tenant_id, types = ?released, reason, "Configurator disconnected.");
+        info!(tenant_id = self.settings.tenant_id, types = ?released, reason, "Configurator disconnected.");
         // The session ended whatever becomes of this commit: owed until
         // one stores it.
         self.owed.events.push(TenantEvent::AgentDisconnected {
@@ -366,7 +366,7 @@ impl Executor {
                 if let Some(applied) = &entry.applied {
                     let paths = drifted_paths(applied, &observed);
                     if !paths.is_empty() {
-                        info!(tenant = self.settings.tenant_id, item = %item, ?paths, "Drift detected; correcting it.");
+                        info!(tenant_id = self.settings.tenant_id, item = %item, ?paths, "Drift detected; correcting it.");
                         self.event(TenantEvent::DriftDetected {
                             item: item.clone(),
                             paths,
@@ -520,7 +520,7 @@ impl Executor {
                 ));
             }
         };
-        info!(tenant = self.settings.tenant_id, item = %item, op_id = %operation.op_id, "A READ resolved an UNKNOWN item.");
+        info!(tenant_id = self.settings.tenant_id, item = %item, op_id = %operation.op_id, "A READ resolved an UNKNOWN item.");
         let value = completed(&self.model.current, &entry, completion);
         Some(self.accepted(session_id, item, &operation, outcome, value, error, now))
     }
@@ -564,7 +564,7 @@ impl Executor {
         message: String,
         now: Now,
     ) -> bool {
-        debug!(tenant = self.settings.tenant_id, %op_id, attempt, "Operation progress.");
+        debug!(tenant_id = self.settings.tenant_id, %op_id, attempt, "Operation progress.");
         let Some(item) = self.operations.get(op_id).cloned() else {
             return false;
         };
@@ -878,7 +878,7 @@ impl Executor {
                 Redelivery::GiveUp { value, why } => {
                     if let GiveUpReason::BrokenDependency(dependency) = &why {
                         info!(
-                            tenant = self.settings.tenant_id,
+                            tenant_id = self.settings.tenant_id,
                             item = %item,
                             op_id = %op_id,
                             dependency = %dependency,

@@ -93,7 +93,7 @@ impl Executor {
             self.model.unconverged.extend(due);
         }
         if self.next_resync <= now.mono_ms {
-            debug!(tenant = self.settings.tenant_id, "Periodic resync.");
+            debug!(tenant_id = self.settings.tenant_id, "Periodic resync.");
             self.schedule_resync(now);
             self.schedule_reads();
         }
