@@ -704,9 +704,21 @@ async fn rotating_a_token_or_deleting_the_tenant_ends_every_stream_opened_with_t
     let new_token = api::rotate_token(&tenant.channel, &admin, "acme").await;
     let ended = watch_ended(watch).await;
     assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
-    assert!(ended.message().contains("rotated"), "{ended:?}");
+    assert!(
+        ended
+            .message()
+            .starts_with("the tenant's token was rotated")
+            && ended.message().ends_with("reconnect with the new token"),
+        "{ended:?}"
+    );
     let ended = session.ended_with().await;
     assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    assert!(
+        ended
+            .message()
+            .starts_with("the tenant's token was rotated"),
+        "{ended:?}"
+    );
 
     // A secret submitted after the rotation reaches only new-token streams.
     let watch = open_watch(&tenant.channel, &new_token, "acme").await;
@@ -725,10 +737,19 @@ async fn rotating_a_token_or_deleting_the_tenant_ends_every_stream_opened_with_t
         })
         .await
         .expect("deletes");
+    // Deleted, not rotated: there is no new token to reconnect with.
     let ended = watch_ended(watch).await;
     assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    assert!(
+        ended.message().starts_with("the tenant was deleted"),
+        "{ended:?}"
+    );
     let ended = session.ended_with().await;
     assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    assert!(
+        ended.message().starts_with("the tenant was deleted"),
+        "{ended:?}"
+    );
     // The admin's watch was not opened with a tenant token: it ends as
     // every watch of a deleted tenant does.
     let ended = watch_ended(admin_watch).await;

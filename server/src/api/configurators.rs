@@ -536,7 +536,7 @@ struct Session {
     lease: Duration,
     shutdown: tokio_util::sync::CancellationToken,
     /// Cancelled when the token the session was opened with is revoked.
-    revoked: tokio_util::sync::CancellationToken,
+    revoked: crate::tenant::Revocation,
     /// Limits that external updates are checked against.
     limits: ValidationLimits,
     /// `max_items` of tenants whose own limit is 0.
@@ -579,8 +579,8 @@ impl Session {
                     self.close_with(closing).await;
                     break "the server is shutting down".to_string();
                 }
-                () = self.revoked.cancelled() => {
-                    self.close_with(credentials_revoked()).await;
+                () = self.revoked.revoked() => {
+                    self.close_with(credentials_revoked(self.revoked.why())).await;
                     break "the session's token was revoked".to_string();
                 }
                 // While a backlog's worth waits for the agent (in the
@@ -599,7 +599,7 @@ impl Session {
                                     self.handle.deletion_settled().await;
                                     self.close_with_revocation_if_any().await;
                                     if let Some(cluster) = &self.cluster
-                                        && !self.revoked.is_cancelled()
+                                        && !self.revoked.is_revoked()
                                     {
                                         self.close_with(cluster.not_owner(&self.handle.name)).await;
                                         break "the tenant moved to another replica".to_string();
@@ -643,7 +643,7 @@ impl Session {
                         self.handle.deletion_settled().await;
                         self.close_with_revocation_if_any().await;
                         if let Some(cluster) = &self.cluster
-                            && !self.revoked.is_cancelled()
+                            && !self.revoked.is_revoked()
                         {
                             // The tenant moved to another replica.
                             self.close_with(cluster.not_owner(&self.handle.name)).await;
@@ -714,8 +714,9 @@ impl Session {
     /// is revoked too: says so (UNAUTHENTICATED) rather than ending the
     /// stream without a status.
     async fn close_with_revocation_if_any(&self) {
-        if self.revoked.is_cancelled() {
-            self.close_with(credentials_revoked()).await;
+        if self.revoked.is_revoked() {
+            self.close_with(credentials_revoked(self.revoked.why()))
+                .await;
         }
     }
 

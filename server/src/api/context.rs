@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataMap;
 
 use reconciled_proto::v1;
@@ -15,7 +14,9 @@ use crate::engine::intent::IntentError;
 use crate::graph::validate::{FieldViolation, ValidationLimits};
 use crate::status::ApiError;
 use crate::store::StoreError;
-use crate::tenant::{DirectoryError, TenantDirectory, TenantError, TenantHandle, TenantSnapshot};
+use crate::tenant::{
+    DirectoryError, Revocation, Revoked, TenantDirectory, TenantError, TenantHandle, TenantSnapshot,
+};
 use crate::watch::FollowSettings;
 use crate::watch::fleet::FleetLog;
 
@@ -118,15 +119,15 @@ impl ApiContext {
         &self,
         caller: Caller,
         metadata: &MetadataMap,
-    ) -> Result<CancellationToken, ApiError> {
+    ) -> Result<Revocation, ApiError> {
         match caller {
-            Caller::Admin => Ok(CancellationToken::new()),
+            Caller::Admin => Ok(Revocation::default()),
             Caller::Tenant { tenant_id } => {
-                let revoked = self.directory.credential_revoked(tenant_id);
+                let revocation = self.directory.credential_revoked(tenant_id);
                 if self.caller(metadata)? != caller {
-                    return Err(credentials_revoked());
+                    return Err(credentials_revoked(None));
                 }
-                Ok(revoked)
+                Ok(revocation)
             }
         }
     }
@@ -266,12 +267,22 @@ impl From<DirectoryError> for ApiError {
 }
 
 /// The status that ends a stream whose tenant token was rotated or whose
-/// tenant was deleted: `UNAUTHENTICATED`.
-pub fn credentials_revoked() -> ApiError {
-    ApiError::unauthenticated(
-        "the token this stream was opened with is no longer valid (the tenant's token \
-         was rotated or the tenant deleted); reconnect with the current token",
-    )
+/// tenant was deleted (`why`, when known): `UNAUTHENTICATED`.
+pub fn credentials_revoked(why: Option<Revoked>) -> ApiError {
+    ApiError::unauthenticated(match why {
+        Some(Revoked::Rotated) => {
+            "the tenant's token was rotated: the token this stream was opened with is no \
+             longer valid; reconnect with the new token"
+        }
+        Some(Revoked::Deleted) => {
+            "the tenant was deleted: the token this stream was opened with is no longer \
+             valid, and no token opens it again"
+        }
+        None => {
+            "the token this stream was opened with is no longer valid (the tenant's token \
+             was rotated or the tenant deleted); reconnect with the current token"
+        }
+    })
 }
 
 /// A single field violation as an API error.

@@ -13,12 +13,12 @@ use reconciled_proto::v1;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt as _};
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::sync::WaitForCancellationFutureOwned;
 use tonic::Status;
 
 use crate::graph::ItemRef;
 use crate::status::ApiError;
-use crate::tenant::{TenantHandle, TenantSnapshot};
+use crate::tenant::{Revocation, TenantHandle, TenantSnapshot};
 use crate::watch::fleet::{FleetLog, FleetWire};
 use crate::watch::stream::{HistorySource, Wire, follow};
 use crate::watch::{TenantFilter, WatchError};
@@ -35,12 +35,14 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = Result<v1::WatchResponse, Statu
 /// A stream of `Tenants.WatchFleet` messages.
 pub type FleetStream = Pin<Box<dyn Stream<Item = Result<v1::WatchFleetResponse, Status>> + Send>>;
 
-/// Ends `stream` with `UNAUTHENTICATED` once `revoked` is cancelled (the
-/// token it was opened with was rotated, or its tenant deleted).
-pub fn until_revoked(stream: WatchStream, revoked: CancellationToken) -> WatchStream {
+/// Ends `stream` with `UNAUTHENTICATED` once `revocation` is revoked (the
+/// token it was opened with was rotated, or its tenant deleted), saying
+/// which.
+pub fn until_revoked(stream: WatchStream, revocation: Revocation) -> WatchStream {
     Box::pin(UntilRevoked {
         stream,
-        revoked: Box::pin(revoked.cancelled_owned()),
+        revoked: Box::pin(revocation.clone().revoked_owned()),
+        revocation,
         ended: false,
     })
 }
@@ -48,6 +50,8 @@ pub fn until_revoked(stream: WatchStream, revoked: CancellationToken) -> WatchSt
 struct UntilRevoked {
     stream: WatchStream,
     revoked: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// Why, once `revoked` completes.
+    revocation: Revocation,
     ended: bool,
 }
 
@@ -60,7 +64,8 @@ impl Stream for UntilRevoked {
         }
         if self.revoked.as_mut().poll(cx).is_ready() {
             self.ended = true;
-            return Poll::Ready(Some(Err(credentials_revoked().into())));
+            let why = self.revocation.why();
+            return Poll::Ready(Some(Err(credentials_revoked(why).into())));
         }
         self.stream.as_mut().poll_next(cx)
     }

@@ -18,6 +18,7 @@ use super::error::TenantError;
 use super::owner::{OwnerSettings, TenantHandle, now_ms};
 use super::record::{TenantLimits, TenantRecord, decode, encode};
 use super::revision_floor;
+use super::revocation::{Revocation, Revoked};
 use super::state::{TenantState, scan_all};
 
 /// Keys deleted per commit while purging a deleted tenant.
@@ -56,7 +57,7 @@ struct Inner {
     token_of: HashMap<u64, [u8; 32]>,
     /// Per tenant, cancelled when its current token stops being valid
     /// (rotation, deletion); streams opened with that token end then.
-    credentials: HashMap<u64, CancellationToken>,
+    credentials: HashMap<u64, Revocation>,
     /// Tenants whose records could not be read at start-up, by name.
     quarantined: BTreeMap<String, Quarantined>,
 }
@@ -79,10 +80,11 @@ pub struct Quarantined {
 }
 
 impl Inner {
-    /// Ends every stream opened with tenant `id`'s current token.
-    fn revoke_credentials(&mut self, id: u64) {
-        if let Some(revoked) = self.credentials.remove(&id) {
-            revoked.cancel();
+    /// Ends every stream opened with tenant `id`'s current token, saying
+    /// `why`.
+    fn revoke_credentials(&mut self, id: u64, why: Revoked) {
+        if let Some(revocation) = self.credentials.remove(&id) {
+            revocation.revoke(why);
         }
     }
 }
@@ -382,12 +384,12 @@ impl TenantDirectory {
         next_tenant_id(&*self.store)
     }
 
-    /// A token cancelled when tenant `id`'s current bearer token stops being
-    /// valid (RotateToken, DeleteTenant). A stream opened with a tenant
-    /// token takes it right after authenticating, then authenticates again
-    /// (a rotation in between is then seen), and ends with `UNAUTHENTICATED`
-    /// once it is cancelled.
-    pub fn credential_revoked(&self, id: u64) -> CancellationToken {
+    /// The signal that tenant `id`'s current bearer token stopped being
+    /// valid (RotateToken, DeleteTenant), with why. A stream opened with a
+    /// tenant token takes it right after authenticating, then
+    /// authenticates again (a rotation in between is then seen), and ends
+    /// with `UNAUTHENTICATED` once it is revoked.
+    pub fn credential_revoked(&self, id: u64) -> Revocation {
         self.write().credentials.entry(id).or_default().clone()
     }
 
@@ -411,7 +413,7 @@ impl TenantDirectory {
             inner.by_token.remove(&old);
         }
         inner.by_token.insert(hash, handle.id);
-        inner.revoke_credentials(handle.id);
+        inner.revoke_credentials(handle.id, Revoked::Rotated);
         info!(tenant = name, "Tenant token rotated.");
         Ok(token)
     }
@@ -458,7 +460,7 @@ impl TenantDirectory {
         // Durable: streams opened with the tenant's token end now with
         // UNAUTHENTICATED (first, so that they do not see the hub close),
         // those opened with the admin token with NOT_FOUND.
-        self.write().revoke_credentials(handle.id);
+        self.write().revoke_credentials(handle.id, Revoked::Deleted);
         handle.events.hub.close(CloseReason::Deleted);
         {
             let mut inner = self.write();
@@ -468,7 +470,7 @@ impl TenantDirectory {
             }
             // A stream that authenticated while the tenant was being
             // deleted took a new signal: end it too.
-            inner.revoke_credentials(handle.id);
+            inner.revoke_credentials(handle.id, Revoked::Deleted);
         }
         drop(deleting);
         info!(

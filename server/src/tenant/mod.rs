@@ -13,6 +13,7 @@ pub mod persist;
 pub mod record;
 pub mod repair;
 pub mod revision_floor;
+pub mod revocation;
 pub mod snapshot;
 pub mod state;
 
@@ -24,5 +25,6 @@ pub use error::TenantError;
 pub use fair::{FairWorkers, fairly, off_async_workers};
 pub use owner::{OwnerSettings, RegistrationError, SubmitOutcome, TenantHandle};
 pub use record::{TenantLimits, TenantRecord};
+pub use revocation::{Revocation, Revoked};
 pub use snapshot::{SnapshotHistory, TenantSnapshot};
 pub use state::TenantState;
