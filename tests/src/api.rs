@@ -79,8 +79,8 @@ pub async fn rotate_token(channel: &Channel, admin_token: &str, name: &str) -> S
         .token
 }
 
-/// The revision `tenant` is at, read with `token` (panics if GetStatus fails).
-pub async fn revision_of(channel: &Channel, token: &str, tenant: &str) -> u64 {
+/// `tenant`'s status, read with `token` (panics if GetStatus fails).
+pub async fn status_of(channel: &Channel, token: &str, tenant: &str) -> v1::TenantStatus {
     reconciler(channel, token)
         .get_status(v1::GetStatusRequest {
             tenant: tenant.into(),
@@ -89,8 +89,12 @@ pub async fn revision_of(channel: &Channel, token: &str, tenant: &str) -> u64 {
         .expect("status")
         .into_inner()
         .status
-        .expect("status")
-        .revision
+        .expect("status body")
+}
+
+/// The revision `tenant` is at, read with `token` (panics if GetStatus fails).
+pub async fn revision_of(channel: &Channel, token: &str, tenant: &str) -> u64 {
+    status_of(channel, token, tenant).await.revision
 }
 
 /// An item `item_type/name` with properties given as JSON.

@@ -5,28 +5,11 @@ use std::time::Duration;
 
 use reconciled_client::agent::{Agent, TypeSpec};
 use reconciled_tests::agents::{Recorder, RunningAgent, TestTenant, condition_holds, item_needing};
-use reconciled_tests::api::{create_tenant, reconciler};
-use reconciled_tests::proto::v1;
+use reconciled_tests::api::{create_tenant, reconciler, status_of};
 use serde_json::json;
 
 const BIG: usize = 50_000;
 const PER_REQUEST: usize = 10_000;
-
-async fn status(
-    channel: &tonic::transport::Channel,
-    token: &str,
-    tenant: &str,
-) -> v1::TenantStatus {
-    reconciler(channel, token)
-        .get_status(v1::GetStatusRequest {
-            tenant: tenant.into(),
-        })
-        .await
-        .expect("status")
-        .into_inner()
-        .status
-        .expect("status body")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_tenant_converges_while_a_big_one_works_through_fifty_thousand_items() {
@@ -76,7 +59,7 @@ async fn a_small_tenant_converges_while_a_big_one_works_through_fifty_thousand_i
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let small_status = status(&big.channel, &small_token, "small").await;
+        let small_status = status_of(&big.channel, &small_token, "small").await;
         if condition_holds(&small_status, "Ready") {
             break;
         }
@@ -86,7 +69,7 @@ async fn a_small_tenant_converges_while_a_big_one_works_through_fifty_thousand_i
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let big_status = status(&big.channel, &big.token, "big").await;
+    let big_status = status_of(&big.channel, &big.token, "big").await;
     let created = big_status
         .items_by_state
         .get("CREATED")
