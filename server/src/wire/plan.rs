@@ -40,14 +40,7 @@ pub fn plan_to_proto_with_items(
     intended: &OrdMap<ItemRef, Arc<IntendedItem>>,
     current: &OrdMap<ItemRef, Arc<CurrentItem>>,
 ) -> v1::Plan {
-    plan_with_waiting_status(plan, limit, plan.waiting.len(), |waiting| {
-        item_status(
-            &waiting.item,
-            current.get(&waiting.item).map(AsRef::as_ref),
-            intended.get(&waiting.item).map(AsRef::as_ref),
-            Some(waiting),
-        )
-    })
+    plan_to_proto_counting_tenant_waiting(plan, limit, intended, current, 0)
 }
 
 /// Like [`plan_to_proto_with_items`], with `blocked` counting every item
