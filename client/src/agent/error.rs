@@ -5,6 +5,8 @@ use tonic_types::StatusExt;
 
 use crate::auth::InvalidToken;
 
+use super::env_error::EnvError;
+
 /// `ErrorInfo.reason` of a refused protocol version.
 pub const REASON_UNSUPPORTED_PROTOCOL: &str = "UNSUPPORTED_PROTOCOL";
 
@@ -80,7 +82,7 @@ pub enum AgentError {
     /// [`Agent::builder_from_env`](super::Agent::builder_from_env) found
     /// no usable connection settings in the environment.
     #[error(transparent)]
-    Environment(super::env::EnvError),
+    Environment(EnvError),
     /// The agent handles no item type.
     #[error("the agent handles no item type; add one with AgentBuilder::item_type")]
     NoItemTypes,
@@ -200,6 +202,12 @@ pub(crate) fn classify(status: &tonic::Status, tenant: &str) -> Disposition {
 /// The `ErrorInfo.reason` in a status's details, if any.
 pub(crate) fn error_reason(status: &tonic::Status) -> Option<String> {
     status.get_details_error_info().map(|info| info.reason)
+}
+
+impl From<EnvError> for AgentError {
+    fn from(error: EnvError) -> Self {
+        AgentError::Environment(error)
+    }
 }
 
 #[cfg(test)]

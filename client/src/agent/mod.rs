@@ -76,6 +76,7 @@ mod backoff;
 mod configurator;
 mod context;
 mod env;
+mod env_error;
 mod error;
 mod events;
 mod item;
@@ -89,7 +90,7 @@ mod token;
 
 pub use configurator::Configurator;
 pub use context::{Completion, OperationContext};
-pub use env::EnvError;
+pub use env_error::EnvError;
 pub use error::{AgentError, REASON_TYPE_HELD, REASON_UNSUPPORTED_PROTOCOL};
 pub use events::{AgentEvent, Grant};
 pub use item::{Dependency, ExternalReport, Item, ItemRef, PropertiesError};
