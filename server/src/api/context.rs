@@ -125,7 +125,7 @@ impl ApiContext {
             Caller::Tenant { tenant_id } => {
                 let revocation = self.directory.credential_revoked(tenant_id);
                 if self.caller(metadata)? != caller {
-                    return Err(credentials_revoked(None));
+                    return Err(credentials_revoked(revocation.why()));
                 }
                 Ok(revocation)
             }

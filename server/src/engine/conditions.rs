@@ -3,8 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::plan::RETRY_BY;
-use super::plan::WaitReason;
+use super::plan::{WaitReason, retry_by};
 use super::waiting::WaitingSummary;
 
 /// The three condition types.
@@ -216,14 +215,13 @@ fn terminal_failure_message(waiting: &WaitingSummary) -> String {
         names.push(format!("{} more", failed.len() - NAMED_FAILURES));
     }
     if names.is_empty() {
-        return format!("an item failed terminally; {RETRY_BY}");
+        return format!("an item failed terminally; {}", retry_by("its"));
     }
     format!(
-        "{} failed terminally, and what depends on {} waits; change {} properties or \
-         dependencies to retry (a new description or labels do not count)",
+        "{} failed terminally, and what depends on {} waits; {}",
         names.join(", "),
         if failed.len() == 1 { "it" } else { "them" },
-        if failed.len() == 1 { "its" } else { "their" },
+        retry_by(if failed.len() == 1 { "its" } else { "their" }),
     )
 }
 

@@ -100,9 +100,8 @@ pub struct TenantDirectory {
     purges: std::sync::Mutex<JoinSet<()>>,
     /// Cancelled at shutdown: purges stop between batches.
     stopping: CancellationToken,
-    /// Where the next sweep of expired revision floors starts (see
-    /// [`revision_floor::sweep`]); each purge sweeps one page.
-    floor_sweep: Arc<std::sync::Mutex<Vec<u8>>>,
+    /// Sweeps expired revision floors, one page after each purge.
+    floor_sweeper: Arc<revision_floor::Sweeper>,
 }
 
 impl TokenDirectory for TenantDirectory {
@@ -122,7 +121,7 @@ impl TenantDirectory {
             admin: tokio::sync::Mutex::new(()),
             purges: std::sync::Mutex::new(JoinSet::new()),
             stopping: CancellationToken::new(),
-            floor_sweep: Arc::default(),
+            floor_sweeper: Arc::default(),
         });
         let mut records = Vec::new();
         for (key, value) in scan_all(&*store, keys::tenant_names_prefix())? {
@@ -192,7 +191,7 @@ impl TenantDirectory {
             admin: tokio::sync::Mutex::new(()),
             purges: std::sync::Mutex::new(JoinSet::new()),
             stopping: CancellationToken::new(),
-            floor_sweep: Arc::default(),
+            floor_sweeper: Arc::default(),
         })
     }
 
@@ -447,9 +446,8 @@ impl TenantDirectory {
         batch.put(keys::tenant_record_key(handle.id), encode(&record)?);
         batch.put(keys::purge_key(handle.id), Vec::new());
         batch.delete(keys::tenant_name_key(name));
-        let floor =
-            revision_floor::left_at_deletion(Some(record.revision), self.settings.clock.now_ms());
-        revision_floor::put(&mut batch, name, floor);
+        let now = self.settings.clock.now_ms();
+        revision_floor::leave(&mut batch, name, Some(record.revision), now);
         // Through the owner's store: with replicas on etcd, the tombstone
         // lands only while this process still owns the tenant. One that
         // does not land (fenced out: another replica took the tenant over)
@@ -498,8 +496,7 @@ impl TenantDirectory {
         batch.put(keys::purge_key(id), Vec::new());
         batch.delete(keys::tenant_name_key(name));
         // Its last revision is unreadable: the floor is the clock's now.
-        let floor = revision_floor::left_at_deletion(None, self.settings.clock.now_ms());
-        revision_floor::put(&mut batch, name, floor);
+        revision_floor::leave(&mut batch, name, None, self.settings.clock.now_ms());
         // With replicas on etcd, its directory entry goes too: the other
         // replicas and the fleet stream follow the entries, and the purge
         // (by id) never reaches this key (by name). On sled there is none.
@@ -520,7 +517,7 @@ impl TenantDirectory {
     fn spawn_purge(&self, id: u64) {
         let store = self.store.clone();
         let stop = self.stopping.clone();
-        let floor_sweep = Arc::clone(&self.floor_sweep);
+        let floor_sweeper = Arc::clone(&self.floor_sweeper);
         let clock = Arc::clone(&self.settings.clock);
         let mut purges = self
             .purges
@@ -531,7 +528,7 @@ impl TenantDirectory {
             match purge(&*store, id, &stop).await {
                 Ok(Some(removed)) => {
                     info!(tenant_id = id, removed, "Deleted tenant purged.");
-                    sweep_revision_floors(&*store, &floor_sweep, clock.now_ms()).await;
+                    floor_sweeper.sweep_next(&*store, clock.now_ms()).await;
                 }
                 Ok(None) => info!(
                     tenant_id = id,
@@ -718,36 +715,8 @@ pub fn creation(
     );
     batch.put(keys::tenant_name_key(name), id.to_be_bytes().to_vec());
     batch.put(keys::tenant_record_key(id), encode(&record)?);
-    if floor.is_some() {
-        batch.delete(keys::revision_floor_key(name));
-    }
+    revision_floor::clear(&mut batch, name, floor);
     Ok((record, token, batch))
-}
-
-/// Sweeps one page of expired revision floors from where the last sweep
-/// stopped (see [`revision_floor::sweep`]). A failure is only reported:
-/// the next purge's sweep tries again.
-async fn sweep_revision_floors(store: &dyn Store, cursor: &std::sync::Mutex<Vec<u8>>, now_ms: u64) {
-    let after = cursor
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .clone();
-    match revision_floor::sweep(store, &after, now_ms).await {
-        Ok(swept) => {
-            if swept.removed > 0 {
-                info!(
-                    removed = swept.removed,
-                    "Expired revision floors of deleted tenants removed."
-                );
-            }
-            *cursor
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()) = swept.resume_after;
-        }
-        Err(error) => {
-            warn!(%error, "Sweeping expired revision floors failed; the next purge tries again.")
-        }
-    }
 }
 
 /// Loads the tenants' graphs, on as many threads as there are cores (the

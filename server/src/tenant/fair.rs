@@ -58,7 +58,12 @@ const HEAVY_PRIORITY: u8 = 23;
 /// allocator and the kernel setting up the new thread's memory.
 pub fn run_below_async_workers<T: Send>(work: impl FnOnce() -> T + Send) -> T {
     match heavy_pool() {
-        Some(pool) => pool.install(work),
+        // In the caller's span (a tenant's owner, a request): what the
+        // work logs names them as if it ran in place.
+        Some(pool) => {
+            let span = tracing::Span::current();
+            pool.install(move || span.in_scope(work))
+        }
         // No thread could be started: the work is done on this thread.
         None => work(),
     }

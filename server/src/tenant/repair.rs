@@ -438,8 +438,7 @@ pub fn remove(store: &dyn Store, diagnosis: &TenantDiagnosis) -> Result<(), Repa
     let mut batch = WriteBatch::new();
     batch.put(keys::purge_key(diagnosis.id), Vec::new());
     batch.delete(keys::tenant_name_key(&diagnosis.name));
-    let floor = revision_floor::left_at_deletion(None, now_ms());
-    revision_floor::put(&mut batch, &diagnosis.name, floor);
+    revision_floor::leave(&mut batch, &diagnosis.name, None, now_ms());
     store
         .commit_blocking(batch)
         .map_err(|error| RepairError::Store(error.into()))

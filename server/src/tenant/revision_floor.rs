@@ -18,7 +18,7 @@
 //! such expired ones ([`sweep`]), going round the names from where the
 //! last sweep stopped, so the floors kept stay about one day of deletions.
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::store::{Store, WriteBatch, keys};
 
@@ -34,13 +34,26 @@ const SWEEP_PAGE: usize = 64;
 /// The floor tenant `name`'s deletion leaves: past its last revision
 /// (`None` when its record could not be read) and past the clock's floor
 /// at `now_ms`.
-pub fn left_at_deletion(last_revision: Option<u64>, now_ms: u64) -> u64 {
+fn left_at_deletion(last_revision: Option<u64>, now_ms: u64) -> u64 {
     let past_last = last_revision.map_or(0, |revision| revision.saturating_add(1));
     past_last.max(first_revision(now_ms))
 }
 
-/// Adds to `batch` the write of `name`'s floor.
-pub fn put(batch: &mut WriteBatch, name: &str, floor: u64) {
+/// Adds to `batch`, a deletion of tenant `name`, the floor it leaves the
+/// name ([`left_at_deletion`]).
+pub fn leave(batch: &mut WriteBatch, name: &str, last_revision: Option<u64>, now_ms: u64) {
+    put(batch, name, left_at_deletion(last_revision, now_ms));
+}
+
+/// Adds to `batch`, a creation of tenant `name` that read `floor`
+/// ([`read`]), the removal of that floor: the new record carries it on.
+pub fn clear(batch: &mut WriteBatch, name: &str, floor: Option<u64>) {
+    if floor.is_some() {
+        batch.delete(keys::revision_floor_key(name));
+    }
+}
+
+fn put(batch: &mut WriteBatch, name: &str, floor: u64) {
     batch.put(keys::revision_floor_key(name), floor.to_be_bytes().to_vec());
 }
 
@@ -65,6 +78,42 @@ pub fn read(store: &dyn Store, name: &str) -> Result<Option<u64>, TenantError> {
 /// left ([`read`]).
 pub fn first_revision_past(now_ms: u64, floor: Option<u64>) -> u64 {
     first_revision(now_ms).max(floor.unwrap_or(0))
+}
+
+/// Sweeps expired floors a page at a time, going round the names from
+/// where its last sweep stopped (one per purged tenant, see the module
+/// docs).
+#[derive(Debug, Default)]
+pub struct Sweeper {
+    resume_after: std::sync::Mutex<Vec<u8>>,
+}
+
+impl Sweeper {
+    /// Sweeps the next page ([`sweep`]). A failure is only reported: the
+    /// next sweep tries again.
+    pub async fn sweep_next(&self, store: &dyn Store, now_ms: u64) {
+        let after = self.cursor().clone();
+        match sweep(store, &after, now_ms).await {
+            Ok(swept) => {
+                if swept.removed > 0 {
+                    info!(
+                        removed = swept.removed,
+                        "Expired revision floors of deleted tenants removed."
+                    );
+                }
+                *self.cursor() = swept.resume_after;
+            }
+            Err(error) => {
+                warn!(%error, "Sweeping expired revision floors failed; the next purge tries again.")
+            }
+        }
+    }
+
+    fn cursor(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        self.resume_after
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 /// What one [`sweep`] did.

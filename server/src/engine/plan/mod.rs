@@ -25,7 +25,7 @@ use std::sync::Arc;
 use crate::graph::{CurrentGraph, IntendedGraph, ItemRef, OperationKind};
 
 pub use need::pointer_lookup;
-pub(crate) use planner::RETRY_BY;
+pub(crate) use planner::retry_by;
 
 /// What the planner needs to know about an item type.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

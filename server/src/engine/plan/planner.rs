@@ -1910,27 +1910,33 @@ fn terminal(item: &ItemRef, current: &CurrentItem, kind: OperationKind) -> Sched
     }
 }
 
-/// How a terminally failed item is retried: an intent change that counts
-/// (DESIGN 4: "no retry until its intent changes"; a new description or
-/// labels are not part of the item's equality, so they do not).
-pub(crate) const RETRY_BY: &str =
-    "change its properties or dependencies to retry (a new description or labels do not count)";
+/// How terminally failed items are retried, `whose` ("its", "their")
+/// naming them: an intent change that counts (DESIGN 4: "no retry until
+/// its intent changes"; a new description or labels are not part of an
+/// item's equality, so they do not).
+pub(crate) fn retry_by(whose: &str) -> String {
+    format!(
+        "change {whose} properties or dependencies to retry (a new description or labels do not \
+         count)"
+    )
+}
 
 /// What a waiting item shows of its own terminal failure.
 pub(super) fn terminal_failure(item: &ItemRef, current: &CurrentItem) -> BlockedBy {
+    let retry = retry_by("its");
     let why = match current.rare.last_error.as_ref() {
         // A retryable code: the retries ran out (the type's max_attempts).
         Some(error) if !error.is_terminal() => format!(
             "{FAILED_TERMINALLY}: gave up after {} attempt{} (the type's max_attempts), the last \
-             failed with: {}; {RETRY_BY}",
+             failed with: {}; {retry}",
             current.attempts,
             if current.attempts == 1 { "" } else { "s" },
             error.message
         ),
-        Some(error) => format!("{FAILED_TERMINALLY}: {}; {RETRY_BY}", error.message),
+        Some(error) => format!("{FAILED_TERMINALLY}: {}; {retry}", error.message),
         // Settled since it failed (see `CurrentItem::gave_up_settled_at`).
         None => format!(
-            "{FAILED_TERMINALLY} after {} attempt{}; {RETRY_BY}",
+            "{FAILED_TERMINALLY} after {} attempt{}; {retry}",
             current.attempts,
             if current.attempts == 1 { "" } else { "s" }
         ),

@@ -10,7 +10,7 @@ use crate::engine::exec::{
     AgentResult, Executor, ExecutorSettings, Now, RetryPolicy, StoredSpec, TenantProgress, TypeSpec,
 };
 use crate::engine::intent::ValidatedSubmit;
-use crate::engine::plan::RETRY_BY;
+use crate::engine::plan::retry_by;
 use crate::engine::testkit::on;
 use crate::graph::{
     CurrentGraph, IntendedGraph, Item, ItemRef, ItemState, OperationError, OperationKind, code,
@@ -3601,7 +3601,7 @@ fn a_terminal_failure_deep_in_a_chain_is_named_by_the_stalled_condition() {
         waiting
             .blocked_by
             .iter()
-            .any(|blocked| blocked.why.ends_with(RETRY_BY)),
+            .any(|blocked| blocked.why.ends_with(&retry_by("its"))),
         "{waiting:?}"
     );
     assert!(
