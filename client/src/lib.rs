@@ -46,6 +46,7 @@ mod chain;
 #[cfg(feature = "cli")]
 pub mod cli;
 mod client;
+mod connection_env;
 pub mod convert;
 mod endpoint;
 pub mod prelude;

@@ -43,6 +43,30 @@ impl fmt::Debug for ClientTls {
 }
 
 impl ClientTls {
+    /// The TLS of a connection given a CA certificate and, for mutual TLS,
+    /// a certificate and its key (PEM contents); `None` when neither is
+    /// given (plaintext). What reconctl and `Agent::builder_from_env` make
+    /// of the files their settings name.
+    pub(crate) fn from_parts(
+        ca_pem: Option<Vec<u8>>,
+        identity: Option<(Vec<u8>, Vec<u8>)>,
+    ) -> Option<Self> {
+        (ca_pem.is_some() || identity.is_some()).then_some(Self {
+            ca_pem,
+            identity,
+            domain: None,
+        })
+    }
+
+    /// `addr` as dialled with `tls`: `https://` in place of `http://` when
+    /// there is TLS.
+    pub(crate) fn dial_addr(addr: &str, tls: Option<&Self>) -> String {
+        match tls {
+            Some(_) => addr.replacen("http://", "https://", 1),
+            None => addr.to_owned(),
+        }
+    }
+
     /// No CA (the server must then be trusted some other way: set one with
     /// [`ca_certificate`](Self::ca_certificate)), no client certificate.
     pub fn new() -> Self {

@@ -2,36 +2,25 @@
 //! token when its `main` does not say, read from the same environment
 //! variables `reconctl` reads, with the same rules.
 //!
-//! The rules match reconctl's (`client/src/cli/settings.rs`, which lives
-//! behind the `cli` feature that agents turn off, so they are written here
-//! once more): an empty variable counts as unset; the address defaults to
-//! `http://127.0.0.1:50051` and gets `http://` when it has no scheme (with a
-//! CA certificate, `https://`); a token and a token file together are
-//! refused; a client certificate needs its key.
+//! The variables, the default address and its scheme rule, and how TLS
+//! files make a [`ClientTls`] are shared with reconctl
+//! (`crate::connection_env`, `ClientTls::from_parts`); reconctl's flags and
+//! configuration file, behind the `cli` feature that agents turn off, stay
+//! its own. As in reconctl: an empty variable counts as unset; the address
+//! defaults to `http://127.0.0.1:50051` and gets `http://` when it has no
+//! scheme (with a CA certificate, `https://`); a token and a token file
+//! together are refused; a client certificate needs its key.
 
 use std::path::PathBuf;
 
 use super::env_error::EnvError;
 use super::runner::{Agent, AgentBuilder};
 use super::token::Token;
+use crate::connection_env::{
+    ADDR_ENV, CA_CERT_ENV, CLIENT_CERT_ENV, CLIENT_KEY_ENV, DEFAULT_ADDR, TENANT_ENV, TOKEN_ENV,
+    TOKEN_FILE_ENV, normalize_addr,
+};
 use crate::tls::ClientTls;
-
-/// The address used when `RECONCILED_ADDR` is unset, as in reconctl.
-const DEFAULT_ADDR: &str = "http://127.0.0.1:50051";
-/// The server's address.
-const ADDR_ENV: &str = "RECONCILED_ADDR";
-/// The tenant the agent serves.
-const TENANT_ENV: &str = "RECONCILED_TENANT";
-/// The tenant's token.
-const TOKEN_ENV: &str = "RECONCILED_TOKEN";
-/// A file holding the tenant's token.
-const TOKEN_FILE_ENV: &str = "RECONCILED_TOKEN_FILE";
-/// The CA certificate (PEM) that signs the server's certificate.
-const CA_CERT_ENV: &str = "RECONCILED_CA_CERT";
-/// The agent's certificate (PEM), for mutual TLS.
-const CLIENT_CERT_ENV: &str = "RECONCILED_CLIENT_CERT";
-/// The agent's private key (PEM), for mutual TLS.
-const CLIENT_KEY_ENV: &str = "RECONCILED_CLIENT_KEY";
 
 impl Agent {
     /// Starts building an agent from the environment variables `reconctl`
@@ -101,10 +90,7 @@ impl EnvSettings {
         let tenant = var(TENANT_ENV).ok_or(EnvError::MissingTenant)?;
         let tls = tls_from(&var)?;
         let endpoint = normalize_addr(&var(ADDR_ENV).unwrap_or_else(|| DEFAULT_ADDR.to_owned()));
-        let endpoint = match &tls {
-            Some(_) => endpoint.replacen("http://", "https://", 1),
-            None => endpoint,
-        };
+        let endpoint = ClientTls::dial_addr(&endpoint, tls.as_ref());
         Ok(Self {
             endpoint,
             tenant,
@@ -146,25 +132,7 @@ fn tls_from(var: &impl Fn(&str) -> Option<String>) -> Result<Option<ClientTls>, 
         (Some(cert), Some(key)) => Some((cert, key)),
         _ => None,
     };
-    let mut tls = match (ca, &identity) {
-        (Some(ca), _) => ClientTls::new().ca_certificate(ca),
-        (None, Some(_)) => ClientTls::new(),
-        (None, None) => return Ok(None),
-    };
-    if let Some((cert, key)) = identity {
-        tls = tls.identity(cert, key);
-    }
-    Ok(Some(tls))
-}
-
-/// `host:port` becomes `http://host:port`; URIs stay as they are.
-fn normalize_addr(addr: &str) -> String {
-    let addr = addr.trim();
-    if addr.contains("://") {
-        addr.to_owned()
-    } else {
-        format!("http://{addr}")
-    }
+    Ok(ClientTls::from_parts(ca, identity))
 }
 
 #[cfg(test)]

@@ -101,15 +101,12 @@ fn tls_settings(settings: &Settings) -> Result<Option<crate::ClientTls>, Failure
             ))
         })
     };
-    let mut tls = match &settings.ca_cert {
-        Some(ca) => crate::ClientTls::new().ca_certificate(read(ca)?),
-        None if settings.client_cert.is_some() => crate::ClientTls::new(),
-        None => return Ok(None),
+    let ca = settings.ca_cert.as_ref().map(read).transpose()?;
+    let identity = match (&settings.client_cert, &settings.client_key) {
+        (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+        _ => None,
     };
-    if let (Some(cert), Some(key)) = (&settings.client_cert, &settings.client_key) {
-        tls = tls.identity(read(cert)?, read(key)?);
-    }
-    Ok(Some(tls))
+    Ok(crate::ClientTls::from_parts(ca, identity))
 }
 
 impl Session {
@@ -117,10 +114,7 @@ impl Session {
     async fn connect(settings: Settings) -> Result<Self, Failure> {
         let token = settings.require_token()?.value.clone();
         let tls = tls_settings(&settings)?;
-        let addr = match &tls {
-            Some(_) => settings.addr.value.replacen("http://", "https://", 1),
-            None => settings.addr.value.clone(),
-        };
+        let addr = crate::ClientTls::dial_addr(&settings.addr.value, tls.as_ref());
         let client = Client::connect_with(addr, &token, tls.as_ref())
             .await
             .map_err(|error| connect_failure(&error, &settings))?;

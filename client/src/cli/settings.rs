@@ -9,25 +9,13 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::failure::Failure;
+use crate::connection_env::{
+    ADDR_ENV, CA_CERT_ENV, CLIENT_CERT_ENV, CLIENT_KEY_ENV, DEFAULT_ADDR, TENANT_ENV, TOKEN_ENV,
+    TOKEN_FILE_ENV, normalize_addr,
+};
 
-/// The address used when nothing else names one.
-pub(crate) const DEFAULT_ADDR: &str = "http://127.0.0.1:50051";
-/// The server's address.
-pub(crate) const ADDR_ENV: &str = "RECONCILED_ADDR";
-/// A bearer token.
-pub(crate) const TOKEN_ENV: &str = "RECONCILED_TOKEN";
-/// A file holding a bearer token.
-pub(crate) const TOKEN_FILE_ENV: &str = "RECONCILED_TOKEN_FILE";
-/// The tenant of tenant-scoped commands.
-pub(crate) const TENANT_ENV: &str = "RECONCILED_TENANT";
 /// The configuration file to read instead of the default one.
 pub(crate) const CONFIG_ENV: &str = "RECONCTL_CONFIG";
-/// The CA certificate (PEM) that signs the server's certificate.
-pub(crate) const CA_CERT_ENV: &str = "RECONCILED_CA_CERT";
-/// This client's certificate (PEM), for mutual TLS.
-pub(crate) const CLIENT_CERT_ENV: &str = "RECONCILED_CLIENT_CERT";
-/// This client's private key (PEM), for mutual TLS.
-pub(crate) const CLIENT_KEY_ENV: &str = "RECONCILED_CLIENT_KEY";
 
 /// Where a setting's value came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -348,16 +336,6 @@ fn resolve_token(
     Ok(None)
 }
 
-/// `host:port` becomes `http://host:port`; URIs stay as they are.
-pub(crate) fn normalize_addr(addr: &str) -> String {
-    let addr = addr.trim();
-    if addr.contains("://") {
-        addr.to_owned()
-    } else {
-        format!("http://{addr}")
-    }
-}
-
 /// The default configuration file: `$XDG_CONFIG_HOME/reconciled/reconctl.toml`,
 /// else `$HOME/.config/reconciled/reconctl.toml`.
 pub(crate) fn default_config_path() -> Option<PathBuf> {
@@ -530,11 +508,5 @@ mod tests {
         };
         let error = Settings::resolve(&flags, &env(&[])).expect_err("unknown key");
         assert!(error.message.contains("adress"), "{error:?}");
-    }
-
-    #[test]
-    fn addresses_without_a_scheme_get_http() {
-        assert_eq!(normalize_addr("127.0.0.1:50051"), "http://127.0.0.1:50051");
-        assert_eq!(normalize_addr("https://example:1"), "https://example:1");
     }
 }
