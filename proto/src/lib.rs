@@ -28,6 +28,10 @@
 /// `FAILED_PRECONDITION` and `ErrorInfo{reason: "UNSUPPORTED_PROTOCOL"}`.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// The most operations, and the most waiting items, a `Plan` message lists
+/// (DESIGN section 8); its counts cover the rest, and `truncated` says so.
+pub const PLAN_LIMIT: usize = 1_000;
+
 /// The encoded `google.protobuf.FileDescriptorSet` of `reconciled.v1`, our
 /// copy of `google.rpc` (status and error details) and the well-known types
 /// they import, including source comments. Register it with server

@@ -12,6 +12,7 @@ use super::settings::{Setting, Source};
 use super::table::Table;
 use super::{Session, json, names};
 use crate::proto as v1;
+use reconciled_proto::PLAN_LIMIT;
 
 /// Reads, checks and submits the intent file.
 pub(crate) async fn submit(session: &Session, args: IntentSubmitArgs) -> Result<Exit, Failure> {
@@ -111,9 +112,6 @@ fn render(reply: &v1::SubmitIntentResponse, dry_run: bool) -> String {
     };
     headline + &render_plan(&reply.plan.clone().unwrap_or_default())
 }
-
-/// The most operations and waiting items a plan message lists.
-const PLAN_LIMIT: usize = 1_000;
 
 /// A plan as a table of operations and a table of waiting items.
 pub(crate) fn render_plan(plan: &v1::Plan) -> String {

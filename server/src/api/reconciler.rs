@@ -21,9 +21,10 @@ use crate::status::ApiError;
 use crate::tenant::oplog::LogEntry;
 use crate::tenant::{TenantHandle, TenantSnapshot, ValidatedSubmit, fairly};
 use crate::wire::{
-    duration_to_ms, intended_item_to_proto, item_from_proto, item_ref_to_proto, item_status,
-    operation_error_to_status, operation_kind_to_proto, plan_to_proto_counting_tenant_waiting,
-    plan_to_proto_with_items, timestamp_from_ms, type_spec_to_proto,
+    PLAN_LIMIT, duration_to_ms, intended_item_to_proto, item_from_proto, item_ref_to_proto,
+    item_status, operation_error_to_status, operation_kind_to_proto,
+    plan_to_proto_counting_tenant_waiting, plan_to_proto_with_items, timestamp_from_ms,
+    type_spec_to_proto,
 };
 
 use super::context::{ApiContext, LARGE_REQUEST_ITEMS, invalid};
@@ -34,7 +35,7 @@ use super::paging::{PageToken, decode_text, encode_text, listing_fingerprint};
 /// and the longest it waits.
 const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_RECONCILE_TIMEOUT: Duration = Duration::from_secs(600);
-/// Operations shown in a plan or an operation log.
+/// Operations shown in an operation log.
 const SHOWN_OPERATIONS: usize = 1_000;
 /// Items per GetGraph page when the request names no size, and the most.
 const DEFAULT_PAGE_SIZE: usize = 500;
@@ -89,14 +90,14 @@ impl Reconciler for ReconcilerService {
         let mut plan = if dry_run {
             plan_to_proto_with_items(
                 &outcome.plan,
-                SHOWN_OPERATIONS,
+                PLAN_LIMIT,
                 &snapshot.intended,
                 &snapshot.current,
             )
         } else {
             plan_to_proto_counting_tenant_waiting(
                 &outcome.plan,
-                SHOWN_OPERATIONS,
+                PLAN_LIMIT,
                 &snapshot.intended,
                 &snapshot.current,
                 snapshot.waiting.len(),

@@ -11,9 +11,7 @@ use crate::graph::{CurrentItem, IntendedItem, ItemRef};
 use super::items::item_ref_to_proto;
 use super::status::{item_status, operation_kind_to_proto};
 
-/// The most operations (and waiting items) a `Plan` message lists
-/// (DESIGN section 8).
-pub const PLAN_LIMIT: usize = 1000;
+pub use reconciled_proto::PLAN_LIMIT;
 
 /// Converts a plan, listing at most `limit` operations (usually
 /// [`PLAN_LIMIT`]) and at most `limit` waiting items.
