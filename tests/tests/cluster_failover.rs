@@ -366,15 +366,7 @@ async fn fleet_history(channel: &Channel, admin: &str, through: u64) -> Vec<u64>
 /// The whole event history of a tenant, read from its first revision.
 async fn history(channel: &Channel, tenant: &str, token: &str) -> Vec<(u64, Vec<v1::Event>)> {
     let mut client = api::reconciler(channel, token);
-    let status = client
-        .get_status(v1::GetStatusRequest {
-            tenant: tenant.into(),
-        })
-        .await
-        .expect("GetStatus")
-        .into_inner()
-        .status
-        .expect("a status");
+    let status = api::status_of(channel, token, tenant).await;
     let mut watcher = Watcher::open_from_oldest(&mut client, tenant)
         .await
         .expect("Watch from the oldest revision");

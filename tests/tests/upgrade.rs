@@ -394,15 +394,7 @@ async fn converges(tenant: &TestTenant, expected: &Value) {
 
     // globex-ß, which never had an agent, is as it was.
     let globex = &expected["before_stop"]["per_tenant"][GLOBEX];
-    let status = api::reconciler(&tenant.channel, &tokens(expected)[GLOBEX])
-        .get_status(v1::GetStatusRequest {
-            tenant: GLOBEX.into(),
-        })
-        .await
-        .expect("globex's status")
-        .into_inner()
-        .status
-        .expect("a status");
+    let status = api::status_of(&tenant.channel, &tokens(expected)[GLOBEX], GLOBEX).await;
     assert_eq!(json!(status.generation), globex["status"]["generation"]);
     assert_eq!(
         status.items_by_state.get("PENDING").copied(),
