@@ -4,14 +4,17 @@
 //! paused and restarted; and the questions the tests ask of them (who
 //! serves a tenant, as each replica says).
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
+use reconciled::cluster::placement;
 use reconciled_proto::v1;
 use tonic::transport::Channel;
 
 use crate::agents::DEADLINE;
 use crate::api;
 use crate::etcd::EtcdCluster;
+use crate::server::{PORT_TAKEN, START_ATTEMPTS, free_loopback_addr};
 use crate::{ServerOptions, ServerProcess, random_token};
 
 /// The lease TTL the test replicas hold their tenants under (etcd's
@@ -108,6 +111,58 @@ impl Replicas {
             .expect("a replica starts and becomes ready");
         self.servers.push(server);
         self.servers.len() - 1
+    }
+
+    /// Starts one more replica, with extra arguments, on an address that
+    /// placement gives at least one of the tenants `tenant_ids` (so that a
+    /// test of hand-offs always has one to see); returns its index.
+    ///
+    /// # Panics
+    /// If no replica starts within [`START_ATTEMPTS`] addresses.
+    pub async fn add_winning_one_of(&mut self, tenant_ids: &[u64], extra: &[&str]) -> usize {
+        let mut last_error = None;
+        for _ in 0..START_ATTEMPTS {
+            let addr = self.address_winning_one_of(tenant_ids);
+            let mut options = self.options().listen(addr);
+            for arg in extra {
+                options = options.arg(*arg);
+            }
+            match ServerProcess::start(options).await {
+                Ok(server) => {
+                    self.servers.push(server);
+                    return self.servers.len() - 1;
+                }
+                // Another process took the port after it was picked.
+                Err(error) if format!("{error:#}").contains(PORT_TAKEN) => {
+                    last_error = Some(error);
+                }
+                Err(error) => panic!("a replica starts and becomes ready: {error:#}"),
+            }
+        }
+        panic!("no replica started within {START_ATTEMPTS} addresses: {last_error:?}")
+    }
+
+    /// A free loopback address that placement, among the running replicas
+    /// and it, gives at least one of `tenant_ids`.
+    fn address_winning_one_of(&self, tenant_ids: &[u64]) -> SocketAddr {
+        let running: Vec<String> = self
+            .servers
+            .iter()
+            .map(|server| server.addr().to_string())
+            .collect();
+        loop {
+            let candidate = free_loopback_addr().expect("a free loopback port");
+            let name = candidate.to_string();
+            let wins = tenant_ids.iter().any(|&id| {
+                placement::owner_of(
+                    id,
+                    running.iter().map(String::as_str).chain([name.as_str()]),
+                ) == Some(name.as_str())
+            });
+            if wins {
+                return candidate;
+            }
+        }
     }
 
     /// The admin token of the deployment.

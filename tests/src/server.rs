@@ -31,7 +31,10 @@ const POLL_INTERVAL: Duration = Duration::from_millis(25);
 
 /// How many ports to try when a picked free port is taken before the
 /// server binds it.
-const START_ATTEMPTS: usize = 3;
+pub const START_ATTEMPTS: usize = 3;
+
+/// What a server's log says when its port is taken.
+pub const PORT_TAKEN: &str = "Address already in use";
 
 /// The bytes of a failing server's log shown in errors and panics.
 const LOG_TAIL_BYTES: u64 = 8 * 1024;
@@ -48,6 +51,7 @@ pub struct ServerOptions {
     env: Vec<(String, String)>,
     tls: Option<ClientTlsConfig>,
     wait_for_serving: bool,
+    listen: Option<SocketAddr>,
 }
 
 impl Default for ServerOptions {
@@ -59,6 +63,7 @@ impl Default for ServerOptions {
             env: Vec::new(),
             tls: None,
             wait_for_serving: true,
+            listen: None,
         }
     }
 }
@@ -105,6 +110,14 @@ impl ServerOptions {
         self
     }
 
+    /// Listens on `addr` instead of a free port picked at start (for tests
+    /// that need to know the address before the server runs). Starting
+    /// fails, without trying another port, if `addr` is taken.
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = Some(addr);
+        self
+    }
+
     /// Sets an environment variable for the server process.
     pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.env.push((name.into(), value.into()));
@@ -148,7 +161,10 @@ impl ServerProcess {
                 child: None,
                 binary: binary.clone(),
                 options: options.clone(),
-                addr: free_loopback_addr()?,
+                addr: match options.listen {
+                    Some(addr) => addr,
+                    None => free_loopback_addr()?,
+                },
                 // Every server gets a dashboard port of its own: tests run
                 // in parallel and the default 127.0.0.1:8080 is shared.
                 ui_addr: if options
@@ -169,8 +185,8 @@ impl ServerProcess {
                     server.kill9()?;
                     // Another process may take the probed port before the
                     // server binds it: then try another port, from scratch.
-                    let port_taken = server.log_tail().contains("Address already in use");
-                    if !port_taken || attempt >= START_ATTEMPTS {
+                    let port_taken = server.log_tail().contains(PORT_TAKEN);
+                    if !port_taken || attempt >= START_ATTEMPTS || options.listen.is_some() {
                         return Err(error);
                     }
                     let _ = std::fs::remove_file(server.log_path());
@@ -555,7 +571,7 @@ impl ServerProcess {
 }
 
 /// A loopback address whose port was free a moment ago.
-fn free_loopback_addr() -> anyhow::Result<SocketAddr> {
+pub fn free_loopback_addr() -> anyhow::Result<SocketAddr> {
     let probe =
         TcpListener::bind("127.0.0.1:0").context("cannot bind a probe socket on 127.0.0.1")?;
     probe
