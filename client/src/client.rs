@@ -23,6 +23,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::auth::{BearerToken, InvalidToken};
+use crate::resuming::{FleetWatch, ResumingWatch, TenantWatch};
 use crate::tls::ClientTls;
 use crate::transport::Transport;
 
@@ -405,84 +406,57 @@ impl Client {
         Ok(client.report_external(request).await?.into_inner())
     }
 
-    /// `Reconciler.Watch`: the tenant's event stream. Read it with
-    /// `stream.message().await`.
+    /// `Reconciler.Watch`: the tenant's event stream, as the server sends
+    /// it. Read it with `stream.message().await`.
     ///
     /// The stream ends with `UNAVAILABLE` when the connection does (the
     /// server restarts, or stops answering: see [`Client::connect`]), when
-    /// the watcher is too
-    /// slow (`RESOURCE_EXHAUSTED`) or when its history is gone
-    /// (`OUT_OF_RANGE`, `REVISION_COMPACTED`). Resume from the last revision
-    /// whose group arrived whole (`continued` unset), or the last `Synced`
-    /// or `Bookmark`: nothing is then lost or repeated. After
-    /// `REVISION_COMPACTED`, start over from 0 (a fresh snapshot). See
-    /// `docs/watch.md`.
-    ///
-    /// ```no_run
-    /// # async fn example(client: reconciled_client::Client) -> Result<(), reconciled_client::tonic::Status> {
-    /// use reconciled_client::proto::{self, watch_response::Message};
-    /// use reconciled_client::{UNAVAILABLE_RETRY_DELAY, retry_after};
-    /// use reconciled_client::tokio::time::sleep;
-    /// use reconciled_client::tonic::Code;
-    /// use reconciled_client::tonic_types::StatusExt as _;
-    ///
-    /// let mut resume_from = 0; // 0: a snapshot, then Synced, then events
-    /// loop {
-    ///     let request = proto::WatchRequest {
-    ///         tenant: "acme".into(),
-    ///         start_revision: resume_from,
-    ///         ..Default::default()
-    ///     };
-    ///     let ended = match client.watch(request).await {
-    ///         Ok(mut stream) => loop {
-    ///             match stream.message().await {
-    ///                 Ok(Some(reply)) => match reply.message {
-    ///                     Some(Message::Events(group)) => {
-    ///                         // ... handle group.events ...
-    ///                         if !group.continued {
-    ///                             resume_from = group.revision;
-    ///                         }
-    ///                     }
-    ///                     Some(Message::Snapshot(_part)) => { /* ... */ }
-    ///                     Some(Message::Synced(synced)) => resume_from = synced.revision,
-    ///                     Some(Message::Bookmark(mark)) => resume_from = mark.revision,
-    ///                     None => {}
-    ///                 },
-    ///                 Ok(None) => break None,
-    ///                 Err(status) => break Some(status),
-    ///             }
-    ///         },
-    ///         Err(status) => Some(status),
-    ///     };
-    ///     match ended {
-    ///         Some(status) if status.code() == Code::OutOfRange => {
-    ///             let compacted = status.get_error_details().error_info()
-    ///                 .is_some_and(|info| info.reason == "REVISION_COMPACTED");
-    ///             if !compacted {
-    ///                 return Err(status);
-    ///             }
-    ///             resume_from = 0;
-    ///         }
-    ///         // Disconnected (UNAVAILABLE) or too slow (RESOURCE_EXHAUSTED
-    ///         // with a RetryInfo): wait as long as that says, then resume.
-    ///         // Anything else will not change by retrying: the tenant or the
-    ///         // token is gone (NOT_FOUND, UNAUTHENTICATED), or the request
-    ///         // is wrong (INVALID_ARGUMENT): stop.
-    ///         Some(status) => match retry_after(&status) {
-    ///             Some(delay) => sleep(delay).await,
-    ///             None => return Err(status),
-    ///         },
-    ///         None => sleep(UNAVAILABLE_RETRY_DELAY).await,
-    ///     }
-    /// }
-    /// # }
-    /// ```
+    /// the watcher is too slow (`RESOURCE_EXHAUSTED`) or when its history
+    /// is gone (`OUT_OF_RANGE`, `REVISION_COMPACTED`).
+    /// [`watch_resuming`](Self::watch_resuming) follows the rules of
+    /// `docs/watch.md` for each case; use this call for a stream that
+    /// should end at the first break.
     pub async fn watch(
         &self,
         request: v1::WatchRequest,
     ) -> Result<Streaming<v1::WatchResponse>, Status> {
         let mut client = self.reconciler.clone();
         Ok(client.watch(request).await?.into_inner())
+    }
+
+    /// `Reconciler.Watch` that reconnects and resumes by itself: one
+    /// stream in which nothing is lost or repeated across server restarts,
+    /// hand-offs between replicas and slow-consumer cuts, and which says
+    /// [`Resumed::StartedOver`] when it has to begin again from a fresh
+    /// snapshot. Nothing is sent before the first `next()`.
+    ///
+    /// ```no_run
+    /// # async fn example(client: reconciled_client::Client) -> Result<(), reconciled_client::tonic::Status> {
+    /// use reconciled_client::proto::{self, watch_response::Message};
+    /// use reconciled_client::Resumed;
+    ///
+    /// let mut watch = client.watch_resuming(proto::WatchRequest {
+    ///     tenant: "acme".into(),
+    ///     ..Default::default() // start_revision 0: a snapshot, Synced, events
+    /// });
+    /// loop {
+    ///     match watch.next().await? {
+    ///         Resumed::Message(Message::Snapshot(part)) => { /* items as of part.revision */ }
+    ///         Resumed::Message(Message::Synced(_)) => { /* live events follow */ }
+    ///         Resumed::Message(Message::Events(group)) => { /* group.events */ }
+    ///         Resumed::Message(Message::Bookmark(_)) => {}
+    ///         Resumed::StartedOver(_why) => { /* forget the snapshot: a new one follows */ }
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// `next()` ends with a status that retrying cannot change: the tenant
+    /// was deleted, the token rotated, the request is invalid (see
+    /// [`ResumingWatch`]).
+    pub fn watch_resuming(&self, request: v1::WatchRequest) -> TenantWatch {
+        ResumingWatch::new(self.clone(), request)
     }
 
     /// `Tenants.CreateTenant` (admin): creates a tenant; the reply holds its
@@ -555,5 +529,13 @@ impl Client {
     ) -> Result<Streaming<v1::WatchFleetResponse>, Status> {
         let mut client = self.tenants.clone();
         Ok(client.watch_fleet(request).await?.into_inner())
+    }
+
+    /// `Tenants.WatchFleet` (admin) that reconnects and resumes by itself,
+    /// as [`watch_resuming`](Self::watch_resuming) does for a tenant. After
+    /// [`Resumed::StartedOver`] the listing of every tenant comes again:
+    /// a tenant missing from it was deleted meanwhile.
+    pub fn watch_fleet_resuming(&self, request: v1::WatchFleetRequest) -> FleetWatch {
+        ResumingWatch::new(self.clone(), request)
     }
 }

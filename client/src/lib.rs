@@ -6,6 +6,9 @@
 //!   de-duplication, acknowledgements, cancellation, heartbeats, reconnects).
 //! - [`Client`]: a typed client for the `Reconciler` and `Tenants` services
 //!   with the bearer token attached to every call.
+//! - [`Client::watch_resuming`] and [`Client::watch_fleet_resuming`]:
+//!   watch streams that reconnect and resume by themselves
+//!   ([`ResumingWatch`]), losing and repeating nothing.
 //! - [`retry_after`]: whether a failed call is worth sending again, and
 //!   after how long (the server's `RetryInfo`, or a lost connection).
 //! - [`ClientTls`]: the CA and, for mutual TLS, the client certificate both
@@ -50,6 +53,7 @@ mod connection_env;
 pub mod convert;
 mod endpoint;
 pub mod prelude;
+mod resuming;
 mod retry;
 #[cfg(feature = "testkit")]
 pub mod testkit;
@@ -92,5 +96,6 @@ pub use reconciled_proto::PROTOCOL_VERSION;
 /// The generated types of package `reconciled.v1` (messages, enums and gRPC
 /// clients).
 pub use reconciled_proto::v1 as proto;
+pub use resuming::{Fleet, FleetWatch, Resumed, ResumingWatch, Tenant, TenantWatch, WatchKind};
 pub use retry::{UNAVAILABLE_RETRY_DELAY, retry_after};
 pub use tls::ClientTls;

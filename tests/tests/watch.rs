@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use rand::Rng;
 use reconciled_client::agent::TypeSpec;
-use reconciled_tests::agents::{Recorder, RunningAgent, TestTenant, external_put};
+use reconciled_client::{Client, Resumed, ResumingWatch, WatchKind};
+use reconciled_tests::agents::{DEADLINE, Recorder, RunningAgent, TestTenant, external_put};
 use reconciled_tests::api::{self, error_metadata, error_reason, item};
 use reconciled_tests::proto::v1;
 use reconciled_tests::proto::v1::event::Body;
@@ -812,4 +813,198 @@ async fn a_large_commit_arrives_as_one_group_split_into_bounded_messages() {
         .count();
     assert_eq!(items, 1_500, "the whole commit in one group");
     assert!(continued >= 2, "split over several messages: {continued}");
+}
+
+/// The next message of a resuming watch, within the test [`DEADLINE`].
+async fn next_resumed<K: WatchKind>(watch: &mut ResumingWatch<K>) -> Resumed<K::Message> {
+    tokio::time::timeout(DEADLINE, watch.next())
+        .await
+        .unwrap_or_else(|_| panic!("no message within {DEADLINE:?} from {watch:?}"))
+        .unwrap_or_else(|status| panic!("the watch ended: {status:?}"))
+}
+
+/// The generations of the intent changes among `group`'s events.
+fn intent_generations(group: &v1::EventGroup) -> impl Iterator<Item = u64> + '_ {
+    group.events.iter().filter_map(|event| match &event.body {
+        Some(Body::IntentChanged(changed)) => Some(changed.generation),
+        _ => None,
+    })
+}
+
+/// The SDK's resuming watches, read while the server is killed and
+/// started again: the tenant's stream carries every intent change once,
+/// in order, and the fleet's stream the tenant created after the restart
+/// once, after a listing that was not repeated.
+#[tokio::test]
+async fn the_sdks_resuming_watches_cross_a_kill_9_without_losing_or_repeating_an_event() {
+    use reconciled_client::proto::watch_fleet_response::Message as FleetMessage;
+    use reconciled_client::proto::watch_response::Message;
+
+    let mut tenant = TestTenant::start("acme").await;
+    let client = Client::connect(tenant.server.endpoint(), &tenant.token)
+        .await
+        .expect("connects");
+    let admin = client
+        .with_token(&tenant.server.admin_token())
+        .expect("a valid token");
+    let mut watch = client.watch_resuming(v1::WatchRequest {
+        tenant: "acme".into(),
+        ..Default::default()
+    });
+    let mut fleet = admin.watch_fleet_resuming(v1::WatchFleetRequest::default());
+
+    // The tenant's stream is read by a task of its own, so that it is
+    // waiting in `next` while the server is down.
+    let (seen_sender, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let reader = tokio::spawn(async move {
+        let mut generations = Vec::new();
+        let mut revisions = Vec::new();
+        let mut synced = false;
+        while generations.last() != Some(&4) {
+            match next_resumed(&mut watch).await {
+                Resumed::Message(Message::Events(group)) => {
+                    for generation in intent_generations(&group) {
+                        generations.push(generation);
+                        let _ = seen_sender.send(generation);
+                    }
+                    if !group.continued {
+                        revisions.push(group.revision);
+                    }
+                }
+                Resumed::StartedOver(why) => panic!("the watch started over: {why:?}"),
+                // A second snapshot would mean it resumed from 0.
+                Resumed::Message(Message::Snapshot(_)) if synced => {
+                    panic!("a snapshot after Synced")
+                }
+                Resumed::Message(Message::Synced(_)) => synced = true,
+                Resumed::Message(_) => {}
+            }
+        }
+        (generations, revisions)
+    });
+    let mut listed = Vec::new();
+    loop {
+        match next_resumed(&mut fleet).await {
+            Resumed::Message(FleetMessage::Events(group)) => {
+                listed.extend(group.events.into_iter().map(|event| event.tenant));
+            }
+            Resumed::Message(FleetMessage::Synced(_)) => break,
+            other => panic!("before Synced: {other:?}"),
+        }
+    }
+    assert_eq!(listed, ["acme"]);
+
+    for generation in 1..=2 {
+        tenant
+            .submit(vec![item("t", "a", json!({"generation": generation}))])
+            .await;
+    }
+    let wait_for = async |seen: &mut tokio::sync::mpsc::UnboundedReceiver<u64>, wanted: u64| {
+        tokio::time::timeout(DEADLINE, async {
+            while seen.recv().await.expect("the reader runs") != wanted {}
+        })
+        .await
+        .unwrap_or_else(|_| panic!("generation {wanted} was not watched within {DEADLINE:?}"));
+    };
+    wait_for(&mut seen, 2).await;
+
+    tenant.server.kill9().expect("killed");
+    tenant.server.start_again().await.expect("starts again");
+    tenant.channel = tenant.server.channel().await.expect("connects");
+    for generation in 3..=4 {
+        tenant
+            .submit(vec![item("t", "a", json!({"generation": generation}))])
+            .await;
+    }
+    let (generations, revisions) = tokio::time::timeout(DEADLINE * 2, reader)
+        .await
+        .expect("the reader finishes")
+        .expect("the reader did not panic");
+    assert_eq!(generations, [1, 2, 3, 4]);
+    assert!(
+        revisions.windows(2).all(|pair| pair[0] < pair[1]),
+        "a revision came twice: {revisions:?}"
+    );
+
+    api::create_tenant(&tenant.channel, &tenant.server.admin_token(), "beta").await;
+    let mut after = Vec::new();
+    while !after.contains(&"beta".to_owned()) {
+        match next_resumed(&mut fleet).await {
+            Resumed::Message(FleetMessage::Events(group)) => {
+                after.extend(group.events.into_iter().map(|event| event.tenant));
+            }
+            Resumed::StartedOver(why) => panic!("the fleet watch started over: {why:?}"),
+            Resumed::Message(FleetMessage::Synced(_)) => panic!("a second listing"),
+            Resumed::Message(FleetMessage::Bookmark(_)) => {}
+        }
+    }
+    assert_eq!(
+        after.iter().filter(|name| *name == "beta").count(),
+        1,
+        "{after:?}"
+    );
+}
+
+/// A resuming watch whose place in the history was compacted while it
+/// was away says that it starts over, then delivers a fresh snapshot of
+/// the tenant as it is now.
+#[tokio::test]
+async fn the_sdks_resuming_watch_starts_over_from_a_snapshot_when_its_history_was_compacted() {
+    use reconciled_client::proto::watch_response::Message;
+
+    let options = ServerOptions::default()
+        .arg("--watch-history-revisions")
+        .arg("3");
+    let mut tenant = TestTenant::start_with(options, "acme").await;
+    let client = Client::connect(tenant.server.endpoint(), &tenant.token)
+        .await
+        .expect("connects");
+    let mut watch = client.watch_resuming(v1::WatchRequest {
+        tenant: "acme".into(),
+        ..Default::default()
+    });
+    while !matches!(
+        next_resumed(&mut watch).await,
+        Resumed::Message(Message::Synced(_))
+    ) {}
+    let synced_at = watch.resume_revision();
+
+    // The watch is not read while the server restarts and six intents
+    // move the history of three revisions past where it was.
+    tenant.server.restart().await.expect("restarts");
+    tenant.channel = tenant.server.channel().await.expect("connects");
+    // Past every revision the stream could have sent before the restart.
+    let before_restart = tenant.status().await.revision;
+    for generation in 1..=6 {
+        tenant
+            .submit(vec![item("t", "a", json!({"generation": generation}))])
+            .await;
+    }
+    // What the stream had sent before the restart (the first pass's
+    // conditions) may still come first; nothing after it does.
+    let why = loop {
+        match next_resumed(&mut watch).await {
+            Resumed::StartedOver(why) => break why,
+            Resumed::Message(Message::Events(group)) if group.revision <= before_restart => {}
+            other => panic!("expected StartedOver after compaction, got {other:?}"),
+        }
+    };
+    assert_eq!(why.code(), Code::OutOfRange, "{why:?}");
+    assert_eq!(error_reason(&why).as_deref(), Some("REVISION_COMPACTED"));
+    let snapshot = match next_resumed(&mut watch).await {
+        Resumed::Message(Message::Snapshot(part)) => part,
+        other => panic!("expected a snapshot, got {other:?}"),
+    };
+    assert_eq!(snapshot.generation, 6);
+    assert!(
+        snapshot.revision > synced_at + 3,
+        "{snapshot:?} after {synced_at}"
+    );
+    assert!(
+        snapshot
+            .intended
+            .iter()
+            .any(|intended| intended.item.as_ref().is_some_and(|item| item.name == "a")),
+        "{snapshot:?}"
+    );
 }

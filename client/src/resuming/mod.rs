@@ -1,0 +1,218 @@
+//! Watches that resume by themselves: [`Client::watch_resuming`] and
+//! [`Client::watch_fleet_resuming`].
+//!
+//! A `Watch` or `WatchFleet` stream ends whenever the connection does (a
+//! server restart, a replica handing the tenant over), when the watcher
+//! is too slow, or when the history it would resume from is gone. Each
+//! case has its rule (`docs/watch.md`); a [`ResumingWatch`] follows them,
+//! so that a controller reads one stream in which nothing is lost or
+//! repeated, and is told when it must start over.
+
+mod kinds;
+mod position;
+
+use std::future::Future;
+
+use tonic::Status;
+use tonic::codec::Streaming;
+use tracing::info;
+
+pub use kinds::{Fleet, Tenant};
+use position::{Break, Position, Seen};
+
+use crate::Client;
+
+/// A tenant's `Watch` that resumes by itself ([`Client::watch_resuming`]).
+pub type TenantWatch = ResumingWatch<Tenant>;
+
+/// The fleet's `WatchFleet` that resumes by itself
+/// ([`Client::watch_fleet_resuming`]).
+pub type FleetWatch = ResumingWatch<Fleet>;
+
+/// What [`ResumingWatch::next`] gives.
+#[derive(Debug)]
+pub enum Resumed<M> {
+    /// The stream's next message, in order: across reconnections nothing
+    /// is lost or repeated. A revision's events may still come in several
+    /// messages (`continued` set on all but the last).
+    Message(M),
+    /// The watch could not continue where it was (the history it would
+    /// resume from was compacted, or the stream broke during the initial
+    /// listing): forget what earlier messages built. A fresh listing
+    /// follows (snapshot parts or the fleet's groups, then `Synced`).
+    /// The status says why.
+    StartedOver(Status),
+}
+
+/// Which stream a [`ResumingWatch`] follows: [`Tenant`] or [`Fleet`]. The
+/// SDK implements it for those two only.
+pub trait WatchKind: kinds::Sealed + Send + 'static {
+    /// The request that opens the stream.
+    type Request: Clone + Send + Sync + 'static;
+    /// A message of the stream (the response's `oneof message`).
+    type Message: Send + 'static;
+    /// The response type of the stream.
+    #[doc(hidden)]
+    type Response: Send + 'static;
+
+    #[doc(hidden)]
+    fn start_revision(request: &Self::Request) -> u64;
+
+    #[doc(hidden)]
+    fn from_revision(request: &Self::Request, revision: u64) -> Self::Request;
+
+    #[doc(hidden)]
+    fn open(
+        client: &Client,
+        request: Self::Request,
+    ) -> impl Future<Output = Result<Streaming<Self::Response>, Status>> + Send;
+
+    #[doc(hidden)]
+    fn message(response: Self::Response) -> Option<Self::Message>;
+
+    #[doc(hidden)]
+    fn seen(message: &Self::Message) -> Seen;
+
+    /// Drops the first `count` events of an events message; returns
+    /// whether any event is left.
+    #[doc(hidden)]
+    fn drop_events(message: &mut Self::Message, count: usize) -> bool;
+
+    /// What the stream is, for logs ("tenant acme", "the fleet").
+    #[doc(hidden)]
+    fn describe(request: &Self::Request) -> String;
+}
+
+/// A watch stream that opens itself again after a break, from where it
+/// was.
+///
+/// - **Lost connections and slow consumers** (`UNAVAILABLE`,
+///   `RESOURCE_EXHAUSTED` with a `RetryInfo`): it waits as
+///   [`retry_after`](crate::retry_after) says and resumes after the last
+///   revision it delivered whole; the events of a revision it had
+///   delivered in part are not delivered again.
+/// - **A compacted history** (`OUT_OF_RANGE`, `REVISION_COMPACTED`) or a
+///   break during the initial listing: [`Resumed::StartedOver`], then a
+///   fresh listing.
+/// - **Anything retrying cannot mend** (`NOT_FOUND`: the tenant was
+///   deleted; `UNAUTHENTICATED`: the token was rotated or the tenant
+///   deleted; `INVALID_ARGUMENT`; `PERMISSION_DENIED`; the watcher limit's
+///   `RESOURCE_EXHAUSTED`) ends [`next`](Self::next) with that status.
+///   Calling `next` again opens the stream again from the same place.
+///
+/// Each reconnection is logged (`tracing`, level INFO) with the status
+/// that ended the stream.
+pub struct ResumingWatch<K: WatchKind> {
+    client: Client,
+    request: K::Request,
+    position: Position,
+    stream: Option<Streaming<K::Response>>,
+}
+
+impl<K: WatchKind> std::fmt::Debug for ResumingWatch<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResumingWatch")
+            .field("watching", &K::describe(&self.request))
+            .field("resume_revision", &self.position.start())
+            .field("open", &self.stream.is_some())
+            .finish()
+    }
+}
+
+impl<K: WatchKind> ResumingWatch<K> {
+    /// A watch of `request` (from its `start_revision`) through `client`.
+    /// Nothing is sent before the first [`next`](Self::next).
+    pub fn new(client: Client, request: K::Request) -> Self {
+        let position = Position::new(K::start_revision(&request));
+        Self {
+            client,
+            request,
+            position,
+            stream: None,
+        }
+    }
+
+    /// The next message, waiting (and reconnecting) as long as it takes.
+    ///
+    /// # Errors
+    /// A status that retrying cannot change (see [`ResumingWatch`]).
+    pub async fn next(&mut self) -> Result<Resumed<K::Message>, Status> {
+        loop {
+            let Some(stream) = &mut self.stream else {
+                let request = K::from_revision(&self.request, self.position.start());
+                match K::open(&self.client, request).await {
+                    Ok(stream) => self.stream = Some(stream),
+                    Err(status) => {
+                        if let Some(started_over) = self.after_break(Some(status)).await? {
+                            return Ok(started_over);
+                        }
+                    }
+                }
+                continue;
+            };
+            let ended = match stream.message().await {
+                Ok(Some(response)) => {
+                    let Some(mut message) = K::message(response) else {
+                        continue;
+                    };
+                    let drop = self.position.observe(K::seen(&message));
+                    if drop > 0 && !K::drop_events(&mut message, drop) {
+                        // Every event of this message was delivered before.
+                        continue;
+                    }
+                    return Ok(Resumed::Message(message));
+                }
+                Ok(None) => None,
+                Err(status) => Some(status),
+            };
+            self.stream = None;
+            if let Some(started_over) = self.after_break(ended).await? {
+                return Ok(started_over);
+            }
+        }
+    }
+
+    /// The revision the watch would resume from now: the last one it
+    /// delivered whole, or the last `Synced` or `Bookmark` (0 before the
+    /// listing's `Synced`). A controller that keeps it can start a new
+    /// watch from it after its own restart.
+    pub fn resume_revision(&self) -> u64 {
+        self.position.start()
+    }
+
+    /// Waits out a break; `Some` when the caller must be told the watch
+    /// starts over.
+    async fn after_break(
+        &mut self,
+        ended: Option<Status>,
+    ) -> Result<Option<Resumed<K::Message>>, Status> {
+        let watching = K::describe(&self.request);
+        let why = ended.unwrap_or_else(|| Status::unavailable("the server ended the stream"));
+        match self.position.broke(&why) {
+            Break::Fatal => Err(why),
+            Break::Resume(delay) => {
+                info!(
+                    watching,
+                    code = ?why.code(),
+                    message = why.message(),
+                    resume_revision = self.position.start(),
+                    ?delay,
+                    "The watch stream ended; resuming."
+                );
+                tokio::time::sleep(delay).await;
+                Ok(None)
+            }
+            Break::StartOver(delay) => {
+                info!(
+                    watching,
+                    code = ?why.code(),
+                    message = why.message(),
+                    ?delay,
+                    "The watch cannot resume where it was; starting over from a fresh listing."
+                );
+                tokio::time::sleep(delay).await;
+                Ok(Some(Resumed::StartedOver(why)))
+            }
+        }
+    }
+}
