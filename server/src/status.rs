@@ -44,6 +44,12 @@ pub mod reason {
     /// With replicas on etcd: another replica serves the tenant (metadata
     /// `owner`: its address, empty while none does).
     pub const NOT_OWNER: &str = "NOT_OWNER";
+    /// A stream opened with a tenant's token ended because `RotateToken`
+    /// replaced the token: reconnect with the new one.
+    pub const TOKEN_ROTATED: &str = "TOKEN_ROTATED";
+    /// A stream opened with a tenant's token ended because the tenant was
+    /// deleted: no token opens it again.
+    pub const TENANT_DELETED: &str = "TENANT_DELETED";
 }
 
 /// Everything an RPC can fail with, in API terms. Each variant maps to one
@@ -89,6 +95,10 @@ pub enum ApiError {
     Unauthenticated {
         /// What is wrong with the credentials and what to send instead.
         message: String,
+        /// For a stream whose token was revoked while it was open, why
+        /// ([`reason::TOKEN_ROTATED`], [`reason::TENANT_DELETED`]), sent as
+        /// an `ErrorInfo`.
+        reason: Option<&'static str>,
     },
     /// A limit was hit: `RESOURCE_EXHAUSTED` with a `QuotaFailure`.
     #[error("quota exceeded for {subject}: {description}")]
@@ -315,6 +325,16 @@ impl ApiError {
     pub fn unauthenticated(message: impl Into<String>) -> Self {
         Self::Unauthenticated {
             message: message.into(),
+            reason: None,
+        }
+    }
+
+    /// Credentials revoked while a stream was open, with the `ErrorInfo`
+    /// reason that says why.
+    pub fn credentials_revoked(message: impl Into<String>, reason: &'static str) -> Self {
+        Self::Unauthenticated {
+            message: message.into(),
+            reason: Some(reason),
         }
     }
 
@@ -428,9 +448,13 @@ impl ApiError {
                 details.set_retry_info(Some(NOT_OWNER_RETRY));
                 Some(details)
             }
+            Self::Unauthenticated {
+                reason: Some(reason),
+                ..
+            } => Some(error_info(reason, [])),
             Self::NotFound { .. }
             | Self::TenantDeleted
-            | Self::Unauthenticated { .. }
+            | Self::Unauthenticated { reason: None, .. }
             | Self::PermissionDenied { .. }
             | Self::DeadlineExceeded { .. }
             | Self::StreamEndedBeforeRegister

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use reconciled_tests::agents::{DEADLINE, TestTenant, external_put};
-use reconciled_tests::api::{self, Bearer, item, violated_fields};
+use reconciled_tests::api::{self, Bearer, error_reason, item, violated_fields};
 use reconciled_tests::proto::v1;
 use reconciled_tests::proto::v1::configurators_client::ConfiguratorsClient;
 use reconciled_tests::raw;
@@ -704,6 +704,7 @@ async fn rotating_a_token_or_deleting_the_tenant_ends_every_stream_opened_with_t
     let new_token = api::rotate_token(&tenant.channel, &admin, "acme").await;
     let ended = watch_ended(watch).await;
     assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    assert_eq!(error_reason(&ended).as_deref(), Some("TOKEN_ROTATED"));
     assert!(
         ended
             .message()
@@ -713,6 +714,7 @@ async fn rotating_a_token_or_deleting_the_tenant_ends_every_stream_opened_with_t
     );
     let ended = session.ended_with().await;
     assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    assert_eq!(error_reason(&ended).as_deref(), Some("TOKEN_ROTATED"));
     assert!(
         ended
             .message()
@@ -740,12 +742,14 @@ async fn rotating_a_token_or_deleting_the_tenant_ends_every_stream_opened_with_t
     // Deleted, not rotated: there is no new token to reconnect with.
     let ended = watch_ended(watch).await;
     assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    assert_eq!(error_reason(&ended).as_deref(), Some("TENANT_DELETED"));
     assert!(
         ended.message().starts_with("the tenant was deleted"),
         "{ended:?}"
     );
     let ended = session.ended_with().await;
     assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    assert_eq!(error_reason(&ended).as_deref(), Some("TENANT_DELETED"));
     assert!(
         ended.message().starts_with("the tenant was deleted"),
         "{ended:?}"

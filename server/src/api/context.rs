@@ -12,7 +12,7 @@ use crate::auth::{AdminToken, Caller, TokenDirectory, authenticate};
 use crate::cluster::Cluster;
 use crate::engine::intent::IntentError;
 use crate::graph::validate::{FieldViolation, ValidationLimits};
-use crate::status::ApiError;
+use crate::status::{ApiError, reason};
 use crate::store::StoreError;
 use crate::tenant::{
     DirectoryError, Revocation, Revoked, TenantDirectory, TenantError, TenantHandle, TenantSnapshot,
@@ -267,22 +267,25 @@ impl From<DirectoryError> for ApiError {
 }
 
 /// The status that ends a stream whose tenant token was rotated or whose
-/// tenant was deleted (`why`, when known): `UNAUTHENTICATED`.
+/// tenant was deleted (`why`, when known): `UNAUTHENTICATED`, with an
+/// `ErrorInfo` reason `TOKEN_ROTATED` or `TENANT_DELETED`.
 pub fn credentials_revoked(why: Option<Revoked>) -> ApiError {
-    ApiError::unauthenticated(match why {
-        Some(Revoked::Rotated) => {
+    match why {
+        Some(Revoked::Rotated) => ApiError::credentials_revoked(
             "the tenant's token was rotated: the token this stream was opened with is no \
-             longer valid; reconnect with the new token"
-        }
-        Some(Revoked::Deleted) => {
+             longer valid; reconnect with the new token",
+            reason::TOKEN_ROTATED,
+        ),
+        Some(Revoked::Deleted) => ApiError::credentials_revoked(
             "the tenant was deleted: the token this stream was opened with is no longer \
-             valid, and no token opens it again"
-        }
-        None => {
+             valid, and no token opens it again",
+            reason::TENANT_DELETED,
+        ),
+        None => ApiError::unauthenticated(
             "the token this stream was opened with is no longer valid (the tenant's token \
-             was rotated or the tenant deleted); reconnect with the current token"
-        }
-    })
+             was rotated or the tenant deleted); reconnect with the current token",
+        ),
+    }
 }
 
 /// A single field violation as an API error.
