@@ -45,6 +45,7 @@
 
 pub mod agent;
 mod auth;
+mod backoff;
 mod chain;
 #[cfg(feature = "cli")]
 pub mod cli;

@@ -72,7 +72,6 @@
 //! # }
 //! ```
 
-mod backoff;
 mod configurator;
 mod context;
 mod env;

@@ -18,7 +18,6 @@ use tonic::codec::Streaming;
 use tonic::transport::Endpoint;
 use tracing::Instrument;
 
-use super::backoff::Backoff;
 use super::configurator::{Configurator, DynConfigurator};
 use super::context::{OperationContext, OperationEvent};
 use super::error::{AgentError, Disposition, classify, error_reason};
@@ -30,6 +29,7 @@ use super::spec::TypeSpec;
 use super::targets::{Next, Targets};
 use super::token::Token;
 use crate::auth::BearerToken;
+use crate::backoff::Backoff;
 use crate::chain::error_chain;
 use crate::client::MAX_MESSAGE_BYTES;
 use crate::tls::ClientTls;

@@ -12,15 +12,26 @@ mod kinds;
 mod position;
 
 use std::future::Future;
+use std::time::Duration;
 
 use tonic::Status;
 use tonic::codec::Streaming;
+use tonic_types::StatusExt as _;
 use tracing::info;
 
 pub use kinds::{Fleet, Tenant};
 use position::{Break, Position, Seen};
 
 use crate::Client;
+use crate::backoff::Backoff;
+use crate::retry::UNAVAILABLE_RETRY_DELAY;
+
+/// The first wait before reopening a broken stream (drawn from its upper
+/// half); it doubles while attempts bring nothing.
+const FIRST_RETRY: Duration = UNAVAILABLE_RETRY_DELAY;
+
+/// The longest wait between attempts.
+const MAX_RETRY: Duration = Duration::from_secs(30);
 
 /// A tenant's `Watch` that resumes by itself ([`Client::watch_resuming`]).
 pub type TenantWatch = ResumingWatch<Tenant>;
@@ -87,10 +98,11 @@ pub trait WatchKind: kinds::Sealed + Send + 'static {
 /// was.
 ///
 /// - **Lost connections and slow consumers** (`UNAVAILABLE`,
-///   `RESOURCE_EXHAUSTED` with a `RetryInfo`): it waits as
-///   [`retry_after`](crate::retry_after) says and resumes after the last
-///   revision it delivered whole; the events of a revision it had
-///   delivered in part are not delivered again.
+///   `RESOURCE_EXHAUSTED` with a `RetryInfo`): it waits and resumes after
+///   the last revision it delivered whole; the events of a revision it
+///   had delivered in part are not delivered again. The wait is at least
+///   what a `RetryInfo` says, 0.5 to 1 s at first, and doubles (with
+///   jitter, up to 30 s) while attempts bring no message.
 /// - **A compacted history** (`OUT_OF_RANGE`, `REVISION_COMPACTED`) or a
 ///   break during the initial listing: [`Resumed::StartedOver`], then a
 ///   fresh listing.
@@ -107,6 +119,8 @@ pub struct ResumingWatch<K: WatchKind> {
     request: K::Request,
     position: Position,
     stream: Option<Streaming<K::Response>>,
+    /// Reset whenever a message comes through.
+    backoff: Backoff,
 }
 
 impl<K: WatchKind> std::fmt::Debug for ResumingWatch<K> {
@@ -129,6 +143,7 @@ impl<K: WatchKind> ResumingWatch<K> {
             request,
             position,
             stream: None,
+            backoff: Backoff::new(FIRST_RETRY, MAX_RETRY),
         }
     }
 
@@ -155,6 +170,7 @@ impl<K: WatchKind> ResumingWatch<K> {
                     let Some(mut message) = K::message(response) else {
                         continue;
                     };
+                    self.backoff.reset();
                     let drop = self.position.observe(K::seen(&message));
                     if drop > 0 && !K::drop_events(&mut message, drop) {
                         // Every event of this message was delivered before.
@@ -186,33 +202,40 @@ impl<K: WatchKind> ResumingWatch<K> {
         &mut self,
         ended: Option<Status>,
     ) -> Result<Option<Resumed<K::Message>>, Status> {
-        let watching = K::describe(&self.request);
         let why = ended.unwrap_or_else(|| Status::unavailable("the server ended the stream"));
-        match self.position.broke(&why) {
-            Break::Fatal => Err(why),
-            Break::Resume(delay) => {
-                info!(
-                    watching,
-                    code = ?why.code(),
-                    message = why.message(),
-                    resume_revision = self.position.start(),
-                    ?delay,
-                    "The watch stream ended; resuming."
-                );
-                tokio::time::sleep(delay).await;
-                Ok(None)
+        let verdict = self.position.broke(&why);
+        let delay = match verdict {
+            Break::Fatal => return Err(why),
+            Break::Compacted => Duration::ZERO,
+            Break::Resume | Break::StartOver => self.delay_after(&why),
+        };
+        info!(
+            watching = K::describe(&self.request),
+            code = ?why.code(),
+            message = why.message(),
+            resume_revision = self.position.start(),
+            ?delay,
+            "{}",
+            match verdict {
+                Break::Resume => "The watch stream ended; resuming.",
+                _ => "The watch cannot resume where it was; starting over from a fresh listing.",
             }
-            Break::StartOver(delay) => {
-                info!(
-                    watching,
-                    code = ?why.code(),
-                    message = why.message(),
-                    ?delay,
-                    "The watch cannot resume where it was; starting over from a fresh listing."
-                );
-                tokio::time::sleep(delay).await;
-                Ok(Some(Resumed::StartedOver(why)))
-            }
-        }
+        );
+        tokio::time::sleep(delay).await;
+        Ok((verdict != Break::Resume).then_some(Resumed::StartedOver(why)))
+    }
+
+    /// How long to wait before opening again after `status`: at least what
+    /// the server's `RetryInfo` says, and a jittered backoff that grows
+    /// while attempts bring nothing (so that the watchers of a restarted
+    /// server do not all come back at once, and not every second while it
+    /// is down).
+    fn delay_after(&mut self, status: &Status) -> Duration {
+        let told = status
+            .get_error_details()
+            .retry_info()
+            .and_then(|retry| retry.retry_delay)
+            .unwrap_or_default();
+        told.max(self.backoff.next_delay())
     }
 }

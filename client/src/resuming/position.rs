@@ -12,10 +12,8 @@
 //!   revision, so it sends a cut revision again from its first event; the
 //!   events already delivered are dropped, so none is seen twice.
 //! - `REVISION_COMPACTED` (the history to resume from is gone): start over
-//!   from 0. Other refusals are retried after [`retry_after`]'s delay, or
-//!   end the call when retrying cannot help.
-
-use std::time::Duration;
+//!   from 0. Other refusals are retried where [`retry_after`] says a retry
+//!   can succeed, or end the call.
 
 use tonic::{Code, Status};
 use tonic_types::StatusExt as _;
@@ -41,13 +39,16 @@ pub enum Seen {
 }
 
 /// What to do after the stream (or the call that opens it) failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Break {
-    /// Open it again from [`Position::start`] after the delay.
-    Resume(Duration),
+    /// Wait, then open it again from [`Position::start`].
+    Resume,
     /// What was delivered can no longer be continued: tell the caller to
-    /// forget it, then open again from 0 (a fresh listing) after the delay.
-    StartOver(Duration),
+    /// forget it, wait, then open again from 0 (a fresh listing).
+    StartOver,
+    /// The history to resume from is gone: tell the caller to forget what
+    /// was delivered and open again from 0 at once (the server answered).
+    Compacted,
     /// Retrying cannot help (the tenant or token is gone, the request is
     /// wrong): hand the status to the caller.
     Fatal,
@@ -158,22 +159,22 @@ impl Position {
     pub(crate) fn broke(&mut self, status: &Status) -> Break {
         if is_compacted(status) {
             self.start_over();
-            return Break::StartOver(Duration::ZERO);
+            return Break::Compacted;
         }
-        let Some(delay) = retry_after(status) else {
+        if retry_after(status).is_none() {
             return Break::Fatal;
-        };
+        }
         if self.listing {
             let listed = self.listed;
             self.start_over();
             return if listed {
-                Break::StartOver(delay)
+                Break::StartOver
             } else {
-                Break::Resume(delay)
+                Break::Resume
             };
         }
         self.to_drop = self.cut;
-        Break::Resume(delay)
+        Break::Resume
     }
 
     fn start_over(&mut self) {
@@ -198,8 +199,9 @@ mod tests {
 
     use tonic_types::ErrorDetails;
 
+    use std::time::Duration;
+
     use super::*;
-    use crate::retry::UNAVAILABLE_RETRY_DELAY;
 
     fn lost() -> Status {
         Status::unavailable("the connection was lost")
@@ -230,7 +232,7 @@ mod tests {
         assert_eq!(position.observe(Seen::Bookmark(14)), 0);
         assert_eq!(
             position.broke(&Status::unavailable("restarting")),
-            Break::Resume(UNAVAILABLE_RETRY_DELAY)
+            Break::Resume
         );
         assert_eq!(position.start(), 14);
         // The resumed stream has nothing to drop.
@@ -244,10 +246,7 @@ mod tests {
         assert_eq!(position.observe(events(5, 2, false)), 0);
         assert_eq!(position.observe(events(6, 3, true)), 0);
         assert_eq!(position.observe(events(6, 2, true)), 0);
-        assert_eq!(
-            position.broke(&lost()),
-            Break::Resume(UNAVAILABLE_RETRY_DELAY)
-        );
+        assert_eq!(position.broke(&lost()), Break::Resume);
         assert_eq!(position.start(), 5);
         // The server sends revision 6 again, split another way: the five
         // delivered events go, the rest comes through.
@@ -262,16 +261,10 @@ mod tests {
     fn a_second_break_in_the_same_cut_revision_drops_everything_delivered_so_far() {
         let mut position = Position::new(4);
         assert_eq!(position.observe(events(6, 3, true)), 0);
-        assert_eq!(
-            position.broke(&lost()),
-            Break::Resume(UNAVAILABLE_RETRY_DELAY)
-        );
+        assert_eq!(position.broke(&lost()), Break::Resume);
         // Three dropped, two new delivered: five of revision 6 so far.
         assert_eq!(position.observe(events(6, 5, true)), 3);
-        assert_eq!(
-            position.broke(&lost()),
-            Break::Resume(UNAVAILABLE_RETRY_DELAY)
-        );
+        assert_eq!(position.broke(&lost()), Break::Resume);
         assert_eq!(position.observe(events(6, 5, true)), 5);
         assert_eq!(position.observe(events(6, 2, false)), 0);
         assert_eq!(position.start(), 6);
@@ -280,10 +273,7 @@ mod tests {
     #[test]
     fn a_break_in_a_listing_starts_over_and_one_before_it_just_reopens() {
         let mut position = Position::new(0);
-        assert_eq!(
-            position.broke(&lost()),
-            Break::Resume(UNAVAILABLE_RETRY_DELAY)
-        );
+        assert_eq!(position.broke(&lost()), Break::Resume);
         assert_eq!(position.start(), 0);
         // A fleet listing is groups of one revision before `Synced`: its
         // revision is not a place to resume from.
@@ -292,7 +282,7 @@ mod tests {
         assert_eq!(position.start(), 0);
         assert_eq!(
             position.broke(&Status::unavailable("gone")),
-            Break::StartOver(UNAVAILABLE_RETRY_DELAY)
+            Break::StartOver
         );
         assert_eq!(position.start(), 0);
         assert_eq!(position.observe(Seen::Listing), 0);
@@ -304,10 +294,7 @@ mod tests {
     fn a_compacted_history_starts_over_from_a_listing() {
         let mut position = Position::new(4);
         assert_eq!(position.observe(events(6, 3, true)), 0);
-        assert_eq!(
-            position.broke(&compacted()),
-            Break::StartOver(Duration::ZERO)
-        );
+        assert_eq!(position.broke(&compacted()), Break::Compacted);
         assert_eq!(position.start(), 0);
         // Nothing is dropped from the new listing's stream.
         assert_eq!(position.observe(Seen::Listing), 0);
@@ -323,10 +310,7 @@ mod tests {
             "too slow",
             ErrorDetails::with_retry_info(Some(Duration::from_millis(300))),
         );
-        assert_eq!(
-            position.broke(&slow),
-            Break::Resume(Duration::from_millis(300))
-        );
+        assert_eq!(position.broke(&slow), Break::Resume);
         for status in [
             Status::not_found("no such tenant"),
             Status::unauthenticated("the tenant's token was rotated"),

@@ -1,11 +1,12 @@
-//! Reconnect delays: exponential with jitter, capped.
+//! Reconnect delays: exponential with jitter, capped (agents' sessions
+//! and resuming watches).
 
 use std::time::Duration;
 
 /// Exponential reconnect backoff: the base delay starts at `initial`,
 /// doubles after every failed attempt up to `max`, and each delay is drawn
 /// uniformly from the upper half of the base ("equal jitter") so that many
-/// agents that lost the same server do not reconnect in lockstep.
+/// clients that lost the same server do not reconnect in lockstep.
 #[derive(Debug, Clone)]
 pub(crate) struct Backoff {
     initial: Duration,
@@ -37,7 +38,7 @@ impl Backoff {
         self.next_with(rand::random::<f64>())
     }
 
-    /// Back to `initial` (after a successful registration).
+    /// Back to `initial` (after a registration, or a message, came through).
     pub(crate) fn reset(&mut self) {
         self.base = self.initial;
     }
