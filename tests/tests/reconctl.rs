@@ -1047,3 +1047,98 @@ async fn an_agents_error_message_cannot_drive_the_operators_terminal() {
     assert!(reconcile.stdout.contains("stalled"), "{reconcile:?}");
     printable("reconcile", &reconcile.stdout);
 }
+
+/// `watch --reconnect` goes on across a server restart: the change made
+/// after it shows once, nothing before it shows again, and standard
+/// error says the stream was resumed.
+#[tokio::test]
+async fn watch_with_reconnect_resumes_across_a_restart_without_repeating_events() {
+    let mut tenant = TestTenant::start("acme").await;
+    let cli = tenant_cli(&tenant);
+    let mut watch = cli.spawn(&["watch", "-o", "json", "--reconnect"]);
+    let is = |line: &str, kind: &str, generation: Option<u64>| {
+        serde_json::from_str::<Value>(line).is_ok_and(|v| {
+            v["kind"] == kind && generation.is_none_or(|wanted| v["generation"] == wanted)
+        })
+    };
+    watch
+        .wait_for("the end of the snapshot", |line| is(line, "SYNCED", None))
+        .await;
+    tenant
+        .submit(vec![reconciled_tests::api::item(
+            "t",
+            "a",
+            serde_json::json!({"round": 1}),
+        )])
+        .await;
+    watch
+        .wait_for("generation 1", |line| is(line, "INTENT_CHANGED", Some(1)))
+        .await;
+
+    tenant.server.restart().await.expect("restarts");
+    tenant.channel = tenant.server.channel().await.expect("connects");
+    tenant
+        .submit(vec![reconciled_tests::api::item(
+            "t",
+            "a",
+            serde_json::json!({"round": 2}),
+        )])
+        .await;
+    watch
+        .wait_for("generation 2 after the restart", |line| {
+            is(line, "INTENT_CHANGED", Some(2))
+        })
+        .await;
+    let count = |kind: &str, generation: Option<u64>| {
+        watch
+            .seen
+            .iter()
+            .filter(|line| is(line, kind, generation))
+            .count()
+    };
+    assert_eq!(count("SYNCED", None), 1, "{:#?}", watch.seen);
+    assert_eq!(count("INTENT_CHANGED", Some(1)), 1, "{:#?}", watch.seen);
+
+    watch.child.start_kill().expect("reconctl is stopped");
+    let mut stderr = String::new();
+    let mut pipe = watch.child.stderr.take().expect("stderr is piped");
+    tokio::io::AsyncReadExt::read_to_string(&mut pipe, &mut stderr)
+        .await
+        .expect("stderr is read");
+    assert!(
+        stderr.contains("the stream broke and was resumed after revision"),
+        "{stderr}"
+    );
+}
+
+/// `fleet --watch --reconnect` goes on across a server restart: a tenant
+/// created after it shows, and the listing does not come again.
+#[tokio::test]
+async fn fleet_watch_with_reconnect_resumes_across_a_restart() {
+    let mut tenant = TestTenant::start("acme").await;
+    let mut watch = admin(&tenant.server).spawn(&["fleet", "--watch", "-o", "json", "--reconnect"]);
+    let kind_is = |line: &str, kind: &str| {
+        serde_json::from_str::<Value>(line).is_ok_and(|v| v["kind"] == kind)
+    };
+    watch
+        .wait_for("the end of the listing", |line| kind_is(line, "SYNCED"))
+        .await;
+
+    tenant.server.restart().await.expect("restarts");
+    tenant.channel = tenant.server.channel().await.expect("connects");
+    admin(&tenant.server)
+        .run(&["tenant", "create", "beta", "--quiet"])
+        .await
+        .ok();
+    watch
+        .wait_for("tenant beta", |line| {
+            serde_json::from_str::<Value>(line).is_ok_and(|v| v["tenant"] == "beta")
+        })
+        .await;
+    let listings = watch
+        .seen
+        .iter()
+        .filter(|line| kind_is(line, "SYNCED"))
+        .count();
+    assert_eq!(listings, 1, "{:#?}", watch.seen);
+}

@@ -355,6 +355,12 @@ pub(crate) struct WatchArgs {
     /// not count).
     #[arg(long, value_name = "N")]
     pub(crate) count: Option<u64>,
+    /// Reconnect after a break (a server restart, a hand-off between
+    /// replicas, falling behind) and resume where the stream was, losing
+    /// and repeating nothing; notes on standard error say so. Without it
+    /// the command ends at the first break and says how to resume.
+    #[arg(long)]
+    pub(crate) reconnect: bool,
     /// Output format: one line per event.
     #[arg(short, long, value_enum, default_value_t = StreamFormat::Human)]
     pub(crate) output: StreamFormat,
@@ -398,6 +404,11 @@ pub(crate) struct FleetArgs {
     /// With --watch: start after this fleet revision.
     #[arg(long, value_name = "REVISION", requires = "watch")]
     pub(crate) since: Option<u64>,
+    /// With --watch: reconnect after a break (a server restart, falling
+    /// behind) and resume where the stream was; notes on standard error
+    /// say so. Without it the command ends at the first break.
+    #[arg(long, requires = "watch")]
+    pub(crate) reconnect: bool,
     /// Output format: table, json or yaml for the listing; with --watch,
     /// table gives one line per change and json one JSON object per line.
     #[arg(short, long, value_enum, default_value_t = OutputFormat::Table)]

@@ -5,12 +5,14 @@ use serde_json::{Value, json};
 
 use super::args::{FleetArgs, OutputFormat};
 use super::failure::{Exit, Failure};
-use super::output::{emit, emit_as, emit_json_line};
+use super::output::{emit, emit_as, emit_json_line, note};
 use super::status::{condition_value, counts};
 use super::table::Table;
 use super::watch::stream_failure;
 use super::{Session, json, names};
+use crate::Resumed;
 use crate::proto as v1;
+use crate::proto::watch_fleet_response::Message;
 
 /// Lists the fleet, or streams its changes with `--watch`.
 pub(crate) async fn run(session: &Session, args: FleetArgs) -> Result<Exit, Failure> {
@@ -20,7 +22,7 @@ pub(crate) async fn run(session: &Session, args: FleetArgs) -> Result<Exit, Fail
                 "fleet --watch prints one line per change: use -o table or -o json",
             ));
         }
-        watch(session, args.since, args.output).await
+        watch(session, args.since, args.reconnect, args.output).await
     } else {
         list(session, args.output).await
     }
@@ -115,14 +117,19 @@ fn event_line(event: &v1::FleetEvent) -> String {
 async fn watch(
     session: &Session,
     since: Option<u64>,
+    reconnect: bool,
     format: OutputFormat,
 ) -> Result<Exit, Failure> {
     let what = "watch the fleet";
+    let request = v1::WatchFleetRequest {
+        start_revision: since.unwrap_or(0),
+    };
+    if reconnect {
+        return watch_resuming(session, request, format).await;
+    }
     let mut stream = session
         .client
-        .watch_fleet(v1::WatchFleetRequest {
-            start_revision: since.unwrap_or(0),
-        })
+        .watch_fleet(request)
         .await
         .map_err(|status| stream_failure(session, what, &status, since))?;
     let mut resume_from = since;
@@ -138,39 +145,83 @@ async fn watch(
             }
             Err(status) => return Err(stream_failure(session, what, &status, resume_from)),
         };
-        match message.message {
-            Some(v1::watch_fleet_response::Message::Events(group)) => {
-                for event in &group.events {
-                    if format == OutputFormat::Table {
-                        emit(&(event_line(event) + "\n"))?;
-                    } else {
-                        emit_json_line(&json::fleet_event(event))?;
-                    }
-                }
-                if !group.continued {
-                    resume_from = Some(group.revision);
-                }
+        let Some(message) = message.message else {
+            continue;
+        };
+        match &message {
+            Message::Events(group) if !group.continued => resume_from = Some(group.revision),
+            Message::Synced(synced) => resume_from = Some(synced.revision),
+            Message::Bookmark(bookmark) => resume_from = Some(bookmark.revision),
+            Message::Events(_) => {}
+        }
+        show(&message, format)?;
+    }
+}
+
+/// `fleet --watch --reconnect`: follows the stream across breaks, saying
+/// on standard error when it resumed or started over.
+async fn watch_resuming(
+    session: &Session,
+    request: v1::WatchFleetRequest,
+    format: OutputFormat,
+) -> Result<Exit, Failure> {
+    let what = "watch the fleet";
+    let mut watch = session.client.watch_fleet_resuming(request);
+    let mut breaks = 0;
+    loop {
+        let next = watch.next().await;
+        if watch.breaks() > breaks {
+            breaks = watch.breaks();
+            if matches!(next, Ok(Resumed::Message(_))) {
+                note(&format!(
+                    "{what}: the stream broke and was resumed after fleet revision {}",
+                    watch.resume_revision()
+                ));
             }
-            Some(v1::watch_fleet_response::Message::Synced(synced)) => {
-                resume_from = Some(synced.revision);
-                if format == OutputFormat::Table {
-                    emit(&format!(
-                        "rev {:<6} SYNCED live changes follow\n",
-                        synced.revision
-                    ))?;
-                } else {
-                    emit_json_line(&json!({"kind": "SYNCED", "revision": synced.revision}))?;
-                }
+        }
+        match next {
+            Ok(Resumed::Message(message)) => show(&message, format)?,
+            Ok(Resumed::StartedOver(why)) => note(&format!(
+                "{what}: {}; listing every tenant again",
+                why.message()
+            )),
+            Err(status) => {
+                let resume_from = Some(watch.resume_revision()).filter(|revision| *revision > 0);
+                return Err(stream_failure(session, what, &status, resume_from));
             }
-            Some(v1::watch_fleet_response::Message::Bookmark(bookmark)) => {
-                resume_from = Some(bookmark.revision);
-                if format != OutputFormat::Table {
-                    emit_json_line(&json!({"kind": "BOOKMARK", "revision": bookmark.revision}))?;
-                }
-            }
-            None => {}
         }
     }
+}
+
+/// Prints one message of the fleet stream.
+fn show(message: &Message, format: OutputFormat) -> Result<(), Failure> {
+    match message {
+        Message::Events(group) => {
+            for event in &group.events {
+                if format == OutputFormat::Table {
+                    emit(&(event_line(event) + "\n"))?;
+                } else {
+                    emit_json_line(&json::fleet_event(event))?;
+                }
+            }
+        }
+        Message::Synced(synced) => {
+            if format == OutputFormat::Table {
+                emit(&format!(
+                    "rev {:<6} SYNCED live changes follow\n",
+                    synced.revision
+                ))?;
+            } else {
+                emit_json_line(&json!({"kind": "SYNCED", "revision": synced.revision}))?;
+            }
+        }
+        Message::Bookmark(bookmark) => {
+            if format != OutputFormat::Table {
+                emit_json_line(&json!({"kind": "BOOKMARK", "revision": bookmark.revision}))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -19,6 +19,12 @@ pub(crate) fn emit(text: &str) -> Result<(), Failure> {
     emit_control(&printable(text))
 }
 
+/// A line on standard error, between the lines on standard output (a
+/// stream resumed, say), escaped like [`emit`]'s.
+pub(crate) fn note(text: &str) {
+    eprintln!("reconctl: {}", printable(text));
+}
+
 /// `text` with its control characters but line feeds and tabs escaped
 /// (`\u{1b}`), for a terminal (see [`emit`]).
 pub(crate) fn printable(text: &str) -> Cow<'_, str> {

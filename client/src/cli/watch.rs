@@ -12,12 +12,14 @@ use tonic_types::StatusExt as _;
 
 use super::args::{EventKindArg, StreamFormat, WatchArgs};
 use super::failure::{Exit, Failure};
-use super::output::{emit, emit_json_line};
+use super::output::{emit, emit_json_line, note};
 use super::{Session, json, names};
+use crate::Resumed;
 use crate::proto as v1;
 
-/// Streams the tenant's events until the server ends the stream, `--count`
-/// events were shown, or the reader goes away.
+/// Streams the tenant's events until the server ends the stream (with
+/// `--reconnect`: until a break retrying cannot mend), `--count` events
+/// were shown, or the reader goes away.
 pub(crate) async fn run(session: &Session, args: WatchArgs) -> Result<Exit, Failure> {
     let tenant = session.tenant()?;
     let mut request = v1::WatchRequest {
@@ -46,12 +48,29 @@ pub(crate) async fn run(session: &Session, args: WatchArgs) -> Result<Exit, Fail
         opened = session.client.watch(request.clone()).await;
     }
     let since = (request.start_revision > 0).then_some(request.start_revision);
-    let mut stream = opened.map_err(|status| stream_failure(session, &what, &status, since))?;
-    let mut shown = 0u64;
-    let mut resume_from = since;
+    let stream = opened.map_err(|status| stream_failure(session, &what, &status, since))?;
     if args.count == Some(0) {
         return Ok(Exit::Success);
     }
+    // Events shown so far, against `--count`.
+    let mut shown = 0;
+    if args.reconnect {
+        drop(stream);
+        return follow_resuming(session, &what, request, &args, &mut shown).await;
+    }
+    follow(session, &what, stream, since, &args, &mut shown).await
+}
+
+/// Follows one stream until it ends.
+async fn follow(
+    session: &Session,
+    what: &str,
+    mut stream: tonic::codec::Streaming<v1::WatchResponse>,
+    since: Option<u64>,
+    args: &WatchArgs,
+    shown: &mut u64,
+) -> Result<Exit, Failure> {
+    let mut resume_from = since;
     loop {
         let message = match stream.message().await {
             Ok(Some(message)) => message,
@@ -61,42 +80,102 @@ pub(crate) async fn run(session: &Session, args: WatchArgs) -> Result<Exit, Fail
                     resume_hint(resume_from)
                 )));
             }
-            Err(status) => return Err(stream_failure(session, &what, &status, resume_from)),
+            Err(status) => return Err(stream_failure(session, what, &status, resume_from)),
         };
         let Some(message) = message.message else {
             continue;
         };
-        match message {
-            v1::watch_response::Message::Snapshot(snapshot) => {
-                print_snapshot(&snapshot, args.output)?;
+        if let Some(revision) = resume_point(&message) {
+            resume_from = Some(revision);
+        }
+        if let Some(exit) = show(message, args, shown)? {
+            return Ok(exit);
+        }
+    }
+}
+
+/// Follows the stream across breaks (`--reconnect`), saying on standard
+/// error when it resumed or started over.
+async fn follow_resuming(
+    session: &Session,
+    what: &str,
+    request: v1::WatchRequest,
+    args: &WatchArgs,
+    shown: &mut u64,
+) -> Result<Exit, Failure> {
+    let mut watch = session.client.watch_resuming(request);
+    let mut breaks = 0;
+    loop {
+        let next = watch.next().await;
+        if watch.breaks() > breaks {
+            breaks = watch.breaks();
+            if matches!(next, Ok(Resumed::Message(_))) {
+                note(&format!(
+                    "{what}: the stream broke and was resumed after revision {}",
+                    watch.resume_revision()
+                ));
             }
-            v1::watch_response::Message::Synced(synced) => {
-                resume_from = Some(synced.revision);
-                print_marker("SYNCED", synced.revision, "live events follow", args.output)?;
-            }
-            v1::watch_response::Message::Bookmark(bookmark) => {
-                resume_from = Some(bookmark.revision);
-                if args.output == StreamFormat::Json {
-                    emit_json_line(&json!({"kind": "BOOKMARK", "revision": bookmark.revision}))?;
+        }
+        match next {
+            Ok(Resumed::Message(message)) => {
+                if let Some(exit) = show(message, args, shown)? {
+                    return Ok(exit);
                 }
             }
-            v1::watch_response::Message::Events(group) => {
-                for event in &group.events {
-                    match args.output {
-                        StreamFormat::Human => emit(&(event_line(event) + "\n"))?,
-                        StreamFormat::Json => emit_json_line(&json::event(event))?,
-                    }
-                    shown += 1;
-                    if args.count.is_some_and(|count| shown >= count) {
-                        return Ok(Exit::Success);
-                    }
+            Ok(Resumed::StartedOver(why)) => note(&format!(
+                "{what}: {}; starting over from a snapshot",
+                why.message()
+            )),
+            Err(status) => {
+                let resume_from = Some(watch.resume_revision()).filter(|revision| *revision > 0);
+                return Err(stream_failure(session, what, &status, resume_from));
+            }
+        }
+    }
+}
+
+/// The revision a stream resumes from after `message`, if it moves it.
+fn resume_point(message: &v1::watch_response::Message) -> Option<u64> {
+    match message {
+        v1::watch_response::Message::Synced(synced) => Some(synced.revision),
+        v1::watch_response::Message::Bookmark(bookmark) => Some(bookmark.revision),
+        v1::watch_response::Message::Events(group) if !group.continued => Some(group.revision),
+        _ => None,
+    }
+}
+
+/// Prints one message; `Some` once `--count` events were shown.
+fn show(
+    message: v1::watch_response::Message,
+    args: &WatchArgs,
+    shown: &mut u64,
+) -> Result<Option<Exit>, Failure> {
+    match message {
+        v1::watch_response::Message::Snapshot(snapshot) => {
+            print_snapshot(&snapshot, args.output)?;
+        }
+        v1::watch_response::Message::Synced(synced) => {
+            print_marker("SYNCED", synced.revision, "live events follow", args.output)?;
+        }
+        v1::watch_response::Message::Bookmark(bookmark) => {
+            if args.output == StreamFormat::Json {
+                emit_json_line(&json!({"kind": "BOOKMARK", "revision": bookmark.revision}))?;
+            }
+        }
+        v1::watch_response::Message::Events(group) => {
+            for event in &group.events {
+                match args.output {
+                    StreamFormat::Human => emit(&(event_line(event) + "\n"))?,
+                    StreamFormat::Json => emit_json_line(&json::event(event))?,
                 }
-                if !group.continued {
-                    resume_from = Some(group.revision);
+                *shown += 1;
+                if args.count.is_some_and(|count| *shown >= count) {
+                    return Ok(Some(Exit::Success));
                 }
             }
         }
     }
+    Ok(None)
 }
 
 fn event_kind(kind: EventKindArg) -> v1::EventKind {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tonic::Status;
 use tonic::codec::Streaming;
 use tonic_types::StatusExt as _;
-use tracing::info;
+use tracing::warn;
 
 pub use kinds::{Fleet, Tenant};
 use position::{Break, Position, Seen};
@@ -112,8 +112,8 @@ pub trait WatchKind: kinds::Sealed + Send + 'static {
 ///   `RESOURCE_EXHAUSTED`) ends [`next`](Self::next) with that status.
 ///   Calling `next` again opens the stream again from the same place.
 ///
-/// Each reconnection is logged (`tracing`, level INFO) with the status
-/// that ended the stream.
+/// Each break is logged (`tracing`, level WARN) with the status that
+/// ended the stream, as the agent logs a lost session.
 pub struct ResumingWatch<K: WatchKind> {
     client: Client,
     request: K::Request,
@@ -121,6 +121,8 @@ pub struct ResumingWatch<K: WatchKind> {
     stream: Option<Streaming<K::Response>>,
     /// Reset whenever a message comes through.
     backoff: Backoff,
+    /// Breaks so far.
+    breaks: u64,
 }
 
 impl<K: WatchKind> std::fmt::Debug for ResumingWatch<K> {
@@ -144,6 +146,7 @@ impl<K: WatchKind> ResumingWatch<K> {
             position,
             stream: None,
             backoff: Backoff::new(FIRST_RETRY, MAX_RETRY),
+            breaks: 0,
         }
     }
 
@@ -196,6 +199,13 @@ impl<K: WatchKind> ResumingWatch<K> {
         self.position.start()
     }
 
+    /// How many times the stream broke (or a call to open it was refused)
+    /// and the watch went on: for a display that says it reconnected, or
+    /// a metric.
+    pub fn breaks(&self) -> u64 {
+        self.breaks
+    }
+
     /// Waits out a break; `Some` when the caller must be told the watch
     /// starts over.
     async fn after_break(
@@ -209,7 +219,8 @@ impl<K: WatchKind> ResumingWatch<K> {
             Break::Compacted => Duration::ZERO,
             Break::Resume | Break::StartOver => self.delay_after(&why),
         };
-        info!(
+        self.breaks += 1;
+        warn!(
             watching = K::describe(&self.request),
             code = ?why.code(),
             message = why.message(),
