@@ -5,12 +5,11 @@ use serde_json::{Value, json};
 
 use super::args::{FleetArgs, OutputFormat};
 use super::failure::{Exit, Failure};
-use super::output::{emit, emit_as, emit_json_line, note};
+use super::output::{emit, emit_as, emit_json_line};
 use super::status::{condition_value, counts};
 use super::table::Table;
-use super::watch::stream_failure;
+use super::watch::{follow_resuming, stream_failure};
 use super::{Session, json, names};
-use crate::Resumed;
 use crate::proto as v1;
 use crate::proto::watch_fleet_response::Message;
 
@@ -125,7 +124,15 @@ async fn watch(
         start_revision: since.unwrap_or(0),
     };
     if reconnect {
-        return watch_resuming(session, request, format).await;
+        let watch = session.client.watch_fleet_resuming(request);
+        return follow_resuming(
+            session,
+            what,
+            watch,
+            "listing every tenant again",
+            |message| show(&message, format).map(|()| None),
+        )
+        .await;
     }
     let mut stream = session
         .client
@@ -155,41 +162,6 @@ async fn watch(
             Message::Events(_) => {}
         }
         show(&message, format)?;
-    }
-}
-
-/// `fleet --watch --reconnect`: follows the stream across breaks, saying
-/// on standard error when it resumed or started over.
-async fn watch_resuming(
-    session: &Session,
-    request: v1::WatchFleetRequest,
-    format: OutputFormat,
-) -> Result<Exit, Failure> {
-    let what = "watch the fleet";
-    let mut watch = session.client.watch_fleet_resuming(request);
-    let mut breaks = 0;
-    loop {
-        let next = watch.next().await;
-        if watch.breaks() > breaks {
-            breaks = watch.breaks();
-            if matches!(next, Ok(Resumed::Message(_))) {
-                note(&format!(
-                    "{what}: the stream broke and was resumed after fleet revision {}",
-                    watch.resume_revision()
-                ));
-            }
-        }
-        match next {
-            Ok(Resumed::Message(message)) => show(&message, format)?,
-            Ok(Resumed::StartedOver(why)) => note(&format!(
-                "{what}: {}; listing every tenant again",
-                why.message()
-            )),
-            Err(status) => {
-                let resume_from = Some(watch.resume_revision()).filter(|revision| *revision > 0);
-                return Err(stream_failure(session, what, &status, resume_from));
-            }
-        }
     }
 }
 

@@ -14,8 +14,8 @@ use super::args::{EventKindArg, StreamFormat, WatchArgs};
 use super::failure::{Exit, Failure};
 use super::output::{emit, emit_json_line, note};
 use super::{Session, json, names};
-use crate::Resumed;
 use crate::proto as v1;
+use crate::{Resumed, ResumingWatch, WatchKind};
 
 /// Streams the tenant's events until the server ends the stream (with
 /// `--reconnect`: until a break retrying cannot mend), `--count` events
@@ -56,7 +56,15 @@ pub(crate) async fn run(session: &Session, args: WatchArgs) -> Result<Exit, Fail
     let mut shown = 0;
     if args.reconnect {
         drop(stream);
-        return follow_resuming(session, &what, request, &args, &mut shown).await;
+        let watch = session.client.watch_resuming(request);
+        return follow_resuming(
+            session,
+            &what,
+            watch,
+            "starting over from a snapshot",
+            |message| show(message, &args, &mut shown),
+        )
+        .await;
     }
     follow(session, &what, stream, since, &args, &mut shown).await
 }
@@ -94,16 +102,16 @@ async fn follow(
     }
 }
 
-/// Follows the stream across breaks (`--reconnect`), saying on standard
-/// error when it resumed or started over.
-async fn follow_resuming(
+/// Follows `watch` across breaks (`--reconnect`): `show` prints each
+/// message and says when to stop; each resume, and each start over (with
+/// `starting_over` saying what comes again), is noted on standard error.
+pub(crate) async fn follow_resuming<K: WatchKind>(
     session: &Session,
     what: &str,
-    request: v1::WatchRequest,
-    args: &WatchArgs,
-    shown: &mut u64,
+    mut watch: ResumingWatch<K>,
+    starting_over: &str,
+    mut show: impl FnMut(K::Message) -> Result<Option<Exit>, Failure>,
 ) -> Result<Exit, Failure> {
-    let mut watch = session.client.watch_resuming(request);
     let mut breaks = 0;
     loop {
         let next = watch.next().await;
@@ -118,14 +126,13 @@ async fn follow_resuming(
         }
         match next {
             Ok(Resumed::Message(message)) => {
-                if let Some(exit) = show(message, args, shown)? {
+                if let Some(exit) = show(message)? {
                     return Ok(exit);
                 }
             }
-            Ok(Resumed::StartedOver(why)) => note(&format!(
-                "{what}: {}; starting over from a snapshot",
-                why.message()
-            )),
+            Ok(Resumed::StartedOver(why)) => {
+                note(&format!("{what}: {}; {starting_over}", why.message()));
+            }
             Err(status) => {
                 let resume_from = Some(watch.resume_revision()).filter(|revision| *revision > 0);
                 return Err(stream_failure(session, what, &status, resume_from));
