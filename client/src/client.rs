@@ -456,7 +456,14 @@ impl Client {
     /// was deleted, the token rotated, the request is invalid (see
     /// [`ResumingWatch`]).
     pub fn watch_resuming(&self, request: v1::WatchRequest) -> TenantWatch {
-        ResumingWatch::new(self.clone(), request)
+        let client = self.clone();
+        ResumingWatch::new(
+            request,
+            Box::new(move |request| {
+                let client = client.clone();
+                Box::pin(async move { client.watch(request).await })
+            }),
+        )
     }
 
     /// `Tenants.CreateTenant` (admin): creates a tenant; the reply holds its
@@ -536,6 +543,13 @@ impl Client {
     /// [`Resumed::StartedOver`] the listing of every tenant comes again:
     /// a tenant missing from it was deleted meanwhile.
     pub fn watch_fleet_resuming(&self, request: v1::WatchFleetRequest) -> FleetWatch {
-        ResumingWatch::new(self.clone(), request)
+        let client = self.clone();
+        ResumingWatch::new(
+            request,
+            Box::new(move |request| {
+                let client = client.clone();
+                Box::pin(async move { client.watch_fleet(request).await })
+            }),
+        )
     }
 }

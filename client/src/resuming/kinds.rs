@@ -1,17 +1,11 @@
 //! The two streams a [`ResumingWatch`](super::ResumingWatch) follows: a
 //! tenant's `Watch` and the fleet's `WatchFleet`.
 
-use std::future::Future;
-
-use tonic::Status;
-use tonic::codec::Streaming;
-
 use super::WatchKind;
 use super::position::Seen;
-use crate::Client;
-use crate::proto as v1;
-use crate::proto::watch_fleet_response::Message as FleetMessage;
-use crate::proto::watch_response::Message as TenantMessage;
+use reconciled_proto::v1;
+use reconciled_proto::v1::watch_fleet_response::Message as FleetMessage;
+use reconciled_proto::v1::watch_response::Message as TenantMessage;
 
 /// Keeps [`WatchKind`] to the SDK's two streams.
 pub trait Sealed {}
@@ -47,14 +41,6 @@ impl WatchKind for Tenant {
             start_revision: revision,
             ..request.clone()
         }
-    }
-
-    fn open(
-        client: &Client,
-        request: v1::WatchRequest,
-    ) -> impl Future<Output = Result<Streaming<v1::WatchResponse>, Status>> + Send {
-        let client = client.clone();
-        async move { client.watch(request).await }
     }
 
     fn message(response: v1::WatchResponse) -> Option<TenantMessage> {
@@ -103,14 +89,6 @@ impl WatchKind for Fleet {
         v1::WatchFleetRequest {
             start_revision: revision,
         }
-    }
-
-    fn open(
-        client: &Client,
-        request: v1::WatchFleetRequest,
-    ) -> impl Future<Output = Result<Streaming<v1::WatchFleetResponse>, Status>> + Send {
-        let client = client.clone();
-        async move { client.watch_fleet(request).await }
     }
 
     fn message(response: v1::WatchFleetResponse) -> Option<FleetMessage> {

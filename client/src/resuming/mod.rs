@@ -1,5 +1,6 @@
-//! Watches that resume by themselves: [`Client::watch_resuming`] and
-//! [`Client::watch_fleet_resuming`].
+//! Watches that resume by themselves:
+//! [`Client::watch_resuming`](crate::Client::watch_resuming) and
+//! [`Client::watch_fleet_resuming`](crate::Client::watch_fleet_resuming).
 //!
 //! A `Watch` or `WatchFleet` stream ends whenever the connection does (a
 //! server restart, a replica handing the tenant over), when the watcher
@@ -12,6 +13,7 @@ mod kinds;
 mod position;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use tonic::Status;
@@ -22,7 +24,6 @@ use tracing::warn;
 pub use kinds::{Fleet, Tenant};
 use position::{Break, Position, Seen};
 
-use crate::Client;
 use crate::backoff::Backoff;
 use crate::retry::UNAVAILABLE_RETRY_DELAY;
 
@@ -33,11 +34,12 @@ const FIRST_RETRY: Duration = UNAVAILABLE_RETRY_DELAY;
 /// The longest wait between attempts.
 const MAX_RETRY: Duration = Duration::from_secs(30);
 
-/// A tenant's `Watch` that resumes by itself ([`Client::watch_resuming`]).
+/// A tenant's `Watch` that resumes by itself
+/// ([`Client::watch_resuming`](crate::Client::watch_resuming)).
 pub type TenantWatch = ResumingWatch<Tenant>;
 
 /// The fleet's `WatchFleet` that resumes by itself
-/// ([`Client::watch_fleet_resuming`]).
+/// ([`Client::watch_fleet_resuming`](crate::Client::watch_fleet_resuming)).
 pub type FleetWatch = ResumingWatch<Fleet>;
 
 /// What [`ResumingWatch::next`] gives.
@@ -71,12 +73,6 @@ pub trait WatchKind: kinds::Sealed + Send + 'static {
 
     #[doc(hidden)]
     fn from_revision(request: &Self::Request, revision: u64) -> Self::Request;
-
-    #[doc(hidden)]
-    fn open(
-        client: &Client,
-        request: Self::Request,
-    ) -> impl Future<Output = Result<Streaming<Self::Response>, Status>> + Send;
 
     #[doc(hidden)]
     fn message(response: Self::Response) -> Option<Self::Message>;
@@ -115,7 +111,7 @@ pub trait WatchKind: kinds::Sealed + Send + 'static {
 /// Each break is logged (`tracing`, level WARN) with the status that
 /// ended the stream, as the agent logs a lost session.
 pub struct ResumingWatch<K: WatchKind> {
-    client: Client,
+    open: Opener<K>,
     request: K::Request,
     position: Position,
     stream: Option<Streaming<K::Response>>,
@@ -135,13 +131,22 @@ impl<K: WatchKind> std::fmt::Debug for ResumingWatch<K> {
     }
 }
 
+/// Opens the stream for a request (the client's `watch` or `watch_fleet`).
+pub(crate) type Opener<K> = Box<
+    dyn FnMut(
+            <K as WatchKind>::Request,
+        ) -> Pin<
+            Box<dyn Future<Output = Result<Streaming<<K as WatchKind>::Response>, Status>> + Send>,
+        > + Send,
+>;
+
 impl<K: WatchKind> ResumingWatch<K> {
-    /// A watch of `request` (from its `start_revision`) through `client`.
-    /// Nothing is sent before the first [`next`](Self::next).
-    pub fn new(client: Client, request: K::Request) -> Self {
+    /// A watch of `request` (from its `start_revision`) whose streams
+    /// `open` opens. Nothing is sent before the first [`next`](Self::next).
+    pub(crate) fn new(request: K::Request, open: Opener<K>) -> Self {
         let position = Position::new(K::start_revision(&request));
         Self {
-            client,
+            open,
             request,
             position,
             stream: None,
@@ -158,7 +163,7 @@ impl<K: WatchKind> ResumingWatch<K> {
         loop {
             let Some(stream) = &mut self.stream else {
                 let request = K::from_revision(&self.request, self.position.start());
-                match K::open(&self.client, request).await {
+                match (self.open)(request).await {
                     Ok(stream) => self.stream = Some(stream),
                     Err(status) => {
                         if let Some(started_over) = self.after_break(Some(status)).await? {
