@@ -156,37 +156,32 @@ impl Client {
     ) -> Result<Self, ClientError> {
         let endpoint = endpoint.into();
         let bearer = BearerToken::new(token)?;
-        let dial = Endpoint::from_shared(endpoint.clone())
-            .map_err(|source| ClientError::InvalidEndpoint {
-                endpoint: endpoint.clone(),
-                source,
-            })?
-            .connect_timeout(CONNECT_TIMEOUT);
-        if let Some(problem) = crate::endpoint::unusable(dial.uri()) {
-            return Err(ClientError::UnusableEndpoint { endpoint, problem });
-        }
-        // "127.0.0.1:50051" (what grpcurl takes) parses as a URI but can
-        // never be dialled: say so, rather than "could not connect".
-        if dial.uri().scheme().is_none() {
-            return Err(ClientError::EndpointWithoutScheme { endpoint });
-        }
-        let mut dial = dial
-            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-            .keep_alive_while_idle(true);
-        if let Some(tls) = tls {
-            dial = tls.apply(dial).map_err(|source| ClientError::Tls {
-                endpoint: endpoint.clone(),
-                source,
-            })?;
-        }
-        let channel = dial
-            .connect()
-            .await
-            .map_err(|source| ClientError::Connect {
-                endpoint: endpoint.clone(),
-                source,
-            })?;
+        let channel =
+            dial(&endpoint, tls)?
+                .connect()
+                .await
+                .map_err(|source| ClientError::Connect {
+                    endpoint: endpoint.clone(),
+                    source,
+                })?;
+        Ok(Self::with_bearer(channel, Some(&endpoint), bearer))
+    }
+
+    /// A client of `endpoint` that connects on its first call, not now:
+    /// for a controller that may start while the server is down or
+    /// restarting. Only the endpoint, the token and `tls` are checked
+    /// here; a server that cannot be reached fails each call (and each
+    /// resuming watch's attempt) with `UNAVAILABLE`, which
+    /// [`retry_after`](crate::retry_after) and
+    /// [`watch_resuming`](Self::watch_resuming) retry.
+    pub fn connect_lazy(
+        endpoint: impl Into<String>,
+        token: &str,
+        tls: Option<&ClientTls>,
+    ) -> Result<Self, ClientError> {
+        let endpoint = endpoint.into();
+        let bearer = BearerToken::new(token)?;
+        let channel = dial(&endpoint, tls)?.connect_lazy();
         Ok(Self::with_bearer(channel, Some(&endpoint), bearer))
     }
 
@@ -445,7 +440,7 @@ impl Client {
     ///         Resumed::Message(Message::Synced(_)) => { /* live events follow */ }
     ///         Resumed::Message(Message::Events(group)) => { /* group.events */ }
     ///         Resumed::Message(Message::Bookmark(_)) => {}
-    ///         Resumed::StartedOver(_why) => { /* forget the snapshot: a new one follows */ }
+    ///         Resumed::StartedOver(_why) => { /* a new snapshot follows: build again from it */ }
     ///     }
     /// }
     /// # }
@@ -551,5 +546,40 @@ impl Client {
                 Box::pin(async move { client.watch_fleet(request).await })
             }),
         )
+    }
+}
+
+/// The endpoint to dial `endpoint` with: checked (a scheme, a usable
+/// address), with the connect timeout, the keep-alive pings and `tls`.
+fn dial(endpoint: &str, tls: Option<&ClientTls>) -> Result<Endpoint, ClientError> {
+    let dial = Endpoint::from_shared(endpoint.to_owned())
+        .map_err(|source| ClientError::InvalidEndpoint {
+            endpoint: endpoint.to_owned(),
+            source,
+        })?
+        .connect_timeout(CONNECT_TIMEOUT);
+    if let Some(problem) = crate::endpoint::unusable(dial.uri()) {
+        return Err(ClientError::UnusableEndpoint {
+            endpoint: endpoint.to_owned(),
+            problem,
+        });
+    }
+    // "127.0.0.1:50051" (what grpcurl takes) parses as a URI but can
+    // never be dialled: say so, rather than "could not connect".
+    if dial.uri().scheme().is_none() {
+        return Err(ClientError::EndpointWithoutScheme {
+            endpoint: endpoint.to_owned(),
+        });
+    }
+    let dial = dial
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true);
+    match tls {
+        Some(tls) => tls.apply(dial).map_err(|source| ClientError::Tls {
+            endpoint: endpoint.to_owned(),
+            source,
+        }),
+        None => Ok(dial),
     }
 }

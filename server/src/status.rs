@@ -123,7 +123,9 @@ pub enum ApiError {
     /// with `ErrorInfo{REVISION_COMPACTED}`.
     #[error(
         "revision {requested} is compacted (the oldest revision available is \
-         {compact_revision}); fetch the graph with GetGraph and watch from its revision"
+         {compact_revision}): the events after it are gone; watch from revision 0 for a \
+         fresh snapshot, or read the graph with GetGraph and watch from the revision it \
+         answers"
     )]
     RevisionCompacted {
         /// The revision asked for.
@@ -141,8 +143,8 @@ pub enum ApiError {
     #[error(
         "revision {requested} is ahead of the tenant's latest revision {current} (the tenant \
          was deleted and created again, restored or repaired since): the history after it \
-         is not there; watch from revision 0 (a snapshot) or fetch the graph with GetGraph \
-         and watch from its revision"
+         is not there; watch from revision 0 for a fresh snapshot, or read the graph with \
+         GetGraph and watch from the revision it answers"
     )]
     RevisionAhead {
         /// The revision asked for.

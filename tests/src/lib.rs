@@ -61,5 +61,6 @@ pub use grpcurl::{GRPCURL_PACKAGE, grpcurl, successful_stdout};
 pub use python::{PYTHON_GRPC_PACKAGES, generate_python_stubs, python_grpc_site};
 pub use reconciled_proto as proto;
 pub use server::{
-    EXIT_DEADLINE, NO_BYTE_BUDGET, READY_DEADLINE, ServerOptions, ServerProcess, random_token,
+    EXIT_DEADLINE, NO_BYTE_BUDGET, READY_DEADLINE, ServerOptions, ServerProcess,
+    free_loopback_addr, random_token,
 };

@@ -638,3 +638,60 @@ async fn one_connection_serves_every_tenant_token_and_a_rotated_one() {
         "an empty token is refused before any call"
     );
 }
+
+/// A controller may start before its server: `Client::connect_lazy`
+/// returns at once, calls fail `UNAVAILABLE` while nothing listens, and a
+/// resuming fleet watch opened then follows the server once it is up.
+#[tokio::test]
+async fn a_lazily_connected_client_waits_out_a_server_that_is_not_up_yet() {
+    use reconciled_client::Resumed;
+    use reconciled_client::proto::watch_fleet_response::Message;
+
+    let addr = reconciled_tests::free_loopback_addr().expect("a free port");
+    let admin_token = reconciled_tests::random_token("rcda_test_");
+    let client = Client::connect_lazy(format!("http://{addr}"), &admin_token, None)
+        .expect("a lazy client needs no server");
+    let refused = client
+        .list_tenants(v1::ListTenantsRequest::default())
+        .await
+        .expect_err("nothing listens yet");
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+
+    let mut fleet = client.watch_fleet_resuming(v1::WatchFleetRequest::default());
+    let watcher = tokio::spawn(async move {
+        loop {
+            match fleet.next().await.expect("the watch goes on") {
+                Resumed::Message(Message::Events(group)) => {
+                    if group.events.iter().any(|event| event.tenant == "acme") {
+                        return fleet.breaks();
+                    }
+                }
+                Resumed::Message(_) => {}
+                Resumed::StartedOver(why) => panic!("nothing was listed yet: {why:?}"),
+            }
+        }
+    });
+    let server = ServerProcess::start(
+        ServerOptions::default()
+            .admin_token(admin_token.clone())
+            .listen(addr),
+    )
+    .await
+    .expect("the server starts on the chosen address");
+    client
+        .create_tenant(v1::CreateTenantRequest {
+            name: "acme".into(),
+            limits: None,
+        })
+        .await
+        .expect("the same client reaches the server now");
+    let breaks = tokio::time::timeout(Duration::from_secs(60), watcher)
+        .await
+        .expect("the watch sees the new tenant")
+        .expect("the watcher did not panic");
+    assert!(
+        breaks >= 1,
+        "the watch was refused before the server was up"
+    );
+    drop(server);
+}

@@ -19,7 +19,7 @@ use std::time::Duration;
 use tonic::Status;
 use tonic::codec::Streaming;
 use tonic_types::StatusExt as _;
-use tracing::warn;
+use tracing::{info, warn};
 
 pub use kinds::{Fleet, Tenant};
 use position::{Break, Position, Seen};
@@ -51,9 +51,11 @@ pub enum Resumed<M> {
     Message(M),
     /// The watch could not continue where it was (the history it would
     /// resume from was compacted, or the stream broke during the initial
-    /// listing): forget what earlier messages built. A fresh listing
-    /// follows (snapshot parts or the fleet's groups, then `Synced`).
-    /// The status says why.
+    /// listing). A fresh listing follows (snapshot parts or the fleet's
+    /// groups, then `Synced`): build your view again from it. What it
+    /// lacks of the old view went away meanwhile, with no event of its
+    /// own, so a controller that reports changes keeps the old view until
+    /// `Synced` and compares. The status says why.
     StartedOver(Status),
 }
 
@@ -109,7 +111,8 @@ pub trait WatchKind: kinds::Sealed + Send + 'static {
 ///   Calling `next` again opens the stream again from the same place.
 ///
 /// Each break is logged (`tracing`, level WARN) with the status that
-/// ended the stream, as the agent logs a lost session.
+/// ended the stream, as the agent logs a lost session, and the first
+/// message after it at INFO ("The watch stream is open again.").
 pub struct ResumingWatch<K: WatchKind> {
     open: Opener<K>,
     request: K::Request,
@@ -119,6 +122,8 @@ pub struct ResumingWatch<K: WatchKind> {
     backoff: Backoff,
     /// Breaks so far.
     breaks: u64,
+    /// A break was logged and no message has come through since.
+    recovering: bool,
 }
 
 impl<K: WatchKind> std::fmt::Debug for ResumingWatch<K> {
@@ -152,6 +157,7 @@ impl<K: WatchKind> ResumingWatch<K> {
             stream: None,
             backoff: Backoff::new(FIRST_RETRY, MAX_RETRY),
             breaks: 0,
+            recovering: false,
         }
     }
 
@@ -179,6 +185,13 @@ impl<K: WatchKind> ResumingWatch<K> {
                         continue;
                     };
                     self.backoff.reset();
+                    if std::mem::take(&mut self.recovering) {
+                        info!(
+                            watching = K::describe(&self.request),
+                            breaks = self.breaks,
+                            "The watch stream is open again."
+                        );
+                    }
                     let drop = self.position.observe(K::seen(&message));
                     if drop > 0 && !K::drop_events(&mut message, drop) {
                         // Every event of this message was delivered before.
@@ -225,6 +238,7 @@ impl<K: WatchKind> ResumingWatch<K> {
             Break::Resume | Break::StartOver => self.delay_after(&why),
         };
         self.breaks += 1;
+        self.recovering = true;
         warn!(
             watching = K::describe(&self.request),
             code = ?why.code(),
