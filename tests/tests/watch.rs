@@ -823,6 +823,21 @@ async fn next_resumed<K: WatchKind>(watch: &mut ResumingWatch<K>) -> Resumed<K::
         .unwrap_or_else(|status| panic!("the watch ended: {status:?}"))
 }
 
+/// [`next_resumed`], with the call dropped every 20 ms and made again,
+/// as a `select!` loop would: a dropped call must lose nothing.
+async fn next_resumed_while_cancelled<K: WatchKind>(
+    watch: &mut ResumingWatch<K>,
+) -> Resumed<K::Message> {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        match tokio::time::timeout(Duration::from_millis(20), watch.next()).await {
+            Ok(next) => return next.unwrap_or_else(|status| panic!("the watch ended: {status:?}")),
+            Err(_) if tokio::time::Instant::now() < deadline => {}
+            Err(_) => panic!("no message within {DEADLINE:?} from {watch:?}"),
+        }
+    }
+}
+
 /// The generations of the intent changes among `group`'s events.
 fn intent_generations(group: &v1::EventGroup) -> impl Iterator<Item = u64> + '_ {
     group.events.iter().filter_map(|event| match &event.body {
@@ -833,8 +848,9 @@ fn intent_generations(group: &v1::EventGroup) -> impl Iterator<Item = u64> + '_ 
 
 /// The SDK's resuming watches, read while the server is killed and
 /// started again: the tenant's stream carries every intent change once,
-/// in order, and the fleet's stream the tenant created after the restart
-/// once, after a listing that was not repeated.
+/// in order (read with calls that are dropped every 20 ms, as in a
+/// `select!` loop), and the fleet's stream the tenant created after the
+/// restart once, after a listing that was not repeated.
 #[tokio::test]
 async fn the_sdks_resuming_watches_cross_a_kill_9_without_losing_or_repeating_an_event() {
     use reconciled_client::proto::watch_fleet_response::Message as FleetMessage;
@@ -861,7 +877,7 @@ async fn the_sdks_resuming_watches_cross_a_kill_9_without_losing_or_repeating_an
         let mut revisions = Vec::new();
         let mut synced = false;
         while generations.last() != Some(&4) {
-            match next_resumed(&mut watch).await {
+            match next_resumed_while_cancelled(&mut watch).await {
                 Resumed::Message(Message::Events(group)) => {
                     for generation in intent_generations(&group) {
                         generations.push(generation);

@@ -16,6 +16,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tonic::Status;
 use tonic::codec::Streaming;
 use tonic_types::StatusExt as _;
@@ -124,6 +125,13 @@ pub struct ResumingWatch<K: WatchKind> {
     breaks: u64,
     /// A break was logged and no message has come through since.
     recovering: bool,
+    /// When the next attempt to open the stream may start. Kept until
+    /// then, so that a `next` dropped during the wait (in a `select!`)
+    /// goes on waiting for the same moment.
+    wait_until: Option<Instant>,
+    /// The attempt to open the stream under way, kept across a dropped
+    /// `next` so that it is not started again.
+    opening: Option<Opening<K>>,
 }
 
 impl<K: WatchKind> std::fmt::Debug for ResumingWatch<K> {
@@ -136,14 +144,12 @@ impl<K: WatchKind> std::fmt::Debug for ResumingWatch<K> {
     }
 }
 
+/// An attempt to open the stream.
+pub(crate) type Opening<K> =
+    Pin<Box<dyn Future<Output = Result<Streaming<<K as WatchKind>::Response>, Status>> + Send>>;
+
 /// Opens the stream for a request (the client's `watch` or `watch_fleet`).
-pub(crate) type Opener<K> = Box<
-    dyn FnMut(
-            <K as WatchKind>::Request,
-        ) -> Pin<
-            Box<dyn Future<Output = Result<Streaming<<K as WatchKind>::Response>, Status>> + Send>,
-        > + Send,
->;
+pub(crate) type Opener<K> = Box<dyn FnMut(<K as WatchKind>::Request) -> Opening<K> + Send>;
 
 impl<K: WatchKind> ResumingWatch<K> {
     /// A watch of `request` (from its `start_revision`) whose streams
@@ -158,21 +164,39 @@ impl<K: WatchKind> ResumingWatch<K> {
             backoff: Backoff::new(FIRST_RETRY, MAX_RETRY),
             breaks: 0,
             recovering: false,
+            wait_until: None,
+            opening: None,
         }
     }
 
     /// The next message, waiting (and reconnecting) as long as it takes.
+    ///
+    /// Cancel-safe: a `next` dropped before it returns (a branch of
+    /// `tokio::select!` that lost) loses no message and no
+    /// [`Resumed::StartedOver`]; the next call goes on from there.
     ///
     /// # Errors
     /// A status that retrying cannot change (see [`ResumingWatch`]).
     pub async fn next(&mut self) -> Result<Resumed<K::Message>, Status> {
         loop {
             let Some(stream) = &mut self.stream else {
-                let request = K::from_revision(&self.request, self.position.start());
-                match (self.open)(request).await {
+                if let Some(until) = self.wait_until {
+                    tokio::time::sleep_until(until).await;
+                    self.wait_until = None;
+                }
+                if self.opening.is_none() {
+                    let request = K::from_revision(&self.request, self.position.start());
+                    self.opening = Some((self.open)(request));
+                }
+                let opened = match &mut self.opening {
+                    Some(opening) => opening.await,
+                    None => continue,
+                };
+                self.opening = None;
+                match opened {
                     Ok(stream) => self.stream = Some(stream),
                     Err(status) => {
-                        if let Some(started_over) = self.after_break(Some(status)).await? {
+                        if let Some(started_over) = self.after_break(Some(status))? {
                             return Ok(started_over);
                         }
                     }
@@ -203,7 +227,7 @@ impl<K: WatchKind> ResumingWatch<K> {
                 Err(status) => Some(status),
             };
             self.stream = None;
-            if let Some(started_over) = self.after_break(ended).await? {
+            if let Some(started_over) = self.after_break(ended)? {
                 return Ok(started_over);
             }
         }
@@ -224,9 +248,11 @@ impl<K: WatchKind> ResumingWatch<K> {
         self.breaks
     }
 
-    /// Waits out a break; `Some` when the caller must be told the watch
-    /// starts over.
-    async fn after_break(
+    /// Takes in a break: sets the wait before the next attempt, and gives
+    /// `Some` when the caller must be told the watch starts over (at once:
+    /// the wait comes before the next attempt, where a dropped `next`
+    /// cannot lose the news).
+    fn after_break(
         &mut self,
         ended: Option<Status>,
     ) -> Result<Option<Resumed<K::Message>>, Status> {
@@ -239,6 +265,7 @@ impl<K: WatchKind> ResumingWatch<K> {
         };
         self.breaks += 1;
         self.recovering = true;
+        self.wait_until = Some(Instant::now() + delay);
         warn!(
             watching = K::describe(&self.request),
             code = ?why.code(),
@@ -251,7 +278,6 @@ impl<K: WatchKind> ResumingWatch<K> {
                 _ => "The watch cannot resume where it was; starting over from a fresh listing.",
             }
         );
-        tokio::time::sleep(delay).await;
         Ok((verdict != Break::Resume).then_some(Resumed::StartedOver(why)))
     }
 
