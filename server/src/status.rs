@@ -333,7 +333,7 @@ impl ApiError {
 
     /// Credentials revoked while a stream was open, with the `ErrorInfo`
     /// reason that says why.
-    pub fn credentials_revoked(message: impl Into<String>, reason: &'static str) -> Self {
+    pub fn unauthenticated_because(message: impl Into<String>, reason: &'static str) -> Self {
         Self::Unauthenticated {
             message: message.into(),
             reason: Some(reason),

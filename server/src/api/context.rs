@@ -271,12 +271,12 @@ impl From<DirectoryError> for ApiError {
 /// `ErrorInfo` reason `TOKEN_ROTATED` or `TENANT_DELETED`.
 pub fn credentials_revoked(why: Option<Revoked>) -> ApiError {
     match why {
-        Some(Revoked::Rotated) => ApiError::credentials_revoked(
+        Some(Revoked::Rotated) => ApiError::unauthenticated_because(
             "the tenant's token was rotated: the token this stream was opened with is no \
              longer valid; reconnect with the new token",
             reason::TOKEN_ROTATED,
         ),
-        Some(Revoked::Deleted) => ApiError::credentials_revoked(
+        Some(Revoked::Deleted) => ApiError::unauthenticated_because(
             "the tenant was deleted: the token this stream was opened with is no longer \
              valid, and no token opens it again",
             reason::TENANT_DELETED,
