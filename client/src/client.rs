@@ -23,7 +23,8 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::auth::{BearerToken, InvalidToken};
-use crate::resuming::{FleetWatch, ResumingWatch, TenantWatch};
+use crate::endpoint::{Undialable, dialable};
+use crate::resuming::{FleetWatch, Opening, ResumingWatch, TenantWatch, WatchKind};
 use crate::tls::ClientTls;
 use crate::transport::Transport;
 
@@ -451,14 +452,9 @@ impl Client {
     /// was deleted, the token rotated, the request is invalid (see
     /// [`ResumingWatch`]).
     pub fn watch_resuming(&self, request: v1::WatchRequest) -> TenantWatch {
-        let client = self.clone();
-        ResumingWatch::new(
-            request,
-            Box::new(move |request| {
-                let client = client.clone();
-                Box::pin(async move { client.watch(request).await })
-            }),
-        )
+        self.resuming(request, |client, request| {
+            Box::pin(async move { client.watch(request).await })
+        })
     }
 
     /// `Tenants.CreateTenant` (admin): creates a tenant; the reply holds its
@@ -538,13 +534,22 @@ impl Client {
     /// [`Resumed::StartedOver`] the listing of every tenant comes again:
     /// a tenant missing from it was deleted meanwhile.
     pub fn watch_fleet_resuming(&self, request: v1::WatchFleetRequest) -> FleetWatch {
+        self.resuming(request, |client, request| {
+            Box::pin(async move { client.watch_fleet(request).await })
+        })
+    }
+
+    /// A resuming watch of `request` whose streams `open` opens through a
+    /// clone of this client.
+    fn resuming<K: WatchKind>(
+        &self,
+        request: K::Request,
+        open: fn(Client, K::Request) -> Opening<K>,
+    ) -> ResumingWatch<K> {
         let client = self.clone();
         ResumingWatch::new(
             request,
-            Box::new(move |request| {
-                let client = client.clone();
-                Box::pin(async move { client.watch_fleet(request).await })
-            }),
+            Box::new(move |request| open(client.clone(), request)),
         )
     }
 }
@@ -552,32 +557,26 @@ impl Client {
 /// The endpoint to dial `endpoint` with: checked (a scheme, a usable
 /// address), with the connect timeout, the keep-alive pings and `tls`.
 fn dial(endpoint: &str, tls: Option<&ClientTls>) -> Result<Endpoint, ClientError> {
-    let dial = Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|source| ClientError::InvalidEndpoint {
-            endpoint: endpoint.to_owned(),
-            source,
+    let owned = || endpoint.to_owned();
+    let dial = dialable(endpoint)
+        .map_err(|undialable| match undialable {
+            Undialable::Invalid(source) => ClientError::InvalidEndpoint {
+                endpoint: owned(),
+                source,
+            },
+            Undialable::Unusable(problem) => ClientError::UnusableEndpoint {
+                endpoint: owned(),
+                problem,
+            },
+            Undialable::NoScheme => ClientError::EndpointWithoutScheme { endpoint: owned() },
         })?
-        .connect_timeout(CONNECT_TIMEOUT);
-    if let Some(problem) = crate::endpoint::unusable(dial.uri()) {
-        return Err(ClientError::UnusableEndpoint {
-            endpoint: endpoint.to_owned(),
-            problem,
-        });
-    }
-    // "127.0.0.1:50051" (what grpcurl takes) parses as a URI but can
-    // never be dialled: say so, rather than "could not connect".
-    if dial.uri().scheme().is_none() {
-        return Err(ClientError::EndpointWithoutScheme {
-            endpoint: endpoint.to_owned(),
-        });
-    }
-    let dial = dial
+        .connect_timeout(CONNECT_TIMEOUT)
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true);
     match tls {
         Some(tls) => tls.apply(dial).map_err(|source| ClientError::Tls {
-            endpoint: endpoint.to_owned(),
+            endpoint: owned(),
             source,
         }),
         None => Ok(dial),

@@ -9,6 +9,34 @@
 //! with it.
 
 use tonic::codegen::http::Uri;
+use tonic::transport::Endpoint;
+
+/// Why a server address cannot be dialled, found before anything
+/// connects. The typed client and the agent each say it with their own
+/// error type.
+#[derive(Debug)]
+pub(crate) enum Undialable {
+    /// The URI parser refused it.
+    Invalid(tonic::transport::Error),
+    /// It parses but cannot be dialled; what is wrong ([`unusable`]).
+    Unusable(String),
+    /// It has no scheme (`127.0.0.1:50051`, as grpcurl takes it).
+    NoScheme,
+}
+
+/// `address` as an endpoint, once it is one a connection can use.
+pub(crate) fn dialable(address: &str) -> Result<Endpoint, Undialable> {
+    let endpoint = Endpoint::from_shared(address.to_owned()).map_err(Undialable::Invalid)?;
+    if let Some(problem) = unusable(endpoint.uri()) {
+        return Err(Undialable::Unusable(problem));
+    }
+    // "127.0.0.1:50051" parses as a URI but can never be dialled: say so,
+    // rather than "could not connect".
+    if endpoint.uri().scheme().is_none() {
+        return Err(Undialable::NoScheme);
+    }
+    Ok(endpoint)
+}
 
 /// What is wrong with `uri` (which has a scheme) for a gRPC connection, in
 /// words: a scheme other than `http` or `https`, no host, or a port that is

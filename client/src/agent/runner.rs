@@ -32,6 +32,7 @@ use crate::auth::BearerToken;
 use crate::backoff::Backoff;
 use crate::chain::error_chain;
 use crate::client::MAX_MESSAGE_BYTES;
+use crate::endpoint::{Undialable, dialable};
 use crate::tls::ClientTls;
 
 /// How many events an [`Agent::events`] subscriber may fall behind before it
@@ -154,23 +155,21 @@ impl AgentBuilder {
     pub fn build(self) -> Result<Agent, AgentError> {
         let mut endpoints = Vec::new();
         for address in std::iter::once(&self.endpoint).chain(&self.more_endpoints) {
-            let mut endpoint = Endpoint::from_shared(address.clone())
-                .map_err(|source| AgentError::InvalidEndpoint {
-                    endpoint: address.clone(),
-                    source,
+            let mut endpoint = dialable(address)
+                .map_err(|undialable| match undialable {
+                    Undialable::Invalid(source) => AgentError::InvalidEndpoint {
+                        endpoint: address.clone(),
+                        source,
+                    },
+                    Undialable::Unusable(problem) => AgentError::UnusableEndpoint {
+                        endpoint: address.clone(),
+                        problem,
+                    },
+                    Undialable::NoScheme => AgentError::EndpointWithoutScheme {
+                        endpoint: address.clone(),
+                    },
                 })?
                 .connect_timeout(CONNECT_TIMEOUT);
-            if let Some(problem) = crate::endpoint::unusable(endpoint.uri()) {
-                return Err(AgentError::UnusableEndpoint {
-                    endpoint: address.clone(),
-                    problem,
-                });
-            }
-            if endpoint.uri().scheme().is_none() {
-                return Err(AgentError::EndpointWithoutScheme {
-                    endpoint: address.clone(),
-                });
-            }
             if let Some(tls) = &self.tls {
                 endpoint = tls.apply(endpoint).map_err(|source| AgentError::Tls {
                     endpoint: address.clone(),

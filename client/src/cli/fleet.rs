@@ -123,8 +123,16 @@ async fn watch(
     let request = v1::WatchFleetRequest {
         start_revision: since.unwrap_or(0),
     };
+    let mut stream = session
+        .client
+        .watch_fleet(request)
+        .await
+        .map_err(|status| stream_failure(session, what, &status, since))?;
     if reconnect {
-        let watch = session.client.watch_fleet_resuming(request);
+        let watch = session
+            .client
+            .watch_fleet_resuming(request)
+            .continuing(stream);
         return follow_resuming(
             session,
             what,
@@ -134,11 +142,6 @@ async fn watch(
         )
         .await;
     }
-    let mut stream = session
-        .client
-        .watch_fleet(request)
-        .await
-        .map_err(|status| stream_failure(session, what, &status, since))?;
     let mut resume_from = since;
     loop {
         let message = match stream.message().await {

@@ -55,8 +55,7 @@ pub(crate) async fn run(session: &Session, args: WatchArgs) -> Result<Exit, Fail
     // Events shown so far, against `--count`.
     let mut shown = 0;
     if args.reconnect {
-        drop(stream);
-        let watch = session.client.watch_resuming(request);
+        let watch = session.client.watch_resuming(request).continuing(stream);
         return follow_resuming(
             session,
             &what,

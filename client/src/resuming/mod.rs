@@ -169,6 +169,14 @@ impl<K: WatchKind> ResumingWatch<K> {
         }
     }
 
+    /// Goes on from `stream`, already opened for the request this watch
+    /// was made with (so that a caller that opened it to see its refusals
+    /// first does not open it twice).
+    pub(crate) fn continuing(mut self, stream: Streaming<K::Response>) -> Self {
+        self.stream = Some(stream);
+        self
+    }
+
     /// The next message, waiting (and reconnecting) as long as it takes.
     ///
     /// Cancel-safe: a `next` dropped before it returns (a branch of
