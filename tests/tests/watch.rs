@@ -134,6 +134,112 @@ async fn a_watch_from_zero_sends_a_snapshot_then_every_later_commit_as_one_group
     assert!(seen.groups.iter().all(|group| group.revision > synced));
 }
 
+/// Item states as a watcher folds them: a snapshot's items, then each
+/// `ItemStatusChanged` of `groups` (an unspecified new state drops the
+/// item).
+fn folded_states(snapshot: &[v1::ItemStatus], groups: &[Group]) -> BTreeMap<String, v1::ItemState> {
+    let mut states: BTreeMap<String, v1::ItemState> = snapshot
+        .iter()
+        .map(|status| {
+            let item = status.r#ref.clone().expect("ref");
+            (format!("{}/{}", item.r#type, item.name), status.state())
+        })
+        .collect();
+    for event in events(groups) {
+        if let Some(Body::ItemStatusChanged(change)) = &event.body {
+            let item = event_item(event).expect("names its item");
+            match change.new_state() {
+                v1::ItemState::Unspecified => states.remove(&item),
+                state => states.insert(item, state),
+            };
+        }
+    }
+    states
+}
+
+/// The status changes of `group`: item, old state, new state.
+fn state_changes(group: &Group) -> Vec<(String, v1::ItemState, v1::ItemState)> {
+    group
+        .events
+        .iter()
+        .filter_map(|event| match &event.body {
+            Some(Body::ItemStatusChanged(change)) => Some((
+                event_item(event).expect("names its item"),
+                change.old_state(),
+                change.new_state(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What a fresh snapshot at the tenant's revision shows, and that revision.
+async fn fresh_snapshot(tenant: &TestTenant) -> (u64, Vec<v1::ItemStatus>) {
+    let mut fresh = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 0))
+        .await
+        .expect("watch opens");
+    let seen = fresh.until(|seen| seen.synced.is_some()).await;
+    (seen.synced.expect("synced"), seen.snapshot.clone())
+}
+
+#[tokio::test]
+async fn an_item_is_pending_in_events_as_in_snapshots_until_it_leaves_the_intent() {
+    use v1::ItemState::{Creating, Pending, Unspecified};
+    // No agent holds type u: u/p stays PENDING, and t/x waits for it.
+    let (tenant, _agent) = tenant_with_agent(ServerOptions::default(), &["t"]).await;
+    let mut watcher = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 0))
+        .await
+        .expect("watch opens");
+    watcher.until(|seen| seen.synced.is_some()).await;
+    let mut waiting = item("t", "x", json!({}));
+    waiting.dependencies.push(api::dependency("u", "p"));
+    let submitted = tenant
+        .submit(vec![
+            waiting,
+            item("u", "p", json!({})),
+            item("t", "y", json!({})),
+        ])
+        .await;
+    let groups = watcher.groups_through(submitted.revision).await;
+    let submit_group = groups.last().expect("the submit's group");
+    assert_eq!(submit_group.revision, submitted.revision);
+    assert_eq!(
+        state_changes(submit_group),
+        [
+            ("t/y".to_string(), Unspecified, Creating),
+            ("t/x".to_string(), Unspecified, Pending),
+            ("u/p".to_string(), Unspecified, Pending),
+        ],
+        "{submit_group:#?}"
+    );
+    // A map folded from the snapshot and the events is what a fresh
+    // snapshot shows.
+    let (revision, snapshot) = fresh_snapshot(&tenant).await;
+    let groups = watcher.groups_through(revision).await;
+    let folded = folded_states(&watcher.seen.snapshot, &groups);
+    assert_eq!(folded, folded_states(&snapshot, &[]));
+    assert_eq!(folded.get("u/p"), Some(&Pending), "{folded:?}");
+
+    // Both leave the intent before they were ever created.
+    let removed = tenant.submit(vec![item("t", "y", json!({}))]).await;
+    let groups = watcher.groups_through(removed.revision).await;
+    let remove_group = groups.last().expect("the removal's group");
+    assert_eq!(remove_group.revision, removed.revision);
+    assert_eq!(
+        state_changes(remove_group),
+        [
+            ("t/x".to_string(), Pending, Unspecified),
+            ("u/p".to_string(), Pending, Unspecified),
+        ],
+        "{remove_group:#?}"
+    );
+    let (revision, snapshot) = fresh_snapshot(&tenant).await;
+    let groups = watcher.groups_through(revision).await;
+    let folded = folded_states(&watcher.seen.snapshot, &groups);
+    assert_eq!(folded, folded_states(&snapshot, &[]));
+    assert!(!folded.contains_key("u/p"), "{folded:?}");
+}
+
 /// Several writers (subgraph submits, an agent applying them, external
 /// reports) while watchers disconnect at random points and resume from the
 /// last revision they received: each sees exactly what an uninterrupted

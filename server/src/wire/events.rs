@@ -90,17 +90,21 @@ pub fn events_to_proto(events: &[TenantEvent]) -> Vec<v1::Event> {
     out
 }
 
-/// What an item's new current value says, as events: its status changed
-/// (state, error, applied or observed value, presence), and an operation
-/// started (a new op id or attempt in flight).
+/// What an item's change says, as events: its status changed (state,
+/// error, applied or observed value, presence), and an operation started
+/// (a new op id or attempt in flight). States are a watcher's view, as in
+/// a snapshot: an intended item without a current entry is PENDING, and
+/// an item neither current nor intended is UNSPECIFIED.
 fn item_change_events(change: &ItemChange, out: &mut Vec<v1::Event>) {
     let before = change.before.as_deref();
     let after = change.after.as_deref();
-    if status_differs(before, after) {
-        let mut status = after.map(|after| {
+    let old_state = viewed_state(before, change.was_intended);
+    let new_state = viewed_state(after, change.intended.is_some());
+    if status_differs(before, after) || old_state != new_state {
+        let mut status = (new_state != v1::ItemState::Unspecified).then(|| {
             item_status(
                 &change.item,
-                Some(after),
+                after,
                 change.intended.as_deref(),
                 change.waiting.as_deref(),
             )
@@ -115,12 +119,8 @@ fn item_change_events(change: &ItemChange, out: &mut Vec<v1::Event>) {
             v1::EventKind::ItemStatusChanged,
             Body::ItemStatusChanged(v1::ItemStatusChanged {
                 item: Some(item_ref_to_proto(&change.item)),
-                old_state: before
-                    .map_or(v1::ItemState::Unspecified, |b| item_state_to_proto(b.state))
-                    .into(),
-                new_state: after
-                    .map_or(v1::ItemState::Unspecified, |a| item_state_to_proto(a.state))
-                    .into(),
+                old_state: old_state.into(),
+                new_state: new_state.into(),
                 error: after
                     .and_then(|a| a.rare.last_error.as_ref())
                     .map(operation_error_to_status),
@@ -144,6 +144,16 @@ fn item_change_events(change: &ItemChange, out: &mut Vec<v1::Event>) {
                 epoch: change.epoch,
             }),
         ));
+    }
+}
+
+/// An item's state as a watcher sees it: its current entry's, PENDING if
+/// it has none but is intended, UNSPECIFIED if it is neither.
+fn viewed_state(current: Option<&CurrentItem>, intended: bool) -> v1::ItemState {
+    match current {
+        Some(current) => item_state_to_proto(current.state),
+        None if intended => v1::ItemState::Pending,
+        None => v1::ItemState::Unspecified,
     }
 }
 
@@ -266,14 +276,78 @@ mod tests {
     use crate::graph::Item;
 
     fn change_events(before: &CurrentItem, after: &CurrentItem) -> Vec<v1::Event> {
+        viewed_change(Some(before), Some(after), false, false)
+    }
+
+    /// The events of a change of an item's current entry from `before` to
+    /// `after`, intended before and after as said.
+    fn viewed_change(
+        before: Option<&CurrentItem>,
+        after: Option<&CurrentItem>,
+        was_intended: bool,
+        is_intended: bool,
+    ) -> Vec<v1::Event> {
+        let intended = is_intended.then(|| {
+            let item = Item::new("t", "a", Default::default());
+            Arc::new(crate::graph::IntendedItem::compile(item, 1).expect("no predicates"))
+        });
         events_to_proto(&[TenantEvent::ItemChanged(ItemChange {
             item: ItemRef::new("t", "a"),
-            before: Some(Arc::new(before.clone())),
-            after: Some(Arc::new(after.clone())),
-            intended: None,
+            before: before.cloned().map(Arc::new),
+            after: after.cloned().map(Arc::new),
+            intended,
+            was_intended,
             waiting: None,
             epoch: 1,
         })])
+    }
+
+    /// The old and new state of the only status change in `events`, and
+    /// the state its full status shows (if it carries one).
+    fn states(events: &[v1::Event]) -> (v1::ItemState, v1::ItemState, Option<v1::ItemState>) {
+        assert_eq!(events.len(), 1, "{events:?}");
+        let Some(Body::ItemStatusChanged(change)) = &events[0].body else {
+            panic!("not a status change: {events:?}");
+        };
+        (
+            change.old_state(),
+            change.new_state(),
+            change.status.as_ref().map(|status| status.state()),
+        )
+    }
+
+    #[test]
+    fn an_intended_item_without_a_current_entry_is_pending_to_a_watcher() {
+        use v1::ItemState::{Created, Creating, Pending, Unspecified};
+        let creating = CurrentItem {
+            state: crate::graph::ItemState::Creating,
+            ..created()
+        };
+        // Entering the intent, and leaving it before it was ever created.
+        assert_eq!(
+            states(&viewed_change(None, None, false, true)),
+            (Unspecified, Pending, Some(Pending))
+        );
+        assert_eq!(
+            states(&viewed_change(None, None, true, false)),
+            (Pending, Unspecified, None)
+        );
+        // Its first entry, and losing its entry while still intended.
+        assert_eq!(
+            states(&viewed_change(None, Some(&creating), true, true)),
+            (Pending, Creating, Some(Creating))
+        );
+        assert_eq!(
+            states(&viewed_change(Some(&created()), None, true, true)),
+            (Created, Pending, Some(Pending))
+        );
+        // Intended throughout, never current: nothing a watcher sees changed.
+        assert!(viewed_change(None, None, true, true).is_empty());
+        // A current entry of an item the intent no longer has goes away.
+        assert_eq!(
+            states(&viewed_change(Some(&created()), None, true, false)),
+            (Created, Unspecified, None)
+        );
     }
 
     fn created() -> CurrentItem {

@@ -48,7 +48,8 @@ const MAX_ROUNDS_IN_ALL: usize = 50_000;
 /// Yields that let the stream's task run before the watcher reads.
 const YIELDS: usize = 16;
 
-/// What the events said about one item's current record.
+/// What the events said about one item: its current record, or PENDING
+/// while it is intended without one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct SeenItem {
     /// The `ItemState` the last status change gave it.
@@ -67,7 +68,7 @@ pub struct Watcher {
     seen: BTreeMap<u64, Vec<v1::Event>>,
     /// A revision whose messages are still arriving (marked continued).
     partial: Option<(u64, Vec<v1::Event>)>,
-    /// Items with a current record, as the events tell.
+    /// Items with a current record or intended, as the events tell.
     items: BTreeMap<ItemRef, SeenItem>,
     /// The intent generation, as the events tell.
     generation: u64,
@@ -193,9 +194,6 @@ impl Watcher {
             Some(Message::Snapshot(snapshot)) => {
                 self.generation = snapshot.generation;
                 for status in snapshot.items {
-                    if status.state == v1::ItemState::Pending as i32 {
-                        continue;
-                    }
                     let error = status.last_error.map(|e| e.message);
                     self.items.insert(
                         item_of(status.r#ref.as_ref()),
@@ -389,6 +387,19 @@ impl Watcher {
                 ),
             ));
         }
+        // A snapshot's items: the current ones, and the intended ones
+        // without a current entry as PENDING.
+        let pending = snapshot
+            .intended
+            .keys()
+            .filter(|key| snapshot.current.get(*key).is_none())
+            .map(|key| {
+                let seen = SeenItem {
+                    state: v1::ItemState::Pending as i32,
+                    error: None,
+                };
+                (key.clone(), seen)
+            });
         let shown: BTreeMap<ItemRef, SeenItem> = snapshot
             .current
             .iter()
@@ -399,6 +410,7 @@ impl Watcher {
                 };
                 (key.clone(), seen)
             })
+            .chain(pending)
             .collect();
         if shown != self.items {
             let differs = shown

@@ -58,7 +58,9 @@ pub enum TenantEvent {
         /// The first [`MAX_CHANGED_REFS`] of them.
         items: Vec<ItemRef>,
     },
-    /// A current item changed (its status, or an operation started on it).
+    /// An item changed: its current entry (its status, or an operation
+    /// started on it), or its place in the intent while it has no current
+    /// entry (it became PENDING, or stopped being).
     ItemChanged(ItemChange),
     /// An operation's result was recorded.
     OperationFinished {
@@ -109,7 +111,8 @@ pub enum TenantEvent {
     },
 }
 
-/// A current item's change, with what its status is made of.
+/// An item's change as a watcher sees it (its current entry, or PENDING
+/// while it is intended without one), with what its status is made of.
 #[derive(Clone, Debug)]
 pub struct ItemChange {
     /// The item.
@@ -120,6 +123,9 @@ pub struct ItemChange {
     pub after: Option<Arc<CurrentItem>>,
     /// Its intended entry after the commit.
     pub intended: Option<Arc<IntendedItem>>,
+    /// Whether it was intended before the commit: an intended item without
+    /// a current entry is PENDING to a watcher, as in a snapshot.
+    pub was_intended: bool,
     /// Why it waits, if it does.
     pub waiting: Option<Arc<WaitingItem>>,
     /// The epoch of the session holding its type.

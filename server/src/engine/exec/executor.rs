@@ -31,10 +31,13 @@ use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use rustc_hash::FxHashSet;
 
 use super::deadlines::Deadlines;
-use super::effects::{Commit, Effects, Finished, MAX_CHANGED_REFS, Message, Started, TenantEvent};
-use super::model::{TenantModel, TenantProgress};
+use super::effects::{
+    Commit, Effects, Finished, ItemChange, MAX_CHANGED_REFS, Message, Started, TenantEvent,
+};
+use super::model::{ItemWrite, TenantModel, TenantProgress};
 use super::port::{Outstanding, ToAgent};
 use super::registry::{RegisteredType, StoredSpec, TypeRegistry};
 use super::room::Room;
@@ -109,6 +112,10 @@ pub(crate) enum Scope {
 struct Transaction {
     events: Vec<TenantEvent>,
     intent: Option<IntentChange>,
+    /// Items the intent change brought into the intent and took out of it
+    /// (a watcher sees an intended item without a current entry as PENDING).
+    intent_entered: Vec<ItemRef>,
+    intent_left: Vec<ItemRef>,
     specs: Vec<StoredSpec>,
     immediate: Vec<Message>,
     sends: Vec<Message>,
@@ -478,6 +485,12 @@ impl Executor {
             return Ok((self.end(), submitted));
         }
         let seeds = change.content_changed.clone();
+        let entered: Vec<ItemRef> = change
+            .upserts
+            .iter()
+            .map(|entry| entry.item.item_ref())
+            .filter(|item| self.model.intended.get(item).is_none())
+            .collect();
         self.model.stage_intent(&change);
         let count = change.upserts.len() + change.removals.len();
         let items = change
@@ -492,7 +505,10 @@ impl Executor {
             count,
             items,
         });
-        self.transaction().intent = Some(change);
+        let txn = self.transaction();
+        txn.intent_entered = entered;
+        txn.intent_left = change.removals.clone();
+        txn.intent = Some(change);
         let plan = self.pass(Scope::Items(seeds), now);
         let submitted = Submitted {
             generation: self.model.progress().generation,
@@ -549,20 +565,7 @@ impl Executor {
                     .map_or(0, |holder| holder.epoch)
             })
             .collect();
-        let changes: Vec<TenantEvent> = writes
-            .iter()
-            .zip(epochs)
-            .map(|(write, epoch)| {
-                TenantEvent::ItemChanged(super::effects::ItemChange {
-                    item: write.item.clone(),
-                    before: write.before.clone(),
-                    after: write.after.clone(),
-                    intended: self.model.intended.get(&write.item).cloned(),
-                    waiting: self.model.waiting.get(&write.item).cloned(),
-                    epoch,
-                })
-            })
-            .collect();
+        let changes = self.item_changes(&writes, epochs);
         let progress = self.model.progress().clone();
         let mut events = self.owed.events.clone();
         let mut specs: Vec<StoredSpec> = self.owed.specs.clone();
@@ -595,6 +598,49 @@ impl Executor {
             started: std::mem::take(&mut txn.started),
             finished: std::mem::take(&mut txn.finished),
         }
+    }
+
+    /// The item changes a watcher sees in the open transaction: each
+    /// current entry written (with the epoch of its type's session), then
+    /// each item that entered or left the intent without a current entry
+    /// (it became PENDING, or stopped being).
+    fn item_changes(&self, writes: &[ItemWrite], epochs: Vec<u64>) -> Vec<TenantEvent> {
+        let (entered, left) = self.txn.as_ref().map_or((&[][..], &[][..]), |txn| {
+            (&txn.intent_entered[..], &txn.intent_left[..])
+        });
+        let entered_set: FxHashSet<&ItemRef> = entered.iter().collect();
+        let left_set: FxHashSet<&ItemRef> = left.iter().collect();
+        let change = |item: &ItemRef, write: Option<&ItemWrite>, epoch: u64| {
+            let intended = self.model.intended.get(item).cloned();
+            let was_intended = if entered_set.contains(item) {
+                false
+            } else {
+                left_set.contains(item) || intended.is_some()
+            };
+            TenantEvent::ItemChanged(ItemChange {
+                item: item.clone(),
+                before: write.and_then(|write| write.before.clone()),
+                after: write.and_then(|write| write.after.clone()),
+                intended,
+                was_intended,
+                waiting: self.model.waiting.get(item).cloned(),
+                epoch,
+            })
+        };
+        let mut changes: Vec<TenantEvent> = writes
+            .iter()
+            .zip(epochs)
+            .map(|(write, epoch)| change(&write.item, Some(write), epoch))
+            .collect();
+        let written: FxHashSet<&ItemRef> = writes.iter().map(|write| &write.item).collect();
+        changes.extend(
+            entered
+                .iter()
+                .chain(left)
+                .filter(|item| !written.contains(item) && self.model.current.get(item).is_none())
+                .map(|item| change(item, None, 0)),
+        );
+        changes
     }
 
     /// The commit of the last input is durable: its changes stay, and the

@@ -15,6 +15,7 @@ use crate::engine::testkit::on;
 use crate::graph::{
     CurrentGraph, IntendedGraph, Item, ItemRef, ItemState, OperationError, OperationKind, code,
 };
+use reconciled_proto::v1;
 
 const WALL_START: u64 = 1_700_000_000_000;
 const TIMEOUT_MS: u64 = 10_000;
@@ -463,6 +464,64 @@ fn an_operation_is_journaled_in_the_commit_and_sent_only_after_it() {
             .any(|event| matches!(event, TenantEvent::IntentChanged { generation: 1, .. }))
     );
     assert_eq!(effects.started.len(), 1);
+}
+
+/// The item state changes a commit shows a watcher (as on the wire): item
+/// name, old state, new state.
+fn viewed_changes(effects: &Effects) -> Vec<(String, v1::ItemState, v1::ItemState)> {
+    crate::wire::events_to_proto(&effects.commit.events)
+        .into_iter()
+        .filter_map(|event| match event.body {
+            Some(v1::event::Body::ItemStatusChanged(change)) => Some((
+                change
+                    .item
+                    .as_ref()
+                    .map(|item| item.name.clone())
+                    .unwrap_or_default(),
+                change.old_state(),
+                change.new_state(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_watcher_sees_an_item_pending_from_its_intent_until_it_leaves_it() {
+    use v1::ItemState::{Created, Creating, Pending, Unspecified};
+    // No agent holds the type: the items stay PENDING.
+    let mut executor = executor();
+    let effects = submit(&mut executor, vec![item("a", 1), item("b", 1)], at(10));
+    assert_eq!(
+        viewed_changes(&effects),
+        [
+            ("a".to_string(), Unspecified, Pending),
+            ("b".to_string(), Unspecified, Pending)
+        ]
+    );
+    // A new value of a pending item: still PENDING, nothing to say.
+    let effects = submit(&mut executor, vec![item("a", 2), item("b", 1)], at(20));
+    assert_eq!(viewed_changes(&effects), []);
+    // Leaving the intent before it was ever created.
+    let effects = submit(&mut executor, vec![item("a", 2)], at(30));
+    assert_eq!(
+        viewed_changes(&effects),
+        [("b".to_string(), Pending, Unspecified)]
+    );
+    // Its first current entry follows PENDING; one created in the same
+    // commit as its intent never was PENDING to a watcher.
+    let mut executor = connected();
+    let effects = submit(&mut executor, vec![item("a", 1)], at(10));
+    assert_eq!(
+        viewed_changes(&effects),
+        [("a".to_string(), Unspecified, Creating)]
+    );
+    let order = orders(&effects.sends).remove(0);
+    let effects = answer(&mut executor, &order, done(), at(20));
+    assert_eq!(
+        viewed_changes(&effects),
+        [("a".to_string(), Creating, Created)]
+    );
 }
 
 #[test]
