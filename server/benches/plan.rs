@@ -17,7 +17,7 @@
 //!
 //! On a shared machine wall-clock figures swing with the load. With
 //! `PLAN_BENCH_CPU_ITERS=N` the bench skips criterion and times N runs of
-//! each case by the CPU time of its thread (Linux `schedstat`; a run includes
+//! each case by the CPU time of its thread (`CLOCK_THREAD_CPUTIME_ID`; a run includes
 //! dropping its plan), printing the minimum and the median;
 //! `PLAN_BENCH_CASE=full_create` picks cases. In that mode it also prints
 //! the memory a converged graph holds per item (`memory/…`, counted by the
@@ -234,14 +234,14 @@ fn sizes() -> Vec<usize> {
         .unwrap_or_else(|| vec![1_000, 10_000, 100_000, 1_000_000])
 }
 
-/// Nanoseconds of CPU time this thread has used, if the system says.
+/// Nanoseconds of CPU time this thread has used, if the system says
+/// (`CLOCK_THREAD_CPUTIME_ID`: exact, unlike the scheduler's statistics,
+/// which move only at each clock tick).
 fn thread_cpu_ns() -> Option<u64> {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).ok()?;
+    let seconds = u64::try_from(now.tv_sec()).ok()?;
+    let nanoseconds = u64::try_from(now.tv_nsec()).ok()?;
+    Some(seconds * 1_000_000_000 + nanoseconds)
 }
 
 /// Runs `case` `iterations` times (each on a fresh copy of its start
