@@ -21,6 +21,7 @@ pub mod keys;
 mod memory;
 mod migrate;
 mod sled_files;
+mod sled_garbage;
 mod sled_store;
 mod writer;
 

@@ -319,6 +319,7 @@ where
                 .db
                 .apply_batch(std::mem::take(&mut chunk))
                 .map_err(|e| format!("writing the copy: {e}"))?;
+            super::sled_garbage::collect_after(chunk_len);
             chunk_len = 0;
         }
     }

@@ -20,6 +20,7 @@ use tokio::sync::oneshot;
 use tracing::error;
 
 use crate::store::sled_files::{OpenHere, OpenedDb, write_new_store};
+use crate::store::sled_garbage;
 use crate::store::{StoreError, Write, WriteBatch};
 
 /// Counters of the group-commit writer, for metrics and tests.
@@ -297,6 +298,7 @@ impl WriterThread {
         for (_, reply) in group {
             reply.send(result.clone());
         }
+        sled_garbage::collect_after(items);
     }
 
     fn apply_durably(&self, group: &[(WriteBatch, Reply)]) -> Result<(), StoreError> {
