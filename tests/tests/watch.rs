@@ -173,13 +173,32 @@ fn state_changes(group: &Group) -> Vec<(String, v1::ItemState, v1::ItemState)> {
         .collect()
 }
 
-/// What a fresh snapshot at the tenant's revision shows, and that revision.
-async fn fresh_snapshot(tenant: &TestTenant) -> (u64, Vec<v1::ItemStatus>) {
+/// Item states folded from `watcher`'s snapshot and events up to the
+/// revision of a fresh snapshot, checked equal to that snapshot's.
+async fn folded_view_matches_a_fresh_snapshot(
+    tenant: &TestTenant,
+    watcher: &mut Watcher,
+) -> BTreeMap<String, v1::ItemState> {
     let mut fresh = Watcher::open(&mut tenant.reconciler(), watch_request("acme", 0))
         .await
         .expect("watch opens");
     let seen = fresh.until(|seen| seen.synced.is_some()).await;
-    (seen.synced.expect("synced"), seen.snapshot.clone())
+    let revision = seen.synced.expect("synced");
+    let groups = watcher.groups_through(revision).await;
+    let folded = folded_states(&watcher.seen.snapshot, &groups);
+    assert_eq!(folded, folded_states(&seen.snapshot, &[]));
+    folded
+}
+
+/// The status changes of the group of the commit at `revision`.
+async fn state_changes_at(
+    watcher: &mut Watcher,
+    revision: u64,
+) -> Vec<(String, v1::ItemState, v1::ItemState)> {
+    let groups = watcher.groups_through(revision).await;
+    let group = groups.last().expect("a group");
+    assert_eq!(group.revision, revision, "{groups:#?}");
+    state_changes(group)
 }
 
 #[tokio::test]
@@ -200,43 +219,27 @@ async fn an_item_is_pending_in_events_as_in_snapshots_until_it_leaves_the_intent
             item("t", "y", json!({})),
         ])
         .await;
-    let groups = watcher.groups_through(submitted.revision).await;
-    let submit_group = groups.last().expect("the submit's group");
-    assert_eq!(submit_group.revision, submitted.revision);
     assert_eq!(
-        state_changes(submit_group),
+        state_changes_at(&mut watcher, submitted.revision).await,
         [
             ("t/y".to_string(), Unspecified, Creating),
             ("t/x".to_string(), Unspecified, Pending),
             ("u/p".to_string(), Unspecified, Pending),
-        ],
-        "{submit_group:#?}"
+        ]
     );
-    // A map folded from the snapshot and the events is what a fresh
-    // snapshot shows.
-    let (revision, snapshot) = fresh_snapshot(&tenant).await;
-    let groups = watcher.groups_through(revision).await;
-    let folded = folded_states(&watcher.seen.snapshot, &groups);
-    assert_eq!(folded, folded_states(&snapshot, &[]));
+    let folded = folded_view_matches_a_fresh_snapshot(&tenant, &mut watcher).await;
     assert_eq!(folded.get("u/p"), Some(&Pending), "{folded:?}");
 
     // Both leave the intent before they were ever created.
     let removed = tenant.submit(vec![item("t", "y", json!({}))]).await;
-    let groups = watcher.groups_through(removed.revision).await;
-    let remove_group = groups.last().expect("the removal's group");
-    assert_eq!(remove_group.revision, removed.revision);
     assert_eq!(
-        state_changes(remove_group),
+        state_changes_at(&mut watcher, removed.revision).await,
         [
             ("t/x".to_string(), Pending, Unspecified),
             ("u/p".to_string(), Pending, Unspecified),
-        ],
-        "{remove_group:#?}"
+        ]
     );
-    let (revision, snapshot) = fresh_snapshot(&tenant).await;
-    let groups = watcher.groups_through(revision).await;
-    let folded = folded_states(&watcher.seen.snapshot, &groups);
-    assert_eq!(folded, folded_states(&snapshot, &[]));
+    let folded = folded_view_matches_a_fresh_snapshot(&tenant, &mut watcher).await;
     assert!(!folded.contains_key("u/p"), "{folded:?}");
 }
 
