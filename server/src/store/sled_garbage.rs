@@ -15,8 +15,10 @@
 const BAG: usize = 64;
 /// Bags one collection frees at most (`COLLECT_STEPS`).
 const BAGS_PER_COLLECTION: usize = 8;
-/// Deferred frees per record written, at most: the replaced leaf, and the
-/// index nodes a split or merge replaces.
+/// Deferred frees per record written to collect for: the replaced leaf,
+/// and now and then the index nodes a split replaces. Too few would only
+/// leave the rest to the collections after the next commit, which free
+/// the oldest bags first.
 const FREES_PER_WRITE: usize = 2;
 /// Collections that advance the epoch far enough for the newest bags to
 /// expire (two epochs) before any is freed.
@@ -24,7 +26,7 @@ const EPOCHS_TO_EXPIRE: usize = 2;
 
 /// Frees the node versions a batch of `writes` records replaced (and what
 /// earlier batches left), on the calling thread. A collection with nothing
-/// to free costs about a microsecond.
+/// to free is a pin and a look at the epoch.
 pub(crate) fn collect_after(writes: usize) {
     let bags = (writes * FREES_PER_WRITE).div_ceil(BAG);
     let collections = EPOCHS_TO_EXPIRE + bags.div_ceil(BAGS_PER_COLLECTION);
