@@ -8,8 +8,9 @@ use super::failure::{Exit, Failure};
 use super::output::{emit, emit_as, emit_json_line};
 use super::status::{condition_value, counts};
 use super::table::Table;
-use super::watch::{follow_resuming, stream_failure};
+use super::watch::{follow, follow_resuming, stream_failure};
 use super::{Session, json, names};
+use crate::Fleet;
 use crate::proto as v1;
 use crate::proto::watch_fleet_response::Message;
 
@@ -123,7 +124,7 @@ async fn watch(
     let request = v1::WatchFleetRequest {
         start_revision: since.unwrap_or(0),
     };
-    let mut stream = session
+    let stream = session
         .client
         .watch_fleet(request)
         .await
@@ -142,30 +143,20 @@ async fn watch(
         )
         .await;
     }
-    let mut resume_from = since;
-    loop {
-        let message = match stream.message().await {
-            Ok(Some(message)) => message,
-            Ok(None) => {
-                return Err(Failure::error(format!(
-                    "{what}: the server ended the stream; resume with `reconctl fleet --watch \
-                     --since {}`",
-                    resume_from.unwrap_or(0)
-                )));
-            }
-            Err(status) => return Err(stream_failure(session, what, &status, resume_from)),
-        };
-        let Some(message) = message.message else {
-            continue;
-        };
-        match &message {
-            Message::Events(group) if !group.continued => resume_from = Some(group.revision),
-            Message::Synced(synced) => resume_from = Some(synced.revision),
-            Message::Bookmark(bookmark) => resume_from = Some(bookmark.revision),
-            Message::Events(_) => {}
-        }
-        show(&message, format)?;
-    }
+    follow::<Fleet>(
+        session,
+        what,
+        stream,
+        since,
+        |resume_from| {
+            format!(
+                "; resume with `reconctl fleet --watch --since {}`",
+                resume_from.unwrap_or(0)
+            )
+        },
+        |message| show(&message, format).map(|()| None),
+    )
+    .await
 }
 
 /// Prints one message of the fleet stream.

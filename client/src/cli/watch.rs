@@ -15,7 +15,8 @@ use super::failure::{Exit, Failure};
 use super::output::{emit, emit_json_line, note};
 use super::{Session, json, names};
 use crate::proto as v1;
-use crate::{Resumed, ResumingWatch, WatchKind};
+use crate::resuming::Position;
+use crate::{Resumed, ResumingWatch, Tenant, WatchKind};
 
 /// Streams the tenant's events until the server ends the stream (with
 /// `--reconnect`: until a break retrying cannot mend), `--count` events
@@ -65,37 +66,50 @@ pub(crate) async fn run(session: &Session, args: WatchArgs) -> Result<Exit, Fail
         )
         .await;
     }
-    follow(session, &what, stream, since, &args, &mut shown).await
+    follow::<Tenant>(session, &what, stream, since, resume_hint, |message| {
+        show(message, &args, &mut shown)
+    })
+    .await
 }
 
-/// Follows one stream until it ends.
-async fn follow(
+/// Follows one stream, opened from `since` (none: a snapshot first),
+/// until it ends (without `--reconnect`): `show` prints each message and
+/// says when to stop; where the stream ended, `resume_hint` says how to
+/// go on from the last revision it delivered whole (counted as a
+/// resuming watch counts it).
+pub(crate) async fn follow<K: WatchKind>(
     session: &Session,
     what: &str,
-    mut stream: tonic::codec::Streaming<v1::WatchResponse>,
+    mut stream: tonic::codec::Streaming<K::Response>,
     since: Option<u64>,
-    args: &WatchArgs,
-    shown: &mut u64,
+    resume_hint: impl Fn(Option<u64>) -> String,
+    mut show: impl FnMut(K::Message) -> Result<Option<Exit>, Failure>,
 ) -> Result<Exit, Failure> {
-    let mut resume_from = since;
+    let mut position = Position::new(since.unwrap_or(0));
+    let resume_from = |position: &Position| Some(position.start()).filter(|revision| *revision > 0);
     loop {
-        let message = match stream.message().await {
-            Ok(Some(message)) => message,
+        let response = match stream.message().await {
+            Ok(Some(response)) => response,
             Ok(None) => {
                 return Err(Failure::error(format!(
                     "{what}: the server ended the stream{}",
-                    resume_hint(resume_from)
+                    resume_hint(resume_from(&position))
                 )));
             }
-            Err(status) => return Err(stream_failure(session, what, &status, resume_from)),
+            Err(status) => {
+                return Err(stream_failure(
+                    session,
+                    what,
+                    &status,
+                    resume_from(&position),
+                ));
+            }
         };
-        let Some(message) = message.message else {
+        let Some(message) = K::message(response) else {
             continue;
         };
-        if let Some(revision) = resume_point(&message) {
-            resume_from = Some(revision);
-        }
-        if let Some(exit) = show(message, args, shown)? {
+        position.observe(K::seen(&message));
+        if let Some(exit) = show(message)? {
             return Ok(exit);
         }
     }
@@ -137,16 +151,6 @@ pub(crate) async fn follow_resuming<K: WatchKind>(
                 return Err(stream_failure(session, what, &status, resume_from));
             }
         }
-    }
-}
-
-/// The revision a stream resumes from after `message`, if it moves it.
-fn resume_point(message: &v1::watch_response::Message) -> Option<u64> {
-    match message {
-        v1::watch_response::Message::Synced(synced) => Some(synced.revision),
-        v1::watch_response::Message::Bookmark(bookmark) => Some(bookmark.revision),
-        v1::watch_response::Message::Events(group) if !group.continued => Some(group.revision),
-        _ => None,
     }
 }
 

@@ -23,7 +23,8 @@ use tonic_types::StatusExt as _;
 use tracing::{info, warn};
 
 pub use kinds::{Fleet, Tenant};
-use position::{Break, Position, Seen};
+pub(crate) use position::Position;
+use position::{Break, Seen};
 
 use crate::backoff::Backoff;
 use crate::retry::UNAVAILABLE_RETRY_DELAY;

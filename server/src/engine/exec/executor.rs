@@ -112,10 +112,10 @@ pub(crate) enum Scope {
 struct Transaction {
     events: Vec<TenantEvent>,
     intent: Option<IntentChange>,
-    /// Items the intent change brought into the intent and took out of it
-    /// (a watcher sees an intended item without a current entry as PENDING).
+    /// Items the intent change brought into the intent (a watcher sees an
+    /// intended item without a current entry as PENDING); those it took
+    /// out are the change's removals.
     intent_entered: Vec<ItemRef>,
-    intent_left: Vec<ItemRef>,
     specs: Vec<StoredSpec>,
     immediate: Vec<Message>,
     sends: Vec<Message>,
@@ -507,7 +507,6 @@ impl Executor {
         });
         let txn = self.transaction();
         txn.intent_entered = entered;
-        txn.intent_left = change.removals.clone();
         txn.intent = Some(change);
         let plan = self.pass(Scope::Items(seeds), now);
         let submitted = Submitted {
@@ -606,7 +605,11 @@ impl Executor {
     /// (it became PENDING, or stopped being).
     fn item_changes(&self, writes: &[ItemWrite], epochs: Vec<u64>) -> Vec<TenantEvent> {
         let (entered, left) = self.txn.as_ref().map_or((&[][..], &[][..]), |txn| {
-            (&txn.intent_entered[..], &txn.intent_left[..])
+            let left = txn
+                .intent
+                .as_ref()
+                .map_or(&[][..], |change| &change.removals[..]);
+            (&txn.intent_entered[..], left)
         });
         let entered_set: FxHashSet<&ItemRef> = entered.iter().collect();
         let left_set: FxHashSet<&ItemRef> = left.iter().collect();
@@ -632,6 +635,9 @@ impl Executor {
             .zip(epochs)
             .map(|(write, epoch)| change(&write.item, Some(write), epoch))
             .collect();
+        if entered.is_empty() && left.is_empty() {
+            return changes;
+        }
         let written: FxHashSet<&ItemRef> = writes.iter().map(|write| &write.item).collect();
         changes.extend(
             entered
