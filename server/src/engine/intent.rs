@@ -10,6 +10,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use rustc_hash::FxHashMap;
+
 use crate::graph::validate::{FieldViolation, ItemPredicates, find_cycle};
 use crate::graph::{
     IdentitySharing, IntendedGraph, IntendedItem, Item, ItemRef, subgraph_contains,
@@ -133,9 +135,13 @@ pub fn prepare_submit(
         });
     }
     let scope = request.subgraph.clone();
-    let items = place_items(intended, &scope, request.items)?;
+    // Decoded items name their identities by texts of their own: sharing
+    // the graph's copies first makes every look-up and comparison below
+    // compare pointers, not texts.
+    let mut sharing = IdentitySharing::new(intended);
+    let items = place_items(intended, &mut sharing, &scope, request.items)?;
 
-    let listed: BTreeMap<ItemRef, usize> = items
+    let listed: FxHashMap<ItemRef, usize> = items
         .iter()
         .enumerate()
         .map(|(index, (item, _))| (item.item_ref(), index))
@@ -149,20 +155,20 @@ pub fn prepare_submit(
     let next_generation = generation + 1;
     let mut change = IntentChange {
         generation,
+        upserts: Vec::with_capacity(items.len()),
         removals,
         ..IntentChange::default()
     };
-    change
-        .content_changed
-        .extend(change.removals.iter().cloned());
-    let mut sharing = IdentitySharing::new(intended);
+    // Gathered, then ordered at once: inserting each into the ordered set
+    // would walk it from the top every time.
+    let mut content_changed = change.removals.clone();
     let mut added = 0;
     // The intent before the change has no cycle, so a cycle after it runs
     // through an edge the change adds: the search starts from the items
     // whose dependencies are new (a new item, or other targets). A change
     // of values only, the usual one, searches nothing.
     let mut new_edges_from = Vec::new();
-    for (mut item, predicates) in items {
+    for (item, predicates) in items {
         let key = item.item_ref();
         let existing = intended.get(&key);
         let same_content = existing.is_some_and(|entry| entry.item.same_content(&item));
@@ -179,17 +185,17 @@ pub fn prepare_submit(
         let item_generation = match existing {
             Some(entry) if same_content => entry.generation,
             _ => {
-                change.content_changed.insert(key);
+                content_changed.push(key);
                 next_generation
             }
         };
-        sharing.share_identities(&mut item);
         change.upserts.push(IntendedItem {
             item: Arc::new(item),
             generation: item_generation,
             predicates: predicates.into(),
         });
     }
+    change.content_changed = content_changed.into_iter().collect();
     if !change.content_changed.is_empty() {
         change.generation = next_generation;
     }
@@ -207,15 +213,18 @@ pub fn prepare_submit(
     Ok(change)
 }
 
-/// Puts every item in its subgraph (`S` when empty) and checks ownership.
+/// Puts every item in its subgraph (`S` when empty), makes it share the
+/// graph's identities, and checks ownership.
 fn place_items(
     intended: &IntendedGraph,
+    sharing: &mut IdentitySharing<'_>,
     scope: &str,
     items: Vec<(Item, ItemPredicates)>,
 ) -> Result<Vec<(Item, ItemPredicates)>, IntentError> {
     let mut violations = Vec::new();
     let mut placed = Vec::with_capacity(items.len());
     for (index, (mut item, predicates)) in items.into_iter().enumerate() {
+        sharing.share_identities(&mut item);
         match normalize_subgraph(&item.subgraph) {
             Ok(path) if path.is_empty() => item.subgraph = scope.into(),
             Ok(path) => item.subgraph = path.into(),
@@ -258,7 +267,7 @@ fn check_cycles(
     intended: &IntendedGraph,
     change: &IntentChange,
     mut roots: Vec<ItemRef>,
-    listed: &BTreeMap<ItemRef, usize>,
+    listed: &FxHashMap<ItemRef, usize>,
 ) -> Result<(), IntentError> {
     if roots.is_empty() {
         return Ok(());

@@ -80,6 +80,16 @@ pub struct WaitingSet {
 impl WaitingSet {
     /// Records that `item` waits as described, replacing what it waited for.
     pub fn insert(&mut self, entry: WaitingItem) {
+        // An item waiting as before keeps its entry: a pass plans every
+        // pending item again, and replacing each would copy the map's
+        // paths that snapshots share and count it out and in.
+        if self
+            .items
+            .get(&entry.item)
+            .is_some_and(|existing| **existing == entry)
+        {
+            return;
+        }
         if entry.operation == OperationKind::Delete {
             self.deletes.insert(entry.item.clone());
         } else {

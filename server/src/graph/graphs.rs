@@ -136,9 +136,12 @@ pub struct IntendedGraph {
 }
 
 impl IntendedGraph {
-    /// The intended item with identity `item`.
+    /// The intended item with identity `item`: a hash look-up in the id
+    /// table, which keeps every entry beside its edges, rather than a walk
+    /// down the ordered map comparing names.
     pub fn get(&self, item: &ItemRef) -> Option<&Arc<IntendedItem>> {
-        self.items.get(item)
+        let id = self.ids.get(item)?;
+        self.ids.data(id)?.entry.as_ref()
     }
 
     /// Puts `entry` in the graph, replacing (and returning) any previous one.

@@ -26,10 +26,12 @@ const NAME_PREFIX: usize = 16;
 pub struct ItemRef(Arc<Parts>);
 
 struct Parts {
-    /// The name's first bytes, zero-padded. Zero padding orders like the
-    /// text wherever two prefixes differ (a shorter name that is a prefix
-    /// of a longer one pads with bytes no greater than the other's).
-    name_prefix: [u8; NAME_PREFIX],
+    /// The name's first bytes, zero-padded, read as one big-endian
+    /// number: numbers order as the bytes do, and one comparison of them
+    /// replaces a byte-wise one. Zero padding orders like the text wherever
+    /// two prefixes differ (a shorter name that is a prefix of a longer one
+    /// pads with bytes no greater than the other's).
+    name_prefix: u128,
     item_type: Arc<str>,
     name: Arc<str>,
     /// Hash of both texts, so hashing and most inequalities skip them.
@@ -44,9 +46,10 @@ impl ItemRef {
 
     /// Builds an identity from shared texts (no copy of them).
     pub fn from_parts(item_type: Arc<str>, name: Arc<str>) -> Self {
-        let mut name_prefix = [0; NAME_PREFIX];
+        let mut prefix = [0; NAME_PREFIX];
         let shown = name.len().min(NAME_PREFIX);
-        name_prefix[..shown].copy_from_slice(&name.as_bytes()[..shown]);
+        prefix[..shown].copy_from_slice(&name.as_bytes()[..shown]);
+        let name_prefix = u128::from_be_bytes(prefix);
         let mut hasher = FxHasher::default();
         item_type.hash(&mut hasher);
         name.hash(&mut hasher);

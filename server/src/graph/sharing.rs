@@ -10,6 +10,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use rustc_hash::FxHashSet;
+
 use super::graphs::IntendedGraph;
 use super::item::{Item, ItemRef};
 
@@ -18,7 +20,7 @@ use super::item::{Item, ItemRef};
 #[derive(Debug)]
 pub struct IdentitySharing<'g> {
     graph: &'g IntendedGraph,
-    identities: HashSet<ItemRef>,
+    identities: FxHashSet<ItemRef>,
     types: HashSet<Arc<str>>,
 }
 
@@ -27,7 +29,7 @@ impl<'g> IdentitySharing<'g> {
     pub fn new(graph: &'g IntendedGraph) -> Self {
         Self {
             graph,
-            identities: HashSet::new(),
+            identities: FxHashSet::default(),
             types: HashSet::new(),
         }
     }

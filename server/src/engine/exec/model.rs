@@ -10,8 +10,10 @@
 //! [`TenantModel::forget_staged`] keeps the changes, and if it failed,
 //! [`TenantModel::rollback_staged`] puts the old values back. Counts follow every staged change, and its undoing.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+use rustc_hash::FxHashSet;
 
 use crate::engine::conditions::Condition;
 use crate::engine::intent::{IntentChange, apply_change};
@@ -123,10 +125,10 @@ struct Staged {
     /// Current items changed, with their value before, in first-change
     /// order.
     current: Vec<(ItemRef, Option<Arc<CurrentItem>>)>,
-    current_seen: HashSet<ItemRef>,
+    current_seen: FxHashSet<ItemRef>,
     /// Intended items changed, with their value before.
     intended: Vec<(ItemRef, Option<Arc<IntendedItem>>)>,
-    intended_seen: HashSet<ItemRef>,
+    intended_seen: FxHashSet<ItemRef>,
     /// The progress before the transaction, once it changed.
     progress: Option<TenantProgress>,
 }

@@ -127,9 +127,10 @@ impl Executor {
     pub(super) fn pass_dispatching(&mut self, scope: Scope, dispatch: Dispatch, now: Now) -> Plan {
         let (mut seeds, kept_waiting) = match scope {
             Scope::Full => (self.model.unconverged.clone(), Vec::new()),
-            Scope::Items(items) => {
+            Scope::Items(mut items) => {
                 let (mut seeds, kept) = self.wake_waiters(&items);
-                seeds.extend(items);
+                // Merged, not inserted one by one: both are ordered.
+                seeds.append(&mut items);
                 (seeds, kept)
             }
         };
@@ -177,7 +178,7 @@ impl Executor {
         self.update_conditions(now, self.room.queued_len());
         self.stage_cancels(&plan, now.wall_ms);
         self.dispatch(starts, now.wall_ms);
-        self.transaction().seeds.extend(seeds);
+        self.transaction().seeds.append(&mut seeds);
         plan
     }
 
@@ -611,13 +612,18 @@ impl Executor {
         // 162641: a Delete + Create its dependency's return made needless;
         // an item whose Create waited for it to be created again waited
         // for good). Only converged ones: an item left unconverged is
-        // planned again and its results still come.
+        // planned again and its results still come. An item the plan
+        // leaves waiting keeps its entry until the plan's replaces it below
+        // (where an equal one leaves it as it is).
+        let waits_again: FxHashSet<&ItemRef> = plan.waiting.iter().map(|w| &w.item).collect();
         for seed in seeds.iter().chain(&plan.revised) {
             if !plan.unconverged.contains(seed) {
                 self.model.unconverged.remove(seed);
                 self.follow_up_waiters_of(seed, seeds);
             }
-            self.model.waiting.remove(seed);
+            if !waits_again.contains(seed) {
+                self.model.waiting.remove(seed);
+            }
         }
         self.wake_behind_unplanned(seeds, plan);
         self.wake_behind_dropped_from_queue(from_queue, seeds, plan);
