@@ -112,6 +112,17 @@ pub fn redelivery(
         // It runs there, or its result is on the way: whatever changed
         // meanwhile, its outcome is coming, and nothing may act as if it
         // never ran. Sent again, it is not started twice.
+        //
+        // Unless an item it relies on is UNKNOWN: the agent lists op ids,
+        // not attempts, and the attempt it holds may be older than the one
+        // journaled (the server journaled the next attempt and stopped
+        // before sending it): sent now, that one would start while an item
+        // it relies on is UNKNOWN (seed 40453, DESIGN 4). Put off, nothing
+        // is lost: a result of the journaled attempt is taken whether or
+        // not it was sent again, and an older one's is stale.
+        if relies_on_unknown(current, item, entry) {
+            return Redelivery::Defer;
+        }
         return resend(entry, operation);
     }
     if entry.gone_with_external {
@@ -401,6 +412,21 @@ pub fn runs_a_delete(entry: &CurrentItem) -> bool {
             .is_some_and(|operation| operation.kind == OperationKind::Delete && !operation.question)
 }
 
+/// Whether a value `item` may hold (`entry`'s applied, observed or
+/// in-flight target) relies on an UNKNOWN item. Every value counts, as when
+/// planning (seed 10544: a lost Delete sent again while a value an earlier
+/// lost Create may have applied relied on an UNKNOWN item).
+fn relies_on_unknown(current: &CurrentGraph, item: &ItemRef, entry: &CurrentItem) -> bool {
+    entry
+        .edges()
+        .filter(|required| *required != item)
+        .any(|required| {
+            current
+                .get(required)
+                .is_some_and(|r| r.state == ItemState::Unknown)
+        })
+}
+
 /// Whether the re-delivery of `item`'s lost operation must wait for a
 /// dependency: one that `item` relies on (by any value it may hold, or the
 /// lost operation's target) is UNKNOWN, or, for a lost Create or Modify, a
@@ -425,17 +451,7 @@ fn waits_for_a_dependency(
             .filter(|required| required != item)
             .collect()
     };
-    // Every value the item may hold counts, as when planning (seed 10544:
-    // a lost Delete sent again while a value an earlier lost Create may
-    // have applied relied on an UNKNOWN item).
-    let unknown = entry
-        .edges()
-        .filter(|required| *required != item)
-        .any(|required| {
-            current
-                .get(required)
-                .is_some_and(|r| r.state == ItemState::Unknown)
-        });
+    let unknown = relies_on_unknown(current, item, entry);
     let lost_kind = operation
         .filter(|operation| !operation.question)
         .map(|operation| operation.kind);
@@ -758,6 +774,24 @@ mod tests {
     fn a_lost_operation_waits_while_a_dependency_is_unknown() {
         let (operation, entry, graph) = lost_create_on_unknown_b();
         assert_eq!(decide(&graph, &entry, &operation, None), Redelivery::Defer);
+    }
+
+    #[test]
+    fn a_lost_operation_the_agent_lists_waits_while_a_dependency_is_unknown() {
+        // Simulator seed 40453: the agent listed the op id for the result
+        // of an earlier attempt; the journaled attempt, never sent, went
+        // out while a dependency was UNKNOWN. A result of the journaled
+        // attempt is still taken while it waits.
+        let (operation, entry, graph) = lost_create_on_unknown_b();
+        assert_eq!(
+            decide(&graph, &entry, &operation, Some(true)),
+            Redelivery::Defer
+        );
+        let known = graph_with(vec![("b", created("b"))]);
+        assert!(matches!(
+            decide(&known, &entry, &operation, Some(true)),
+            Redelivery::Resend { .. }
+        ));
     }
 
     #[test]
