@@ -26,12 +26,14 @@ const NAME_PREFIX: usize = 16;
 pub struct ItemRef(Arc<Parts>);
 
 struct Parts {
-    /// The name's first bytes, zero-padded, read as one big-endian
-    /// number: numbers order as the bytes do, and one comparison of them
-    /// replaces a byte-wise one. Zero padding orders like the text wherever
-    /// two prefixes differ (a shorter name that is a prefix of a longer one
-    /// pads with bytes no greater than the other's).
-    name_prefix: u128,
+    /// The name's first bytes, zero-padded, read as two big-endian
+    /// numbers: they order as the bytes do, and two integer comparisons
+    /// replace a byte-wise one (two `u64`s, not one `u128`, which would
+    /// align the parts to 16 bytes and grow every identity by 8). Zero
+    /// padding orders like the text wherever two prefixes differ (a shorter
+    /// name that is a prefix of a longer one pads with bytes no greater
+    /// than the other's).
+    name_prefix: [u64; 2],
     item_type: Arc<str>,
     name: Arc<str>,
     /// Hash of both texts, so hashing and most inequalities skip them.
@@ -49,7 +51,9 @@ impl ItemRef {
         let mut prefix = [0; NAME_PREFIX];
         let shown = name.len().min(NAME_PREFIX);
         prefix[..shown].copy_from_slice(&name.as_bytes()[..shown]);
-        let name_prefix = u128::from_be_bytes(prefix);
+        let (high, low) = prefix.split_at(NAME_PREFIX / 2);
+        let half = |bytes: &[u8]| u64::from_be_bytes(bytes.try_into().unwrap_or_default());
+        let name_prefix = [half(high), half(low)];
         let mut hasher = FxHasher::default();
         item_type.hash(&mut hasher);
         name.hash(&mut hasher);
