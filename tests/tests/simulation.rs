@@ -1467,3 +1467,14 @@ fn seed_61031_with_drift_agents_reconnect_after_a_restart_in_the_final_phase() {
 fn seed_125101_with_agent_restarts_a_dependency_that_may_exist_does_not_delete_its_dependent() {
     passes_with_agent_restarts(125101);
 }
+
+/// The store died right after a commit that journaled a Delete's second
+/// attempt, before it was sent. The agent, reconnecting, listed the op id
+/// for the result of the first attempt it still held (the list names op
+/// ids, not attempts), and the server sent the second attempt at once,
+/// while an item the Delete relies on was UNKNOWN. A listed operation now
+/// waits for such an item like any re-delivery.
+#[test]
+fn seed_40453_with_agent_restarts_a_listed_operation_waits_for_an_unknown_dependency() {
+    passes_with_agent_restarts_in(40453, 1_000);
+}
