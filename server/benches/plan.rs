@@ -36,6 +36,7 @@ use reconciled::graph::{
     CurrentGraph, CurrentItem, Dependency, IntendedGraph, IntendedItem, Item, ItemRef,
     OperationKind, Properties,
 };
+use reconciled::thread_cpu::ThreadCpuTime;
 use serde_json::json;
 use stats_alloc::{Region, StatsAlloc};
 
@@ -234,16 +235,6 @@ fn sizes() -> Vec<usize> {
         .unwrap_or_else(|| vec![1_000, 10_000, 100_000, 1_000_000])
 }
 
-/// Nanoseconds of CPU time this thread has used, if the system says
-/// (`CLOCK_THREAD_CPUTIME_ID`: exact, unlike the scheduler's statistics,
-/// which move only at each clock tick).
-fn thread_cpu_ns() -> Option<u64> {
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).ok()?;
-    let seconds = u64::try_from(now.tv_sec()).ok()?;
-    let nanoseconds = u64::try_from(now.tv_nsec()).ok()?;
-    Some(seconds * 1_000_000_000 + nanoseconds)
-}
-
 /// Runs `case` `iterations` times (each on a fresh copy of its start
 /// graph, made outside the timing, if it changes it); prints the minimum
 /// and median CPU time. `PLAN_BENCH_CASE` (a part of the label) picks cases.
@@ -258,19 +249,18 @@ fn cpu_time(case: &mut Case<'_>, iterations: usize) {
     for _ in 0..iterations {
         let mut fresh = case.mutates.then(|| case.start.clone());
         let current = fresh.as_mut().unwrap_or(&mut shared);
-        let Some(begin) = thread_cpu_ns() else {
+        let begin = ThreadCpuTime::now();
+        if !begin.is_cpu_time() {
             println!("{label}: no thread CPU time on this system");
             return;
-        };
+        }
         let output = (case.run)(current);
         examined = output.examined;
         drop(black_box(output));
-        if let Some(end) = thread_cpu_ns() {
-            times.push(end.saturating_sub(begin));
-        }
+        times.push(begin.elapsed());
     }
     times.sort_unstable();
-    let ms = |ns: u64| ns as f64 / 1e6;
+    let ms = |time: Duration| time.as_secs_f64() * 1e3;
     if let (Some(&min), Some(&median)) = (times.first(), times.get(times.len() / 2)) {
         println!(
             "{label}: cpu min {:.3} ms, median {:.3} ms ({iterations} runs; {examined} items examined)",

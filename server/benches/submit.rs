@@ -12,14 +12,16 @@
 //! Run with `cargo bench -p reconciled --bench submit`. It times
 //! `SUBMIT_BENCH_ITERS` requests (default 20) of each size in
 //! `SUBMIT_BENCH_SIZES` (default `10,1000,10000`) by the CPU time of its
-//! thread (`CLOCK_THREAD_CPUTIME_ID`), building each request outside the
+//! thread ([`ThreadCpuTime`]), building each request outside the
 //! timing, and prints the minimum and the median.
 
 use std::hint::black_box;
+use std::time::Duration;
 
 use reconciled::engine::exec::{Executor, ExecutorSettings, Now, TenantProgress};
 use reconciled::engine::intent::ValidatedSubmit;
 use reconciled::graph::{CurrentGraph, IntendedGraph, Item, Properties};
+use reconciled::thread_cpu::ThreadCpuTime;
 use serde_json::json;
 
 #[global_allocator]
@@ -66,25 +68,25 @@ fn time_submits(size: usize, iterations: usize) {
     executor.committed(now(0));
     let mut run = |round: usize| {
         let request = request(size, round);
-        let started = thread_cpu_ns();
+        let started = ThreadCpuTime::now();
         let (effects, submitted) = executor
             .submit(request, now(round as u64))
             .expect("the benchmark's intent is valid");
         executor.committed(now(round as u64));
-        let spent = thread_cpu_ns() - started;
+        let spent = started.elapsed();
         assert!(submitted.changed, "every round changes the intent");
         drop(black_box(effects));
         spent
     };
     run(0);
-    let mut spent: Vec<u64> = (1..=iterations).map(&mut run).collect();
+    let mut spent: Vec<Duration> = (1..=iterations).map(&mut run).collect();
     spent.sort_unstable();
-    let ms = |ns: u64| ns as f64 / 1e6;
+    let median = spent[spent.len() / 2];
     println!(
         "submit/{size}: min {:.2} ms, median {:.2} ms ({:.2} µs per item at the median), {iterations} runs",
-        ms(spent[0]),
-        ms(spent[spent.len() / 2]),
-        spent[spent.len() / 2] as f64 / 1e3 / size as f64,
+        spent[0].as_secs_f64() * 1e3,
+        median.as_secs_f64() * 1e3,
+        median.as_secs_f64() * 1e6 / size as f64,
     );
 }
 
@@ -128,11 +130,4 @@ fn request(size: usize, round: usize) -> ValidatedSubmit {
         expected_generation: None,
         dry_run: false,
     }
-}
-
-/// The CPU time of this thread, in nanoseconds.
-fn thread_cpu_ns() -> u64 {
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
-        .expect("the thread's CPU clock is readable");
-    now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64
 }

@@ -29,6 +29,7 @@ pub mod status;
 pub mod store;
 pub mod telemetry;
 pub mod tenant;
+pub mod thread_cpu;
 pub mod tls;
 pub mod ui;
 pub mod watch;

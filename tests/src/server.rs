@@ -281,23 +281,12 @@ impl ServerProcess {
     /// a test that measures memory must not pass without measuring.
     pub fn memory(&self) -> (u64, u64) {
         let pid = self.pid().expect("the server runs");
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_else(|error| panic!("cannot read /proc/{pid}/status: {error}"));
-        let field = |name: &str| -> u64 {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix(name))
-                .and_then(|rest| {
-                    rest.trim()
-                        .trim_end_matches("kB")
-                        .trim()
-                        .parse::<u64>()
-                        .ok()
-                })
-                .map(|kib| kib * 1024)
-                .unwrap_or_else(|| panic!("/proc/{pid}/status has no {name}"))
+        let path = format!("/proc/{pid}/status");
+        let field = |name: &str| {
+            crate::process_memory::status_bytes(&path, name)
+                .unwrap_or_else(|error| panic!("{error}"))
         };
-        (field("VmRSS:"), field("VmHWM:"))
+        (field("VmRSS"), field("VmHWM"))
     }
 
     /// The server's gRPC address, e.g. `127.0.0.1:41234`.

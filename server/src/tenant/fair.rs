@@ -42,6 +42,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
+use crate::thread_cpu::ThreadCpuTime;
+
 /// Priority of the threads of seated work on the portable 0..=99 scale
 /// (about nice 10 on Linux: a tenth of a normal thread's share of a busy
 /// core, and all of an idle one).
@@ -121,48 +123,6 @@ pub async fn fairly<T: Send>(
         workers.charge_inline(tenant, started.elapsed());
         value
     }
-}
-
-/// The CPU time the calling thread has used: what a piece of work took,
-/// without the time the operating system gave its core to others (on a
-/// busy machine the wall time of a 30 µs call can be milliseconds). Wall
-/// time where the platform has no such clock.
-#[derive(Clone, Copy, Debug)]
-enum ThreadCpuTime {
-    Cpu(Duration),
-    Wall(Instant),
-}
-
-impl ThreadCpuTime {
-    fn now() -> Self {
-        match thread_cpu_time() {
-            Some(used) => Self::Cpu(used),
-            None => Self::Wall(Instant::now()),
-        }
-    }
-
-    /// The CPU time used since `self` (for work that stays on one thread).
-    fn elapsed(self) -> Duration {
-        match self {
-            Self::Cpu(before) => {
-                thread_cpu_time().map_or(Duration::ZERO, |now| now.saturating_sub(before))
-            }
-            Self::Wall(before) => before.elapsed(),
-        }
-    }
-}
-
-#[cfg(any(target_os = "linux", target_os = "android", target_os = "macos"))]
-fn thread_cpu_time() -> Option<Duration> {
-    use nix::time::{ClockId, clock_gettime};
-    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID)
-        .ok()
-        .map(Duration::from)
-}
-
-#[cfg(not(any(target_os = "linux", target_os = "android", target_os = "macos")))]
-fn thread_cpu_time() -> Option<Duration> {
-    None
 }
 
 /// Lowers the calling thread's scheduling priority to [`HEAVY_PRIORITY`]
@@ -524,7 +484,7 @@ mod tests {
         let started = ThreadCpuTime::now();
         // Waiting (as a thread the kernel preempted would) uses no CPU.
         std::thread::sleep(Duration::from_millis(50));
-        if matches!(started, ThreadCpuTime::Cpu(_)) {
+        if started.is_cpu_time() {
             assert!(started.elapsed() < Duration::from_millis(25));
         }
     }

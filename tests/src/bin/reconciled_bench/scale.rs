@@ -154,14 +154,10 @@ fn write_tenants(dir: &std::path::Path, args: &ScaleArgs) -> anyhow::Result<()> 
 
 /// Resident memory of process `pid`, in MiB.
 fn rss_mib(pid: u32) -> anyhow::Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .ok_or_else(|| anyhow!("no VmRSS for process {pid}"))?
-        .parse()?;
-    Ok(kib / 1024.0)
+    let bytes =
+        reconciled_tests::process_memory::status_bytes(&format!("/proc/{pid}/status"), "VmRSS")
+            .map_err(|error| anyhow!(error))?;
+    Ok(bytes as f64 / (1024.0 * 1024.0))
 }
 
 /// Waits (WatchFleet) until `tenants` tenants are Ready.
