@@ -15,7 +15,7 @@ use imbl::OrdMap;
 
 use super::id_list::IdList;
 use super::ids::{IdTable, ItemId};
-use super::item::{Item, ItemRef};
+use super::item::{Dependency, Item, ItemRef};
 use super::predicate::{Predicate, PredicateError};
 use super::state::CurrentItem;
 
@@ -102,6 +102,10 @@ pub struct ItemSummary {
     pub generation: u64,
     /// Some dependency has a `must_satisfy` predicate.
     pub has_predicates: bool,
+    /// Every dependency asks only that its target exists
+    /// ([`Dependency::asks_only_existence`]): planning reads this instead
+    /// of each dependency's flags.
+    pub plain_dependencies: bool,
 }
 
 impl ItemSummary {
@@ -110,6 +114,11 @@ impl ItemSummary {
             external: entry.item.external,
             generation: entry.generation,
             has_predicates: entry.predicates.any(),
+            plain_dependencies: entry
+                .item
+                .dependencies
+                .iter()
+                .all(Dependency::asks_only_existence),
         }
     }
 }
@@ -433,6 +442,9 @@ pub struct CurrentGraph {
     /// Kept for targets that are not current too, so a dependent waiting
     /// for a missing item is found when it appears.
     ids: IdTable<Mentioned>,
+    /// A reused buffer for the ids of the edges being recorded, so
+    /// recording them allocates nothing.
+    scratch: Vec<ItemId>,
 }
 
 /// What the current graph keeps for an identity an edge mentions.
@@ -535,10 +547,12 @@ impl CurrentGraph {
             return;
         }
         let dependent = self.ids.acquire(key);
-        let mut targets: Vec<ItemId> = required.map(|target| self.ids.acquire(target)).collect();
+        let mut targets = std::mem::take(&mut self.scratch);
+        targets.clear();
+        targets.extend(required.map(|target| self.ids.acquire(target)));
         targets.sort_unstable();
         let mut previous = None;
-        for target in targets {
+        for &target in &targets {
             if previous == Some(target) {
                 // Named twice (the applied value and the in-flight target
                 // share dependencies): one mention is enough.
@@ -559,6 +573,7 @@ impl CurrentGraph {
                 }
             }
         }
+        self.scratch = targets;
     }
 
     /// Forgets the edges [`Self::link`] recorded for `entry`, the item `key`.

@@ -7,6 +7,7 @@
 //! The identities it keeps share one allocation per type name, so cloning
 //! or comparing them touches less memory.
 
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
@@ -57,11 +58,17 @@ impl<T: Default> IdTable<T> {
             }
             return id;
         }
-        let item = match self.types.get_key_value(item.item_type()) {
-            Some((shared, _)) => item.sharing_type(shared),
-            None => item.clone(),
+        // One hash of the type name finds its shared copy and counts the use.
+        let item = match self.types.entry(item.item_type().clone()) {
+            Entry::Occupied(mut shared) => {
+                *shared.get_mut() += 1;
+                item.sharing_type(shared.key())
+            }
+            Entry::Vacant(unseen) => {
+                unseen.insert(1);
+                item.clone()
+            }
         };
-        *self.types.entry(item.item_type().clone()).or_default() += 1;
         let slot = Slot {
             item: item.clone(),
             uses: 1,

@@ -59,6 +59,16 @@ impl Dependency {
         self.rare.flags().auto_deleted_by_external
     }
 
+    /// Whether the dependency asks nothing of the required item but that it
+    /// exists: no predicate, no recreate on modification, not gone with an
+    /// external item (what nearly every dependency is; read without
+    /// following a pointer when it has no rare texts).
+    pub fn asks_only_existence(&self) -> bool {
+        self.must_satisfy().is_empty()
+            && !self.recreate_when_modified()
+            && !self.auto_deleted_by_external()
+    }
+
     /// Sets the predicate (empty: none).
     pub fn set_must_satisfy(&mut self, must_satisfy: impl Into<Box<str>>) {
         self.rare.set_first(must_satisfy);

@@ -22,8 +22,12 @@ pub(super) enum Need {
 }
 
 /// Computes what an item needs from its two values alone.
+/// `plain_dependencies`: every intended dependency asks only that its
+/// target exists (the intended graph's summary says so), so none can
+/// recreate the item and they need not be read.
 pub(super) fn own_need(
     intended: Option<&IntendedItem>,
+    plain_dependencies: bool,
     current: Option<&CurrentItem>,
     current_graph: &CurrentGraph,
     environment: &impl PlanEnvironment,
@@ -61,7 +65,7 @@ pub(super) fn own_need(
             }
             // A `recreate_when_modified` dependency modified since the item
             // was created recreates it, whether or not its intent changed too.
-            if dependency_was_modified(intended, current, current_graph) {
+            if !plain_dependencies && dependency_was_modified(intended, current, current_graph) {
                 return Need::Recreate;
             }
             // The item may hold a value a lost operation applied

@@ -182,6 +182,9 @@ pub(super) struct Planner<'a, E> {
     afters: Vec<OperationKey>,
     /// A reused buffer for the predecessors of the schedule being computed.
     scratch_after: Vec<OperationKey>,
+    /// A reused buffer for an item's intended dependents
+    /// ([`Self::intended_dependents_by_identity`]).
+    scratch_dependents: Vec<(ItemId, &'a ItemRef)>,
     /// Nodes `0..seed_count` are the seeds, in identity order.
     seed_count: usize,
     /// Whether some item of the graphs is not a seed: only then do
@@ -223,6 +226,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             edges: Vec::new(),
             afters: Vec::new(),
             scratch_after: Vec::new(),
+            scratch_dependents: Vec::new(),
             seed_count: 0,
             expand: true,
             examined: Vec::new(),
@@ -237,8 +241,16 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     /// Decides, from `seeds`, what every item it reaches needs and when;
     /// `assemble` turns the decisions into a plan.
     pub(super) fn run(&mut self, seeds: &'a BTreeSet<ItemRef>) {
-        self.nodes.reserve(seeds.len());
-        self.marks.reserve(seeds.len());
+        // Room for the items a pass usually reaches (each seed's neighbours),
+        // so the arena is not copied as it grows; never more than both
+        // graphs hold.
+        let expected = seeds
+            .len()
+            .saturating_mul(NODES_PER_SEED)
+            .min(self.intended.id_bound() + self.current.len())
+            .max(seeds.len());
+        self.nodes.reserve(expected);
+        self.marks.reserve(expected);
         // Seeds become nodes 0..n in identity order (see `identity_order`).
         // A run that touches a good part of the graph indexes it by array
         // and finds the seeds' ids in one ordered walk.
@@ -484,15 +496,51 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let range = if current.is_empty() {
             Span::EMPTY
         } else {
+            let mut intended_dependents = self.intended_dependents_by_identity(id);
             let start = self.edges.len();
+            let mut next = 0;
             for (dependent, entry) in current.dependents_with_items_of(self.node(id).item) {
-                let dependent = self.intern(dependent, CurrentEntry::Read(entry));
+                let entry = CurrentEntry::Read(entry);
+                let node = match find_shared(&intended_dependents, dependent, &mut next) {
+                    Some(intended_id) => self.intern_intended(intended_id, entry),
+                    None => None,
+                };
+                let dependent = match node {
+                    Some(node) => node,
+                    None => self.intern(dependent, entry),
+                };
                 self.edges.push(dependent);
             }
+            intended_dependents.clear();
+            self.scratch_dependents = intended_dependents;
             self.edge_range(start)
         };
         self.node_mut(id).current_dependents = Some(range);
         range
+    }
+
+    /// The intended dependents of `id` with the identities the intended
+    /// graph keeps for them, when there are few (up to
+    /// [`SHARED_MATCH_LIMIT`]; none otherwise), in the planner's reused
+    /// buffer. The current graph names most of them by the same shared
+    /// identities, so [`Self::current_dependents`] finds their intended ids
+    /// by pointer instead of a look-up by name each.
+    fn intended_dependents_by_identity(&mut self, id: Id) -> Vec<(ItemId, &'a ItemRef)> {
+        let intended: &'a IntendedGraph = self.intended;
+        let mut found = std::mem::take(&mut self.scratch_dependents);
+        found.clear();
+        if let Some(intended_id) = self.node(id).intended_id {
+            found.extend(
+                intended
+                    .dependent_ids(intended_id)
+                    .take(SHARED_MATCH_LIMIT + 1)
+                    .filter_map(|dependent| Some((dependent, intended.identity(dependent)?))),
+            );
+        }
+        if found.len() > SHARED_MATCH_LIMIT {
+            found.clear();
+        }
+        found
     }
 
     fn edge_range(&self, start: usize) -> Span {
@@ -536,6 +584,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         } else {
             own_need(
                 node.intended.map(|entry| &**entry),
+                node.summary.plain_dependencies,
                 node.current.map(|entry| &**entry),
                 self.current,
                 self.environment,
@@ -730,21 +779,19 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         if self.environment.may_have_pending_delete(node.item) {
             return false;
         }
+        // Every dependency on `required` asks only that it exists. The
+        // flags are read first: the identities are compared only for a
+        // dependency that asks more (nearly none), not for every one.
         let plain = |dependencies: &[crate::graph::Dependency]| {
-            dependencies
-                .iter()
-                .filter(|dependency| dependency.requires == *required)
-                .all(|dependency| {
-                    dependency.must_satisfy().is_empty()
-                        && !dependency.recreate_when_modified()
-                        && !dependency.auto_deleted_by_external()
-                })
+            dependencies.iter().all(|dependency| {
+                dependency.asks_only_existence() || dependency.requires != *required
+            })
         };
-        let applied_plain = current
-            .applied
-            .as_ref()
-            .is_none_or(|applied| plain(&applied.dependencies));
-        plain(&intended.item.dependencies) && applied_plain
+        let intended_plain = node.summary.plain_dependencies || plain(&intended.item.dependencies);
+        intended_plain
+            && current.applied.as_ref().is_none_or(|applied| {
+                Arc::ptr_eq(applied, &intended.item) || plain(&applied.dependencies)
+            })
     }
 
     /// Examines the items whose Delete is in flight or planned (as the
@@ -799,8 +846,20 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         // here on.
         let first_going = self.going_as_before.len();
         if let Some(applied) = self.current_of(id).and_then(|c| c.applied.as_ref()) {
-            for dependency in &applied.dependencies {
-                let required = self.id(&dependency.requires);
+            let intended = self.intended_of(id).map(|entry| &entry.item.dependencies);
+            let required = self.required(id);
+            let aligned = intended.filter(|intended| intended.len() == required.len as usize);
+            for (index, dependency) in applied.dependencies.iter().enumerate() {
+                // A dependency the intended value names by the same shared
+                // identity at the same place is the node interned for it
+                // already: no look-up by name (an item modified in place,
+                // or whose Modify has completed).
+                let required = match aligned.and_then(|intended| intended.get(index)) {
+                    Some(intended) if intended.requires.ptr_eq(&dependency.requires) => {
+                        self.edge(required, index)
+                    }
+                    _ => self.id(&dependency.requires),
+                };
                 if self.goes_with_as_before(id, required) {
                     self.mark_deleting(id);
                     self.going_as_before.push((id, required));
@@ -1826,6 +1885,36 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             })
             .collect()
     }
+}
+
+/// How many nodes a pass reserves room for per seed: a changed item of a
+/// deep graph brings its dependencies and dependents along (about twenty
+/// on EVE's chain).
+const NODES_PER_SEED: usize = 24;
+
+/// How many intended dependents an item may have for
+/// [`Planner::current_dependents`] to match them by pointer (a scan per
+/// current dependent); an item with more looks each one up by name.
+const SHARED_MATCH_LIMIT: usize = 32;
+
+/// The intended id in `candidates` whose identity is `item`'s own
+/// allocation, scanning from `next` round to it (both graphs list an item's
+/// dependents in much the same order, so a match is usually where the last
+/// one left off); `next` moves past the match.
+fn find_shared(
+    candidates: &[(ItemId, &ItemRef)],
+    item: &ItemRef,
+    next: &mut usize,
+) -> Option<ItemId> {
+    let start = (*next).min(candidates.len());
+    let (before, after) = candidates.split_at(start);
+    let position = after
+        .iter()
+        .position(|(_, shared)| shared.ptr_eq(item))
+        .map(|index| start + index)
+        .or_else(|| before.iter().position(|(_, shared)| shared.ptr_eq(item)))?;
+    *next = position + 1;
+    candidates.get(position).map(|&(id, _)| id)
 }
 
 fn unsatisfied(why: &str, hopeless: bool) -> DependencyStatus {

@@ -1266,6 +1266,84 @@ fn equal_graphs_give_an_empty_plan() {
     assert!(plan.is_empty(), "{plan:?}");
 }
 
+/// The planner finds an item's current dependents by pointer when the
+/// current graph names them by the intended graph's own identities (as
+/// loading and applying do), and by name otherwise: both ways plan alike,
+/// on a graph five levels deep with a diamond, a predicate and
+/// recreate-on-modify edges (a recreate takes its current dependents along).
+#[test]
+fn shared_or_copied_identities_plan_alike() {
+    let items = || {
+        vec![
+            item("t/floor", json!({"v": 0})),
+            item("t/base", json!({"v": 0}))
+                .depends_on(on("t/floor").with_recreate_when_modified(true)),
+            item("t/left", json!({})).depends_on(on("t/base")),
+            item("t/middle", json!({})).depends_on(on("t/base")),
+            item("t/right", json!({})).depends_on(on("t/base").with_must_satisfy("self.v >= 0")),
+            item("t/top", json!({}))
+                .depends_on(on("t/left"))
+                .depends_on(on("t/right").with_recreate_when_modified(true)),
+            item("t/roof", json!({})).depends_on(on("t/top")),
+        ]
+    };
+    let copied = || {
+        let mut world = World::new();
+        world.intend(items());
+        let intended: Vec<Item> = world
+            .intended
+            .iter()
+            .map(|(_, entry)| (*entry.item).clone())
+            .collect();
+        for mut value in intended {
+            // Every identity of the current graph a copy of its own.
+            value.identity = value.identity.fresh_copy();
+            for dependency in &mut value.dependencies {
+                dependency.requires = dependency.requires.fresh_copy();
+            }
+            let key = value.identity.clone();
+            let created = crate::graph::CurrentItem::created(std::sync::Arc::new(value), 1);
+            world.current.insert(key, created);
+        }
+        world.dirty.clear();
+        world
+    };
+    let changes = [
+        ("t/floor", json!({"v": 1})),
+        ("t/base", json!({"v": 1})),
+        ("t/right", json!({"w": 1})),
+    ];
+    for (change, value) in changes {
+        let plans: Vec<Plan> = [World::converged(items()), copied()]
+            .into_iter()
+            .map(|mut world| {
+                let mut changed = items();
+                for next in &mut changed {
+                    if next.identity == parse_ref(change) {
+                        next.properties = serde_json::from_value(value.clone()).expect("an object");
+                    }
+                }
+                world.intend(changed);
+                world.plan()
+            })
+            .collect();
+        let summary = |plan: &Plan| {
+            let operations: Vec<String> = plan
+                .operations
+                .iter()
+                .map(|op| format!("{} {} after {:?}", op.kind.as_str(), op.item, op.after))
+                .collect();
+            let waiting: Vec<String> = plan.waiting.iter().map(|w| w.item.to_string()).collect();
+            (operations, waiting, plan.examined)
+        };
+        assert_eq!(summary(&plans[0]), summary(&plans[1]), "changing {change}");
+        assert!(
+            !plans[0].operations.is_empty(),
+            "changing {change} plans work"
+        );
+    }
+}
+
 #[test]
 fn a_one_item_change_examines_only_its_neighbourhood() {
     let items: Vec<Item> = (0..2_000)
