@@ -23,6 +23,7 @@
 //! the memory a converged graph holds per item (`memory/…`, counted by the
 //! bench's allocator).
 
+use std::cell::OnceCell;
 use std::collections::BTreeSet;
 use std::hint::black_box;
 use std::sync::Arc;
@@ -37,6 +38,7 @@ use reconciled::graph::{
     OperationKind, Properties,
 };
 use reconciled::thread_cpu::ThreadCpuTime;
+use rustc_hash::FxHashSet;
 use serde_json::json;
 use stats_alloc::{Region, StatsAlloc};
 
@@ -100,9 +102,22 @@ fn memory_per_item(shape: Shape, size: usize) {
 }
 
 /// The planner's view of the world: every type connected, no rules; the
-/// seeds of a pass are the changed items.
+/// seeds of a pass are the changed items, the only unconverged ones.
+/// As the server's unconverged set does, it answers whether an item
+/// converged by hash (the index is built on the first question, inside the
+/// timing: a full create from empty asks none).
 struct Environment<'a> {
     changed: &'a BTreeSet<ItemRef>,
+    index: OnceCell<FxHashSet<&'a ItemRef>>,
+}
+
+impl<'a> Environment<'a> {
+    fn new(changed: &'a BTreeSet<ItemRef>) -> Self {
+        Self {
+            changed,
+            index: OnceCell::new(),
+        }
+    }
 }
 
 impl PlanEnvironment for Environment<'_> {
@@ -117,7 +132,10 @@ impl PlanEnvironment for Environment<'_> {
     }
     /// As in the server: the changed items are the only unconverged ones.
     fn is_converged(&self, item: &ItemRef) -> bool {
-        !self.changed.contains(item)
+        !self
+            .index
+            .get_or_init(|| self.changed.iter().collect())
+            .contains(item)
     }
     /// Every case starts converged: no earlier pass left a Delete to run.
     fn may_have_pending_delete(&self, _item: &ItemRef) -> bool {
@@ -272,12 +290,7 @@ fn cpu_time(case: &mut Case<'_>, iterations: usize) {
 
 /// Plans `seeds` (the changed items) against `current`.
 fn plan(graphs: &Graphs, current: &CurrentGraph, seeds: &BTreeSet<ItemRef>) -> Plan {
-    plan_operations(
-        &graphs.intended,
-        current,
-        seeds,
-        &Environment { changed: seeds },
-    )
+    plan_operations(&graphs.intended, current, seeds, &Environment::new(seeds))
 }
 
 /// Plans `seeds`, applies the plan's operations to `current` in plan order

@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use imbl::OrdMap;
 
@@ -123,17 +124,75 @@ impl ItemSummary {
     }
 }
 
+/// Where the current graph last found an identity: its id there, a guess
+/// that spares the planner a look-up by name and is checked before use
+/// (ids of the current graph are given to other identities once released).
+/// Written while planning reads the graphs, hence atomic.
+#[derive(Debug)]
+pub struct CurrentSlotHint(AtomicU32);
+
+impl CurrentSlotHint {
+    const NONE: u32 = u32::MAX;
+
+    /// The id guessed, if any.
+    fn guess(&self) -> Option<ItemId> {
+        Some(self.0.load(Ordering::Relaxed)).filter(|&id| id != Self::NONE)
+    }
+
+    /// Remembers `id` as the guess.
+    fn remember(&self, id: ItemId) {
+        self.0.store(id, Ordering::Relaxed);
+    }
+}
+
+impl Default for CurrentSlotHint {
+    fn default() -> Self {
+        Self(AtomicU32::new(Self::NONE))
+    }
+}
+
+impl Clone for CurrentSlotHint {
+    fn clone(&self) -> Self {
+        Self(AtomicU32::new(self.0.load(Ordering::Relaxed)))
+    }
+}
+
 /// What the intended graph keeps per interned identity.
 #[derive(Clone, Debug, Default)]
 struct Edges {
     /// The intended item with this identity, if there is one.
     entry: Option<Arc<IntendedItem>>,
-    /// Its summary (meaningful while `entry` is set).
-    summary: ItemSummary,
+    /// Its summary's generation and flags (meaningful while `entry` is
+    /// set), kept as fields of their own so that `current_slot` fits in
+    /// their padding: a slot stays 88 bytes.
+    generation: u64,
+    external: bool,
+    has_predicates: bool,
+    plain_dependencies: bool,
+    /// Where the current graph last found this identity.
+    current_slot: CurrentSlotHint,
     /// Its dependencies' targets, in declaration order.
     required: IdList,
     /// The intended items that require this identity.
     dependents: BTreeSet<ItemId>,
+}
+
+impl Edges {
+    fn summary(&self) -> ItemSummary {
+        ItemSummary {
+            external: self.external,
+            generation: self.generation,
+            has_predicates: self.has_predicates,
+            plain_dependencies: self.plain_dependencies,
+        }
+    }
+
+    fn set_summary(&mut self, summary: ItemSummary) {
+        self.external = summary.external;
+        self.generation = summary.generation;
+        self.has_predicates = summary.has_predicates;
+        self.plain_dependencies = summary.plain_dependencies;
+    }
 }
 
 /// The intended graph: what users asked for.
@@ -188,7 +247,7 @@ impl IntendedGraph {
         let entry = Arc::new(entry);
         if let Some(edges) = self.ids.data_mut(id) {
             edges.entry = Some(entry.clone());
-            edges.summary = summary;
+            edges.set_summary(summary);
             edges.required = required;
         }
         self.items.insert(key, entry);
@@ -227,7 +286,7 @@ impl IntendedGraph {
         let summary = ItemSummary::of(&entry);
         let entry = Arc::new(entry);
         if let Some(edges) = self.ids.data_mut(id) {
-            edges.summary = summary;
+            edges.set_summary(summary);
             edges.entry = Some(entry.clone());
         }
         self.items.insert(key, entry);
@@ -381,7 +440,13 @@ impl IntendedGraph {
     pub fn entry_by_id(&self, id: ItemId) -> Option<(&Arc<IntendedItem>, ItemSummary)> {
         self.ids
             .data(id)
-            .and_then(|edges| Some((edges.entry.as_ref()?, edges.summary)))
+            .and_then(|edges| Some((edges.entry.as_ref()?, edges.summary())))
+    }
+
+    /// Where the current graph last found the identity named `id` (see
+    /// [`CurrentGraph::get_hinted`]).
+    pub fn current_slot_hint(&self, id: ItemId) -> Option<&CurrentSlotHint> {
+        self.ids.data(id).map(|edges| &edges.current_slot)
     }
 
     /// The targets of the dependencies of the item named `id`, in
@@ -471,6 +536,27 @@ impl CurrentGraph {
                 .ids
                 .data(id)
                 .and_then(|mentioned| mentioned.item.as_ref()),
+            None => self.items.get(item),
+        }
+    }
+
+    /// [`Self::get`], trying `hint` first: the id under which this graph
+    /// last found `item`, which the caller keeps beside it (the intended
+    /// graph does, per identity). A guess that names another identity now
+    /// is replaced by the id found by name.
+    pub fn get_hinted(&self, item: &ItemRef, hint: &CurrentSlotHint) -> Option<&Arc<CurrentItem>> {
+        if let Some((known, mentioned)) = hint.guess().and_then(|id| self.ids.entry(id))
+            && known == item
+        {
+            return mentioned.item.as_ref();
+        }
+        match self.ids.get(item) {
+            Some(id) => {
+                hint.remember(id);
+                self.ids
+                    .data(id)
+                    .and_then(|mentioned| mentioned.item.as_ref())
+            }
             None => self.items.get(item),
         }
     }
@@ -675,6 +761,44 @@ mod tests {
             .dependents_of(&ItemRef::new("t", name))
             .map(|item| item.name().to_string())
             .collect()
+    }
+
+    #[test]
+    fn a_hint_naming_another_identity_is_not_taken() {
+        // x requires a and b: all three are interned in the current graph.
+        let mut graph = CurrentGraph::default();
+        graph.insert(
+            ItemRef::new("t", "x"),
+            CurrentItem::created(requiring(&["a", "b"]), 1),
+        );
+        for name in ["a", "b"] {
+            let value = Arc::new(Item::new("t", name, Default::default()));
+            graph.insert(ItemRef::new("t", name), CurrentItem::created(value, 1));
+        }
+        let a = ItemRef::new("t", "a");
+        let found_a = |found: Option<&Arc<CurrentItem>>| {
+            found
+                .and_then(|entry| entry.applied.as_ref())
+                .map(|value| value.identity.clone())
+        };
+        // No guess: found by name, and the guess remembered.
+        let hint = CurrentSlotHint::default();
+        assert_eq!(found_a(graph.get_hinted(&a, &hint)), Some(a.clone()));
+        let remembered = hint.guess().expect("the id found is remembered");
+        assert_eq!(found_a(graph.get_hinted(&a, &hint)), Some(a.clone()));
+        // A guess naming b now (its id given to another identity, say), or
+        // no identity at all: a is still found, and the guess corrected.
+        let b_id = graph
+            .ids
+            .get(&ItemRef::new("t", "b"))
+            .expect("b is interned");
+        for stale in [b_id, 9_999] {
+            hint.remember(stale);
+            assert_eq!(found_a(graph.get_hinted(&a, &hint)), Some(a.clone()));
+            assert_eq!(hint.guess(), Some(remembered));
+        }
+        // An item the graph does not hold is not found, guess or not.
+        assert!(graph.get_hinted(&ItemRef::new("t", "zz"), &hint).is_none());
     }
 
     #[test]

@@ -14,7 +14,8 @@ mod state;
 pub mod validate;
 
 pub use graphs::{
-    CurrentGraph, IntendedGraph, IntendedItem, ItemSummary, Predicates, subgraph_contains,
+    CurrentGraph, CurrentSlotHint, IntendedGraph, IntendedItem, ItemSummary, Predicates,
+    subgraph_contains,
 };
 pub use ids::ItemId;
 pub use item::{Dependency, Item, ItemRef};

@@ -454,7 +454,7 @@ impl Executor {
         let generation = self.model.progress().generation;
         let change = prepare_submit(&self.model.intended, generation, self.max_items(), request)?;
         if dry_run {
-            let mut seeds = self.model.unconverged.clone();
+            let mut seeds = self.model.unconverged.to_ordered();
             seeds.extend(change.content_changed.iter().cloned());
             self.model.stage_intent(&change);
             let plan = plan_operations(

@@ -10,12 +10,13 @@
 //! [`TenantModel::forget_staged`] keeps the changes, and if it failed,
 //! [`TenantModel::rollback_staged`] puts the old values back. Counts follow every staged change, and its undoing.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rustc_hash::FxHashSet;
 
 use crate::engine::conditions::Condition;
+use crate::engine::exec::unconverged::UnconvergedSet;
 use crate::engine::intent::{IntentChange, apply_change};
 use crate::engine::waiting::WaitingSet;
 use crate::graph::{CurrentGraph, CurrentItem, IntendedGraph, IntendedItem, ItemRef, ItemState};
@@ -141,7 +142,7 @@ pub struct TenantModel {
     /// What exists (or may exist) on the configurators' side.
     pub current: CurrentGraph,
     /// Items a pass must look at again.
-    pub unconverged: BTreeSet<ItemRef>,
+    pub unconverged: UnconvergedSet,
     /// Items that need an operation the executor cannot run yet, and why.
     pub waiting: WaitingSet,
     counts: StateCounts,
@@ -153,7 +154,7 @@ impl TenantModel {
     /// A model of `intended` and `current` (as loaded): every item is to be
     /// looked at by the first pass.
     pub fn new(intended: IntendedGraph, current: CurrentGraph, progress: TenantProgress) -> Self {
-        let mut unconverged: BTreeSet<ItemRef> = intended.iter().map(|(k, _)| k.clone()).collect();
+        let mut unconverged: UnconvergedSet = intended.iter().map(|(k, _)| k.clone()).collect();
         unconverged.extend(current.iter().map(|(k, _)| k.clone()));
         let counts = StateCounts::recount(&intended, &current);
         Self {

@@ -265,6 +265,10 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 };
             }
         } else {
+            self.by_intended_id = ByIntendedId::Sparse(FxHashMap::with_capacity_and_hasher(
+                expected,
+                Default::default(),
+            ));
             for seed in seeds {
                 self.id(seed);
             }
@@ -402,10 +406,16 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let current_graph: &'a CurrentGraph = self.current;
         let id = Id::try_from(self.nodes.len()).unwrap_or(Id::MAX);
         let external = intended.is_some_and(|(_, summary)| summary.external);
+        let intended_graph: &'a IntendedGraph = self.intended;
         let current = match known {
             CurrentEntry::Read(current) => current,
             CurrentEntry::LookUp if current_graph.is_empty() => None,
-            CurrentEntry::LookUp => current_graph.get(item),
+            CurrentEntry::LookUp => {
+                match intended_id.and_then(|id| intended_graph.current_slot_hint(id)) {
+                    Some(hint) => current_graph.get_hinted(item, hint),
+                    None => current_graph.get(item),
+                }
+            }
         };
         let mut mark: Mark = 0;
         if intended.is_some() && !external {

@@ -626,7 +626,7 @@ impl Executor {
             if index == last && held && !planned {
                 // The last segment changed nothing: what the held passes
                 // found ready is planned and dispatched now.
-                let unconverged = self.model.unconverged.clone();
+                let unconverged = self.model.unconverged.to_ordered();
                 self.pass(Scope::Items(unconverged), now);
             }
             held |= planned;

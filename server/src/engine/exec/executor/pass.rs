@@ -126,7 +126,7 @@ impl Executor {
     /// (see `report_external`).
     pub(super) fn pass_dispatching(&mut self, scope: Scope, dispatch: Dispatch, now: Now) -> Plan {
         let (mut seeds, kept_waiting) = match scope {
-            Scope::Full => (self.model.unconverged.clone(), Vec::new()),
+            Scope::Full => (self.model.unconverged.to_ordered(), Vec::new()),
             Scope::Items(mut items) => {
                 let (mut seeds, kept) = self.wake_waiters(&items);
                 // Merged, not inserted one by one: both are ordered.
