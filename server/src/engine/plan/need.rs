@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use super::{PlanEnvironment, TypeRules};
-use crate::graph::{CurrentGraph, CurrentItem, IntendedItem, Item, Properties};
+use crate::graph::{CurrentGraph, CurrentItem, IntendedItem, Item, ItemSummary, Properties};
 
 /// The operation an item needs by comparing its intended and current values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,21 +21,23 @@ pub(super) enum Need {
     Delete,
 }
 
-/// Computes what an item needs from its two values alone.
-/// `plain_dependencies`: every intended dependency asks only that its
-/// target exists (the intended graph's summary says so), so none can
-/// recreate the item and they need not be read.
+/// Computes what an item needs from its two values alone. The intended
+/// item comes with its summary in the intended graph, which answers what
+/// would otherwise be read from the item (whether it is external, whether
+/// any dependency can recreate it): a converged item whose applied value
+/// is the intended one is then decided without reading the value at all.
 pub(super) fn own_need(
-    intended: Option<&IntendedItem>,
-    plain_dependencies: bool,
+    intended: Option<(&IntendedItem, ItemSummary)>,
     current: Option<&CurrentItem>,
     current_graph: &CurrentGraph,
     environment: &impl PlanEnvironment,
 ) -> Need {
+    let plain_dependencies = intended.is_some_and(|(_, summary)| summary.plain_dependencies);
     // External items are never operated on: an intended external item, or
     // a reported one nobody intends. A reported item that the intent now
     // manages is taken over (its `external` flag differs: a Modify).
-    let intended_external = intended.is_some_and(|entry| entry.item.external);
+    let intended_external = intended.is_some_and(|(_, summary)| summary.external);
+    let intended = intended.map(|(entry, _)| entry);
     let unintended_report = intended.is_none()
         && current
             .and_then(|entry| entry.applied.as_ref())

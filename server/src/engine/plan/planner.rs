@@ -593,8 +593,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             Need::Create
         } else {
             own_need(
-                node.intended.map(|entry| &**entry),
-                node.summary.plain_dependencies,
+                node.intended.map(|entry| (&**entry, node.summary)),
                 node.current.map(|entry| &**entry),
                 self.current,
                 self.environment,
