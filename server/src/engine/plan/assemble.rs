@@ -62,12 +62,11 @@ pub(super) fn assemble<E: PlanEnvironment>(planner: &mut Planner<'_, E>) -> Plan
     for &id in &order {
         let need = planner.need(id);
         let deleting = planner.is_deleting(id);
-        let node = planner.node_mut(id);
+        let (delete_schedule, change_schedule) = planner.take_schedules(id);
+        let node = planner.node(id);
         let item = node.item;
         let intended_generation = node.intended.map(|_| node.summary.generation);
         let recreate = intended_generation.is_some() && deleting;
-        let delete_schedule = node.delete_schedule.take();
-        let change_schedule = node.change_schedule.take();
         let mut has_operation = false;
         // Create and Modify sort before Delete for one item.
         let mut change_waits = None;

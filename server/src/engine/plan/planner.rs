@@ -104,14 +104,17 @@ enum CurrentEntry<'a> {
 pub(super) struct Node<'a> {
     pub(super) intended: Option<&'a Arc<IntendedItem>>,
     pub(super) current: Option<&'a Arc<CurrentItem>>,
-    pub(super) change_schedule: Option<Schedule>,
+    /// Where its schedules of this round are in [`Planner::schedules`]
+    /// ([`NO_SCHEDULES`] until it gets one): most nodes a pass interns are
+    /// neighbours that never get one, so the arena keeps an index rather
+    /// than two schedules per node (a node is 80 bytes instead of 144).
+    schedules: u32,
     need: Option<Need>,
     /// The intended item is external.
     external: bool,
     seed: bool,
     examined: bool,
     pub(super) item: &'a ItemRef,
-    pub(super) delete_schedule: Option<Schedule>,
     /// The intended item's summary (default when not intended).
     pub(super) summary: ItemSummary,
     /// The item's id in the intended graph, if the graph mentions it.
@@ -127,6 +130,17 @@ impl Node<'_> {
         self.current.is_some_and(|c| c.is_busy())
     }
 }
+
+/// A node's schedules of this round, kept apart from the node (see
+/// [`Node::schedules`]).
+#[derive(Default)]
+struct NodeSchedules {
+    delete: Option<Schedule>,
+    change: Option<Schedule>,
+}
+
+/// [`Node::schedules`] of a node without schedules this round.
+const NO_SCHEDULES: u32 = u32::MAX;
 
 /// Arena indexes by intended-graph id: an array when the run covers a large
 /// part of the graph, a hash map otherwise, so a small run costs nothing in
@@ -185,6 +199,8 @@ pub(super) struct Planner<'a, E> {
     /// A reused buffer for an item's intended dependents
     /// ([`Self::intended_dependents_by_identity`]).
     scratch_dependents: Vec<(ItemId, &'a ItemRef)>,
+    /// The schedules of the nodes that have one this round.
+    schedules: Vec<NodeSchedules>,
     /// Nodes `0..seed_count` are the seeds, in identity order.
     seed_count: usize,
     /// Whether some item of the graphs is not a seed: only then do
@@ -227,6 +243,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             afters: Vec::new(),
             scratch_after: Vec::new(),
             scratch_dependents: Vec::new(),
+            schedules: Vec::new(),
             seed_count: 0,
             expand: true,
             examined: Vec::new(),
@@ -289,9 +306,9 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             self.recheck_retargeted();
             self.order = self.identity_order();
             for node in &mut self.nodes {
-                node.delete_schedule = None;
-                node.change_schedule = None;
+                node.schedules = NO_SCHEDULES;
             }
+            self.schedules.clear();
             self.marks.new_round();
             self.afters.clear();
             self.collect_inflight_deletes();
@@ -438,12 +455,46 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             need: None,
             seed: false,
             examined: false,
-            delete_schedule: None,
-            change_schedule: None,
+            schedules: NO_SCHEDULES,
             required: None,
             current_dependents: None,
         });
         id
+    }
+
+    /// The Delete schedule of `id` this round, if it has one.
+    pub(super) fn delete_schedule(&self, id: Id) -> Option<&Schedule> {
+        self.schedules_of(id)?.delete.as_ref()
+    }
+
+    /// The Create/Modify schedule of `id` this round, if it has one.
+    pub(super) fn change_schedule(&self, id: Id) -> Option<&Schedule> {
+        self.schedules_of(id)?.change.as_ref()
+    }
+
+    /// Takes both schedules of `id` (Delete, then Create/Modify).
+    pub(super) fn take_schedules(&mut self, id: Id) -> (Option<Schedule>, Option<Schedule>) {
+        let index = self.node(id).schedules as usize;
+        match self.schedules.get_mut(index) {
+            Some(schedules) => (schedules.delete.take(), schedules.change.take()),
+            None => (None, None),
+        }
+    }
+
+    fn schedules_of(&self, id: Id) -> Option<&NodeSchedules> {
+        self.schedules.get(self.node(id).schedules as usize)
+    }
+
+    /// The schedules of `id`, given a place first if it has none.
+    fn schedules_mut(&mut self, id: Id) -> &mut NodeSchedules {
+        if self.node(id).schedules == NO_SCHEDULES {
+            let index = u32::try_from(self.schedules.len()).unwrap_or(NO_SCHEDULES);
+            self.schedules.push(NodeSchedules::default());
+            self.node_mut(id).schedules = index;
+        }
+        let index = self.node(id).schedules as usize;
+        let last = self.schedules.len() - 1;
+        &mut self.schedules[index.min(last)]
     }
 
     /// The arena node of `id`.
@@ -819,7 +870,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             let node = self.node(id);
             let item: &'a ItemRef = node.item;
             let creates = matches!(
-                node.change_schedule,
+                self.change_schedule(id),
                 Some(Schedule::Ready {
                     kind: OperationKind::Create,
                     ..
@@ -948,7 +999,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         for index in 0..self.going_as_before.len() {
             let (dependent, required) = self.going_as_before[index];
             let ready = matches!(
-                self.node(dependent).delete_schedule,
+                self.delete_schedule(dependent),
                 Some(Schedule::Ready { .. })
             );
             if !ready {
@@ -1347,17 +1398,17 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
     fn schedule_delete_tree(&mut self, root: Id) {
         let mut stack = vec![(root, false)];
         while let Some((id, expanded)) = stack.pop() {
-            if self.node(id).delete_schedule.is_some() {
+            if self.delete_schedule(id).is_some() {
                 continue;
             }
             if expanded {
                 let schedule = self.compute_delete(id);
-                self.node_mut(id).delete_schedule = Some(schedule);
+                self.schedules_mut(id).delete = Some(schedule);
                 continue;
             }
             if self.marks.has(id, DELETE_IN_PROGRESS) {
                 let schedule = cycle_in_current_state(self.node(id).item, OperationKind::Delete);
-                self.node_mut(id).delete_schedule = Some(schedule);
+                self.schedules_mut(id).delete = Some(schedule);
                 continue;
             }
             self.marks.set(id, DELETE_IN_PROGRESS);
@@ -1370,7 +1421,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 let dependent = self.edge(dependents, index);
                 if self.is_deleting(dependent)
                     && self.holds_a_delete(dependent)
-                    && self.node(dependent).delete_schedule.is_none()
+                    && self.delete_schedule(dependent).is_none()
                 {
                     stack.push((dependent, false));
                 }
@@ -1428,7 +1479,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
                 });
                 continue;
             }
-            match &node.delete_schedule {
+            match self.delete_schedule(dependent) {
                 Some(Schedule::Ready { .. }) => after.push((dependent, kind)),
                 Some(Schedule::Waiting { reason, .. }) => blocked_by.push(BlockedBy {
                     item: node.item.clone(),
@@ -1497,7 +1548,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             Schedule::Waiting { .. } => ChangeMark::Waiting,
         };
         self.marks.set_change(id, mark);
-        self.node_mut(id).change_schedule = Some(schedule);
+        self.schedules_mut(id).change = Some(schedule);
     }
 
     fn schedule_changes(&mut self) {
@@ -1579,7 +1630,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let mut waits_for_an_intent_change = false;
 
         if recreating {
-            match &self.node(id).delete_schedule {
+            match self.delete_schedule(id) {
                 Some(Schedule::Ready { .. }) => after.push((id, OperationKind::Delete)),
                 Some(Schedule::Waiting { reason, .. }) => waits_on_operations.push(BlockedBy {
                     item: item.clone(),
@@ -1695,7 +1746,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             if !deleting {
                 continue;
             }
-            match &node.delete_schedule {
+            match self.delete_schedule(dependent) {
                 Some(Schedule::Ready { .. }) => after.push((dependent, OperationKind::Delete)),
                 Some(Schedule::Waiting { reason, .. }) => blocked_by.push(BlockedBy {
                     item: node.item.clone(),
@@ -1813,7 +1864,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             return unsatisfied(&busy_words(state), false);
         }
         if self.needs_change(required) {
-            return match &self.node(required).change_schedule {
+            return match self.change_schedule(required) {
                 Some(Schedule::Ready { kind, .. }) => match predicate {
                     None => DependencyStatus::After((required, *kind)),
                     Some(_) => {
@@ -1883,7 +1934,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             .filter(|&id| {
                 !self.is_deleting(id)
                     && matches!(
-                        self.node(id).change_schedule,
+                        self.change_schedule(id),
                         Some(Schedule::Waiting {
                             kind: OperationKind::Modify,
                             reason: WaitReason::Dependency,
