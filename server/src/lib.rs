@@ -24,6 +24,7 @@ pub mod graph;
 pub mod limits;
 pub mod loopback;
 pub mod metrics;
+pub mod process_memory;
 pub mod server;
 pub mod status;
 pub mod store;

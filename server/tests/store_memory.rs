@@ -2,6 +2,7 @@
 //! with large batches keeps its memory. A test binary of its own, since it
 //! measures the memory of its process.
 
+use reconciled::process_memory::status_bytes;
 use reconciled::store::{SledOptions, SledStore, Store as _, WriteBatch};
 
 /// Records per batch: as many as a 10,000-item SubmitIntent writes.
@@ -16,19 +17,7 @@ const MEMORY_BOUND: u64 = 48 * 1024 * 1024;
 
 /// The process's resident memory, in bytes.
 fn resident_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status reads");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .map(|kib| kib * 1024)
-        .expect("/proc/self/status has VmRSS")
+    status_bytes("/proc/self/status", "VmRSS").expect("this process's resident memory reads")
 }
 
 /// A batch rewriting every record with a value of `round`.

@@ -47,7 +47,6 @@ pub mod cluster;
 pub mod etcd;
 mod grpcurl;
 mod pip;
-pub mod process_memory;
 mod python;
 pub mod raw;
 mod server;

@@ -283,7 +283,7 @@ impl ServerProcess {
         let pid = self.pid().expect("the server runs");
         let path = format!("/proc/{pid}/status");
         let field = |name: &str| {
-            crate::process_memory::status_bytes(&path, name)
+            reconciled::process_memory::status_bytes(&path, name)
                 .unwrap_or_else(|error| panic!("{error}"))
         };
         (field("VmRSS"), field("VmHWM"))

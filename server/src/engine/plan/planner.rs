@@ -110,8 +110,6 @@ pub(super) struct Node<'a> {
     /// than two schedules per node (a node is 80 bytes instead of 144).
     schedules: u32,
     need: Option<Need>,
-    /// The intended item is external.
-    external: bool,
     seed: bool,
     examined: bool,
     pub(super) item: &'a ItemRef,
@@ -450,7 +448,6 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             intended_id,
             intended: intended.map(|(entry, _)| entry),
             summary: intended.map(|(_, summary)| summary).unwrap_or_default(),
-            external,
             current,
             need: None,
             seed: false,
@@ -485,16 +482,16 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         self.schedules.get(self.node(id).schedules as usize)
     }
 
-    /// The schedules of `id`, given a place first if it has none.
+    /// The schedules of `id`, given a place first if it has none (there
+    /// are never more places than nodes, whose ids are `u32`s).
     fn schedules_mut(&mut self, id: Id) -> &mut NodeSchedules {
         if self.node(id).schedules == NO_SCHEDULES {
-            let index = u32::try_from(self.schedules.len()).unwrap_or(NO_SCHEDULES);
+            self.node_mut(id).schedules =
+                u32::try_from(self.schedules.len()).unwrap_or(NO_SCHEDULES);
             self.schedules.push(NodeSchedules::default());
-            self.node_mut(id).schedules = index;
         }
         let index = self.node(id).schedules as usize;
-        let last = self.schedules.len() - 1;
-        &mut self.schedules[index.min(last)]
+        &mut self.schedules[index]
     }
 
     /// The arena node of `id`.
@@ -562,15 +559,10 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
             let mut next = 0;
             for (dependent, entry) in current.dependents_with_items_of(self.node(id).item) {
                 let entry = CurrentEntry::Read(entry);
-                let node = match find_shared(&intended_dependents, dependent, &mut next) {
-                    Some(intended_id) => self.intern_intended(intended_id, entry),
-                    None => None,
-                };
-                let dependent = match node {
-                    Some(node) => node,
-                    None => self.intern(dependent, entry),
-                };
-                self.edges.push(dependent);
+                let node = find_shared(&intended_dependents, dependent, &mut next)
+                    .and_then(|intended_id| self.intern_intended(intended_id, entry))
+                    .unwrap_or_else(|| self.intern(dependent, entry));
+                self.edges.push(node);
             }
             intended_dependents.clear();
             self.scratch_dependents = intended_dependents;
@@ -640,7 +632,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         }
         let node = self.node(id);
         // The common case of a full create, without reading the item.
-        let need = if node.intended.is_some() && !node.external && node.current.is_none() {
+        let need = if node.intended.is_some() && !node.summary.external && node.current.is_none() {
             Need::Create
         } else {
             own_need(
@@ -1837,7 +1829,7 @@ impl<'a, E: PlanEnvironment> Planner<'a, E> {
         let intended = node.intended;
         let current = node.current;
         let external = if intended.is_some() {
-            node.external
+            node.summary.external
         } else {
             current
                 .and_then(|c| c.applied.as_ref())

@@ -154,9 +154,8 @@ fn write_tenants(dir: &std::path::Path, args: &ScaleArgs) -> anyhow::Result<()> 
 
 /// Resident memory of process `pid`, in MiB.
 fn rss_mib(pid: u32) -> anyhow::Result<f64> {
-    let bytes =
-        reconciled_tests::process_memory::status_bytes(&format!("/proc/{pid}/status"), "VmRSS")
-            .map_err(|error| anyhow!(error))?;
+    let bytes = reconciled::process_memory::status_bytes(&format!("/proc/{pid}/status"), "VmRSS")
+        .map_err(|error| anyhow!(error))?;
     Ok(bytes as f64 / (1024.0 * 1024.0))
 }
 
